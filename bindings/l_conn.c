@@ -1,0 +1,362 @@
+/* l_conn.c: framed connections and listeners for Lua ("rpchost.Conn",
+ * "rpchost.Listener").
+ *
+ * A userdata is a box around the C object. While the connection is open the box
+ * is anchored in the registry (ref_self) so the GC cannot take it; when the C side
+ * reports the end (on_close) the Lua close handler runs once, the anchors go, and
+ * the box forgets the pointer: the C struct is freed later by libuv's close
+ * callback and never touched from Lua again. */
+#include <string.h>
+
+#include "rh_lua.h"
+
+#define CONN_MT "rpchost.Conn"
+#define LISTENER_MT "rpchost.Listener"
+
+typedef struct {
+  rh_conn_t *c;
+  int ref_self, ref_frame, ref_close, ref_connect;
+} lconn_t;
+
+typedef struct {
+  rh_listener_t *l;
+  int ref_self, ref_accept, ref_frame, ref_close;
+} llistener_t;
+
+static lconn_t *check_conn(lua_State *L, int i) { return luaL_checkudata(L, i, CONN_MT); }
+
+static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
+  lconn_t *b = rh_conn_data(c);
+  if (!b) return;
+  lua_State *L = rh_ctx()->L;
+  rh_pushref(L, b->ref_frame);
+  rh_pushref(L, b->ref_self);
+  lua_pushinteger(L, f->hdr.type);
+  lua_pushinteger(L, f->hdr.flags);
+  lua_pushnumber(L, (double)f->hdr.id);
+  lua_pushlstring(L, (const char *)f->body, f->hdr.body_len);
+  const uint8_t *p = f->segs;
+  luaL_checkstack(L, (int)f->hdr.nseg + 8, "too many segments");
+  for (uint32_t i = 0; i < f->hdr.nseg; i++) {
+    lua_pushlstring(L, (const char *)p, (size_t)f->seg_len[i]);
+    p += f->seg_len[i];
+  }
+  rh_callback(5 + (int)f->hdr.nseg, 0);
+}
+
+static void forget(lua_State *L, lconn_t *b) {
+  b->c = NULL;
+  rh_unref(L, &b->ref_frame);
+  rh_unref(L, &b->ref_close);
+  rh_unref(L, &b->ref_connect);
+  rh_unref(L, &b->ref_self);
+}
+
+static void on_close(rh_conn_t *c, int status, int peer_version) {
+  lconn_t *b = rh_conn_data(c);
+  if (!b) return;
+  rh_conn_set_data(c, NULL);
+  lua_State *L = rh_ctx()->L;
+  int has_handler = b->ref_close != LUA_NOREF;
+  if (has_handler) {
+    rh_pushref(L, b->ref_close);
+    rh_pushref(L, b->ref_self);
+    lua_pushinteger(L, status);
+    if (status) lua_pushstring(L, rh_strerror(status));
+    else lua_pushnil(L);
+    lua_pushinteger(L, peer_version);
+  }
+  forget(L, b);
+  if (has_handler) rh_callback(4, 0);
+}
+
+static void on_connect(rh_conn_t *c, int status) {
+  lconn_t *b = rh_conn_data(c);
+  if (!b || b->ref_connect == LUA_NOREF) return;
+  lua_State *L = rh_ctx()->L;
+  rh_pushref(L, b->ref_connect);
+  rh_pushref(L, b->ref_self);
+  if (status) lua_pushstring(L, rh_strerror(status));
+  else lua_pushnil(L);
+  rh_callback(2, 0);
+}
+
+static const rh_conn_cbs_t conn_cbs = {on_frame, on_close, on_connect};
+
+static int ref_field(lua_State *L, int t, const char *name) {
+  lua_getfield(L, t, name);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return LUA_NOREF;
+  }
+  luaL_checktype(L, -1, LUA_TFUNCTION);
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+static lconn_t *new_box(lua_State *L, rh_conn_t *c) {
+  lconn_t *b = lua_newuserdata(L, sizeof *b);
+  b->c = c;
+  b->ref_frame = b->ref_close = b->ref_connect = LUA_NOREF;
+  luaL_getmetatable(L, CONN_MT);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  b->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
+  rh_conn_set_data(c, b);
+  return b;
+}
+
+static int parse_addr(const char *ip, int port, struct sockaddr_storage *ss) {
+  if (strchr(ip, ':')) return uv_ip6_addr(ip, port, (struct sockaddr_in6 *)ss);
+  return uv_ip4_addr(ip, port, (struct sockaddr_in *)ss);
+}
+
+/* connect(ip, port, {connect=, frame=, close=}) -> conn | nil, message */
+static int l_connect(lua_State *L) {
+  const char *ip = luaL_checkstring(L, 1);
+  int port = (int)luaL_checkinteger(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  struct sockaddr_storage ss;
+  int rc = parse_addr(ip, port, &ss);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "bad address %s: %s", ip, uv_strerror(rc));
+    return 2;
+  }
+  rh_conn_t *c = rh_conn_new(&rh_ctx()->net, &conn_cbs, NULL);
+  if (!c) return luaL_error(L, "out of memory");
+  lconn_t *b = new_box(L, c);
+  b->ref_connect = ref_field(L, 3, "connect");
+  b->ref_frame = ref_field(L, 3, "frame");
+  b->ref_close = ref_field(L, 3, "close");
+  rc = rh_conn_connect(c, (struct sockaddr *)&ss);
+  if (rc) {
+    rh_unref(L, &b->ref_close); /* nothing to report: the caller gets the error */
+    rh_conn_close(c, 0);
+    lua_pushnil(L);
+    lua_pushstring(L, uv_strerror(rc));
+    return 2;
+  }
+  return 1;
+}
+
+static void release_ref(void *ctx) {
+  int ref = (int)(intptr_t)ctx;
+  luaL_unref(rh_ctx()->L, LUA_REGISTRYINDEX, ref);
+}
+
+/* conn:send(type, flags, id, body [, segment strings...]) -> true | nil, message */
+static int l_send(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  int type = (int)luaL_checkinteger(L, 2);
+  int flags = (int)luaL_checkinteger(L, 3);
+  double id = luaL_checknumber(L, 4);
+  size_t blen;
+  const char *body = luaL_checklstring(L, 5, &blen);
+  if (!b->c || !rh_conn_is_open(b->c)) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "connection closed");
+    return 2;
+  }
+  int nseg = lua_gettop(L) - 5;
+  uv_buf_t segs[64];
+  if (nseg > 64) return luaL_error(L, "too many segments (%d > 64)", nseg);
+  rh_release_fn rel = NULL;
+  void *relctx = NULL;
+  if (nseg > 0) {
+    /* The segment strings stay alive (anchored in one table) until written. */
+    lua_createtable(L, nseg, 0);
+    for (int i = 0; i < nseg; i++) {
+      size_t sl;
+      const char *s = luaL_checklstring(L, 6 + i, &sl);
+      segs[i] = uv_buf_init((char *)s, (unsigned)sl);
+      lua_pushvalue(L, 6 + i);
+      lua_rawseti(L, -2, i + 1);
+    }
+    relctx = (void *)(intptr_t)luaL_ref(L, LUA_REGISTRYINDEX);
+    rel = release_ref;
+  }
+  int rc = rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
+                        (uint32_t)nseg, rel, relctx);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, rh_strerror(rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_close(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  int graceful = lua_toboolean(L, 2);
+  if (b->c) rh_conn_close(b->c, graceful);
+  return 0;
+}
+
+static int l_peer(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  char ip[64];
+  int port;
+  if (!b->c || rh_conn_peer(b->c, ip, sizeof ip, &port) != 0) return 0;
+  lua_pushstring(L, ip);
+  lua_pushinteger(L, port);
+  return 2;
+}
+
+static int l_local(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  char ip[64];
+  int port;
+  if (!b->c || rh_conn_local(b->c, ip, sizeof ip, &port) != 0) return 0;
+  lua_pushstring(L, ip);
+  lua_pushinteger(L, port);
+  return 2;
+}
+
+static int l_is_open(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  lua_pushboolean(L, b->c && rh_conn_is_open(b->c));
+  return 1;
+}
+
+static int l_queued(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  lua_pushnumber(L, b->c ? (double)rh_conn_queued(b->c) : 0);
+  return 1;
+}
+
+static int l_conn_tostring(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  lua_pushfstring(L, "Conn(%s)", b->c ? "open" : "closed");
+  return 1;
+}
+
+/* ---- listeners ---- */
+
+static void on_accept(rh_listener_t *l, rh_conn_t *c) {
+  llistener_t *lb = rh_listener_data(l);
+  lua_State *L = rh_ctx()->L;
+  lconn_t *b = new_box(L, c);
+  rh_pushref(L, lb->ref_frame);
+  b->ref_frame = lb->ref_frame == LUA_NOREF ? LUA_NOREF : luaL_ref(L, LUA_REGISTRYINDEX);
+  if (lb->ref_frame == LUA_NOREF) lua_pop(L, 1);
+  rh_pushref(L, lb->ref_close);
+  b->ref_close = lb->ref_close == LUA_NOREF ? LUA_NOREF : luaL_ref(L, LUA_REGISTRYINDEX);
+  if (lb->ref_close == LUA_NOREF) lua_pop(L, 1);
+  /* stack: conn box */
+  rh_pushref(L, lb->ref_accept);
+  lua_insert(L, -2);
+  rh_callback(1, 0);
+}
+
+/* listen(ip, port, {accept=, frame=, close=}) -> listener | nil, message, code */
+static int l_listen(lua_State *L) {
+  const char *ip = luaL_checkstring(L, 1);
+  int port = (int)luaL_checkinteger(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  struct sockaddr_storage ss;
+  int rc = parse_addr(ip, port, &ss);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "bad address %s: %s", ip, uv_strerror(rc));
+    lua_pushstring(L, uv_err_name(rc));
+    return 3;
+  }
+  llistener_t *lb = lua_newuserdata(L, sizeof *lb);
+  memset(lb, 0, sizeof *lb);
+  lb->ref_self = lb->ref_accept = lb->ref_frame = lb->ref_close = LUA_NOREF;
+  luaL_getmetatable(L, LISTENER_MT);
+  lua_setmetatable(L, -2);
+  lb->l = rh_listener_new(&rh_ctx()->net, &conn_cbs, on_accept, lb);
+  if (!lb->l) return luaL_error(L, "out of memory");
+  rc = rh_listener_bind(lb->l, (struct sockaddr *)&ss, 511);
+  if (rc) {
+    rh_listener_close(lb->l);
+    lb->l = NULL;
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot listen on %s:%d: %s", ip, port, uv_strerror(rc));
+    lua_pushstring(L, uv_err_name(rc));
+    return 3;
+  }
+  lb->ref_accept = ref_field(L, 3, "accept");
+  lb->ref_frame = ref_field(L, 3, "frame");
+  lb->ref_close = ref_field(L, 3, "close");
+  lua_pushvalue(L, -1);
+  lb->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 1;
+}
+
+static llistener_t *check_listener(lua_State *L) { return luaL_checkudata(L, 1, LISTENER_MT); }
+
+static int l_listener_port(lua_State *L) {
+  llistener_t *lb = check_listener(L);
+  if (!lb->l) return 0;
+  lua_pushinteger(L, rh_listener_port(lb->l));
+  return 1;
+}
+
+static int l_listener_close(lua_State *L) {
+  llistener_t *lb = check_listener(L);
+  if (!lb->l) return 0;
+  rh_listener_close(lb->l);
+  lb->l = NULL;
+  rh_unref(L, &lb->ref_accept);
+  rh_unref(L, &lb->ref_frame);
+  rh_unref(L, &lb->ref_close);
+  rh_unref(L, &lb->ref_self);
+  return 0;
+}
+
+/* resolve(host) -> numeric ip | nil, message. Synchronous: used at start-up only. */
+static int l_resolve(lua_State *L) {
+  const char *host = luaL_checkstring(L, 1);
+  uv_getaddrinfo_t req;
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int rc = uv_getaddrinfo(rh_ctx()->loop, &req, NULL, host, NULL, &hints);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot resolve host '%s': %s", host, uv_strerror(rc));
+    return 2;
+  }
+  char ip[64] = "";
+  struct addrinfo *best = req.addrinfo;
+  for (struct addrinfo *a = req.addrinfo; a; a = a->ai_next)
+    if (a->ai_family == AF_INET) {
+      best = a;
+      break;
+    }
+  if (best->ai_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)best->ai_addr, ip, sizeof ip);
+  else uv_ip4_name((struct sockaddr_in *)best->ai_addr, ip, sizeof ip);
+  uv_freeaddrinfo(req.addrinfo);
+  lua_pushstring(L, ip);
+  return 1;
+}
+
+int rh_open_conn(lua_State *L) {
+  static const luaL_Reg conn_methods[] = {{"send", l_send},       {"close", l_close},
+                                          {"peer", l_peer},       {"is_open", l_is_open}, {"local_addr", l_local},
+                                          {"queued", l_queued},   {NULL, NULL}};
+  static const luaL_Reg listener_methods[] = {
+      {"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
+  luaL_newmetatable(L, CONN_MT);
+  lua_newtable(L);
+  luaL_register(L, NULL, conn_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, l_conn_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, LISTENER_MT);
+  lua_newtable(L);
+  luaL_register(L, NULL, listener_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+
+  static const luaL_Reg fns[] = {
+      {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {NULL, NULL}};
+  lua_newtable(L);
+  luaL_register(L, NULL, fns);
+  return 1;
+}

@@ -1,0 +1,135 @@
+/* l_loop.c: the event loop as the Lua scheduler sees it: run one turn, read the
+ * clock, and one timer armed for the earliest deadline (the scheduler in
+ * lua/rpchost/sched.lua keeps the deadline heap; C keeps only this one timer). */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "rh_lua.h"
+
+
+static int l_run(lua_State *L) {
+  const char *mode = luaL_optstring(L, 1, "once");
+  uv_run_mode m = UV_RUN_ONCE;
+  if (mode[0] == 'n') m = UV_RUN_NOWAIT;
+  else if (mode[0] == 'd') m = UV_RUN_DEFAULT;
+  int alive = uv_run(rh_ctx()->loop, m);
+  lua_pushboolean(L, alive);
+  return 1;
+}
+
+static int l_now(lua_State *L) {
+  lua_pushnumber(L, (double)uv_hrtime() / 1e9);
+  return 1;
+}
+
+static void deadline_cb(uv_timer_t *t) {
+  (void)t;
+  lua_State *L = rh_ctx()->L;
+  rh_pushref(L, rh_ctx()->deadline_ref);
+  rh_callback(0, 0);
+}
+
+/* timer_set(seconds, fn): (re)arm the scheduler's timer. */
+static int l_timer_set(lua_State *L) {
+  double s = luaL_checknumber(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  rh_ctx_t *ctx = rh_ctx();
+  if (!ctx->timer_ready) {
+    uv_timer_init(ctx->loop, &ctx->deadline_timer);
+    ctx->deadline_ref = LUA_NOREF;
+    ctx->timer_ready = 1;
+  }
+  rh_unref(L, &ctx->deadline_ref);
+  lua_pushvalue(L, 2);
+  ctx->deadline_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  uint64_t ms = s <= 0 ? 0 : (uint64_t)(s * 1000.0 + 0.999);
+  uv_timer_start(&ctx->deadline_timer, deadline_cb, ms, 0);
+  return 0;
+}
+
+static int l_timer_stop(lua_State *L) {
+  (void)L;
+  if (rh_ctx()->timer_ready) uv_timer_stop(&rh_ctx()->deadline_timer);
+  return 0;
+}
+
+static int l_flush(lua_State *L) {
+  (void)L;
+  rh_net_flush(&rh_ctx()->net);
+  return 0;
+}
+
+static int l_net_stats(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushnumber(L, (double)rh_ctx()->net.bytes_in);
+  lua_setfield(L, -2, "bytes_in");
+  lua_pushnumber(L, (double)rh_ctx()->net.bytes_out);
+  lua_setfield(L, -2, "bytes_out");
+  return 1;
+}
+
+static int l_exepath(lua_State *L) {
+  char buf[4096];
+  size_t n = sizeof buf;
+  if (uv_exepath(buf, &n) != 0) return 0;
+  lua_pushlstring(L, buf, n);
+  return 1;
+}
+
+static int l_getpid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
+static int l_hostname(lua_State *L) {
+  char buf[256];
+  size_t n = sizeof buf;
+  if (uv_os_gethostname(buf, &n) != 0) return 0;
+  lua_pushlstring(L, buf, n);
+  return 1;
+}
+
+static int l_setenv(lua_State *L) {
+  const char *k = luaL_checkstring(L, 1);
+  if (lua_isnoneornil(L, 2)) unsetenv(k);
+  else setenv(k, luaL_checkstring(L, 2), 1);
+  return 0;
+}
+
+static int l_environ(lua_State *L) {
+  uv_env_item_t *items;
+  int n;
+  if (uv_os_environ(&items, &n) != 0) return 0;
+  lua_createtable(L, 0, n);
+  for (int i = 0; i < n; i++) {
+    lua_pushstring(L, items[i].value);
+    lua_setfield(L, -2, items[i].name);
+  }
+  uv_os_free_environ(items, n);
+  return 1;
+}
+
+/* Peak resident set size in KiB (for benchmarks and memory checks). */
+static int l_maxrss(lua_State *L) {
+  uv_rusage_t ru;
+  if (uv_getrusage(&ru) != 0) return 0;
+  lua_pushnumber(L, (double)ru.ru_maxrss);
+  return 1;
+}
+
+static int l_isatty(lua_State *L) {
+  lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)));
+  return 1;
+}
+
+int rh_open_loop(lua_State *L) {
+  static const luaL_Reg fns[] = {
+      {"run", l_run},           {"now", l_now},           {"timer_set", l_timer_set},
+      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats},
+      {"exepath", l_exepath},   {"getpid", l_getpid},     {"hostname", l_hostname},
+      {"setenv", l_setenv},     {"environ", l_environ},   {"maxrss", l_maxrss},
+      {"isatty", l_isatty},     {NULL, NULL}};
+  lua_newtable(L);
+  luaL_register(L, NULL, fns);
+  return 1;
+}

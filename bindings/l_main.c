@@ -1,0 +1,162 @@
+/* l_main.c: creates the one Lua state and the per-process context, finds the
+ * Lua library, and hands the command line to lua/rpchost/cli.lua, which
+ * implements the interpreter front end, the launcher and the REPL. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "rh_lua.h"
+
+static rh_ctx_t rh__ctx;
+
+rh_ctx_t *rh_ctx(void) { return &rh__ctx; }
+
+void rh_pushref(lua_State *L, int ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, ref); }
+
+void rh_unref(lua_State *L, int *ref) {
+  if (*ref != LUA_NOREF && *ref != LUA_REFNIL) luaL_unref(L, LUA_REGISTRYINDEX, *ref);
+  *ref = LUA_NOREF;
+}
+
+int rh_error_code(lua_State *L, const char *what, int code) {
+  return luaL_error(L, "%s: %s", what, rh_strerror(code));
+}
+
+int rh_callback(int nargs, int nresults) {
+  lua_State *L = rh__ctx.L;
+  int base = lua_gettop(L) - nargs;
+  rh_pushref(L, rh__ctx.ref_traceback);
+  lua_insert(L, base);
+  int rc = lua_pcall(L, nargs, nresults, base);
+  lua_remove(L, base);
+  if (rc != 0) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "rpchost: internal error in a callback: %s\n", msg ? msg : "(non-string error)");
+    lua_pop(L, 1);
+  }
+  return rc;
+}
+
+static int file_exists(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0;
+}
+
+/* The Lua library: $RPCHOST_LUA_DIR, else <exe>/../<datadir>/rpchost/lua (installed,
+ * relocatable), else the source tree this binary was built from. */
+static void find_lua_dir(char *out, size_t outlen) {
+  out[0] = 0;
+  const char *env = getenv("RPCHOST_LUA_DIR");
+  if (env && *env) {
+    snprintf(out, outlen, "%s", env);
+    return;
+  }
+  char exe[4096];
+  size_t n = sizeof exe;
+  if (uv_exepath(exe, &n) == 0) {
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = 0;
+      char probe[8192];
+      snprintf(probe, sizeof probe, "%s/../%s/rpc.lua", exe, RPCHOST_INSTALL_LUA_REL);
+      if (file_exists(probe)) {
+        /* the probe path minus "/rpc.lua" */
+        probe[strlen(probe) - strlen("/rpc.lua")] = 0;
+        snprintf(out, outlen, "%.*s", (int)(outlen - 1), probe);
+        return;
+      }
+    }
+  }
+  snprintf(out, outlen, "%s", RPCHOST_SOURCE_LUA_DIR);
+}
+
+static int open_core(lua_State *L) {
+  lua_newtable(L);
+  int (*openers[])(lua_State *) = {rh_open_loop, rh_open_conn, rh_open_proc, rh_open_codec};
+  for (size_t i = 0; i < sizeof openers / sizeof openers[0]; i++) {
+    openers[i](L); /* pushes a table of functions */
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_settable(L, -5);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pushliteral(L, RPCHOST_VERSION);
+  lua_setfield(L, -2, "version");
+  lua_pushinteger(L, rh__ctx.net.version);
+  lua_setfield(L, -2, "protocol_version");
+  return 1;
+}
+
+int rh_lua_main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  rh_ctx_t *ctx = &rh__ctx;
+  ctx->loop = uv_default_loop();
+  ctx->ref_enc_hook = ctx->ref_dec_hook = ctx->deadline_ref = LUA_NOREF;
+  uint64_t max_frame = 8ull << 30;
+  const char *mf = getenv("RPCHOST_MAX_FRAME");
+  if (mf && *mf) max_frame = strtoull(mf, NULL, 10);
+  /* RPCHOST_PROTOCOL_VERSION exists to test the version check between ranks. */
+  int version = RH_PROTOCOL_VERSION;
+  const char *pv = getenv("RPCHOST_PROTOCOL_VERSION");
+  if (pv && *pv) version = atoi(pv);
+  if (rh_net_init(&ctx->net, ctx->loop, max_frame, (uint8_t)version) != 0) {
+    fprintf(stderr, "rpchost: cannot initialise the event loop\n");
+    return 1;
+  }
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    fprintf(stderr, "rpchost: cannot create the Lua state (out of memory)\n");
+    return 1;
+  }
+  ctx->L = L;
+  luaL_openlibs(L);
+
+  lua_getglobal(L, "debug");
+  lua_getfield(L, -1, "traceback");
+  ctx->ref_traceback = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pop(L, 1);
+
+  char dir[4096];
+  find_lua_dir(dir, sizeof dir);
+  lua_getglobal(L, "package");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", dir, dir);
+  lua_getfield(L, -2, "path");
+  lua_concat(L, 2);
+  lua_setfield(L, -2, "path");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, open_core);
+  lua_setfield(L, -2, "rpchost.core");
+  lua_pop(L, 2);
+
+  /* cli.main(argv) returns the exit status. */
+  rh_pushref(L, ctx->ref_traceback);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "rpchost.cli");
+  int status = 1;
+  if (lua_pcall(L, 1, 1, -3) != 0) {
+    fprintf(stderr, "rpchost: cannot load its Lua library from %s: %s\n", dir, lua_tostring(L, -1));
+    return 1;
+  }
+  lua_getfield(L, -1, "main");
+  lua_newtable(L);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i);
+  }
+  if (lua_pcall(L, 1, 1, -4) != 0) {
+    fprintf(stderr, "rpchost: %s\n", lua_tostring(L, -1));
+  } else {
+    status = (int)lua_tointeger(L, -1);
+  }
+  fflush(stdout);
+  fflush(stderr);
+  /* Exit without tearing down: sockets and child processes are the OS's to close,
+   * and a rank must not wait on anything after its script is done. */
+  return status;
+}

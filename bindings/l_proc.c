@@ -1,0 +1,312 @@
+/* l_proc.c: child processes, their output pipes, and signal watchers for Lua.
+ * The launcher (lua/rpchost/launcher.lua) is built on these.
+ *
+ * A process box stays anchored until the child has exited and each of its pipes
+ * has reached EOF; then the exit handler runs once with the status. Output is
+ * handed to Lua in chunks as it arrives (the launcher splits lines). */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rh_lua.h"
+
+#define PROC_MT "rpchost.Process"
+#define SIGNAL_MT "rpchost.Signal"
+
+typedef struct proc_s proc_t;
+
+typedef struct {
+  uv_pipe_t pipe;
+  proc_t *p;
+  int fd; /* 1 or 2 */
+  int open;
+} out_pipe_t;
+
+struct proc_s {
+  uv_process_t proc;
+  out_pipe_t out[2];
+  int ref_self, ref_exit, ref_output;
+  int exited, pending_handles;
+  int64_t status;
+  int term_signal;
+  int pid;
+};
+
+typedef struct {
+  proc_t *p;
+} lproc_t;
+
+static void proc_maybe_done(proc_t *p);
+
+static void handle_closed(uv_handle_t *h) {
+  proc_t *p = h->data;
+  p->pending_handles--;
+  proc_maybe_done(p);
+}
+
+static void proc_maybe_done(proc_t *p) {
+  if (!p->exited || p->out[0].open || p->out[1].open) return;
+  lua_State *L = rh_ctx()->L;
+  if (p->ref_exit != LUA_NOREF) {
+    int ref = p->ref_exit;
+    p->ref_exit = LUA_NOREF;
+    rh_pushref(L, ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, ref);
+    lua_pushinteger(L, (lua_Integer)p->status);
+    lua_pushinteger(L, p->term_signal);
+    rh_callback(2, 0);
+  }
+  if (p->pending_handles == 0) {
+    rh_unref(L, &p->ref_output);
+    if (p->ref_self != LUA_NOREF) {
+      /* The box forgets us; free after the last handle closed. */
+      rh_pushref(L, p->ref_self);
+      lproc_t *b = lua_touserdata(L, -1);
+      if (b) b->p = NULL;
+      lua_pop(L, 1);
+      rh_unref(L, &p->ref_self);
+    }
+    free(p);
+  }
+}
+
+static void exit_cb(uv_process_t *h, int64_t status, int term_signal) {
+  proc_t *p = h->data;
+  p->exited = 1;
+  p->status = status;
+  p->term_signal = term_signal;
+  uv_close((uv_handle_t *)h, handle_closed);
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  buf->base = malloc(suggested);
+  buf->len = buf->base ? suggested : 0;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  out_pipe_t *op = s->data;
+  proc_t *p = op->p;
+  lua_State *L = rh_ctx()->L;
+  if (n > 0 && p->ref_output != LUA_NOREF) {
+    rh_pushref(L, p->ref_output);
+    lua_pushinteger(L, op->fd);
+    lua_pushlstring(L, buf->base, (size_t)n);
+    rh_callback(2, 0);
+  }
+  free(buf->base);
+  if (n < 0) {
+    op->open = 0;
+    if (p->ref_output != LUA_NOREF) {
+      rh_pushref(L, p->ref_output);
+      lua_pushinteger(L, op->fd);
+      lua_pushnil(L);
+      rh_callback(2, 0);
+    }
+    op->pipe.data = p;
+    uv_close((uv_handle_t *)&op->pipe, handle_closed);
+  }
+}
+
+static int string_list(lua_State *L, int t, char ***out) {
+  int n = (int)lua_objlen(L, t);
+  char **v = calloc((size_t)n + 1, sizeof *v);
+  if (!v) return -1;
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, t, i + 1);
+    v[i] = (char *)lua_tostring(L, -1); /* the table keeps the string alive */
+    lua_pop(L, 1);
+  }
+  *out = v;
+  return n;
+}
+
+/* spawn{file=, args={...}, env={"K=V",...}, cwd=, stdio={"inherit"|"pipe"|"ignore" x3},
+ *       exit=fn(status, signal), output=fn(fd, chunk|nil)} -> proc | nil, message */
+static int l_spawn(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "file");
+  const char *file = luaL_checkstring(L, -1);
+  lua_getfield(L, 1, "args");
+  luaL_checktype(L, -1, LUA_TTABLE);
+  char **args = NULL, **env = NULL;
+  string_list(L, lua_gettop(L), &args);
+  lua_getfield(L, 1, "env");
+  if (lua_istable(L, -1)) string_list(L, lua_gettop(L), &env);
+  lua_getfield(L, 1, "cwd");
+  const char *cwd = lua_tostring(L, -1);
+
+  proc_t *p = calloc(1, sizeof *p);
+  p->ref_self = p->ref_exit = p->ref_output = LUA_NOREF;
+  uv_stdio_container_t stdio[3];
+  memset(stdio, 0, sizeof stdio);
+  stdio[0].flags = UV_INHERIT_FD;
+  stdio[0].data.fd = 0;
+  lua_getfield(L, 1, "stdio");
+  for (int fd = 1; fd <= 2; fd++) {
+    const char *mode = "inherit";
+    if (lua_istable(L, -1)) {
+      lua_rawgeti(L, -1, fd + 1);
+      if (lua_isstring(L, -1)) mode = lua_tostring(L, -1);
+      lua_pop(L, 1);
+    }
+    out_pipe_t *op = &p->out[fd - 1];
+    op->p = p;
+    op->fd = fd;
+    if (strcmp(mode, "pipe") == 0) {
+      uv_pipe_init(rh_ctx()->loop, &op->pipe, 0);
+      op->pipe.data = op;
+      op->open = 1;
+      p->pending_handles++;
+      stdio[fd].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+      stdio[fd].data.stream = (uv_stream_t *)&op->pipe;
+    } else if (strcmp(mode, "ignore") == 0) {
+      stdio[fd].flags = UV_IGNORE;
+    } else {
+      stdio[fd].flags = UV_INHERIT_FD;
+      stdio[fd].data.fd = fd;
+    }
+  }
+  uv_process_options_t opts;
+  memset(&opts, 0, sizeof opts);
+  opts.file = file;
+  opts.args = args;
+  opts.env = env;
+  opts.cwd = cwd;
+  opts.stdio_count = 3;
+  opts.stdio = stdio;
+  opts.exit_cb = exit_cb;
+  p->proc.data = p;
+  p->pending_handles++;
+  int rc = uv_spawn(rh_ctx()->loop, &p->proc, &opts);
+  free(args);
+  free(env);
+  if (rc) {
+    /* uv_spawn leaves the process handle initialised: close everything. */
+    p->exited = 1;
+    p->status = -1;
+    uv_close((uv_handle_t *)&p->proc, handle_closed);
+    for (int i = 0; i < 2; i++)
+      if (p->out[i].open) {
+        p->out[i].open = 0;
+        p->out[i].pipe.data = p;
+        uv_close((uv_handle_t *)&p->out[i].pipe, handle_closed);
+      }
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot start %s: %s", file, uv_strerror(rc));
+    return 2;
+  }
+  p->pid = p->proc.pid;
+  for (int i = 0; i < 2; i++)
+    if (p->out[i].open) uv_read_start((uv_stream_t *)&p->out[i].pipe, alloc_cb, read_cb);
+  lua_getfield(L, 1, "exit");
+  p->ref_exit = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
+  lua_getfield(L, 1, "output");
+  p->ref_output = lua_isfunction(L, -1) ? luaL_ref(L, LUA_REGISTRYINDEX) : (lua_pop(L, 1), LUA_NOREF);
+  lproc_t *b = lua_newuserdata(L, sizeof *b);
+  b->p = p;
+  luaL_getmetatable(L, PROC_MT);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  p->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 1;
+}
+
+static int l_proc_pid(lua_State *L) {
+  lproc_t *b = luaL_checkudata(L, 1, PROC_MT);
+  if (!b->p) return 0;
+  lua_pushinteger(L, b->p->pid);
+  return 1;
+}
+
+/* kill(pid, signum) -> true | nil, message */
+static int l_kill(lua_State *L) {
+  int pid = (int)luaL_checkinteger(L, 1);
+  int sig = (int)luaL_checkinteger(L, 2);
+  int rc = uv_kill(pid, sig);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, uv_strerror(rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ---- signals ---- */
+
+typedef struct {
+  uv_signal_t sig;
+  int ref_fn;
+} lsignal_t;
+
+static void signal_closed(uv_handle_t *h) { free(h->data); }
+
+static void signal_cb(uv_signal_t *h, int signum) {
+  lsignal_t *s = h->data;
+  lua_State *L = rh_ctx()->L;
+  rh_pushref(L, s->ref_fn);
+  lua_pushinteger(L, signum);
+  rh_callback(1, 0);
+}
+
+typedef struct {
+  lsignal_t *s;
+} lsigbox_t;
+
+/* signal(signum, fn) -> watcher with :close(). Does not keep the loop alive. */
+static int l_signal(lua_State *L) {
+  int signum = (int)luaL_checkinteger(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lsignal_t *s = calloc(1, sizeof *s);
+  uv_signal_init(rh_ctx()->loop, &s->sig);
+  s->sig.data = s;
+  lua_pushvalue(L, 2);
+  s->ref_fn = luaL_ref(L, LUA_REGISTRYINDEX);
+  uv_signal_start(&s->sig, signal_cb, signum);
+  uv_unref((uv_handle_t *)&s->sig);
+  lsigbox_t *b = lua_newuserdata(L, sizeof *b);
+  b->s = s;
+  luaL_getmetatable(L, SIGNAL_MT);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+static int l_signal_close(lua_State *L) {
+  lsigbox_t *b = luaL_checkudata(L, 1, SIGNAL_MT);
+  if (!b->s) return 0;
+  rh_unref(L, &b->s->ref_fn);
+  uv_close((uv_handle_t *)&b->s->sig, signal_closed);
+  b->s = NULL;
+  return 0;
+}
+
+int rh_open_proc(lua_State *L) {
+  luaL_newmetatable(L, PROC_MT);
+  lua_newtable(L);
+  lua_pushcfunction(L, l_proc_pid);
+  lua_setfield(L, -2, "pid");
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, SIGNAL_MT);
+  lua_newtable(L);
+  lua_pushcfunction(L, l_signal_close);
+  lua_setfield(L, -2, "close");
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+
+  static const luaL_Reg fns[] = {
+      {"spawn", l_spawn}, {"kill", l_kill}, {"signal", l_signal}, {NULL, NULL}};
+  lua_newtable(L);
+  luaL_register(L, NULL, fns);
+  static const struct {
+    const char *name;
+    int num;
+  } sigs[] = {{"SIGINT", SIGINT},   {"SIGTERM", SIGTERM}, {"SIGKILL", SIGKILL},
+              {"SIGSTOP", SIGSTOP}, {"SIGCONT", SIGCONT}, {"SIGHUP", SIGHUP}};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+    lua_pushinteger(L, sigs[i].num);
+    lua_setfield(L, -2, sigs[i].name);
+  }
+  return 1;
+}

@@ -1,0 +1,47 @@
+/* rh_lua.h: the binding layer's shared pieces: the one per-process context and
+ * the helpers every bound type uses to call back into Lua safely. */
+#ifndef RH_LUA_H
+#define RH_LUA_H
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <uv.h>
+
+#include "net/conn.h"
+
+/* The only mutable process-wide state: one per rpchost process. */
+typedef struct {
+  lua_State *L; /* the main thread; C callbacks run Lua on it, never on a coroutine */
+  uv_loop_t *loop;
+  rh_net_t net;
+  int ref_traceback; /* debug.traceback, the message handler for callbacks */
+  uv_timer_t deadline_timer; /* armed for the scheduler's earliest deadline */
+  int deadline_ref;          /* the Lua function it calls */
+  int timer_ready;
+  int ref_enc_hook, ref_dec_hook; /* the codec's hooks for non-plain values */
+} rh_ctx_t;
+
+rh_ctx_t *rh_ctx(void);
+
+/* Calls the function below nargs arguments on ctx->L with a traceback handler.
+ * A Lua error in a callback is printed (it is a bug in the library, not user
+ * input) and the process goes on. Returns 0 on success. Pops function and args. */
+int rh_callback(int nargs, int nresults);
+
+/* Pushes a registry reference (LUA_NOREF pushes nil). */
+void rh_pushref(lua_State *L, int ref);
+void rh_unref(lua_State *L, int *ref);
+
+/* Raises a Lua error "what: <message for code>". */
+int rh_error_code(lua_State *L, const char *what, int code);
+
+/* Module openers, one per bound type. */
+int rh_open_loop(lua_State *L);
+int rh_open_conn(lua_State *L);
+int rh_open_proc(lua_State *L);
+int rh_open_codec(lua_State *L);
+
+int rh_lua_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,23 @@
+/* errors.c: the one table of rpchost error messages (libuv's for its codes). */
+#include "rh.h"
+
+#include <uv.h>
+
+static const struct {
+  int code;
+  const char *msg;
+} rh__errors[] = {
+    {RH_EBADMAGIC, "not an rpchost frame (bad magic): the peer is not rpchost or the stream is corrupt"},
+    {RH_EVERSION, "protocol version mismatch"},
+    {RH_ETOOBIG, "frame larger than the maximum frame size (RPCHOST_MAX_FRAME)"},
+    {RH_ENOMEM, "out of memory"},
+    {RH_ECLOSED, "connection closed"},
+    {RH_EBADFRAME, "malformed frame header"},
+};
+
+const char *rh_strerror(int code) {
+  for (size_t i = 0; i < sizeof rh__errors / sizeof rh__errors[0]; i++)
+    if (rh__errors[i].code == code) return rh__errors[i].msg;
+  if (code < 0 && code > -5000) return uv_strerror(code);
+  return "unknown error";
+}

@@ -1,0 +1,440 @@
+/* conn.c: framed TCP connections, listeners and the batched writer (see conn.h). */
+#include "conn.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One queued piece of output: either a span of the arena or an external segment. */
+typedef struct {
+  size_t off; /* arena offset, when ext == NULL */
+  size_t len;
+  const void *ext;
+} rh_piece_t;
+
+typedef struct {
+  rh_release_fn fn;
+  void *ctx;
+} rh_release_t;
+
+/* Everything one uv_write owns until its callback. */
+typedef struct {
+  uv_write_t req;
+  uint8_t *arena;
+  rh_release_t *rel;
+  size_t nrel;
+  uv_buf_t bufs[];
+} rh_write_t;
+
+struct rh_conn_s {
+  uv_tcp_t tcp;
+  rh_net_t *net;
+  rh_conn_cbs_t cbs;
+  void *data;
+  rh_reader_t reader;
+  /* output queued since the last flush */
+  uint8_t *arena;
+  size_t alen, acap;
+  rh_piece_t *pieces;
+  size_t npieces, cpieces;
+  rh_release_t *rel;
+  size_t nrel, crel;
+  rh_conn_t *next_dirty;
+  int dirty;
+  int closing;   /* uv_close requested */
+  int reported;  /* on_close already called */
+  int shutting;  /* graceful close in progress */
+  uv_connect_t connect_req;
+  uv_shutdown_t shutdown_req;
+  size_t inflight; /* bytes handed to uv_write, not yet done */
+};
+
+struct rh_listener_s {
+  uv_tcp_t tcp;
+  rh_net_t *net;
+  rh_conn_cbs_t cbs;
+  rh_accept_fn on_accept;
+  void *data;
+};
+
+static void flush_cb(uv_prepare_t *p) { rh_net_flush(p->data); }
+
+int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version) {
+  memset(net, 0, sizeof *net);
+  net->loop = loop;
+  net->max_frame = max_frame;
+  net->version = version;
+  int rc = uv_prepare_init(loop, &net->flush);
+  if (rc) return rc;
+  net->flush.data = net;
+  rc = uv_prepare_start(&net->flush, flush_cb);
+  /* The prepare handle alone must not keep the loop alive. */
+  uv_unref((uv_handle_t *)&net->flush);
+  return rc;
+}
+
+void rh_net_close(rh_net_t *net) {
+  if (!uv_is_closing((uv_handle_t *)&net->flush)) uv_close((uv_handle_t *)&net->flush, NULL);
+}
+
+static void release_all(rh_release_t *rel, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (rel[i].fn) rel[i].fn(rel[i].ctx);
+}
+
+static void drop_queue(rh_conn_t *c) {
+  release_all(c->rel, c->nrel);
+  c->nrel = 0;
+  c->npieces = 0;
+  c->alen = 0;
+}
+
+static void report_close(rh_conn_t *c, int status, int peer_version) {
+  if (c->reported) return;
+  c->reported = 1;
+  if (c->cbs.on_close) c->cbs.on_close(c, status, peer_version);
+}
+
+static void close_done(uv_handle_t *h) {
+  rh_conn_t *c = h->data;
+  drop_queue(c);
+  rh_reader_free(&c->reader);
+  free(c->arena);
+  free(c->pieces);
+  free(c->rel);
+  free(c);
+}
+
+/* Ends the connection now; status says why (0: orderly). */
+static void conn_end(rh_conn_t *c, int status, int peer_version) {
+  if (c->closing) return;
+  c->closing = 1;
+  report_close(c, status, peer_version);
+  uv_close((uv_handle_t *)&c->tcp, close_done);
+}
+
+rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
+  rh_conn_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  if (uv_tcp_init(net->loop, &c->tcp) != 0) {
+    free(c);
+    return NULL;
+  }
+  c->tcp.data = c;
+  c->net = net;
+  c->cbs = *cbs;
+  c->data = data;
+  rh_reader_init(&c->reader, net->max_frame, net->version);
+  return c;
+}
+
+void *rh_conn_data(rh_conn_t *c) { return c->data; }
+void rh_conn_set_data(rh_conn_t *c, void *data) { c->data = data; }
+int rh_conn_is_open(rh_conn_t *c) { return !c->closing && !c->shutting; }
+size_t rh_conn_queued(rh_conn_t *c) { return c->alen + c->inflight; }
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  rh_conn_t *c = h->data;
+  uint8_t *p;
+  size_t avail;
+  (void)suggested;
+  if (rh_reader_space(&c->reader, 65536, &p, &avail) != 0) {
+    buf->base = NULL;
+    buf->len = 0;
+    return;
+  }
+  buf->base = (char *)p;
+  buf->len = avail;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  rh_conn_t *c = s->data;
+  (void)buf;
+  if (n == UV_ENOBUFS) {
+    conn_end(c, RH_ENOMEM, 0);
+    return;
+  }
+  if (n < 0) {
+    conn_end(c, n == UV_EOF ? 0 : (int)n, 0);
+    return;
+  }
+  rh_reader_commit(&c->reader, (size_t)n);
+  c->net->bytes_in += (uint64_t)n;
+  rh_frame_t f;
+  for (;;) {
+    if (c->closing) return;
+    int rc = rh_reader_next(&c->reader, &f);
+    if (rc == 0) return;
+    if (rc < 0) {
+      conn_end(c, rc, rc == RH_EVERSION ? f.hdr.version : 0);
+      return;
+    }
+    if (c->cbs.on_frame) c->cbs.on_frame(c, &f);
+  }
+}
+
+static int start_reading(rh_conn_t *c) {
+  uv_tcp_nodelay(&c->tcp, 1);
+  return uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+}
+
+static void connect_cb(uv_connect_t *req, int status) {
+  rh_conn_t *c = req->data;
+  if (c->closing) return;
+  if (status == 0) status = start_reading(c);
+  if (c->cbs.on_connect) c->cbs.on_connect(c, status);
+  if (status != 0) conn_end(c, status, 0);
+}
+
+int rh_conn_connect(rh_conn_t *c, const struct sockaddr *addr) {
+  c->connect_req.data = c;
+  return uv_tcp_connect(&c->connect_req, &c->tcp, addr, connect_cb);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 0;
+  size_t n = *cap ? *cap : 16;
+  while (n < need) n *= 2;
+  void *q = realloc(*p, n * elem);
+  if (!q) return RH_ENOMEM;
+  *p = q;
+  *cap = n;
+  return 0;
+}
+
+static int arena_put(rh_conn_t *c, const void *src, size_t len) {
+  if (grow((void **)&c->arena, &c->acap, c->alen + len, 1)) return RH_ENOMEM;
+  if (grow((void **)&c->pieces, &c->cpieces, c->npieces + 1, sizeof(rh_piece_t))) return RH_ENOMEM;
+  memcpy(c->arena + c->alen, src, len);
+  /* Adjacent arena spans merge into one piece, so a burst is one iovec. */
+  if (c->npieces > 0) {
+    rh_piece_t *last = &c->pieces[c->npieces - 1];
+    if (!last->ext && last->off + last->len == c->alen) {
+      last->len += len;
+      c->alen += len;
+      return 0;
+    }
+  }
+  c->pieces[c->npieces++] = (rh_piece_t){.off = c->alen, .len = len, .ext = NULL};
+  c->alen += len;
+  return 0;
+}
+
+int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
+                 uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
+                 void *release_ctx) {
+  if (c->closing || c->shutting) {
+    if (release) release(release_ctx);
+    return RH_ECLOSED;
+  }
+  rh_frame_hdr_t h = {.version = c->net->version, .type = type, .flags = flags, .id = id,
+                      .body_len = body_len, .nseg = nseg, .seg_bytes = 0};
+  for (uint32_t i = 0; i < nseg; i++) h.seg_bytes += segs[i].len;
+  uint8_t hdr[RH_FRAME_HDR];
+  rh_frame_encode_header(hdr, &h);
+  int rc = arena_put(c, hdr, sizeof hdr);
+  if (!rc && body_len) rc = arena_put(c, body, body_len);
+  for (uint32_t i = 0; !rc && i < nseg; i++) {
+    uint8_t l[8];
+    for (int k = 0; k < 8; k++) l[k] = (uint8_t)((uint64_t)segs[i].len >> (8 * k));
+    rc = arena_put(c, l, 8);
+  }
+  for (uint32_t i = 0; !rc && i < nseg; i++) {
+    if (segs[i].len == 0) continue;
+    rc = grow((void **)&c->pieces, &c->cpieces, c->npieces + 1, sizeof(rh_piece_t));
+    if (!rc) c->pieces[c->npieces++] = (rh_piece_t){.off = 0, .len = segs[i].len, .ext = segs[i].base};
+  }
+  if (!rc && release) {
+    rc = grow((void **)&c->rel, &c->crel, c->nrel + 1, sizeof(rh_release_t));
+    if (!rc) c->rel[c->nrel++] = (rh_release_t){release, release_ctx};
+    else release(release_ctx);
+  } else if (rc && release) {
+    release(release_ctx);
+  }
+  if (rc) {
+    conn_end(c, rc, 0);
+    return rc;
+  }
+  if (!c->dirty) {
+    c->dirty = 1;
+    c->next_dirty = c->net->dirty;
+    c->net->dirty = c;
+  }
+  return 0;
+}
+
+static void write_cb(uv_write_t *req, int status) {
+  rh_write_t *w = req->data;
+  rh_conn_t *c = req->handle->data;
+  size_t bytes = 0;
+  for (size_t i = 0; w->bufs[i].base || w->bufs[i].len; i++) bytes += w->bufs[i].len;
+  c->inflight -= bytes;
+  release_all(w->rel, w->nrel);
+  free(w->rel);
+  free(w->arena);
+  free(w);
+  if (status < 0 && status != UV_ECANCELED) conn_end(c, status, 0);
+}
+
+static void shutdown_cb(uv_shutdown_t *req, int status) {
+  rh_conn_t *c = req->data;
+  (void)status;
+  conn_end(c, 0, 0);
+}
+
+static void conn_flush(rh_conn_t *c) {
+  if (c->closing || c->npieces == 0) return;
+  /* one extra zeroed buf terminates the list for write_cb's byte count */
+  rh_write_t *w = calloc(1, sizeof *w + (c->npieces + 1) * sizeof(uv_buf_t));
+  if (!w) {
+    conn_end(c, RH_ENOMEM, 0);
+    return;
+  }
+  size_t bytes = 0;
+  for (size_t i = 0; i < c->npieces; i++) {
+    rh_piece_t *p = &c->pieces[i];
+    const char *base = p->ext ? (const char *)p->ext : (const char *)c->arena + p->off;
+    w->bufs[i] = uv_buf_init((char *)base, (unsigned)p->len);
+    bytes += p->len;
+  }
+  w->arena = c->arena;
+  w->rel = c->rel;
+  w->nrel = c->nrel;
+  w->req.data = w;
+  unsigned n = (unsigned)c->npieces;
+  c->arena = NULL;
+  c->alen = c->acap = 0;
+  c->rel = NULL;
+  c->nrel = c->crel = 0;
+  c->npieces = 0;
+  c->inflight += bytes;
+  c->net->bytes_out += bytes;
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, n, write_cb);
+  if (rc) {
+    c->inflight -= bytes;
+    release_all(w->rel, w->nrel);
+    free(w->rel);
+    free(w->arena);
+    free(w);
+    conn_end(c, rc, 0);
+  }
+}
+
+void rh_net_flush(rh_net_t *net) {
+  while (net->dirty) {
+    rh_conn_t *c = net->dirty;
+    net->dirty = c->next_dirty;
+    c->dirty = 0;
+    c->next_dirty = NULL;
+    conn_flush(c);
+    if (c->shutting && !c->closing) {
+      c->shutdown_req.data = c;
+      if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, shutdown_cb) != 0) conn_end(c, 0, 0);
+    }
+  }
+}
+
+static void unlink_dirty(rh_conn_t *c) {
+  if (!c->dirty) return;
+  rh_conn_t **pp = &c->net->dirty;
+  while (*pp && *pp != c) pp = &(*pp)->next_dirty;
+  if (*pp) *pp = c->next_dirty;
+  c->dirty = 0;
+}
+
+void rh_conn_close(rh_conn_t *c, int graceful) {
+  if (c->closing || c->shutting) return;
+  if (graceful && uv_is_writable((uv_stream_t *)&c->tcp)) {
+    /* Report now (the owner is done with it); the bytes still go out. */
+    c->shutting = 1;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    report_close(c, 0, 0);
+    if (!c->dirty) {
+      c->dirty = 1;
+      c->next_dirty = c->net->dirty;
+      c->net->dirty = c;
+    }
+    return;
+  }
+  unlink_dirty(c);
+  conn_end(c, 0, 0);
+}
+
+static int addr_name(struct sockaddr_storage *ss, char *ip, size_t iplen, int *port);
+
+int rh_conn_peer(rh_conn_t *c, char *ip, size_t iplen, int *port) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  int rc = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len);
+  return rc ? rc : addr_name(&ss, ip, iplen, port);
+}
+
+int rh_conn_local(rh_conn_t *c, char *ip, size_t iplen, int *port) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  int rc = uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&ss, &len);
+  return rc ? rc : addr_name(&ss, ip, iplen, port);
+}
+
+static int addr_name(struct sockaddr_storage *ss, char *ip, size_t iplen, int *port) {
+  if (ss->ss_family == AF_INET6) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+    *port = ntohs(a->sin6_port);
+    return uv_ip6_name(a, ip, iplen);
+  }
+  struct sockaddr_in *a = (struct sockaddr_in *)ss;
+  *port = ntohs(a->sin_port);
+  return uv_ip4_name(a, ip, iplen);
+}
+
+/* ---- listeners ---- */
+
+static void listener_closed(uv_handle_t *h) { free(h->data); }
+
+static void connection_cb(uv_stream_t *server, int status) {
+  rh_listener_t *l = server->data;
+  if (status < 0) return;
+  rh_conn_t *c = rh_conn_new(l->net, &l->cbs, NULL);
+  if (!c) return;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || start_reading(c) != 0) {
+    c->reported = 1; /* never handed out: nobody to tell */
+    conn_end(c, 0, 0);
+    return;
+  }
+  l->on_accept(l, c);
+}
+
+rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
+                               void *data) {
+  rh_listener_t *l = calloc(1, sizeof *l);
+  if (!l) return NULL;
+  if (uv_tcp_init(net->loop, &l->tcp) != 0) {
+    free(l);
+    return NULL;
+  }
+  l->tcp.data = l;
+  l->net = net;
+  l->cbs = *cbs;
+  l->on_accept = on_accept;
+  l->data = data;
+  return l;
+}
+
+int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog) {
+  int rc = uv_tcp_bind(&l->tcp, addr, 0);
+  if (!rc) rc = uv_listen((uv_stream_t *)&l->tcp, backlog, connection_cb);
+  return rc;
+}
+
+int rh_listener_port(rh_listener_t *l) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&ss, &len) != 0) return -1;
+  if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+void *rh_listener_data(rh_listener_t *l) { return l->data; }
+
+void rh_listener_close(rh_listener_t *l) {
+  if (!uv_is_closing((uv_handle_t *)&l->tcp)) uv_close((uv_handle_t *)&l->tcp, listener_closed);
+}

@@ -1,0 +1,76 @@
+/* conn.h: framed TCP connections and listeners over libuv.
+ *
+ * A connection owns its uv_tcp_t, a frame reader and an output queue. Frames sent
+ * during one loop iteration are queued and written together with one vectored
+ * write just before the loop polls (a prepare handle), so a burst of small calls
+ * costs one system call. Small parts (header, body) are copied into an arena; large
+ * parts (segments) are referenced, and their owner is told when the write is done.
+ *
+ * Lifetime (libuv's rule): the struct is freed only in the close callback; the
+ * owner learns of the end through on_close, exactly once, before that. */
+#ifndef RH_CONN_H
+#define RH_CONN_H
+
+#include <uv.h>
+
+#include "frame.h"
+
+typedef struct rh_conn_s rh_conn_t;
+typedef struct rh_listener_s rh_listener_t;
+typedef struct rh_net_s rh_net_t;
+
+/* Called when the write holding a referenced segment is done (or dropped). */
+typedef void (*rh_release_fn)(void *ctx);
+
+typedef struct {
+  /* A whole frame arrived; f points into the reader, valid during the call. */
+  void (*on_frame)(rh_conn_t *c, const rh_frame_t *f);
+  /* The connection is over: status 0 (peer closed or local close) or an error code;
+   * peer_version is set for RH_EVERSION. Called once. */
+  void (*on_close)(rh_conn_t *c, int status, int peer_version);
+  /* Outgoing connection established (status 0) or failed. */
+  void (*on_connect)(rh_conn_t *c, int status);
+} rh_conn_cbs_t;
+
+struct rh_net_s {
+  uv_loop_t *loop;
+  uv_prepare_t flush;   /* writes out queued frames before each poll */
+  rh_conn_t *dirty;     /* connections with queued output */
+  uint64_t max_frame;
+  uint8_t version; /* protocol version stamped on and expected in frames */
+  uint64_t bytes_out, bytes_in;
+};
+
+int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);
+void rh_net_close(rh_net_t *net);
+/* Writes all queued output now (also done automatically before each poll). */
+void rh_net_flush(rh_net_t *net);
+
+/* Connections. `data` is the owner's pointer. */
+rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data);
+int rh_conn_connect(rh_conn_t *c, const struct sockaddr *addr);
+void *rh_conn_data(rh_conn_t *c);
+void rh_conn_set_data(rh_conn_t *c, void *data);
+/* Queue one frame. body is copied; segments are referenced until written, then
+ * release(release_ctx) runs (also when the connection dies first). */
+int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
+                 uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
+                 void *release_ctx);
+/* Graceful: queued output is written first, then the stream is shut down. */
+void rh_conn_close(rh_conn_t *c, int graceful);
+int rh_conn_peer(rh_conn_t *c, char *ip, size_t iplen, int *port);
+/* The local address of the connection (the interface that reaches the peer). */
+int rh_conn_local(rh_conn_t *c, char *ip, size_t iplen, int *port);
+int rh_conn_is_open(rh_conn_t *c);
+size_t rh_conn_queued(rh_conn_t *c);
+
+/* Listeners: accept connections and hand each one to on_accept (with cbs to use). */
+typedef void (*rh_accept_fn)(rh_listener_t *l, rh_conn_t *c);
+rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
+                               void *data);
+int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog);
+int rh_listener_port(rh_listener_t *l);
+void *rh_listener_data(rh_listener_t *l);
+void rh_listener_close(rh_listener_t *l);
+
+#endif

@@ -1,0 +1,115 @@
+/* test_frame.c: the frame reader against whole, split, hostile and oversized input. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/frame.h"
+
+static int failures;
+#define CHECK(c)                                                   \
+  do {                                                             \
+    if (!(c)) {                                                    \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
+      failures++;                                                  \
+    }                                                              \
+  } while (0)
+
+static size_t make_frame(uint8_t *out, uint64_t id, const char *body, const char *seg) {
+  rh_frame_hdr_t h = {RH_PROTOCOL_VERSION, 3, 7, id, (uint32_t)strlen(body), seg ? 1 : 0, seg ? strlen(seg) : 0};
+  rh_frame_encode_header(out, &h);
+  size_t n = RH_FRAME_HDR;
+  memcpy(out + n, body, strlen(body));
+  n += strlen(body);
+  if (seg) {
+    uint64_t l = strlen(seg);
+    for (int i = 0; i < 8; i++) out[n + i] = (uint8_t)(l >> (8 * i));
+    n += 8;
+    memcpy(out + n, seg, l);
+    n += l;
+  }
+  return n;
+}
+
+static void feed(rh_reader_t *r, const uint8_t *p, size_t n) {
+  uint8_t *dst;
+  size_t avail;
+  CHECK(rh_reader_space(r, n, &dst, &avail) == 0);
+  CHECK(avail >= n);
+  memcpy(dst, p, n);
+  rh_reader_commit(r, n);
+}
+
+int main(void) {
+  uint8_t buf[1024];
+  size_t n1 = make_frame(buf, 42, "hello", NULL);
+  size_t n2 = make_frame(buf + n1, 43, "x", "segment!");
+  rh_reader_t r;
+  rh_frame_t f;
+
+  /* byte by byte: no frame until the last byte of each */
+  rh_reader_init(&r, 1 << 20, RH_PROTOCOL_VERSION);
+  int got = 0;
+  for (size_t i = 0; i < n1 + n2; i++) {
+    feed(&r, buf + i, 1);
+    while (rh_reader_next(&r, &f) == 1) {
+      got++;
+      if (got == 1) {
+        CHECK(f.hdr.id == 42 && f.hdr.type == 3 && f.hdr.flags == 7);
+        CHECK(f.hdr.body_len == 5 && memcmp(f.body, "hello", 5) == 0);
+        CHECK(i == n1 - 1);
+      } else {
+        CHECK(f.hdr.id == 43 && f.hdr.nseg == 1 && f.seg_len[0] == 8);
+        CHECK(memcmp(f.segs, "segment!", 8) == 0);
+      }
+    }
+  }
+  CHECK(got == 2);
+  rh_reader_free(&r);
+
+  /* garbage: bad magic */
+  rh_reader_init(&r, 1 << 20, RH_PROTOCOL_VERSION);
+  feed(&r, (const uint8_t *)"GET / HTTP/1.1\r\nHost: x\r\n\r\n.....", 32);
+  CHECK(rh_reader_next(&r, &f) == RH_EBADMAGIC);
+  rh_reader_free(&r);
+
+  /* other protocol version: reported with the peer's version */
+  rh_reader_init(&r, 1 << 20, RH_PROTOCOL_VERSION);
+  uint8_t v[64];
+  make_frame(v, 1, "a", NULL);
+  v[4] = 9;
+  v[5] = 3; /* not a handshake frame */
+  feed(&r, v, RH_FRAME_HDR + 1);
+  CHECK(rh_reader_next(&r, &f) == RH_EVERSION && f.hdr.version == 9);
+  rh_reader_free(&r);
+
+  /* oversized and inconsistent lengths are refused before any allocation */
+  rh_reader_init(&r, 1024, RH_PROTOCOL_VERSION);
+  rh_frame_hdr_t h = {RH_PROTOCOL_VERSION, 1, 0, 1, 4000, 0, 0};
+  rh_frame_encode_header(v, &h);
+  feed(&r, v, RH_FRAME_HDR);
+  CHECK(rh_reader_next(&r, &f) == RH_ETOOBIG);
+  rh_reader_free(&r);
+  rh_reader_init(&r, 1 << 20, RH_PROTOCOL_VERSION);
+  h = (rh_frame_hdr_t){RH_PROTOCOL_VERSION, 1, 0, 1, 0, 0, 5};
+  rh_frame_encode_header(v, &h);
+  feed(&r, v, RH_FRAME_HDR);
+  CHECK(rh_reader_next(&r, &f) == RH_EBADFRAME);
+  rh_reader_free(&r);
+  rh_reader_init(&r, ~0ull, RH_PROTOCOL_VERSION);
+  h = (rh_frame_hdr_t){RH_PROTOCOL_VERSION, 1, 0, 1, 0, 2, ~0ull - 8};
+  rh_frame_encode_header(v, &h);
+  feed(&r, v, RH_FRAME_HDR);
+  CHECK(rh_reader_next(&r, &f) <= 0);
+  rh_reader_free(&r);
+
+  /* segment lengths that do not add up */
+  rh_reader_init(&r, 1 << 20, RH_PROTOCOL_VERSION);
+  size_t n = make_frame(v, 5, "", "abcd");
+  v[RH_FRAME_HDR] = 3; /* claims 3, header says 4 */
+  feed(&r, v, n);
+  CHECK(rh_reader_next(&r, &f) == RH_EBADFRAME);
+  rh_reader_free(&r);
+
+  printf("%s: %d failures\n", failures ? "FAIL" : "ok", failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,28 @@
+/* rh.h: what every part of host/ shares: error codes and their messages.
+ *
+ * host/ is plain C11 with no Lua in it. Functions return 0 or a negative
+ * RH_E* code (or a negative libuv code, which rh_strerror also explains);
+ * the binding layer turns them into Lua error objects. */
+#ifndef RH_H
+#define RH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RH_PROTOCOL_VERSION 1
+
+enum {
+  RH_OK = 0,
+  /* Start well below libuv's codes (which are negated errno values). */
+  RH_EBADMAGIC = -5001, /* a frame did not start with the rpchost magic */
+  RH_EVERSION = -5002,  /* a frame carried another protocol version */
+  RH_ETOOBIG = -5003,   /* a frame exceeded the configured maximum size */
+  RH_ENOMEM = -5004,    /* an allocation failed */
+  RH_ECLOSED = -5005,   /* the connection is closed */
+  RH_EBADFRAME = -5006, /* a frame's lengths are inconsistent */
+};
+
+/* The message for an RH_E* or libuv error code; never NULL. */
+const char *rh_strerror(int code);
+
+#endif

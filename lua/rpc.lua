@@ -1,0 +1,350 @@
+-- rpc: PyTorch's torch.distributed.rpc for Lua (see API.md).
+-- This module shapes the user-facing surface: argument forms, options objects and
+-- error messages. The agent (rpchost.agent) does the work; the store
+-- (rpchost.store) does the rendezvous.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local errors = require "rpchost.errors"
+local env = require "rpchost.env"
+local log = require "rpchost.log"
+local store = require "rpchost.store"
+local agentmod = require "rpchost.agent"
+local Future = require "rpchost.future"
+local WorkerInfo = require "rpchost.workerinfo"
+
+local rpc = {}
+rpc.Future = Future
+rpc.WorkerInfo = WorkerInfo
+
+local DEFAULT_TIMEOUT = 60
+local current = nil -- the running agent
+local default_timeout = DEFAULT_TIMEOUT
+
+-- backends and options --------------------------------------------------------------
+rpc.BackendType = setmetatable({TENSORPIPE = "TENSORPIPE", PROCESS_GROUP = "PROCESS_GROUP"}, {
+  __index = function(_, k) error(("rpc.BackendType has no member '%s' (TENSORPIPE, PROCESS_GROUP)"):format(tostring(k)), 2) end,
+})
+
+local function options_class(name, backend, fields)
+  local cls = {}
+  cls.__index = cls
+  cls.__tostring = function(o)
+    local parts = {}
+    for _, f in ipairs(fields) do
+      if o[f] ~= nil then parts[#parts + 1] = f .. "=" .. tostring(o[f]) end
+    end
+    return name .. "(" .. table.concat(parts, ", ") .. ")"
+  end
+  cls.backend = backend
+  cls.class_name = name
+  local known = {}
+  for _, f in ipairs(fields) do known[f] = true end
+  return setmetatable(cls, {__call = function(_, o)
+    o = o or {}
+    for k in pairs(o) do
+      if not known[k] then
+        error(errors.new("config", ("%s has no option '%s' (options: %s)"):format(name, tostring(k),
+          table.concat(fields, ", "))), 2)
+      end
+    end
+    local obj = {}
+    for k, v in pairs(o) do obj[k] = v end
+    return setmetatable(obj, cls)
+  end})
+end
+
+rpc.TensorPipeRpcBackendOptions = options_class("TensorPipeRpcBackendOptions", "TENSORPIPE",
+  {"num_worker_threads", "rpc_timeout", "init_method", "device_maps", "devices", "security_token",
+   "_transports", "_channels", "init_timeout"})
+rpc.ProcessGroupRpcBackendOptions = options_class("ProcessGroupRpcBackendOptions", "PROCESS_GROUP",
+  {"num_send_recv_threads", "rpc_timeout", "init_method", "init_timeout"})
+
+local function is_options(o)
+  local mt = getmetatable(o)
+  return mt == rpc.TensorPipeRpcBackendOptions or mt == rpc.ProcessGroupRpcBackendOptions
+end
+
+-- init_rpc ------------------------------------------------------------------------------
+local NAME_RULE = "use only letters, digits, '_', ':' and '-', and fewer than 128 characters"
+
+local function check_name(name)
+  if type(name) ~= "string" then
+    error(errors.new("config", ("init_rpc: the worker name must be a string (%s), got %s"):format(
+      NAME_RULE, type(name))), 0)
+  end
+  if name == "" or #name >= 128 or name:find("[^%w_:%-]") then
+    error(errors.new("config", ("init_rpc: invalid worker name '%s': %s"):format(name, NAME_RULE)), 0)
+  end
+end
+
+local function check_int(v, what, min)
+  if v ~= nil and (type(v) ~= "number" or v ~= math.floor(v) or v < min) then
+    error(errors.new("config", ("init_rpc: %s must be an integer >= %d, got %s"):format(what, min,
+      tostring(v))), 0)
+  end
+end
+
+-- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
+-- positional form init_rpc(name, backend, rank, world_size, rpc_backend_options).
+function rpc.init_rpc(name, a, b, c, d)
+  local o
+  if type(a) == "table" and not is_options(a) then o = a
+  else o = {backend = a, rank = b, world_size = c, rpc_backend_options = d} end
+  if current and current.state == "running" then
+    error(errors.new("config", ("init_rpc: RPC is already initialised on this process (as %s); " ..
+      "call rpc.shutdown() first"):format(current.name)), 0)
+  end
+  check_name(name)
+  local opts = o.rpc_backend_options
+  local backend = o.backend or (opts and getmetatable(opts).backend) or "TENSORPIPE"
+  if backend ~= "TENSORPIPE" and backend ~= "PROCESS_GROUP" then
+    error(errors.new("config", ("init_rpc: unknown backend %s (use rpc.BackendType.TENSORPIPE or " ..
+      "PROCESS_GROUP)"):format(tostring(backend))), 0)
+  end
+  if opts ~= nil then
+    if not is_options(opts) then
+      error(errors.new("config", "init_rpc: rpc_backend_options must be made by " ..
+        "rpc.TensorPipeRpcBackendOptions{...} or rpc.ProcessGroupRpcBackendOptions{...}"), 0)
+    end
+    if getmetatable(opts).backend ~= backend then
+      error(errors.new("config", ("init_rpc: rpc_backend_options is a %s, which does not match " ..
+        "backend %s: pass %s, or leave out backend"):format(getmetatable(opts).class_name, backend,
+        backend == "TENSORPIPE" and "TensorPipeRpcBackendOptions" or "ProcessGroupRpcBackendOptions")), 0)
+    end
+  end
+  opts = opts or {}
+  local rank = o.rank
+  if rank == nil then rank = env.rank() end
+  local world_size = o.world_size
+  if world_size == nil then world_size = env.world_size() end
+  check_int(rank, "rank", 0)
+  check_int(world_size, "world_size", 1)
+  if rank == nil then
+    error(errors.new("config", "init_rpc: no rank: pass {rank = ...} or set RANK (rpchost run does)"), 0)
+  end
+  if world_size == nil then
+    error(errors.new("config", "init_rpc: no world_size: pass {world_size = ...} or set WORLD_SIZE " ..
+      "(joining a running world without one is what `rpchost repl` does)"), 0)
+  end
+  if rank >= world_size then
+    error(errors.new("config", ("init_rpc: rank %d is out of range for world_size %d (ranks are 0..%d)"):format(
+      rank, world_size, world_size - 1)), 0)
+  end
+  local host, port = env.master(opts.init_method)
+  local dist = package.loaded.dist
+  if dist and dist.is_initialized() then
+    local dh, dp = dist._store_address()
+    if dh ~= host or dp ~= port then
+      error(errors.new("config", ("init_rpc: the process group meets at %s:%d but init_rpc was " ..
+        "pointed at %s:%d; both must use the same address (one shared store)"):format(dh, dp, host, port)), 0)
+    end
+  end
+  local timeout = env.init_timeout(opts.init_timeout)
+  log.who = name
+  local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
+  local client, key = store.acquire(host, port, host_it, timeout)
+  local ok, err = pcall(rpc._join, client, key, name, rank, world_size, host, opts, timeout)
+  if not ok then
+    store.release(key)
+    error(err, 0)
+  end
+end
+
+function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
+  local gen = client:add("rpc/gen/" .. rank, 1)
+  local P = ("rpc/%d/"):format(gen)
+  local abort = P .. "abort"
+  local function fail(msg)
+    client:set(abort, msg)
+    error(errors.new("config", msg), 0)
+  end
+  -- world sizes must agree
+  local same, ows, orank = client:agree(P .. "world_size", world_size, rank)
+  if not same then
+    fail(("world_size mismatch: rank %d was started with world_size %d, rank %s with world_size %s"):format(
+      rank, world_size, tostring(orank), tostring(ows)))
+  end
+  -- names must be unique
+  local holder = client:compare_set(P .. "name/" .. name, "", tostring(rank))
+  if holder ~= tostring(rank) then
+    local other = tonumber(holder)
+    fail(("RPC worker name %s is not unique. Workers %d and %d share the same name"):format(
+      name, math.max(rank, other), math.min(rank, other)))
+  end
+  local loopback = store.is_loopback(assert(core.resolve(host)))
+  local a = agentmod.new{name = name, rank = rank, world_size = world_size,
+    timeout = tonumber(opts.rpc_timeout) or default_timeout,
+    num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P,
+    allow_bytecode = loopback or (opts.security_token or os.getenv("RPCHOST_TOKEN") or "") ~= ""}
+  local advertise = "127.0.0.1"
+  if loopback then a:listen(advertise)
+  else
+    a:listen("0.0.0.0")
+    advertise = client.conn:local_addr() or advertise
+  end
+  current = a
+  a.store, a.store_key, a.prefix = client, key, P
+  local ok, err = pcall(function()
+    client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
+      port = a.port, version = core.version, proto = core.protocol_version}))
+    local keys = {}
+    for r = 0, world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
+    client:wait_verbose(keys, timeout, abort, function(miss)
+      local ranks = {}
+      for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
+      return ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+    end)
+    local infos = client:multi_get(keys)
+    for r = 0, world_size - 1 do
+      local w = codec.decode(infos[r + 1])
+      if w.version ~= core.version then
+        fail(("rpchost version mismatch: %s (rank %d) runs rpchost %s, %s (rank %d) runs rpchost %s"):format(
+          w.name, r, tostring(w.version), name, rank, core.version))
+      end
+      a:add_peer(w)
+    end
+  end)
+  if not ok then
+    a:close()
+    current = nil
+    error(err, 0)
+  end
+  a:set_ready()
+end
+
+local function agent(what)
+  if not current or current.state ~= "running" then
+    error(errors.new("shutdown", ("%s: RPC is not initialised on this worker (call rpc.init_rpc " ..
+      "first) or has been shut down"):format(what)), 0)
+  end
+  return current
+end
+
+-- calls ------------------------------------------------------------------------------------
+local OPTION_KEYS = {args = true, kwargs = true, timeout = true}
+
+local function only_option_keys(t)
+  if type(t) ~= "table" or getmetatable(t) ~= nil or t[1] ~= nil then return false end
+  local any = false
+  for k in pairs(t) do
+    if not OPTION_KEYS[k] then return false end
+    any = true
+  end
+  return any
+end
+
+-- (to, func, args, kwargs, timeout) or (to, func, {args=, kwargs=, timeout=})
+-- or (to, func, args, {timeout=, kwargs=})
+local function call_args(to, func, args, kwargs, timeout, ...)
+  if select("#", ...) > 0 then
+    error(errors.new("config", "too many arguments: use (to, func, args, kwargs, timeout) or " ..
+      "(to, func, {args=, kwargs=, timeout=})"), 0)
+  end
+  if kwargs == nil and timeout == nil and only_option_keys(args) then
+    return to, func, args.args, args.kwargs, args.timeout
+  end
+  if timeout == nil and only_option_keys(kwargs) and kwargs.args == nil then
+    return to, func, args, kwargs.kwargs, kwargs.timeout
+  end
+  if timeout ~= nil and type(timeout) ~= "number" then
+    error(errors.new("config", "timeout must be a number of seconds (-1: default, 0: none), got " ..
+      type(timeout)), 0)
+  end
+  return to, func, args, kwargs, timeout
+end
+
+function rpc.rpc_async(...)
+  local a = agent("rpc_async")
+  local to, func, args, kwargs, timeout = call_args(...)
+  return a:call(to, func, args, kwargs, timeout)
+end
+
+function rpc.rpc_sync(...)
+  local a = agent("rpc_sync")
+  local to, func, args, kwargs, timeout = call_args(...)
+  return a:call(to, func, args, kwargs, timeout):wait()
+end
+
+function rpc.wait_all(futs) return Future.wait_all(futs) end
+
+-- workers -------------------------------------------------------------------------------------
+function rpc.get_worker_info(name)
+  local a = agent("get_worker_info")
+  if name == nil then return a.peers[a.rank].info end
+  return a:peer_of(name).info
+end
+
+function rpc.workers()
+  local a = agent("workers")
+  local out = {}
+  for r = 0, a.world_size - 1 do
+    if a.peers[r] then out[#out + 1] = a.peers[r].info end
+  end
+  return out
+end
+
+function rpc.get_rpc_timeout() return current and current.timeout or default_timeout end
+
+function rpc._set_rpc_timeout(s)
+  if type(s) ~= "number" or s < 0 then
+    error(errors.new("config", "_set_rpc_timeout: seconds must be a number >= 0 (0: no timeout)"), 2)
+  end
+  default_timeout = s
+  if current then current.timeout = s end
+end
+
+-- shutdown ---------------------------------------------------------------------------------------
+-- graceful (default): wait for this worker's outstanding calls, then for every
+-- worker to get here (serving their calls meanwhile), then close.
+function rpc.shutdown(graceful, timeout)
+  if type(graceful) == "table" then graceful, timeout = graceful.graceful, graceful.timeout end
+  if graceful == nil then graceful = true end
+  local a = current
+  if not a or a.state ~= "running" then
+    error(errors.new("shutdown", "shutdown: RPC is not initialised on this worker, or already shut down"), 2)
+  end
+  timeout = (timeout and timeout > 0) and timeout or env.init_timeout()
+  local err
+  if graceful then
+    local ok, e = pcall(function()
+      local start = sched.now()
+      for _, f in ipairs(a:outstanding()) do
+        pcall(f.wait, f, math.max(timeout - (sched.now() - start), 0.001))
+      end
+      local P = a.prefix
+      a.store:set(P .. "shutdown/" .. a.rank, "1")
+      local keys = {}
+      for r = 0, a.world_size - 1 do keys[#keys + 1] = P .. "shutdown/" .. r end
+      a.store:wait_verbose(keys, math.max(timeout - (sched.now() - start), 0.001), nil, function(miss)
+        local names = {}
+        for _, k in ipairs(miss) do
+          local r = tonumber(k:match("(%d+)$"))
+          names[#names + 1] = ("%s (rank %d)"):format(a.peers[r] and a.peers[r].name or "?", r)
+        end
+        return table.concat(names, ", ") .. " to shut down"
+      end)
+    end)
+    if not ok then err = e end
+  end
+  a:close()
+  current = nil
+  store.release(a.store_key)
+  if err then error(err, 0) end
+end
+
+-- async_execution: fn returns a Future; the reply is sent when it completes.
+rpc.functions = {}
+function rpc.functions.async_execution(fn)
+  if type(fn) ~= "function" then
+    error(errors.new("config", "async_execution expects a function"), 2)
+  end
+  local wrapped = function(...) return fn(...) end
+  agentmod.async_functions[wrapped] = true
+  return wrapped
+end
+
+-- introspection used by tests and tools
+function rpc._agent() return current end
+
+return rpc

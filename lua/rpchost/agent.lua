@@ -1,0 +1,459 @@
+-- rpchost.agent: the RPC agent of one rank.
+--
+-- It owns the listening socket, one connection per peer (dialled lazily on the
+-- first call; both ends of a connection send requests and replies), the table of
+-- pending calls with their deadlines, and the handler tasks that run incoming
+-- requests. A peer whose connection drops fails every call pending on it at once
+-- with kind "unreachable"; the next call dials again.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local errors = require "rpchost.errors"
+local proto = require "rpchost.proto"
+local log = require "rpchost.log"
+local Future = require "rpchost.future"
+local WorkerInfo = require "rpchost.workerinfo"
+
+local M = {}
+local Agent = {}
+Agent.__index = Agent
+
+local enc, dec = codec.raw_encode, codec.raw_decode
+local pack = function(...) return {n = select("#", ...), ...} end
+local REQ_NAMES = {"func", "args", "kwargs"}
+
+-- async_execution marks (weak: the wrapped function decides its lifetime)
+M.async_functions = setmetatable({}, {__mode = "k"})
+
+function M.new(o)
+  local a = setmetatable({
+    name = o.name, rank = o.rank, world_size = o.world_size,
+    timeout = o.timeout or 60, max_running = o.num_worker_threads or 16,
+    allow_bytecode = o.allow_bytecode, world = o.world,
+    peers = {}, by_name = {}, conns = {}, pending = {}, next_id = 0,
+    running = 0, backlog = {}, early = {}, ready = false, state = "starting",
+    stats = {calls_out = 0, calls_in = 0},
+  }, Agent)
+  return a
+end
+
+-- listening --------------------------------------------------------------------
+function Agent:listen(bind_ip)
+  local l, err = core.listen(bind_ip, 0, {
+    accept = function(conn) self.conns[conn] = {incoming = true} end,
+    frame = function(conn, ...) self:on_frame(conn, ...) end,
+    close = function(conn, ...) self:on_conn_close(conn, ...) end,
+  })
+  if not l then
+    error(errors.new("config", ("cannot listen for RPC on %s: %s"):format(bind_ip, tostring(err))), 0)
+  end
+  self.listener = l
+  self.port = l:port()
+  return self.port
+end
+
+-- peers: rank -> {rank, name, ip, port, info, conn, state, queue, pending}
+function Agent:add_peer(w)
+  local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port,
+             info = WorkerInfo.new(w.rank, w.name), state = "none", queue = {}, pending = {}}
+  self.peers[w.rank] = p
+  self.by_name[w.name] = p
+  return p
+end
+
+function Agent:set_ready()
+  self.ready = true
+  self.state = "running"
+  local early = self.early
+  self.early = {}
+  for _, f in ipairs(early) do
+    if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5])
+    elseif f[1]:is_open() then self:on_frame(unpack(f, 1, 5)) end
+  end
+end
+
+-- resolving targets ----------------------------------------------------------------
+function Agent:peer_of(to)
+  local p
+  local t = type(to)
+  if t == "string" then p = self.by_name[to]
+  elseif t == "number" then p = self.peers[to]
+  elseif WorkerInfo.is(to) then p = self.peers[to.id]
+  else
+    error(errors.new("config", ("a call's target must be a worker name, a rank number or a " ..
+      "WorkerInfo, got %s"):format(t)), 0)
+  end
+  if not p then
+    local names = {}
+    for r = 0, self.world_size - 1 do
+      if self.peers[r] then names[#names + 1] = self.peers[r].name end
+    end
+    error(errors.new("config", ("unknown worker %s: the workers are %s"):format(
+      t == "string" and ("'" .. to .. "'") or tostring(to), table.concat(names, ", "))), 0)
+  end
+  return p
+end
+
+-- connections ----------------------------------------------------------------------
+local function hello_body(self)
+  return enc("hello", {proto = core.protocol_version, version = core.version, world = self.world,
+                       rank = self.rank, name = self.name})
+end
+
+function Agent:dial(p)
+  p.state = "connecting"
+  local conn, err = core.connect(p.ip, p.port, {
+    connect = function(c, cerr)
+      if cerr then
+        self:peer_lost(p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
+          p.name, p.rank, p.ip, p.port, cerr))
+      else
+        c:send(proto.HELLO, 0, 0, hello_body(self))
+      end
+    end,
+    frame = function(c, ...) self:on_frame(c, ...) end,
+    close = function(c, ...) self:on_conn_close(c, ...) end,
+  })
+  if not conn then
+    self:peer_lost(p, nil, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
+      p.name, p.rank, p.ip, p.port, tostring(err)))
+    return
+  end
+  self.conns[conn] = {rank = p.rank, dialled = true}
+  p.dialling = conn
+end
+
+function Agent:peer_ready(p, conn)
+  if p.state == "ready" and p.conn and p.conn:is_open() then return end
+  p.state = "ready"
+  p.conn = conn
+  local q = p.queue
+  p.queue = {}
+  for _, m in ipairs(q) do conn:send(m[1], m[2], m[3], m[4]) end
+end
+
+-- Sends a frame to rank's peer, dialling if needed (queued until the handshake).
+function Agent:send(p, ftype, flags, id, body)
+  if p.state == "ready" and p.conn then
+    if p.conn:send(ftype, flags, id, body) then return end
+    p.state = "none"
+    p.conn = nil
+  end
+  p.queue[#p.queue + 1] = {ftype, flags, id, body}
+  if p.state == "none" then self:dial(p) end
+end
+
+-- The peer is gone (or could not be reached): fail what waits on it.
+function Agent:peer_lost(p, conn, why, kind)
+  if conn and p.conn ~= conn and p.dialling ~= conn then return end
+  p.conn = nil
+  p.dialling = nil
+  p.state = "none"
+  p.queue = {}
+  if self.state == "closed" then return end
+  local ids = {}
+  for id in pairs(p.pending) do ids[#ids + 1] = id end
+  table.sort(ids)
+  for _, id in ipairs(ids) do
+    self:complete_error(id, errors.new(kind or "unreachable",
+      ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why),
+      {worker = p.name, rank = p.rank}))
+  end
+end
+
+function Agent:on_conn_close(conn, status, msg, peer_version)
+  local st = self.conns[conn]
+  self.conns[conn] = nil
+  if not st or not st.rank then return end
+  local p = self.peers[st.rank]
+  if not p then return end
+  if p.conn ~= conn and p.dialling ~= conn then return end
+  -- another established connection to the same peer takes over
+  for c, s in pairs(self.conns) do
+    if s.rank == p.rank and s.ready and c:is_open() then
+      p.conn = c
+      p.dialling = nil
+      return
+    end
+  end
+  if peer_version and peer_version ~= 0 then
+    self:peer_lost(p, conn, ("protocol version mismatch: it speaks rpchost protocol %d, this " ..
+      "rank speaks %d"):format(peer_version, core.protocol_version), "protocol")
+  else
+    self:peer_lost(p, conn, msg and ("connection lost (" .. msg .. ")") or
+      "its connection closed (the process may have exited or died)")
+  end
+end
+
+function Agent:on_hello(conn, body)
+  local ok, h = pcall(dec, body)
+  local function refuse(why)
+    log.warn("refusing a connection: %s", why)
+    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, error = why, proto = core.protocol_version,
+                                                 version = core.version}))
+    conn:close(true)
+  end
+  if not ok or type(h) ~= "table" then return refuse("malformed hello") end
+  if h.proto ~= core.protocol_version then
+    return refuse(("protocol version mismatch: %s (rank %s) runs rpchost %s (protocol %s), %s " ..
+      "(rank %d) runs rpchost %s (protocol %d)"):format(tostring(h.name), tostring(h.rank),
+      tostring(h.version), tostring(h.proto), self.name, self.rank, core.version, core.protocol_version))
+  end
+  if h.world ~= self.world then
+    return refuse(("a rank of another world (%s) connected to %s"):format(tostring(h.world), self.name))
+  end
+  local p = type(h.rank) == "number" and self.peers[h.rank]
+  if not p or p.name ~= h.name then
+    return refuse(("unknown rank %s (%s) connected"):format(tostring(h.rank), tostring(h.name)))
+  end
+  local st = self.conns[conn]
+  st.rank, st.ready = h.rank, true
+  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = true, rank = self.rank, name = self.name}))
+  if p.state ~= "ready" then
+    if p.dialling then p.dialling = nil end
+    self:peer_ready(p, conn)
+  end
+end
+
+function Agent:on_hello_ack(conn, body)
+  local st = self.conns[conn]
+  if not st or not st.rank then return end
+  local p = self.peers[st.rank]
+  local ok, a = pcall(dec, body)
+  if not ok or type(a) ~= "table" or not a.ok then
+    local why = ok and type(a) == "table" and a.error or "malformed handshake reply"
+    self:peer_lost(p, conn, why, "protocol")
+    conn:close()
+    return
+  end
+  st.ready = true
+  if p.dialling == conn then p.dialling = nil end
+  self:peer_ready(p, conn)
+end
+
+function Agent:on_frame(conn, ftype, flags, id, body)
+  if ftype == proto.RESPONSE then return self:on_response(id, flags, body) end
+  if not self.ready then
+    -- peers may reach us before our own rendezvous finished: hold their frames
+    self.early[#self.early + 1] = {conn, ftype, flags, id, body}
+    return
+  end
+  if ftype == proto.REQUEST then
+    local st = self.conns[conn]
+    if not st or not st.ready then
+      log.warn("closing a connection that sent a request before its handshake")
+      conn:close()
+      return
+    end
+    return self:on_request(conn, id, body)
+  end
+  if ftype == proto.HELLO then return self:on_hello(conn, body) end
+  if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
+  log.warn("closing a connection that sent an unknown frame type %d", ftype)
+  conn:close()
+end
+
+-- outgoing calls -----------------------------------------------------------------------
+function Agent:check_running()
+  if self.state ~= "running" then
+    error(errors.new("shutdown", "RPC is shut down on this worker (" .. self.name ..
+      "): call rpc.init_rpc again to make calls"), 0)
+  end
+end
+
+local function describe_fn(fn)
+  if type(fn) == "function" then
+    local p = codec.name_of(fn)
+    if p then return codec.path_string(p) end
+    local info = debug.getinfo(fn, "S")
+    return ("function at %s:%d"):format(info.short_src, info.linedefined or 0)
+  end
+  return tostring(fn)
+end
+
+-- Starts a call; returns its Future. Serialisation errors raise here, at once.
+function Agent:call(to, fn, args, kwargs, timeout)
+  self:check_running()
+  local p = self:peer_of(to)
+  if args ~= nil and type(args) ~= "table" then
+    error(errors.new("config", "args must be a table (the list of arguments), got " .. type(args)), 0)
+  end
+  if kwargs ~= nil and type(kwargs) ~= "table" then
+    error(errors.new("config", "kwargs must be a table, got " .. type(kwargs)), 0)
+  end
+  local ok, body = pcall(enc, REQ_NAMES, fn, args or {}, kwargs)
+  if not ok then
+    if errors.is(body) then error(body, 0) end
+    error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
+  end
+  if timeout == nil or timeout < 0 then timeout = self.timeout end
+  self.next_id = self.next_id + 1
+  local id = self.next_id
+  local fut = Future.new()
+  local call = {fut = fut, peer = p, fn = fn}
+  self.pending[id] = call
+  p.pending[id] = true
+  self.stats.calls_out = self.stats.calls_out + 1
+  if timeout > 0 then
+    call.timer = sched.after(timeout, function()
+      self:complete_error(id, errors.new("timeout", ("call %d to %s (%s) timed out after %g s"):format(
+        id, p.name, describe_fn(fn), timeout), {worker = p.name, rank = p.rank}))
+    end)
+  end
+  if p.rank == self.rank then
+    -- a call to oneself: same semantics (arguments are copies), no socket
+    sched.spawn(function()
+      self:on_request(function(flags, rbody) self:on_response(id, flags, rbody) end, id, body)
+    end, {name = "self call"})
+  else
+    self:send(p, proto.REQUEST, 0, id, body)
+  end
+  return fut
+end
+
+function Agent:take(id)
+  local call = self.pending[id]
+  if not call then return nil end
+  self.pending[id] = nil
+  call.peer.pending[id] = nil
+  if call.timer then sched.cancel(call.timer) end
+  return call
+end
+
+function Agent:complete_error(id, err)
+  local call = self:take(id)
+  if call then call.fut:set_error(err) end
+end
+
+function Agent:on_response(id, flags, body)
+  local call = self:take(id)
+  if not call then return end -- timed out already, or a stray reply
+  codec.allow_bytecode = self.allow_bytecode
+  local r = pack(pcall(dec, body))
+  codec.allow_bytecode = false
+  if not r[1] then
+    call.fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
+      call.peer.name, tostring(r[2])), {worker = call.peer.name, rank = call.peer.rank}))
+  elseif flags == proto.FLAG_ERROR then
+    call.fut:set_error(r[2])
+  else
+    call.fut:set_packed(pack(unpack(r, 2, r.n)))
+  end
+end
+
+-- incoming calls ------------------------------------------------------------------------
+local function reply(to, id, flags, body)
+  if type(to) == "function" then return to(flags, body) end
+  to:send(proto.RESPONSE, flags, id, body)
+end
+
+-- An error raised by a handler, as the caller will see it.
+function Agent:remote_error(e)
+  local message, tb
+  if errors.is(e) then
+    message = e.kind == "remote" and e.message or tostring(e)
+    tb = e.local_traceback or e.traceback
+  else
+    local s = tostring(e)
+    message, tb = s:match("^(.-)\n(stack traceback:.*)$")
+    if not message then message = s end
+  end
+  return errors.new("remote", message, {worker = self.name, rank = self.rank, traceback = tb})
+end
+
+function Agent:send_reply(to, id, r)
+  local ok, body
+  if r[1] then
+    ok, body = pcall(enc, "result", unpack(r, 2, r.n))
+    if ok then return reply(to, id, 0, body) end
+    r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
+  end
+  local err = r[2]
+  if not (errors.is(err) and err.kind == "serialize") then err = self:remote_error(err)
+  else err.worker = self.name; err.rank = self.rank end
+  ok, body = pcall(enc, "error", err)
+  if not ok then
+    body = enc("error", errors.new("remote", tostring(err.message), {worker = self.name, rank = self.rank}))
+  end
+  reply(to, id, proto.FLAG_ERROR, body)
+end
+
+local function handler(self, to, id, fn, args, kwargs)
+  local n = args.n or #args
+  if kwargs ~= nil then n = n + 1; args[n] = kwargs end
+  local r
+  if type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
+    r = {false, ("the called value is a %s, not a function"):format(type(fn)), n = 2}
+  else
+    r = pack(xpcall(fn, sched.traceback, unpack(args, 1, n)))
+  end
+  if r[1] and M.async_functions[fn] then
+    local fut = r[2]
+    if not Future.is(fut) then
+      self:send_reply(to, id, {false, "an async_execution function must return a Future, got " ..
+        type(fut), n = 2})
+    else
+      fut:add_done_callback(function(f)
+        if f.state == "error" then self:send_reply(to, id, {false, f.err, n = 2})
+        else self:send_reply(to, id, pack(true, unpack(f.values, 1, f.values.n))) end
+      end)
+    end
+  else
+    self:send_reply(to, id, r)
+  end
+end
+
+local function handler_task(self, ...)
+  handler(self, ...)
+  -- take queued requests while under the cap
+  while #self.backlog > 0 do
+    local job = table.remove(self.backlog, 1)
+    handler(self, unpack(job, 1, 5))
+  end
+  self.running = self.running - 1
+end
+
+function Agent:on_request(to, id, body)
+  if not self.ready then
+    self.early[#self.early + 1] = {to, 0, 0, id, body}
+    return
+  end
+  self.stats.calls_in = self.stats.calls_in + 1
+  codec.allow_bytecode = self.allow_bytecode
+  local r = pack(pcall(dec, body))
+  codec.allow_bytecode = false
+  if not r[1] then
+    return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(r[2]), n = 2})
+  end
+  local fn, args, kwargs = r[2], r[3], r[4]
+  if type(args) ~= "table" then args = {} end
+  if self.running >= self.max_running then
+    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs}
+    return
+  end
+  self.running = self.running + 1
+  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs)
+end
+
+-- shutdown ---------------------------------------------------------------------------------
+function Agent:outstanding()
+  local futs = {}
+  for _, call in pairs(self.pending) do futs[#futs + 1] = call.fut end
+  return futs
+end
+
+-- Closes every connection; pending calls fail with kind "shutdown".
+function Agent:close(why)
+  self.state = "closed"
+  if self.listener then self.listener:close(); self.listener = nil end
+  local ids = {}
+  for id in pairs(self.pending) do ids[#ids + 1] = id end
+  for _, id in ipairs(ids) do
+    self:complete_error(id, errors.new("shutdown", why or "RPC was shut down before the call completed"))
+  end
+  for conn in pairs(self.conns) do conn:close(true) end
+  self.conns = {}
+  for _, p in pairs(self.peers) do p.conn = nil; p.state = "none"; p.queue = {} end
+end
+
+return M

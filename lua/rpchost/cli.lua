@@ -1,0 +1,179 @@
+-- rpchost.cli: the command line. `rpchost run ...` is the launcher, `rpchost repl`
+-- joins a world interactively, and everything else behaves like `luajit`
+-- (-e, -l, -i, -v, -, the `arg` table, exit codes, errors with tracebacks), so
+-- that `busted --lua=rpchost` runs specs inside the host. Whatever runs does so
+-- as the main task of the scheduler, so it may make blocking calls.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local errors = require "rpchost.errors"
+
+local M = {}
+
+local USAGE = [==[
+usage: rpchost [options] [script [args...]]
+       rpchost run --nproc-per-node N [--nnodes M --node-rank K --master-addr A
+                   --master-port P] [--prefix] script [args...]
+       rpchost repl [--master-addr A --master-port P] [--name NAME]
+
+Interpreter options (as luajit):
+  -e chunk   run the string 'chunk'
+  -l name    require library 'name' into the global 'name'
+  -i         enter interactive mode after running the script
+  -v         show version information
+  -          run stdin as the script and stop handling options
+  --         stop handling options
+  -h, --help show this help
+
+Modules: rpc, dist, tensor, dist_autograd, nn, optim (see README.md).
+Environment: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
+             RPCHOST_TOKEN RPCHOST_LOG=debug|info|warn RPCHOST_INIT_TIMEOUT (seconds)
+]==]
+
+function M.version_string()
+  return ("rpchost %s (protocol %d) -- %s, libuv"):format(core.version, core.protocol_version, jit.version)
+end
+
+-- Formats an uncaught error the way luajit does: message, then traceback.
+function M.format_error(e)
+  if type(e) == "table" and errors.is(e) then
+    return tostring(e) .. (e.local_traceback or "")
+  end
+  return tostring(e)
+end
+
+local function report(e)
+  local text = M.format_error(e)
+  io.stderr:write("rpchost: ", text, "\n")
+  local path = os.getenv("RPCHOST_ERROR_FILE")
+  if path and path ~= "" then
+    local f = io.open(path, "w")
+    if f then f:write(text, "\n"); f:close() end
+  end
+end
+
+local function incomplete(err)
+  return err and err:match("<eof>") ~= nil
+end
+
+-- A plain line REPL: `=expr` and bare expressions print their values.
+function M.interactive()
+  io.stdout:write(M.version_string(), "\n")
+  while true do
+    io.stdout:write("> ")
+    io.stdout:flush()
+    local line = io.stdin:read("*l")
+    if not line then io.stdout:write("\n") break end
+    local chunk = line
+    if chunk:sub(1, 1) == "=" then chunk = "return " .. chunk:sub(2) end
+    local f, err = loadstring("return " .. chunk, "=stdin")
+    if not f then
+      f, err = loadstring(chunk, "=stdin")
+      while not f and incomplete(err) do
+        io.stdout:write(">> ")
+        io.stdout:flush()
+        local more = io.stdin:read("*l")
+        if not more then break end
+        chunk = chunk .. "\n" .. more
+        f, err = loadstring(chunk, "=stdin")
+      end
+    end
+    if not f then
+      io.stderr:write(tostring(err), "\n")
+    else
+      local r = {n = 0}
+      local function collect(ok, ...)
+        r = {n = select("#", ...), ok = ok, ...}
+      end
+      collect(xpcall(f, sched.traceback))
+      if not r.ok then
+        io.stderr:write(M.format_error(r[1]), "\n")
+      elseif r.n > 0 then
+        local out = {}
+        for i = 1, r.n do out[i] = tostring(r[i]) end
+        io.stdout:write(table.concat(out, "\t"), "\n")
+      end
+    end
+  end
+end
+
+local function interpreter(argv)
+  local i, actions, interactive, version = 1, {}, false, false
+  local script
+  while argv[i] do
+    local o = argv[i]
+    if o == "--" then i = i + 1; break
+    elseif o == "-" then script = "-"; break
+    elseif o == "-h" or o == "--help" then io.stdout:write(USAGE); return 0
+    elseif o == "-i" then interactive = true; version = true; i = i + 1
+    elseif o == "-v" then version = true; i = i + 1
+    elseif o == "-e" or o == "-l" then
+      if not argv[i + 1] then
+        io.stderr:write("rpchost: '", o, "' needs an argument\n", USAGE)
+        return 1
+      end
+      actions[#actions + 1] = {o, argv[i + 1]}
+      i = i + 2
+    elseif o:match("^%-[el].") then
+      actions[#actions + 1] = {o:sub(1, 2), o:sub(3)}
+      i = i + 1
+    elseif o:sub(1, 1) == "-" then
+      io.stderr:write("rpchost: unrecognized option '", o, "'\n", USAGE)
+      return 1
+    else break end
+  end
+  script = script or argv[i]
+  -- the arg table: arg[0] is the script, negative indices the interpreter and options
+  local arg = {}
+  for j = 0, #argv do arg[j - i] = argv[j] end
+  _G.arg = arg
+
+  local function main()
+    if version and not interactive then io.stdout:write(M.version_string(), "\n") end
+    for _, a in ipairs(actions) do
+      if a[1] == "-e" then
+        local f, err = loadstring(a[2], "=(command line)")
+        if not f then error(err, 0) end
+        f()
+      else
+        _G[a[2]] = require(a[2])
+      end
+    end
+    local run_stdin = script == "-" or (script == nil and #actions == 0 and not version
+                                        and not core.isatty(0))
+    if script and script ~= "-" then
+      local f, err = loadfile(script)
+      if not f then error(err, 0) end
+      f(unpack(arg, 1, #arg))
+    elseif run_stdin then
+      local f, err = loadstring(io.stdin:read("*a"), "=stdin")
+      if not f then error(err, 0) end
+      f(unpack(arg, 1, #arg))
+    end
+    if interactive or (script == nil and #actions == 0 and not version and core.isatty(0)) then
+      M.interactive()
+    end
+  end
+
+  local ok, err = sched.run(main, script and ("script " .. script) or "main")
+  if not ok then
+    report(err)
+    return 1
+  end
+  return 0
+end
+
+function M.main(argv)
+  local sub = argv[1]
+  if sub == "run" then
+    local rest = {[0] = argv[0]}
+    for j = 2, #argv do rest[#rest + 1] = argv[j] end
+    return require("rpchost.launcher").main(rest)
+  elseif sub == "repl" then
+    local rest = {[0] = argv[0]}
+    for j = 2, #argv do rest[#rest + 1] = argv[j] end
+    return require("rpchost.repl").main(rest)
+  end
+  return interpreter(argv)
+end
+
+return M

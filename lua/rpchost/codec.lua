@@ -1,0 +1,232 @@
+-- rpchost.codec: the Lua half of the value codec (the C half is l_codec.c).
+--
+-- C codes plain values; this module decides what everything else becomes:
+--   * functions reachable from the globals or a loaded module travel by name
+--     (like PyTorch pickles by qualified name) and are looked up on the callee,
+--     requiring the module there if needed;
+--   * other Lua functions travel by value (bytecode and upvalues), and the callee
+--     accepts them only when `allow_bytecode` is set for the message's source;
+--   * objects whose metatable has a codec registered (WorkerInfo, error objects,
+--     later tensors and RRefs) use it; tables whose metatable is reachable by name
+--     (a class) travel as their fields plus that name;
+--   * 64-bit integer cdata travel exactly.
+-- Anything else (coroutines, foreign userdata) is an error naming its path.
+local core = require "rpchost.core"
+local ffi = require "ffi"
+local errors = require "rpchost.errors"
+
+local M = {}
+
+local TAG = {INT64 = 1, UINT64 = 2, FUNC_NAME = 16, FUNC_VALUE = 17, ERROR = 18,
+             WORKER_INFO = 19, OBJECT = 20, NAMED = 21, RREF = 22, TENSOR = 23}
+M.TAG = TAG
+
+-- Set by the receiver around decode: may by-value functions be loaded?
+M.allow_bytecode = false
+M.bytecode_refusal = "functions sent by value are refused here"
+
+-- names: value <-> where it is reachable -------------------------------------
+local names = setmetatable({}, {__mode = "k"})
+
+local function resolve(path)
+  local v
+  if path[1] == "g" then
+    v = rawget(_G, path[2])
+  else
+    v = package.loaded[path[2]]
+    if v == nil then
+      local ok, m = pcall(require, path[2])
+      v = ok and m or nil
+    end
+  end
+  for i = 3, #path do
+    if type(v) ~= "table" then return nil end
+    v = rawget(v, path[i])
+  end
+  return v
+end
+M.resolve = resolve
+
+local function note(v, path)
+  local t = type(v)
+  if (t == "function" or t == "table") and names[v] == nil then names[v] = path end
+end
+
+local function scan()
+  for k, v in pairs(_G) do
+    if type(k) == "string" then
+      note(v, {"g", k})
+      if type(v) == "table" and v ~= _G and k ~= "package" then
+        for k2, v2 in pairs(v) do
+          if type(k2) == "string" then note(v2, {"g", k, k2}) end
+        end
+      end
+    end
+  end
+  for mod, m in pairs(package.loaded) do
+    if type(mod) == "string" and m ~= _G then
+      note(m, {"m", mod})
+      if type(m) == "table" then
+        for k2, v2 in pairs(m) do
+          if type(k2) == "string" then note(v2, {"m", mod, k2}) end
+        end
+      end
+    end
+  end
+end
+
+-- The path by which `v` (a function or table) is reachable, or nil.
+function M.name_of(v)
+  local p = names[v]
+  if p and resolve(p) == v then return p end
+  names[v] = nil
+  scan()
+  p = names[v]
+  if p and resolve(p) == v then return p end
+  return nil
+end
+
+function M.path_string(p)
+  if p[1] == "g" then return table.concat(p, ".", 2) end
+  local s = p[2]
+  if #p > 2 then s = s .. "." .. table.concat(p, ".", 3) end
+  return s
+end
+
+-- codecs registered per metatable and per tag ----------------------------------
+local by_mt = {}     -- metatable -> function(v) return tag, ... end
+local by_tag = {}    -- tag -> function(...) return value end
+
+function M.register(mt, tag, encode, decode)
+  if mt then by_mt[mt] = encode end
+  by_tag[tag] = decode
+end
+
+local Named = {} -- marks a table that travels as a reference to its name
+Named.__index = Named
+
+local function encode_function(f)
+  local p = M.name_of(f)
+  if p then return TAG.FUNC_NAME, unpack(p) end
+  local ok, code = pcall(string.dump, f)
+  if not ok then
+    error("a C function that is not reachable by name cannot be sent (make it a global or a module field)", 0)
+  end
+  local ups = {}
+  local n = 0
+  for i = 1, 255 do
+    local name, v = debug.getupvalue(f, i)
+    if name == nil then break end
+    n = i
+    -- Modules and globals captured by a closure refer to the callee's own copy.
+    if type(v) == "table" and getmetatable(v) == nil then
+      local vp = M.name_of(v)
+      if vp then v = setmetatable({path = vp}, Named) end
+    end
+    ups[i] = v
+  end
+  return TAG.FUNC_VALUE, code, unpack(ups, 1, n)
+end
+
+by_mt[Named] = function(v) return TAG.NAMED, unpack(v.path) end
+
+local function encode_hook(v)
+  local t = type(v)
+  if t == "function" then return encode_function(v) end
+  if t == "table" or t == "userdata" then
+    local mt = getmetatable(v)
+    local enc = by_mt[mt]
+    if enc then return enc(v) end
+    if t == "table" and mt ~= nil then
+      local p = M.name_of(mt)
+      if p then
+        local fields = {}
+        for k, x in pairs(v) do fields[k] = x end
+        return TAG.OBJECT, fields, unpack(p)
+      end
+      error("a table whose metatable is not reachable by name cannot be sent " ..
+            "(make its class a global or a module field, or send a plain table)", 0)
+    end
+    error(("a %s cannot be sent"):format(t == "userdata" and "userdata of unknown type" or t), 0)
+  end
+  if t == "cdata" then
+    if ffi.istype("int64_t", v) then
+      return TAG.INT64, ffi.string(ffi.new("int64_t[1]", v), 8)
+    elseif ffi.istype("uint64_t", v) then
+      return TAG.UINT64, ffi.string(ffi.new("uint64_t[1]", v), 8)
+    end
+    error("a cdata value other than int64_t/uint64_t cannot be sent", 0)
+  end
+  if t == "thread" then error("a coroutine cannot be sent", 0) end
+  error(("a %s cannot be sent"):format(t), 0)
+end
+
+local function lookup_failed(p)
+  error(("function or value '%s' is not defined on this worker (it travels by name: " ..
+         "define it, or require its module, on every worker)"):format(M.path_string(p)), 0)
+end
+
+by_tag[TAG.FUNC_NAME] = function(...)
+  local p = {...}
+  local v = resolve(p)
+  if v == nil then lookup_failed(p) end
+  return v
+end
+by_tag[TAG.NAMED] = by_tag[TAG.FUNC_NAME]
+by_tag[TAG.FUNC_VALUE] = function(code, ...)
+  if not M.allow_bytecode then error(M.bytecode_refusal, 0) end
+  local f, err = load(code, "=remote function", "b")
+  if not f then error("cannot load a function sent by value: " .. tostring(err), 0) end
+  for i = 1, select("#", ...) do
+    debug.setupvalue(f, i, (select(i, ...)))
+  end
+  return f
+end
+by_tag[TAG.OBJECT] = function(fields, ...)
+  local p = {...}
+  local mt = resolve(p)
+  if type(mt) ~= "table" then lookup_failed(p) end
+  return setmetatable(fields, mt)
+end
+by_tag[TAG.INT64] = function(s) local b = ffi.new("int64_t[1]"); ffi.copy(b, s, 8); return b[0] end
+by_tag[TAG.UINT64] = function(s) local b = ffi.new("uint64_t[1]"); ffi.copy(b, s, 8); return b[0] end
+
+-- error objects travel as their fields
+M.register(errors.Error, TAG.ERROR, function(e)
+  local f = {}
+  for k, v in pairs(e) do
+    if k ~= "local_traceback" then f[k] = v end
+  end
+  return TAG.ERROR, f
+end, function(f) return setmetatable(f, errors.Error) end)
+
+local function decode_hook(tag, ...)
+  local dec = by_tag[tag]
+  if not dec then error(("malformed message: unknown value tag %d"):format(tag), 0) end
+  return dec(...)
+end
+
+core.set_codec_hooks(encode_hook, decode_hook)
+
+-- encode(names, ...) -> bytes; raises a "serialize" error object naming the path.
+function M.encode(root, ...)
+  local ok, s = pcall(core.encode, root, ...)
+  if ok then return s end
+  if errors.is(s) then error(s, 0) end
+  error(errors.new("serialize", "cannot send " .. tostring(s)), 0)
+end
+
+-- decode(bytes) -> values; raises a "serialize" error object.
+local function decoded(ok, ...)
+  if ok then return ... end
+  local e = ...
+  if errors.is(e) then error(e, 0) end
+  error(errors.new("serialize", tostring(e)), 0)
+end
+function M.decode(s) return decoded(pcall(core.decode, s)) end
+
+-- Fast paths without the pcall wrapping (caller handles errors).
+M.raw_encode = core.encode
+M.raw_decode = core.decode
+
+return M

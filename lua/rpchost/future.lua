@@ -1,0 +1,144 @@
+-- rpchost.future: Future, the result of rpc_async and of every asynchronous step.
+-- A Future completes once, with values or with an error object; waiters are
+-- tasks (they yield), callbacks run as their own tasks so they may wait too.
+local sched = require "rpchost.sched"
+local errors = require "rpchost.errors"
+
+local Future = {}
+Future.__index = Future
+Future.__tostring = function(f)
+  local state = f.state == "pending" and "pending" or (f.state == "error" and "failed" or "done")
+  return ("Future(%s%s)"):format(state, f.what and (", " .. f.what) or "")
+end
+
+local pack = function(...) return {n = select("#", ...), ...} end
+
+function Future.new(what)
+  return setmetatable({state = "pending", what = what}, Future)
+end
+
+local function settle(f)
+  local waiters, callbacks = f.waiters, f.callbacks
+  f.waiters, f.callbacks = nil, nil
+  if waiters then
+    for _, t in ipairs(waiters) do sched.wake(t) end
+  end
+  if callbacks then
+    for _, cb in ipairs(callbacks) do
+      sched.spawn(cb, {name = "future callback"}, f)
+    end
+  end
+end
+
+-- Completes with the values in a packed table {n=, ...}.
+function Future:set_packed(values)
+  if self.state ~= "pending" then return false end
+  self.state = "done"
+  self.values = values
+  settle(self)
+  return true
+end
+
+function Future:set_result(...) return self:set_packed(pack(...)) end
+
+function Future:set_error(err)
+  if self.state ~= "pending" then return false end
+  self.state = "error"
+  self.err = err
+  settle(self)
+  return true
+end
+
+function Future:done() return self.state ~= "pending" end
+
+local function result(f)
+  if f.state == "error" then error(f.err, 0) end
+  return unpack(f.values, 1, f.values.n)
+end
+
+-- Waits until done (at most `timeout` seconds; nil or 0: no limit) and returns the
+-- values, or raises the error.
+function Future:wait(timeout)
+  if self.state == "pending" then
+    local t = sched.current()
+    if not t then
+      error("Future:wait() called outside a task (from a __gc metamethod or a C callback)", 2)
+    end
+    self.waiters = self.waiters or {}
+    table.insert(self.waiters, t)
+    local woke = sched.suspend_until("a " .. tostring(self), timeout)
+    if not woke and self.state == "pending" then
+      for i, w in ipairs(self.waiters or {}) do
+        if w == t then table.remove(self.waiters, i) break end
+      end
+      error(errors.new("timeout", ("Future:wait timed out after %g s (%s)"):format(timeout,
+        self.what or "future")), 0)
+    end
+  end
+  return result(self)
+end
+
+-- The values if done; raises the error if it failed, or if it is not done yet.
+function Future:value()
+  if self.state == "pending" then error("Future:value(): the future is not done yet (use wait)", 2) end
+  return result(self)
+end
+
+-- fn(self) runs (as a task) when done; at once if already done.
+function Future:add_done_callback(fn)
+  if self.state ~= "pending" then
+    sched.spawn(fn, {name = "future callback"}, self)
+    return
+  end
+  self.callbacks = self.callbacks or {}
+  table.insert(self.callbacks, fn)
+end
+
+-- A new Future of fn(self) (Lua's `then` is a keyword). If fn raises, the new
+-- Future fails with that error; if fn returns a Future, its result is chained.
+function Future:next(fn)
+  local out = Future.new("next of " .. (self.what or "future"))
+  self:add_done_callback(function(f)
+    local r = pack(xpcall(fn, sched.traceback, f))
+    if not r[1] then out:set_error(r[2]) return end
+    if r.n == 2 and getmetatable(r[2]) == Future then
+      r[2]:add_done_callback(function(g)
+        if g.state == "error" then out:set_error(g.err) else out:set_packed(g.values) end
+      end)
+    else
+      out:set_packed(pack(unpack(r, 2, r.n)))
+    end
+  end)
+  return out
+end
+Future["then"] = Future.next
+
+function Future.is(v) return getmetatable(v) == Future end
+
+-- Waits for every future; returns the list of their (first) results. Raises the
+-- first error after all have finished.
+function Future.wait_all(futs)
+  local out, first_err = {}, nil
+  for i, f in ipairs(futs) do
+    local r = pack(pcall(f.wait, f))
+    if r[1] then out[i] = r[2] elseif not first_err then first_err = r[2] end
+  end
+  if first_err then error(first_err, 0) end
+  return out
+end
+
+-- A Future completed when all of futs are (values: the list of futures).
+function Future.collect_all(futs)
+  local out = Future.new("collect_all")
+  local left = #futs
+  if left == 0 then out:set_result(futs) end
+  for _, f in ipairs(futs) do
+    f:add_done_callback(function()
+      left = left - 1
+      if left == 0 then out:set_result(futs) end
+    end)
+  end
+  return out
+end
+
+return Future

@@ -1,0 +1,262 @@
+-- rpchost.sched: the coroutine scheduler over the libuv loop.
+--
+-- Every piece of Lua (the user's script, each incoming request, each callback)
+-- runs in a task: a coroutine the scheduler resumes. Anything that waits calls
+-- `suspend`, which yields back here; an event (a reply, a deadline, a failure)
+-- calls `wake`, which queues the task to run again. C never resumes Lua by
+-- itself: callbacks only wake tasks (the OpenResty pattern).
+--
+-- User code may run its own coroutines: coroutine.resume/wrap are wrapped so that a
+-- blocking rpchost call made inside one passes up through it to the scheduler and
+-- back down when the task is woken.
+local core = require "rpchost.core"
+
+local M = {}
+
+local raw_resume, raw_yield, raw_status = coroutine.resume, coroutine.yield, coroutine.status
+local raw_create = coroutine.create
+local pack, unpack = table.pack or function(...) return {n = select("#", ...), ...} end, unpack
+local SUSPEND = setmetatable({}, {__tostring = function() return "rpchost.suspend" end})
+
+local now = core.now
+M.now = now
+
+-- The message handler of every task: strings get a traceback; error objects keep
+-- their identity and get the local traceback in a field.
+function M.traceback(e)
+  if type(e) == "string" then return debug.traceback(e, 2) end
+  if type(e) == "table" and rawget(e, "local_traceback") == nil then
+    pcall(rawset, e, "local_traceback", debug.traceback("", 2))
+  end
+  return e
+end
+
+-- ready queue ---------------------------------------------------------------
+local ready, rhead, rtail = {}, 1, 0
+local current = nil -- the task being resumed
+
+local Task = {}
+Task.__index = Task
+Task.__tostring = function(t) return "Task(" .. (t.name or "?") .. ")" end
+
+-- Runs fn(...) as a new task. opts.name describes it; opts.on_error(err, tb) gets
+-- an error the function did not handle (default: print it).
+function M.spawn(fn, opts, ...)
+  local t = setmetatable({name = opts and opts.name, on_error = opts and opts.on_error,
+                          done = false, waiting = nil}, Task)
+  local args = pack(...)
+  t.co = raw_create(function()
+    local res = pack(xpcall(fn, M.traceback, unpack(args, 1, args.n)))
+    t.done = true
+    if not res[1] then
+      if t.on_error then t.on_error(res[2])
+      else io.stderr:write("rpchost: error in ", t.name or "task", ": ", tostring(res[2]), "\n") end
+    end
+    t.result = res
+  end)
+  rtail = rtail + 1
+  ready[rtail] = {t}
+  return t
+end
+
+function M.current() return current end
+
+-- Suspends the running task until `wake`; returns wake's extra values.
+-- `what` says what it waits for (used in deadlock reports).
+function M.suspend(what)
+  local t = current
+  if not t then
+    error("rpchost: a blocking call (" .. tostring(what) .. ") was made outside a task " ..
+          "(from a __gc metamethod or a callback?); only scripts, handlers and callbacks " ..
+          "run by rpchost may wait", 2)
+  end
+  t.waiting = what or "something"
+  return raw_yield(SUSPEND)
+end
+
+-- Makes a suspended task runnable with the given values; false if it was not waiting.
+function M.wake(t, ...)
+  if not t or t.waiting == nil or t.done then return false end
+  t.waiting = nil
+  rtail = rtail + 1
+  ready[rtail] = {t, pack(...)}
+  return true
+end
+
+-- deadlines: a binary heap of {at, fn}; one C timer armed for the earliest ----
+local heap, hn = {}, 0
+local on_timer
+
+local function hswap(i, j) heap[i], heap[j] = heap[j], heap[i]; heap[i].i = i; heap[j].i = j end
+local function up(i)
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if heap[p].at <= heap[i].at then break end
+    hswap(i, p); i = p
+  end
+end
+local function down(i)
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= hn and heap[l].at < heap[m].at then m = l end
+    if r <= hn and heap[r].at < heap[m].at then m = r end
+    if m == i then break end
+    hswap(i, m); i = m
+  end
+end
+local armed_at = nil
+local function rearm()
+  if hn == 0 then
+    if armed_at then core.timer_stop(); armed_at = nil end
+    return
+  end
+  local at = heap[1].at
+  if armed_at ~= at then
+    armed_at = at
+    core.timer_set(at - now(), on_timer)
+  end
+end
+local function hremove(e)
+  local i = e.i
+  if not i or heap[i] ~= e then return end
+  e.i = nil
+  if i == hn then heap[hn] = nil; hn = hn - 1
+  else
+    heap[i] = heap[hn]; heap[i].i = i; heap[hn] = nil; hn = hn - 1
+    down(i); up(i)
+  end
+end
+
+-- Calls fn() (in callback context: it must not wait) after `delay` seconds.
+-- Returns a handle for `cancel`.
+function M.after(delay, fn)
+  local e = {at = now() + delay, fn = fn}
+  hn = hn + 1; heap[hn] = e; e.i = hn; up(hn)
+  if heap[1] == e then rearm() end
+  return e
+end
+
+function M.cancel(e)
+  if e and e.i then
+    local top = heap[1] == e
+    hremove(e)
+    if top then rearm() end
+  end
+end
+
+on_timer = function()
+  armed_at = nil
+  local t = now() + 0.0005
+  while hn > 0 and heap[1].at <= t do
+    local e = heap[1]
+    hremove(e)
+    local ok, err = xpcall(e.fn, debug.traceback)
+    if not ok then io.stderr:write("rpchost: error in a deadline callback: ", tostring(err), "\n") end
+  end
+  rearm()
+end
+
+-- Waits `s` seconds (the task yields; the loop keeps running).
+function M.sleep(s)
+  local t = current
+  local e = M.after(s or 0, function() M.wake(t) end)
+  M.suspend(("sleep(%g)"):format(s or 0))
+  M.cancel(e)
+end
+
+-- Suspends with a deadline: returns true, ... if woken, false on timeout.
+-- timeout nil or 0: no deadline.
+function M.suspend_until(what, timeout)
+  local t = current
+  local e
+  if timeout and timeout > 0 then
+    e = M.after(timeout, function() M.wake(t, SUSPEND) end)
+  end
+  local r = pack(M.suspend(what))
+  if e then M.cancel(e) end
+  if r[1] == SUSPEND then return false end
+  return true, unpack(r, 1, r.n)
+end
+
+-- user coroutines: pass rpchost suspensions through them ----------------------
+function coroutine.resume(co, ...)
+  local r = pack(raw_resume(co, ...))
+  while r[1] and r[2] == SUSPEND and raw_status(co) == "suspended" do
+    r = pack(raw_resume(co, raw_yield(SUSPEND)))
+  end
+  return unpack(r, 1, r.n)
+end
+
+function coroutine.wrap(fn)
+  local co = raw_create(fn)
+  return function(...)
+    local r = pack(coroutine.resume(co, ...))
+    if not r[1] then error(r[2], 2) end
+    return unpack(r, 2, r.n)
+  end
+end
+
+-- driving ----------------------------------------------------------------------
+local function drain()
+  while rhead <= rtail do
+    local item = ready[rhead]
+    ready[rhead] = nil
+    rhead = rhead + 1
+    local t, args = item[1], item[2]
+    if not t.done then
+      current = t
+      local ok, err
+      if args then ok, err = raw_resume(t.co, unpack(args, 1, args.n))
+      else ok, err = raw_resume(t.co) end
+      current = nil
+      if not ok then
+        t.done = true
+        io.stderr:write("rpchost: task ", tostring(t.name), " failed: ", tostring(err), "\n")
+      elseif err ~= SUSPEND and raw_status(t.co) == "suspended" then
+        -- a bare coroutine.yield() at the top of a task: nothing will resume it
+        t.done = true
+        io.stderr:write("rpchost: coroutine.yield() called outside any coroutine in ",
+                        tostring(t.name), "\n")
+      end
+    end
+  end
+  rhead, rtail = 1, 0
+end
+
+local exit_hooks = {}
+-- Runs fn() as a task after the main task ends, before the process exits (for
+-- example: a store host waits for its clients to leave). fn must bound its wait.
+function M.at_exit(fn) exit_hooks[#exit_hooks + 1] = fn end
+
+local function run_until(t)
+  while not t.done do
+    drain()
+    if t.done then break end
+    local alive = core.run(rhead <= rtail and "nowait" or "once")
+    if not alive and rhead > rtail and not t.done then
+      return false, "deadlock: " .. tostring(t.name) .. " waits for " .. tostring(t.waiting) ..
+        " but nothing that could complete it is pending (no connection, timer or process)"
+    end
+  end
+  drain()
+  return true
+end
+
+-- Runs fn(...) as the main task and drives the loop until it ends, then the exit
+-- hooks. Returns the main task's xpcall results (ok, ... or false, traceback msg).
+function M.run(fn, name, ...)
+  local t = M.spawn(fn, {name = name or "main", on_error = function() end}, ...)
+  local ok, err = run_until(t)
+  if not ok then return false, err end
+  local res = t.result
+  local hooks = exit_hooks
+  exit_hooks = {}
+  for _, h in ipairs(hooks) do
+    local ht = M.spawn(h, {name = "exit hook"})
+    run_until(ht)
+  end
+  return unpack(res, 1, res.n)
+end
+
+M.SUSPEND = SUSPEND
+return M

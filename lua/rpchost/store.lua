@@ -1,0 +1,426 @@
+-- rpchost.store: the TCPStore-like key/value server and its client.
+--
+-- One store per world address (MASTER_ADDR:MASTER_PORT or an init_method's
+-- tcp://host:port), hosted by the launcher when there is one, else by rank 0.
+-- Rendezvous, name checks and barriers of `rpc` and `dist` go through it; within
+-- one process every user of the same address shares one client connection.
+-- Values are byte strings; `add` keeps decimal numbers (as TCPStore does).
+-- Every wait has a deadline, on the server and on the client.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local errors = require "rpchost.errors"
+local proto = require "rpchost.proto"
+local log = require "rpchost.log"
+
+local M = {}
+local enc, dec = codec.raw_encode, codec.raw_decode
+
+local function is_loopback(ip)
+  return ip:match("^127%.") ~= nil or ip == "::1" or ip == "localhost"
+end
+M.is_loopback = is_loopback
+
+-- Server -----------------------------------------------------------------------
+local Server = {}
+Server.__index = Server
+
+local function reply(conn, id, ...)
+  conn:send(proto.STORE_REPLY, 0, id, enc("reply", ...))
+end
+
+function Server:notify()
+  if #self.waiters == 0 then return end
+  local keep = {}
+  for _, w in ipairs(self.waiters) do
+    if not self:try_wait(w) then keep[#keep + 1] = w end
+  end
+  self.waiters = keep
+end
+
+-- Completes a wait if it can: all keys present, or its abort key set.
+function Server:try_wait(w)
+  if w.abort and self.data[w.abort] ~= nil then
+    sched.cancel(w.timer)
+    reply(w.conn, w.id, true, false, self.data[w.abort])
+    return true
+  end
+  for _, k in ipairs(w.keys) do
+    if self.data[k] == nil then return false end
+  end
+  sched.cancel(w.timer)
+  reply(w.conn, w.id, true, true)
+  return true
+end
+
+function Server:missing(keys)
+  local miss = {}
+  for _, k in ipairs(keys) do
+    if self.data[k] == nil then miss[#miss + 1] = k end
+  end
+  return miss
+end
+
+local ops = {}
+function ops.set(s, _, _, k, v) s.data[k] = v; s:notify(); return true end
+function ops.get(s, _, _, k) return true, s.data[k] end
+function ops.add(s, _, _, k, n)
+  local cur = (tonumber(s.data[k]) or 0) + n
+  s.data[k] = tostring(cur)
+  s:notify()
+  return true, cur
+end
+function ops.compare_set(s, _, _, k, expected, desired)
+  local cur = s.data[k]
+  if (cur == nil and expected == "") or cur == expected then
+    s.data[k] = desired
+    s:notify()
+    return true, desired
+  end
+  return true, cur == nil and expected or cur
+end
+function ops.check(s, _, _, keys) return true, #s:missing(keys) == 0 end
+function ops.missing(s, _, _, keys) return true, s:missing(keys) end
+function ops.multi_get(s, _, _, keys)
+  local out = {}
+  for i, k in ipairs(keys) do out[i] = s.data[k] or false end
+  return true, out
+end
+function ops.delete(s, _, _, k)
+  local had = s.data[k] ~= nil
+  s.data[k] = nil
+  return true, had
+end
+function ops.num_keys(s)
+  local n = 0
+  for _ in pairs(s.data) do n = n + 1 end
+  return true, n
+end
+-- wait(keys, timeout, abort_key): replies (true, true) when all keys exist,
+-- (true, false, abort_value) when abort_key is set, (true, false) on timeout.
+function ops.wait(s, conn, id, keys, timeout, abort)
+  local w = {conn = conn, id = id, keys = keys, abort = abort}
+  if s:try_wait(w) then return end
+  if timeout and timeout > 0 then
+    w.timer = sched.after(timeout, function()
+      for i, x in ipairs(s.waiters) do
+        if x == w then table.remove(s.waiters, i) break end
+      end
+      reply(conn, id, true, false)
+    end)
+  end
+  s.waiters[#s.waiters + 1] = w
+end
+
+function Server:on_frame(conn, ftype, _, id, body)
+  local st = self.clients[conn]
+  if not st then return end
+  if ftype == proto.HELLO then
+    local ok, hello = pcall(dec, body)
+    if not ok or type(hello) ~= "table" then
+      log.warn("store: closing a connection that sent a malformed hello")
+      conn:close()
+      return
+    end
+    if hello.proto ~= core.protocol_version then
+      conn:send(proto.HELLO_ACK, 0, id, enc("hello", {ok = false, proto = core.protocol_version,
+        version = core.version,
+        error = ("protocol version mismatch: the store at %s speaks rpchost protocol %d " ..
+                 "(rpchost %s), this rank speaks protocol %s (rpchost %s)"):format(
+                   self.addr, core.protocol_version, core.version, tostring(hello.proto),
+                   tostring(hello.version))}))
+      conn:close(true)
+      return
+    end
+    st.ready = true
+    conn:send(proto.HELLO_ACK, 0, id, enc("hello", {ok = true, proto = core.protocol_version,
+                                                  version = core.version}))
+    return
+  end
+  if ftype ~= proto.STORE or not st.ready then
+    log.warn("store: closing a connection that sent an unexpected frame (type %d)", ftype)
+    conn:close()
+    return
+  end
+  local r = {pcall(dec, body)}
+  local op = r[2]
+  local f = r[1] and type(op) == "string" and ops[op]
+  if not f then
+    reply(conn, id, false, "bad store request")
+    return
+  end
+  local res = {pcall(f, self, conn, id, unpack(r, 3, 8))}
+  if not res[1] then
+    reply(conn, id, false, tostring(res[2]))
+  elseif res[2] ~= nil then
+    reply(conn, id, unpack(res, 2, 4))
+  end
+end
+
+function Server:on_close(conn)
+  self.clients[conn] = nil
+  self.nclients = self.nclients - 1
+  local keep = {}
+  for _, w in ipairs(self.waiters) do
+    if w.conn ~= conn then keep[#keep + 1] = w else sched.cancel(w.timer) end
+  end
+  self.waiters = keep
+  if self.nclients == 0 and self.idle_task then sched.wake(self.idle_task) end
+end
+
+-- Starts a store server on host:port (port 0: any free port). Raises a config
+-- error naming the address when it cannot listen.
+function M.serve(host, port)
+  local ip = assert(core.resolve(host))
+  local bind = is_loopback(ip) and ip or "0.0.0.0"
+  local s = setmetatable({data = {}, waiters = {}, clients = {}, nclients = 0}, Server)
+  local l, err, code = core.listen(bind, port, {
+    accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
+    frame = function(conn, ...) s:on_frame(conn, ...) end,
+    close = function(conn) s:on_close(conn) end,
+  })
+  if not l then
+    local hint = code == "EADDRINUSE" and
+      " (another world or program uses this port: pick another MASTER_PORT, or let " ..
+      "`rpchost run` pick a free one)" or ""
+    error(errors.new("config", ("cannot host the store at %s:%d: %s%s"):format(host, port,
+      tostring(err), hint)), 0)
+  end
+  s.listener = l
+  s.port = l:port()
+  s.addr = ("%s:%d"):format(host, s.port)
+  return s
+end
+
+-- Waits (bounded) until every client has left, then stops listening.
+function Server:linger(timeout)
+  local deadline = sched.now() + (timeout or 30)
+  while self.nclients > 0 and sched.now() < deadline do
+    self.idle_task = sched.current()
+    sched.suspend_until("store clients to leave", deadline - sched.now())
+    self.idle_task = nil
+  end
+  self:close()
+end
+
+function Server:close()
+  if self.listener then self.listener:close(); self.listener = nil end
+end
+
+-- Client -----------------------------------------------------------------------
+local Client = {}
+Client.__index = Client
+
+local function progress_every()
+  return tonumber(os.getenv("RPCHOST_PROGRESS_INTERVAL")) or 10
+end
+M.progress_every = progress_every
+
+-- Connects to the store at host:port, retrying until `timeout` seconds have
+-- passed, saying every few seconds what it waits for. Must run in a task.
+function M.connect(host, port, timeout)
+  timeout = timeout or 300
+  local addr = ("%s:%d"):format(host, port)
+  local ip, rerr = core.resolve(host)
+  if not ip then error(errors.new("config", ("cannot reach the store at %s: %s"):format(addr, rerr)), 0) end
+  local c = setmetatable({addr = addr, pending = {}, next_id = 0}, Client)
+  local start = sched.now()
+  local next_note = start + progress_every()
+  local last_err
+  while true do
+    local task = sched.current()
+    local result
+    local conn, cerr = core.connect(ip, port, {
+      connect = function(_, err) result = err or true; sched.wake(task) end,
+      frame = function(_, ...) c:on_frame(...) end,
+      close = function(_, status, msg, peer_version) c:on_close(status, msg, peer_version) end,
+    })
+    if conn then
+      local remaining = timeout - (sched.now() - start)
+      sched.suspend_until("the store at " .. addr, math.max(remaining, 0.001))
+      if result == true then
+        c.conn = conn
+        break
+      end
+      conn:close()
+      last_err = result or "timed out connecting"
+    else
+      last_err = cerr
+    end
+    local now = sched.now()
+    if now - start >= timeout then
+      error(errors.new("unreachable", ("cannot reach the store at %s after %g s: %s (is rank 0 " ..
+        "or the launcher running there, and MASTER_ADDR/MASTER_PORT right?)"):format(
+          addr, timeout, tostring(last_err))), 0)
+    end
+    if now >= next_note then
+      log.info("waiting for the store at %s (%s) (%d s of %g s)", addr, tostring(last_err),
+               now - start, timeout)
+      next_note = now + progress_every()
+    end
+    sched.sleep(math.min(0.05 * 2 ^ math.min(math.floor(now - start), 3), 0.5))
+  end
+  -- handshake
+  local ack = c:request(proto.HELLO, enc("hello", {proto = core.protocol_version, version = core.version}),
+                        math.max(timeout - (sched.now() - start), 5))
+  ack = dec(ack)
+  if not ack.ok then
+    c:close()
+    error(errors.new("protocol", ack.error), 0)
+  end
+  return c
+end
+
+function Client:on_frame(ftype, _, id, body)
+  local p = self.pending[id]
+  if not p then return end
+  self.pending[id] = nil
+  p.body = body
+  p.ftype = ftype
+  sched.wake(p.task)
+end
+
+function Client:on_close(status, msg, peer_version)
+  self.closed = true
+  if peer_version and peer_version ~= 0 then
+    self.close_reason = ("protocol version mismatch with the store at %s: it speaks protocol %d, " ..
+      "this rank speaks %d"):format(self.addr, peer_version, core.protocol_version)
+  else
+    self.close_reason = msg or "connection closed"
+  end
+  for id, p in pairs(self.pending) do
+    self.pending[id] = nil
+    sched.wake(p.task)
+  end
+  if self.on_lost then self.on_lost(self.close_reason) end
+end
+
+-- Sends one frame and waits for its reply body (raw). Raises on loss/timeout.
+function Client:request(ftype, body, timeout)
+  if self.closed or not self.conn then
+    error(errors.new("unreachable", ("the store at %s is gone: %s"):format(self.addr,
+      tostring(self.close_reason or "not connected"))), 0)
+  end
+  self.next_id = self.next_id + 1
+  local id = self.next_id
+  local p = {task = sched.current()}
+  self.pending[id] = p
+  self.conn:send(ftype, 0, id, body)
+  local woke = sched.suspend_until("a reply from the store at " .. self.addr, timeout)
+  self.pending[id] = nil
+  if p.body then return p.body end
+  if not woke then
+    error(errors.new("timeout", ("the store at %s did not answer within %g s"):format(self.addr, timeout)), 0)
+  end
+  error(errors.new("unreachable", ("lost the store at %s: %s"):format(self.addr,
+    tostring(self.close_reason))), 0)
+end
+
+local function unwrap(ok, ...)
+  if not ok then error(errors.new("protocol", "store: " .. tostring((...))), 0) end
+  return ...
+end
+
+-- op(...) on the store; extra time on top of the op's own wait
+function Client:call(op, ...)
+  local body = self:request(proto.STORE, enc("store", op, ...), self.op_timeout or 600)
+  return unwrap(dec(body))
+end
+
+function Client:set(k, v) return self:call("set", k, v) end
+function Client:get(k) return self:call("get", k) end
+function Client:add(k, n) return self:call("add", k, n or 1) end
+function Client:compare_set(k, expected, desired) return self:call("compare_set", k, expected, desired) end
+function Client:check(keys) return self:call("check", keys) end
+function Client:missing(keys) return self:call("missing", keys) end
+function Client:multi_get(keys) return self:call("multi_get", keys) end
+function Client:delete(k) return self:call("delete", k) end
+function Client:num_keys() return self:call("num_keys") end
+
+-- wait(keys, timeout, abort_key) -> true | false, abort_value (false, nil on timeout)
+function Client:wait(keys, timeout, abort)
+  local body = self:request(proto.STORE, enc("store", "wait", keys, timeout or 0, abort),
+                            (timeout and timeout > 0) and timeout + 30 or 0)
+  return unwrap(dec(body))
+end
+
+-- Records "value@rank" under key unless another rank recorded a different value
+-- first. Returns true, or false, other_value, other_rank.
+function Client:agree(key, value, rank)
+  local mine = ("%s@%d"):format(value, rank)
+  local cur = self:compare_set(key, "", mine)
+  if cur == mine then return true end
+  local v, r = cur:match("^(.*)@(%d+)$")
+  if v == tostring(value) then return true end
+  return false, v, tonumber(r)
+end
+
+function Client:close()
+  if self.conn then self.conn:close(true); self.conn = nil end
+  self.closed = true
+end
+
+-- Waits for `keys`, telling the user every few seconds what is missing. `describe`
+-- turns the missing keys into words. Raises timeout/config errors.
+function Client:wait_verbose(keys, timeout, abort, describe)
+  local start = sched.now()
+  local step = progress_every()
+  while true do
+    local left = timeout - (sched.now() - start)
+    local ok, aborted = self:wait(keys, math.max(math.min(step, left), 0.001), abort)
+    if ok then return true end
+    if aborted then error(errors.new("config", aborted), 0) end
+    local elapsed = sched.now() - start
+    local miss = self:missing(keys)
+    if #miss == 0 then return true end
+    local what = describe(miss)
+    if elapsed >= timeout then
+      error(errors.new("timeout", ("gave up after %g s waiting for %s at the store %s"):format(
+        timeout, what, self.addr)), 0)
+    end
+    log.info("waiting for %s at the store %s (%d s of %g s)", what, self.addr, elapsed, timeout)
+  end
+end
+
+-- Shared stores: one client per address in this process ---------------------------
+local shared = {}
+
+-- Returns a client for host:port, starting the server here first when `host_it`.
+function M.acquire(host, port, host_it, timeout)
+  local key = ("%s:%d"):format(host, port)
+  local s = shared[key]
+  if s then
+    s.refs = s.refs + 1
+    return s.client, key
+  end
+  local server
+  if host_it then
+    server = M.serve(host, port)
+    sched.at_exit(function()
+      for k, x in pairs(shared) do
+        if x.server == server then x.client:close(); shared[k] = nil end
+      end
+      server:linger(tonumber(os.getenv("RPCHOST_STORE_LINGER")) or 30)
+    end)
+  end
+  local client = M.connect(host, port, timeout)
+  shared[key] = {client = client, server = server, refs = 1}
+  return client, key
+end
+
+function M.release(key)
+  local s = shared[key]
+  if not s then return end
+  s.refs = s.refs - 1
+  if s.refs <= 0 and not s.server then
+    s.client:close()
+    shared[key] = nil
+  end
+end
+
+-- Which address the launcher hosts a store at (children must not host it too).
+function M.hosted_by_launcher(host, port)
+  return os.getenv("RPCHOST_STORE_HOSTED") == ("%s:%d"):format(host, port)
+end
+
+return M

@@ -1,0 +1,21 @@
+-- The seed's two-rank demo:  rpchost run --nproc-per-node 2 scripts/demo.lua
+-- Rank 0 calls worker_function on rank 1, synchronously and asynchronously.
+local rpc = require "rpc"
+local dist = require "dist"
+
+function worker_function(a, b)
+  local info = rpc.get_worker_info()
+  print(("Worker %s received a call with a=%s, b=%s"):format(info.name, a, b))
+  return a + b
+end
+
+local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+dist.init_process_group{backend = "gloo", rank = rank, world_size = world_size}
+rpc.init_rpc("worker_" .. rank, {rank = rank, world_size = world_size})
+if rank == 0 then
+  print(rpc.rpc_sync("worker_1", worker_function, {10, 20}))   --> 30
+  local fut = rpc.rpc_async("worker_1", worker_function, {30, 40})
+  print(fut:wait())                                           --> 70
+end
+rpc.shutdown()
+dist.destroy_process_group()
