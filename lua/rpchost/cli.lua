@@ -156,7 +156,8 @@ local function interpreter(argv)
 
   local ok, err = sched.run(main, script and ("script " .. script) or "main")
   if not ok then
-    report(err)
+    -- error() with no value is how busted (and others) ask for a quiet exit 1
+    if err ~= nil then report(err) end
     return 1
   end
   return 0

@@ -232,8 +232,11 @@ function M.connect(host, port, timeout)
     local result
     local conn, cerr = core.connect(ip, port, {
       connect = function(_, err) result = err or true; sched.wake(task) end,
-      frame = function(_, ...) c:on_frame(...) end,
-      close = function(_, status, msg, peer_version) c:on_close(status, msg, peer_version) end,
+      -- only the attempt that connected speaks for the client
+      frame = function(conn, ...) if c.conn == conn then c:on_frame(...) end end,
+      close = function(conn, status, msg, peer_version)
+        if c.conn == conn then c:on_close(status, msg, peer_version) end
+      end,
     })
     if conn then
       local remaining = timeout - (sched.now() - start)

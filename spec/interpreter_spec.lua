@@ -1,0 +1,88 @@
+-- Interpreter mode: rpchost behaves like luajit on the command line.
+local S = require "spec.support"
+
+describe("rpchost as a Lua interpreter", function()
+  it("runs -e chunks in order and prints -v version", function()
+    local r = S.run({"-v", "-e", "x = 20", "-e", "print(x + 1)"})
+    assert.are.equal(0, r.status)
+    assert.truthy(r.out:match("^rpchost %d+%.%d+%.%d+ %(protocol %d+%)"))
+    assert.truthy(r.out:match("\n21\n$"))
+  end)
+
+  it("passes the arg table like luajit (script at 0, options below)", function()
+    local path = S.write("print(arg[0], arg[1], arg[2], #arg, arg[-1] ~= nil, ...)")
+    local r = S.run({path, "a", "b c"})
+    assert.are.equal(0, r.status)
+    assert.are.equal(path .. "\ta\tb c\t2\ttrue\ta\tb c\n", r.out)
+  end)
+
+  it("loads libraries with -l into globals", function()
+    local r = S.run({"-l", "rpc", "-e", "print(type(rpc.rpc_sync))"})
+    assert.are.equal("function\n", r.out)
+  end)
+
+  it("runs stdin with -", function()
+    local path = S.write("print('from stdin', ...)")
+    local r = S.run({"-e", ("os.exit(os.execute('%s - x < %s > %s.out') == 0 and 0 or 3)"):format(
+      S.bin, path, path)})
+    assert.are.equal(0, r.status)
+    assert.are.equal("from stdin\tx\n", io.open(path .. ".out"):read("*a"))
+  end)
+
+  it("exits with the script's os.exit code", function()
+    assert.are.equal(7, S.run({"-e", "os.exit(7)"}).status)
+    assert.are.equal(0, S.run({"-e", "os.exit(true)"}).status)
+    assert.are.equal(1, S.run({"-e", "os.exit(false)"}).status)
+  end)
+
+  it("reports an uncaught error with a traceback and exit code 1", function()
+    local path = S.write("local function inner() error('boom here') end\ninner()\n")
+    local r = S.run({path})
+    assert.are.equal(1, r.status)
+    assert.truthy(r.err:find("rpchost: " .. path .. ":1: boom here", 1, true))
+    assert.truthy(r.err:find("stack traceback:", 1, true))
+    assert.truthy(r.err:find("in function 'inner'", 1, true) or r.err:find("inner", 1, true))
+  end)
+
+  it("reports syntax errors and missing scripts", function()
+    local r = S.run({S.write("x = = 1")})
+    assert.are.equal(1, r.status)
+    assert.truthy(r.err:find("unexpected symbol", 1, true))
+    r = S.run({"/nonexistent/script.lua"})
+    assert.are.equal(1, r.status)
+    assert.truthy(r.err:find("/nonexistent/script.lua", 1, true))
+  end)
+
+  it("rejects unknown options with usage", function()
+    local r = S.run({"--bogus"})
+    assert.are.equal(1, r.status)
+    assert.truthy(r.err:find("unrecognized option '--bogus'", 1, true))
+    assert.truthy(r.err:find("usage:", 1, true))
+    assert.are.equal(0, S.run({"--help"}).status)
+  end)
+
+  it("lets a script wait (sleep) while the loop runs, and yields through user coroutines", function()
+    local r = S.run({"-e", [[
+      local sched = require "rpchost.sched"
+      local t0 = sched.now()
+      local co = coroutine.wrap(function() sched.sleep(0.05); coroutine.yield(1); return 2 end)
+      local a, b = co(), co()
+      print(a, b, sched.now() - t0 >= 0.05)
+    ]]})
+    assert.are.equal("1\t2\ttrue\n", r.out)
+  end)
+
+  it("runs -i as an interactive prompt reading stdin", function()
+    local path = S.write("x = 41\n=x + 1\nfor i = 1, 2 do\nprint(i)\nend\n")
+    local r = S.run({"-e", ("os.exit(os.execute('%s -i < %s > %s.out') == 0 and 0 or 3)"):format(S.bin, path, path)})
+    assert.are.equal(0, r.status)
+    local out = io.open(path .. ".out"):read("*a")
+    assert.truthy(out:find("42\n", 1, true))
+    assert.truthy(out:find("1\n", 1, true) and out:find("2\n", 1, true))
+  end)
+
+  it("finds its Lua library from any working directory", function()
+    local r = S.run({"-e", "print(require('rpc') ~= nil)"}, {cwd = "/"})
+    assert.are.equal("true\n", r.out)
+  end)
+end)

@@ -1,0 +1,168 @@
+-- `rpchost run`: torchrun's variables, output prefixes, failure handling, signals.
+local S = require "spec.support"
+local core = require "rpchost.core"
+
+describe("rpchost run", function()
+  it("starts N ranks with torchrun's variables on a free port", function()
+    local r = S.world(3, [[
+      print(("rank=%s world=%s local=%s lws=%s addr=%s port=%s"):format(os.getenv "RANK",
+        os.getenv "WORLD_SIZE", os.getenv "LOCAL_RANK", os.getenv "LOCAL_WORLD_SIZE",
+        os.getenv "MASTER_ADDR", os.getenv "MASTER_PORT"))
+    ]])
+    assert.are.equal(0, r.status)
+    local lines = S.lines(r.out)
+    assert.are.equal(3, #lines)
+    local port
+    for rank = 0, 2 do
+      local found = false
+      for _, l in ipairs(lines) do
+        local p = l:match(("^rank=%d world=3 local=%d lws=3 addr=127%%.0%%.0%%.1 port=(%%d+)$"):format(rank, rank))
+        if p then found = true; port = port or p; assert.are.equal(port, p) end
+      end
+      assert.is_true(found, "rank " .. rank .. " missing in:\n" .. r.out)
+    end
+    assert.truthy(tonumber(port) > 0)
+  end)
+
+  it("prefixes output lines with the rank when asked", function()
+    local r = S.world(2, "print('hello'); io.stderr:write('err line\\n')", {launcher_args = {"--prefix"}})
+    assert.are.equal(0, r.status)
+    assert.truthy(r.out:find("[rank0]: hello", 1, true))
+    assert.truthy(r.out:find("[rank1]: hello", 1, true))
+    assert.truthy(r.err:find("[rank1]: err line", 1, true))
+  end)
+
+  it("passes script arguments through", function()
+    local r = S.world(1, "print(select('#', ...), ...)", {args = {"x", "y z"}})
+    assert.are.equal("2\tx\ty z\n", r.out)
+  end)
+
+  it("stops the others within 5 s when a rank fails, and names it with its error", function()
+    local r = S.world(3, [[
+      local sched = require "rpchost.sched"
+      if os.getenv("RANK") == "1" then sched.sleep(0.2); error("rank one gives up") end
+      sched.sleep(60)
+    ]], {timeout = 20})
+    assert.is_false(r.timed_out)
+    assert.are_not.equal(0, r.status)
+    assert.is_true(r.elapsed < 6, "took " .. r.elapsed)
+    assert.truthy(r.err:find("rpchost run: rank 1 %(pid %d+%) failed: exit code 1"), r.err)
+    assert.truthy(r.err:find("rank one gives up", 1, true))
+  end)
+
+  it("kills a rank that ignores SIGTERM (SIGKILL after the grace period)", function()
+    local r = S.world(2, [[
+      local core, sched = require "rpchost.core", require "rpchost.sched"
+      core.signal(core.SIGTERM, function() end) -- ignore
+      if os.getenv("RANK") == "0" then sched.sleep(0.2); os.exit(3) end
+      sched.sleep(60)
+    ]], {launcher_args = {"--grace", "1"}, timeout = 20})
+    assert.is_true(r.elapsed < 5, "took " .. r.elapsed)
+    assert.truthy(r.err:find("rank 0 (pid", 1, true) and r.err:find("exit code 3", 1, true))
+  end)
+
+  it("forwards SIGTERM to the ranks and exits non-zero", function()
+    local path = S.write([[
+      local core, sched = require "rpchost.core", require "rpchost.sched"
+      core.signal(core.SIGTERM, function() print("rank " .. os.getenv("RANK") .. " got SIGTERM"); os.exit(0) end)
+      print("ready"); io.stdout:flush()
+      sched.sleep(60)
+    ]])
+    local h = S.start({"run", "--nproc-per-node", "2", path})
+    local t0 = S.now()
+    while select(2, table.concat(h.out):gsub("ready", "")) < 2 and S.now() - t0 < 10 do S.sleep(0.02) end
+    h:kill(core.SIGTERM)
+    local r = h:wait(10)
+    assert.is_false(r.timed_out)
+    assert.are.equal(128 + core.SIGTERM, r.status)
+    assert.truthy(r.out:find("rank 0 got SIGTERM", 1, true))
+    assert.truthy(r.out:find("rank 1 got SIGTERM", 1, true))
+  end)
+
+  it("rejects bad options with a clear message", function()
+    local r = S.run({"run", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "5", "x.lua"})
+    assert.are.equal(2, r.status)
+    assert.truthy(r.err:find("--node-rank 5 is out of range for --nnodes 2", 1, true))
+    r = S.run({"run", "--nproc-per-node", "2"})
+    assert.truthy(r.err:find("no script given", 1, true))
+    r = S.run({"run", "--nnodes", "2", "x.lua"})
+    assert.truthy(r.err:find("--master-port is required", 1, true))
+    r = S.run({"run", "--frobnicate", "x.lua"})
+    assert.truthy(r.err:find("unknown option --frobnicate", 1, true))
+  end)
+
+  it("reports a port in use for the store", function()
+    local l = core.listen("127.0.0.1", 0, {accept = function(c) c:close() end})
+    local r = S.run({"run", "--master-port", tostring(l:port()), S.write("print(1)")})
+    l:close()
+    assert.are.equal(1, r.status)
+    assert.truthy(r.err:find("address already in use", 1, true))
+  end)
+
+  it("runs a world of two nodes (two launchers) that meet at node 0's store", function()
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      function whoami() return rpc.get_worker_info().name end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then print("from 3: " .. rpc.rpc_sync("w3", whoami)) end
+      if rank == 3 then print("from 0: " .. rpc.rpc_sync(0, whoami)) end
+      rpc.shutdown()
+    ]])
+    local common = {"run", "--nproc-per-node", "2", "--nnodes", "2", "--master-port", tostring(port)}
+    local a = {unpack(common)}; a[#a + 1] = "--node-rank"; a[#a + 1] = "0"; a[#a + 1] = path
+    local b = {unpack(common)}; b[#b + 1] = "--node-rank"; b[#b + 1] = "1"; b[#b + 1] = path
+    local h0, h1 = S.start(a), S.start(b)
+    local r0, r1 = h0:wait(30), h1:wait(30)
+    assert.are.equal(0, r0.status, r0.err)
+    assert.are.equal(0, r1.status, r1.err)
+    assert.truthy(r0.out:find("from 3: w3", 1, true))
+    assert.truthy(r1.out:find("from 0: w0", 1, true))
+  end)
+end)
+
+describe("ranks started by hand", function()
+  local function by_hand(vars_for, n, script)
+    local path = S.write(script)
+    local hs = {}
+    for r = 0, n - 1 do hs[r] = S.start({path}, {env = vars_for(r)}) end
+    local out = {}
+    for r = 0, n - 1 do out[r] = hs[r]:wait(30) end
+    return out
+  end
+
+  local script = S.prelude .. [[
+    function double(x) return 2 * x end
+    rpc.init_rpc("worker" .. rpc_rank(), {})
+    if rpc_rank() == 0 then print("result " .. rpc.rpc_sync("worker1", double, {21})) end
+    rpc.shutdown()
+  ]]
+
+  it("works with torchrun's variables set by hand (rank 0 hosts the store)", function()
+    local port = S.free_port()
+    local out = by_hand(function(r)
+      return {RANK = r, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+    end, 2, "function rpc_rank() return tonumber(os.getenv 'RANK') end\n" .. script)
+    assert.are.equal(0, out[0].status, out[0].err)
+    assert.are.equal(0, out[1].status, out[1].err)
+    assert.truthy(out[0].out:find("result 42", 1, true))
+  end)
+
+  it("works with Slurm's variables", function()
+    local port = S.free_port()
+    local out = by_hand(function(r)
+      return {SLURM_PROCID = r, SLURM_NTASKS = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+    end, 2, "function rpc_rank() return tonumber(os.getenv 'SLURM_PROCID') end\n" .. script)
+    assert.are.equal(0, out[0].status, out[0].err)
+    assert.truthy(out[0].out:find("result 42", 1, true))
+  end)
+
+  it("works with Open MPI's variables", function()
+    local port = S.free_port()
+    local out = by_hand(function(r)
+      return {OMPI_COMM_WORLD_RANK = r, OMPI_COMM_WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1",
+              MASTER_PORT = port}
+    end, 2, "function rpc_rank() return tonumber(os.getenv 'OMPI_COMM_WORLD_RANK') end\n" .. script)
+    assert.are.equal(0, out[0].status, out[0].err)
+    assert.truthy(out[0].out:find("result 42", 1, true))
+  end)
+end)

@@ -1,0 +1,111 @@
+-- The store: a TCPStore-like server and client, bounded waits, clear failures.
+local S = require "spec.support"
+local store = require "rpchost.store"
+
+describe("store", function()
+  local server, client
+
+  setup(function()
+    server = store.serve("127.0.0.1", 0)
+    client = store.connect("127.0.0.1", server.port, 5)
+  end)
+
+  teardown(function()
+    client:close()
+    server:close()
+  end)
+
+  it("sets, gets, deletes and counts binary-safe values", function()
+    client:set("k", "v\0w")
+    assert.are.equal("v\0w", client:get("k"))
+    assert.is_nil(client:get("missing"))
+    assert.is_true(client:check({"k"}))
+    assert.is_false(client:check({"k", "missing"}))
+    assert.are.same({"missing"}, client:missing({"k", "missing"}))
+    assert.is_true(client:delete("k"))
+    assert.is_false(client:delete("k"))
+    client:set("a", "1")
+    assert.are.equal(1, client:num_keys())
+  end)
+
+  it("adds atomically and compare_sets like TCPStore", function()
+    assert.are.equal(5, client:add("n", 5))
+    assert.are.equal(3, client:add("n", -2))
+    assert.are.equal("x", client:compare_set("cs", "", "x"))  -- created
+    assert.are.equal("x", client:compare_set("cs", "nope", "y"))  -- kept
+    assert.are.equal("y", client:compare_set("cs", "x", "y"))  -- swapped
+    assert.are.equal("zz", client:compare_set("absent", "zz", "q")) -- missing, expected non-empty
+  end)
+
+  it("wakes a waiter when the keys appear, and times out otherwise", function()
+    local other = store.connect("127.0.0.1", server.port, 5)
+    local sched = require "rpchost.sched"
+    sched.spawn(function() sched.sleep(0.05); other:set("late", "1") end)
+    local t0 = S.now()
+    assert.is_true(client:wait({"late"}, 5))
+    assert.is_true(S.now() - t0 < 2)
+    t0 = S.now()
+    local ok = client:wait({"never"}, 0.2)
+    assert.is_false(ok)
+    assert.is_true(S.now() - t0 < 2)
+    other:close()
+  end)
+
+  it("ends a wait early when its abort key is set", function()
+    local sched = require "rpchost.sched"
+    sched.spawn(function() sched.sleep(0.05); client:set("stop", "because") end)
+    local ok, why = client:wait({"never2"}, 10, "stop")
+    assert.is_false(ok)
+    assert.are.equal("because", why)
+  end)
+
+  it("refuses a port in use with a message naming the address", function()
+    local ok, e = pcall(store.serve, "127.0.0.1", server.port)
+    assert.is_false(ok)
+    assert.are.equal("config", e.kind)
+    assert.truthy(e.message:find("127.0.0.1:" .. server.port, 1, true))
+    assert.truthy(e.message:find("address already in use", 1, true))
+  end)
+
+  it("gives up on an unreachable store within its timeout, saying where", function()
+    local port = S.free_port()
+    local t0 = S.now()
+    local ok, e = pcall(store.connect, "127.0.0.1", port, 0.5)
+    assert.is_false(ok)
+    assert.are.equal("unreachable", e.kind)
+    assert.truthy(e.message:find("127.0.0.1:" .. port, 1, true))
+    assert.is_true(S.now() - t0 < 3)
+  end)
+
+  it("fails pending requests at once when the store goes away", function()
+    local s2 = store.serve("127.0.0.1", 0)
+    local c2 = store.connect("127.0.0.1", s2.port, 5)
+    local sched = require "rpchost.sched"
+    local result
+    sched.spawn(function() result = {pcall(c2.wait, c2, {"x"}, 30)} end)
+    sched.sleep(0.05)
+    -- drop every server-side connection by closing the listener and the clients
+    for conn in pairs(s2.clients) do conn:close() end
+    s2:close()
+    local t0 = S.now()
+    while not result and S.now() - t0 < 5 do sched.sleep(0.01) end
+    assert.is_false(result[1])
+    assert.are.equal("unreachable", result[2].kind)
+  end)
+
+  it("closes a connection that sends garbage, and keeps serving others", function()
+    local core = require "rpchost.core"
+    local sched = require "rpchost.sched"
+    local closed = false
+    local conn = core.connect("127.0.0.1", server.port, {
+      connect = function(c) c:send(99, 0, 0, "garbage") end,
+      close = function() closed = true end,
+    })
+    assert.truthy(conn)
+    local t0 = S.now()
+    while not closed and S.now() - t0 < 5 do sched.sleep(0.01) end
+    assert.is_true(closed)
+    client:set("still", "alive")
+    assert.are.equal("alive", client:get("still"))
+  end)
+end)

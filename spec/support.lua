@@ -1,0 +1,130 @@
+-- spec/support.lua: helpers for specs that start real rpchost processes.
+-- Specs run inside rpchost (busted --lua=rpchost), so these helpers block the
+-- spec's task while the loop runs child processes; every wait is bounded.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+
+local S = {}
+
+S.bin = os.getenv("RPCHOST_BIN") or core.exepath()
+S.root = os.getenv("RPCHOST_SOURCE_DIR") or "."
+
+local tmp_counter = 0
+local tmpdir = (os.getenv("TMPDIR") or "/tmp") .. ("/rpchost-spec-%d"):format(core.getpid())
+os.execute("mkdir -p " .. tmpdir)
+S.tmpdir = tmpdir
+
+-- Writes `text` to a fresh file and returns its path.
+function S.write(text, name)
+  tmp_counter = tmp_counter + 1
+  local path = ("%s/%s"):format(tmpdir, name or ("script%d.lua"):format(tmp_counter))
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+-- A port nothing listens on right now.
+function S.free_port()
+  local l = assert(core.listen("127.0.0.1", 0, {accept = function(c) c:close() end}))
+  local p = l:port()
+  l:close()
+  return p
+end
+
+local function merged_env(extra, unset)
+  local e = core.environ()
+  for _, k in ipairs(unset or {}) do e[k] = nil end
+  for k, v in pairs(extra or {}) do e[k] = tostring(v) end
+  local l = {}
+  for k, v in pairs(e) do l[#l + 1] = k .. "=" .. v end
+  return l
+end
+
+-- Starts a process; returns a handle with :wait(timeout) -> result table
+-- {status, signal, out, err, elapsed, timed_out}. opts: env (extra vars),
+-- unset (names to remove), args after the program.
+function S.start(args, opts)
+  opts = opts or {}
+  local h = {out = {}, err = {}, done = false, started = sched.now()}
+  local full = {S.bin}
+  for _, a in ipairs(args) do full[#full + 1] = a end
+  local unset = opts.unset or {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                               "MASTER_PORT", "RPCHOST_STORE_HOSTED", "RPCHOST_ERROR_FILE"}
+  local p, err = core.spawn{
+    file = S.bin, args = full, env = merged_env(opts.env, unset), cwd = opts.cwd,
+    stdio = {"inherit", "pipe", "pipe"},
+    output = function(fd, chunk)
+      if chunk then table.insert(fd == 1 and h.out or h.err, chunk) end
+    end,
+    exit = function(status, signal)
+      h.status, h.signal, h.done = status, signal, true
+      h.elapsed = sched.now() - h.started
+      if h.waiter then sched.wake(h.waiter) end
+    end,
+  }
+  assert(p, err)
+  h.proc = p
+  h.pid = p:pid()
+  function h:wait(timeout)
+    timeout = timeout or 60
+    local deadline = sched.now() + timeout
+    while not self.done and sched.now() < deadline do
+      self.waiter = sched.current()
+      sched.suspend_until("process " .. tostring(self.pid), deadline - sched.now())
+      self.waiter = nil
+    end
+    if not self.done then
+      self.timed_out = true
+      core.kill(self.pid, core.SIGKILL)
+      while not self.done do sched.sleep(0.01) end
+    end
+    return {status = self.status, signal = self.signal, out = table.concat(self.out),
+            err = table.concat(self.err), elapsed = self.elapsed, timed_out = self.timed_out or false}
+  end
+  function h:kill(sig) core.kill(self.pid, sig or core.SIGTERM) end
+  return h
+end
+
+-- Runs rpchost with args and waits (bounded). Returns the result table.
+function S.run(args, opts)
+  return S.start(args, opts):wait(opts and opts.timeout or 60)
+end
+
+-- Runs `script_text` as a world of n ranks under the launcher.
+function S.world(n, script_text, opts)
+  opts = opts or {}
+  local path = S.write(script_text)
+  local args = {"run", "--nproc-per-node", tostring(n)}
+  for _, a in ipairs(opts.launcher_args or {}) do args[#args + 1] = a end
+  args[#args + 1] = path
+  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
+  return S.run(args, opts)
+end
+
+-- Lines of text as a set-like table: has[line] = true
+function S.lines(text)
+  local t = {}
+  for line in text:gmatch("[^\n]+") do t[#t + 1] = line; t[line] = true end
+  return t
+end
+
+S.sleep = sched.sleep
+S.now = sched.now
+
+-- A prelude for world scripts: rank, world size, and a check helper that
+-- prints "ok <name>" or "FAIL <name>: <why>".
+S.prelude = [==[
+local rpc = require "rpc"
+local dist = require "dist"
+local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local function check(name, cond, why)
+  print((cond and "ok " or "FAIL ") .. name .. (cond and "" or (": " .. tostring(why))))
+end
+local function raises(fn, ...)
+  local ok, e = pcall(fn, ...)
+  return not ok, e
+end
+]==]
+
+return S
