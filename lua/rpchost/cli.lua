@@ -3,6 +3,7 @@
 -- (-e, -l, -i, -v, -, the `arg` table, exit codes, errors with tracebacks), so
 -- that `busted --lua=rpchost` runs specs inside the host. Whatever runs does so
 -- as the main task of the scheduler, so it may make blocking calls.
+require "rpchost.compat"
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"

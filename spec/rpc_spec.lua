@@ -1,0 +1,346 @@
+-- rpc over real worlds of 2-4 processes: values, errors, futures, timeouts,
+-- nested calls, functions by name and by value, async_execution, shutdown.
+local S = require "spec.support"
+
+local function world(n, body, opts)
+  local r = S.world(n, S.prelude .. body, opts)
+  return r, S.lines(r.out)
+end
+
+local function assert_oks(r, lines, names)
+  for _, name in ipairs(names) do
+    assert.is_true(lines["ok " .. name] == true, ("missing 'ok %s'\nstdout:\n%s\nstderr:\n%s"):format(
+      name, r.out, r.err))
+  end
+  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+end
+
+describe("rpc", function()
+  it("carries every kind of Lua value both ways, multiple returns included", function()
+    local r, lines = world(2, [[
+      function echo(...) return ... end
+      function count(...) return select("#", ...) end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local bin = ""
+        for i = 0, 255 do bin = bin .. string.char(i) end
+        local a, b, c, d, e = rpc.rpc_sync("worker1", echo, {nil, true, 1.5, -7, bin})
+        check("nil", a == nil)
+        check("bool", b == true)
+        check("double", c == 1.5)
+        check("int", d == -7)
+        check("binary", e == bin and #e == 256)
+        check("nils kept with n", rpc.rpc_sync("worker1", count, table.pack(nil, nil, 3, nil)) == 4)
+        local big = 2^53
+        check("big number", rpc.rpc_sync("worker1", echo, {big}) == big)
+        check("fraction", rpc.rpc_sync("worker1", echo, {1/3}) == 1/3)
+        check("inf", rpc.rpc_sync("worker1", echo, {math.huge}) == math.huge)
+        local nan = rpc.rpc_sync("worker1", echo, {0/0}); check("nan", nan ~= nan)
+        check("negative zero", 1 / rpc.rpc_sync("worker1", echo, {-0.0}) == -math.huge)
+        local i64 = rpc.rpc_sync("worker1", echo, {-9007199254740993LL})
+        check("int64 exact", i64 == -9007199254740993LL)
+        check("uint64 exact", rpc.rpc_sync("worker1", echo, {18446744073709551615ULL}) == 18446744073709551615ULL)
+        local t = rpc.rpc_sync("worker1", echo, {{1, 2, {x = {y = "deep"}}, [10] = "sparse", [true] = 1}})
+        check("nested", t[1] == 1 and t[3].x.y == "deep" and t[10] == "sparse" and t[true] == 1)
+        check("multiple returns", select("#", rpc.rpc_sync("worker1", echo, {1, 2, 3})) == 3)
+        check("no args", rpc.rpc_sync("worker1", count) == 0)
+        local x0, kw0 = rpc.rpc_sync("worker1", echo, {1}, {k = "v"})
+        check("kwargs as a trailing table", x0 == 1 and kw0.k == "v")
+        local x1, kw1 = rpc.rpc_sync("worker1", echo, {1}, {timeout = 5})
+        check("trailing options table", x1 == 1 and kw1 == nil)
+        local x, kw = rpc.rpc_sync("worker1", echo, {1}, {k = "v"}, -1)
+        check("kwargs positional", x == 1 and kw.k == "v")
+        local y, kw2 = rpc.rpc_sync("worker1", echo, {args = {2}, kwargs = {z = 1}, timeout = 5})
+        check("options table", y == 2 and kw2.z == 1)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"nil", "bool", "double", "int", "binary", "nils kept with n", "big number",
+      "fraction", "inf", "nan", "negative zero", "int64 exact", "uint64 exact", "nested",
+      "multiple returns", "no args", "kwargs as a trailing table", "trailing options table", "kwargs positional", "options table"})
+  end)
+
+  it("raises remote errors with kind, worker and the remote traceback", function()
+    local r, lines = world(2, [[
+      function fails(x) local function deeper() error("bad input: " .. tostring(x)) end deeper() end
+      function raises_object() error({code = 42}) end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local ok, e = pcall(rpc.rpc_sync, "worker1", fails, {"x1"})
+        check("raised", not ok)
+        check("kind", e.kind == "remote", e.kind)
+        check("worker", e.worker == "worker1" and e.rank == 1)
+        check("message", tostring(e.message):find("bad input: x1", 1, true), e.message)
+        check("traceback", tostring(e.traceback):find("deeper", 1, true), e.traceback)
+        check("tostring", tostring(e):find("remote error on worker1", 1, true), tostring(e))
+        local f = rpc.rpc_async("worker1", fails, {"x2"})
+        local ok2, e2 = pcall(f.wait, f)
+        check("async raises at wait", not ok2 and e2.kind == "remote")
+        local ok3, e3 = pcall(rpc.rpc_sync, "worker1", raises_object)
+        check("non-string error", not ok3 and e3.kind == "remote")
+        check("still serving", rpc.rpc_sync("worker1", math.max, {1, 5}) == 5)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"raised", "kind", "worker", "message", "traceback", "tostring",
+      "async raises at wait", "non-string error", "still serving"})
+  end)
+
+  it("gives Futures wait, done, value, next and add_done_callback, and wait_all", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function slow(x, s) sched.sleep(s or 0.1) return x end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local f = rpc.rpc_async("worker1", slow, {7, 0.2})
+        check("not done at once", f:done() == false)
+        local ok = pcall(f.value, f)
+        check("value before done raises", not ok)
+        local seen
+        f:add_done_callback(function(fut) seen = fut:value() end)
+        local g = f:next(function(fut) return fut:wait() * 10 end)
+        check("wait", f:wait() == 7)
+        check("done", f:done())
+        check("value", f:value() == 7)
+        check("next", g:wait() == 70)
+        sched.sleep(0.01)
+        check("callback", seen == 7)
+        local futs = {}
+        for i = 1, 20 do futs[i] = rpc.rpc_async("worker1", slow, {i, 0.01}) end
+        local all = rpc.wait_all(futs)
+        local sum = 0
+        for _, v in ipairs(all) do sum = sum + v end
+        check("wait_all", #all == 20 and sum == 210)
+        local h = rpc.rpc_async("worker1", slow, {1, 2})
+        local okw, ew = pcall(h.wait, h, 0.1)
+        check("wait timeout", not okw and ew.kind == "timeout")
+        check("later wait still works", h:wait() == 1)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"not done at once", "value before done raises", "wait", "done", "value",
+      "next", "callback", "wait_all", "wait timeout", "later wait still works"})
+  end)
+
+  it("times out calls per call, by default, and never with 0", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function slow(s) sched.sleep(s) return "done" end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size,
+        rpc_backend_options = rpc.TensorPipeRpcBackendOptions{rpc_timeout = 0.3}})
+      if rank == 0 then
+        check("default from options", rpc.get_rpc_timeout() == 0.3)
+        local t0 = sched.now()
+        local ok, e = pcall(rpc.rpc_sync, "worker1", slow, {5})
+        check("default timeout", not ok and e.kind == "timeout" and sched.now() - t0 < 1.5, e)
+        ok, e = pcall(rpc.rpc_sync, "worker1", slow, {5}, nil, 0.1)
+        check("per-call timeout", not ok and e.kind == "timeout")
+        check("message names the call", tostring(e.message):find("worker1", 1, true) and
+          tostring(e.message):find("slow", 1, true), e.message)
+        check("no timeout with 0", rpc.rpc_sync("worker1", slow, {0.5}, nil, 0) == "done")
+        rpc._set_rpc_timeout(2)
+        check("set timeout", rpc.get_rpc_timeout() == 2 and rpc.rpc_sync("worker1", slow, {0.5}) == "done")
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"default from options", "default timeout", "per-call timeout",
+      "message names the call", "no timeout with 0", "set timeout"})
+  end)
+
+  it("runs handlers as coroutines: nested calls to a third rank and back to the caller", function()
+    local r, lines = world(3, [[
+      function leaf(x) return x + 1 end
+      function back_on_caller(x) return "caller saw " .. x end
+      function middle(x)
+        local a = rpc.rpc_sync("worker2", leaf, {x})
+        local b = rpc.rpc_sync("worker0", back_on_caller, {a})
+        return b
+      end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        check("nested", rpc.rpc_sync("worker1", middle, {1}) == "caller saw 2")
+        local futs = {}
+        for i = 1, 50 do futs[i] = rpc.rpc_async("worker1", middle, {i}) end
+        local ok = true
+        for i, f in ipairs(futs) do ok = ok and f:wait() == "caller saw " .. (i + 1) end
+        check("many nested in flight", ok)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"nested", "many nested in flight"})
+  end)
+
+  it("addresses workers by name, rank and WorkerInfo, and calls itself", function()
+    local r, lines = world(3, [[
+      function me() return rpc.get_worker_info().name end
+      rpc.init_rpc("w_" .. rank, {rank = rank, world_size = world_size})
+      if rank == 1 then
+        local info = rpc.get_worker_info("w_2")
+        check("by name", rpc.rpc_sync("w_2", me) == "w_2")
+        check("by rank", rpc.rpc_sync(2, me) == "w_2")
+        check("by WorkerInfo", rpc.rpc_sync(info, me) == "w_2")
+        check("self", rpc.rpc_sync("w_1", me) == "w_1")
+        check("info fields", info.name == "w_2" and info.id == 2)
+        check("info tostring", tostring(info) == "WorkerInfo(id=2, name=w_2)")
+        check("info equality", info == rpc.get_worker_info("w_2") and info ~= rpc.get_worker_info())
+        local ws = rpc.workers()
+        check("workers", #ws == 3 and ws[1].name == "w_0" and ws[3].id == 2)
+        check("WorkerInfo travels", rpc.rpc_sync("w_0", function(x) return x end, {info}) == info)
+        local ok, e = pcall(rpc.rpc_sync, "nobody", me)
+        check("unknown worker", not ok and tostring(e.message):find("unknown worker 'nobody'", 1, true) and
+          tostring(e.message):find("w_0, w_1, w_2", 1, true), e)
+        ok, e = pcall(rpc.rpc_sync, 7, me)
+        check("rank out of range", not ok and tostring(e.message):find("unknown worker 7", 1, true), e)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"by name", "by rank", "by WorkerInfo", "self", "info fields", "info tostring",
+      "info equality", "workers", "WorkerInfo travels", "unknown worker", "rank out of range"})
+  end)
+
+  it("sends functions by name (globals, module fields, the standard library) and by value", function()
+    local r, lines = world(2, [[
+      mymod = {step = function(x) return x * 3 end}
+      if rank == 0 then package.loaded["helpers.thing"] = {triple = function(x) return x * 3 end} end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        check("std lib", rpc.rpc_sync("worker1", math.max, {3, 9, 4}) == 9)
+        check("string lib", rpc.rpc_sync("worker1", string.rep, {"ab", 3}) == "ababab")
+        check("global table field", rpc.rpc_sync("worker1", mymod.step, {5}) == 15)
+        local offset = 100
+        local closure = function(x) return x + offset, rpc.get_worker_info().name end
+        local v, where = rpc.rpc_sync("worker1", closure, {1})
+        check("closure with upvalues", v == 101 and where == "worker1")
+        local counter = 0
+        local function nested_closure(n) local s = 0 for i = 1, n do s = s + i end return s + counter end
+        check("local function", rpc.rpc_sync("worker1", nested_closure, {4}) == 10)
+        local ok, e = pcall(rpc.rpc_sync, "worker1", package.loaded["helpers.thing"].triple, {2})
+        check("missing module names it", not ok and tostring(e.message):find("helpers.thing", 1, true), e)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"std lib", "string lib", "global table field", "closure with upvalues",
+      "local function", "missing module names it"})
+  end)
+
+  it("names the path of an argument that cannot be sent, before sending anything", function()
+    local r, lines = world(2, [[
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local ok, e = pcall(rpc.rpc_sync, "worker1", print, {1, {cb = coroutine.create(print)}})
+        check("path", not ok and e.kind == "serialize" and tostring(e.message):find("args[2].cb", 1, true), e)
+        ok, e = pcall(rpc.rpc_async, "worker1", print, {io.stdout})
+        check("userdata", not ok and e.kind == "serialize" and tostring(e.message):find("args[1]", 1, true), e)
+        local cyc = {}
+        cyc.me = cyc
+        ok, e = pcall(rpc.rpc_sync, "worker1", print, {cyc})
+        check("cycle", not ok and tostring(e.message):find("args[1].me", 1, true), e)
+        ok, e = pcall(rpc.rpc_sync, "worker1", function() return coroutine.create(print) end)
+        check("bad result", not ok and e.kind == "serialize" and tostring(e.message):find("result", 1, true), e)
+        check("world fine after", rpc.rpc_sync("worker1", math.min, {2, 1}) == 1)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"path", "userdata", "cycle", "bad result", "world fine after"})
+  end)
+
+  it("replies to async_execution functions when their Future completes", function()
+    local r, lines = world(3, [[
+      local sched = require "rpchost.sched"
+      function add(a, b) return a + b end
+      async_add_chained = rpc.functions.async_execution(function(to, x, y, z)
+        return rpc.rpc_async(to, add, {x, y}):next(function(f) return f:wait() + z end)
+      end)
+      async_bad = rpc.functions.async_execution(function() return 5 end)
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        check("async chained", rpc.rpc_sync("worker1", async_add_chained, {"worker2", 1, 1, 1}) == 3)
+        local ok, e = pcall(rpc.rpc_sync, "worker1", async_bad)
+        check("must return a Future", not ok and tostring(e.message):find("must return a Future", 1, true), e)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"async chained", "must return a Future"})
+  end)
+
+  it("shuts down gracefully after outstanding work, and refuses calls afterwards", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function slow() sched.sleep(0.3) return "finished" end
+      done_flag = false
+      function mark() done_flag = true end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      local f
+      if rank == 0 then f = rpc.rpc_async("worker1", slow) end
+      rpc.shutdown()
+      if rank == 0 then
+        check("outstanding finished", f:done() and f:value() == "finished")
+        local ok, e = pcall(rpc.rpc_sync, "worker1", slow)
+        check("call after shutdown", not ok and e.kind == "shutdown", e)
+        ok, e = pcall(rpc.shutdown)
+        check("double shutdown", not ok and e.kind == "shutdown")
+      end
+      -- a second world in the same processes
+      rpc.init_rpc("again" .. rank, {rank = rank, world_size = world_size})
+      if rank == 1 then check("reinit", rpc.rpc_sync("again0", math.abs, {-3}) == 3) end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"outstanding finished", "call after shutdown", "double shutdown", "reinit"})
+  end)
+
+  it("fails pending futures with kind shutdown on a non-graceful shutdown", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function slow() sched.sleep(1) return 1 end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local f = rpc.rpc_async("worker1", slow)
+        rpc.shutdown(false)
+        local ok, e = pcall(f.wait, f)
+        check("pending fails", not ok and e.kind == "shutdown", e)
+      else
+        sched.sleep(1.2)
+        rpc.shutdown(false)
+      end
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"pending fails"})
+  end)
+
+  it("fails calls to a rank that died with kind unreachable, at once", function()
+    local r, lines = world(3, [[
+      local sched = require "rpchost.sched"
+      function hang() sched.sleep(30) end
+      function die() os.exit(0) end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local f = rpc.rpc_async("worker1", hang)
+        sched.sleep(0.1)
+        pcall(rpc.rpc_sync, "worker1", die, {}, nil, 0.5)
+        local t0 = sched.now()
+        local ok, e = pcall(f.wait, f)
+        check("pending unreachable", not ok and e.kind == "unreachable" and e.worker == "worker1", e)
+        check("fast", sched.now() - t0 < 2)
+        ok, e = pcall(rpc.rpc_sync, "worker1", math.max, {1, 2})
+        check("new call unreachable", not ok and e.kind == "unreachable", e)
+        check("others still serve", rpc.rpc_sync("worker2", math.max, {1, 2}) == 2)
+        rpc.shutdown(false)
+        os.exit(0)
+      end
+      if rank == 2 then sched.sleep(1.5) rpc.shutdown(false) os.exit(0) end
+      sched.sleep(30)
+    ]], {timeout = 40})
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"pending unreachable", "fast", "new call unreachable", "others still serve"})
+  end)
+end)
