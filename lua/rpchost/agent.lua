@@ -379,7 +379,8 @@ function Agent:send_reply(to, id, r)
 end
 
 local function handler(self, to, id, fn, args, kwargs)
-  local n = args.n or #args
+  -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
+  local n = args.n or table.maxn(args)
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
   local r
   if type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
