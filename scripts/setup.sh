@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages rpchost needs to build and test, if any is missing.
+# Run as root (or with sudo available). Does nothing when everything is present.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libluajit-5.1-dev luajit libuv1-dev libmsgpack-dev
+      libsodium-dev libopenblas-dev lua-busted python3-numpy)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
