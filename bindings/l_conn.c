@@ -193,25 +193,19 @@ static int l_close(lua_State *L) {
   return 0;
 }
 
-static int l_peer(lua_State *L) {
+/* Pushes ip, port of one end of the connection (nothing when closed). */
+static int push_addr(lua_State *L, int (*which)(rh_conn_t *, char *, size_t, int *)) {
   lconn_t *b = check_conn(L, 1);
   char ip[64];
   int port;
-  if (!b->c || rh_conn_peer(b->c, ip, sizeof ip, &port) != 0) return 0;
+  if (!b->c || which(b->c, ip, sizeof ip, &port) != 0) return 0;
   lua_pushstring(L, ip);
   lua_pushinteger(L, port);
   return 2;
 }
 
-static int l_local(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  char ip[64];
-  int port;
-  if (!b->c || rh_conn_local(b->c, ip, sizeof ip, &port) != 0) return 0;
-  lua_pushstring(L, ip);
-  lua_pushinteger(L, port);
-  return 2;
-}
+static int l_peer(lua_State *L) { return push_addr(L, rh_conn_peer); }
+static int l_local(lua_State *L) { return push_addr(L, rh_conn_local); }
 
 static int l_is_open(lua_State *L) {
   lconn_t *b = check_conn(L, 1);

@@ -137,32 +137,21 @@ describe("ranks started by hand", function()
     rpc.shutdown()
   ]]
 
-  it("works with torchrun's variables set by hand (rank 0 hosts the store)", function()
-    local port = S.free_port()
-    local out = by_hand(function(r)
-      return {RANK = r, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
-    end, 2, "function rpc_rank() return tonumber(os.getenv 'RANK') end\n" .. script)
-    assert.are.equal(0, out[0].status, out[0].err)
-    assert.are.equal(0, out[1].status, out[1].err)
-    assert.truthy(out[0].out:find("result 42", 1, true))
-  end)
-
-  it("works with Slurm's variables", function()
-    local port = S.free_port()
-    local out = by_hand(function(r)
-      return {SLURM_PROCID = r, SLURM_NTASKS = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
-    end, 2, "function rpc_rank() return tonumber(os.getenv 'SLURM_PROCID') end\n" .. script)
-    assert.are.equal(0, out[0].status, out[0].err)
-    assert.truthy(out[0].out:find("result 42", 1, true))
-  end)
-
-  it("works with Open MPI's variables", function()
-    local port = S.free_port()
-    local out = by_hand(function(r)
-      return {OMPI_COMM_WORLD_RANK = r, OMPI_COMM_WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1",
-              MASTER_PORT = port}
-    end, 2, "function rpc_rank() return tonumber(os.getenv 'OMPI_COMM_WORLD_RANK') end\n" .. script)
-    assert.are.equal(0, out[0].status, out[0].err)
-    assert.truthy(out[0].out:find("result 42", 1, true))
-  end)
+  local flavours = {
+    {"torchrun's variables (rank 0 hosts the store)", "RANK", "WORLD_SIZE"},
+    {"Slurm's variables", "SLURM_PROCID", "SLURM_NTASKS"},
+    {"Open MPI's variables", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+  }
+  for _, f in ipairs(flavours) do
+    local what, rank_var, size_var = f[1], f[2], f[3]
+    it("works with " .. what .. " set by hand", function()
+      local port = S.free_port()
+      local out = by_hand(function(r)
+        return {[rank_var] = r, [size_var] = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+      end, 2, ("function rpc_rank() return tonumber(os.getenv '%s') end\n"):format(rank_var) .. script)
+      assert.are.equal(0, out[0].status, out[0].err)
+      assert.are.equal(0, out[1].status, out[1].err)
+      assert.truthy(out[0].out:find("result 42", 1, true))
+    end)
+  end
 end)
