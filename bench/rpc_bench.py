@@ -157,15 +157,20 @@ def side(name, cfg, exe):
 # --- context: what loopback itself costs here ---------------------------------------------
 def tcp_floor(n=3000):
     """p50 of a raw loopback TCP ping-pong (40 bytes, TCP_NODELAY) between two Python
-    processes: the floor any RPC round trip on this machine sits on."""
+    processes: the floor any RPC round trip on this machine sits on. Bounded: socket
+    timeouts on both ends, and the echo child is killed at the end whatever happens."""
+    import signal
     import socket
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
+    addr = srv.getsockname()
     pid = os.fork()
     if pid == 0:  # echo child
         try:
+            srv.settimeout(10)
             c, _ = srv.accept()
+            c.settimeout(10)
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while True:
                 d = c.recv(64)
@@ -177,7 +182,7 @@ def tcp_floor(n=3000):
     srv.close()
     lat = []
     try:
-        c = socket.create_connection(srv.getsockname(), timeout=10)
+        c = socket.create_connection(addr, timeout=10)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         msg = b"x" * 40
         for _ in range(n):
@@ -189,6 +194,10 @@ def tcp_floor(n=3000):
             lat.append(time.perf_counter() - t)
         c.close()
     finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.waitpid(pid, 0)
     lat.sort()
     return lat[len(lat) // 2] * 1e6
