@@ -12,7 +12,9 @@ measures both on the same loopback machine in one run and checks the targets:
 rpchost side: bench/rpc_latency.lua, rpc_throughput.lua, rpc_bringup.lua under
 `rpchost run`; PyTorch side: bench/torch_rpc.py (TensorPipe backend, default options).
 Every run has a timeout, and each timed loop also has a time cap, so the whole thing
-stops by itself (about 1 minute on a 2-core machine).
+stops by itself (about 40 s on a 2-core machine; every world is also killed after
+RUN_TIMEOUT seconds). A raw loopback TCP ping-pong is measured first, as context
+for the latency numbers.
 
 usage: /usr/bin/python3 bench/rpc_bench.py [--quick] [--rpchost PATH] [--json FILE]
                                           [--only rpchost|pytorch] [--strict]
@@ -30,6 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.dont_write_bytecode = True  # keep bench/ free of __pycache__
 sys.path.insert(0, HERE)
 import torch_rpc  # noqa: E402  (launcher helpers only; torch itself is imported by the ranks)
 
@@ -132,9 +135,12 @@ def side(name, cfg, exe):
             errors.append(f"{name} {label}: {e}")
 
     def do_lat():
-        r, _, _ = lat()
-        m.update(p50_us=r["p50_us"], p99_us=r["p99_us"], lat_calls=r["calls"],
-                 rss0_kib=r["rss_kib_rank0"], rss1_kib=r["rss_kib_rank1"])
+        # several short worlds, median of each statistic: one run is noisy on a VM
+        rs = [lat()[0] for _ in range(cfg["lat_rounds"])]
+        med = lambda k: statistics.median(r[k] for r in rs)
+        m.update(p50_us=med("p50_us"), p99_us=med("p99_us"), lat_calls=rs[0]["calls"],
+                 rss0_kib=max(r["rss_kib_rank0"] for r in rs), rss1_kib=max(r["rss_kib_rank1"] for r in rs),
+                 p50_all=[round(r["p50_us"], 1) for r in rs])
 
     def do_thr():
         r, _, _ = thr()
@@ -256,10 +262,10 @@ def main():
     o = ap.parse_args()
 
     cfg = dict(lat_calls=5000, lat_warmup=500, thr_calls_rpchost=50000, thr_calls_torch=20000,
-               bringup_reps_rpchost=5, bringup_reps_torch=3, cap_s=30)
+               bringup_reps_rpchost=5, bringup_reps_torch=3, cap_s=30, lat_rounds=3)
     if o.quick:
         cfg.update(lat_calls=1000, lat_warmup=100, thr_calls_rpchost=10000, thr_calls_torch=3000,
-                   bringup_reps_rpchost=2, bringup_reps_torch=1, cap_s=10)
+                   bringup_reps_rpchost=2, bringup_reps_torch=1, cap_s=10, lat_rounds=1)
     if o.only != "pytorch" and not os.access(o.rpchost, os.X_OK):
         sys.exit(f"rpc_bench: no rpchost binary at {o.rpchost} (build it: cmake -S . -B build && "
                  f"cmake --build build -j2, or run bench/run.sh)")
@@ -283,12 +289,16 @@ def main():
     print()
     print(f"rpchost vs PyTorch RPC on loopback -- {ver}; torch {tver} (TensorPipe, defaults); "
           f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}")
-    print(f"latency: {cfg['lat_calls']} rpc_sync calls after {cfg['lat_warmup']} warm-up, 2 ranks; "
+    print(f"latency: {cfg['lat_calls']} rpc_sync calls after {cfg['lat_warmup']} warm-up, 2 ranks, "
+          f"median of {cfg['lat_rounds']} worlds (RSS: max); "
           f"throughput: {cfg['thr_calls_rpchost']} (rpchost) / {cfg['thr_calls_torch']} (pytorch) calls "
           f"per window; bring-up: median of {cfg['bringup_reps_rpchost']} / {cfg['bringup_reps_torch']} runs")
     print("ratio = rpchost / pytorch")
     txt, verdicts = table(a, b)
     print(txt)
+    for side_name, m in (("rpchost", a), ("pytorch", b)):
+        if "p50_all" in m:
+            print(f"{side_name} p50 per world (us): {m['p50_all']}")
     for side_name, m in (("rpchost", a), ("pytorch", b)):
         raw = {n: (m[f"bu{n}_raw"]["init_ms_all"], m[f"bu{n}_raw"]["exit_ms_all"])
                for n in (2, 4) if f"bu{n}_raw" in m}

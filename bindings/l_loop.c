@@ -117,6 +117,29 @@ static int l_maxrss(lua_State *L) {
   return 1;
 }
 
+/* mkdtemp(template ending in XXXXXX) -> path | nil, message */
+static int l_mkdtemp(lua_State *L) {
+  uv_fs_t req;
+  int rc = uv_fs_mkdtemp(rh_ctx()->loop, &req, luaL_checkstring(L, 1), NULL);
+  if (rc < 0) {
+    uv_fs_req_cleanup(&req);
+    lua_pushnil(L);
+    lua_pushstring(L, uv_strerror(rc));
+    return 2;
+  }
+  lua_pushstring(L, req.path);
+  uv_fs_req_cleanup(&req);
+  return 1;
+}
+
+static int l_rmdir(lua_State *L) {
+  uv_fs_t req;
+  int rc = uv_fs_rmdir(rh_ctx()->loop, &req, luaL_checkstring(L, 1), NULL);
+  uv_fs_req_cleanup(&req);
+  lua_pushboolean(L, rc == 0);
+  return 1;
+}
+
 static int l_isatty(lua_State *L) {
   lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)));
   return 1;
@@ -128,7 +151,8 @@ int rh_open_loop(lua_State *L) {
       {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats},
       {"exepath", l_exepath},   {"getpid", l_getpid},     {"hostname", l_hostname},
       {"setenv", l_setenv},     {"environ", l_environ},   {"maxrss", l_maxrss},
-      {"isatty", l_isatty},     {NULL, NULL}};
+      {"isatty", l_isatty},     {"mkdtemp", l_mkdtemp},   {"rmdir", l_rmdir},
+      {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -262,16 +262,20 @@ int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const 
   return 0;
 }
 
+static void write_free(rh_write_t *w) {
+  release_all(w->rel, w->nrel);
+  free(w->rel);
+  free(w->arena);
+  free(w);
+}
+
 static void write_cb(uv_write_t *req, int status) {
   rh_write_t *w = req->data;
   rh_conn_t *c = req->handle->data;
   size_t bytes = 0;
   for (size_t i = 0; w->bufs[i].base || w->bufs[i].len; i++) bytes += w->bufs[i].len;
   c->inflight -= bytes;
-  release_all(w->rel, w->nrel);
-  free(w->rel);
-  free(w->arena);
-  free(w);
+  write_free(w);
   if (status < 0 && status != UV_ECANCELED) conn_end(c, status, 0);
 }
 
@@ -306,15 +310,41 @@ static void conn_flush(rh_conn_t *c) {
   c->rel = NULL;
   c->nrel = c->crel = 0;
   c->npieces = 0;
-  c->inflight += bytes;
   c->net->bytes_out += bytes;
+  /* Write what the socket takes now: when it takes everything (the usual case for
+   * small messages) no write request, callback or extra loop turn is needed. */
+  uv_buf_t *bufs = w->bufs;
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0) {
+    int done = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+    if (done > 0) {
+      size_t left = (size_t)done;
+      while (n > 0 && left >= bufs->len) {
+        left -= bufs->len;
+        bufs++;
+        n--;
+      }
+      if (n > 0) {
+        bufs->base += left;
+        bufs->len -= left;
+      }
+      bytes -= (size_t)done;
+    } else if (done != UV_EAGAIN && done != UV_ENOSYS) {
+      write_free(w);
+      conn_end(c, done, 0);
+      return;
+    }
+  }
+  if (n == 0) {
+    write_free(w);
+    return;
+  }
+  /* write_cb counts the bytes of bufs up to the zeroed terminator */
+  if (bufs != w->bufs) memmove(w->bufs, bufs, (n + 1) * sizeof(uv_buf_t));
+  c->inflight += bytes;
   int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, n, write_cb);
   if (rc) {
     c->inflight -= bytes;
-    release_all(w->rel, w->nrel);
-    free(w->rel);
-    free(w->arena);
-    free(w);
+    write_free(w);
     conn_end(c, rc, 0);
   }
 }

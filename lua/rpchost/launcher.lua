@@ -75,11 +75,10 @@ local function parse(argv)
   return o
 end
 
+-- A private folder for the ranks' error files (no shell involved: start-up counts).
 local function tmpdir()
   local base = os.getenv("TMPDIR") or "/tmp"
-  local dir = ("%s/rpchost-run-%d-%d"):format(base, core.getpid(), math.floor(core.now() * 1000) % 1000000)
-  os.execute(("mkdir -p '%s'"):format(dir))
-  return dir
+  return assert(core.mkdtemp(base .. "/rpchost-run-XXXXXX"))
 end
 
 local function read_file(path)
@@ -227,7 +226,8 @@ local function run(o)
   elseif signal_seen then
     code = 128 + signal_seen
   end
-  os.execute(("rm -rf '%s'"):format(dir))
+  for _, r in ipairs(ranks) do os.remove(r.errfile) end
+  core.rmdir(dir)
   return code
 end
 
