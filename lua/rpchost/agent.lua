@@ -307,6 +307,7 @@ function Agent:call(to, fn, args, kwargs, timeout)
     end, {name = "self call"})
   else
     self:send(p, proto.REQUEST, 0, id, body)
+    sched.expect_soon()
   end
   return fut
 end
@@ -345,6 +346,7 @@ end
 local function reply(to, id, flags, body)
   if type(to) == "function" then return to(flags, body) end
   to:send(proto.RESPONSE, flags, id, body)
+  sched.expect_soon()
 end
 
 -- An error raised by a handler, as the caller will see it.
