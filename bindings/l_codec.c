@@ -16,6 +16,7 @@
 #include <msgpack.h>
 #include <string.h>
 
+#include "codec/mpcheck.h"
 #include "rh_lua.h"
 
 #define MAX_DEPTH 30 /* msgpack-c's C unpacker nests at most 32 levels */
@@ -324,6 +325,9 @@ static int l_decode(lua_State *L) {
   size_t len;
   const char *s = luaL_checklstring(L, 1, &len);
   int base = lua_gettop(L);
+  /* msgpack-c trusts counts: check the bytes before it allocates for them */
+  int chk = rh_mp_check((const uint8_t *)s, len, MAX_DEPTH + 2, NULL);
+  if (chk != RH_MP_OK) return luaL_error(L, "malformed message: %s", rh_mp_strerror(chk));
   msgpack_unpacked u;
   msgpack_unpacked_init(&u);
   dec_t d = {L, &u, 0};

@@ -23,7 +23,8 @@ M.TAG = TAG
 
 -- Set by the receiver around decode: may by-value functions be loaded?
 M.allow_bytecode = false
-M.bytecode_refusal = "functions sent by value are refused here"
+M.bytecode_refusal = "a function sent by value (a closure) was refused: only a loopback-only " ..
+  "world accepts bytecode; send a global or module function, which travels by name"
 
 -- names: value <-> where it is reachable -------------------------------------
 local names = setmetatable({}, {__mode = "k"})

@@ -1,0 +1,95 @@
+/* mpcheck.c: see mpcheck.h. One pass, no allocation, an explicit stack. */
+#include "mpcheck.h"
+
+#define MAX_STACK 256
+
+static uint64_t be(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+  return v;
+}
+
+const char *rh_mp_strerror(int code) {
+  switch (code) {
+    case RH_MP_OK: return "ok";
+    case RH_MP_TRUNCATED: return "truncated";
+    case RH_MP_BADTYPE: return "not MessagePack (reserved type byte)";
+    case RH_MP_TOODEEP: return "nested too deeply";
+    case RH_MP_TOOMANY: return "a container claims more elements than the message has bytes";
+    default: return "malformed";
+  }
+}
+
+int rh_mp_check(const uint8_t *p, size_t len, int max_depth, size_t *nvalues) {
+  /* stack[d] = values still expected in the container open at depth d */
+  uint64_t stack[MAX_STACK];
+  int depth = 0;
+  size_t off = 0, top = 0;
+  if (max_depth > MAX_STACK - 1) max_depth = MAX_STACK - 1;
+  while (off < len || depth > 0) {
+    if (off >= len) return RH_MP_TRUNCATED;
+    uint8_t b = p[off++];
+    size_t left = len - off;
+    uint64_t skip = 0;     /* payload bytes after the header */
+    uint64_t children = 0; /* values inside, for containers */
+    int hdr = 0;           /* length-field bytes following the type byte */
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+      /* fixint, nil, bool */
+    } else if (b >= 0x80 && b <= 0x8f) {
+      children = 2ull * (b & 0x0f);
+    } else if (b >= 0x90 && b <= 0x9f) {
+      children = b & 0x0f;
+    } else if (b >= 0xa0 && b <= 0xbf) {
+      skip = b & 0x1f;
+    } else {
+      switch (b) {
+        case 0xc4: case 0xd9: hdr = 1; break;              /* bin8, str8 */
+        case 0xc5: case 0xda: hdr = 2; break;              /* bin16, str16 */
+        case 0xc6: case 0xdb: hdr = 4; break;              /* bin32, str32 */
+        case 0xc7: hdr = 1; break;                         /* ext8 (+type) */
+        case 0xc8: hdr = 2; break;                         /* ext16 */
+        case 0xc9: hdr = 4; break;                         /* ext32 */
+        case 0xca: skip = 4; break;                        /* float32 */
+        case 0xcb: skip = 8; break;                        /* float64 */
+        case 0xcc: case 0xd0: skip = 1; break;
+        case 0xcd: case 0xd1: skip = 2; break;
+        case 0xce: case 0xd2: skip = 4; break;
+        case 0xcf: case 0xd3: skip = 8; break;
+        case 0xd4: skip = 2; break;                        /* fixext1: type + 1 */
+        case 0xd5: skip = 3; break;
+        case 0xd6: skip = 5; break;
+        case 0xd7: skip = 9; break;
+        case 0xd8: skip = 17; break;
+        case 0xdc: hdr = 2; break;                         /* array16 */
+        case 0xdd: hdr = 4; break;                         /* array32 */
+        case 0xde: hdr = 2; break;                         /* map16 */
+        case 0xdf: hdr = 4; break;                         /* map32 */
+        default: return RH_MP_BADTYPE;                     /* 0xc1 */
+      }
+      if (hdr) {
+        if (left < (size_t)hdr) return RH_MP_TRUNCATED;
+        uint64_t n = be(p + off, hdr);
+        off += (size_t)hdr;
+        left -= (size_t)hdr;
+        if (b == 0xdc || b == 0xdd) children = n;
+        else if (b == 0xde || b == 0xdf) children = 2 * n;
+        else if (b >= 0xc7 && b <= 0xc9) skip = n + 1; /* ext: type byte + data */
+        else skip = n;
+      }
+    }
+    if (skip > left) return RH_MP_TRUNCATED;
+    off += (size_t)skip;
+    /* this value fills one slot of the enclosing container */
+    if (depth > 0) stack[depth - 1]--;
+    else top++;
+    if (children > 0) {
+      /* every element takes at least one byte */
+      if (children > len - off) return RH_MP_TOOMANY;
+      if (depth >= max_depth) return RH_MP_TOODEEP;
+      stack[depth++] = children;
+    }
+    while (depth > 0 && stack[depth - 1] == 0) depth--;
+  }
+  if (nvalues) *nvalues = top;
+  return RH_MP_OK;
+}

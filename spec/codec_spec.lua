@@ -1,0 +1,75 @@
+-- The codec on its own: plain values, tagged values, paths in errors, refusals.
+local codec = require "rpchost.codec"
+
+local function roundtrip(...) return codec.decode(codec.encode("value", ...)) end
+
+describe("codec", function()
+  it("round-trips plain values exactly", function()
+    local a, b, c, d, e, f = roundtrip(nil, false, 2^53 + 2, -1.25, "a\0b", {1, {2, {3}}, k = {x = true}})
+    assert.is_nil(a)
+    assert.is_false(b)
+    assert.are.equal(2^53 + 2, c)
+    assert.are.equal(-1.25, d)
+    assert.are.equal("a\0b", e)
+    assert.are.same({1, {2, {3}}, k = {x = true}}, f)
+  end)
+
+  it("keeps 64-bit integers and error objects", function()
+    local errors = require "rpchost.errors"
+    local i, e = roundtrip(-2LL ^ 62 - 1, errors.new("timeout", "late", {worker = "w"}))
+    assert.are.equal(-2LL ^ 62 - 1, i)
+    assert.is_true(errors.is(e))
+    assert.are.equal("late", e.message)
+    assert.are.equal("w", e.worker)
+  end)
+
+  it("sends reachable functions and classes by name", function()
+    _G.SpecPoint = {}
+    SpecPoint.__index = SpecPoint
+    function SpecPoint.norm(p) return p.x + p.y end
+    local p = roundtrip(setmetatable({x = 1, y = 2}, SpecPoint))
+    assert.are.equal(SpecPoint, getmetatable(p))
+    assert.are.equal(3, p:norm())
+    assert.are.equal(math.max, (roundtrip(math.max)))
+    _G.SpecPoint = nil
+  end)
+
+  it("refuses bytecode unless allowed, and runs it with its upvalues when allowed", function()
+    local k = 10
+    local s = codec.encode("value", function(x) return x + k end)
+    local ok, e = pcall(codec.decode, s)
+    assert.is_false(ok)
+    assert.are.equal("serialize", e.kind)
+    assert.truthy(e.message:find("only a loopback-only world accepts bytecode", 1, true))
+    codec.allow_bytecode = true
+    local f = codec.decode(s)
+    codec.allow_bytecode = false
+    assert.are.equal(15, f(5))
+  end)
+
+  it("names the path of what cannot be sent", function()
+    local ok, e = pcall(codec.encode, {"func", "args"}, print, {1, {deep = {io.stdout}}})
+    assert.is_false(ok)
+    assert.truthy(e.message:find("args[2].deep[1]", 1, true), e.message)
+    local t = {}
+    for _ = 1, 40 do t = {t} end
+    ok, e = pcall(codec.encode, "args", t)
+    assert.truthy(e.message:find("nested more than 30 levels", 1, true), e.message)
+  end)
+
+  it("rejects malformed bytes with an error, never a crash", function()
+    local good = codec.encode("v", {1, 2, {a = "x"}})
+    for cut = 1, #good - 1 do
+      local ok, e = pcall(codec.decode, good:sub(1, cut))
+      assert.is_false(ok)
+      assert.are.equal("serialize", e.kind)
+    end
+    math.randomseed(7)
+    for _ = 1, 2000 do
+      local n = math.random(1, 40)
+      local b = {}
+      for i = 1, n do b[i] = string.char(math.random(0, 255)) end
+      pcall(codec.decode, table.concat(b)) -- must not crash
+    end
+  end)
+end)
