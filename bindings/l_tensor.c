@@ -1,0 +1,459 @@
+/* l_tensor.c: the tensor core for Lua ("rpchost.Tensor"). A userdata holds exactly
+ * one reference to a C tensor and drops it in __gc. These are the raw entry points
+ * (0-based dimensions, dtype ids); lua/tensor.lua shapes the user API on top.
+ *
+ * The Lua GC does not see tensor memory, so large allocations are counted and a
+ * full collection runs after every RH_GC_BYTES of them: garbage tensors cannot
+ * pile up unseen (Torch7 fed its heap size to the GC for the same reason). */
+#include <string.h>
+
+#include "rh_lua.h"
+#include "tensor/tensor.h"
+
+#define TENSOR_MT "rpchost.Tensor"
+#define RH_GC_BYTES (256ll << 20)
+
+typedef struct {
+  rh_tensor_t *t;
+} ltensor_t;
+
+static int64_t allocated_since_gc;
+
+rh_tensor_t *rh_lua_checktensor(lua_State *L, int i) {
+  ltensor_t *b = luaL_checkudata(L, i, TENSOR_MT);
+  if (!b->t) luaL_error(L, "tensor already freed");
+  return b->t;
+}
+
+rh_tensor_t *rh_lua_totensor(lua_State *L, int i) {
+  ltensor_t *b = luaL_testudata(L, i, TENSOR_MT);
+  return b ? b->t : NULL;
+}
+
+/* Pushes a new userdata owning the reference t (NULL raises the core's message). */
+int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
+  if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
+  int64_t bytes = (int64_t)t->storage->nbytes;
+  if (bytes >= (1 << 20)) {
+    allocated_since_gc += bytes;
+    if (allocated_since_gc > RH_GC_BYTES) {
+      allocated_since_gc = 0;
+      lua_gc(L, LUA_GCCOLLECT, 0);
+    }
+  }
+  ltensor_t *b = lua_newuserdata(L, sizeof *b);
+  b->t = t;
+  luaL_getmetatable(L, TENSOR_MT);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+static int l_gc(lua_State *L) {
+  ltensor_t *b = luaL_checkudata(L, 1, TENSOR_MT);
+  if (b->t) rh_tensor_release(b->t);
+  b->t = NULL;
+  return 0;
+}
+
+static rh_dtype_t check_dtype(lua_State *L, int i) {
+  int d = (int)luaL_checkinteger(L, i);
+  if (d < 0 || d >= RH_NDTYPES) luaL_error(L, "unknown dtype id %d", d);
+  return (rh_dtype_t)d;
+}
+
+/* sizes from a Lua sequence at index i */
+static int check_sizes(lua_State *L, int i, int64_t *size) {
+  luaL_checktype(L, i, LUA_TTABLE);
+  int n = (int)lua_objlen(L, i);
+  if (n > RH_MAXDIM) luaL_error(L, "a tensor has at most %d dimensions, got %d", RH_MAXDIM, n);
+  for (int k = 0; k < n; k++) {
+    lua_rawgeti(L, i, k + 1);
+    if (!lua_isnumber(L, -1)) luaL_error(L, "sizes must be integers, got %s", luaL_typename(L, -1));
+    size[k] = (int64_t)lua_tonumber(L, -1);
+    lua_pop(L, 1);
+  }
+  return n;
+}
+
+static int l_full(lua_State *L) {
+  int64_t size[RH_MAXDIM];
+  rh_dtype_t dt = check_dtype(L, 1);
+  int n = check_sizes(L, 2, size);
+  return rh_lua_pushtensor(L, rh_tensor_full(dt, n, size, luaL_optnumber(L, 3, 0)));
+}
+
+static int l_arange(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_arange(check_dtype(L, 1), luaL_checknumber(L, 2), luaL_checknumber(L, 3),
+                                               luaL_checknumber(L, 4)));
+}
+
+static int l_rand(lua_State *L) {
+  int64_t size[RH_MAXDIM];
+  rh_dtype_t dt = check_dtype(L, 1);
+  int n = check_sizes(L, 2, size);
+  return rh_lua_pushtensor(L, rh_tensor_rand(dt, n, size, lua_toboolean(L, 3)));
+}
+
+static int l_seed(lua_State *L) {
+  rh_random_seed((uint64_t)luaL_checknumber(L, 1));
+  return 0;
+}
+
+/* from_flat(dtype, sizes, values) : values a flat Lua sequence of numbers/booleans */
+static int l_from_flat(lua_State *L) {
+  int64_t size[RH_MAXDIM];
+  rh_dtype_t dt = check_dtype(L, 1);
+  int n = check_sizes(L, 2, size);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  rh_tensor_t *t = rh_tensor_empty(dt, n, size);
+  if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
+  int64_t numel = rh_tensor_numel(t);
+  if ((int64_t)lua_objlen(L, 3) != numel) {
+    rh_tensor_release(t);
+    return luaL_error(L, "expected %d values, got %d", (int)numel, (int)lua_objlen(L, 3));
+  }
+  char *p = rh_tensor_data(t);
+  size_t es = rh_dtype_size(dt);
+  for (int64_t i = 0; i < numel; i++) {
+    lua_rawgeti(L, 3, (int)i + 1);
+    double v = lua_isboolean(L, -1) ? lua_toboolean(L, -1) : lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    rh_dtype_store(dt, p + (size_t)i * es, v);
+  }
+  return rh_lua_pushtensor(L, t);
+}
+
+/* from_bytes(dtype, sizes, bytes [, swap]) : raw little-endian element bytes */
+static int l_from_bytes(lua_State *L) {
+  int64_t size[RH_MAXDIM];
+  rh_dtype_t dt = check_dtype(L, 1);
+  int n = check_sizes(L, 2, size);
+  size_t len;
+  const char *s = luaL_checklstring(L, 3, &len);
+  rh_tensor_t *t = rh_tensor_empty(dt, n, size);
+  if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
+  size_t need = (size_t)rh_tensor_numel(t) * rh_dtype_size(dt);
+  if (len != need) {
+    rh_tensor_release(t);
+    return luaL_error(L, "expected %d bytes of data for this shape and dtype, got %d", (int)need, (int)len);
+  }
+  memcpy(rh_tensor_data(t), s, len);
+  if (lua_toboolean(L, 4)) { /* big-endian source */
+    size_t es = rh_dtype_size(dt);
+    unsigned char *p = rh_tensor_data(t);
+    for (size_t i = 0; i < len; i += es)
+      for (size_t a = 0, b = es - 1; a < b; a++, b--) {
+        unsigned char c = p[i + a];
+        p[i + a] = p[i + b];
+        p[i + b] = c;
+      }
+  }
+  return rh_lua_pushtensor(L, t);
+}
+
+/* bytes(t) : the elements in logical order as a string */
+static int l_bytes(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  rh_tensor_t *c = rh_tensor_contiguous(t);
+  if (!c) return luaL_error(L, "%s", rh_tensor_errmsg());
+  lua_pushlstring(L, rh_tensor_data(c), (size_t)rh_tensor_numel(c) * rh_dtype_size(c->dtype));
+  rh_tensor_release(c);
+  return 1;
+}
+
+/* info(t) -> dtype id, ndim, {sizes}, {strides}, offset, contiguous */
+static int l_info(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  lua_pushinteger(L, t->dtype);
+  lua_pushinteger(L, t->ndim);
+  lua_createtable(L, t->ndim, 0);
+  for (int i = 0; i < t->ndim; i++) {
+    lua_pushnumber(L, (double)t->size[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_createtable(L, t->ndim, 0);
+  for (int i = 0; i < t->ndim; i++) {
+    lua_pushnumber(L, (double)t->stride[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_pushnumber(L, (double)t->offset);
+  lua_pushboolean(L, rh_tensor_is_contiguous(t));
+  return 6;
+}
+
+static int l_dtype(lua_State *L) {
+  lua_pushinteger(L, rh_lua_checktensor(L, 1)->dtype);
+  return 1;
+}
+
+static int l_ndim(lua_State *L) {
+  lua_pushinteger(L, rh_lua_checktensor(L, 1)->ndim);
+  return 1;
+}
+
+static int l_size(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  if (lua_isnoneornil(L, 2)) {
+    lua_createtable(L, t->ndim, 0);
+    for (int i = 0; i < t->ndim; i++) {
+      lua_pushnumber(L, (double)t->size[i]);
+      lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+  }
+  int d = (int)luaL_checkinteger(L, 2);
+  if (d < 0 || d >= t->ndim) return luaL_error(L, "size: dimension %d out of range (the tensor has %d)", d + 1, t->ndim);
+  lua_pushnumber(L, (double)t->size[d]);
+  return 1;
+}
+
+static int l_numel(lua_State *L) {
+  lua_pushnumber(L, (double)rh_tensor_numel(rh_lua_checktensor(L, 1)));
+  return 1;
+}
+
+static int get_index(lua_State *L, rh_tensor_t *t, int first, int64_t *idx) {
+  int n = lua_gettop(L) - first + 1;
+  if (n != t->ndim) return luaL_error(L, "expected %d indices, got %d", t->ndim, n);
+  for (int i = 0; i < n; i++) {
+    int64_t v = (int64_t)luaL_checknumber(L, first + i);
+    if (v < 0 || v >= t->size[i])
+      return luaL_error(L, "index %d is out of bounds for dimension %d with size %d", (int)v + 1, i + 1, (int)t->size[i]);
+    idx[i] = v;
+  }
+  return 0;
+}
+
+/* get(t, i0, i1, ...) -> number (0-based indices) */
+static int l_get(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  int64_t idx[RH_MAXDIM];
+  get_index(L, t, 2, idx);
+  double v = rh_tensor_get(t, idx);
+  if (t->dtype == RH_BOOL) lua_pushboolean(L, v != 0);
+  else lua_pushnumber(L, v);
+  return 1;
+}
+
+/* set(t, v, i0, i1, ...) */
+static int l_set(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  double v = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2);
+  int64_t idx[RH_MAXDIM];
+  get_index(L, t, 3, idx);
+  rh_tensor_set(t, idx, v);
+  return 0;
+}
+
+static void push_elem(lua_State *L, rh_tensor_t *t, const char *p) {
+  double v = rh_dtype_load(t->dtype, p);
+  if (t->dtype == RH_BOOL) lua_pushboolean(L, v != 0);
+  else lua_pushnumber(L, v);
+}
+
+static void totable_rec(lua_State *L, rh_tensor_t *t, int d, const char *p) {
+  size_t es = rh_dtype_size(t->dtype);
+  lua_createtable(L, (int)t->size[d], 0);
+  for (int64_t i = 0; i < t->size[d]; i++) {
+    const char *q = p + (int64_t)es * t->stride[d] * i;
+    if (d == t->ndim - 1) push_elem(L, t, q);
+    else totable_rec(L, t, d + 1, q);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+}
+
+static int l_totable(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  luaL_checkstack(L, t->ndim + 4, "totable");
+  if (t->ndim == 0) push_elem(L, t, rh_tensor_data(t));
+  else totable_rec(L, t, 0, rh_tensor_data(t));
+  return 1;
+}
+
+static int l_item(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  if (rh_tensor_numel(t) != 1)
+    return luaL_error(L, "item(): a Tensor with %d elements cannot be converted to a number (only 1 element)",
+                      (int)rh_tensor_numel(t));
+  int64_t idx[RH_MAXDIM] = {0};
+  double v = rh_tensor_get(t, idx);
+  if (t->dtype == RH_BOOL) lua_pushboolean(L, v != 0);
+  else lua_pushnumber(L, v);
+  return 1;
+}
+
+/* ---- views and copies */
+static int l_view(lua_State *L) {
+  int64_t size[RH_MAXDIM];
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  int n = check_sizes(L, 2, size);
+  return rh_lua_pushtensor(L, lua_toboolean(L, 3) ? rh_tensor_reshape(t, n, size) : rh_tensor_view(t, n, size));
+}
+
+static int l_expand(lua_State *L) {
+  int64_t size[RH_MAXDIM];
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  int n = check_sizes(L, 2, size);
+  return rh_lua_pushtensor(L, rh_tensor_expand(t, n, size));
+}
+
+static int l_transpose(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_transpose(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
+                                                  (int)luaL_checkinteger(L, 3)));
+}
+
+static int l_permute(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  int64_t d[RH_MAXDIM];
+  int n = check_sizes(L, 2, d);
+  if (n != t->ndim) return luaL_error(L, "permute: expected %d dimensions, got %d", t->ndim, n);
+  int dims[RH_MAXDIM];
+  for (int i = 0; i < n; i++) dims[i] = (int)d[i];
+  return rh_lua_pushtensor(L, rh_tensor_permute(t, dims));
+}
+
+static int l_slice(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_slice(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
+                                              (int64_t)luaL_checknumber(L, 3), (int64_t)luaL_checknumber(L, 4),
+                                              (int64_t)luaL_optnumber(L, 5, 1)));
+}
+
+static int l_narrow(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_narrow(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
+                                               (int64_t)luaL_checknumber(L, 3), (int64_t)luaL_checknumber(L, 4)));
+}
+
+static int l_select(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_select(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
+                                               (int64_t)luaL_checknumber(L, 3)));
+}
+
+static int l_squeeze(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_squeeze(rh_lua_checktensor(L, 1), (int)luaL_optinteger(L, 2, -1)));
+}
+
+static int l_unsqueeze(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_unsqueeze(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2)));
+}
+
+static int l_contiguous(lua_State *L) { return rh_lua_pushtensor(L, rh_tensor_contiguous(rh_lua_checktensor(L, 1))); }
+static int l_clone(lua_State *L) { return rh_lua_pushtensor(L, rh_tensor_clone(rh_lua_checktensor(L, 1))); }
+
+static int l_cast(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_cast(rh_lua_checktensor(L, 1), check_dtype(L, 2)));
+}
+
+static int l_copy_(lua_State *L) {
+  if (rh_tensor_copy_(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2)))
+    return luaL_error(L, "%s", rh_tensor_errmsg());
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_fill_(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  rh_tensor_fill_(t, lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---- ops */
+static int is_integral(double v) { return v == (double)(int64_t)v; }
+
+/* binary(op, a, b, out|nil): a or b may be a number (not both) */
+static int l_binary(lua_State *L) {
+  int op = (int)luaL_checkinteger(L, 1);
+  if (op < 0 || op >= RH_NBINOPS) return luaL_error(L, "bad op");
+  rh_tensor_t *out = lua_isnoneornil(L, 4) ? NULL : rh_lua_checktensor(L, 4);
+  rh_tensor_t *a = rh_lua_totensor(L, 2), *b = rh_lua_totensor(L, 3);
+  rh_tensor_t *r;
+  if (a && b) r = rh_tensor_binary((rh_binop_t)op, a, b, out);
+  else if (a && (lua_isnumber(L, 3) || lua_isboolean(L, 3))) {
+    double s = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : lua_tonumber(L, 3);
+    r = rh_tensor_binary_scalar((rh_binop_t)op, a, s, !lua_isboolean(L, 3) && !is_integral(s), 0, out);
+  } else if (b && (lua_isnumber(L, 2) || lua_isboolean(L, 2))) {
+    double s = lua_isboolean(L, 2) ? lua_toboolean(L, 2) : lua_tonumber(L, 2);
+    r = rh_tensor_binary_scalar((rh_binop_t)op, b, s, !lua_isboolean(L, 2) && !is_integral(s), 1, out);
+  } else {
+    return luaL_error(L, "expected tensors or numbers, got %s and %s", luaL_typename(L, 2), luaL_typename(L, 3));
+  }
+  if (r && r == out) {
+    rh_tensor_release(r);
+    lua_pushvalue(L, 4);
+    return 1;
+  }
+  return rh_lua_pushtensor(L, r);
+}
+
+static int l_unary(lua_State *L) {
+  int op = (int)luaL_checkinteger(L, 1);
+  if (op < 0 || op >= RH_NUNOPS) return luaL_error(L, "bad op");
+  rh_tensor_t *out = lua_isnoneornil(L, 3) ? NULL : rh_lua_checktensor(L, 3);
+  rh_tensor_t *r = rh_tensor_unary((rh_unop_t)op, rh_lua_checktensor(L, 2), out);
+  if (r && r == out) {
+    rh_tensor_release(r);
+    lua_pushvalue(L, 3);
+    return 1;
+  }
+  return rh_lua_pushtensor(L, r);
+}
+
+/* reduce(op, t, dim|-1, keepdim) */
+static int l_reduce(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_reduce((rh_redop_t)luaL_checkinteger(L, 1), rh_lua_checktensor(L, 2),
+                                               (int)luaL_checkinteger(L, 3), lua_toboolean(L, 4)));
+}
+
+static int l_softmax(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_softmax(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
+                                                lua_toboolean(L, 3)));
+}
+
+static int l_matmul(lua_State *L) {
+  return rh_lua_pushtensor(L, rh_tensor_matmul(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2)));
+}
+
+static int l_live_bytes(lua_State *L) {
+  lua_pushnumber(L, (double)rh_storage_live_bytes());
+  return 1;
+}
+
+static int l_same_storage(lua_State *L) {
+  lua_pushboolean(L, rh_lua_checktensor(L, 1)->storage == rh_lua_checktensor(L, 2)->storage);
+  return 1;
+}
+
+static int l_is_tensor(lua_State *L) {
+  lua_pushboolean(L, luaL_testudata(L, 1, TENSOR_MT) != NULL);
+  return 1;
+}
+
+static int l_metatable(lua_State *L) {
+  luaL_getmetatable(L, TENSOR_MT);
+  return 1;
+}
+
+int rh_open_tensor(lua_State *L) {
+  luaL_newmetatable(L, TENSOR_MT);
+  lua_pushcfunction(L, l_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  static const luaL_Reg fns[] = {
+      {"t_full", l_full},         {"t_arange", l_arange},     {"t_rand", l_rand},
+      {"t_seed", l_seed},         {"t_from_flat", l_from_flat}, {"t_from_bytes", l_from_bytes},
+      {"t_bytes", l_bytes},       {"t_info", l_info},         {"t_dtype", l_dtype},
+      {"t_ndim", l_ndim},         {"t_size", l_size},         {"t_numel", l_numel},
+      {"t_get", l_get},           {"t_set", l_set},           {"t_totable", l_totable},
+      {"t_item", l_item},         {"t_view", l_view},         {"t_expand", l_expand},
+      {"t_transpose", l_transpose}, {"t_permute", l_permute}, {"t_slice", l_slice},
+      {"t_narrow", l_narrow},     {"t_select", l_select},     {"t_squeeze", l_squeeze},
+      {"t_unsqueeze", l_unsqueeze}, {"t_contiguous", l_contiguous}, {"t_clone", l_clone},
+      {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
+      {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
+      {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes},
+      {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
+      {NULL, NULL}};
+  lua_newtable(L);
+  luaL_register(L, NULL, fns);
+  return 1;
+}

@@ -1,0 +1,113 @@
+/* matmul.c: matrix products through OpenBLAS's CBLAS (float32/float64), with
+ * PyTorch's matmul shape rules: vector-vector (dot), matrix-vector, vector-matrix,
+ * matrix-matrix, and batched with broadcast batch dimensions. Integer dtypes use
+ * a plain loop (BLAS has no integer GEMM). */
+#include <cblas.h>
+#include <string.h>
+
+#include "tensor_internal.h"
+
+/* C[m,n] = A[m,k] @ B[k,n], all contiguous row-major, one dtype */
+static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b, void *c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    memset(c, 0, (size_t)(m * n) * rh_dtype_size(dt));
+    return;
+  }
+  if (dt == RH_F32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b, (int)n,
+                0.0f, c, (int)n);
+  } else if (dt == RH_F64) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0, a, (int)k, b, (int)n,
+                0.0, c, (int)n);
+  } else {
+    size_t es = rh_dtype_size(dt);
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        int64_t acc = 0;
+        for (int64_t p = 0; p < k; p++)
+          acc += (int64_t)rh__load(dt, (const char *)a + (size_t)(i * k + p) * es) *
+                 (int64_t)rh__load(dt, (const char *)b + (size_t)(p * n + j) * es);
+        rh__store(dt, (char *)c + (size_t)(i * n + j) * es, (double)acc);
+      }
+  }
+}
+
+rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
+  if (a->ndim == 0 || b->ndim == 0) {
+    rh_tensor_fail("matmul: both arguments need at least 1 dimension, got %dD and %dD", a->ndim, b->ndim);
+    return NULL;
+  }
+  if (a->dtype != b->dtype) {
+    rh_tensor_fail("matmul: expected both tensors to have the same dtype, got %s and %s", rh_dtype_name(a->dtype),
+                   rh_dtype_name(b->dtype));
+    return NULL;
+  }
+  if (a->dtype == RH_BOOL) {
+    rh_tensor_fail("matmul: not implemented for bool tensors");
+    return NULL;
+  }
+  /* promote vectors to matrices, remembering to drop the added dims */
+  int drop_m = a->ndim == 1, drop_n = b->ndim == 1;
+  rh_tensor_t *A = drop_m ? rh_tensor_unsqueeze(a, 0) : (rh_tensor_retain(a), a);
+  rh_tensor_t *B = drop_n ? rh_tensor_unsqueeze(b, 1) : (rh_tensor_retain(b), b);
+  rh_tensor_t *res = NULL, *Ac = NULL, *Bc = NULL, *out = NULL;
+  if (!A || !B) goto done;
+  int64_t m = A->size[A->ndim - 2], k = A->size[A->ndim - 1];
+  int64_t k2 = B->size[B->ndim - 2], n = B->size[B->ndim - 1];
+  if (k != k2) {
+    char sa[256], sb[256];
+    rh_shape_str(a->ndim, a->size, sa, sizeof sa);
+    rh_shape_str(b->ndim, b->size, sb, sizeof sb);
+    rh_tensor_fail("matmul: shapes %s and %s cannot be multiplied (%lld != %lld)", sa, sb, (long long)k,
+                   (long long)k2);
+    goto done;
+  }
+  /* broadcast the batch dimensions */
+  int nba, nbb, nb;
+  int64_t batch[RH_MAXDIM];
+  nba = A->ndim - 2;
+  nbb = B->ndim - 2;
+  if (rh__broadcast_shape(nba, A->size, nbb, B->size, &nb, batch)) goto done;
+  int64_t ea[RH_MAXDIM], eb[RH_MAXDIM], osz[RH_MAXDIM];
+  memcpy(ea, batch, sizeof(int64_t) * (size_t)nb);
+  memcpy(eb, batch, sizeof(int64_t) * (size_t)nb);
+  ea[nb] = m, ea[nb + 1] = k;
+  eb[nb] = k, eb[nb + 1] = n;
+  rh_tensor_t *Ae = rh_tensor_expand(A, nb + 2, ea), *Be = rh_tensor_expand(B, nb + 2, eb);
+  if (Ae) Ac = rh_tensor_contiguous(Ae);
+  if (Be) Bc = rh_tensor_contiguous(Be);
+  rh_tensor_release(Ae);
+  rh_tensor_release(Be);
+  if (!Ac || !Bc) goto done;
+  memcpy(osz, batch, sizeof(int64_t) * (size_t)nb);
+  osz[nb] = m, osz[nb + 1] = n;
+  out = rh_tensor_empty(a->dtype, nb + 2, osz);
+  if (!out) goto done;
+  int64_t nbatch = 1;
+  for (int i = 0; i < nb; i++) nbatch *= batch[i];
+  size_t es = rh_dtype_size(a->dtype);
+  const char *pa = rh_tensor_data(Ac), *pb = rh_tensor_data(Bc);
+  char *po = rh_tensor_data(out);
+  for (int64_t i = 0; i < nbatch; i++)
+    gemm(a->dtype, m, n, k, pa + (size_t)(i * m * k) * es, pb + (size_t)(i * k * n) * es, po + (size_t)(i * m * n) * es);
+  /* drop the dims that came from vectors */
+  if (drop_m || drop_n) {
+    int64_t fsz[RH_MAXDIM];
+    int f = 0;
+    for (int i = 0; i < nb; i++) fsz[f++] = batch[i];
+    if (!drop_m) fsz[f++] = m;
+    if (!drop_n) fsz[f++] = n;
+    res = rh_tensor_view(out, f, fsz);
+  } else {
+    rh_tensor_retain(out);
+    res = out;
+  }
+done:
+  rh_tensor_release(A);
+  rh_tensor_release(B);
+  rh_tensor_release(Ac);
+  rh_tensor_release(Bc);
+  rh_tensor_release(out);
+  return res;
+}

@@ -1,0 +1,624 @@
+/* ops.c: elementwise ops with broadcasting and PyTorch's type promotion, copies
+ * between dtypes, reductions and softmax. Inner loops are generated per dtype by
+ * macros (a typed fast path for contiguous operands, a strided general path);
+ * the N-d iterator merges dimensions and splits big jobs across threads. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor_internal.h"
+
+/* ---- the iterator */
+typedef struct {
+  int ndim;
+  int64_t size[RH_MAXDIM];
+  int64_t st[3][RH_MAXDIM];
+  char *base[3];
+  rh_loop_fn fn;
+  void *ctx;
+} iter_t;
+
+static void iter_range(void *vit, int64_t lo, int64_t hi) {
+  iter_t *it = vit;
+  int nd = it->ndim, last = nd - 1;
+  int64_t idx[RH_MAXDIM];
+  int64_t rem = lo;
+  for (int d = last; d >= 0; d--) {
+    idx[d] = rem % it->size[d];
+    rem /= it->size[d];
+  }
+  int64_t pos = lo;
+  while (pos < hi) {
+    char *p[3];
+    for (int k = 0; k < 3; k++) {
+      p[k] = it->base[k];
+      if (!p[k]) continue;
+      for (int d = 0; d < nd; d++) p[k] += idx[d] * it->st[k][d];
+    }
+    int64_t m = it->size[last] - idx[last];
+    if (m > hi - pos) m = hi - pos;
+    it->fn(m, p[0], it->st[0][last], p[1], it->st[1][last], p[2], it->st[2][last], it->ctx);
+    pos += m;
+    idx[last] += m;
+    for (int d = last; d > 0 && idx[d] >= it->size[d]; d--) {
+      idx[d] = 0;
+      idx[d - 1]++;
+    }
+  }
+}
+
+static void iter_chunk(void *vit, int64_t lo, int64_t hi) { iter_range(vit, lo, hi); }
+
+void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, const char *a,
+                 const int64_t *ast, const char *b, const int64_t *bst, rh_loop_fn fn, void *ctx) {
+  iter_t it;
+  const int64_t *sts[3] = {ost, ast, bst};
+  it.base[0] = o;
+  it.base[1] = (char *)a;
+  it.base[2] = (char *)b;
+  it.fn = fn;
+  it.ctx = ctx;
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= size[d];
+  if (numel == 0) return;
+  /* drop size-1 dims, then merge dims that are contiguous for every operand */
+  int n = 0;
+  for (int d = 0; d < ndim; d++) {
+    if (size[d] == 1) continue;
+    it.size[n] = size[d];
+    for (int k = 0; k < 3; k++) it.st[k][n] = sts[k] ? sts[k][d] : 0;
+    if (n > 0) {
+      int merge = 1;
+      for (int k = 0; k < 3; k++)
+        if (it.st[k][n - 1] != it.st[k][n] * it.size[n]) merge = 0;
+      if (merge) {
+        it.size[n - 1] *= it.size[n];
+        for (int k = 0; k < 3; k++) it.st[k][n - 1] = it.st[k][n];
+        continue;
+      }
+    }
+    n++;
+  }
+  if (n == 0) {
+    it.size[0] = 1;
+    for (int k = 0; k < 3; k++) it.st[k][0] = 0;
+    n = 1;
+  }
+  it.ndim = n;
+  if (numel >= (1 << 16)) rh_parallel_for(numel, 1 << 15, iter_chunk, &it);
+  else iter_range(&it, 0, numel);
+}
+
+void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out) {
+  int off = ndim - t->ndim;
+  int64_t es = (int64_t)rh_dtype_size(t->dtype);
+  for (int d = 0; d < ndim; d++) {
+    if (d < off || t->size[d - off] == 1 || size[d] == 1) out[d] = 0;
+    else out[d] = t->stride[d - off] * es;
+  }
+}
+
+/* ---- copies between dtypes */
+typedef struct {
+  rh_dtype_t from, to;
+} cast_ctx_t;
+
+static void cast_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
+                      void *vctx) {
+  cast_ctx_t *c = vctx;
+  (void)b;
+  (void)bs;
+  if (c->from == c->to) {
+    size_t es = rh_dtype_size(c->to);
+    if (os == (int64_t)es && as == (int64_t)es) {
+      memcpy(o, a, (size_t)n * es);
+      return;
+    }
+    for (int64_t i = 0; i < n; i++) memcpy(o + i * os, a + i * as, es);
+    return;
+  }
+  if (c->from == RH_I64 && c->to != RH_F32 && c->to != RH_F64) {
+    /* integer to integer without going through double */
+    for (int64_t i = 0; i < n; i++) {
+      int64_t v = *(const int64_t *)(a + i * as);
+      char *p = o + i * os;
+      switch (c->to) {
+        case RH_I32: *(int32_t *)p = (int32_t)v; break;
+        case RH_U8: *(uint8_t *)p = (uint8_t)v; break;
+        case RH_BOOL: *(uint8_t *)p = v != 0; break;
+        default: break;
+      }
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) rh__store(c->to, o + i * os, rh__load(c->from, a + i * as));
+}
+
+int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src) {
+  int nd;
+  int64_t shape[RH_MAXDIM];
+  if (rh__broadcast_shape(dst->ndim, dst->size, src->ndim, src->size, &nd, shape)) return -1;
+  if (nd != dst->ndim || memcmp(shape, dst->size, sizeof(int64_t) * (size_t)nd) != 0) {
+    char a[256], b[256];
+    rh_shape_str(src->ndim, src->size, a, sizeof a);
+    rh_shape_str(dst->ndim, dst->size, b, sizeof b);
+    return rh_tensor_fail("cannot copy a tensor of shape %s into one of shape %s", a, b);
+  }
+  int64_t ost[RH_MAXDIM], ast[RH_MAXDIM];
+  rh__bcast_strides(dst, nd, shape, ost);
+  for (int d = 0; d < nd; d++) ost[d] = dst->stride[d] * (int64_t)rh_dtype_size(dst->dtype);
+  rh__bcast_strides(src, nd, shape, ast);
+  cast_ctx_t c = {src->dtype, dst->dtype};
+  rh__iterate(nd, shape, rh_tensor_data(dst), ost, rh_tensor_data(src), ast, NULL, NULL, cast_loop, &c);
+  return 0;
+}
+
+typedef struct {
+  rh_dtype_t dt;
+  char bytes[8];
+} fill_ctx_t;
+
+static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
+                      void *vctx) {
+  fill_ctx_t *f = vctx;
+  size_t es = rh_dtype_size(f->dt);
+  (void)a, (void)as, (void)b, (void)bs;
+  for (int64_t i = 0; i < n; i++) memcpy(o + i * os, f->bytes, es);
+}
+
+int rh_tensor_fill_(rh_tensor_t *t, double v) {
+  fill_ctx_t f;
+  f.dt = t->dtype;
+  rh__store(t->dtype, f.bytes, v);
+  int64_t ost[RH_MAXDIM];
+  for (int d = 0; d < t->ndim; d++) ost[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
+  rh__iterate(t->ndim, t->size, rh_tensor_data(t), ost, NULL, NULL, NULL, NULL, fill_loop, &f);
+  return 0;
+}
+
+/* ---- binary kernels */
+#define BIN_KERNEL(NAME, T, OT, EXPR)                                                                  \
+  static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
+                   void *ctx) {                                                                        \
+    (void)ctx;                                                                                         \
+    if (os == sizeof(OT) && as == sizeof(T) && bs == sizeof(T)) {                                      \
+      OT *O = (OT *)o;                                                                                 \
+      const T *A = (const T *)a, *B = (const T *)b;                                                    \
+      for (int64_t i = 0; i < n; i++) {                                                                \
+        T x = A[i], y = B[i];                                                                          \
+        O[i] = (OT)(EXPR);                                                                             \
+      }                                                                                                \
+    } else if (os == sizeof(OT) && as == sizeof(T) && bs == 0) {                                       \
+      OT *O = (OT *)o;                                                                                 \
+      const T *A = (const T *)a;                                                                       \
+      const T y = *(const T *)b;                                                                       \
+      for (int64_t i = 0; i < n; i++) {                                                                \
+        T x = A[i];                                                                                    \
+        O[i] = (OT)(EXPR);                                                                             \
+      }                                                                                                \
+    } else {                                                                                           \
+      for (int64_t i = 0; i < n; i++) {                                                                \
+        T x = *(const T *)(a + i * as), y = *(const T *)(b + i * bs);                                  \
+        *(OT *)(o + i * os) = (OT)(EXPR);                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+  }
+
+static int64_t ipow(int64_t x, int64_t y) {
+  int64_t r = 1;
+  if (y < 0) return x == 1 ? 1 : (x == -1 ? (y % 2 ? -1 : 1) : 0);
+  while (y) {
+    if (y & 1) r *= x;
+    x *= x;
+    y >>= 1;
+  }
+  return r;
+}
+
+#define ARITH(T, SUF, POWEXPR)                                         \
+  BIN_KERNEL(add_##SUF, T, T, x + y)                                   \
+  BIN_KERNEL(sub_##SUF, T, T, x - y)                                   \
+  BIN_KERNEL(mul_##SUF, T, T, x * y)                                   \
+  BIN_KERNEL(div_##SUF, T, T, x / y)                                   \
+  BIN_KERNEL(pow_##SUF, T, T, POWEXPR)                                 \
+  BIN_KERNEL(max_##SUF, T, T, (x > y || x != x) ? x : y)               \
+  BIN_KERNEL(min_##SUF, T, T, (x < y || x != x) ? x : y)               \
+  BIN_KERNEL(eq_##SUF, T, uint8_t, x == y)                             \
+  BIN_KERNEL(ne_##SUF, T, uint8_t, x != y)                             \
+  BIN_KERNEL(lt_##SUF, T, uint8_t, x < y)                              \
+  BIN_KERNEL(le_##SUF, T, uint8_t, x <= y)                             \
+  BIN_KERNEL(gt_##SUF, T, uint8_t, x > y)                              \
+  BIN_KERNEL(ge_##SUF, T, uint8_t, x >= y)
+
+ARITH(float, f32, powf(x, y))
+ARITH(double, f64, pow(x, y))
+ARITH(int32_t, i32, (int32_t)ipow(x, y))
+ARITH(int64_t, i64, ipow(x, y))
+ARITH(uint8_t, u8, (uint8_t)ipow(x, y))
+/* bool arithmetic as PyTorch: + is or, * is and */
+BIN_KERNEL(add_b, uint8_t, uint8_t, (x | y) != 0)
+BIN_KERNEL(mul_b, uint8_t, uint8_t, (x & y) != 0)
+BIN_KERNEL(max_b, uint8_t, uint8_t, (x | y) != 0)
+BIN_KERNEL(min_b, uint8_t, uint8_t, (x & y) != 0)
+
+#define ROW(SUF)                                                                                       \
+  {add_##SUF, sub_##SUF, mul_##SUF, div_##SUF, pow_##SUF, max_##SUF, min_##SUF, eq_##SUF, ne_##SUF, lt_##SUF, \
+   le_##SUF, gt_##SUF, ge_##SUF}
+
+static const rh_loop_fn bin_kernels[RH_NDTYPES][RH_NBINOPS] = {
+    ROW(f32), ROW(f64), ROW(i32), ROW(i64), ROW(u8),
+    {add_b, NULL, mul_b, NULL, NULL, max_b, min_b, eq_u8, ne_u8, lt_u8, le_u8, gt_u8, ge_u8},
+};
+
+static const char *binop_name[RH_NBINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                             "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+
+static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ; }
+
+/* Runs op over a and b (same dtype `ct`, already broadcastable) into out. */
+static void run_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out) {
+  int nd = out->ndim;
+  int64_t ost[RH_MAXDIM], ast[RH_MAXDIM], bst[RH_MAXDIM];
+  for (int d = 0; d < nd; d++) ost[d] = out->stride[d] * (int64_t)rh_dtype_size(out->dtype);
+  rh__bcast_strides(a, nd, out->size, ast);
+  rh__bcast_strides(b, nd, out->size, bst);
+  rh__iterate(nd, out->size, rh_tensor_data(out), ost, rh_tensor_data(a), ast, rh_tensor_data(b), bst,
+              bin_kernels[a->dtype][op], NULL);
+}
+
+static rh_tensor_t *as_dtype(rh_tensor_t *t, rh_dtype_t dt) {
+  if (t->dtype == dt) {
+    rh_tensor_retain(t);
+    return t;
+  }
+  return rh_tensor_cast(t, dt);
+}
+
+rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out) {
+  int nd;
+  int64_t shape[RH_MAXDIM];
+  if (rh__broadcast_shape(a->ndim, a->size, b->ndim, b->size, &nd, shape)) return NULL;
+  rh_dtype_t ct = rh_dtype_promote(a->dtype, b->dtype);
+  rh_dtype_t rt = ct;
+  if (op == RH_OP_DIV && !rh_dtype_is_float(ct)) ct = rt = RH_F32; /* true division */
+  if (is_compare(op)) rt = RH_BOOL;
+  if (ct == RH_BOOL && !bin_kernels[RH_BOOL][op]) {
+    rh_tensor_fail("%s: not supported for bool tensors (use logical operations, or convert with to())",
+                   binop_name[op]);
+    return NULL;
+  }
+  if (op == RH_OP_POW && !rh_dtype_is_float(ct) && b->dtype != RH_BOOL) {
+    /* integers to negative integer powers are refused, as in PyTorch */
+    rh_tensor_t *bc = as_dtype(b, RH_I64);
+    if (!bc) return NULL;
+    int neg = 0;
+    int64_t nb = rh_tensor_numel(bc);
+    rh_tensor_t *cc = rh_tensor_contiguous(bc);
+    const int64_t *pb = rh_tensor_data(cc);
+    for (int64_t i = 0; i < nb && !neg; i++) neg = pb[i] < 0;
+    rh_tensor_release(cc);
+    rh_tensor_release(bc);
+    if (neg) {
+      rh_tensor_fail("pow: integers to negative integer powers are not allowed");
+      return NULL;
+    }
+  }
+  if (out) {
+    if (out->ndim != nd || memcmp(out->size, shape, sizeof(int64_t) * (size_t)nd) != 0) {
+      char so[256], sb[256];
+      rh_shape_str(out->ndim, out->size, so, sizeof so);
+      rh_shape_str(nd, shape, sb, sizeof sb);
+      rh_tensor_fail("%s_: output with shape %s doesn't match the broadcast shape %s", binop_name[op], so, sb);
+      return NULL;
+    }
+    if (rh_dtype_is_float(rt) && !rh_dtype_is_float(out->dtype)) {
+      rh_tensor_fail("%s_: result type %s can't be cast to the desired output type %s", binop_name[op],
+                     rh_dtype_name(rt), rh_dtype_name(out->dtype));
+      return NULL;
+    }
+  }
+  rh_tensor_t *ac = as_dtype(a, ct), *bc = ac ? as_dtype(b, ct) : NULL;
+  rh_tensor_t *res = NULL;
+  if (!ac || !bc) goto done;
+  if (out && out->dtype == rt) {
+    run_binary(op, ac, bc, out);
+    rh_tensor_retain(out);
+    res = out;
+  } else {
+    res = rh_tensor_empty(rt, nd, shape);
+    if (!res) goto done;
+    run_binary(op, ac, bc, res);
+    if (out) {
+      rh_tensor_copy_(out, res);
+      rh_tensor_release(res);
+      rh_tensor_retain(out);
+      res = out;
+    }
+  }
+done:
+  rh_tensor_release(ac);
+  rh_tensor_release(bc);
+  return res;
+}
+
+/* PyTorch's rule for a Python scalar: it does not widen the tensor's dtype within
+ * its category; a float scalar with an integer tensor gives float32, an integer
+ * scalar with a bool tensor gives int64. */
+rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float, int scalar_first,
+                                     rh_tensor_t *out) {
+  rh_dtype_t sd = a->dtype;
+  if (s_is_float && !rh_dtype_is_float(a->dtype)) sd = RH_F32;
+  else if (!s_is_float && a->dtype == RH_BOOL) sd = RH_I64;
+  rh_tensor_t *st = rh_tensor_full(sd, 0, NULL, s);
+  if (!st) return NULL;
+  rh_tensor_t *r = scalar_first ? rh_tensor_binary(op, st, a, out) : rh_tensor_binary(op, a, st, out);
+  rh_tensor_release(st);
+  return r;
+}
+
+/* ---- unary kernels */
+#define UN_KERNEL(NAME, T, EXPR)                                                                       \
+  static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
+                   void *ctx) {                                                                        \
+    (void)ctx, (void)b, (void)bs;                                                                      \
+    if (os == sizeof(T) && as == sizeof(T)) {                                                          \
+      T *O = (T *)o;                                                                                   \
+      const T *A = (const T *)a;                                                                       \
+      for (int64_t i = 0; i < n; i++) {                                                                \
+        T x = A[i];                                                                                    \
+        O[i] = (T)(EXPR);                                                                              \
+      }                                                                                                \
+    } else {                                                                                           \
+      for (int64_t i = 0; i < n; i++) {                                                                \
+        T x = *(const T *)(a + i * as);                                                                \
+        *(T *)(o + i * os) = (T)(EXPR);                                                                \
+      }                                                                                                \
+    }                                                                                                  \
+  }
+
+#define FLOAT_UN(T, SUF, F)                                   \
+  UN_KERNEL(neg_##SUF, T, -x)                                 \
+  UN_KERNEL(exp_##SUF, T, exp##F(x))                          \
+  UN_KERNEL(log_##SUF, T, log##F(x))                          \
+  UN_KERNEL(sqrt_##SUF, T, sqrt##F(x))                        \
+  UN_KERNEL(relu_##SUF, T, x > 0 ? x : (x != x ? x : 0))      \
+  UN_KERNEL(tanh_##SUF, T, tanh##F(x))                        \
+  UN_KERNEL(sigmoid_##SUF, T, 1 / (1 + exp##F(-x)))           \
+  UN_KERNEL(abs_##SUF, T, fabs##F(x))
+FLOAT_UN(float, f32, f)
+FLOAT_UN(double, f64, )
+
+#define INT_UN(T, SUF)                       \
+  UN_KERNEL(neg_##SUF, T, -x)                \
+  UN_KERNEL(relu_##SUF, T, x > 0 ? x : 0)    \
+  UN_KERNEL(abs_##SUF, T, x < 0 ? -x : x)
+INT_UN(int32_t, i32)
+INT_UN(int64_t, i64)
+UN_KERNEL(neg_u8, uint8_t, -x)
+UN_KERNEL(relu_u8, uint8_t, x)
+UN_KERNEL(abs_u8, uint8_t, x)
+
+static const rh_loop_fn un_kernels[RH_NDTYPES][RH_NUNOPS] = {
+    {neg_f32, exp_f32, log_f32, sqrt_f32, relu_f32, tanh_f32, sigmoid_f32, abs_f32},
+    {neg_f64, exp_f64, log_f64, sqrt_f64, relu_f64, tanh_f64, sigmoid_f64, abs_f64},
+    {neg_i32, NULL, NULL, NULL, relu_i32, NULL, NULL, abs_i32},
+    {neg_i64, NULL, NULL, NULL, relu_i64, NULL, NULL, abs_i64},
+    {neg_u8, NULL, NULL, NULL, relu_u8, NULL, NULL, abs_u8},
+    {NULL, NULL, NULL, NULL, relu_u8, NULL, NULL, abs_u8},
+};
+static const char *unop_name[RH_NUNOPS] = {"neg", "exp", "log", "sqrt", "relu", "tanh", "sigmoid", "abs"};
+
+rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
+  rh_dtype_t ct = a->dtype;
+  if (!un_kernels[ct][op]) {
+    if (op == RH_OP_NEG && ct == RH_BOOL) {
+      rh_tensor_fail("neg: negation of a bool tensor is not supported (use logical_not)");
+      return NULL;
+    }
+    ct = RH_F32; /* exp, log, ... of integers give float32 */
+  }
+  if (out && rh_dtype_is_float(ct) && !rh_dtype_is_float(out->dtype)) {
+    rh_tensor_fail("%s_: result type %s can't be cast to the desired output type %s", unop_name[op],
+                   rh_dtype_name(ct), rh_dtype_name(out->dtype));
+    return NULL;
+  }
+  rh_tensor_t *ac = as_dtype(a, ct);
+  if (!ac) return NULL;
+  rh_tensor_t *res = (out && out->dtype == ct) ? out : rh_tensor_empty(ct, a->ndim, a->size);
+  if (!res) {
+    rh_tensor_release(ac);
+    return NULL;
+  }
+  int64_t ost[RH_MAXDIM], ast[RH_MAXDIM];
+  for (int d = 0; d < res->ndim; d++) ost[d] = res->stride[d] * (int64_t)rh_dtype_size(ct);
+  rh__bcast_strides(ac, res->ndim, res->size, ast);
+  rh__iterate(res->ndim, res->size, rh_tensor_data(res), ost, rh_tensor_data(ac), ast, NULL, NULL,
+              un_kernels[ct][op], NULL);
+  rh_tensor_release(ac);
+  if (res == out) {
+    rh_tensor_retain(out);
+  } else if (out) {
+    rh_tensor_copy_(out, res);
+    rh_tensor_release(res);
+    rh_tensor_retain(out);
+    res = out;
+  }
+  return res;
+}
+
+/* ---- reductions: move the reduced dim last, make rows contiguous, reduce rows */
+static rh_tensor_t *rows_of(rh_tensor_t *a, int dim, int64_t *rows, int64_t *len) {
+  rh_tensor_t *p;
+  if (dim < 0) {
+    p = rh_tensor_contiguous(a);
+    *len = rh_tensor_numel(a);
+    *rows = 1;
+    return p;
+  }
+  int perm[RH_MAXDIM], k = 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (i != dim) perm[k++] = i;
+  perm[k] = dim;
+  rh_tensor_t *v = rh_tensor_permute(a, perm);
+  if (!v) return NULL;
+  p = rh_tensor_contiguous(v);
+  rh_tensor_release(v);
+  *len = a->size[dim];
+  *rows = *len ? rh_tensor_numel(a) / *len : 0;
+  if (*len == 0) {
+    *rows = 1;
+    for (int i = 0; i < a->ndim; i++)
+      if (i != dim) *rows *= a->size[i];
+  }
+  return p;
+}
+
+static const char *redop_name(rh_redop_t op) {
+  static const char *n[] = {"sum", "mean", "max", "min", "argmax", "argmin", "prod"};
+  return n[op];
+}
+
+rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdim) {
+  if (dim >= 0 && dim >= (a->ndim ? a->ndim : 1)) {
+    rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", redop_name(op), dim + 1,
+                   a->ndim, a->ndim == 1 ? "" : "s");
+    return NULL;
+  }
+  if (a->ndim == 0) dim = -1;
+  rh_dtype_t rt = a->dtype;
+  if (op == RH_RED_SUM || op == RH_RED_PROD) rt = rh_dtype_is_float(a->dtype) ? a->dtype : RH_I64;
+  if (op == RH_RED_MEAN && !rh_dtype_is_float(a->dtype)) {
+    rh_tensor_fail("mean(): could not infer output dtype. Input dtype must be either a floating point or "
+                   "complex dtype. Got: %s (convert with to(tensor.float32))", rh_dtype_name(a->dtype));
+    return NULL;
+  }
+  if (op == RH_RED_ARGMAX || op == RH_RED_ARGMIN) rt = RH_I64;
+  int64_t rows, len;
+  rh_tensor_t *src = rows_of(a, dim, &rows, &len);
+  if (!src) return NULL;
+  if (len == 0 && op != RH_RED_SUM && op != RH_RED_MEAN && op != RH_RED_PROD) {
+    rh_tensor_release(src);
+    rh_tensor_fail("%s(): cannot reduce an empty tensor (or an empty dimension): it has no identity",
+                   redop_name(op));
+    return NULL;
+  }
+  int64_t osize[RH_MAXDIM];
+  int ond = 0;
+  if (dim >= 0) {
+    for (int i = 0; i < a->ndim; i++) {
+      if (i != dim) osize[ond++] = a->size[i];
+      else if (keepdim) osize[ond++] = 1;
+    }
+  }
+  rh_tensor_t *out = rh_tensor_empty(rt, ond, osize);
+  if (!out) {
+    rh_tensor_release(src);
+    return NULL;
+  }
+  const char *base = rh_tensor_data(src);
+  size_t es = rh_dtype_size(a->dtype);
+  char *obase = rh_tensor_data(out);
+  size_t oes = rh_dtype_size(rt);
+  for (int64_t r = 0; r < rows; r++) {
+    const char *row = base + (size_t)(r * len) * es;
+    if (rt == RH_I64 && (op == RH_RED_SUM || op == RH_RED_PROD) && a->dtype == RH_I64) {
+      int64_t acc = op == RH_RED_SUM ? 0 : 1;
+      for (int64_t i = 0; i < len; i++) {
+        int64_t v = ((const int64_t *)row)[i];
+        acc = op == RH_RED_SUM ? acc + v : acc * v;
+      }
+      ((int64_t *)obase)[r] = acc;
+      continue;
+    }
+    double acc;
+    int64_t best = 0;
+    switch (op) {
+      case RH_RED_SUM:
+      case RH_RED_MEAN:
+        acc = 0;
+        if (a->dtype == RH_F32) {
+          const float *f = (const float *)row;
+          for (int64_t i = 0; i < len; i++) acc += f[i];
+        } else if (a->dtype == RH_F64) {
+          const double *f = (const double *)row;
+          for (int64_t i = 0; i < len; i++) acc += f[i];
+        } else {
+          for (int64_t i = 0; i < len; i++) acc += rh__load(a->dtype, row + (size_t)i * es);
+        }
+        if (op == RH_RED_MEAN) acc /= (double)len;
+        break;
+      case RH_RED_PROD:
+        acc = 1;
+        for (int64_t i = 0; i < len; i++) acc *= rh__load(a->dtype, row + (size_t)i * es);
+        break;
+      default: {
+        /* max/min/argmax/argmin: NaN wins, as in PyTorch; the first extreme index */
+        int want_max = op == RH_RED_MAX || op == RH_RED_ARGMAX;
+        acc = rh__load(a->dtype, row);
+        for (int64_t i = 1; i < len && acc == acc; i++) {
+          double v = rh__load(a->dtype, row + (size_t)i * es);
+          if (v != v || (want_max ? v > acc : v < acc)) {
+            acc = v;
+            best = i;
+          }
+        }
+        if (op == RH_RED_ARGMAX || op == RH_RED_ARGMIN) acc = (double)best;
+        if ((op == RH_RED_MAX || op == RH_RED_MIN) && a->dtype == RH_I64) {
+          /* exact for big int64: copy the element itself */
+          memcpy(obase + (size_t)r * oes, row + (size_t)best * es, 8);
+          continue;
+        }
+      }
+    }
+    rh__store(rt, obase + (size_t)r * oes, acc);
+  }
+  rh_tensor_release(src);
+  return out;
+}
+
+rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log_) {
+  if (a->ndim > 0 && (dim < 0 || dim >= a->ndim)) {
+    rh_tensor_fail("%ssoftmax: dimension %d out of range (the tensor has %d dimension%s)", log_ ? "log_" : "",
+                   dim + 1, a->ndim, a->ndim == 1 ? "" : "s");
+    return NULL;
+  }
+  rh_dtype_t ct = rh_dtype_is_float(a->dtype) ? a->dtype : RH_F32;
+  rh_tensor_t *ac = as_dtype(a, RH_F64);
+  if (!ac) return NULL;
+  int64_t rows, len;
+  rh_tensor_t *src = rows_of(ac, a->ndim ? dim : -1, &rows, &len);
+  rh_tensor_release(ac);
+  if (!src) return NULL;
+  /* result in the permuted layout, then permuted back */
+  rh_tensor_t *res = rh_tensor_empty(RH_F64, src->ndim, src->size);
+  if (!res) {
+    rh_tensor_release(src);
+    return NULL;
+  }
+  const double *in = rh_tensor_data(src);
+  double *o = rh_tensor_data(res);
+  for (int64_t r = 0; r < rows; r++) {
+    const double *x = in + r * len;
+    double *y = o + r * len;
+    double m = -INFINITY, s = 0;
+    for (int64_t i = 0; i < len; i++) m = x[i] > m ? x[i] : m;
+    for (int64_t i = 0; i < len; i++) s += exp(x[i] - m);
+    for (int64_t i = 0; i < len; i++) y[i] = log_ ? x[i] - m - log(s) : exp(x[i] - m) / s;
+  }
+  rh_tensor_release(src);
+  rh_tensor_t *back = res;
+  if (a->ndim > 1) {
+    int inv[RH_MAXDIM], k = 0;
+    /* res dims are (all but dim..., dim): invert that permutation */
+    for (int i = 0; i < a->ndim; i++) {
+      if (i == dim) inv[i] = a->ndim - 1;
+      else inv[i] = k++;
+    }
+    back = rh_tensor_permute(res, inv);
+    rh_tensor_release(res);
+    if (!back) return NULL;
+  }
+  rh_tensor_t *out = rh_tensor_cast(back, ct);
+  rh_tensor_release(back);
+  return out;
+}

@@ -1,0 +1,129 @@
+/* tensor.h: rpchost's C tensor core, with no Lua in it (Torch7's TH in spirit).
+ *
+ * A tensor is a refcounted header (dtype, sizes, strides in elements, offset) over
+ * a refcounted storage (bytes). Views share storage; every op validates shapes
+ * and dtypes first and reports errors through rh_tensor_errmsg(), so nothing is
+ * ever read or written outside a storage.
+ *
+ *   rh_tensor_t *a = rh_tensor_full(RH_F32, 2, (int64_t[]){2, 3}, 1.0);
+ *   rh_tensor_t *b = rh_tensor_binary(RH_OP_ADD, a, a, NULL);   // new reference
+ *   rh_tensor_release(a); rh_tensor_release(b);
+ *
+ * Functions returning rh_tensor_t* return a new reference the caller owns, or NULL
+ * with the message set. Dimensions are 0-based here; the Lua face makes them 1-based. */
+#ifndef RH_TENSOR_H
+#define RH_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RH_MAXDIM 16
+
+typedef enum { RH_F32 = 0, RH_F64, RH_I32, RH_I64, RH_U8, RH_BOOL, RH_NDTYPES } rh_dtype_t;
+
+typedef struct rh_storage_s {
+  int refcount;
+  size_t nbytes;
+  void *data;
+  /* how to free data: NULL means free() */
+  void (*free_fn)(void *ctx, void *data);
+  void *free_ctx;
+} rh_storage_t;
+
+typedef struct rh_tensor_s {
+  int refcount;
+  rh_dtype_t dtype;
+  int ndim;
+  int64_t size[RH_MAXDIM];
+  int64_t stride[RH_MAXDIM]; /* in elements */
+  int64_t offset;            /* in elements */
+  rh_storage_t *storage;
+} rh_tensor_t;
+
+typedef enum {
+  RH_OP_ADD, RH_OP_SUB, RH_OP_MUL, RH_OP_DIV, RH_OP_POW, RH_OP_MAXIMUM, RH_OP_MINIMUM,
+  RH_OP_EQ, RH_OP_NE, RH_OP_LT, RH_OP_LE, RH_OP_GT, RH_OP_GE, RH_NBINOPS
+} rh_binop_t;
+
+typedef enum {
+  RH_OP_NEG, RH_OP_EXP, RH_OP_LOG, RH_OP_SQRT, RH_OP_RELU, RH_OP_TANH, RH_OP_SIGMOID, RH_OP_ABS,
+  RH_NUNOPS
+} rh_unop_t;
+
+typedef enum { RH_RED_SUM, RH_RED_MEAN, RH_RED_MAX, RH_RED_MIN, RH_RED_ARGMAX, RH_RED_ARGMIN, RH_RED_PROD } rh_redop_t;
+
+/* errors */
+const char *rh_tensor_errmsg(void);
+int rh_tensor_fail(const char *fmt, ...);
+
+/* dtypes */
+size_t rh_dtype_size(rh_dtype_t t);
+const char *rh_dtype_name(rh_dtype_t t);
+int rh_dtype_is_float(rh_dtype_t t);
+rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b);
+
+/* storage */
+rh_storage_t *rh_storage_new(size_t nbytes);               /* zeroed */
+rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
+void rh_storage_retain(rh_storage_t *s);
+void rh_storage_release(rh_storage_t *s);
+int64_t rh_storage_live_bytes(void);
+
+/* tensors: lifetime and shape */
+rh_tensor_t *rh_tensor_empty(rh_dtype_t t, int ndim, const int64_t *size);
+rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t t, int64_t offset, int ndim,
+                                  const int64_t *size, const int64_t *stride); /* retains s */
+void rh_tensor_retain(rh_tensor_t *t);
+void rh_tensor_release(rh_tensor_t *t);
+int64_t rh_tensor_numel(const rh_tensor_t *t);
+int rh_tensor_is_contiguous(const rh_tensor_t *t);
+void *rh_tensor_data(const rh_tensor_t *t); /* address of the first element */
+int rh_shape_str(int ndim, const int64_t *size, char *buf, size_t len);
+
+/* creation */
+rh_tensor_t *rh_tensor_full(rh_dtype_t t, int ndim, const int64_t *size, double value);
+rh_tensor_t *rh_tensor_arange(rh_dtype_t t, double start, double end, double step);
+void rh_random_seed(uint64_t seed);
+rh_tensor_t *rh_tensor_rand(rh_dtype_t t, int ndim, const int64_t *size, int normal);
+
+/* one element of dtype t at p, as a double (int64 beyond 2^53 rounds) */
+double rh_dtype_load(rh_dtype_t t, const void *p);
+void rh_dtype_store(rh_dtype_t t, void *p, double v); /* clamps out-of-range integers */
+
+/* element access by index tuple */
+double rh_tensor_get(const rh_tensor_t *t, const int64_t *idx);
+void rh_tensor_set(rh_tensor_t *t, const int64_t *idx, double v);
+
+/* views: share storage */
+rh_tensor_t *rh_tensor_view(rh_tensor_t *t, int ndim, const int64_t *size); /* -1 infers one dim */
+rh_tensor_t *rh_tensor_reshape(rh_tensor_t *t, int ndim, const int64_t *size);
+rh_tensor_t *rh_tensor_transpose(rh_tensor_t *t, int d0, int d1);
+rh_tensor_t *rh_tensor_permute(rh_tensor_t *t, const int *dims);
+rh_tensor_t *rh_tensor_narrow(rh_tensor_t *t, int dim, int64_t start, int64_t length);
+rh_tensor_t *rh_tensor_select(rh_tensor_t *t, int dim, int64_t index);
+rh_tensor_t *rh_tensor_slice(rh_tensor_t *t, int dim, int64_t start, int64_t stop, int64_t step);
+rh_tensor_t *rh_tensor_expand(rh_tensor_t *t, int ndim, const int64_t *size);
+rh_tensor_t *rh_tensor_squeeze(rh_tensor_t *t, int dim);   /* dim -1: all */
+rh_tensor_t *rh_tensor_unsqueeze(rh_tensor_t *t, int dim);
+
+/* copies */
+rh_tensor_t *rh_tensor_contiguous(rh_tensor_t *t); /* t itself (retained) if already */
+rh_tensor_t *rh_tensor_clone(rh_tensor_t *t);
+rh_tensor_t *rh_tensor_cast(rh_tensor_t *t, rh_dtype_t dtype); /* always a new tensor */
+int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src);        /* broadcast src into dst */
+int rh_tensor_fill_(rh_tensor_t *t, double v);
+
+/* ops. out NULL: a new tensor; out given: written in place (returns out retained). */
+rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out);
+rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float,
+                                     int scalar_first, rh_tensor_t *out);
+rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out);
+/* dim < 0: over all elements (keepdim ignored). ARGMAX/ARGMIN give int64. */
+rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdim);
+rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log);
+rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b);
+
+/* a pool of threads for large elementwise work */
+void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
+
+#endif

@@ -1,0 +1,24 @@
+/* tensor_internal.h: what the tensor core's files share and nothing else sees:
+ * scalar load/store by dtype, broadcasting, and the strided N-d iterator. */
+#ifndef RH_TENSOR_INTERNAL_H
+#define RH_TENSOR_INTERNAL_H
+
+#include "tensor.h"
+
+#define rh__load rh_dtype_load
+#define rh__store rh_dtype_store
+int rh__broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
+
+/* An inner loop over n elements of up to three operands with byte strides. */
+typedef void (*rh_loop_fn)(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b,
+                           int64_t bs, void *ctx);
+
+/* Runs fn over every element of `size`, operands given by base pointers and byte
+ * strides (b may be NULL). Large iterations are split across the thread pool. */
+void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, const char *a,
+                 const int64_t *ast, const char *b, const int64_t *bst, rh_loop_fn fn, void *ctx);
+
+/* Byte strides of t viewed (broadcast) as shape (ndim, size). */
+void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out);
+
+#endif
