@@ -1,0 +1,671 @@
+-- tensor: PyTorch-style tensors for Lua over the C core (see API.md).
+-- Dimensions and indices are 1-based here (Torch7 heritage); the C core is 0-based,
+-- and this module is where the two meet. It also shapes options, printing, Size,
+-- .npy files, and how tensors travel over RPC.
+local core = require "rpchost.core"
+
+local tensor = {}
+
+-- dtypes ------------------------------------------------------------------------
+local DType = {}
+DType.__index = DType
+DType.__tostring = function(d) return "tensor." .. d.name end
+
+local dtypes = {}
+local function dtype(id, name, is_float, is_signed)
+  local d = setmetatable({id = id, name = name, is_floating_point = is_float, is_signed = is_signed}, DType)
+  dtypes[id] = d
+  tensor[name] = d
+  return d
+end
+dtype(0, "float32", true, true)
+dtype(1, "float64", true, true)
+dtype(2, "int32", false, true)
+dtype(3, "int64", false, true)
+dtype(4, "uint8", false, false)
+dtype(5, "bool", false, false)
+tensor.float, tensor.double, tensor.int, tensor.long = tensor.float32, tensor.float64, tensor.int32, tensor.int64
+tensor.dtypes = dtypes
+
+local function is_dtype(v) return getmetatable(v) == DType end
+
+-- Size --------------------------------------------------------------------------
+local Size = {}
+Size.__index = Size
+Size.__tostring = function(s)
+  local p = {}
+  for i = 1, #s do p[i] = ("%d"):format(s[i]) end
+  return "Size([" .. table.concat(p, ", ") .. "])"
+end
+Size.__eq = function(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+function Size.numel(s)
+  local n = 1
+  for i = 1, #s do n = n * s[i] end
+  return n
+end
+tensor.Size = Size
+
+local function new_size(t) return setmetatable(t, Size) end
+
+-- errors ------------------------------------------------------------------------
+-- C errors come as "message"; re-raise them at the first frame outside this
+-- module (the user's line), whatever tail calls happened on the way.
+local THIS = debug.getinfo(1, "S").source
+local function user_level()
+  for lvl = 3, 20 do
+    local info = debug.getinfo(lvl, "S")
+    if not info then return 2 end
+    if info.source ~= THIS then return lvl end
+  end
+  return 2
+end
+tensor._user_level = user_level
+local function call(f, ...)
+  local ok, a = pcall(f, ...)
+  if not ok then error(a, user_level()) end
+  return a
+end
+
+local T = core.t_metatable() -- the userdata metatable, shared with C
+local is_tensor = core.t_is_tensor
+tensor.is_tensor = is_tensor
+
+-- argument parsing --------------------------------------------------------------------
+local function is_options(v)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return false end
+  for k in pairs(v) do if type(k) == "string" then return true end end
+  return false
+end
+
+-- sizes as varargs or one table, then an optional options table
+local function sizes_and_options(...)
+  local n = select("#", ...)
+  local opts = n > 0 and is_options((select(n, ...))) and (select(n, ...)) or nil
+  if opts then n = n - 1 end
+  local first = (...)
+  local sizes
+  if n == 1 and type(first) == "table" then
+    sizes = {}
+    for i = 1, #first do sizes[i] = first[i] end
+  else
+    sizes = {}
+    for i = 1, n do
+      local v = select(i, ...)
+      if type(v) ~= "number" then
+        error(("sizes must be numbers, got %s for size %d"):format(type(v), i), 3)
+      end
+      sizes[i] = v
+    end
+  end
+  for i, v in ipairs(sizes) do
+    if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
+      error(("size %d must be a non-negative integer, got %s"):format(i, tostring(v)), 3)
+    end
+  end
+  return sizes, opts or {}
+end
+
+local function check_opts(opts, what)
+  for k in pairs(opts) do
+    if k ~= "dtype" and k ~= "requires_grad" and k ~= "device" then
+      error(("%s: unknown option '%s' (dtype, requires_grad, device)"):format(what, tostring(k)), 3)
+    end
+  end
+  if opts.dtype ~= nil and not is_dtype(opts.dtype) then
+    error(("%s: dtype must be one of tensor.float32, float64, int32, int64, uint8, bool, got %s"):format(
+      what, tostring(opts.dtype)), 3)
+  end
+  if opts.device ~= nil and opts.device ~= "cpu" then
+    error(("%s: device '%s' is not available: CUDA tensors need a GPU build and device " ..
+      "(tensor.cuda.is_available() is false)"):format(what, tostring(opts.device)), 3)
+  end
+end
+
+local function finish(t, opts)
+  if opts.requires_grad then tensor._set_requires_grad(t, true) end
+  return t
+end
+
+-- creation ------------------------------------------------------------------------------
+local function filled(what, value, ...)
+  local sizes, opts = sizes_and_options(...)
+  check_opts(opts, what)
+  local dt = opts.dtype or tensor.float32
+  return finish(call(core.t_full, dt.id, sizes, value), opts)
+end
+
+function tensor.zeros(...) return filled("zeros", 0, ...) end
+function tensor.ones(...) return filled("ones", 1, ...) end
+function tensor.empty(...) return filled("empty", 0, ...) end
+
+-- full(size, value, opts): the dtype follows the value as in PyTorch
+function tensor.full(size, value, opts)
+  opts = opts or {}
+  check_opts(opts, "full")
+  if type(size) == "number" then size = {size} end
+  if type(size) ~= "table" then error("full: size must be a table of sizes", 2) end
+  local dt = opts.dtype
+  if not dt then
+    if type(value) == "boolean" then dt = tensor.bool
+    elseif value == math.floor(value) then dt = tensor.int64
+    else dt = tensor.float32 end
+  end
+  if type(value) == "boolean" then value = value and 1 or 0 end
+  local sizes = sizes_and_options(size)
+  return finish(call(core.t_full, dt.id, sizes, value), opts)
+end
+
+-- arange(end) | arange(start, end [, step]) [, opts]
+function tensor.arange(...)
+  local args, opts = {...}, {}
+  if is_options(args[#args]) then opts = table.remove(args) end
+  check_opts(opts, "arange")
+  local start, stop, step = 0, nil, 1
+  if #args == 1 then stop = args[1]
+  elseif #args >= 2 then start, stop, step = args[1], args[2], args[3] or 1
+  else error("arange: expected arange(end) or arange(start, end [, step])", 2) end
+  local dt = opts.dtype
+  if not dt then
+    local all_int = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
+    dt = all_int and tensor.int64 or tensor.float32
+  end
+  return finish(call(core.t_arange, dt.id, start, stop, step), opts)
+end
+
+function tensor.rand(...)
+  local sizes, opts = sizes_and_options(...)
+  check_opts(opts, "rand")
+  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, false), opts)
+end
+
+function tensor.randn(...)
+  local sizes, opts = sizes_and_options(...)
+  check_opts(opts, "randn")
+  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, true), opts)
+end
+
+function tensor.manual_seed(seed) core.t_seed(seed) end
+
+-- tensor(data, opts): data is a number, a boolean or nested tables of them
+function tensor.tensor(data, opts)
+  opts = opts or {}
+  check_opts(opts, "tensor")
+  if is_tensor(data) then return finish(data:clone():to(opts.dtype or data.dtype), opts) end
+  local flat, shape = {}, {}
+  local kind = "int"
+  local function walk(v, depth)
+    if type(v) == "table" then
+      local n = #v
+      if shape[depth] == nil then shape[depth] = n
+      elseif shape[depth] ~= n then
+        error(("tensor: expected a sequence of length %d at dimension %d, got %d"):format(shape[depth],
+          depth, n), 4)
+      end
+      for i = 1, n do walk(v[i], depth + 1) end
+      if n == 0 and depth > #shape then shape[depth] = 0 end
+    elseif type(v) == "number" then
+      if #shape ~= depth - 1 then error("tensor: nested lists must all have the same depth", 4) end
+      if v ~= math.floor(v) or v ~= v or v == math.huge or v == -math.huge then kind = "float" end
+      flat[#flat + 1] = v
+    elseif type(v) == "boolean" then
+      if kind == "int" and #flat == 0 then kind = "bool" end
+      flat[#flat + 1] = v
+    else
+      error(("tensor: cannot make a tensor of a %s"):format(type(v)), 4)
+    end
+  end
+  walk(data, 1)
+  local dt = opts.dtype or (kind == "float" and tensor.float32 or kind == "bool" and tensor.bool or tensor.int64)
+  return finish(call(core.t_from_flat, dt.id, shape, flat), opts)
+end
+
+function tensor.zeros_like(t, opts)
+  return tensor.zeros(t:size(), {dtype = (opts and opts.dtype) or t.dtype})
+end
+function tensor.ones_like(t, opts)
+  return tensor.ones(t:size(), {dtype = (opts and opts.dtype) or t.dtype})
+end
+function tensor.full_like(t, v, opts)
+  return tensor.full(t:size(), v, {dtype = (opts and opts.dtype) or t.dtype})
+end
+
+-- methods ------------------------------------------------------------------------------
+local methods = {}
+tensor.methods = methods
+
+local function ndim(t) return core.t_ndim(t) end
+
+-- a 1-based dimension (negative counts from the end) to 0-based
+local function dim0(t, d, what, extra)
+  local n = ndim(t) + (extra or 0)
+  if type(d) ~= "number" or d ~= math.floor(d) then
+    error(("%s: dimension must be an integer, got %s"):format(what, tostring(d)), 3)
+  end
+  if d < 0 then d = n + d + 1 end
+  if d < 1 or d > math.max(n, 1) then
+    error(("%s: dimension %d out of range (the tensor has %d dimension%s)"):format(what, d, ndim(t),
+      ndim(t) == 1 and "" or "s"), 3)
+  end
+  return d - 1
+end
+
+function methods.size(t, d)
+  if d == nil then return new_size(core.t_size(t)) end
+  return core.t_size(t, dim0(t, d, "size"))
+end
+function methods.dim(t) return ndim(t) end
+methods.ndimension = methods.dim
+function methods.numel(t) return core.t_numel(t) end
+methods.nelement = methods.numel
+function methods.item(t) return call(core.t_item, t) end
+function methods.totable(t) return core.t_totable(t) end
+function methods.tolist(t) return core.t_totable(t) end
+function methods.stride(t, d)
+  local _, _, _, strides = core.t_info(t)
+  if d == nil then return strides end
+  return strides[dim0(t, d, "stride") + 1]
+end
+function methods.storage_offset(t) return select(5, core.t_info(t)) end
+function methods.is_contiguous(t) return select(6, core.t_info(t)) end
+function methods.type(t) return "tensor." .. dtypes[core.t_dtype(t)].name end
+function methods.element_size(t)
+  local sizes = {4, 8, 4, 8, 1, 1}
+  return sizes[core.t_dtype(t) + 1]
+end
+
+local function shape_args(...)
+  local sizes = sizes_and_options(...)
+  return sizes
+end
+function methods.view(t, ...) return call(core.t_view, t, shape_args(...), false) end
+function methods.reshape(t, ...) return call(core.t_view, t, shape_args(...), true) end
+function methods.flatten(t) return call(core.t_view, t, {-1}, true) end
+function methods.view_as(t, o) return call(core.t_view, t, core.t_size(o), false) end
+function methods.expand(t, ...)
+  local sizes = {}
+  local a = ...
+  if type(a) == "table" then sizes = a else sizes = {...} end
+  return call(core.t_expand, t, sizes)
+end
+function methods.expand_as(t, o) return call(core.t_expand, t, core.t_size(o)) end
+function methods.transpose(t, d0, d1)
+  return call(core.t_transpose, t, dim0(t, d0, "transpose"), dim0(t, d1, "transpose"))
+end
+function methods.t(t)
+  if ndim(t) > 2 then error(("t() expects a tensor with <= 2 dimensions, but it has %d (use transpose)"):format(ndim(t)), 2) end
+  if ndim(t) < 2 then return t end
+  return core.t_transpose(t, 0, 1)
+end
+function methods.permute(t, ...)
+  local dims = type((...)) == "table" and (...) or {...}
+  local d0 = {}
+  for i, d in ipairs(dims) do d0[i] = dim0(t, d, "permute") end
+  return call(core.t_permute, t, d0)
+end
+function methods.narrow(t, d, start, length)
+  local d_ = dim0(t, d, "narrow")
+  if start < 0 then start = core.t_size(t, d_) + start + 1 end
+  return call(core.t_narrow, t, d_, start - 1, length)
+end
+function methods.select(t, d, i)
+  local d_ = dim0(t, d, "select")
+  if type(i) ~= "number" or i ~= math.floor(i) or i == 0 then
+    error(("select: index must be a non-zero integer (1-based, negative counts from the end), got %s"):format(
+      tostring(i)), 2)
+  end
+  return call(core.t_select, t, d_, i > 0 and i - 1 or i)
+end
+function methods.squeeze(t, d)
+  if d == nil then return core.t_squeeze(t, -1) end
+  return call(core.t_squeeze, t, dim0(t, d, "squeeze"))
+end
+function methods.unsqueeze(t, d)
+  return call(core.t_unsqueeze, t, dim0(t, d, "unsqueeze", 1))
+end
+function methods.contiguous(t) return core.t_contiguous(t) end
+function methods.clone(t) return core.t_clone(t) end
+function methods.copy_(t, src)
+  if not is_tensor(src) then src = tensor.tensor(src, {dtype = t.dtype}) end
+  return call(core.t_copy_, t, src)
+end
+function methods.fill_(t, v) return call(core.t_fill_, t, v) end
+function methods.zero_(t) return core.t_fill_(t, 0) end
+
+-- to(dtype) | to("cpu") | to(other_tensor)
+function methods.to(t, what, opts)
+  if is_dtype(what) then
+    if what.id == core.t_dtype(t) then return t end
+    return core.t_cast(t, what.id)
+  elseif what == "cpu" then return t
+  elseif is_tensor(what) then return methods.to(t, what.dtype)
+  elseif type(what) == "string" and what:match("^cuda") then return methods.cuda(t)
+  elseif type(what) == "table" and what.dtype then return methods.to(t, what.dtype, opts)
+  end
+  error(("to: expected a dtype (tensor.float32, ...), a device (\"cpu\", \"cuda\") or a tensor, got %s"):format(
+    tostring(what)), 2)
+end
+function methods.float(t) return methods.to(t, tensor.float32) end
+function methods.double(t) return methods.to(t, tensor.float64) end
+function methods.long(t) return methods.to(t, tensor.int64) end
+function methods.int(t) return methods.to(t, tensor.int32) end
+function methods.bool(t) return methods.to(t, tensor.bool) end
+function methods.byte(t) return methods.to(t, tensor.uint8) end
+function methods.cpu(t) return t end
+function methods.cuda(t)
+  return tensor.cuda._to_device(t)
+end
+
+-- elementwise ---------------------------------------------------------------------------
+local BIN = {add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
+             eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12}
+local UN = {neg = 0, exp = 1, log = 2, sqrt = 3, relu = 4, tanh = 5, sigmoid = 6, abs = 7}
+tensor._BIN, tensor._UN = BIN, UN
+
+local function operand(v, what)
+  if is_tensor(v) or type(v) == "number" or type(v) == "boolean" then return v end
+  error(("%s: expected a tensor or a number, got %s"):format(what, type(v)), 3)
+end
+
+for name, op in pairs(BIN) do
+  local f = function(a, b, opts)
+    if type(opts) == "table" and opts.alpha and (name == "add" or name == "sub") then
+      b = call(core.t_binary, BIN.mul, operand(b, name), opts.alpha)
+    end
+    return call(core.t_binary, op, operand(a, name), operand(b, name))
+  end
+  tensor[name] = f
+  methods[name] = f
+  methods[name .. "_"] = function(a, b)
+    return call(core.t_binary, op, a, operand(b, name), a)
+  end
+end
+tensor.max_elementwise = tensor.maximum
+methods.greater, methods.less = methods.gt, methods.lt
+
+for name, op in pairs(UN) do
+  local f = function(a) return call(core.t_unary, op, operand(a, name)) end
+  tensor[name] = f
+  methods[name] = f
+  methods[name .. "_"] = function(a) return call(core.t_unary, op, a, a) end
+end
+methods.negative = methods.neg
+
+-- true when every element equals (same shape)
+function methods.equal(a, b)
+  if not is_tensor(b) or not (methods.size(a) == methods.size(b)) then return false end
+  return core.t_item(core.t_reduce(3, core.t_binary(BIN.eq, a, b), -1, false)) == true
+end
+function methods.allclose(a, b, rtol, atol)
+  rtol, atol = rtol or 1e-5, atol or 1e-8
+  local diff = tensor.abs(a:double() - b:double())
+  local tol = tensor.abs(b:double()) * rtol + atol
+  return core.t_item(core.t_reduce(3, core.t_binary(BIN.le, diff, tol), -1, false)) == true
+end
+
+-- reductions ----------------------------------------------------------------------------
+local RED = {sum = 0, mean = 1, max = 2, min = 3, argmax = 4, argmin = 5, prod = 6}
+
+-- sum(t), sum(t, dim), sum(t, dim, keepdim) or sum(t, {dim=, keepdim=})
+local function red_args(t, d, keepdim)
+  if type(d) == "table" then d, keepdim = d.dim, d.keepdim end
+  return d, keepdim
+end
+
+for name, op in pairs(RED) do
+  local f = function(t, d, keepdim)
+    d, keepdim = red_args(t, d, keepdim)
+    if is_tensor(d) and (name == "max" or name == "min") then
+      return call(core.t_binary, name == "max" and BIN.maximum or BIN.minimum, t, d)
+    end
+    if d == nil then return call(core.t_reduce, op, t, -1, false) end
+    local d_ = dim0(t, d, name)
+    local v = call(core.t_reduce, op, t, d_, keepdim and true or false)
+    if name == "max" or name == "min" then
+      -- values and indices (1-based, as Lua indices), like PyTorch's (values, indices)
+      local idx = call(core.t_reduce, name == "max" and RED.argmax or RED.argmin, t, d_, keepdim and true or false)
+      return v, core.t_binary(BIN.add, idx, 1)
+    end
+    if name == "argmax" or name == "argmin" then return core.t_binary(BIN.add, v, 1) end
+    return v
+  end
+  tensor[name] = f
+  methods[name] = f
+end
+-- argmax over everything: a 1-based flat index
+local argmax_dim = methods.argmax
+methods.argmax = function(t, d, keepdim)
+  if d == nil then return core.t_binary(BIN.add, core.t_reduce(RED.argmax, t, -1, false), 1) end
+  return argmax_dim(t, d, keepdim)
+end
+tensor.argmax = methods.argmax
+
+function methods.softmax(t, d) return call(core.t_softmax, t, dim0(t, d or -1, "softmax"), false) end
+function methods.log_softmax(t, d) return call(core.t_softmax, t, dim0(t, d or -1, "log_softmax"), true) end
+tensor.softmax, tensor.log_softmax = methods.softmax, methods.log_softmax
+
+function methods.matmul(a, b)
+  if not is_tensor(b) then error("matmul: expected a tensor, got " .. type(b), 2) end
+  return call(core.t_matmul, a, b)
+end
+methods.mm = methods.matmul
+tensor.matmul, tensor.mm = methods.matmul, methods.matmul
+
+-- indexing: t[i] selects along the first dimension (1-based; negative from the end);
+-- t[{...}] indexes several dimensions: a number selects, {a, b} is the inclusive
+-- range a..b, {} or ":" keeps the whole dimension.
+local function index_view(t, key)
+  if type(key) == "number" then return methods.select(t, 1, key) end
+  local v = t
+  local d = 1
+  for _, k in ipairs(key) do
+    if type(k) == "number" then
+      v = methods.select(v, d, k)
+    elseif k == ":" or (type(k) == "table" and #k == 0) then
+      d = d + 1
+    elseif type(k) == "table" then
+      local n = methods.size(v, d)
+      local a, b = k[1], k[2] or k[1]
+      if a < 0 then a = n + a + 1 end
+      if b < 0 then b = n + b + 1 end
+      if a < 1 or b > n or a > b + 1 then
+        error(("index range {%d, %d} is out of bounds for dimension %d with size %d"):format(k[1], k[2] or k[1], d, n), 3)
+      end
+      v = call(core.t_slice, v, d - 1, a - 1, b, k[3] or 1)
+      d = d + 1
+    else
+      error("index: expected numbers, {first, last} ranges or \":\", got " .. type(k), 3)
+    end
+  end
+  return v
+end
+
+-- properties read as fields ---------------------------------------------------------------
+local props = {}
+tensor.props = props
+function props.dtype(t) return dtypes[core.t_dtype(t)] end
+function props.device() return "cpu" end
+function props.shape(t) return new_size(core.t_size(t)) end
+function props.ndim(t) return core.t_ndim(t) end
+function props.is_cuda() return false end
+function props.T(t) return methods.t(t) end
+function props.grad(t) return tensor._grad(t) end
+function props.requires_grad(t) return tensor._requires_grad(t) end
+function props.is_leaf(t) return true end
+function props.data(t) return t end
+
+-- autograd hooks (filled in by the autograd module when it lands)
+local grads = setmetatable({}, {__mode = "k"})
+local req = setmetatable({}, {__mode = "k"})
+function tensor._grad(t) return grads[t] end
+function tensor._requires_grad(t) return req[t] == true end
+function tensor._set_requires_grad(t, v)
+  if v and not props.dtype(t).is_floating_point then
+    error("only tensors of floating point dtype can require gradients", 3)
+  end
+  req[t] = v and true or nil
+end
+function methods.requires_grad_(t, v)
+  tensor._set_requires_grad(t, v == nil or v)
+  return t
+end
+function methods.detach(t)
+  -- a new tensor header over the same storage, outside any graph
+  return core.t_view(t, core.t_size(t), false)
+end
+function methods.backward()
+  error("backward(): automatic differentiation is not part of this build yet; " ..
+        "compute gradients by hand or wait for the autograd module", 2)
+end
+function tensor.no_grad(fn, ...)
+  -- no graph is recorded in this build, so running fn is all no_grad means
+  return fn(...)
+end
+
+T.__index = function(t, k)
+  local m = methods[k]
+  if m then return m end
+  local p = props[k]
+  if p then return p(t) end
+  if type(k) == "number" or type(k) == "table" then return index_view(t, k) end
+  return nil
+end
+
+T.__newindex = function(t, k, v)
+  if type(k) == "number" or type(k) == "table" then
+    local target = index_view(t, k)
+    if is_tensor(v) then call(core.t_copy_, target, v)
+    elseif type(v) == "number" or type(v) == "boolean" then core.t_fill_(target, v)
+    else error("tensor assignment: expected a number, a boolean or a tensor, got " .. type(v), 2) end
+    return
+  end
+  if k == "requires_grad" then return tensor._set_requires_grad(t, v) end
+  if k == "grad" then grads[t] = v return end
+  error(("cannot set field '%s' of a tensor"):format(tostring(k)), 2)
+end
+
+T.__add = function(a, b) return call(core.t_binary, BIN.add, a, b) end
+T.__sub = function(a, b) return call(core.t_binary, BIN.sub, a, b) end
+T.__mul = function(a, b) return call(core.t_binary, BIN.mul, a, b) end
+T.__div = function(a, b) return call(core.t_binary, BIN.div, a, b) end
+T.__pow = function(a, b) return call(core.t_binary, BIN.pow, a, b) end
+T.__unm = function(a) return call(core.t_unary, UN.neg, a) end
+T.__len = function(t)
+  if ndim(t) == 0 then error("len() of a 0-d tensor", 2) end
+  return core.t_size(t, 0)
+end
+
+-- printing like PyTorch ---------------------------------------------------------------------
+local function fmt_floats(vals)
+  local finite = {}
+  for _, v in ipairs(vals) do
+    if v == v and v ~= math.huge and v ~= -math.huge then finite[#finite + 1] = v end
+  end
+  local int_mode = true
+  for _, v in ipairs(finite) do if v ~= math.floor(v) then int_mode = false break end end
+  local amax, amin = 0, math.huge
+  for _, v in ipairs(finite) do
+    local a = math.abs(v)
+    if a > amax then amax = a end
+    if a ~= 0 and a < amin then amin = a end
+  end
+  local sci = false
+  if #finite > 0 then
+    if int_mode then sci = amax > 1e8
+    else sci = amax / amin > 1000 or amax > 1e8 or amin < 1e-4 end
+  end
+  return function(v)
+    if v ~= v then return "nan" end
+    if v == math.huge then return "inf" end
+    if v == -math.huge then return "-inf" end
+    if sci then return ("%.4e"):format(v) end
+    if int_mode then return ("%.0f."):format(v) end
+    return ("%.4f"):format(v)
+  end
+end
+
+local function format_tensor(t)
+  local dt = props.dtype(t)
+  local sizes = core.t_size(t)
+  local numel = core.t_numel(t)
+  local summarize = numel > 1000
+  local edge = 3
+  -- collect the values that will be shown, to choose one format and width
+  local shown = {}
+  local function gather(v, d)
+    if d > #sizes then
+      local x = core.t_item(v)
+      shown[#shown + 1] = x
+      return
+    end
+    local n = sizes[d]
+    for i = 1, n do
+      if summarize and n > 2 * edge and i > edge and i <= n - edge then
+      else gather(core.t_select(v, 0, i - 1), d + 1) end
+    end
+  end
+  gather(t, 1)
+  local fmt
+  if dt.is_floating_point then
+    fmt = fmt_floats(shown)
+  elseif dt == tensor.bool then
+    fmt = function(v) return v and "True" or "False" end
+  else
+    fmt = function(v) return ("%d"):format(v) end
+  end
+  local width = 0
+  for _, v in ipairs(shown) do width = math.max(width, #fmt(v)) end
+  local function pad(s) return (" "):rep(width - #s) .. s end
+  local function render(v, d, indent)
+    if d > #sizes then return pad(fmt(core.t_item(v))) end
+    local n = sizes[d]
+    local parts = {}
+    for i = 1, n do
+      if summarize and n > 2 * edge and i == edge + 1 then
+        parts[#parts + 1] = "..."
+      elseif summarize and n > 2 * edge and i > edge and i <= n - edge then
+      else
+        parts[#parts + 1] = render(core.t_select(v, 0, i - 1), d + 1, indent .. " ")
+      end
+    end
+    if d == #sizes then return "[" .. table.concat(parts, ", ") .. "]" end
+    local sep = "," .. ("\n"):rep(#sizes - d) .. indent .. " "
+    return "[" .. table.concat(parts, sep) .. "]"
+  end
+  local body
+  if #sizes == 0 then body = fmt(core.t_item(t))
+  elseif numel == 0 then body = "[]"
+  else body = render(t, 1, "       ") end
+  local extras = {}
+  if numel == 0 and #sizes > 1 then
+    extras[#extras + 1] = "size=(" .. table.concat(sizes, ", ") .. ")"
+  end
+  if dt ~= tensor.float32 and dt ~= tensor.int64 and dt ~= tensor.bool then
+    extras[#extras + 1] = "dtype=" .. tostring(dt)
+  end
+  if tensor._requires_grad(t) then extras[#extras + 1] = "requires_grad=True" end
+  return "tensor(" .. body .. (#extras > 0 and (", " .. table.concat(extras, ", ")) or "") .. ")"
+end
+T.__tostring = format_tensor
+tensor.format = format_tensor
+
+-- cuda ----------------------------------------------------------------------------------------
+tensor.cuda = {}
+function tensor.cuda.is_available() return false end
+function tensor.cuda.device_count() return 0 end
+function tensor.cuda._to_device()
+  error("CUDA is not available: this machine has no GPU (or rpchost was built without CUDA); " ..
+        "tensor.cuda.is_available() is false", 3)
+end
+
+-- bookkeeping -----------------------------------------------------------------------------------
+-- Bytes held by live tensor storages in this process (for leak checks).
+function tensor.live_bytes() return core.t_live_bytes() end
+
+require("rpchost.tensor_io").install(tensor)
+require("rpchost.tensor_wire").install(tensor)
+
+return tensor
