@@ -6,9 +6,11 @@
  * reports the end (on_close) the Lua close handler runs once, the anchors go, and
  * the box forgets the pointer: the C struct is freed later by libuv's close
  * callback and never touched from Lua again. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "rh_lua.h"
+#include "tensor/tensor.h"
 
 #define CONN_MT "rpchost.Conn"
 #define LISTENER_MT "rpchost.Listener"
@@ -38,8 +40,17 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   const uint8_t *p = f->segs;
   luaL_checkstack(L, (int)f->hdr.nseg + 8, "too many segments");
   for (uint32_t i = 0; i < f->hdr.nseg; i++) {
-    lua_pushlstring(L, (const char *)p, (size_t)f->seg_len[i]);
-    p += f->seg_len[i];
+    if (f->seg_owner) {
+      /* read straight into a storage: hand it to Lua as a 1-D uint8 tensor */
+      rh_storage_t *st = f->seg_owner[i];
+      int64_t n = (int64_t)f->seg_len[i], one = 1;
+      rh_tensor_t *t = rh_tensor_on_storage(st, RH_U8, 0, 1, &n, &one);
+      rh_storage_release(st);
+      rh_lua_pushtensor(L, t);
+    } else {
+      lua_pushlstring(L, (const char *)p, (size_t)f->seg_len[i]);
+      p += f->seg_len[i];
+    }
   }
   rh_callback(5 + (int)f->hdr.nseg, 0);
 }
@@ -139,12 +150,22 @@ static int l_connect(lua_State *L) {
   return 1;
 }
 
-static void release_ref(void *ctx) {
-  int ref = (int)(intptr_t)ctx;
-  luaL_unref(rh_ctx()->L, LUA_REGISTRYINDEX, ref);
+/* What one send keeps alive until its bytes are written. */
+typedef struct {
+  int ref; /* table anchoring string segments, or LUA_NOREF */
+  int ntensors;
+  rh_tensor_t *tensors[64];
+} seg_hold_t;
+
+static void release_hold(void *ctx) {
+  seg_hold_t *h = ctx;
+  if (h->ref != LUA_NOREF) luaL_unref(rh_ctx()->L, LUA_REGISTRYINDEX, h->ref);
+  for (int i = 0; i < h->ntensors; i++) rh_tensor_release(h->tensors[i]);
+  free(h);
 }
 
-/* conn:send(type, flags, id, body [, segment strings...]) -> true | nil, message */
+/* conn:send(type, flags, id, body [, segments...]) -> true | nil, message.
+ * A segment is a string or a contiguous tensor, written from its own memory. */
 static int l_send(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   int type = (int)luaL_checkinteger(L, 2);
@@ -163,17 +184,45 @@ static int l_send(lua_State *L) {
   rh_release_fn rel = NULL;
   void *relctx = NULL;
   if (nseg > 0) {
-    /* The segment strings stay alive (anchored in one table) until written. */
-    lua_createtable(L, nseg, 0);
+    seg_hold_t *h = malloc(sizeof *h);
+    if (!h) return luaL_error(L, "out of memory");
+    h->ref = LUA_NOREF;
+    h->ntensors = 0;
+    int nstr = 0;
     for (int i = 0; i < nseg; i++) {
-      size_t sl;
-      const char *s = luaL_checklstring(L, 6 + i, &sl);
-      segs[i] = uv_buf_init((char *)s, (unsigned)sl);
-      lua_pushvalue(L, 6 + i);
-      lua_rawseti(L, -2, i + 1);
+      rh_tensor_t *t = rh_lua_totensor(L, 6 + i);
+      if (t) {
+        if (!rh_tensor_is_contiguous(t)) {
+          release_hold(h);
+          return luaL_error(L, "send: segment %d is a tensor that is not contiguous", i + 1);
+        }
+        rh_tensor_retain(t);
+        h->tensors[h->ntensors++] = t;
+        segs[i] = uv_buf_init(rh_tensor_data(t), (unsigned)0);
+        segs[i].len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+      } else {
+        size_t sl;
+        const char *str = lua_tolstring(L, 6 + i, &sl);
+        if (!str) {
+          release_hold(h);
+          return luaL_error(L, "send: segment %d must be a string or a tensor", i + 1);
+        }
+        segs[i] = uv_buf_init((char *)str, 0);
+        segs[i].len = sl;
+        nstr++;
+      }
     }
-    relctx = (void *)(intptr_t)luaL_ref(L, LUA_REGISTRYINDEX);
-    rel = release_ref;
+    if (nstr > 0) {
+      /* the strings stay alive (anchored in one table) until written */
+      lua_createtable(L, nseg, 0);
+      for (int i = 0; i < nseg; i++) {
+        lua_pushvalue(L, 6 + i);
+        lua_rawseti(L, -2, i + 1);
+      }
+      h->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    }
+    relctx = h;
+    rel = release_hold;
   }
   int rc = rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                         (uint32_t)nseg, rel, relctx);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "rh_lua.h"
+#include "tensor/tensor.h"
 
 static rh_ctx_t rh__ctx;
 
@@ -37,6 +38,20 @@ int rh_callback(int nargs, int nresults) {
     lua_pop(L, 1);
   }
   return rc;
+}
+
+/* Incoming frame segments are read straight into tensor storages. */
+static void *seg_alloc(void *ctx, uint64_t len, uint8_t **data) {
+  (void)ctx;
+  rh_storage_t *s = rh_storage_new((size_t)len);
+  if (!s) return NULL;
+  *data = s->data;
+  return s;
+}
+
+static void seg_free(void *ctx, void *owner) {
+  (void)ctx;
+  rh_storage_release(owner);
 }
 
 static int file_exists(const char *p) {
@@ -109,6 +124,8 @@ int rh_lua_main(int argc, char **argv) {
     fprintf(stderr, "rpchost: cannot initialise the event loop\n");
     return 1;
   }
+  ctx->net.seg_alloc = seg_alloc;
+  ctx->net.seg_free = seg_free;
   lua_State *L = luaL_newstate();
   if (!L) {
     fprintf(stderr, "rpchost: cannot create the Lua state (out of memory)\n");

@@ -413,6 +413,27 @@ static int l_matmul(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_matmul(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2)));
 }
 
+/* reinterpret(bytes_tensor, dtype, sizes): the bytes of a contiguous uint8 tensor
+ * (a received segment) viewed as dtype/sizes, sharing its storage; the sizes must
+ * cover exactly all the bytes. */
+static int l_reinterpret(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  rh_dtype_t dt = check_dtype(L, 2);
+  int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
+  int n = check_sizes(L, 3, size);
+  int64_t numel = 1;
+  for (int i = n - 1; i >= 0; i--) {
+    if (size[i] < 0) return luaL_error(L, "reinterpret: negative size");
+    stride[i] = numel;
+    numel *= size[i];
+  }
+  size_t have = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  if (!rh_tensor_is_contiguous(t) || t->offset != 0 || (size_t)numel * rh_dtype_size(dt) != have)
+    return luaL_error(L, "malformed message: a tensor of %d %s elements does not match its %d payload bytes",
+                      (int)numel, rh_dtype_name(dt), (int)have);
+  return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, dt, 0, n, size, stride));
+}
+
 static int l_live_bytes(lua_State *L) {
   lua_pushnumber(L, (double)rh_storage_live_bytes());
   return 1;
@@ -450,7 +471,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_unsqueeze", l_unsqueeze}, {"t_contiguous", l_contiguous}, {"t_clone", l_clone},
       {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
-      {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes},
+      {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
       {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);

@@ -45,4 +45,10 @@ int rh_open_tensor(lua_State *L);
 
 int rh_lua_main(int argc, char **argv);
 
+/* tensors (l_tensor.c) */
+struct rh_tensor_s;
+struct rh_tensor_s *rh_lua_totensor(lua_State *L, int i);      /* NULL if not a tensor */
+struct rh_tensor_s *rh_lua_checktensor(lua_State *L, int i);
+int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the reference */
+
 #endif

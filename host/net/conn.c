@@ -124,6 +124,7 @@ rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
   c->cbs = *cbs;
   c->data = data;
   rh_reader_init(&c->reader, net->max_frame, net->version);
+  if (net->seg_alloc) rh_reader_set_alloc(&c->reader, net->seg_alloc, net->seg_free, net->seg_ctx);
   return c;
 }
 

@@ -38,6 +38,10 @@ struct rh_net_s {
   rh_conn_t *dirty;     /* connections with queued output */
   uint64_t max_frame;
   uint8_t version; /* protocol version stamped on and expected in frames */
+  /* where incoming segments are read to (NULL: into the frame buffer) */
+  rh_seg_alloc_fn seg_alloc;
+  rh_seg_free_fn seg_free;
+  void *seg_ctx;
   uint64_t bytes_out, bytes_in;
 };
 

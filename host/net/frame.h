@@ -34,12 +34,21 @@ typedef struct {
   uint64_t seg_bytes;
 } rh_frame_hdr_t;
 
-/* A complete frame inside the reader's buffer; valid until the next reader call. */
+/* Segment buffers: with an allocator set, the reader reads each segment straight
+ * into memory it asks for (a tensor storage, say), so bulk bytes are never copied
+ * through the frame buffer. alloc returns an owner handle and sets *data; free
+ * drops an owner the frame's consumer never took (connection died mid-frame). */
+typedef void *(*rh_seg_alloc_fn)(void *ctx, uint64_t len, uint8_t **data);
+typedef void (*rh_seg_free_fn)(void *ctx, void *owner);
+
+/* A complete frame; valid until the next reader call. */
 typedef struct {
   rh_frame_hdr_t hdr;
   const uint8_t *body;
-  const uint64_t *seg_len; /* nseg lengths (unaligned-safe copy kept by the reader) */
-  const uint8_t *segs;     /* the segment bytes, back to back */
+  const uint64_t *seg_len; /* nseg lengths */
+  const uint8_t *segs;     /* without an allocator: the segment bytes, back to back */
+  void **seg_owner;        /* with an allocator: one owner per segment, the consumer's now */
+  uint8_t **seg_data;
 } rh_frame_t;
 
 typedef struct {
@@ -51,6 +60,20 @@ typedef struct {
   uint8_t version;    /* the protocol version spoken here */
   uint64_t seglens[64];  /* lengths of the current frame's segments */
   uint64_t *seglens_big; /* used when a frame has more than 64 segments */
+  /* segment mode: the prefix (header, body, lengths) is buffered at off, and the
+   * segments are being read into their own buffers */
+  rh_seg_alloc_fn alloc;
+  rh_seg_free_fn free;
+  void *alloc_ctx;
+  int in_segs;
+  rh_frame_hdr_t cur;
+  size_t prefix;
+  uint32_t seg_i;
+  uint64_t seg_filled;
+  void **owners;
+  uint8_t **datas;
+  void **handed_owners; /* arrays of the last frame handed out */
+  uint8_t **handed_datas;
 } rh_reader_t;
 
 void rh_frame_encode_header(uint8_t out[RH_FRAME_HDR], const rh_frame_hdr_t *h);
@@ -63,6 +86,7 @@ int rh_frame_decode_header(const uint8_t in[RH_FRAME_HDR], rh_frame_hdr_t *h, ui
 uint64_t rh_frame_total(const rh_frame_hdr_t *h);
 
 void rh_reader_init(rh_reader_t *r, uint64_t max_frame, uint8_t version);
+void rh_reader_set_alloc(rh_reader_t *r, rh_seg_alloc_fn alloc, rh_seg_free_fn free, void *ctx);
 void rh_reader_free(rh_reader_t *r);
 /* Space to read into: at least `want` bytes. Returns RH_ENOMEM on failure. */
 int rh_reader_space(rh_reader_t *r, size_t want, uint8_t **p, size_t *avail);

@@ -19,6 +19,7 @@ local Agent = {}
 Agent.__index = Agent
 
 local enc, dec = codec.raw_encode, codec.raw_decode
+local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local pack = function(...) return {n = select("#", ...), ...} end
 local REQ_NAMES = {"func", "args", "kwargs"}
 
@@ -67,8 +68,8 @@ function Agent:set_ready()
   local early = self.early
   self.early = {}
   for _, f in ipairs(early) do
-    if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5])
-    elseif f[1]:is_open() then self:on_frame(unpack(f, 1, 5)) end
+    if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5], f[6])
+    elseif f[1]:is_open() then self:on_frame(f[1], f[2], f[3], f[4], f[5], unpack(f[6])) end
   end
 end
 
@@ -129,17 +130,18 @@ function Agent:peer_ready(p, conn)
   p.conn = conn
   local q = p.queue
   p.queue = {}
-  for _, m in ipairs(q) do conn:send(m[1], m[2], m[3], m[4]) end
+  for _, m in ipairs(q) do conn:send(m[1], m[2], m[3], m[4], unpack(m[5])) end
 end
 
--- Sends a frame to rank's peer, dialling if needed (queued until the handshake).
-function Agent:send(p, ftype, flags, id, body)
+-- Sends a frame (body and payload segments) to a peer, dialling if needed
+-- (queued until the handshake).
+function Agent:send(p, ftype, flags, id, body, segs)
   if p.state == "ready" and p.conn then
-    if p.conn:send(ftype, flags, id, body) then return end
+    if p.conn:send(ftype, flags, id, body, unpack(segs)) then return end
     p.state = "none"
     p.conn = nil
   end
-  p.queue[#p.queue + 1] = {ftype, flags, id, body}
+  p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
   if p.state == "none" then self:dial(p) end
 end
 
@@ -231,11 +233,11 @@ function Agent:on_hello_ack(conn, body)
   self:peer_ready(p, conn)
 end
 
-function Agent:on_frame(conn, ftype, flags, id, body)
-  if ftype == proto.RESPONSE then return self:on_response(id, flags, body) end
+function Agent:on_frame(conn, ftype, flags, id, body, ...)
+  if ftype == proto.RESPONSE then return self:on_response(id, flags, body, {...}) end
   if not self.ready then
     -- peers may reach us before our own rendezvous finished: hold their frames
-    self.early[#self.early + 1] = {conn, ftype, flags, id, body}
+    self.early[#self.early + 1] = {conn, ftype, flags, id, body, {...}}
     return
   end
   if ftype == proto.REQUEST then
@@ -245,7 +247,7 @@ function Agent:on_frame(conn, ftype, flags, id, body)
       conn:close()
       return
     end
-    return self:on_request(conn, id, body)
+    return self:on_request(conn, id, body, {...})
   end
   if ftype == proto.HELLO then return self:on_hello(conn, body) end
   if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
@@ -281,7 +283,7 @@ function Agent:call(to, fn, args, kwargs, timeout)
   if kwargs ~= nil and type(kwargs) ~= "table" then
     error(errors.new("config", "kwargs must be a table, got " .. type(kwargs)), 0)
   end
-  local ok, body = pcall(enc, REQ_NAMES, fn, args or {}, kwargs)
+  local ok, body, segs = pcall(enc_msg, REQ_NAMES, fn, args or {}, kwargs)
   if not ok then
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
@@ -303,10 +305,10 @@ function Agent:call(to, fn, args, kwargs, timeout)
   if p.rank == self.rank then
     -- a call to oneself: same semantics (arguments are copies), no socket
     sched.spawn(function()
-      self:on_request(function(flags, rbody) self:on_response(id, flags, rbody) end, id, body)
+      self:on_request(function(flags, rbody, rsegs) self:on_response(id, flags, rbody, rsegs) end, id, body, segs)
     end, {name = "self call"})
   else
-    self:send(p, proto.REQUEST, 0, id, body)
+    self:send(p, proto.REQUEST, 0, id, body, segs)
     sched.expect_soon()
   end
   return fut
@@ -326,11 +328,11 @@ function Agent:complete_error(id, err)
   if call then call.fut:set_error(err) end
 end
 
-function Agent:on_response(id, flags, body)
+function Agent:on_response(id, flags, body, segs)
   local call = self:take(id)
   if not call then return end -- timed out already, or a stray reply
   codec.allow_bytecode = self.allow_bytecode
-  local r = pack(pcall(dec, body))
+  local r = pack(pcall(dec_msg, body, segs))
   codec.allow_bytecode = false
   if not r[1] then
     call.fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
@@ -343,9 +345,9 @@ function Agent:on_response(id, flags, body)
 end
 
 -- incoming calls ------------------------------------------------------------------------
-local function reply(to, id, flags, body)
-  if type(to) == "function" then return to(flags, body) end
-  to:send(proto.RESPONSE, flags, id, body)
+local function reply(to, id, flags, body, segs)
+  if type(to) == "function" then return to(flags, body, segs or {}) end
+  to:send(proto.RESPONSE, flags, id, body, unpack(segs or {}))
   sched.expect_soon()
 end
 
@@ -366,8 +368,9 @@ end
 function Agent:send_reply(to, id, r)
   local ok, body
   if r[1] then
-    ok, body = pcall(enc, "result", unpack(r, 2, r.n))
-    if ok then return reply(to, id, 0, body) end
+    local segs
+    ok, body, segs = pcall(enc_msg, "result", unpack(r, 2, r.n))
+    if ok then return reply(to, id, 0, body, segs) end
     r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
   end
   local err = r[2]
@@ -416,14 +419,14 @@ local function handler_task(self, ...)
   self.running = self.running - 1
 end
 
-function Agent:on_request(to, id, body)
+function Agent:on_request(to, id, body, segs)
   if not self.ready then
-    self.early[#self.early + 1] = {to, 0, 0, id, body}
+    self.early[#self.early + 1] = {to, 0, 0, id, body, segs}
     return
   end
   self.stats.calls_in = self.stats.calls_in + 1
   codec.allow_bytecode = self.allow_bytecode
-  local r = pack(pcall(dec, body))
+  local r = pack(pcall(dec_msg, body, segs))
   codec.allow_bytecode = false
   if not r[1] then
     return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(r[2]), n = 2})

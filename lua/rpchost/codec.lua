@@ -209,6 +209,47 @@ end
 
 core.set_codec_hooks(encode_hook, decode_hook)
 
+-- Messages with payload segments: bulk values (tensors) registered with
+-- `segment` travel beside the encoded body instead of inside it.
+M.out_segments = nil -- list being filled by the encode in progress
+M.out_index = nil    -- value -> its segment number in that list
+M.in_segments = nil  -- segments of the message being decoded
+M.in_cache = nil     -- segment number -> decoded value (sharing is kept)
+
+-- Registers v as a segment of the message being encoded (once per value); returns
+-- its number, or nil when no message is being encoded (the caller then inlines).
+function M.segment(v, payload)
+  local segs = M.out_segments
+  if not segs then return nil end
+  local i = M.out_index[v]
+  if i then return i end
+  segs[#segs + 1] = payload
+  i = #segs
+  M.out_index[v] = i
+  return i
+end
+
+-- encode with segments: body, {segments}
+function M.encode_message(root, ...)
+  local segs = {}
+  M.out_segments, M.out_index = segs, {}
+  local ok, body = pcall(core.encode, root, ...)
+  M.out_segments, M.out_index = nil, nil
+  if not ok then error(body, 0) end
+  return body, segs
+end
+
+-- decode with segments (a table of the frame's segments, or nil)
+local function decoded_message(ok, ...)
+  M.in_segments, M.in_cache = nil, nil
+  if not ok then error((...), 0) end
+  return ...
+end
+function M.decode_message(body, segs)
+  M.in_segments, M.in_cache = segs or {}, {}
+  return decoded_message(pcall(core.decode, body))
+end
+
 -- encode(names, ...) -> bytes; raises a "serialize" error object naming the path.
 function M.encode(root, ...)
   local ok, s = pcall(core.encode, root, ...)
