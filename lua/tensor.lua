@@ -82,7 +82,7 @@ local function is_options(v)
 end
 
 -- sizes as varargs or one table, then an optional options table
-local function sizes_and_options(...)
+local function sizes_and_options_(allow_infer, ...)
   local n = select("#", ...)
   local opts = n > 0 and is_options((select(n, ...))) and (select(n, ...)) or nil
   if opts then n = n - 1 end
@@ -102,12 +102,14 @@ local function sizes_and_options(...)
     end
   end
   for i, v in ipairs(sizes) do
-    if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
-      error(("size %d must be a non-negative integer, got %s"):format(i, tostring(v)), 3)
+    if type(v) ~= "number" or (v < 0 and not (allow_infer and v == -1)) or v ~= math.floor(v) then
+      error(("size %d must be a non-negative integer%s, got %s"):format(i,
+        allow_infer and " (or -1 to infer it)" or "", tostring(v)), 4)
     end
   end
   return sizes, opts or {}
 end
+local function sizes_and_options(...) return sizes_and_options_(false, ...) end
 
 local function check_opts(opts, what)
   for k in pairs(opts) do
@@ -278,7 +280,7 @@ function methods.element_size(t)
 end
 
 local function shape_args(...)
-  local sizes = sizes_and_options(...)
+  local sizes = sizes_and_options_(true, ...)
   return sizes
 end
 function methods.view(t, ...) return call(core.t_view, t, shape_args(...), false) end

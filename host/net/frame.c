@@ -242,6 +242,7 @@ int rh_reader_next(rh_reader_t *r, rh_frame_t *f) {
   const uint8_t *src = p + prefix;
   r->seg_i = 0;
   r->seg_filled = 0;
+  advance_segments(r); /* empty segments are complete at once */
   size_t left = extra;
   while (left > 0) {
     uint64_t room = lens[r->seg_i] - r->seg_filled;

@@ -158,6 +158,17 @@ int main(void) {
     CHECK(frames == 2);
     rh_reader_free(&r);
   }
+  /* an empty segment completes at once */
+  {
+    uint8_t wire[256];
+    size_t w1 = make_frame(wire, 10, "e", "");
+    rh_reader_init(&r, 1 << 20, RH_PROTOCOL_VERSION);
+    rh_reader_set_alloc(&r, test_alloc, test_free, NULL);
+    feed(&r, wire, w1);
+    CHECK(rh_reader_next(&r, &f) == 1 && f.hdr.id == 10 && f.hdr.nseg == 1 && f.seg_len[0] == 0);
+    if (f.seg_owner) test_free(NULL, f.seg_owner[0]);
+    rh_reader_free(&r);
+  }
   /* a connection that dies mid-segment frees what was allocated */
   {
     uint8_t wire[256];

@@ -1,0 +1,68 @@
+-- Tensors over RPC in a real 2-rank world: as arguments and results, by-name
+-- tensor functions, views sending only their elements, sharing kept, 1 GiB.
+local S = require "spec.support"
+
+describe("tensors over rpc", function()
+  it("travel as arguments and results, views and sharing included", function()
+    local r = S.world(2, S.prelude .. [[
+      local tensor = require "tensor"
+      local core = require "rpchost.core"
+      function same_object(a, b) return rawequal(a, b), a:size(), b:sum():item() end
+      function echo(...) return ... end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local r1 = rpc.rpc_sync("worker1", tensor.add, {tensor.ones(2), 3})
+        check("tensor.add by name", r1:equal(tensor.tensor({4., 4.})) and r1.dtype == tensor.float32, r1)
+        local t = tensor.arange(12, {dtype = tensor.float64}):view(3, 4)
+        local back = rpc.rpc_sync("worker1", echo, {t:t()})
+        check("transposed view", back:equal(t:t()) and back:is_contiguous() and back.dtype == tensor.float64, back)
+        local same, size, sum = rpc.rpc_sync("worker1", same_object, {t, t})
+        check("sharing kept", same == true and tostring(size) == "Size([3, 4])" and sum == 66)
+        local a, b = rpc.rpc_sync("worker1", echo, {t, t})
+        check("sharing kept in results", rawequal(a, b))
+        for _, dt in ipairs({tensor.float32, tensor.float64, tensor.int32, tensor.int64, tensor.uint8, tensor.bool}) do
+          local x = tensor.tensor({{1, 0}, {0, 1}}):to(dt)
+          local y = rpc.rpc_sync("worker1", echo, {x})
+          check("dtype " .. dt.name, y.dtype == dt and y:equal(x))
+        end
+        local scalar = rpc.rpc_sync("worker1", echo, {tensor.tensor(2.5)})
+        check("0-dim", scalar:dim() == 0 and scalar:item() == 2.5)
+        local empty = rpc.rpc_sync("worker1", echo, {tensor.zeros(0, 3)})
+        check("empty", tostring(empty:size()) == "Size([0, 3])")
+        -- a narrow view of a big tensor sends only its own elements
+        local big = tensor.zeros(1000000)
+        local before = core.net_stats().bytes_out
+        rpc.rpc_sync("worker1", echo, {big:narrow(1, 1, 10)}, nil, 0)
+        local sent = core.net_stats().bytes_out - before
+        check("views send only their elements", sent < 2000, sent)
+        local nested = rpc.rpc_sync("worker1", echo, {{w = {t, tensor.ones(1)}}})
+        check("tensors in tables", nested.w[1]:equal(t) and nested.w[2]:item() == 1)
+      end
+      rpc.shutdown()
+    ]], {timeout = 60})
+    assert.are.equal(0, r.status, r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    for _, name in ipairs({"tensor.add by name", "transposed view", "sharing kept", "sharing kept in results",
+                           "dtype bool", "0-dim", "empty", "views send only their elements", "tensors in tables"}) do
+      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
+    end
+  end)
+
+  it("round-trips a 1 GiB tensor intact", function()
+    local r = S.world(2, S.prelude .. [[
+      local tensor = require "tensor"
+      function echo(x) return x end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local n = 268435456 -- 1 GiB of float32
+        local t = tensor.ones(n)
+        t[1], t[n], t[123457] = 7, 9, 3
+        local back = rpc.rpc_sync("worker1", echo, {t}, nil, 0)
+        check("1 GiB intact", back:numel() == n and back[123457]:item() == 3 and back:equal(t))
+      end
+      rpc.shutdown()
+    ]], {timeout = 120})
+    assert.are.equal(0, r.status, r.err)
+    assert.truthy(r.out:find("ok 1 GiB intact", 1, true), r.out .. r.err)
+  end)
+end)
