@@ -155,7 +155,11 @@ int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src) {
 
 typedef struct {
   rh_dtype_t dt;
-  char bytes[8];
+  union { /* aligned for any element type */
+    char bytes[8];
+    int64_t i;
+    double d;
+  } v;
 } fill_ctx_t;
 
 static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
@@ -163,13 +167,13 @@ static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as,
   fill_ctx_t *f = vctx;
   size_t es = rh_dtype_size(f->dt);
   (void)a, (void)as, (void)b, (void)bs;
-  for (int64_t i = 0; i < n; i++) memcpy(o + i * os, f->bytes, es);
+  for (int64_t i = 0; i < n; i++) memcpy(o + i * os, f->v.bytes, es);
 }
 
 int rh_tensor_fill_(rh_tensor_t *t, double v) {
   fill_ctx_t f;
   f.dt = t->dtype;
-  rh__store(t->dtype, f.bytes, v);
+  rh__store(t->dtype, f.v.bytes, v);
   int64_t ost[RH_MAXDIM];
   for (int d = 0; d < t->ndim; d++) ost[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
   rh__iterate(t->ndim, t->size, rh_tensor_data(t), ost, NULL, NULL, NULL, NULL, fill_loop, &f);
