@@ -234,6 +234,7 @@ def main():
     tver = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
                           capture_output=True, text=True, timeout=60).stdout.strip() or "?"
 
+    load0 = os.getloadavg()[0]
     t_all = time.monotonic()
     # the budget is shared: rpchost gets up to half of it, PyTorch the rest
     half = t_all + o.budget / 2 if o.only is None else t_all + o.budget
@@ -260,6 +261,11 @@ def main():
             print(f"{name} ops per round (ms): {per_round(raw, 'ops', keys_ops)}")
         if raw.get("rpc"):
             print(f"{name} rpc per round (ms): {per_round(raw, 'rpc', keys_rpc)}")
+    load1 = os.getloadavg()[0]
+    busy = os.cpu_count() * 0.3
+    print(f"context: 1-minute load average {load0:.2f} before, {load1:.2f} after (this run itself adds "
+          f"about 1)" + (f"; the machine was already busy at the start (> {busy:.1f}): other processes "
+                         f"skew these numbers, PyTorch's OpenMP threads most" if load0 > busy else ""))
     print(f"PASS {verdicts.count('PASS')}, MISS {verdicts.count('MISS')}; "
           f"total bench time {time.monotonic() - t_all:.1f}s")
     for e in errors:

@@ -12,6 +12,7 @@ local store = require "rpchost.store"
 local agentmod = require "rpchost.agent"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.workerinfo"
+local rref = require "rpchost.rref"
 
 local rpc = {}
 rpc.Future = Future
@@ -212,6 +213,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     current = nil
     error(err, 0)
   end
+  rref.attach(a)
   a:set_ready()
 end
 
@@ -270,6 +272,27 @@ end
 
 function rpc.wait_all(futs) return Future.wait_all(futs) end
 
+-- remote(to, func, args, kwargs, timeout): an RRef owned by `to`, at once
+function rpc.remote(...)
+  agent("remote")
+  local to, func, args, kwargs, timeout = call_args(...)
+  return rref.remote(to, func, args, kwargs, timeout)
+end
+
+-- RRef(value): wrap a local value; this worker owns it
+function rpc.RRef(value)
+  agent("RRef")
+  return rref.local_rref(value)
+end
+rpc.RRefClass = rref.RRef
+rpc.is_rref = rref.is_rref
+
+-- how many RRefs this worker owns and holds (for leak checks)
+function rpc._rref_stats()
+  rref.flush()
+  return rref.stats()
+end
+
 -- workers -------------------------------------------------------------------------------------
 function rpc.get_worker_info(name)
   local a = agent("get_worker_info")
@@ -314,6 +337,9 @@ function rpc.shutdown(graceful, timeout)
       for _, f in ipairs(a:outstanding()) do
         pcall(f.wait, f, math.max(timeout - (sched.now() - start), 0.001))
       end
+      -- give up the UserRRefs we hold; their owners free what nobody holds
+      rref.flush()
+      rref.release_all()
       local P = a.prefix
       a.store:set(P .. "shutdown/" .. a.rank, "1")
       local keys = {}
@@ -330,6 +356,7 @@ function rpc.shutdown(graceful, timeout)
     if not ok then err = e end
   end
   a:close()
+  rref.detach()
   current = nil
   store.release(a.store_key)
   if err then error(err, 0) end

@@ -283,7 +283,7 @@ function Agent:call(to, fn, args, kwargs, timeout)
   if kwargs ~= nil and type(kwargs) ~= "table" then
     error(errors.new("config", "kwargs must be a table, got " .. type(kwargs)), 0)
   end
-  local ok, body, segs = pcall(enc_msg, REQ_NAMES, fn, args or {}, kwargs)
+  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs)
   if not ok then
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
@@ -351,6 +351,13 @@ local function reply(to, id, flags, body, segs)
   sched.expect_soon()
 end
 
+-- The rank a reply goes to (a connection's peer, or this rank for self calls).
+function Agent:rank_of(to)
+  if type(to) == "function" then return self.rank end
+  local st = self.conns[to]
+  return st and st.rank
+end
+
 -- An error raised by a handler, as the caller will see it.
 function Agent:remote_error(e)
   local message, tb
@@ -369,7 +376,7 @@ function Agent:send_reply(to, id, r)
   local ok, body
   if r[1] then
     local segs
-    ok, body, segs = pcall(enc_msg, "result", unpack(r, 2, r.n))
+    ok, body, segs = pcall(enc_msg, self:rank_of(to), "result", unpack(r, 2, r.n))
     if ok then return reply(to, id, 0, body, segs) end
     r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
   end

@@ -229,13 +229,24 @@ function M.segment(v, payload)
   return i
 end
 
--- encode with segments: body, {segments}
-function M.encode_message(root, ...)
+-- Values whose encoding has effects (an RRef fork) register them here; they run
+-- only if the whole message encodes.
+M.dest_rank = nil -- the rank the message being encoded goes to
+local actions = nil
+function M.after_encode(fn)
+  if actions then actions[#actions + 1] = fn end
+end
+
+-- encode with segments for a message to rank `dest`: body, {segments}
+function M.encode_message(dest, root, ...)
   local segs = {}
-  M.out_segments, M.out_index = segs, {}
+  M.out_segments, M.out_index, M.dest_rank = segs, {}, dest
+  actions = {}
   local ok, body = pcall(core.encode, root, ...)
-  M.out_segments, M.out_index = nil, nil
+  local todo = actions
+  M.out_segments, M.out_index, M.dest_rank, actions = nil, nil, nil, nil
   if not ok then error(body, 0) end
+  for _, fn in ipairs(todo) do fn() end
   return body, segs
 end
 

@@ -239,8 +239,15 @@ local exit_hooks = {}
 -- example: a store host waits for its clients to leave). fn must bound its wait.
 function M.at_exit(fn) exit_hooks[#exit_hooks + 1] = fn end
 
+-- Functions run once per loop turn, after the ready tasks (callback context: they
+-- must not wait). Used for work that is queued where nothing may run (a __gc).
+local turn_hooks = {}
+function M.on_turn(fn) turn_hooks[#turn_hooks + 1] = fn end
+
 local function run_until(t)
   while not t.done do
+    drain()
+    for i = 1, #turn_hooks do turn_hooks[i]() end
     drain()
     if t.done then break end
     local spinning = rhead > rtail and spin_until > 0 and now() < spin_until

@@ -1,0 +1,357 @@
+-- rpchost.rref: remote references and their distributed reference counting,
+-- after PyTorch's RRef protocol.
+--
+-- The owner keeps the value in an owner entry: a Future for the value (a remote()
+-- runs asynchronously), the set of forks (UserRRefs on other workers) and a count
+-- of its own local handles. Every UserRRef is one fork. When a UserRRef is
+-- collected its fork is deleted on the owner (deletes are batched per owner, once
+-- per loop turn); the owner frees the value when no fork and no local handle is
+-- left. Passing an RRef in a message forks it for the receiver:
+--   owner -> user:  the owner adds the fork at once;
+--   user -> owner:  no fork; the owner gets its own handle;
+--   user -> user:   the sender asks the owner to add the child fork before any
+--                   delete of its own fork can reach the owner (same connection,
+--                   in order); a delete that overtakes its add leaves a tombstone.
+-- Control messages are ordinary RPCs to the functions of this module, so they get
+-- the agent's timeouts, errors and failure handling for free.
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local errors = require "rpchost.errors"
+local Future = require "rpchost.future"
+
+local M = {}
+
+local agent = nil          -- the running agent (set by attach)
+local owners = {}          -- rref id -> owner entry
+local tombstones = {}      -- "id/fork" deleted before its add arrived
+local pending_deletes = {} -- filled by __gc sentinels: {owner rank, id, fork} or {nil, id}
+local live_forks = {}      -- fork key -> true, for stats and shutdown (weak values not needed)
+local counter = 0
+
+local pack = function(...) return {n = select("#", ...), ...} end
+
+local RRef = {}
+RRef.__index = RRef
+M.RRef = RRef
+
+local function new_id()
+  counter = counter + 1
+  return ("%d:%d"):format(agent.rank, counter)
+end
+
+-- A userdata whose __gc runs `fn`: LuaJIT's tables have no __gc of their own.
+local function sentinel(fn)
+  local p = newproxy(true)
+  getmetatable(p).__gc = fn
+  return p
+end
+
+-- handles ---------------------------------------------------------------------------
+local function owner_handle(id)
+  local e = owners[id]
+  e.local_refs = e.local_refs + 1
+  local r = setmetatable({id = id, owner_rank = agent.rank, owned = true, confirmed = true}, RRef)
+  -- __gc may run anywhere (even inside the scheduler): it only records the release
+  r.sentinel = sentinel(function() pending_deletes[#pending_deletes + 1] = {false, id} end)
+  return r
+end
+
+local function user_handle(id, owner_rank, fork, confirmed)
+  local key = id .. "/" .. fork
+  live_forks[key] = owner_rank
+  local r = setmetatable({id = id, owner_rank = owner_rank, fork = fork, owned = false,
+                          confirmed = confirmed}, RRef)
+  r.sentinel = sentinel(function() pending_deletes[#pending_deletes + 1] = {owner_rank, id, fork} end)
+  return r
+end
+
+local function new_entry(id)
+  local e = {value = Future.new("RRef " .. id), forks = {}, local_refs = 0}
+  owners[id] = e
+  return e
+end
+
+local function maybe_free(id)
+  local e = owners[id]
+  if e and e.local_refs <= 0 and next(e.forks) == nil then owners[id] = nil end
+end
+
+-- owner-side entry points (called by RPC from users) ----------------------------------
+-- create: register the entry and the creator's fork, answer at once, then run fn.
+function M.create(id, fork, fn, args, kwargs)
+  local e = owners[id] or new_entry(id)
+  if fork then
+    if tombstones[id .. "/" .. fork] then tombstones[id .. "/" .. fork] = nil
+    else e.forks[fork] = true end
+  end
+  sched.spawn(function()
+    local n = args and (args.n or table.maxn(args)) or 0
+    if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
+    local r = pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n)))
+    if r[1] then e.value:set_packed(pack(unpack(r, 2, r.n)))
+    else e.value:set_error(agent:remote_error(r[2])) end
+  end, {name = "remote " .. id})
+  return true
+end
+
+local function entry(id)
+  local e = owners[id]
+  if not e then
+    error(("RRef %s does not exist on %s (it was deleted, or its creation failed)"):format(id, agent.name), 0)
+  end
+  return e
+end
+
+function M.fetch(id)
+  return entry(id).value:wait()
+end
+
+function M.call_method(id, method, ...)
+  local v = entry(id).value:wait()
+  local f = v ~= nil and v[method]
+  if type(f) ~= "function" and not (getmetatable(f) and getmetatable(f).__call) then
+    error(("the RRef's value (%s) has no method '%s'"):format(type(v), tostring(method)), 0)
+  end
+  return f(v, ...)
+end
+
+-- add_fork: a user forked this RRef to `to`; confirm to the new holder
+function M.add_fork(id, fork, to)
+  local key = id .. "/" .. fork
+  if tombstones[key] then tombstones[key] = nil return true end
+  local e = owners[id]
+  if not e then return false end
+  e.forks[fork] = true
+  if to ~= agent.rank then agent:call(to, M.confirm, {id, fork}):add_done_callback(function() end) end
+  return true
+end
+
+-- delete_forks: a batch of {id, fork} from one user
+function M.delete_forks(list)
+  for _, d in ipairs(list) do
+    local id, fork = d[1], d[2]
+    local e = owners[id]
+    if e and e.forks[fork] then
+      e.forks[fork] = nil
+      maybe_free(id)
+    else
+      tombstones[id .. "/" .. fork] = true
+    end
+  end
+  return true
+end
+
+-- user-side: the owner confirmed our fork
+local confirmed = {}
+function M.confirm(id, fork)
+  confirmed[id .. "/" .. fork] = true
+  return true
+end
+
+-- flushing deletes, once per loop turn -------------------------------------------------
+function M.flush()
+  if #pending_deletes == 0 or not agent then return end
+  local batch = pending_deletes
+  pending_deletes = {}
+  local per_owner = {}
+  for _, d in ipairs(batch) do
+    if d[1] == false then
+      local e = owners[d[2]]
+      if e then
+        e.local_refs = e.local_refs - 1
+        maybe_free(d[2])
+      end
+    else
+      live_forks[d[2] .. "/" .. d[3]] = nil
+      local l = per_owner[d[1]]
+      if not l then l = {}; per_owner[d[1]] = l end
+      l[#l + 1] = {d[2], d[3]}
+    end
+  end
+  if agent.state ~= "running" then return end
+  for rank, list in pairs(per_owner) do
+    local ok, f = pcall(agent.call, agent, rank, M.delete_forks, {list}, nil, 0)
+    if ok then f:add_done_callback(function() end) end
+  end
+end
+
+-- serialisation: forks on the way out, handles on the way in -------------------------------
+local TAG = codec.TAG.RREF
+
+codec.register(RRef, TAG, function(r)
+  local dest = codec.dest_rank
+  if dest == nil or not agent then
+    error("an RRef can only be sent as an argument or result of an RPC " ..
+          "(it cannot be saved or encoded on its own)", 0)
+  end
+  local fork = false
+  if r.owned then
+    if dest ~= agent.rank then
+      fork = new_id()
+      local e = owners[r.id]
+      codec.after_encode(function() if e then e.forks[fork] = true end end)
+    end
+  elseif dest ~= r.owner_rank then
+    fork = new_id()
+    local owner_rank, id, f = r.owner_rank, r.id, fork
+    codec.after_encode(function()
+      -- must reach the owner before any delete of our own fork (same connection)
+      local ok, fut = pcall(agent.call, agent, owner_rank, M.add_fork, {id, f, dest}, nil, 0)
+      if ok then fut:add_done_callback(function() end) end
+    end)
+  end
+  return TAG, r.id, r.owner_rank, fork, r.owned and true or false
+end, function(id, owner_rank, fork, from_owner)
+  if not agent then error("an RRef arrived outside RPC", 0) end
+  if owner_rank == agent.rank then
+    if not owners[id] then
+      error(("an RRef (%s) owned here arrived after its value was deleted"):format(id), 0)
+    end
+    return owner_handle(id)
+  end
+  if not fork then error("malformed RRef: a user handle without a fork", 0) end
+  return user_handle(id, owner_rank, fork, from_owner)
+end)
+
+-- public API ------------------------------------------------------------------------------------
+function M.attach(a)
+  agent = a
+  owners, tombstones, pending_deletes, live_forks, confirmed = {}, {}, {}, {}, {}
+end
+
+function M.detach()
+  agent = nil
+end
+
+-- rpc.RRef(value): this worker owns it
+function M.local_rref(value)
+  if not agent then
+    error(errors.new("shutdown", "rpc.RRef: RPC is not initialised on this worker"), 0)
+  end
+  local id = new_id()
+  local e = new_entry(id)
+  e.value:set_result(value)
+  return owner_handle(id)
+end
+
+-- rpc.remote(to, fn, args, kwargs, timeout): returns at once
+function M.remote(to, fn, args, kwargs, timeout)
+  local p = agent:peer_of(to)
+  local id = new_id()
+  if p.rank == agent.rank then
+    M.create(id, nil, fn, args or {}, kwargs)
+    return owner_handle(id)
+  end
+  local fork = new_id()
+  local r = user_handle(id, p.rank, fork, false)
+  r.creation = agent:call(p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
+  r.creation:add_done_callback(function(f)
+    if f.state == "done" then r.confirmed = true end
+  end)
+  return r
+end
+
+local function check_creation(r)
+  if r.creation and r.creation.state == "error" then error(r.creation.err, 0) end
+end
+
+function RRef:to_here(timeout)
+  if self.owned then return entry(self.id).value:wait(timeout) end
+  if self.creation and not self.creation:done() then
+    self.creation:wait(timeout)
+  end
+  check_creation(self)
+  return agent:call(self.owner_rank, M.fetch, {self.id}, nil, timeout):wait()
+end
+
+function RRef:local_value()
+  if not self.owned then
+    error(errors.new("config", ("local_value(): this worker (%s) is not the owner of RRef %s; its owner is %s " ..
+      "(use to_here)"):format(agent and agent.name or "?", self.id, self:owner_name())), 2)
+  end
+  local v = entry(self.id).value
+  if not v:done() then v:wait() end
+  return v:value()
+end
+
+function RRef:owner() return agent.peers[self.owner_rank].info end
+function RRef:owner_name() return agent.peers[self.owner_rank].name end
+function RRef:is_owner() return self.owned end
+function RRef:confirmed_by_owner()
+  if self.owned then return true end
+  return self.confirmed or confirmed[self.id .. "/" .. self.fork] == true
+end
+
+RRef.__tostring = function(r)
+  if r.owned then return ("OwnerRRef(owner=%s, id=%s)"):format(agent and agent.name or "?", r.id) end
+  local name = agent and agent.peers[r.owner_rank] and agent.peers[r.owner_rank].name or tostring(r.owner_rank)
+  return ("UserRRef(owner=%s, id=%s, fork=%s)"):format(name, r.id, r.fork)
+end
+
+-- proxies: r:rpc_sync():m(...), r:rpc_async():m(...), r:remote():m(...)
+local function proxy(r, mode, timeout)
+  return setmetatable({}, {
+    __index = function(_, method)
+      return function(_, ...)
+        check_creation(r)
+        local args = pack(method, ...)
+        table.insert(args, 1, r.id)
+        args.n = args.n + 1
+        if mode == "remote" then return M.remote(r.owner_rank, M.call_method, args, nil, timeout) end
+        local fut
+        if r.owned then
+          fut = Future.new("rref method")
+          sched.spawn(function()
+            local res = pack(pcall(M.call_method, unpack(args, 1, args.n)))
+            if res[1] then fut:set_packed(pack(unpack(res, 2, res.n)))
+            else fut:set_error(agent:remote_error(res[2])) end
+          end, {name = "rref method"})
+        else
+          fut = agent:call(r.owner_rank, M.call_method, args, nil, timeout)
+        end
+        if mode == "rpc_async" then return fut end
+        return fut:wait()
+      end
+    end,
+    __tostring = function() return ("RRefProxy(%s, %s)"):format(tostring(r), mode) end,
+  })
+end
+
+function RRef:rpc_sync(timeout) return proxy(self, "rpc_sync", timeout) end
+function RRef:rpc_async(timeout) return proxy(self, "rpc_async", timeout) end
+function RRef:remote(timeout) return proxy(self, "remote", timeout) end
+
+function M.is_rref(v) return getmetatable(v) == RRef end
+
+sched.on_turn(M.flush)
+
+-- introspection (rpc._rref_stats)
+function M.stats()
+  local n_owners, n_forks = 0, 0
+  for _, e in pairs(owners) do
+    n_owners = n_owners + 1
+    for _ in pairs(e.forks) do n_forks = n_forks + 1 end
+  end
+  local n_user = 0
+  for _ in pairs(live_forks) do n_user = n_user + 1 end
+  return {owners = n_owners, owner_forks = n_forks, user_forks = n_user, pending_deletes = #pending_deletes}
+end
+
+-- at graceful shutdown: give up every fork we hold (the owners free what is left)
+function M.release_all()
+  local per_owner = {}
+  for key, owner_rank in pairs(live_forks) do
+    local id, fork = key:match("^(.-)/(.*)$")
+    per_owner[owner_rank] = per_owner[owner_rank] or {}
+    table.insert(per_owner[owner_rank], {id, fork})
+  end
+  live_forks = {}
+  local futs = {}
+  for rank, list in pairs(per_owner) do
+    local ok, f = pcall(agent.call, agent, rank, M.delete_forks, {list}, nil, 30)
+    if ok then futs[#futs + 1] = f end
+  end
+  for _, f in ipairs(futs) do pcall(f.wait, f) end
+end
+
+return M
