@@ -1,5 +1,6 @@
 -- The seed's two-rank demo:  rpchost run --nproc-per-node 2 scripts/demo.lua
--- Rank 0 calls worker_function on rank 1, synchronously and asynchronously.
+-- Rank 0 calls worker_function on rank 1, synchronously and asynchronously, then
+-- creates a tensor on rank 1 behind an RRef and uses it through proxies.
 local rpc = require "rpc"
 local dist = require "dist"
 
@@ -16,6 +17,10 @@ if rank == 0 then
   print(rpc.rpc_sync("worker_1", worker_function, {10, 20}))   --> 30
   local fut = rpc.rpc_async("worker_1", worker_function, {30, 40})
   print(fut:wait())                                           --> 70
+  local tensor = require "tensor"
+  local rref = rpc.remote("worker_1", tensor.add, {tensor.zeros(2, 2), 1})
+  print(rref:rpc_sync():size())                               --> Size([2, 2])
+  print(rref:remote():view(1, 4):to_here())                   --> tensor([[1., 1., 1., 1.]])
 end
 rpc.shutdown()
 dist.destroy_process_group()

@@ -363,7 +363,8 @@ function Agent:remote_error(e)
   local message, tb
   if errors.is(e) then
     message = e.kind == "remote" and e.message or tostring(e)
-    tb = e.local_traceback or e.traceback
+    -- an error that came from elsewhere keeps the traceback of where it began
+    tb = e.traceback or e.local_traceback
   else
     local s = tostring(e)
     message, tb = s:match("^(.-)\n(stack traceback:.*)$")

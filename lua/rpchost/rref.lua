@@ -24,6 +24,7 @@ local M = {}
 local agent = nil          -- the running agent (set by attach)
 local owners = {}          -- rref id -> owner entry
 local tombstones = {}      -- "id/fork" deleted before its add arrived
+local freed = {}           -- ids whose owner entry was freed
 local pending_deletes = {} -- filled by __gc sentinels: {owner rank, id, fork} or {nil, id}
 local live_forks = {}      -- fork key -> true, for stats and shutdown (weak values not needed)
 local counter = 0
@@ -73,7 +74,10 @@ end
 
 local function maybe_free(id)
   local e = owners[id]
-  if e and e.local_refs <= 0 and next(e.forks) == nil then owners[id] = nil end
+  if e and e.local_refs <= 0 and next(e.forks) == nil then
+    owners[id] = nil
+    freed[id] = true
+  end
 end
 
 -- owner-side entry points (called by RPC from users) ----------------------------------
@@ -205,7 +209,11 @@ end, function(id, owner_rank, fork, from_owner)
   if not agent then error("an RRef arrived outside RPC", 0) end
   if owner_rank == agent.rank then
     if not owners[id] then
-      error(("an RRef (%s) owned here arrived after its value was deleted"):format(id), 0)
+      if freed[id] then
+        error(("an RRef (%s) owned here arrived after its value was deleted"):format(id), 0)
+      end
+      -- its creation request is queued behind this message: the entry waits for it
+      new_entry(id)
     end
     return owner_handle(id)
   end
@@ -216,7 +224,7 @@ end)
 -- public API ------------------------------------------------------------------------------------
 function M.attach(a)
   agent = a
-  owners, tombstones, pending_deletes, live_forks, confirmed = {}, {}, {}, {}, {}
+  owners, tombstones, pending_deletes, live_forks, confirmed, freed = {}, {}, {}, {}, {}, {}
 end
 
 function M.detach()

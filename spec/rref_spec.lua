@@ -1,0 +1,155 @@
+-- RRefs in real worlds: methods, proxies, the fork scenarios of PyTorch's RRef
+-- docs, counts back to zero after collection on every worker, errors, timeouts.
+local S = require "spec.support"
+
+local function world(n, body, names, opts)
+  local r = S.world(n, S.prelude .. [[
+    local tensor = require "tensor"
+    local sched = require "rpchost.sched"
+    function gc() collectgarbage() collectgarbage() return true end
+    function stats() return rpc._rref_stats() end
+    -- collect everywhere, let the deletes travel, then read every worker's counts
+    local function settle()
+      for _ = 1, 3 do
+        for r = 0, world_size - 1 do rpc.rpc_sync(r, gc) end
+        sched.sleep(0.1)
+      end
+      local out = {}
+      for r = 0, world_size - 1 do out[r] = rpc.rpc_sync(r, stats) end
+      return out
+    end
+  ]] .. body, opts)
+  assert.are.equal(0, r.status, r.err)
+  assert.is_nil(r.out:find("FAIL", 1, true), r.out .. r.err)
+  for _, name in ipairs(names) do
+    assert.truthy(r.out:find("ok " .. name, 1, true), ("missing 'ok %s'\n%s\n%s"):format(name, r.out, r.err))
+  end
+end
+
+describe("RRef", function()
+  it("has PyTorch's methods and proxies (the seed's lines have exact twins)", function()
+    world(2, [[
+      Counter = {}
+      Counter.__index = Counter
+      function Counter.new(n) return setmetatable({n = n}, Counter) end
+      function Counter:add(k) self.n = self.n + k return self.n end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local rref = rpc.remote("worker1", tensor.add, {tensor.zeros(2, 2), 1})
+        check("remote returns at once", rpc.is_rref(rref))
+        check("rpc_sync proxy", tostring(rref:rpc_sync():size()) == "Size([2, 2])")
+        check("remote proxy", rref:remote():size():to_here() == rref:rpc_sync():size())
+        check("rpc_async proxy", rref:rpc_async():view(1, 4):wait():equal(tensor.ones(1, 4)))
+        check("to_here", rref:to_here():equal(tensor.ones(2, 2)))
+        check("owner", rref:owner() == rpc.get_worker_info("worker1") and rref:owner_name() == "worker1")
+        check("not owner", rref:is_owner() == false)
+        check("confirmed", rref:confirmed_by_owner() == true)
+        check("tostring", tostring(rref):find("UserRRef(owner=worker1", 1, true) ~= nil, tostring(rref))
+        local ok, e = pcall(rref.local_value, rref)
+        check("local_value refuses", not ok and tostring(e.message):find("not the owner", 1, true), e)
+        local c = rpc.remote("worker1", Counter.new, {10})
+        check("object method", c:rpc_sync():add(5) == 15 and c:rpc_sync():add(1) == 16)
+        local ok2, e2 = pcall(function() return c:rpc_sync():nope() end)
+        check("missing method", not ok2 and e2.kind == "remote" and tostring(e2.message):find("no method 'nope'", 1, true), e2)
+        local own = rpc.RRef(Counter.new(1))
+        check("local RRef", own:is_owner() and own:local_value().n == 1 and own:to_here().n == 1)
+        check("local proxy", own:rpc_sync():add(2) == 3)
+        check("owner tostring", tostring(own):find("OwnerRRef", 1, true) ~= nil)
+        local self_remote = rpc.remote("worker0", Counter.new, {7})
+        check("remote to self", self_remote:is_owner() and self_remote:to_here().n == 7)
+      end
+      rpc.shutdown()
+    ]], {"remote returns at once", "rpc_sync proxy", "remote proxy", "rpc_async proxy", "to_here", "owner",
+         "not owner", "confirmed", "tostring", "local_value refuses", "object method", "missing method",
+         "local RRef", "local proxy", "owner tostring", "remote to self"})
+  end)
+
+  it("forks owner->user, user->user and user->owner, and frees after the last holder", function()
+    world(3, [[
+      held = nil
+      function hold(r) held = r return r:to_here() end
+      function drop() held = nil collectgarbage() collectgarbage() return true end
+      function owner_sees(r) return r:is_owner(), r:local_value() end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        -- owner -> user: w0 owns, w1 holds a fork
+        local mine = rpc.RRef("value0")
+        check("owner to user", rpc.rpc_sync("w1", hold, {mine}) == "value0")
+        mine = nil
+        local s = settle()
+        check("kept while a user holds it", s[0].owners == 1 and s[0].owner_forks == 1 and s[1].user_forks == 1)
+        rpc.rpc_sync("w1", drop)
+        s = settle()
+        check("freed after the last user", s[0].owners == 0 and s[1].user_forks == 0)
+        -- user -> user: w1 owns (remote from w0), w0 passes its fork to w2
+        local r = rpc.remote("w1", string.rep, {"ab", 2})
+        check("user to user", rpc.rpc_sync("w2", hold, {r}) == "abab")
+        r = nil
+        s = settle()
+        check("child fork keeps it alive", s[1].owners == 1 and s[2].user_forks == 1 and s[0].user_forks == 0)
+        rpc.rpc_sync("w2", drop)
+        s = settle()
+        check("freed after the child fork", s[1].owners == 0 and s[2].user_forks == 0)
+        -- user -> owner: passing w1's RRef back to w1 gives the owner its own value
+        local r2 = rpc.remote("w1", string.upper, {"own"})
+        local is_owner, v = rpc.rpc_sync("w1", owner_sees, {r2})
+        check("user to owner", is_owner == true and v == "OWN")
+        r2 = nil
+        s = settle()
+        check("all counts back to zero", s[0].owners + s[1].owners + s[2].owners == 0 and
+          s[0].user_forks + s[1].user_forks + s[2].user_forks == 0, s[1].owners)
+      end
+      rpc.shutdown()
+    ]], {"owner to user", "kept while a user holds it", "freed after the last user", "user to user",
+         "child fork keeps it alive", "freed after the child fork", "user to owner", "all counts back to zero"})
+  end)
+
+  it("survives many RRefs created and dropped (deletes are batched)", function()
+    world(2, [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local sum = 0
+        for i = 1, 300 do
+          local r = rpc.remote("w1", math.max, {i, 0})
+          sum = sum + r:to_here()
+        end
+        check("values", sum == 300 * 301 / 2)
+        local s = settle()
+        check("nothing leaks", s[1].owners == 0 and s[0].user_forks == 0, s[1].owners)
+      end
+      rpc.shutdown()
+    ]], {"values", "nothing leaks"})
+  end)
+
+  it("reports creation errors and timeouts at to_here, and a dead owner as unreachable", function()
+    world(3, [[
+      function boom() error("creation failed here") end
+      function slow() sched.sleep(5) return 1 end
+      function die() os.exit(0) end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local r = rpc.remote("w1", boom)
+        local ok, e = pcall(r.to_here, r)
+        check("creation error", not ok and e.kind == "remote" and tostring(e.message):find("creation failed here", 1, true)
+          and tostring(e.traceback):find("stack traceback", 1, true) and e.worker == "w1", e)
+        local t = rpc.remote("w1", slow)
+        ok, e = pcall(t.to_here, t, 0.2)
+        check("to_here timeout", not ok and e.kind == "timeout", e)
+        local ok3, e3 = pcall(function() return rpc.remote("nobody", slow) end)
+        check("unknown owner", not ok3 and e3.kind == "config")
+        local d = rpc.remote("w2", slow)
+        pcall(rpc.rpc_sync, "w2", die, {}, nil, 0.5)
+        ok, e = pcall(d.to_here, d)
+        check("dead owner", not ok and e.kind == "unreachable", e)
+        ok, e = pcall(require("rpchost.codec").encode, "value", {d})
+        check("no RRef outside RPC", not ok and tostring(e.message):find("only be sent as an argument or result of an RPC", 1, true), e)
+        local tensor = require "tensor"
+        ok, e = pcall(rpc.RRef, 1)
+        rpc.shutdown(false)
+        os.exit(0)
+      end
+      if rank == 1 then sched.sleep(3) rpc.shutdown(false) os.exit(0) end
+      sched.sleep(30)
+    ]], {"creation error", "to_here timeout", "unknown owner", "dead owner", "no RRef outside RPC"}, {timeout = 40})
+  end)
+end)
