@@ -148,6 +148,21 @@ def side(name, cfg, exe, deadline):
     return m, raw, errors
 
 
+def idle_share(seconds=1.0):
+    """Share of CPU time spent idle over `seconds` (from /proc/stat), or None off Linux."""
+    def snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[3] + v[4], sum(v)  # idle + iowait, total
+    try:
+        i0, t0 = snap()
+        time.sleep(seconds)
+        i1, t1 = snap()
+    except OSError:
+        return None
+    return (i1 - i0) / max(1, t1 - t0)
+
+
 # --- the table --------------------------------------------------------------------------
 def rows():
     r = [
@@ -234,7 +249,7 @@ def main():
     tver = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
                           capture_output=True, text=True, timeout=60).stdout.strip() or "?"
 
-    load0 = os.getloadavg()[0]
+    idle0 = idle_share()
     t_all = time.monotonic()
     # the budget is shared: rpchost gets up to half of it, PyTorch the rest
     half = t_all + o.budget / 2 if o.only is None else t_all + o.budget
@@ -261,11 +276,10 @@ def main():
             print(f"{name} ops per round (ms): {per_round(raw, 'ops', keys_ops)}")
         if raw.get("rpc"):
             print(f"{name} rpc per round (ms): {per_round(raw, 'rpc', keys_rpc)}")
-    load1 = os.getloadavg()[0]
-    busy = os.cpu_count() * 0.3
-    print(f"context: 1-minute load average {load0:.2f} before, {load1:.2f} after (this run itself adds "
-          f"about 1)" + (f"; the machine was already busy at the start (> {busy:.1f}): other processes "
-                         f"skew these numbers, PyTorch's OpenMP threads most" if load0 > busy else ""))
+    if idle0 is not None:
+        print(f"context: CPUs {idle0 * 100:.0f}% idle in the second before the run"
+              + ("; the machine was busy: other processes skew these numbers (PyTorch's OpenMP "
+                 "threads most), rerun on a quiet machine" if idle0 < 0.9 else ""))
     print(f"PASS {verdicts.count('PASS')}, MISS {verdicts.count('MISS')}; "
           f"total bench time {time.monotonic() - t_all:.1f}s")
     for e in errors:

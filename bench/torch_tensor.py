@@ -10,7 +10,8 @@ bench/tensor_ops.lua and bench/tensor_rpc.lua do and prints the same
   /usr/bin/python3 bench/torch_tensor.py --nproc 2 rpc MAX_SECONDS SIZE:REPS [SIZE:REPS...]
 
 ops: 16M-element float32 add (a + b, result allocated) and sum, float32 matmul 512 and
-2048; median and best of REPS timed runs after WARMUP untimed ones. THREADS sets
+2048; median and best of REPS timed runs (sum: 2 x REPS, matmul 512: 10 x REPS) after
+WARMUP untimed ones; each result is freed outside the timed region. THREADS sets
 torch.set_num_threads (0 or absent: leave PyTorch's default).
 rpc: rank 0 echoes a float32 CPU tensor through rank 1 with rpc_sync (TensorPipe
 backend, default options but rpc_timeout=120) and times each round trip. Without RANK
@@ -26,7 +27,7 @@ import time
 
 sys.dont_write_bytecode = True  # keep bench/ free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_rpc  # noqa: E402  (spawn_ranks / wait_ranks; no torch import there)
+import torch_rpc  # noqa: E402  (free_port / wait_ranks; no torch import there)
 
 DEFAULT_PLAN = ["4096:2000", "1048576:200", "16777216:20", "67108864:8"]
 
@@ -49,12 +50,12 @@ def ops(reps=10, warmup=2, max_s=10, threads=0):
         torch.set_num_threads(threads)
     now = time.perf_counter
 
-    def timeit(fn):
+    def timeit(fn, mult=1):  # mult scales REPS for short ops, as in tensor_ops.lua
         for _ in range(warmup):
             fn()
         ts = []
         t_start = now()
-        for _ in range(reps):
+        for _ in range(reps * mult):
             t0 = now()
             r = fn()
             ts.append(now() - t0)
@@ -74,14 +75,14 @@ def ops(reps=10, warmup=2, max_s=10, threads=0):
     r = timeit(lambda: a + b)
     report("add", r)
     out.append(("add_gbs", f"{3 * 4 * n / r[0] / 1e9:.3f}"))
-    r = timeit(lambda: a.sum())
+    r = timeit(lambda: a.sum(), 2)
     report("sum", r)
     out.append(("sum_gbs", f"{4 * n / r[0] / 1e9:.3f}"))
     assert abs(a.sum().item() / n - 0.5) < 0.01
     del a, b
     for sz in (512, 2048):
         m1, m2 = torch.rand(sz, sz), torch.rand(sz, sz)
-        r = timeit(lambda: m1 @ m2)
+        r = timeit(lambda: m1 @ m2, 10 if sz == 512 else 1)
         report(f"mm{sz}", r)
         out.append((f"mm{sz}_gflops", f"{2 * sz ** 3 / r[0] / 1e9:.3f}"))
     emit(out)
