@@ -59,6 +59,16 @@ static int l_flush(lua_State *L) {
   return 0;
 }
 
+static int l_sleep_ms(lua_State *L) {
+  uv_sleep((unsigned)luaL_checkinteger(L, 1));
+  return 0;
+}
+
+static int l_net_busy(lua_State *L) {
+  lua_pushinteger(L, rh_net_busy(&rh_ctx()->net));
+  return 1;
+}
+
 static int l_net_stats(lua_State *L) {
   lua_createtable(L, 0, 2);
   lua_pushnumber(L, (double)rh_ctx()->net.bytes_in);
@@ -148,7 +158,7 @@ static int l_isatty(lua_State *L) {
 int rh_open_loop(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"run", l_run},           {"now", l_now},           {"timer_set", l_timer_set},
-      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats},
+      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats}, {"net_busy", l_net_busy}, {"sleep_ms", l_sleep_ms},
       {"exepath", l_exepath},   {"getpid", l_getpid},     {"hostname", l_hostname},
       {"setenv", l_setenv},     {"environ", l_environ},   {"maxrss", l_maxrss},
       {"isatty", l_isatty},     {"mkdtemp", l_mkdtemp},   {"rmdir", l_rmdir},

@@ -1,14 +1,23 @@
 -- dist: the process group (torch.distributed) for Lua (see API.md).
--- Membership and rendezvous go through the same store as rpc: init_process_group
--- and init_rpc pointed at one address share one store connection.
+-- Membership and rendezvous go through the same store as rpc (init_process_group
+-- and init_rpc pointed at one address share one store connection); collectives
+-- travel between the group's ranks on rpchost's own transport, through an agent
+-- of their own, so they and RPC run side by side on one rank without blocking
+-- each other. The algorithms are in rpchost.collectives.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
 local errors = require "rpchost.errors"
 local env = require "rpchost.env"
 local store = require "rpchost.store"
 local log = require "rpchost.log"
+local agentmod = require "rpchost.agent"
+local collectives = require "rpchost.collectives"
+local Future = require "rpchost.future"
 
 local dist = {}
 
-local group = nil -- {rank, world_size, backend, host, port, store, key, prefix}
+local state = nil -- {rank, world_size, backend, host, port, store, key, prefix, agent, group, groups}
 
 dist.ReduceOp = {SUM = "SUM", PRODUCT = "PRODUCT", MIN = "MIN", MAX = "MAX", AVG = "AVG"}
 
@@ -20,10 +29,14 @@ local function cfg(msg, ...) error(errors.new("config", msg:format(...)), 0) end
 function dist.init_process_group(o, ...)
   if type(o) == "string" then o = {backend = o, init_method = (select(1, ...))} end
   o = o or {}
-  if group then cfg("init_process_group: the default process group is already initialised") end
+  if state then cfg("init_process_group: the default process group is already initialised") end
   local backend = BACKENDS[o.backend or "gloo"]
   if not backend then
     cfg("init_process_group: unknown backend '%s' (use \"gloo\", \"tcp\" or \"nccl\")", tostring(o.backend))
+  end
+  if backend == "nccl" then
+    cfg("init_process_group: backend \"nccl\" needs CUDA, which is not available here " ..
+        "(tensor.cuda.is_available() is false); use \"gloo\"")
   end
   local rank = o.rank
   if rank == nil then rank = env.rank() end
@@ -44,6 +57,7 @@ function dist.init_process_group(o, ...)
   local timeout = env.init_timeout(o.timeout)
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
   local client, key = store.acquire(host, port, host_it, timeout)
+  local a
   local ok, err = pcall(function()
     local gen = client:add("pg/gen/" .. rank, 1)
     local P = ("pg/%d/"):format(gen)
@@ -54,7 +68,17 @@ function dist.init_process_group(o, ...)
       client:set(P .. "abort", msg)
       cfg("%s", msg)
     end
-    client:set(P .. "rank/" .. rank, "1")
+    local loopback = store.is_loopback(assert(core.resolve(host)))
+    a = agentmod.new{name = "pg" .. rank, rank = rank, world_size = world_size, timeout = timeout,
+                     world = key .. "/" .. P, allow_bytecode = false}
+    local advertise = "127.0.0.1"
+    if loopback then a:listen(advertise)
+    else
+      a:listen("0.0.0.0")
+      advertise = client.conn:local_addr() or advertise
+    end
+    client:set(P .. "rank/" .. rank, codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise,
+                                                        port = a.port}))
     local keys = {}
     for r = 0, world_size - 1 do keys[#keys + 1] = P .. "rank/" .. r end
     client:wait_verbose(keys, timeout, P .. "abort", function(miss)
@@ -62,45 +86,223 @@ function dist.init_process_group(o, ...)
       for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
       return ("process group rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
     end)
-    group = {rank = rank, world_size = world_size, backend = backend, host = host, port = port,
-             store = client, key = key, prefix = P, timeout = timeout}
+    local infos = client:multi_get(keys)
+    for r = 0, world_size - 1 do a:add_peer(codec.decode(infos[r + 1])) end
+    a:set_ready()
+    local ranks = {}
+    for r = 0, world_size - 1 do ranks[r + 1] = r end
+    state = {rank = rank, world_size = world_size, backend = backend, host = host, port = port,
+             store = client, key = key, prefix = P, timeout = timeout, agent = a, groups = 0}
+    state.group = collectives.new_group(a, 0, ranks, rank, timeout)
   end)
   if not ok then
+    if a then a:close() end
     store.release(key)
     error(err, 0)
   end
   log.debug("process group ready: rank %d of %d (%s)", rank, world_size, backend)
 end
 
-function dist.destroy_process_group()
-  if not group then
+function dist.destroy_process_group(group)
+  if not state then
     cfg("destroy_process_group: this rank is not in an initialised process group " ..
         "(init_process_group was not called here, or the group was already destroyed)")
   end
-  local g = group
-  group = nil
-  store.release(g.key)
+  if group ~= nil and group ~= state.group then return end -- subgroups need no teardown
+  local s = state
+  state = nil
+  s.agent:close("the process group was destroyed")
+  store.release(s.key)
 end
 
-function dist.is_initialized() return group ~= nil end
+function dist.is_initialized() return state ~= nil end
 
 local function need(what)
-  if not group then
+  if not state then
     cfg("%s: the default process group is not initialised (call dist.init_process_group first)", what)
   end
-  return group
+  return state
 end
 
-function dist.get_rank() return need("get_rank").rank end
-function dist.get_world_size() return need("get_world_size").world_size end
+function dist.get_rank(group)
+  local s = need("get_rank")
+  if group and group ~= s.group then return group.rank or -1 end
+  return s.rank
+end
+function dist.get_world_size(group)
+  local s = need("get_world_size")
+  if group and group ~= s.group then return group.size or -1 end
+  return s.world_size
+end
 function dist.get_backend() return need("get_backend").backend end
+
+-- new_group(ranks): every rank of the default group calls it, in the same order.
+-- Members get a group; the others get dist.GroupMember.NON_GROUP_MEMBER.
+local NonMember = {}
+NonMember.__index = NonMember
+NonMember.__tostring = function(g) return "NonGroupMember(ranks " .. table.concat(g.ranks, ", ") .. ")" end
+dist.GroupMember = {WORLD = "WORLD", NON_GROUP_MEMBER = setmetatable({ranks = {}}, NonMember)}
+
+function dist.new_group(ranks, opts)
+  local s = need("new_group")
+  s.groups = s.groups + 1
+  if ranks == nil then
+    ranks = {}
+    for r = 0, s.world_size - 1 do ranks[#ranks + 1] = r end
+  end
+  local sorted, seen = {}, {}
+  for _, r in ipairs(ranks) do
+    if type(r) ~= "number" or r < 0 or r >= s.world_size or r ~= math.floor(r) then
+      cfg("new_group: rank %s is not a rank of the world (0..%d)", tostring(r), s.world_size - 1)
+    end
+    if seen[r] then cfg("new_group: rank %d appears twice", r) end
+    seen[r] = true
+    sorted[#sorted + 1] = r
+  end
+  table.sort(sorted)
+  local timeout = opts and opts.timeout or s.timeout
+  for i, r in ipairs(sorted) do
+    if r == s.rank then return collectives.new_group(s.agent, s.groups, sorted, i - 1, timeout) end
+  end
+  return setmetatable({ranks = sorted}, NonMember)
+end
+
+-- the group a call runs on, checked
+local function group_of(opts, what)
+  local s = need(what)
+  local g = opts and opts.group
+  if g == nil or g == dist.GroupMember.WORLD then return s.group end
+  if getmetatable(g) == NonMember then
+    cfg("%s: rank %d is not a member of this group (ranks %s)", what, s.rank, table.concat(g.ranks, ", "))
+  end
+  if getmetatable(g) ~= collectives.Group then cfg("%s: group must come from dist.new_group", what) end
+  return g
+end
+
+local function global_to_group(g, r, what, role)
+  if type(r) ~= "number" then cfg("%s: %s must be a rank number, got %s", what, role, type(r)) end
+  local i = g:index_of(r)
+  if not i then
+    cfg("%s: %s rank %d is not in the group (ranks %s)", what, role, r, table.concat(g.ranks, ", "))
+  end
+  return i
+end
+
+local function is_opts(v)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return false end
+  return v.group ~= nil or v.async_op ~= nil or v.tag ~= nil or next(v) == nil
+end
+
+local function check_tensor(t, what)
+  if not core.t_is_tensor(t) then cfg("%s: expected a tensor, got %s", what, type(t)) end
+end
+
+-- Work: what an async_op collective returns
+local Work = {}
+Work.__index = Work
+function Work:wait(timeout) self.fut:wait(timeout) return true end
+function Work:is_completed() return self.fut:done() end
+function Work:is_success() return self.fut.state == "done" end
+Work.__tostring = function(w) return "Work(" .. (w.fut:done() and "completed" or "pending") .. ")" end
+dist.Work = Work
+
+-- Runs fn now (returning nil) or, with async_op, as a task (returning a Work).
+local function run(opts, what, fn)
+  if opts and opts.async_op then
+    local fut = Future.new(what)
+    sched.spawn(function()
+      local ok, e = pcall(fn)
+      if ok then fut:set_result(true) else fut:set_error(e) end
+    end, {name = what})
+    return setmetatable({fut = fut}, Work)
+  end
+  fn()
+end
+
+-- all_reduce(t [, op] [, {group=, async_op=}])
+function dist.all_reduce(t, op, opts)
+  if is_opts(op) then op, opts = nil, op end
+  check_tensor(t, "all_reduce")
+  local g = group_of(opts, "all_reduce")
+  return run(opts, "all_reduce", function() g:all_reduce(t, op or "SUM") end)
+end
+
+-- reduce(t, dst [, op] [, opts])
+function dist.reduce(t, dst, op, opts)
+  if is_opts(op) then op, opts = nil, op end
+  check_tensor(t, "reduce")
+  local g = group_of(opts, "reduce")
+  local root = global_to_group(g, dst, "reduce", "dst")
+  return run(opts, "reduce", function() g:reduce(t, root, op or "SUM") end)
+end
+
+function dist.broadcast(t, src, opts)
+  check_tensor(t, "broadcast")
+  local g = group_of(opts, "broadcast")
+  local root = global_to_group(g, src, "broadcast", "src")
+  return run(opts, "broadcast", function() g:broadcast(t, root) end)
+end
+
+function dist.all_gather(list, t, opts)
+  check_tensor(t, "all_gather")
+  local g = group_of(opts, "all_gather")
+  return run(opts, "all_gather", function() g:all_gather(list, t) end)
+end
+
+-- gather(t, list_on_dst_or_nil, dst [, opts])
+function dist.gather(t, list, dst, opts)
+  check_tensor(t, "gather")
+  local g = group_of(opts, "gather")
+  local root = global_to_group(g, dst or 0, "gather", "dst")
+  return run(opts, "gather", function() g:gather(t, list, root) end)
+end
+
+function dist.scatter(t, list, src, opts)
+  check_tensor(t, "scatter")
+  local g = group_of(opts, "scatter")
+  local root = global_to_group(g, src or 0, "scatter", "src")
+  return run(opts, "scatter", function() g:scatter(t, list, root) end)
+end
+
+function dist.reduce_scatter(t, list, op, opts)
+  if is_opts(op) then op, opts = nil, op end
+  check_tensor(t, "reduce_scatter")
+  local g = group_of(opts, "reduce_scatter")
+  return run(opts, "reduce_scatter", function() g:reduce_scatter(t, list, op or "SUM") end)
+end
+
+function dist.barrier(opts)
+  local g = group_of(opts, "barrier")
+  return run(opts, "barrier", function() g:barrier() end)
+end
+
+function dist.send(t, dst, opts)
+  check_tensor(t, "send")
+  local g = group_of(opts, "send")
+  local i = global_to_group(g, dst, "send", "dst")
+  g:send_to(t, i, opts and opts.tag)
+end
+
+-- recv(t, src [, opts]) -> the sender's rank
+function dist.recv(t, src, opts)
+  check_tensor(t, "recv")
+  if src == nil then cfg("recv: pass src (receiving from any rank is not supported)") end
+  local g = group_of(opts, "recv")
+  local i = global_to_group(g, src, "recv", "src")
+  return g:recv_from(t, i, opts and opts.tag)
+end
+
+dist.isend = function(t, dst, opts)
+  dist.send(t, dst, opts)
+  return setmetatable({fut = Future.new("isend"):next(function() return true end)}, Work)
+end
 
 -- host, port of the group's store (rpc checks that it meets at the same place)
 function dist._store_address()
-  local g = need("_store_address")
-  return g.host, g.port
+  local s = need("_store_address")
+  return s.host, s.port
 end
 
-function dist._group() return group end
+function dist._group() return state end
 
 return dist

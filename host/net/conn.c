@@ -39,6 +39,7 @@ struct rh_conn_s {
   rh_release_t *rel;
   size_t nrel, crel;
   rh_conn_t *next_dirty;
+  rh_conn_t *next_all, *prev_all;
   int dirty;
   int closing;   /* uv_close requested */
   int reported;  /* on_close already called */
@@ -96,6 +97,9 @@ static void report_close(rh_conn_t *c, int status, int peer_version) {
 
 static void close_done(uv_handle_t *h) {
   rh_conn_t *c = h->data;
+  if (c->prev_all) c->prev_all->next_all = c->next_all;
+  else c->net->all = c->next_all;
+  if (c->next_all) c->next_all->prev_all = c->prev_all;
   drop_queue(c);
   rh_reader_free(&c->reader);
   free(c->arena);
@@ -121,6 +125,9 @@ rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
   }
   c->tcp.data = c;
   c->net = net;
+  c->next_all = net->all;
+  if (net->all) net->all->prev_all = c;
+  net->all = c;
   c->cbs = *cbs;
   c->data = data;
   rh_reader_init(&c->reader, net->max_frame, net->version);
@@ -168,6 +175,12 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     if (rc < 0) {
       conn_end(c, rc, rc == RH_EVERSION ? f.hdr.version : 0);
       return;
+    }
+    if (c->reported) {
+      /* the owner is gone (a graceful close draining the peer): drop the frame */
+      for (uint32_t i = 0; f.seg_owner && i < f.hdr.nseg; i++)
+        if (c->net->seg_free) c->net->seg_free(c->net->seg_ctx, f.seg_owner[i]);
+      continue;
     }
     if (c->cbs.on_frame) c->cbs.on_frame(c, &f);
   }
@@ -280,10 +293,12 @@ static void write_cb(uv_write_t *req, int status) {
   if (status < 0 && status != UV_ECANCELED) conn_end(c, status, 0);
 }
 
+/* Our side is shut down (FIN sent). Closing now could reset the connection if
+ * the peer still sends, and a reset can make the peer lose bytes we already sent;
+ * so keep reading, and close when the peer's EOF arrives (it closes on ours). */
 static void shutdown_cb(uv_shutdown_t *req, int status) {
   rh_conn_t *c = req->data;
-  (void)status;
-  conn_end(c, 0, 0);
+  if (status != 0) conn_end(c, 0, 0);
 }
 
 static void conn_flush(rh_conn_t *c) {
@@ -364,6 +379,13 @@ void rh_net_flush(rh_net_t *net) {
   }
 }
 
+int rh_net_busy(rh_net_t *net) {
+  int n = 0;
+  for (rh_conn_t *c = net->all; c; c = c->next_all)
+    if (!c->closing && (c->shutting || c->inflight > 0 || c->npieces > 0)) n++;
+  return n;
+}
+
 static void unlink_dirty(rh_conn_t *c) {
   if (!c->dirty) return;
   rh_conn_t **pp = &c->net->dirty;
@@ -377,7 +399,6 @@ void rh_conn_close(rh_conn_t *c, int graceful) {
   if (graceful && uv_is_writable((uv_stream_t *)&c->tcp)) {
     /* Report now (the owner is done with it); the bytes still go out. */
     c->shutting = 1;
-    uv_read_stop((uv_stream_t *)&c->tcp);
     report_close(c, 0, 0);
     if (!c->dirty) {
       c->dirty = 1;

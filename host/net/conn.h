@@ -36,6 +36,7 @@ struct rh_net_s {
   uv_loop_t *loop;
   uv_prepare_t flush;   /* writes out queued frames before each poll */
   rh_conn_t *dirty;     /* connections with queued output */
+  rh_conn_t *all;       /* every connection not yet freed */
   uint64_t max_frame;
   uint8_t version; /* protocol version stamped on and expected in frames */
   /* where incoming segments are read to (NULL: into the frame buffer) */
@@ -49,6 +50,8 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
 void rh_net_close(rh_net_t *net);
 /* Writes all queued output now (also done automatically before each poll). */
 void rh_net_flush(rh_net_t *net);
+/* Connections that still have bytes to write or a graceful close to finish. */
+int rh_net_busy(rh_net_t *net);
 
 /* Connections. `data` is the owner's pointer. */
 rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data);

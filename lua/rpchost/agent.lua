@@ -33,6 +33,7 @@ function M.new(o)
     allow_bytecode = o.allow_bytecode, world = o.world,
     peers = {}, by_name = {}, conns = {}, pending = {}, next_id = 0,
     running = 0, backlog = {}, early = {}, ready = false, state = "starting",
+    mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
     stats = {calls_out = 0, calls_in = 0},
   }, Agent)
   return a
@@ -125,6 +126,7 @@ function Agent:dial(p)
 end
 
 function Agent:peer_ready(p, conn)
+  self.lost[p.rank] = nil
   if p.state == "ready" and p.conn and p.conn:is_open() then return end
   p.state = "ready"
   p.conn = conn
@@ -153,6 +155,8 @@ function Agent:peer_lost(p, conn, why, kind)
   p.state = "none"
   p.queue = {}
   if self.state == "closed" then return end
+  self:fail_receivers(p.rank, errors.new(kind or "unreachable",
+    ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why), {worker = p.name, rank = p.rank}))
   local ids = {}
   for id in pairs(p.pending) do ids[#ids + 1] = id end
   table.sort(ids)
@@ -248,6 +252,15 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
       return
     end
     return self:on_request(conn, id, body, {...})
+  end
+  if ftype == proto.MESSAGE then
+    local st = self.conns[conn]
+    if not st or not st.ready then
+      log.warn("closing a connection that sent a message before its handshake")
+      conn:close()
+      return
+    end
+    return self:on_message(st.rank, body, {...})
   end
   if ftype == proto.HELLO then return self:on_hello(conn, body) end
   if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
@@ -447,6 +460,108 @@ function Agent:on_request(to, id, body, segs)
   end
   self.running = self.running + 1
   sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs)
+end
+
+-- one-way keyed messages ----------------------------------------------------------------
+-- post(rank, key, ...): send values to rank's mailbox under key (no reply).
+-- receive(rank, key, timeout): the values posted by rank under key, waiting for
+-- them; fails at once if that rank is lost or the wait is aborted.
+function Agent:post(rank, key, ...)
+  local p = self:peer_of(rank)
+  local body, segs = enc_msg(p.rank, "message", key, ...)
+  if p.rank == self.rank then
+    self:on_message(self.rank, body, segs)
+  else
+    self:send(p, proto.MESSAGE, 0, 0, body, segs)
+  end
+end
+
+function Agent:on_message(src, body, segs)
+  local r = pack(pcall(dec_msg, body, segs))
+  if not r[1] then
+    log.warn("dropping a malformed message from rank %s: %s", tostring(src), tostring(r[2]))
+    return
+  end
+  local key = r[2]
+  if key == "!abort" then
+    -- a peer found the group out of step: every wait of ours fails with its reason
+    self:abort_receivers(r[3])
+    return
+  end
+  local box = self.mail[src]
+  if not box then box = {}; self.mail[src] = box end
+  local values = pack(unpack(r, 3, r.n))
+  local w = self.mail_waiters[src] and self.mail_waiters[src][key]
+  if w then
+    self.mail_waiters[src][key] = nil
+    sched.wake(w, values)
+    return
+  end
+  box[key] = values
+  -- a receiver waiting on this sender for another key of the same prefix wants
+  -- to look at it (a collective checks that both sides make the same call)
+  local watch = self.mail_watch[src]
+  if watch and key ~= watch.key and key:sub(1, #watch.prefix) == watch.prefix then
+    sched.wake(watch.task, {other = true, values = values})
+  end
+end
+
+function Agent:fail_receivers(rank, err)
+  self.lost[rank] = err
+  local ws = self.mail_waiters[rank]
+  if not ws then return end
+  self.mail_waiters[rank] = {}
+  for _, t in pairs(ws) do sched.wake(t, err) end
+end
+
+-- Wakes every receiver with err (a collective that must stop everywhere).
+function Agent:abort_receivers(err)
+  self.aborted = err
+  for rank, ws in pairs(self.mail_waiters) do
+    self.mail_waiters[rank] = {}
+    for _, t in pairs(ws) do sched.wake(t, err) end
+  end
+end
+
+-- With `prefix` and `on_other`, a message from the same rank under another key
+-- with that prefix (already there, or arriving while waiting) is shown to
+-- on_other(values), which may raise; otherwise the wait goes on.
+function Agent:receive(rank, key, timeout, what, prefix, on_other)
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  if prefix then
+    for k, v in pairs(self.mail[rank] or {}) do
+      if k ~= key and k:sub(1, #prefix) == prefix then on_other(v) end
+    end
+  end
+  while true do
+    local box = self.mail[rank]
+    local v = box and box[key]
+    if v then
+      box[key] = nil
+      return unpack(v, 1, v.n)
+    end
+    if self.aborted then error(self.aborted, 0) end
+    if self.lost[rank] then error(self.lost[rank], 0) end
+    local ws = self.mail_waiters[rank]
+    if not ws then ws = {}; self.mail_waiters[rank] = ws end
+    local me = sched.current()
+    ws[key] = me
+    if prefix then self.mail_watch[rank] = {prefix = prefix, key = key, task = me} end
+    local left = deadline and deadline - sched.now() or nil
+    local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
+    if ws[key] == me then ws[key] = nil end
+    if self.mail_watch[rank] and self.mail_watch[rank].task == me then self.mail_watch[rank] = nil end
+    if not woke then
+      error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
+        what or "a message", rank), {rank = rank}), 0)
+    end
+    if errors.is(got) then error(got, 0) end
+    if type(got) == "table" and got.other then
+      on_other(got.values)
+    else
+      return unpack(got, 1, got.n)
+    end
+  end
 end
 
 -- shutdown ---------------------------------------------------------------------------------

@@ -2,8 +2,20 @@
 -- nils in argument lists), added to LuaJIT's 5.1 standard library.
 table.pack = table.pack or function(...) return {n = select("#", ...), ...} end
 table.unpack = table.unpack or unpack
--- os.exit closes the Lua state first (as os.exit(code, true) does), so tensors and
--- other userdata are finalised even when a script exits early.
+-- os.exit first lets queued frames leave (bounded: 2 s), then closes the Lua state
+-- (as os.exit(code, true) does) so tensors and other userdata are finalised even
+-- when a script exits early.
 local raw_exit = os.exit
-os.exit = function(code) return raw_exit(code, true) end
+os.exit = function(code)
+  local ok, core = pcall(require, "rpchost.core")
+  if ok then
+    core.flush()
+    local deadline = core.now() + 2
+    while core.net_busy() > 0 and core.now() < deadline do
+      core.run("nowait")
+      core.sleep_ms(1)
+    end
+  end
+  return raw_exit(code, true)
+end
 return true

@@ -3,6 +3,7 @@
 return {
   HELLO = 1, HELLO_ACK = 2,
   REQUEST = 3, RESPONSE = 4,
+  MESSAGE = 5, -- one-way, keyed: collectives and point-to-point send/recv
   STORE = 10, STORE_REPLY = 11,
   FLAG_ERROR = 1,
 }

@@ -274,6 +274,14 @@ function M.run(fn, name, ...)
     local ht = M.spawn(h, {name = "exit hook"})
     run_until(ht)
   end
+  -- what the script sent must leave before the process does: write out queued
+  -- frames and finish graceful closes (bounded: a dead peer cannot hold us)
+  local deadline = now() + 5
+  core.flush()
+  while core.net_busy() > 0 and now() < deadline do
+    local waiter = M.spawn(function() M.sleep(0.005) end, {name = "flush"})
+    run_until(waiter)
+  end
   return unpack(res, 1, res.n)
 end
 

@@ -1,0 +1,321 @@
+-- rpchost.collectives: the algorithms behind dist's collectives, over a group of
+-- ranks that exchange keyed one-way messages through an agent (rpchost.agent's
+-- post/receive: tensors travel as frame segments, never through the codec).
+--
+-- Every collective call takes the group's next sequence number (all ranks call
+-- collectives in the same order, so the numbers agree) and every message carries
+-- a description of the call; a rank that receives a different description names
+-- the mismatch, tells the whole group to stop, and fails, instead of hanging.
+-- Sizes choose the algorithm: all_reduce uses recursive doubling for small
+-- tensors and a ring (reduce-scatter, then all-gather) for large ones; broadcast
+-- and reduce use binomial trees. Each reduction is computed once per element and
+-- the same bits reach every rank.
+local core = require "rpchost.core"
+local errors = require "rpchost.errors"
+local bit = require "bit"
+
+local M = {}
+
+local BIN = {SUM = 0, PRODUCT = 2, MAX = 5, MIN = 6, AVG = 0}
+-- at or above this size all_reduce uses the ring (RPCHOST_RING_BYTES to tune)
+M.RING_BYTES = tonumber(os.getenv("RPCHOST_RING_BYTES")) or 256 * 1024
+
+local Group = {}
+Group.__index = Group
+M.Group = Group
+
+-- ranks: global ranks in group order; me: this rank's index in it (0-based)
+function M.new_group(agent, id, ranks, me, timeout)
+  return setmetatable({agent = agent, id = id, ranks = ranks, rank = me, size = #ranks, seq = 0,
+                       timeout = timeout, p2p_out = {}, p2p_in = {}}, Group)
+end
+
+function Group:global(i) return self.ranks[i + 1] end
+
+function Group:index_of(global_rank)
+  for i, r in ipairs(self.ranks) do if r == global_rank then return i - 1 end end
+  return nil
+end
+
+local function describe(m)
+  local dtype = ({"float32", "float64", "int32", "int64", "uint8", "bool"})[(m.dtype or -1) + 1] or "?"
+  local s = ("%s(%s, %d element%s"):format(m.op, dtype, m.numel or 0, m.numel == 1 and "" or "s")
+  if m.root then s = s .. ", root " .. m.root end
+  if m.redop then s = s .. ", " .. m.redop end
+  return s .. ")"
+end
+
+-- A collective in progress: its key prefix and description.
+function Group:begin(op, t, extra)
+  if self.agent.aborted then error(self.agent.aborted, 0) end
+  self.seq = self.seq + 1
+  local m = {op = op, dtype = t and core.t_dtype(t) or -1, numel = t and core.t_numel(t) or 0}
+  if extra then for k, v in pairs(extra) do m[k] = v end end
+  return {key = ("g%s:%d:"):format(self.id, self.seq), meta = m}
+end
+
+function Group:send(c, i, step, t)
+  self.agent:post(self:global(i), c.key .. step, c.meta, t)
+end
+
+-- Tells every member to stop waiting for this group's messages, then raises err.
+function Group:abort(err)
+  for _, r in ipairs(self.ranks) do
+    if r ~= self.agent.rank then pcall(self.agent.post, self.agent, r, "!abort", err) end
+  end
+  self.agent:abort_receivers(err)
+  error(err, 0)
+end
+
+local function same_call(a, b)
+  return type(a) == "table" and a.op == b.op and a.dtype == b.dtype and a.numel == b.numel
+    and a.root == b.root and a.redop == b.redop
+end
+
+function Group:mismatch(m, src, meta)
+  self:abort(errors.new("protocol", ("collective mismatch: rank %d called %s but rank %d called %s " ..
+    "(every rank of a group must make the same collective calls, with the same sizes and dtypes, " ..
+    "in the same order)"):format(self.agent.rank, describe(m), src,
+    type(meta) == "table" and describe(meta) or "something else"), {rank = src}))
+end
+
+function Group:recv(c, i, step)
+  local src = self:global(i)
+  local m = c.meta
+  local ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout,
+    ("%s #%d"):format(m.op, self.seq), c.key, function(values)
+      -- another message of this collective from src: it must describe the same call
+      if not same_call(values[1], m) then self:mismatch(m, src, values[1]) end
+    end)
+  if not ok then
+    -- a lost or silent peer, or a mismatch: stop the whole group with the reason
+    if errors.is(meta) and not self.agent.aborted then self:abort(meta) end
+    error(meta, 0)
+  end
+  if not same_call(meta, m) then self:mismatch(m, src, meta) end
+  return t
+end
+
+-- helpers on flat contiguous tensors ----------------------------------------------------
+local function chunk(flat, n, i)
+  local total = core.t_numel(flat)
+  local base, rem = math.floor(total / n), total % n
+  local start = i * base + math.min(i, rem)
+  local len = base + (i < rem and 1 or 0)
+  return core.t_narrow(flat, 0, start, len)
+end
+
+local function combine(acc, x, redop)
+  core.t_binary(BIN[redop], acc, x, acc)
+end
+
+local function snapshot(t) return core.t_clone(t) end
+
+-- all_reduce ----------------------------------------------------------------------------------
+local function recursive_doubling(g, c, flat, redop)
+  local n, me = g.size, g.rank
+  local p2 = 1
+  while p2 * 2 <= n do p2 = p2 * 2 end
+  if me >= p2 then
+    -- fold the ranks beyond the largest power of two into their partners
+    g:send(c, me - p2, "f", snapshot(flat))
+    core.t_copy_(flat, g:recv(c, me - p2, "b"))
+    return
+  end
+  if me < n - p2 then combine(flat, g:recv(c, me + p2, "f"), redop) end
+  local mask = 1
+  while mask < p2 do
+    local partner = bit.bxor(me, mask)
+    g:send(c, partner, "d" .. mask, snapshot(flat))
+    local x = g:recv(c, partner, "d" .. mask)
+    -- the lower rank's operand first, so both partners compute the same bits
+    if partner < me then
+      local r = core.t_binary(BIN[redop], x, flat)
+      core.t_copy_(flat, r)
+    else
+      combine(flat, x, redop)
+    end
+    mask = mask * 2
+  end
+  if me < n - p2 then g:send(c, me + p2, "b", snapshot(flat)) end
+end
+
+local function ring(g, c, flat, redop)
+  local n, me = g.size, g.rank
+  local nxt, prv = (me + 1) % n, (me - 1) % n
+  for k = 0, n - 2 do
+    g:send(c, nxt, "rs" .. k, snapshot(chunk(flat, n, (me - k) % n)))
+    combine(chunk(flat, n, (me - k - 1) % n), g:recv(c, prv, "rs" .. k), redop)
+  end
+  for k = 0, n - 2 do
+    g:send(c, nxt, "ag" .. k, snapshot(chunk(flat, n, (me + 1 - k) % n)))
+    core.t_copy_(chunk(flat, n, (me - k) % n), g:recv(c, prv, "ag" .. k))
+  end
+end
+
+-- Runs fn(flat) on a flat contiguous view of t (a copy when t is not
+-- contiguous, written back afterwards: collectives are in place).
+local function in_place(t, fn)
+  local _, _, _, _, _, contiguous = core.t_info(t)
+  if contiguous then return fn(core.t_view(t, {-1}, false)) end
+  local work = core.t_clone(t)
+  fn(core.t_view(work, {-1}, false))
+  core.t_copy_(t, work)
+end
+
+local function check_redop(redop, t)
+  if not BIN[redop] then
+    error(errors.new("config", ("unknown reduce op %s (dist.ReduceOp.SUM, PRODUCT, MIN, MAX, AVG)"):format(
+      tostring(redop))), 0)
+  end
+  if redop == "AVG" and core.t_dtype(t) > 1 then
+    error(errors.new("config", "ReduceOp.AVG needs a floating point tensor"), 0)
+  end
+end
+
+function Group:all_reduce(t, redop)
+  check_redop(redop, t)
+  local c = self:begin("all_reduce", t, {redop = redop})
+  if self.size == 1 then return end
+  local bytes = core.t_numel(t) * ({4, 8, 4, 8, 1, 1})[core.t_dtype(t) + 1]
+  in_place(t, function(flat)
+    if bytes >= M.RING_BYTES and core.t_numel(t) >= self.size then ring(self, c, flat, redop)
+    else recursive_doubling(self, c, flat, redop) end
+    if redop == "AVG" then core.t_binary(3, flat, self.size, flat) end
+  end)
+end
+
+-- broadcast / reduce: binomial trees rooted at `root` (a group index) ----------------------
+function Group:broadcast(t, root)
+  local c = self:begin("broadcast", t, {root = root})
+  local n = self.size
+  if n == 1 then return end
+  local v = (self.rank - root) % n
+  local data = v == 0 and snapshot(t) or nil
+  local mask = 1
+  while mask < n do
+    if v < mask then
+      if v + mask < n then self:send(c, (v + mask + root) % n, "t", data) end
+    elseif v < 2 * mask then
+      data = self:recv(c, (v - mask + root) % n, "t")
+      core.t_copy_(t, core.t_view(data, core.t_size(t), true))
+    end
+    mask = mask * 2
+  end
+end
+
+function Group:reduce(t, root, redop)
+  check_redop(redop, t)
+  local c = self:begin("reduce", t, {root = root, redop = redop})
+  local n = self.size
+  if n == 1 then return end
+  local v = (self.rank - root) % n
+  -- only the root's tensor changes
+  local acc = v == 0 and t or core.t_clone(t)
+  local mask = 1
+  while mask < n do
+    if v % (2 * mask) == 0 then
+      if v + mask < n then
+        combine(acc, core.t_view(self:recv(c, (v + mask + root) % n, "r"), core.t_size(t), true), redop)
+      end
+    else
+      self:send(c, (v - mask + root) % n, "r", snapshot(acc))
+      break
+    end
+    mask = mask * 2
+  end
+  if v == 0 and redop == "AVG" then core.t_binary(3, t, n, t) end
+end
+
+-- gathers and scatters: direct exchange --------------------------------------------------------
+local function check_list(list, n, what)
+  if type(list) ~= "table" or #list ~= n then
+    error(errors.new("config", ("%s: expected a list of %d tensors (one per rank of the group), got %s"):format(
+      what, n, type(list) == "table" and (#list .. " entries") or type(list))), 0)
+  end
+end
+
+function Group:all_gather(list, t)
+  check_list(list, self.size, "all_gather")
+  local c = self:begin("all_gather", t)
+  local snap = snapshot(t)
+  for i = 0, self.size - 1 do
+    if i ~= self.rank then self:send(c, i, "g", snap) end
+  end
+  core.t_copy_(list[self.rank + 1], t)
+  for i = 0, self.size - 1 do
+    if i ~= self.rank then core.t_copy_(list[i + 1], core.t_view(self:recv(c, i, "g"), core.t_size(t), true)) end
+  end
+end
+
+function Group:gather(t, list, root)
+  local c = self:begin("gather", t, {root = root})
+  if self.rank ~= root then
+    self:send(c, root, "g", snapshot(t))
+    return
+  end
+  check_list(list, self.size, "gather")
+  core.t_copy_(list[root + 1], t)
+  for i = 0, self.size - 1 do
+    if i ~= root then core.t_copy_(list[i + 1], core.t_view(self:recv(c, i, "g"), core.t_size(t), true)) end
+  end
+end
+
+function Group:scatter(t, list, root)
+  local c = self:begin("scatter", t, {root = root})
+  if self.rank == root then
+    check_list(list, self.size, "scatter")
+    for i = 0, self.size - 1 do
+      if i ~= root then self:send(c, i, "s", snapshot(list[i + 1])) end
+    end
+    core.t_copy_(t, list[root + 1])
+  else
+    core.t_copy_(t, core.t_view(self:recv(c, root, "s"), core.t_size(t), true))
+  end
+end
+
+function Group:reduce_scatter(t, list, redop)
+  check_redop(redop, t)
+  check_list(list, self.size, "reduce_scatter")
+  local c = self:begin("reduce_scatter", t, {redop = redop})
+  for i = 0, self.size - 1 do
+    if i ~= self.rank then self:send(c, i, "p", snapshot(list[i + 1])) end
+  end
+  -- combine the pieces in rank order, so every rank follows one rule
+  local acc
+  for i = 0, self.size - 1 do
+    local piece = i == self.rank and list[i + 1] or core.t_view(self:recv(c, i, "p"), core.t_size(t), true)
+    if not acc then acc = core.t_clone(piece) else combine(acc, piece, redop) end
+  end
+  if redop == "AVG" then core.t_binary(3, acc, self.size, acc) end
+  core.t_copy_(t, acc)
+end
+
+function Group:barrier()
+  local t = core.t_full(3, {1}, 0)
+  self:all_reduce(t, "SUM")
+end
+
+-- point to point: the n-th send from a to b with a tag meets the n-th recv -------------------
+function Group:send_to(t, dst, tag)
+  local key = dst .. ":" .. (tag or 0)
+  self.p2p_out[key] = (self.p2p_out[key] or 0) + 1
+  self.agent:post(self:global(dst), ("p2p%s:%s:%d"):format(self.id, tag or 0, self.p2p_out[key]),
+    {op = "send", dtype = core.t_dtype(t), numel = core.t_numel(t)}, snapshot(t))
+end
+
+function Group:recv_from(t, src, tag)
+  local key = src .. ":" .. (tag or 0)
+  self.p2p_in[key] = (self.p2p_in[key] or 0) + 1
+  local meta, x = self.agent:receive(self:global(src), ("p2p%s:%s:%d"):format(self.id, tag or 0,
+    self.p2p_in[key]), self.timeout, "recv")
+  if meta.dtype ~= core.t_dtype(t) or meta.numel ~= core.t_numel(t) then
+    error(errors.new("protocol", ("recv: rank %d sent %s but this rank expects %s"):format(self:global(src),
+      describe(meta), describe({op = "recv", dtype = core.t_dtype(t), numel = core.t_numel(t)})),
+      {rank = self:global(src)}), 0)
+  end
+  core.t_copy_(t, core.t_view(x, core.t_size(t), true))
+  return self:global(src)
+end
+
+return M

@@ -1,0 +1,254 @@
+-- Collectives over real worlds of 1-4 ranks: every collective x dtype against
+-- exact expected values (sizes that do not divide into chunks, ring and tree
+-- paths), async Works, subgroups, mismatches and a dying rank.
+local S = require "spec.support"
+
+local function run_world(n, body, opts)
+  local r = S.world(n, S.prelude .. [[
+    local tensor = require "tensor"
+    local sched = require "rpchost.sched"
+  ]] .. body, opts)
+  return r
+end
+
+local function assert_clean(r, min_oks)
+  assert.are.equal(0, r.status, r.out .. r.err)
+  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+  local oks = select(2, r.out:gsub("\nok ", "")) + (r.out:sub(1, 3) == "ok " and 1 or 0)
+  assert.is_true(oks >= min_oks, ("only %d ok lines:\n%s"):format(oks, r.out))
+end
+
+local every = [[
+  local DT = {"float32", "float64", "int32", "int64", "uint8", "bool"}
+  dist.init_process_group{backend = "gloo"}
+  local n, me = world_size, rank
+  local function value(r, i, dt)
+    if dt == "bool" then return (r + i) % 2 == 0 end
+    return ((r + i) % 3) + 1
+  end
+  local function input(r, size, dt)
+    local v = {}
+    for i = 1, size do v[i] = value(r, i, dt) end
+    return tensor.tensor(v, {dtype = tensor[dt]})
+  end
+  local function fold(op, a, b, dt)
+    if dt == "bool" then
+      if op == "SUM" or op == "MAX" then return a or b end
+      return a and b
+    end
+    if op == "SUM" or op == "AVG" then return a + b end
+    if op == "PRODUCT" then return a * b end
+    if op == "MIN" then return math.min(a, b) end
+    return math.max(a, b)
+  end
+  local function expected(op, size, dt)
+    local out = {}
+    for i = 1, size do
+      local acc = value(0, i, dt)
+      for r = 1, n - 1 do acc = fold(op, acc, value(r, i, dt), dt) end
+      if op == "AVG" then acc = acc / n end
+      out[i] = acc
+    end
+    return out
+  end
+  local function same(t, want)
+    local got = t:totable()
+    if #got ~= #want then return false end
+    for i = 1, #want do
+      local a, b = got[i], want[i]
+      if type(a) == "number" and type(b) == "number" then
+        if math.abs(a - b) > 1e-6 * math.max(1, math.abs(b)) then return false end
+      elseif a ~= b then return false end
+    end
+    return true
+  end
+  for _, size in ipairs({1, 7, 1001}) do
+    for _, dt in ipairs(DT) do
+      local tag = ("%s[%d]"):format(dt, size)
+      for _, op in ipairs({"SUM", "PRODUCT", "MIN", "MAX", "AVG"}) do
+        if op ~= "AVG" or dt == "float32" or dt == "float64" then
+          local t = input(me, size, dt)
+          dist.all_reduce(t, dist.ReduceOp[op])
+          check("all_reduce " .. op .. " " .. tag, same(t, expected(op, size, dt)), t)
+        end
+      end
+      local root = (size + 1) % n
+      local t = input(me, size, dt)
+      dist.reduce(t, root, dist.ReduceOp.SUM)
+      check("reduce " .. tag, me ~= root or same(t, expected("SUM", size, dt)))
+      local b = me == root and input(me, size, dt) or tensor.zeros(size, {dtype = tensor[dt]})
+      dist.broadcast(b, root)
+      check("broadcast " .. tag, same(b, input(root, size, dt):totable()))
+      local list = {}
+      for r = 1, n do list[r] = tensor.zeros(size, {dtype = tensor[dt]}) end
+      dist.all_gather(list, input(me, size, dt))
+      local ok = true
+      for r = 0, n - 1 do ok = ok and same(list[r + 1], input(r, size, dt):totable()) end
+      check("all_gather " .. tag, ok)
+      local glist = nil
+      if me == root then
+        glist = {}
+        for r = 1, n do glist[r] = tensor.zeros(size, {dtype = tensor[dt]}) end
+      end
+      dist.gather(input(me, size, dt), glist, root)
+      ok = true
+      if me == root then for r = 0, n - 1 do ok = ok and same(glist[r + 1], input(r, size, dt):totable()) end end
+      check("gather " .. tag, ok)
+      local slist = nil
+      if me == root then
+        slist = {}
+        for r = 0, n - 1 do slist[r + 1] = input(r + 10, size, dt) end
+      end
+      local s = tensor.zeros(size, {dtype = tensor[dt]})
+      dist.scatter(s, slist, root)
+      check("scatter " .. tag, same(s, input(me + 10, size, dt):totable()))
+      -- reduce_scatter: rank r contributes input(r + 20*j) for destination j
+      local rs = {}
+      for j = 0, n - 1 do rs[j + 1] = input(me + 20 * j, size, dt) end
+      local out = tensor.zeros(size, {dtype = tensor[dt]})
+      dist.reduce_scatter(out, rs, dist.ReduceOp.MAX)
+      local want = {}
+      for i = 1, size do
+        local acc = value(20 * me, i, dt)
+        for r = 1, n - 1 do acc = fold("MAX", acc, value(r + 20 * me, i, dt), dt) end
+        want[i] = acc
+      end
+      check("reduce_scatter " .. tag, same(out, want))
+    end
+  end
+  dist.barrier()
+  print("ok barrier")
+  dist.destroy_process_group()
+]]
+
+describe("collectives", function()
+  for n = 1, 4 do
+    it(("give exact results for every collective and dtype in a world of %d"):format(n), function()
+      local r = run_world(n, every, {timeout = 120, env = {RPCHOST_RING_BYTES = 64}})
+      assert_clean(r, n * 100)
+    end)
+  end
+
+  it("use the ring for large tensors with the default threshold", function()
+    local r = run_world(3, [[
+      dist.init_process_group{backend = "gloo"}
+      local t = tensor.ones(100003) * (rank + 1)
+      dist.all_reduce(t)
+      check("ring sum", t:min():item() == 6 and t:max():item() == 6)
+      local u = tensor.arange(100003, {dtype = tensor.float64}) * (rank + 1)
+      dist.all_reduce(u, dist.ReduceOp.AVG)
+      check("ring avg", u:equal(tensor.arange(100003, {dtype = tensor.float64}) * 2))
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 6)
+  end)
+
+  it("return Works with async_op, and run beside RPC", function()
+    local r = run_world(2, [[
+      function slow_echo(x) sched.sleep(0.05) return x end
+      dist.init_process_group{backend = "gloo"}
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      local a, b = tensor.ones(10), tensor.ones(10) * 2
+      local f = rpc.rpc_async((rank + 1) % 2, slow_echo, {rank})
+      local w1 = dist.all_reduce(a, {async_op = true})
+      local w2 = dist.all_reduce(b, dist.ReduceOp.SUM, {async_op = true})
+      check("work type", tostring(w1):find("Work", 1, true) ~= nil)
+      check("wait", w1:wait() and w2:wait())
+      check("completed", w1:is_completed() and w2:is_completed())
+      check("results", a:equal(tensor.ones(10) * 2) and b:equal(tensor.ones(10) * 4))
+      check("rpc beside", f:wait() == rank)
+      local wb = dist.barrier({async_op = true})
+      wb:wait()
+      check("async barrier", wb:is_completed())
+      rpc.shutdown()
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 12)
+  end)
+
+  it("run on subgroups, and refuse non-members", function()
+    local r = run_world(4, [[
+      dist.init_process_group{backend = "gloo"}
+      local g = dist.new_group({0, 2})
+      local t = tensor.ones(3) * (rank + 1)
+      if rank == 0 or rank == 2 then
+        dist.all_reduce(t, {group = g})
+        check("subgroup sum", t:equal(tensor.ones(3) * 4))
+        check("subgroup rank", dist.get_rank(g) == rank / 2 and dist.get_world_size(g) == 2)
+        local b = tensor.full({2}, rank)
+        dist.broadcast(b, 2, {group = g})
+        check("subgroup broadcast from global rank 2", b:equal(tensor.full({2}, 2)))
+      else
+        local ok, e = pcall(dist.all_reduce, t, {group = g})
+        check("non-member refused", not ok and tostring(e.message):find("is not a member of this group (ranks 0, 2)", 1, true), e)
+      end
+      dist.barrier()
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 8)
+  end)
+
+  it("send and recv in order per tag", function()
+    local r = run_world(2, [[
+      dist.init_process_group{backend = "gloo"}
+      if rank == 0 then
+        dist.send(tensor.full({2}, 1), 1)
+        dist.send(tensor.full({2}, 7), 1, {tag = 5})
+        dist.send(tensor.full({2}, 2), 1)
+      else
+        local x, y, z = tensor.zeros(2, {dtype = tensor.int64}), tensor.zeros(2, {dtype = tensor.int64}), tensor.zeros(2, {dtype = tensor.int64})
+        check("tagged first", dist.recv(y, 0, {tag = 5}) == 0 and y[1]:item() == 7)
+        dist.recv(x, 0)
+        dist.recv(z, 0)
+        check("in order", x[1]:item() == 1 and z[1]:item() == 2)
+        local ok, e = pcall(dist.recv, x)
+        check("src required", not ok and e.kind == "config")
+      end
+      dist.barrier()
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 3)
+  end)
+
+  it("name a mismatch of calls, sizes or dtypes instead of hanging", function()
+    local r = run_world(3, [[
+      dist.init_process_group{backend = "gloo", timeout = 20}
+      local ok, e
+      if rank == 0 then ok, e = pcall(dist.all_reduce, tensor.ones(4))
+      else ok, e = pcall(dist.all_reduce, tensor.ones(5)) end
+      check("size mismatch fails", not ok and e.kind == "protocol" and tostring(e.message):find("collective mismatch", 1, true), e)
+      print("message " .. rank .. ": " .. tostring(e and e.message))
+      dist.destroy_process_group()
+    ]], {timeout = 40})
+    assert_clean(r, 3)
+    assert.truthy(r.out:find("all_reduce(float32, 4 elements", 1, true), r.out)
+    assert.truthy(r.out:find("all_reduce(float32, 5 elements", 1, true), r.out)
+    assert.is_true(r.elapsed < 15)
+    r = run_world(2, [[
+      dist.init_process_group{backend = "gloo", timeout = 20}
+      local ok, e
+      if rank == 0 then ok, e = pcall(dist.all_reduce, tensor.ones(4))
+      else ok, e = pcall(dist.broadcast, tensor.ones(4), 0) end
+      check("call mismatch fails", not ok and tostring(e.message):find("broadcast", 1, true) and
+        tostring(e.message):find("all_reduce", 1, true), e)
+      dist.destroy_process_group()
+    ]], {timeout = 40})
+    assert_clean(r, 2)
+  end)
+
+  it("fail with unreachable, naming the rank, when a rank dies", function()
+    local r = run_world(3, [[
+      dist.init_process_group{backend = "gloo", timeout = 30}
+      dist.barrier()
+      if rank == 1 then os.exit(0) end
+      local t0 = sched.now()
+      local ok, e = pcall(dist.all_reduce, tensor.ones(3))
+      check("unreachable", not ok and e.kind == "unreachable" and e.rank == 1, e)
+      check("quickly", sched.now() - t0 < 5)
+      os.exit(0)
+    ]], {timeout = 40})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    assert.truthy(r.out:find("ok unreachable", 1, true), r.out .. r.err)
+  end)
+end)
