@@ -14,6 +14,13 @@ describe("example scripts", function()
     assert.is_true(lines["tensor([[1., 1., 1., 1.]])"], r.out)
   end)
 
+  it("data_parallel.lua: four ranks average gradients and end with identical weights", function()
+    local r = S.run({"run", "--nproc-per-node", "4", S.root .. "/scripts/data_parallel.lua", "60"})
+    assert.are.equal(0, r.status, r.err)
+    assert.truthy(r.out:find("all ranks hold identical weights", 1, true), r.out)
+    assert.truthy(r.out:find("loss fell", 1, true), r.out)
+  end)
+
   it("parameter_server.lua: trainers pull weights and push gradients through an RRef", function()
     local r = S.run({"run", "--nproc-per-node", "3", S.root .. "/scripts/parameter_server.lua", "40"})
     assert.are.equal(0, r.status, r.err)
