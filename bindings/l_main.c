@@ -43,7 +43,8 @@ int rh_callback(int nargs, int nresults) {
 /* Incoming frame segments are read straight into tensor storages. */
 static void *seg_alloc(void *ctx, uint64_t len, uint8_t **data) {
   (void)ctx;
-  rh_storage_t *s = rh_storage_new((size_t)len);
+  /* every byte is about to be read into: no need to zero it */
+  rh_storage_t *s = rh_storage_new_uninit((size_t)len);
   if (!s) return NULL;
   *data = s->data;
   return s;

@@ -11,7 +11,7 @@
 #include "tensor/tensor.h"
 
 #define TENSOR_MT "rpchost.Tensor"
-#define RH_GC_BYTES (256ll << 20)
+#define RH_GC_BYTES (64ll << 20)
 
 typedef struct {
   rh_tensor_t *t;

@@ -171,6 +171,10 @@ static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as,
 }
 
 int rh_tensor_fill_(rh_tensor_t *t, double v) {
+  if (v == 0 && rh_tensor_is_contiguous(t)) {
+    memset(rh_tensor_data(t), 0, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+    return 0;
+  }
   fill_ctx_t f;
   f.dt = t->dtype;
   rh__store(t->dtype, f.v.bytes, v);
@@ -450,6 +454,49 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
   return res;
 }
 
+/* ---- fast sums of contiguous floats: eight independent accumulators (no
+ * dependency chain), in double; long rows are split across the thread pool and
+ * the partial sums added in order, so a given machine always gets the same bits */
+#define SUM_FN(NAME, T)                                                     \
+  static double NAME(const T *p, int64_t n) {                               \
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                  \
+    int64_t i = 0;                                                          \
+    for (; i + 8 <= n; i += 8)                                              \
+      for (int k = 0; k < 8; k++) a[k] += p[i + k];                         \
+    for (; i < n; i++) a[0] += p[i];                                        \
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); \
+  }
+SUM_FN(sum_f32, float)
+SUM_FN(sum_f64, double)
+
+#define SUM_PARTS 16
+typedef struct {
+  const void *p;
+  rh_dtype_t dt;
+  int64_t n;
+  double part[SUM_PARTS];
+} sum_job_t;
+
+static void sum_chunk(void *vctx, int64_t lo, int64_t hi) {
+  sum_job_t *j = vctx;
+  int64_t per = (j->n + SUM_PARTS - 1) / SUM_PARTS;
+  for (int64_t k = lo; k < hi; k++) {
+    int64_t a = k * per, b = a + per < j->n ? a + per : j->n;
+    if (a >= b) { j->part[k] = 0; continue; }
+    j->part[k] = j->dt == RH_F32 ? sum_f32((const float *)j->p + a, b - a)
+                                 : sum_f64((const double *)j->p + a, b - a);
+  }
+}
+
+static double fast_sum(const void *p, rh_dtype_t dt, int64_t n) {
+  if (n < (1 << 18)) return dt == RH_F32 ? sum_f32(p, n) : sum_f64(p, n);
+  sum_job_t j = {p, dt, n, {0}};
+  rh_parallel_for(SUM_PARTS, 1, sum_chunk, &j);
+  double acc = 0;
+  for (int k = 0; k < SUM_PARTS; k++) acc += j.part[k];
+  return acc;
+}
+
 /* ---- reductions: move the reduced dim last, make rows contiguous, reduce rows */
 static rh_tensor_t *rows_of(rh_tensor_t *a, int dim, int64_t *rows, int64_t *len) {
   rh_tensor_t *p;
@@ -540,12 +587,8 @@ rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdi
       case RH_RED_SUM:
       case RH_RED_MEAN:
         acc = 0;
-        if (a->dtype == RH_F32) {
-          const float *f = (const float *)row;
-          for (int64_t i = 0; i < len; i++) acc += f[i];
-        } else if (a->dtype == RH_F64) {
-          const double *f = (const double *)row;
-          for (int64_t i = 0; i < len; i++) acc += f[i];
+        if (a->dtype == RH_F32 || a->dtype == RH_F64) {
+          acc = fast_sum(row, a->dtype, len);
         } else {
           for (int64_t i = 0; i < len; i++) acc += rh__load(a->dtype, row + (size_t)i * es);
         }

@@ -49,11 +49,11 @@ rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b) {
 /* ---- storage */
 static int64_t live_bytes;
 
-rh_storage_t *rh_storage_new(size_t nbytes) {
+static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
   rh_storage_t *s = malloc(sizeof *s);
   if (!s) return NULL;
-  /* calloc of 0 may return NULL; keep a valid pointer */
-  s->data = calloc(nbytes ? nbytes : 1, 1);
+  /* an allocation of 0 may return NULL; keep a valid pointer */
+  s->data = zero ? calloc(nbytes ? nbytes : 1, 1) : malloc(nbytes ? nbytes : 1);
   if (!s->data) {
     free(s);
     rh_tensor_fail("out of memory allocating %zu bytes", nbytes);
@@ -66,6 +66,9 @@ rh_storage_t *rh_storage_new(size_t nbytes) {
   __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   return s;
 }
+
+rh_storage_t *rh_storage_new(size_t nbytes) { return storage_alloc(nbytes, 1); }
+rh_storage_t *rh_storage_new_uninit(size_t nbytes) { return storage_alloc(nbytes, 0); }
 
 rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx) {
   rh_storage_t *s = malloc(sizeof *s);
@@ -129,7 +132,7 @@ static int check_sizes(int ndim, const int64_t *size, int64_t *numel) {
 
 rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t dt, int64_t offset, int ndim,
                                   const int64_t *size, const int64_t *stride) {
-  int64_t numel;
+  int64_t numel = 0;
   if (check_sizes(ndim, size, &numel)) return NULL;
   /* the highest element addressed must lie inside the storage */
   int64_t hi = offset, lo = offset;
@@ -158,9 +161,9 @@ rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t dt, int64_t offset
 }
 
 rh_tensor_t *rh_tensor_empty(rh_dtype_t dt, int ndim, const int64_t *size) {
-  int64_t numel;
+  int64_t numel = 0;
   if (check_sizes(ndim, size, &numel)) return NULL;
-  rh_storage_t *s = rh_storage_new((size_t)numel * rh_dtype_size(dt));
+  rh_storage_t *s = rh_storage_new_uninit((size_t)numel * rh_dtype_size(dt));
   if (!s) return NULL;
   int64_t stride[RH_MAXDIM];
   contiguous_strides(ndim, size, stride);
@@ -228,7 +231,7 @@ void rh_tensor_set(rh_tensor_t *t, const int64_t *idx, double v) { rh__store(t->
 /* ---- creation */
 rh_tensor_t *rh_tensor_full(rh_dtype_t dt, int ndim, const int64_t *size, double value) {
   rh_tensor_t *t = rh_tensor_empty(dt, ndim, size);
-  if (t && value != 0) rh_tensor_fill_(t, value);
+  if (t) rh_tensor_fill_(t, value);
   return t;
 }
 

@@ -64,13 +64,14 @@ rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b);
 
 /* storage */
 rh_storage_t *rh_storage_new(size_t nbytes);               /* zeroed */
+rh_storage_t *rh_storage_new_uninit(size_t nbytes);        /* for memory about to be overwritten */
 rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
 void rh_storage_retain(rh_storage_t *s);
 void rh_storage_release(rh_storage_t *s);
 int64_t rh_storage_live_bytes(void);
 
 /* tensors: lifetime and shape */
-rh_tensor_t *rh_tensor_empty(rh_dtype_t t, int ndim, const int64_t *size);
+rh_tensor_t *rh_tensor_empty(rh_dtype_t t, int ndim, const int64_t *size); /* uninitialised */
 rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t t, int64_t offset, int ndim,
                                   const int64_t *size, const int64_t *stride); /* retains s */
 void rh_tensor_retain(rh_tensor_t *t);

@@ -1,0 +1,161 @@
+-- bench/collectives.lua: dist collectives (all_reduce, broadcast, barrier), rpchost side.
+--
+-- Why: dist is rpchost's torch.distributed with a gloo-named CPU backend; this measures
+-- its collectives the same way bench/torch_collectives.py measures PyTorch's gloo.
+-- Every timed repetition starts from a dist.barrier() (not timed); each rank times its
+-- own op, and the time of a repetition is the largest over the ranks (an all_reduce MAX
+-- of the per-rank times after the loop), so it is the time until the last rank is done.
+-- Each step does a few untimed warm-up repetitions first; from their (slowest rank's)
+-- duration every rank derives the same repetition count, at most REPS and about
+-- MAX_SECONDS of work, so the world stops by itself and all ranks agree. Timed tensors
+-- are zeros (no overflow or denormals); a separate untimed call checks the values.
+--
+-- usage: rpchost run --nproc-per-node N bench/collectives.lua MAX_SECONDS STEP...
+--   STEP: ar:BYTES:REPS (all_reduce SUM float32), bc:BYTES:REPS (broadcast from rank 0),
+--         barrier:REPS, idle:SECONDS (CPU time of every rank while rank 0 sleeps
+--         SECONDS and the others wait for it in dist.barrier()).
+-- output (rank 0): "RESULT ar<BYTES>_med_s <s>", "..._best_s", "..._reps", likewise
+-- bc<BYTES>_* and barrier_*; "idle_cpu_ms_rank<r>" and "idle_wall_ms"; "world_size".
+local dist = require "dist"
+local tensor = require "tensor"
+local sched = require "rpchost.sched"
+local now = sched.now
+
+-- process CPU time (all threads), seconds: clock_gettime(CLOCK_PROCESS_CPUTIME_ID)
+local cputime
+do
+  local ok, ffi = pcall(require, "ffi")
+  if ok and pcall(ffi.cdef, [[
+      typedef struct { long tv_sec; long tv_nsec; } bench_coll_timespec;
+      int clock_gettime(int clk, bench_coll_timespec *ts);]]) then
+    local ts = ffi.new("bench_coll_timespec")
+    cputime = function()
+      ffi.C.clock_gettime(2, ts)
+      return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+    end
+  else -- /proc/self/stat: utime + stime in clock ticks (assumed 100 per second)
+    cputime = function()
+      local f = assert(io.open("/proc/self/stat"))
+      local s = f:read("*a")
+      f:close()
+      local fields = {}
+      for w in s:gsub("^.*%) ", ""):gmatch("%S+") do fields[#fields + 1] = w end
+      return (tonumber(fields[12]) + tonumber(fields[13])) / 100
+    end
+  end
+end
+
+local max_s = tonumber(arg[1]) or 10
+local steps = {}
+for i = 2, #arg do
+  local kind, a, b = arg[i]:match("^(%a+):([%d.]+):?(%d*)$")
+  assert(kind, "expected ar:BYTES:REPS, bc:BYTES:REPS, barrier:REPS or idle:SECONDS, got " .. tostring(arg[i]))
+  if kind == "ar" or kind == "bc" then
+    steps[#steps + 1] = {kind = kind, bytes = tonumber(a), reps = tonumber(b)}
+  elseif kind == "barrier" then
+    steps[#steps + 1] = {kind = kind, reps = tonumber(a)}
+  elseif kind == "idle" then
+    steps[#steps + 1] = {kind = kind, seconds = tonumber(a)}
+  else
+    error("unknown step " .. arg[i])
+  end
+end
+
+dist.init_process_group{backend = "gloo"}
+local rank, world = dist.get_rank(), dist.get_world_size()
+local out = {("RESULT world_size %d"):format(world)}
+
+local function median(xs)
+  table.sort(xs)
+  local k = #xs
+  return k % 2 == 1 and xs[(k + 1) / 2] or (xs[k / 2] + xs[k / 2 + 1]) / 2
+end
+
+-- the largest value of each entry over all ranks
+local function max_over_ranks(xs)
+  local t = tensor.tensor(xs, {dtype = tensor.float64})
+  dist.all_reduce(t, dist.ReduceOp.MAX)
+  local r = {}
+  for i = 1, #xs do r[i] = t[i]:item() end
+  return r
+end
+
+-- warm-up, calibrate, time: returns the per-repetition times (max over ranks)
+local function timed(op, reps)
+  local warm = math.max(2, math.min(20, math.floor(reps / 10)))
+  dist.barrier()
+  local t0 = now()
+  for _ = 1, warm do dist.barrier(); op() end
+  local per = max_over_ranks({(now() - t0) / warm})[1]
+  local n = math.max(3, math.min(reps, math.floor(max_s / math.max(per, 1e-9))))
+  local ts = {}
+  for i = 1, n do
+    dist.barrier()
+    local s = now()
+    op()
+    ts[i] = now() - s
+  end
+  return max_over_ranks(ts)
+end
+
+local function report(key, ts)
+  local k = #ts
+  out[#out + 1] = ("RESULT %s_med_s %.9f"):format(key, median(ts))
+  out[#out + 1] = ("RESULT %s_best_s %.9f"):format(key, ts[1])
+  out[#out + 1] = ("RESULT %s_reps %d"):format(key, k)
+end
+
+local function check(cond, msg) if not cond then error("collectives bench: " .. msg, 0) end end
+
+for _, st in ipairs(steps) do
+  if st.kind == "ar" then
+    local n = math.floor(st.bytes / 4)
+    -- correctness: every rank contributes rank + 1
+    local c = tensor.full({n}, rank + 1, {dtype = tensor.float32})
+    dist.all_reduce(c)
+    local want = world * (world + 1) / 2
+    for _, i in ipairs {1, math.floor(n / 2) + 1, n} do
+      check(c[i]:item() == want, ("all_reduce %d bytes: element %d is %s, want %s"):format(
+        st.bytes, i, tostring(c[i]:item()), want))
+    end
+    c = nil
+    local t = tensor.zeros(n)
+    report(("ar%d"):format(st.bytes), timed(function() dist.all_reduce(t) end, st.reps))
+    t = nil
+  elseif st.kind == "bc" then
+    local n = math.floor(st.bytes / 4)
+    local c = rank == 0 and tensor.full({n}, 7, {dtype = tensor.float32}) or tensor.zeros(n)
+    dist.broadcast(c, 0)
+    for _, i in ipairs {1, math.floor(n / 2) + 1, n} do
+      check(c[i]:item() == 7, ("broadcast %d bytes: element %d is %s, want 7"):format(st.bytes, i,
+        tostring(c[i]:item())))
+    end
+    c = nil
+    local t = tensor.zeros(n)
+    report(("bc%d"):format(st.bytes), timed(function() dist.broadcast(t, 0) end, st.reps))
+    t = nil
+  elseif st.kind == "barrier" then
+    report("barrier", timed(function() dist.barrier() end, st.reps))
+  elseif st.kind == "idle" then
+    dist.barrier()
+    local w0, c0 = now(), cputime()
+    if rank == 0 then sched.sleep(st.seconds) end
+    dist.barrier()
+    local w1, c1 = now(), cputime()
+    local slots = {}
+    for r = 1, world do slots[r] = 0 end
+    slots[rank + 1] = (c1 - c0) * 1e3
+    slots[world + 1] = (w1 - w0) * 1e3
+    local all = max_over_ranks(slots)
+    for r = 1, world do out[#out + 1] = ("RESULT idle_cpu_ms_rank%d %.3f"):format(r - 1, all[r]) end
+    out[#out + 1] = ("RESULT idle_wall_ms %.3f"):format(all[world + 1])
+  end
+  collectgarbage()
+end
+
+dist.barrier()
+if rank == 0 then
+  io.stdout:write(table.concat(out, "\n"), "\n")
+  io.stdout:flush()
+end
+dist.destroy_process_group()
