@@ -1,6 +1,7 @@
 /* l_main.c: creates the one Lua state and the per-process context, finds the
  * Lua library, and hands the command line to lua/rpchost/cli.lua, which
  * implements the interpreter front end, the launcher and the REPL. */
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +112,14 @@ static int open_core(lua_State *L) {
 int rh_lua_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
+  /* Tensors up to 512 MiB come from the heap and freed ones stay mapped for the
+   * next: a fresh mmap per message costs a page fault per 4 KiB, which dominated
+   * large transfers. RPCHOST_MALLOC_TUNE=0 keeps glibc's defaults. */
+  const char *tune = getenv("RPCHOST_MALLOC_TUNE");
+  if (!tune || strcmp(tune, "0") != 0) {
+    mallopt(M_MMAP_THRESHOLD, 512 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
   rh_ctx_t *ctx = &rh__ctx;
   ctx->loop = uv_default_loop();
   ctx->ref_enc_hook = ctx->ref_dec_hook = ctx->deadline_ref = LUA_NOREF;

@@ -5,7 +5,10 @@
  * The Lua GC does not see tensor memory, so large allocations are counted and a
  * full collection runs after every RH_GC_BYTES of them: garbage tensors cannot
  * pile up unseen (Torch7 fed its heap size to the GC for the same reason). */
+#include <errno.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "rh_lua.h"
 #include "tensor/tensor.h"
@@ -434,6 +437,79 @@ static int l_reinterpret(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, dt, 0, n, size, stride));
 }
 
+/* ---- cross-memory attach: a peer on this host reads tensor bytes straight from
+ * the sender's memory (process_vm_readv), one copy instead of a TCP round. */
+
+/* address(t) -> the address of a contiguous tensor's first byte, as a number */
+static int l_address(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "address: the tensor is not contiguous");
+  lua_pushnumber(L, (double)(uintptr_t)rh_tensor_data(t));
+  return 1;
+}
+
+static int cma_copy(pid_t pid, void *dst, uintptr_t addr, size_t len) {
+  size_t done = 0;
+  while (done < len) {
+    struct iovec local = {(char *)dst + done, len - done};
+    struct iovec remote = {(void *)(addr + done), len - done};
+    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) return -EIO;
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+/* cma_read(pid, addr, len) -> uint8 tensor | nil, message */
+static int l_cma_read(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  int64_t len = (int64_t)luaL_checknumber(L, 3);
+  if (len < 0) return luaL_error(L, "cma_read: negative length");
+  rh_tensor_t *t = rh_tensor_empty(RH_U8, 1, &len);
+  if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
+  int rc = cma_copy(pid, rh_tensor_data(t), addr, (size_t)len);
+  if (rc) {
+    rh_tensor_release(t);
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(-rc));
+    return 2;
+  }
+  return rh_lua_pushtensor(L, t);
+}
+
+/* cma_probe(pid, addr, expected) -> true if `expected` can be read at addr in pid */
+static int l_cma_probe(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  size_t len;
+  const char *want = luaL_checklstring(L, 3, &len);
+  char buf[64];
+  if (len > sizeof buf || pid == getpid()) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_pushboolean(L, cma_copy(pid, buf, addr, len) == 0 && memcmp(buf, want, len) == 0);
+  return 1;
+}
+
+/* cma_token() -> pid, address, bytes: something a peer can read to prove it may */
+static int l_cma_token(lua_State *L) {
+  static char token[33];
+  if (!token[0]) {
+    uint64_t a = uv_hrtime() ^ ((uint64_t)getpid() << 32), b = (uint64_t)(uintptr_t)&token * 2654435761u;
+    snprintf(token, sizeof token, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+  }
+  lua_pushinteger(L, getpid());
+  lua_pushnumber(L, (double)(uintptr_t)token);
+  lua_pushlstring(L, token, 32);
+  return 3;
+}
+
 static int l_live_bytes(lua_State *L) {
   lua_pushnumber(L, (double)rh_storage_live_bytes());
   return 1;
@@ -472,6 +548,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
       {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
+      {"t_address", l_address}, {"cma_read", l_cma_read}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
       {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);

@@ -13,6 +13,8 @@ local proto = require "rpchost.proto"
 local log = require "rpchost.log"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.workerinfo"
+local cma = require "rpchost.cma"
+local bit = require "bit"
 
 local M = {}
 local Agent = {}
@@ -31,6 +33,7 @@ function M.new(o)
     name = o.name, rank = o.rank, world_size = o.world_size,
     timeout = o.timeout or 60, max_running = o.num_worker_threads or 16,
     allow_bytecode = o.allow_bytecode, world = o.world,
+    cma = o.cma ~= false and cma.enabled_by_env,
     peers = {}, by_name = {}, conns = {}, pending = {}, next_id = 0,
     running = 0, backlog = {}, early = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
@@ -97,9 +100,9 @@ function Agent:peer_of(to)
 end
 
 -- connections ----------------------------------------------------------------------
-local function hello_body(self)
+local function hello_body(self, conn)
   return enc("hello", {proto = core.protocol_version, version = core.version, world = self.world,
-                       rank = self.rank, name = self.name})
+                       rank = self.rank, name = self.name, cma = cma.offer(conn, self.cma)})
 end
 
 function Agent:dial(p)
@@ -110,7 +113,7 @@ function Agent:dial(p)
         self:peer_lost(p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
           p.name, p.rank, p.ip, p.port, cerr))
       else
-        c:send(proto.HELLO, 0, 0, hello_body(self))
+        c:send(proto.HELLO, 0, 0, hello_body(self, c))
       end
     end,
     frame = function(c, ...) self:on_frame(c, ...) end,
@@ -138,6 +141,7 @@ end
 -- Sends a frame (body and payload segments) to a peer, dialling if needed
 -- (queued until the handshake).
 function Agent:send(p, ftype, flags, id, body, segs)
+  flags, segs = cma.outgoing(p, flags, segs)
   if p.state == "ready" and p.conn then
     if p.conn:send(ftype, flags, id, body, unpack(segs)) then return end
     p.state = "none"
@@ -154,6 +158,7 @@ function Agent:peer_lost(p, conn, why, kind)
   p.dialling = nil
   p.state = "none"
   p.queue = {}
+  p.cma_holds = nil -- the receiver is gone: nothing will read them
   if self.state == "closed" then return end
   self:fail_receivers(p.rank, errors.new(kind or "unreachable",
     ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why), {worker = p.name, rank = p.rank}))
@@ -214,7 +219,9 @@ function Agent:on_hello(conn, body)
   end
   local st = self.conns[conn]
   st.rank, st.ready = h.rank, true
-  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = true, rank = self.rank, name = self.name}))
+  p.reads_peer = cma.accept(h.cma, conn, self.cma)
+  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = true, rank = self.rank, name = self.name,
+    reads_you = p.reads_peer, cma = cma.offer(conn, self.cma)}))
   if p.state ~= "ready" then
     if p.dialling then p.dialling = nil end
     self:peer_ready(p, conn)
@@ -234,11 +241,40 @@ function Agent:on_hello_ack(conn, body)
   end
   st.ready = true
   if p.dialling == conn then p.dialling = nil end
+  p.peer_reads_me = a.reads_you == true
+  p.reads_peer = cma.accept(a.cma, conn, self.cma)
+  -- tell the acceptor whether we can read it (first frame on this connection)
+  conn:send(proto.MESSAGE, 0, 0, (enc_msg(p.rank, "message", "!cma", p.reads_peer)))
   self:peer_ready(p, conn)
 end
 
+-- Segments of a frame: read through shared memory when they are descriptors.
+function Agent:segments(conn, flags, segs)
+  if not cma.has_flag(flags) then return segs end
+  local st = self.conns[conn]
+  local p = st and st.rank and self.peers[st.rank]
+  local got, token = cma.incoming(segs)
+  if p then pcall(self.post, self, p.rank, "!cma_ack", token) end
+  return got
+end
+
 function Agent:on_frame(conn, ftype, flags, id, body, ...)
-  if ftype == proto.RESPONSE then return self:on_response(id, flags, body, {...}) end
+  local segs = {...}
+  if #segs > 0 and cma.has_flag(flags) then
+    local ok, got = pcall(self.segments, self, conn, flags, segs)
+    if not ok then
+      log.warn("%s", tostring(got))
+      if ftype == proto.RESPONSE then
+        local call = self:take(id)
+        if call then call.fut:set_error(errors.new("unreachable", tostring(got))) end
+      elseif ftype == proto.REQUEST then
+        self:send_reply(conn, id, {false, tostring(got), n = 2})
+      end
+      return
+    end
+    return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(cma.FLAG)), id, body, unpack(got))
+  end
+  if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs) end
   if not self.ready then
     -- peers may reach us before our own rendezvous finished: hold their frames
     self.early[#self.early + 1] = {conn, ftype, flags, id, body, {...}}
@@ -350,7 +386,7 @@ function Agent:on_response(id, flags, body, segs)
   if not r[1] then
     call.fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
       call.peer.name, tostring(r[2])), {worker = call.peer.name, rank = call.peer.rank}))
-  elseif flags == proto.FLAG_ERROR then
+  elseif bit.band(flags, proto.FLAG_ERROR) ~= 0 then
     call.fut:set_error(r[2])
   else
     call.fut:set_packed(pack(unpack(r, 2, r.n)))
@@ -358,8 +394,11 @@ function Agent:on_response(id, flags, body, segs)
 end
 
 -- incoming calls ------------------------------------------------------------------------
-local function reply(to, id, flags, body, segs)
+local function reply(self, to, id, flags, body, segs)
   if type(to) == "function" then return to(flags, body, segs or {}) end
+  local st = self.conns[to]
+  local p = st and st.rank and self.peers[st.rank]
+  if p then flags, segs = cma.outgoing(p, flags, segs or {}) end
   to:send(proto.RESPONSE, flags, id, body, unpack(segs or {}))
   sched.expect_soon()
 end
@@ -391,7 +430,7 @@ function Agent:send_reply(to, id, r)
   if r[1] then
     local segs
     ok, body, segs = pcall(enc_msg, self:rank_of(to), "result", unpack(r, 2, r.n))
-    if ok then return reply(to, id, 0, body, segs) end
+    if ok then return reply(self, to, id, 0, body, segs) end
     r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
   end
   local err = r[2]
@@ -401,7 +440,7 @@ function Agent:send_reply(to, id, r)
   if not ok then
     body = enc("error", errors.new("remote", tostring(err.message), {worker = self.name, rank = self.rank}))
   end
-  reply(to, id, proto.FLAG_ERROR, body)
+  reply(self, to, id, proto.FLAG_ERROR, body)
 end
 
 local function handler(self, to, id, fn, args, kwargs)
@@ -483,6 +522,12 @@ function Agent:on_message(src, body, segs)
     return
   end
   local key = r[2]
+  if key == "!cma" or key == "!cma_ack" then
+    local p = self.peers[src]
+    if p and key == "!cma" then p.peer_reads_me = r[3] == true end
+    if p and key == "!cma_ack" and p.cma_holds then p.cma_holds[r[3]] = nil end
+    return
+  end
   if key == "!abort" then
     -- a peer found the group out of step: every wait of ours fails with its reason
     self:abort_receivers(r[3])
