@@ -166,7 +166,7 @@ def main():
     ap.add_argument("--json", help="also write all numbers to this file")
     ap.add_argument("--strict", action="store_true", help="exit 2 when a target is missed")
     ap.add_argument("--rounds", type=int, help="worlds per side and size (default 3, --quick 1)")
-    ap.add_argument("--budget", type=float, default=180, help="start no new round after this many seconds")
+    ap.add_argument("--budget", type=float, default=150, help="start no new round after this many seconds")
     ap.add_argument("--worlds", default="2,4", help="comma-separated world sizes (default 2,4)")
     o = ap.parse_args()
 

@@ -373,6 +373,9 @@ function rpc.functions.async_execution(fn)
   return wrapped
 end
 
+-- DistributedOptimizer(optim.SGD, {param rrefs}, {lr = ...}) with :step(ctx_id)
+function rpc.DistributedOptimizer(...) return require("rpchost.dist_optim").new(...) end
+
 -- introspection used by tests and tools
 function rpc._agent() return current end
 

@@ -476,7 +476,7 @@ local function index_view(t, key)
       if a < 1 or b > n or a > b + 1 then
         error(("index range {%d, %d} is out of bounds for dimension %d with size %d"):format(k[1], k[2] or k[1], d, n), 3)
       end
-      v = call(core.t_slice, v, d - 1, a - 1, b, k[3] or 1)
+      v = methods._slice(v, d - 1, a - 1, b, k[3] or 1)
       d = d + 1
     else
       error("index: expected numbers, {first, last} ranges or \":\", got " .. type(k), 3)
@@ -496,36 +496,14 @@ function props.is_cuda() return false end
 function props.T(t) return methods.t(t) end
 function props.grad(t) return tensor._grad(t) end
 function props.requires_grad(t) return tensor._requires_grad(t) end
-function props.is_leaf(t) return true end
 function props.data(t) return t end
 
--- autograd hooks (filled in by the autograd module when it lands)
-local grads = setmetatable({}, {__mode = "k"})
-local req = setmetatable({}, {__mode = "k"})
-function tensor._grad(t) return grads[t] end
-function tensor._requires_grad(t) return req[t] == true end
-function tensor._set_requires_grad(t, v)
-  if v and not props.dtype(t).is_floating_point then
-    error("only tensors of floating point dtype can require gradients", 3)
-  end
-  req[t] = v and true or nil
-end
 function methods.requires_grad_(t, v)
   tensor._set_requires_grad(t, v == nil or v)
   return t
 end
-function methods.detach(t)
-  -- a new tensor header over the same storage, outside any graph
-  return core.t_view(t, core.t_size(t), false)
-end
-function methods.backward()
-  error("backward(): automatic differentiation is not part of this build yet; " ..
-        "compute gradients by hand or wait for the autograd module", 2)
-end
-function tensor.no_grad(fn, ...)
-  -- no graph is recorded in this build, so running fn is all no_grad means
-  return fn(...)
-end
+function props.grad_fn(t) return tensor._grad_fn(t) end
+function props.is_leaf(t) return tensor._grad_fn(t) == nil end
 
 T.__index = function(t, k)
   local m = methods[k]
@@ -545,16 +523,16 @@ T.__newindex = function(t, k, v)
     return
   end
   if k == "requires_grad" then return tensor._set_requires_grad(t, v) end
-  if k == "grad" then grads[t] = v return end
+  if k == "grad" then tensor._set_grad(t, v) return end
   error(("cannot set field '%s' of a tensor"):format(tostring(k)), 2)
 end
 
-T.__add = function(a, b) return call(core.t_binary, BIN.add, a, b) end
-T.__sub = function(a, b) return call(core.t_binary, BIN.sub, a, b) end
-T.__mul = function(a, b) return call(core.t_binary, BIN.mul, a, b) end
-T.__div = function(a, b) return call(core.t_binary, BIN.div, a, b) end
-T.__pow = function(a, b) return call(core.t_binary, BIN.pow, a, b) end
-T.__unm = function(a) return call(core.t_unary, UN.neg, a) end
+T.__add = function(a, b) return tensor.add(a, b) end
+T.__sub = function(a, b) return tensor.sub(a, b) end
+T.__mul = function(a, b) return tensor.mul(a, b) end
+T.__div = function(a, b) return tensor.div(a, b) end
+T.__pow = function(a, b) return tensor.pow(a, b) end
+T.__unm = function(a) return tensor.neg(a) end
 T.__len = function(t)
   if ndim(t) == 0 then error("len() of a 0-d tensor", 2) end
   return core.t_size(t, 0)
@@ -648,7 +626,9 @@ local function format_tensor(t)
   if dt ~= tensor.float32 and dt ~= tensor.int64 and dt ~= tensor.bool then
     extras[#extras + 1] = "dtype=" .. tostring(dt)
   end
-  if tensor._requires_grad(t) then extras[#extras + 1] = "requires_grad=True" end
+  local fn = tensor._grad_fn(t)
+  if fn then extras[#extras + 1] = "grad_fn=" .. tostring(fn)
+  elseif tensor._requires_grad(t) then extras[#extras + 1] = "requires_grad=True" end
   return "tensor(" .. body .. (#extras > 0 and (", " .. table.concat(extras, ", ")) or "") .. ")"
 end
 T.__tostring = format_tensor
@@ -667,6 +647,9 @@ end
 -- Bytes held by live tensor storages in this process (for leak checks).
 function tensor.live_bytes() return core.t_live_bytes() end
 
+function methods._slice(t, d0, first, stop, step) return call(core.t_slice, t, d0, first, stop, step) end
+
+require("rpchost.autograd").install(tensor)
 require("rpchost.tensor_io").install(tensor)
 require("rpchost.tensor_wire").install(tensor)
 

@@ -23,7 +23,13 @@ Agent.__index = Agent
 local enc, dec = codec.raw_encode, codec.raw_decode
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local pack = function(...) return {n = select("#", ...), ...} end
-local REQ_NAMES = {"func", "args", "kwargs"}
+local REQ_NAMES = {"func", "args", "kwargs", "ctx"}
+
+-- the distributed autograd context of the running task, if any
+local function task_ctx()
+  local t = sched.current()
+  return t and t.ag_ctx
+end
 
 -- async_execution marks (weak: the wrapped function decides its lifetime)
 M.async_functions = setmetatable({}, {__mode = "k"})
@@ -332,7 +338,10 @@ function Agent:call(to, fn, args, kwargs, timeout)
   if kwargs ~= nil and type(kwargs) ~= "table" then
     error(errors.new("config", "kwargs must be a table, got " .. type(kwargs)), 0)
   end
-  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs)
+  local ctx = task_ctx()
+  codec.ag_out = ctx
+  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx)
+  codec.ag_out = nil
   if not ok then
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
@@ -341,7 +350,7 @@ function Agent:call(to, fn, args, kwargs, timeout)
   self.next_id = self.next_id + 1
   local id = self.next_id
   local fut = Future.new()
-  local call = {fut = fut, peer = p, fn = fn}
+  local call = {fut = fut, peer = p, fn = fn, ctx = ctx}
   self.pending[id] = call
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
@@ -380,9 +389,9 @@ end
 function Agent:on_response(id, flags, body, segs)
   local call = self:take(id)
   if not call then return end -- timed out already, or a stray reply
-  codec.allow_bytecode = self.allow_bytecode
+  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, call.peer.rank
   local r = pack(pcall(dec_msg, body, segs))
-  codec.allow_bytecode = false
+  codec.allow_bytecode, codec.ag_src = false, nil
   if not r[1] then
     call.fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
       call.peer.name, tostring(r[2])), {worker = call.peer.name, rank = call.peer.rank}))
@@ -429,7 +438,9 @@ function Agent:send_reply(to, id, r)
   local ok, body
   if r[1] then
     local segs
+    codec.ag_out = task_ctx()
     ok, body, segs = pcall(enc_msg, self:rank_of(to), "result", unpack(r, 2, r.n))
+    codec.ag_out = nil
     if ok then return reply(self, to, id, 0, body, segs) end
     r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
   end
@@ -443,7 +454,8 @@ function Agent:send_reply(to, id, r)
   reply(self, to, id, proto.FLAG_ERROR, body)
 end
 
-local function handler(self, to, id, fn, args, kwargs)
+local function handler(self, to, id, fn, args, kwargs, ctx)
+  sched.current().ag_ctx = ctx
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
   local n = args.n or table.maxn(args)
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
@@ -474,7 +486,7 @@ local function handler_task(self, ...)
   -- take queued requests while under the cap
   while #self.backlog > 0 do
     local job = table.remove(self.backlog, 1)
-    handler(self, unpack(job, 1, 5))
+    handler(self, unpack(job, 1, 6))
   end
   self.running = self.running - 1
 end
@@ -485,20 +497,20 @@ function Agent:on_request(to, id, body, segs)
     return
   end
   self.stats.calls_in = self.stats.calls_in + 1
-  codec.allow_bytecode = self.allow_bytecode
+  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, self:rank_of(to)
   local r = pack(pcall(dec_msg, body, segs))
-  codec.allow_bytecode = false
+  codec.allow_bytecode, codec.ag_src = false, nil
   if not r[1] then
     return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(r[2]), n = 2})
   end
-  local fn, args, kwargs = r[2], r[3], r[4]
+  local fn, args, kwargs, ctx = r[2], r[3], r[4], r[5]
   if type(args) ~= "table" then args = {} end
   if self.running >= self.max_running then
-    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs}
+    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs, ctx}
     return
   end
   self.running = self.running + 1
-  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs)
+  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs, ctx)
 end
 
 -- one-way keyed messages ----------------------------------------------------------------

@@ -325,6 +325,21 @@ local function proxy(r, mode, timeout)
   })
 end
 
+-- backward([ctx_id], [retain_graph]): distributed backward rooted at the value
+-- (local autograd on the owner without a context id)
+function M.backward_here(r, ctx_id, retain_graph)
+  local v = r:local_value()
+  if ctx_id then require("dist_autograd").backward(ctx_id, {v}, retain_graph)
+  else v:backward(nil, retain_graph) end
+  return true
+end
+
+function RRef:backward(ctx_id, retain_graph)
+  if self.owned then return M.backward_here(self, ctx_id, retain_graph) end
+  check_creation(self)
+  return agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
+end
+
 function RRef:rpc_sync(timeout) return proxy(self, "rpc_sync", timeout) end
 function RRef:rpc_async(timeout) return proxy(self, "rpc_async", timeout) end
 function RRef:remote(timeout) return proxy(self, "remote", timeout) end

@@ -15,8 +15,20 @@ function M.install(tensor)
   codec.register(T, codec.TAG.TENSOR, function(t)
     local dtype, sizes = core.t_dtype(t), core.t_size(t)
     local i = codec.segment(t, core.t_contiguous(t))
-    return codec.TAG.TENSOR, dtype, sizes, i or core.t_bytes(t)
-  end, function(dtype, sizes, data)
+    -- inside a distributed autograd context, a tensor that requires gradients
+    -- carries the context and a send id, so gradients can flow back to it
+    local ctx, send = codec.ag_out, nil
+    if ctx and codec.ag_register then send = codec.ag_register(ctx, t) end
+    return codec.TAG.TENSOR, dtype, sizes, i or core.t_bytes(t), send and ctx or nil, send
+  end, function(dtype, sizes, data, ctx, send)
+    local t = M.decode(dtype, sizes, data)
+    if send and codec.ag_attach and codec.ag_src then t = codec.ag_attach(ctx, codec.ag_src, send, t) end
+    return t
+  end)
+end
+
+function M.decode(dtype, sizes, data)
+  do
     if type(data) == "string" then return core.t_from_bytes(dtype, sizes, data) end
     local segs, cache = codec.in_segments, codec.in_cache
     if type(data) ~= "number" or not segs or segs[data] == nil then
@@ -29,7 +41,7 @@ function M.install(tensor)
     else t = core.t_reinterpret(seg, dtype, sizes) end
     cache[data] = t
     return t
-  end)
+  end
 end
 
 return M

@@ -1,0 +1,106 @@
+-- rpchost.ddp: nn.DistributedDataParallel. The wrapped module's parameters start
+-- equal on every rank (broadcast from the group's first rank); during backward,
+-- parameters are grouped into buckets (in reverse order, like PyTorch) and each
+-- bucket's gradients are averaged with one asynchronous all_reduce as soon as all
+-- of its gradients are final, while the rest of the backward pass goes on. When
+-- the pass ends, the averaged gradients are written back to .grad.
+local tensor = require "tensor"
+local autograd = require "rpchost.autograd"
+local sched = require "rpchost.sched"
+
+local M = {}
+local DDP = {}
+DDP.__index = DDP
+DDP.__call = function(self, ...) return self:forward(...) end
+DDP.__tostring = function(self) return "DistributedDataParallel(" .. tostring(self.module) .. ")" end
+
+function M.new(module, opts)
+  local dist = require "dist"
+  opts = opts or {}
+  if type(module) ~= "table" or not module.parameters then
+    error("DistributedDataParallel: expected an nn module", 2)
+  end
+  if not dist.is_initialized() then
+    error("DistributedDataParallel: the process group is not initialised (dist.init_process_group)", 2)
+  end
+  local self = setmetatable({module = module, group = opts.group, params = module:parameters(),
+                             cap = (opts.bucket_cap_mb or 1) * 2 ^ 20}, DDP)
+  local root = opts.group and opts.group.ranks and opts.group.ranks[1] or 0
+  tensor.no_grad(function()
+    for _, p in ipairs(self.params) do dist.broadcast(p, root, {group = opts.group}) end
+  end)
+  -- buckets over the parameters in reverse order (gradients arrive roughly so)
+  self.buckets, self.bucket_of = {}, {}
+  local b = nil
+  for i = #self.params, 1, -1 do
+    local p = self.params[i]
+    local bytes = p:numel() * p:element_size()
+    if not b or (b.bytes + bytes > self.cap and #b.params > 0) then
+      b = {params = {}, bytes = 0}
+      self.buckets[#self.buckets + 1] = b
+    end
+    b.params[#b.params + 1] = p
+    b.bytes = b.bytes + bytes
+    self.bucket_of[p] = b
+    autograd.register_final_hook(p, function() self:ready(p) end)
+  end
+  return self
+end
+
+function DDP:forward(...) return self.module:forward(...) end
+function DDP:parameters() return self.module:parameters() end
+function DDP:zero_grad() return self.module:zero_grad() end
+
+local function reset(self)
+  for _, b in ipairs(self.buckets) do b.ready, b.work, b.flat = 0, nil, nil end
+end
+
+function DDP:launch(b)
+  local dist = require "dist"
+  local n = 0
+  for _, p in ipairs(b.params) do n = n + p:numel() end
+  local flat = tensor.zeros(n, {dtype = b.params[1].dtype})
+  local off = 1
+  for _, p in ipairs(b.params) do
+    local g = p.grad
+    if g then flat:narrow(1, off, p:numel()):copy_(g:reshape(-1)) end
+    off = off + p:numel()
+  end
+  b.flat = flat
+  b.work = dist.all_reduce(flat, dist.ReduceOp.AVG, {group = self.group, async_op = true})
+end
+
+function DDP:ready(p)
+  if not self.pass then
+    -- first final gradient of a backward pass: arrange for the end of it
+    self.pass = true
+    reset(self)
+    autograd.queue_callback(function() self:finish() end)
+  end
+  local b = self.bucket_of[p]
+  b.ready = b.ready + 1
+  if b.ready == #b.params then
+    self:launch(b)
+    sched.sleep(0) -- let the all_reduce start moving while backward goes on
+  end
+end
+
+function DDP:finish()
+  self.pass = false
+  -- every rank launches every bucket, in the same order, even for parameters
+  -- that got no gradient in this pass
+  for _, b in ipairs(self.buckets) do
+    if not b.work then self:launch(b) end
+  end
+  for _, b in ipairs(self.buckets) do
+    b.work:wait()
+    local off = 1
+    for _, p in ipairs(b.params) do
+      local avg = b.flat:narrow(1, off, p:numel()):view(p:size())
+      p.grad = avg:clone()
+      off = off + p:numel()
+    end
+  end
+end
+
+return M
