@@ -9,6 +9,7 @@
 -- duration every rank derives the same repetition count, at most REPS and about
 -- MAX_SECONDS of work, so the world stops by itself and all ranks agree. Timed tensors
 -- are zeros (no overflow or denormals); a separate untimed call checks the values.
+-- Counterpart: bench/torch_collectives.py. Driven by bench/collectives_bench.py.
 --
 -- usage: rpchost run --nproc-per-node N bench/collectives.lua MAX_SECONDS STEP...
 --   STEP: ar:BYTES:REPS (all_reduce SUM float32), bc:BYTES:REPS (broadcast from rank 0),

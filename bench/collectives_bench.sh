@@ -5,8 +5,8 @@
 # Builds build/rpchost if it is missing (never deletes build/), then runs the driver
 # bench/collectives_bench.py with Debian's /usr/bin/python3 (the one with python3-torch; a
 # pyenv `python3` shim would not have torch). Arguments pass through to the driver:
-#   bench/collectives_bench.sh            full run (about 2 minutes on 2 cores)
-#   bench/collectives_bench.sh --quick    smoke test (about 30 s)
+#   bench/collectives_bench.sh            full run (about 90 s on 2 cores)
+#   bench/collectives_bench.sh --quick    smoke test (about 20 s)
 #   bench/collectives_bench.sh --json out.json --strict
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -52,7 +52,9 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
       p += f->seg_len[i];
     }
   }
-  rh_callback(5 + (int)f->hdr.nseg, 0);
+  /* A frame we failed to handle leaves that conversation in an unknown state:
+   * drop the connection, so whoever waits on it fails now instead of hanging. */
+  if (rh_callback(5 + (int)f->hdr.nseg, 0) != 0 && b->c) rh_conn_close(b->c, 0);
 }
 
 static void forget(lua_State *L, lconn_t *b) {

@@ -318,6 +318,7 @@ function dist.DistributedSampler(n, o)
 end
 
 function Sampler:set_epoch(e) self.epoch = e end
+function Sampler:len() return self.num_samples end
 
 function Sampler:indices()
   local idx = {}

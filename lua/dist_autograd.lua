@@ -141,7 +141,10 @@ end
 
 -- backward(ctx_id, {roots}, [retain_graph])
 function M.backward(id, roots, retain_graph)
-  local c = need(id, "backward")
+  if type(id) ~= "number" then
+    error(errors.new("config", "backward: expected a context id (from dist_autograd.context or begin)"), 2)
+  end
+  local c = get(id, true) -- a worker may start a backward in a context it has not seen yet
   if type(roots) ~= "table" then roots = {roots} end
   local task = sched.current()
   local outer = task and task.ag_ctx

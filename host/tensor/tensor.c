@@ -317,7 +317,7 @@ static int wrapdim(int dim, int ndim, const char *what) {
  * computeStride): returns 0 and fills stride, or -1. */
 static int view_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *stride) {
   int64_t numel = rh_tensor_numel(t);
-  if (numel == 0) {
+  if (numel == 0 || t->ndim == 0) {
     contiguous_strides(ndim, size, stride);
     return 0;
   }

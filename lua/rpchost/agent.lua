@@ -524,6 +524,7 @@ function Agent:post(rank, key, ...)
     self:on_message(self.rank, body, segs)
   else
     self:send(p, proto.MESSAGE, 0, 0, body, segs)
+    sched.expect_soon()
   end
 end
 

@@ -276,7 +276,7 @@ function M.install(t_module)
   install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, sizes(a)) end)
   install_unary("transpose", orig.transpose, function(g, _, _, d0, d1) return m.transpose(g, d0, d1) end)
   install_unary("t", orig.t, function(g) return core.t_ndim(g) < 2 and g or core.t_transpose(g, 0, 1) end)
-  install_unary("permute", orig.permute, function(g, a, ...)
+  install_unary("permute", orig.permute, function(g, _, _, ...)
     local dims = type((...)) == "table" and (...) or {...}
     local inv = {}
     for i, d in ipairs(dims) do

@@ -13,6 +13,7 @@
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local bit = require "bit"
+require "tensor" -- tensors must be able to travel (their codec lives there)
 
 local M = {}
 

@@ -88,7 +88,9 @@ function M.create(id, fork, fn, args, kwargs)
     if tombstones[id .. "/" .. fork] then tombstones[id .. "/" .. fork] = nil
     else e.forks[fork] = true end
   end
+  local ctx = sched.current() and sched.current().ag_ctx
   sched.spawn(function()
+    sched.current().ag_ctx = ctx -- the value is computed inside the caller's autograd context
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
     local r = pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n)))

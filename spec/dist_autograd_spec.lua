@@ -1,0 +1,170 @@
+-- Distributed autograd across three workers against the same model in one
+-- process; contexts kept apart; DistributedOptimizer; DDP against one process
+-- on the whole batch; DistributedSampler.
+local S = require "spec.support"
+
+local function run(n, body, names, opts)
+  local r = S.world(n, S.prelude .. [[
+    local tensor = require "tensor"
+    local dist_autograd = require "dist_autograd"
+    local optim = require "optim"
+    local nn = require "nn"
+    local f64 = {dtype = tensor.float64}
+    local function close(a, b, tol)
+      return a ~= nil and b ~= nil and tensor.abs(a - b):max():item() <= (tol or 1e-9)
+    end
+  ]] .. body, opts)
+  assert.are.equal(0, r.status, r.out .. r.err)
+  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+  for _, name in ipairs(names) do
+    assert.truthy(r.out:find("ok " .. name, 1, true), ("missing 'ok %s'\n%s\n%s"):format(name, r.out, r.err))
+  end
+end
+
+describe("distributed autograd", function()
+  it("gives the gradients of the same model run in one process", function()
+    run(3, [[
+      W = nil
+      function make_w(seed)
+        tensor.manual_seed(seed)
+        W = tensor.randn(3, 3, {dtype = tensor.float64, requires_grad = true})
+        return W
+      end
+      function layer(x) return x:matmul(W):tanh() end
+      function grad_of_w(ctx) return require("dist_autograd").get_gradients(ctx)[W] end
+      function w_grad_field() return W.grad end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local r1, r2 = rpc.remote("w1", make_w, {1}), rpc.remote("w2", make_w, {2})
+        r1:to_here(); r2:to_here()
+        tensor.manual_seed(9)
+        local x = tensor.randn(2, 3, {dtype = tensor.float64, requires_grad = true})
+        local gx, g1, g2
+        dist_autograd.context(function(ctx)
+          local h = rpc.rpc_sync("w1", layer, {x})                 -- rpc_sync
+          local y = rpc.rpc_async("w2", layer, {h * 2}):wait()     -- rpc_async
+          local z = rpc.remote("w1", layer, {y}):to_here()         -- remote + to_here
+          local loss = (z * z):sum() + y:sum()
+          dist_autograd.backward(ctx, {loss})
+          gx = dist_autograd.get_gradients(ctx)[x]
+          g1 = rpc.rpc_sync("w1", grad_of_w, {ctx})
+          g2 = rpc.rpc_sync("w2", grad_of_w, {ctx})
+        end)
+        -- the same model in one process
+        tensor.manual_seed(1)
+        local W1 = tensor.randn(3, 3, {dtype = tensor.float64, requires_grad = true})
+        tensor.manual_seed(2)
+        local W2 = tensor.randn(3, 3, {dtype = tensor.float64, requires_grad = true})
+        local x2 = x:detach():clone()
+        x2.requires_grad = true
+        local h = x2:matmul(W1):tanh()
+        local y = (h * 2):matmul(W2):tanh()
+        local z = y:matmul(W1):tanh()
+        ;((z * z):sum() + y:sum()):backward()
+        check("input gradient", close(gx, x2.grad, 1e-6), gx)
+        check("worker 1 gradient", close(g1, W1.grad, 1e-6), g1)
+        check("worker 2 gradient", close(g2, W2.grad, 1e-6), g2)
+        check("never in .grad", x.grad == nil and rpc.rpc_sync("w1", w_grad_field) == nil)
+      end
+      rpc.shutdown()
+    ]], {"input gradient", "worker 1 gradient", "worker 2 gradient", "never in .grad"})
+  end)
+
+  it("keeps contexts apart, backs RRefs, and steps a DistributedOptimizer", function()
+    run(2, [[
+      P = nil
+      function make_p()
+        P = tensor.tensor({1, 2}, {dtype = tensor.float64, requires_grad = true})
+        return P
+      end
+      function scaled(k) return P * k end
+      function read_p() return P:detach():clone() end
+      function grad_of_p(ctx) return require("dist_autograd").get_gradients(ctx)[P] end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local pref = rpc.remote("w1", make_p)
+        pref:to_here()
+        local c1 = dist_autograd.begin()
+        local a = rpc.rpc_sync("w1", scaled, {3})
+        dist_autograd.backward(c1, {a:sum()})
+        dist_autograd.finish(c1)
+        local g_first
+        dist_autograd.context(function(c2)
+          local b = rpc.rpc_sync("w1", scaled, {5})
+          dist_autograd.backward(c2, {b:sum()})
+          g_first = rpc.rpc_sync("w1", grad_of_p, {c2})
+          check("contexts apart", close(g_first, tensor.tensor({5, 5}, f64)))
+          local opt = rpc.DistributedOptimizer(optim.SGD, {pref}, {lr = 0.1})
+          opt:step(c2)
+          check("optimizer stepped on the owner", close(rpc.rpc_sync("w1", read_p), tensor.tensor({0.5, 1.5}, f64)))
+        end)
+        dist_autograd.context(function(c3)
+          local r = rpc.remote("w1", scaled, {2})
+          r:remote():sum():backward(c3)
+          check("rref backward", close(rpc.rpc_sync("w1", grad_of_p, {c3}), tensor.tensor({2, 2}, f64)))
+        end)
+        local ok, e = pcall(dist_autograd.get_gradients, 12345)
+        check("unknown context", not ok and tostring(e.message):find("no distributed autograd context", 1, true))
+      end
+      rpc.shutdown()
+    ]], {"contexts apart", "optimizer stepped on the owner", "rref backward", "unknown context"})
+  end)
+end)
+
+describe("DistributedDataParallel", function()
+  it("gives the weights of one process training on the whole batch", function()
+    run(2, [[
+      dist.init_process_group{backend = "gloo"}
+      local function model()
+        tensor.manual_seed(rank == 0 and 5 or 6) -- different on purpose: DDP broadcasts rank 0's
+        return nn.Sequential(nn.Linear(4, 6, f64), nn.Tanh(), nn.Linear(6, 1, f64))
+      end
+      local ddp = nn.DistributedDataParallel(model(), {bucket_cap_mb = 0.0001})
+      tensor.manual_seed(77)
+      local X = tensor.randn(8, 4, f64)
+      local y = tensor.randn(8, 1, f64)
+      local shard = X:narrow(1, rank * 4 + 1, 4)
+      local yshard = y:narrow(1, rank * 4 + 1, 4)
+      local opt = optim.SGD(ddp:parameters(), {lr = 0.1})
+      local lossf = nn.MSELoss()
+      for _ = 1, 5 do
+        opt:zero_grad()
+        lossf(ddp(shard), yshard):backward()
+        opt:step()
+      end
+      -- one process, whole batch, rank 0's starting weights
+      tensor.manual_seed(5)
+      local ref = nn.Sequential(nn.Linear(4, 6, f64), nn.Tanh(), nn.Linear(6, 1, f64))
+      local ropt = optim.SGD(ref:parameters(), {lr = 0.1})
+      for _ = 1, 5 do
+        ropt:zero_grad()
+        lossf(ref(X), y):backward()
+        ropt:step()
+      end
+      local same = true
+      for i, p in ipairs(ddp:parameters()) do same = same and close(p, ref:parameters()[i], 1e-6) end
+      check("same weights as one process", same)
+      dist.destroy_process_group()
+    ]], {"same weights as one process"})
+  end)
+
+  it("DistributedSampler splits indices disjointly and reshuffles per epoch", function()
+    local dist = require "dist"
+    local seen, shares = {}, {}
+    for r = 0, 2 do
+      local s = dist.DistributedSampler(10, {rank = r, world_size = 3, seed = 4})
+      shares[r] = s:indices()
+      assert.are.equal(4, s:len())
+      for _, i in ipairs(shares[r]) do seen[i] = (seen[i] or 0) + 1 end
+    end
+    for i = 1, 10 do assert.is_true((seen[i] or 0) >= 1) end
+    local s = dist.DistributedSampler(10, {rank = 0, world_size = 3, seed = 4})
+    s:set_epoch(1)
+    assert.are_not.same(shares[0], s:indices())
+    local n = 0
+    for _ in s:iter() do n = n + 1 end
+    assert.are.equal(4, n)
+    local d = dist.DistributedSampler(10, {rank = 1, world_size = 3, shuffle = false, drop_last = true})
+    assert.are.same({2, 5, 8}, d:indices())
+  end)
+end)
