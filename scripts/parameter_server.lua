@@ -1,10 +1,15 @@
--- A parameter server and its trainers:
+-- A parameter server and its trainers, on autograd:
 --   rpchost run --nproc-per-node 3 scripts/parameter_server.lua [steps]
--- Rank 0 holds a linear model's weights in a Lua object behind an RRef; every other
--- rank trains on its own synthetic data, pulling the weights and pushing
--- hand-computed gradients through the RRef's proxies. The loss falls.
+-- Rank 0 holds the model (an nn module) in a Lua object behind an RRef. Each
+-- trainer runs the forward pass on the server through the RRef's proxy inside a
+-- distributed autograd context, computes the loss on its own synthetic data,
+-- runs dist_autograd.backward, and applies the gradients on the server with a
+-- DistributedOptimizer. The loss falls.
 local rpc = require "rpc"
 local tensor = require "tensor"
+local nn = require "nn"
+local optim = require "optim"
+local dist_autograd = require "dist_autograd"
 
 local DIM, BATCH = 8, 64
 local steps = tonumber((...)) or 60
@@ -12,46 +17,42 @@ local steps = tonumber((...)) or 60
 ParameterServer = {}
 ParameterServer.__index = ParameterServer
 
-function ParameterServer.new(dim, lr)
-  return setmetatable({w = tensor.zeros(dim, 1, {dtype = tensor.float64}), b = 0, lr = lr, updates = 0},
-                      ParameterServer)
+function ParameterServer.new()
+  tensor.manual_seed(0)
+  return setmetatable({model = nn.Linear(DIM, 1, {dtype = tensor.float64}), updates = 0}, ParameterServer)
+end
+function ParameterServer:forward(x) return self.model(x) end
+function ParameterServer:param_rrefs()
+  local out = {}
+  for i, p in ipairs(self.model:parameters()) do out[i] = rpc.RRef(p) end
+  return out
 end
 
-function ParameterServer:get_weights() return self.w, self.b end
-
-function ParameterServer:apply_gradients(gw, gb)
-  self.w:sub_(gw * self.lr)
-  self.b = self.b - self.lr * gb
-  self.updates = self.updates + 1
-  return self.updates
-end
-
--- The data every trainer shares the shape of: y = X w* + b* + noise.
 local function synthetic(seed)
   tensor.manual_seed(seed)
   local w_true = tensor.arange(1, DIM + 1, {dtype = tensor.float64}):view(DIM, 1) / DIM
   local X = tensor.randn(BATCH, DIM, {dtype = tensor.float64})
-  local y = X:matmul(w_true) + 0.5 + tensor.randn(BATCH, 1, {dtype = tensor.float64}) * 0.01
-  return X, y
+  return X, X:matmul(w_true) + 0.5
 end
 
 -- Runs on each trainer; `ps` is a UserRRef forked from the owner.
 function train(ps, n)
   local me = rpc.get_worker_info().name
   local X, y = synthetic(rpc.get_worker_info().id)
+  local opt = rpc.DistributedOptimizer(optim.SGD, ps:rpc_sync():param_rrefs(), {lr = 0.05})
+  local lossf = nn.MSELoss()
   local first, last
   for step = 1, n do
-    local w, b = ps:rpc_sync():get_weights()
-    local err = X:matmul(w) + b - y
-    local loss = (err * err):mean():item()
-    first = first or loss
-    last = loss
-    if step == 1 or step % 20 == 0 or step == n then
-      print(("%s step %3d loss %.6f"):format(me, step, loss))
-    end
-    local gw = X:t():matmul(err) * (2 / BATCH)
-    local gb = err:mean():item() * 2
-    ps:rpc_sync():apply_gradients(gw, gb)
+    dist_autograd.context(function(ctx)
+      local loss = lossf(ps:rpc_sync():forward(X), y)
+      dist_autograd.backward(ctx, {loss})
+      opt:step(ctx)
+      first = first or loss:item()
+      last = loss:item()
+      if step == 1 or step % 20 == 0 or step == n then
+        print(("%s step %3d loss %.6f"):format(me, step, last))
+      end
+    end)
   end
   return first, last
 end
@@ -59,7 +60,7 @@ end
 local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
 rpc.init_rpc(rank == 0 and "ps" or ("trainer" .. rank), {rank = rank, world_size = world_size})
 if rank == 0 then
-  local ps = rpc.RRef(ParameterServer.new(DIM, 0.05))
+  local ps = rpc.RRef(ParameterServer.new())
   local futs = {}
   for r = 1, world_size - 1 do futs[#futs + 1] = rpc.rpc_async(r, train, {ps, steps}) end
   local fell = true
@@ -68,8 +69,8 @@ if rank == 0 then
     fell = fell and last < first / 10
     print(("trainer%d: loss %.6f -> %.6f"):format(i, first, last))
   end
-  local server = ps:local_value()
-  print(("parameter server: %d updates, bias %.3f (true 0.5), loss %s"):format(server.updates, server.b,
+  local bias = ps:local_value().model.bias:item()
+  print(("parameter server: bias %.3f (true 0.5), loss %s"):format(bias,
     fell and "fell on every trainer" or "DID NOT FALL"))
 end
 rpc.shutdown()

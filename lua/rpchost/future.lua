@@ -84,8 +84,18 @@ function Future:value()
   return result(self)
 end
 
--- fn(self) runs (as a task) when done; at once if already done.
+-- fn(self) runs (as a task) when done; at once if already done. It runs in the
+-- distributed autograd context of the task that registered it.
 function Future:add_done_callback(fn)
+  local t = sched.current()
+  local ctx = t and t.ag_ctx
+  if ctx then
+    local inner = fn
+    fn = function(f)
+      sched.current().ag_ctx = ctx
+      return inner(f)
+    end
+  end
   if self.state ~= "pending" then
     sched.spawn(fn, {name = "future callback"}, self)
     return
