@@ -82,26 +82,31 @@ local function is_options(v)
 end
 
 -- sizes as varargs or one table, then an optional options table
+-- Arguments are copied into a table once: LuaJIT 2.1-beta3 miscompiled the
+-- earlier form (select(n, ...) on varargs in a hot trace gave wrong sizes).
 local function sizes_and_options_(allow_infer, ...)
-  local n = select("#", ...)
-  local opts = n > 0 and is_options((select(n, ...))) and (select(n, ...)) or nil
-  if opts then n = n - 1 end
-  local first = (...)
-  local sizes
-  if n == 1 and type(first) == "table" then
-    sizes = {}
+  local args = {n = select("#", ...), ...}
+  local n = args.n
+  local opts = nil
+  if n > 0 and is_options(args[n]) then
+    opts = args[n]
+    n = n - 1
+  end
+  local sizes = {}
+  if n == 1 and type(args[1]) == "table" then
+    local first = args[1]
     for i = 1, #first do sizes[i] = first[i] end
   else
-    sizes = {}
     for i = 1, n do
-      local v = select(i, ...)
+      local v = args[i]
       if type(v) ~= "number" then
         error(("sizes must be numbers, got %s for size %d"):format(type(v), i), 3)
       end
       sizes[i] = v
     end
   end
-  for i, v in ipairs(sizes) do
+  for i = 1, #sizes do
+    local v = sizes[i]
     if type(v) ~= "number" or (v < 0 and not (allow_infer and v == -1)) or v ~= math.floor(v) then
       error(("size %d must be a non-negative integer%s, got %s"):format(i,
         allow_infer and " (or -1 to infer it)" or "", tostring(v)), 4)
