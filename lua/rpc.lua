@@ -142,6 +142,7 @@ function rpc.init_rpc(name, a, b, c, d)
     end
   end
   local timeout = env.init_timeout(opts.init_timeout)
+  if opts.security_token ~= nil then require("rpchost.auth").set_token(opts.security_token) end
   log.who = name
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
   local client, key = store.acquire(host, port, host_it, timeout)
@@ -177,9 +178,9 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local a = agentmod.new{name = name, rank = rank, world_size = world_size,
     timeout = tonumber(opts.rpc_timeout) or default_timeout,
     num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P,
-    -- Bytecode from the network can do anything: only a loopback-only world takes it
-    -- (an authenticated world will too, once peers prove the token).
-    allow_bytecode = loopback}
+    -- Bytecode from the network can do anything: only a loopback-only world or one
+    -- whose every peer proved the security token takes it.
+    allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
   local advertise = "127.0.0.1"
   if loopback then a:listen(advertise)
   else

@@ -188,7 +188,8 @@ describe("init_rpc refuses bad input", function()
       print(ok and "joined" or (e.kind .. ": " .. e.message))
     ]], env_for(port, function(r) return r == 1 and {RPCHOST_PROTOCOL_VERSION = 99,
       RPCHOST_INIT_TIMEOUT = 3} or {RPCHOST_INIT_TIMEOUT = 3} end), 20)
-    assert.truthy(out[1].out:find("protocol: protocol version mismatch", 1, true), out[1].out .. out[1].err)
+    assert.truthy(out[1].out:find("protocol: ", 1, true) and out[1].out:find("protocol version mismatch", 1, true),
+      out[1].out .. out[1].err)
     assert.truthy(out[1].out:find("protocol 1", 1, true) and out[1].out:find("protocol 99", 1, true), out[1].out)
   end)
 end)

@@ -14,6 +14,7 @@ local log = require "rpchost.log"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.workerinfo"
 local cma = require "rpchost.cma"
+local auth = require "rpchost.auth"
 local bit = require "bit"
 
 local M = {}
@@ -60,6 +61,10 @@ function Agent:listen(bind_ip)
   end
   self.listener = l
   self.port = l:port()
+  if bind_ip == "0.0.0.0" and not auth.token() then
+    log.warn("listening on every interface without a security token: anyone who can reach port %d " ..
+      "can call this rank; set RPCHOST_TOKEN on every rank", self.port)
+  end
   return self.port
 end
 
@@ -107,8 +112,11 @@ end
 
 -- connections ----------------------------------------------------------------------
 local function hello_body(self, conn)
-  return enc("hello", {proto = core.protocol_version, version = core.version, world = self.world,
-                       rank = self.rank, name = self.name, cma = cma.offer(conn, self.cma)})
+  local h = {proto = core.protocol_version, version = core.version, world = self.world,
+             rank = self.rank, name = self.name, cma = cma.offer(conn, self.cma)}
+  local st = self.conns[conn]
+  if st then st.auth_client = auth.client_hello(h) end
+  return enc("hello", h)
 end
 
 function Agent:dial(p)
@@ -223,15 +231,40 @@ function Agent:on_hello(conn, body)
   if not p or p.name ~= h.name then
     return refuse(("unknown rank %s (%s) connected"):format(tostring(h.rank), tostring(h.name)))
   end
+  local ok, fields, state = auth.server_hello(h)
+  if not ok then
+    log.warn("refusing %s (rank %s): %s", tostring(h.name), tostring(h.rank), fields)
+    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, auth = true, error = fields}))
+    conn:close(true)
+    return
+  end
   local st = self.conns[conn]
-  st.rank, st.ready = h.rank, true
+  st.rank = h.rank
   p.reads_peer = cma.accept(h.cma, conn, self.cma)
-  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = true, rank = self.rank, name = self.name,
-    reads_you = p.reads_peer, cma = cma.offer(conn, self.cma)}))
+  fields.ok, fields.rank, fields.name = true, self.rank, self.name
+  fields.reads_you, fields.cma = p.reads_peer, cma.offer(conn, self.cma)
+  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", fields))
+  if state.done then self:accepted(p, conn) else st.auth_server = state end
+end
+
+-- the handshake of an incoming connection is complete (and authenticated)
+function Agent:accepted(p, conn)
+  self.conns[conn].ready = true
   if p.state ~= "ready" then
     if p.dialling then p.dialling = nil end
     self:peer_ready(p, conn)
   end
+end
+
+function Agent:on_auth(conn, body)
+  local st = self.conns[conn]
+  local ok, a = pcall(dec, body)
+  if st and st.auth_server and ok and type(a) == "table" and auth.server_check(st.auth_server, a.proof) then
+    st.auth_server = nil
+    return self:accepted(self.peers[st.rank], conn)
+  end
+  log.warn("refusing a connection that does not know the security token")
+  conn:close()
 end
 
 function Agent:on_hello_ack(conn, body)
@@ -241,10 +274,17 @@ function Agent:on_hello_ack(conn, body)
   local ok, a = pcall(dec, body)
   if not ok or type(a) ~= "table" or not a.ok then
     local why = ok and type(a) == "table" and a.error or "malformed handshake reply"
-    self:peer_lost(p, conn, why, "protocol")
+    self:peer_lost(p, conn, why, ok and type(a) == "table" and a.auth and "auth" or "protocol")
     conn:close()
     return
   end
+  local proof, why = auth.client_check(st.auth_client or {}, a)
+  if proof == false then
+    self:peer_lost(p, conn, why, "auth")
+    conn:close()
+    return
+  end
+  if proof then conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof})) end
   st.ready = true
   if p.dialling == conn then p.dialling = nil end
   p.peer_reads_me = a.reads_you == true
@@ -305,6 +345,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
     return self:on_message(st.rank, body, {...})
   end
   if ftype == proto.HELLO then return self:on_hello(conn, body) end
+  if ftype == auth.AUTH_FRAME then return self:on_auth(conn, body) end
   if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
   log.warn("closing a connection that sent an unknown frame type %d", ftype)
   conn:close()

@@ -12,6 +12,7 @@ local codec = require "rpchost.codec"
 local errors = require "rpchost.errors"
 local proto = require "rpchost.proto"
 local log = require "rpchost.log"
+local auth = require "rpchost.auth"
 
 local M = {}
 local enc, dec = codec.raw_encode, codec.raw_decode
@@ -132,9 +133,25 @@ function Server:on_frame(conn, ftype, _, id, body)
       conn:close(true)
       return
     end
-    st.ready = true
-    conn:send(proto.HELLO_ACK, 0, id, enc("hello", {ok = true, proto = core.protocol_version,
-                                                  version = core.version}))
+    local ok, fields, state = auth.server_hello(hello)
+    if not ok then
+      conn:send(proto.HELLO_ACK, 0, id, enc("hello", {ok = false, auth = true, error = fields}))
+      conn:close(true)
+      return
+    end
+    fields.ok, fields.proto, fields.version = true, core.protocol_version, core.version
+    if state.done then st.ready = true else st.auth = state end
+    conn:send(proto.HELLO_ACK, 0, id, enc("hello", fields))
+    return
+  end
+  if ftype == auth.AUTH_FRAME and st.auth then
+    local ok, a = pcall(dec, body)
+    if ok and type(a) == "table" and auth.server_check(st.auth, a.proof) then
+      st.auth, st.ready = nil, true
+    else
+      log.warn("store: refusing a connection that does not know the security token")
+      conn:close()
+    end
     return
   end
   if ftype ~= proto.STORE or not st.ready then
@@ -174,6 +191,10 @@ function M.serve(host, port)
   local ip = assert(core.resolve(host))
   local bind = is_loopback(ip) and ip or "0.0.0.0"
   local s = setmetatable({data = {}, waiters = {}, clients = {}, nclients = 0}, Server)
+  if bind == "0.0.0.0" and not auth.token() then
+    log.warn("the store listens on every interface without a security token: anyone who can reach " ..
+      "port %d can join; set RPCHOST_TOKEN on every rank", port)
+  end
   local l, err, code = core.listen(bind, port, {
     accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
     frame = function(conn, ...) s:on_frame(conn, ...) end,
@@ -264,13 +285,21 @@ function M.connect(host, port, timeout)
     sched.sleep(math.min(0.05 * 2 ^ math.min(math.floor(now - start), 3), 0.5))
   end
   -- handshake
-  local ack = c:request(proto.HELLO, enc("hello", {proto = core.protocol_version, version = core.version}),
-                        math.max(timeout - (sched.now() - start), 5))
+  local hello = {proto = core.protocol_version, version = core.version}
+  local ast = auth.client_hello(hello)
+  local ack = c:request(proto.HELLO, enc("hello", hello), math.max(timeout - (sched.now() - start), 5))
   ack = dec(ack)
   if not ack.ok then
     c:close()
-    error(errors.new("protocol", ack.error), 0)
+    error(errors.new(ack.auth and "auth" or "protocol", ("the store at %s refused this rank: %s"):format(
+      addr, tostring(ack.error))), 0)
   end
+  local p, why = auth.client_check(ast, ack)
+  if p == false then
+    c:close()
+    error(errors.new("auth", ("the store at %s: %s"):format(addr, why)), 0)
+  end
+  if p then c.conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = p})) end
   return c
 end
 
