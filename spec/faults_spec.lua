@@ -1,0 +1,126 @@
+-- Faults: a killed rank, a stopped rank, a dead rank at graceful shutdown, and the
+-- store host dying after init. Calls fail fast with the right kind, and the live
+-- ranks keep serving each other.
+local S = require "spec.support"
+
+local function world(n, body, opts)
+  local r = S.world(n, S.prelude .. [[
+    local core, sched = require "rpchost.core", require "rpchost.sched"
+    function pid() return core.getpid() end
+    function echo(x) return x end
+    function hang() sched.sleep(60) end
+  ]] .. body, opts)
+  assert.is_nil(r.out:find("FAIL", 1, true), r.out .. r.err)
+  return r
+end
+
+describe("faults", function()
+  -- by hand, not under the launcher (which would stop the world when a rank dies)
+  local function by_hand(n, body, extra_env)
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      local core, sched = require "rpchost.core", require "rpchost.sched"
+      function pid() return core.getpid() end
+      function echo(x) return x end
+      function hang() sched.sleep(60) end
+    ]] .. body)
+    local hs = {}
+    for rk = 0, n - 1 do
+      local env = {RANK = rk, WORLD_SIZE = n, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RPCHOST_STORE_LINGER = 0}
+      for k, v in pairs(extra_env or {}) do env[k] = v end
+      hs[rk] = S.start({path}, {env = env})
+    end
+    local out = {}
+    for rk = 0, n - 1 do out[rk] = hs[rk]:wait(40) end
+    return out
+  end
+
+  it("a rank killed with SIGKILL fails pending and new calls as unreachable within 2 s", function()
+    local out = by_hand(3, [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local victim = rpc.rpc_sync("w1", pid)
+        local f = rpc.rpc_async("w1", hang)
+        sched.sleep(0.1)
+        local t0 = sched.now()
+        core.kill(victim, core.SIGKILL)
+        local ok, e = pcall(f.wait, f)
+        check("pending unreachable", not ok and e.kind == "unreachable" and e.worker == "w1", e)
+        check("within 2 s", sched.now() - t0 < 2)
+        ok, e = pcall(rpc.rpc_sync, "w1", echo, {1})
+        check("new call unreachable", not ok and e.kind == "unreachable", e)
+        check("others serve", rpc.rpc_sync("w2", echo, {5}) == 5)
+        rpc.rpc_async("w2", os.exit, {0})
+        sched.sleep(0.2)
+        os.exit(0)
+      end
+      sched.sleep(30)
+    ]])
+    for _, name in ipairs({"pending unreachable", "within 2 s", "new call unreachable", "others serve"}) do
+      assert.truthy(out[0].out:find("ok " .. name, 1, true), out[0].out .. out[0].err)
+    end
+  end)
+
+  it("a stopped rank (SIGSTOP) makes calls time out while the others serve", function()
+    local r = world(3, [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local victim = rpc.rpc_sync("w1", pid)
+        core.kill(victim, core.SIGSTOP)
+        local ok, e = pcall(rpc.rpc_sync, "w1", echo, {1}, nil, 0.5)
+        check("timeout", not ok and e.kind == "timeout", e)
+        check("others serve", rpc.rpc_sync("w2", echo, {2}) == 2)
+        core.kill(victim, core.SIGCONT)
+        check("back after SIGCONT", rpc.rpc_sync("w1", echo, {3}) == 3)
+      end
+      rpc.shutdown()
+    ]], {timeout = 40})
+    assert.are.equal(0, r.status, r.err)
+    assert.truthy(r.out:find("ok back after SIGCONT", 1, true), r.out)
+  end)
+
+  it("graceful shutdown with a dead rank ends within its timeout and names it", function()
+    local r = world(3, [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 2 then os.exit(0) end
+      local t0 = sched.now()
+      local ok, e = pcall(rpc.shutdown, true, 2)
+      check("fails", not ok)
+      check("names the missing rank", tostring(e.message):find("w2 (rank 2)", 1, true), e)
+      check("within its timeout", sched.now() - t0 < 4)
+    ]], {timeout = 40, env = {RPCHOST_PROGRESS_INTERVAL = 1}})
+    assert.truthy(r.out:find("ok names the missing rank", 1, true), r.out .. r.err)
+  end)
+
+  it("the store host dying after init does not stop calls between live ranks", function()
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      local sched = require "rpchost.sched"
+      function echo(x) return x end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        -- once both others are up (their replies prove it), leave with the store
+        rpc.rpc_sync("w1", echo, {0})
+        rpc.rpc_sync("w2", echo, {0})
+        os.exit(0)
+      end
+      sched.sleep(0.5)
+      local other = rank == 1 and "w2" or "w1"
+      check("calls go on", rpc.rpc_sync(other, echo, {rank}) == rank)
+      sched.sleep(0.5)
+      rpc.shutdown(false)
+    ]])
+    local hs = {}
+    for rk = 0, 2 do
+      hs[rk] = S.start({path}, {env = {RANK = rk, WORLD_SIZE = 3, MASTER_ADDR = "127.0.0.1",
+                                       MASTER_PORT = port, RPCHOST_STORE_LINGER = 0}})
+    end
+    for rk = 0, 2 do
+      local res = hs[rk]:wait(30)
+      if rk > 0 then
+        assert.are.equal(0, res.status, res.err)
+        assert.truthy(res.out:find("ok calls go on", 1, true), res.out .. res.err)
+      end
+    end
+  end)
+end)
