@@ -47,12 +47,16 @@ end
 function S.start(args, opts)
   opts = opts or {}
   local h = {out = {}, err = {}, done = false, started = sched.now()}
-  local full = {S.bin}
+  -- opts.prefix runs rpchost under another command (ip netns exec NS ...)
+  local full = {}
+  for _, a in ipairs(opts.prefix or {}) do full[#full + 1] = a end
+  full[#full + 1] = S.bin
   for _, a in ipairs(args) do full[#full + 1] = a end
+  local file = full[1]
   local unset = opts.unset or {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                "MASTER_PORT", "RPCHOST_STORE_HOSTED", "RPCHOST_ERROR_FILE"}
   local p, err = core.spawn{
-    file = S.bin, args = full, env = merged_env(opts.env, unset), cwd = opts.cwd,
+    file = file, args = full, env = merged_env(opts.env, unset), cwd = opts.cwd,
     stdio = {"inherit", "pipe", "pipe"},
     output = function(fd, chunk)
       if chunk then table.insert(fd == 1 and h.out or h.err, chunk) end

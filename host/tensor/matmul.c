@@ -33,6 +33,22 @@ static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, 
   }
 }
 
+/* How BLAS can read a rows x cols matrix in place: row-major as is, or as the
+ * transpose of a row-major matrix. 0 when it needs a copy. */
+static int gemm_layout(const rh_tensor_t *t, int64_t rows, int64_t cols, int *trans, int *ld) {
+  if (t->stride[1] == 1 && (t->stride[0] == cols || rows == 1)) {
+    *trans = 0;
+    *ld = (int)(cols > 0 ? cols : 1);
+    return 1;
+  }
+  if (t->stride[0] == 1 && (t->stride[1] == rows || cols == 1)) {
+    *trans = 1;
+    *ld = (int)(rows > 0 ? rows : 1);
+    return 1;
+  }
+  return 0;
+}
+
 rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
   if (a->ndim == 0 || b->ndim == 0) {
     rh_tensor_fail("matmul: both arguments need at least 1 dimension, got %dD and %dD", a->ndim, b->ndim);
@@ -63,6 +79,22 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
                    (long long)k2);
     goto done;
   }
+  /* a plain 2-D product of float matrices, either of which may be a transposed
+   * contiguous matrix (x:matmul(w:t())): BLAS reads it transposed, no copy */
+  int ta, tb, lda, ldb;
+  if (A->ndim == 2 && B->ndim == 2 && rh_dtype_is_float(a->dtype) && k > 0 && m > 0 && n > 0 &&
+      gemm_layout(A, m, k, &ta, &lda) && gemm_layout(B, k, n, &tb, &ldb)) {
+    int64_t osz2[2] = {m, n};
+    out = rh_tensor_empty(a->dtype, 2, osz2);
+    if (!out) goto done;
+    if (a->dtype == RH_F32)
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                  (int)k, 1.0f, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0f, rh_tensor_data(out), (int)n);
+    else
+      cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                  (int)k, 1.0, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0, rh_tensor_data(out), (int)n);
+    goto finish;
+  }
   /* broadcast the batch dimensions */
   int nba, nbb, nb;
   int64_t batch[RH_MAXDIM];
@@ -91,11 +123,12 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
   char *po = rh_tensor_data(out);
   for (int64_t i = 0; i < nbatch; i++)
     gemm(a->dtype, m, n, k, pa + (size_t)(i * m * k) * es, pb + (size_t)(i * k * n) * es, po + (size_t)(i * m * n) * es);
+finish:
   /* drop the dims that came from vectors */
   if (drop_m || drop_n) {
     int64_t fsz[RH_MAXDIM];
     int f = 0;
-    for (int i = 0; i < nb; i++) fsz[f++] = batch[i];
+    for (int i = 0; i < out->ndim - 2; i++) fsz[f++] = out->size[i];
     if (!drop_m) fsz[f++] = m;
     if (!drop_n) fsz[f++] = n;
     res = rh_tensor_view(out, f, fsz);

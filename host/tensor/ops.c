@@ -114,7 +114,18 @@ static void cast_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as,
       memcpy(o, a, (size_t)n * es);
       return;
     }
-    for (int64_t i = 0; i < n; i++) memcpy(o + i * os, a + i * as, es);
+    /* strided copies element by element, typed */
+    switch (es) {
+      case 8:
+        for (int64_t i = 0; i < n; i++) *(uint64_t *)(o + i * os) = *(const uint64_t *)(a + i * as);
+        break;
+      case 4:
+        for (int64_t i = 0; i < n; i++) *(uint32_t *)(o + i * os) = *(const uint32_t *)(a + i * as);
+        break;
+      default:
+        for (int64_t i = 0; i < n; i++) o[i * os] = a[i * as];
+        break;
+    }
     return;
   }
   if (c->from == RH_I64 && c->to != RH_F32 && c->to != RH_F64) {
@@ -162,12 +173,28 @@ typedef struct {
   } v;
 } fill_ctx_t;
 
+/* one store per element, typed (a memcpy call per element was the slow part) */
+#define FILL_AS(T)                                                   \
+  do {                                                               \
+    T v;                                                             \
+    memcpy(&v, f->v.bytes, sizeof v);                                \
+    if (os == (int64_t)sizeof(T)) {                                  \
+      T *O = (T *)o;                                                 \
+      for (int64_t i = 0; i < n; i++) O[i] = v;                      \
+    } else {                                                         \
+      for (int64_t i = 0; i < n; i++) *(T *)(o + i * os) = v;        \
+    }                                                                \
+  } while (0)
+
 static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
                       void *vctx) {
   fill_ctx_t *f = vctx;
-  size_t es = rh_dtype_size(f->dt);
   (void)a, (void)as, (void)b, (void)bs;
-  for (int64_t i = 0; i < n; i++) memcpy(o + i * os, f->v.bytes, es);
+  switch (rh_dtype_size(f->dt)) {
+    case 8: FILL_AS(uint64_t); break;
+    case 4: FILL_AS(uint32_t); break;
+    default: FILL_AS(uint8_t); break;
+  }
 }
 
 int rh_tensor_fill_(rh_tensor_t *t, double v) {
