@@ -14,12 +14,23 @@
  * sent. */
 #include <math.h>
 #include <msgpack.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codec/mpcheck.h"
 #include "rh_lua.h"
 
-#define MAX_DEPTH 30 /* msgpack-c's C unpacker nests at most 32 levels */
+#define MAX_DEPTH_LIMIT 30 /* msgpack-c's C unpacker nests at most 32 levels */
+/* RPCHOST_MAX_DEPTH lowers the nesting accepted (and sent), never above the limit */
+static int max_depth(void) {
+  static int d = 0;
+  if (!d) {
+    const char *e = getenv("RPCHOST_MAX_DEPTH");
+    d = e && atoi(e) > 0 && atoi(e) < MAX_DEPTH_LIMIT ? atoi(e) : MAX_DEPTH_LIMIT;
+  }
+  return d;
+}
+#define MAX_DEPTH (max_depth())
 #define TAG_LEAF_MAX 16
 
 #define ref_enc_hook (rh_ctx()->ref_enc_hook)
@@ -37,7 +48,7 @@ typedef struct {
   msgpack_sbuffer buf;
   msgpack_packer pk;
   const char *root;
-  path_elem_t path[MAX_DEPTH + 2];
+  path_elem_t path[MAX_DEPTH_LIMIT + 2];
   int depth;
 } enc_t;
 
@@ -102,7 +113,11 @@ static void enc_string(enc_t *e, int idx) {
 }
 
 static void enter(enc_t *e, int is_key, const char *key, double i, const void *t) {
-  if (e->depth >= MAX_DEPTH) enc_fail(e, "nested more than 30 levels deep (flatten it, or send it as a string)");
+  if (e->depth >= MAX_DEPTH) {
+    char why[128];
+    snprintf(why, sizeof why, "nested more than %d levels deep (flatten it, or send it as a string)", MAX_DEPTH);
+    enc_fail(e, why);
+  }
   e->path[e->depth++] = (path_elem_t){is_key, key, i, t};
 }
 

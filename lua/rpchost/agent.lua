@@ -189,6 +189,9 @@ end
 function Agent:on_conn_close(conn, status, msg, peer_version)
   local st = self.conns[conn]
   self.conns[conn] = nil
+  if status ~= 0 and self.state == "running" then
+    log.warn("closed a connection%s: %s", st and st.rank and (" from rank " .. st.rank) or "", tostring(msg))
+  end
   if not st or not st.rank then return end
   local p = self.peers[st.rank]
   if not p then return end

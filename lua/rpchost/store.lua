@@ -198,7 +198,10 @@ function M.serve(host, port)
   local l, err, code = core.listen(bind, port, {
     accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
     frame = function(conn, ...) s:on_frame(conn, ...) end,
-    close = function(conn) s:on_close(conn) end,
+    close = function(conn, status, msg)
+      if status ~= 0 then log.warn("store: closed a connection: %s", tostring(msg)) end
+      s:on_close(conn)
+    end,
   })
   if not l then
     local hint = code == "EADDRINUSE" and
