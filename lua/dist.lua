@@ -207,7 +207,16 @@ Work.__tostring = function(w) return "Work(" .. (w.fut:done() and "completed" or
 dist.Work = Work
 
 -- Runs fn now (returning nil) or, with async_op, as a task (returning a Work).
+local trace = require "rpchost.trace"
 local function run(opts, what, fn)
+  if trace.enabled() then
+    local inner = fn
+    fn = function()
+      local t0 = trace.now_us()
+      inner()
+      trace.complete(what, "collective", t0, trace.now_us() - t0, {async = opts and opts.async_op or nil})
+    end
+  end
   if opts and opts.async_op then
     local fut = Future.new(what)
     sched.spawn(function()

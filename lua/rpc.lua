@@ -215,6 +215,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     error(err, 0)
   end
   rref.attach(a)
+  require("rpchost.trace").set_rank(rank, name)
   a:set_ready()
 end
 
@@ -376,6 +377,15 @@ end
 
 -- DistributedOptimizer(optim.SGD, {param rrefs}, {lr = ...}) with :step(ctx_id)
 function rpc.DistributedOptimizer(...) return require("rpchost.dist_optim").new(...) end
+
+-- enable_tracing(path): Chrome trace events of this rank, written at exit
+function rpc.enable_tracing(path)
+  if type(path) ~= "string" then error(errors.new("config", "enable_tracing: expected a file path"), 2) end
+  require("rpchost.trace").enable(path)
+end
+
+-- stats(): per-peer call counters and latency histograms, and bytes moved
+function rpc.stats() return require("rpchost.trace").stats() end
 
 -- introspection used by tests and tools
 function rpc._agent() return current end

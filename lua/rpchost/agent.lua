@@ -15,6 +15,7 @@ local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.workerinfo"
 local cma = require "rpchost.cma"
 local auth = require "rpchost.auth"
+local trace = require "rpchost.trace"
 local bit = require "bit"
 
 local M = {}
@@ -394,7 +395,7 @@ function Agent:call(to, fn, args, kwargs, timeout)
   self.next_id = self.next_id + 1
   local id = self.next_id
   local fut = Future.new()
-  local call = {fut = fut, peer = p, fn = fn, ctx = ctx}
+  local call = {fut = fut, peer = p, fn = fn, ctx = ctx, t0 = trace.now_us()}
   self.pending[id] = call
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
@@ -416,22 +417,28 @@ function Agent:call(to, fn, args, kwargs, timeout)
   return fut
 end
 
-function Agent:take(id)
+function Agent:take(id, failed)
   local call = self.pending[id]
   if not call then return nil end
   self.pending[id] = nil
   call.peer.pending[id] = nil
   if call.timer then sched.cancel(call.timer) end
+  local dur = trace.now_us() - call.t0
+  trace.call_done(call.peer.name, dur, failed)
+  if trace.enabled() then
+    trace.complete("call " .. describe_fn(call.fn), "rpc", call.t0, dur,
+                   {to = call.peer.name, id = id, failed = failed or nil})
+  end
   return call
 end
 
 function Agent:complete_error(id, err)
-  local call = self:take(id)
+  local call = self:take(id, true)
   if call then call.fut:set_error(err) end
 end
 
 function Agent:on_response(id, flags, body, segs)
-  local call = self:take(id)
+  local call = self:take(id, bit.band(flags, proto.FLAG_ERROR) ~= 0)
   if not call then return end -- timed out already, or a stray reply
   codec.allow_bytecode, codec.ag_src = self.allow_bytecode, call.peer.rank
   local r = pack(pcall(dec_msg, body, segs))
@@ -498,8 +505,9 @@ function Agent:send_reply(to, id, r)
   reply(self, to, id, proto.FLAG_ERROR, body)
 end
 
-local function handler(self, to, id, fn, args, kwargs, ctx)
+local function handler(self, to, id, fn, args, kwargs, ctx, queued_at)
   sched.current().ag_ctx = ctx
+  local t0 = trace.now_us()
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
   local n = args.n or table.maxn(args)
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
@@ -523,6 +531,11 @@ local function handler(self, to, id, fn, args, kwargs, ctx)
   else
     self:send_reply(to, id, r)
   end
+  if trace.enabled() then
+    local from = self.peers[self:rank_of(to) or -1]
+    trace.complete("run " .. describe_fn(fn), "rpc", t0, trace.now_us() - t0,
+                   {from = from and from.name, id = id, queued_us = queued_at and (t0 - queued_at) or nil})
+  end
 end
 
 local function handler_task(self, ...)
@@ -530,7 +543,7 @@ local function handler_task(self, ...)
   -- take queued requests while under the cap
   while #self.backlog > 0 do
     local job = table.remove(self.backlog, 1)
-    handler(self, unpack(job, 1, 6))
+    handler(self, unpack(job, 1, 7))
   end
   self.running = self.running - 1
 end
@@ -541,6 +554,9 @@ function Agent:on_request(to, id, body, segs)
     return
   end
   self.stats.calls_in = self.stats.calls_in + 1
+  local from = self.peers[self:rank_of(to) or -1]
+  trace.call_in(from and from.name or "?")
+  local queued_at = trace.enabled() and trace.now_us() or nil
   codec.allow_bytecode, codec.ag_src = self.allow_bytecode, self:rank_of(to)
   local r = pack(pcall(dec_msg, body, segs))
   codec.allow_bytecode, codec.ag_src = false, nil
@@ -550,11 +566,11 @@ function Agent:on_request(to, id, body, segs)
   local fn, args, kwargs, ctx = r[2], r[3], r[4], r[5]
   if type(args) ~= "table" then args = {} end
   if self.running >= self.max_running then
-    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs, ctx}
+    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs, ctx, queued_at}
     return
   end
   self.running = self.running + 1
-  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs, ctx)
+  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs, ctx, queued_at)
 end
 
 -- one-way keyed messages ----------------------------------------------------------------

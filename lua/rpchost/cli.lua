@@ -156,6 +156,7 @@ local function interpreter(argv)
   end
 
   local ok, err = sched.run(main, script and ("script " .. script) or "main")
+  require("rpchost.trace").flush()
   if not ok then
     -- error() with no value is how busted (and others) ask for a quiet exit 1
     if err ~= nil then report(err) end

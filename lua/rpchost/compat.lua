@@ -8,6 +8,8 @@ table.unpack = table.unpack or unpack
 local raw_exit = os.exit
 os.exit = function(code)
   local ok, core = pcall(require, "rpchost.core")
+  local tok, trace = pcall(require, "rpchost.trace")
+  if tok then trace.flush() end
   if ok then
     core.flush()
     local deadline = core.now() + 2

@@ -61,6 +61,8 @@ local function parse(argv)
     elseif a:sub(1, 2) == "--" then return nil, "unknown option " .. a
     else break end
   end
+  o.trace = os.getenv("RPCHOST_TRACE")
+  if o.trace == "" then o.trace = nil end
   o.script = argv[i]
   o.args = {}
   for j = i + 1, #argv do o.args[#o.args + 1] = argv[j] end
@@ -157,6 +159,7 @@ local function run(o)
     e.MASTER_ADDR = o.addr
     e.MASTER_PORT = tostring(port)
     e.RPCHOST_ERROR_FILE = r.errfile
+    if o.trace then e.RPCHOST_TRACE = ("%s.rank%d"):format(o.trace, rank) end
     if server then e.RPCHOST_STORE_HOSTED = ("%s:%d"):format(o.addr, port) end
     local envl = {}
     for k, v in pairs(e) do envl[#envl + 1] = k .. "=" .. v end
@@ -225,6 +228,12 @@ local function run(o)
     code = 1
   elseif signal_seen then
     code = 128 + signal_seen
+  end
+  if o.trace then
+    -- one timeline for the whole world, ranks as processes
+    local files = {}
+    for _, r in ipairs(ranks) do files[#files + 1] = ("%s.rank%d"):format(o.trace, r.rank) end
+    require("rpchost.trace").merge(files, o.trace)
   end
   for _, r in ipairs(ranks) do os.remove(r.errfile) end
   core.rmdir(dir)

@@ -398,6 +398,18 @@ end
 -- Waits for `keys`, telling the user every few seconds what is missing. `describe`
 -- turns the missing keys into words. Raises timeout/config errors.
 function Client:wait_verbose(keys, timeout, abort, describe)
+  local trace = require "rpchost.trace"
+  if trace.enabled() then
+    local t0 = trace.now_us()
+    local r = table.pack(pcall(self.wait_verbose_, self, keys, timeout, abort, describe))
+    trace.complete("store wait", "store", t0, trace.now_us() - t0, {keys = #keys, store = self.addr})
+    if not r[1] then error(r[2], 0) end
+    return unpack(r, 2, r.n)
+  end
+  return self:wait_verbose_(keys, timeout, abort, describe)
+end
+
+function Client:wait_verbose_(keys, timeout, abort, describe)
   local start = sched.now()
   local step = progress_every()
   while true do

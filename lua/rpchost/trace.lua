@@ -1,0 +1,139 @@
+-- rpchost.trace: Chrome trace events (chrome://tracing, Perfetto) and per-peer
+-- counters.
+--
+-- With RPCHOST_TRACE=path (or rpc.enable_tracing(path)) every outgoing call (from
+-- send to reply), every incoming call (queued, then executed), every collective
+-- and every store wait becomes a complete event ("ph": "X") on the rank's
+-- timeline; the file is written when the process exits. Under `rpchost run` each
+-- rank writes path.rankN and the launcher merges them into path.
+-- Counters (rpc.stats) are kept always: they cost a few table updates per call.
+local core = require "rpchost.core"
+
+local M = {}
+
+local events = nil -- list while tracing
+local path = nil
+local pid = nil
+M.who = nil -- the rank's name, for the process label
+
+local function now_us() return core.now() * 1e6 end
+M.now_us = now_us
+
+function M.enabled() return events ~= nil end
+
+function M.enable(p)
+  path = p
+  events = events or {}
+end
+
+function M.set_rank(rank, name)
+  pid = rank
+  M.who = name
+end
+
+-- a complete event: name, category, start (us), duration (us), args
+function M.complete(name, cat, ts, dur, args)
+  if not events then return end
+  events[#events + 1] = {name = name, cat = cat, ph = "X", ts = ts, dur = dur, pid = pid or 0,
+                         tid = 1, args = args}
+end
+
+local function json_string(s)
+  return '"' .. tostring(s):gsub('[%c"\\]', function(c)
+    return ({['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\t'] = '\\t'})[c] or ("\\u%04x"):format(c:byte())
+  end) .. '"'
+end
+
+local function json(v)
+  local t = type(v)
+  if t == "number" then return v ~= v and "null" or ("%.17g"):format(v) end
+  if t == "boolean" then return tostring(v) end
+  if t == "table" then
+    local parts = {}
+    for k, x in pairs(v) do parts[#parts + 1] = json_string(k) .. ":" .. json(x) end
+    return "{" .. table.concat(parts, ",") .. "}"
+  end
+  if v == nil then return "null" end
+  return json_string(v)
+end
+M.json = json
+
+-- Writes the events gathered so far (called at exit).
+function M.flush()
+  if not events or not path then return end
+  local f = io.open(path, "w")
+  if not f then
+    io.stderr:write("rpchost: cannot write the trace to ", path, "\n")
+    return
+  end
+  local out = {}
+  out[1] = json({name = "process_name", ph = "M", pid = pid or 0, args = {name = M.who or ("rank " .. tostring(pid))}})
+  for _, e in ipairs(events) do out[#out + 1] = json(e) end
+  f:write('{"traceEvents":[', table.concat(out, ",\n"), "]}\n")
+  f:close()
+end
+
+-- Merges per-rank trace files into one (used by the launcher).
+function M.merge(files, into)
+  local parts = {}
+  for _, fpath in ipairs(files) do
+    local f = io.open(fpath)
+    if f then
+      local s = f:read("*a")
+      f:close()
+      local body = s:match('^%s*{"traceEvents":%[(.*)%]}%s*$')
+      if body and body ~= "" then parts[#parts + 1] = body end
+      os.remove(fpath)
+    end
+  end
+  local f = io.open(into, "w")
+  if not f then return false end
+  f:write('{"traceEvents":[', table.concat(parts, ",\n"), "]}\n")
+  f:close()
+  return true
+end
+
+-- counters -----------------------------------------------------------------------
+local BUCKETS = {10, 100, 1000, 10000, 100000, 1000000} -- microseconds
+local peers = {}
+
+local function peer(name)
+  local p = peers[name]
+  if not p then
+    p = {calls_out = 0, calls_in = 0, errors = 0, latency_us = {}}
+    for i = 1, #BUCKETS + 1 do p.latency_us[i] = 0 end
+    peers[name] = p
+  end
+  return p
+end
+
+function M.call_done(name, dur_us, failed)
+  local p = peer(name)
+  p.calls_out = p.calls_out + 1
+  if failed then p.errors = p.errors + 1 end
+  local i = 1
+  while i <= #BUCKETS and dur_us >= BUCKETS[i] do i = i + 1 end
+  p.latency_us[i] = p.latency_us[i] + 1
+end
+
+function M.call_in(name) local p = peer(name) p.calls_in = p.calls_in + 1 end
+
+-- {peers = {name = {calls_out, calls_in, errors, latency_us = {"<10" = n, ...}}}, bytes_in, bytes_out}
+function M.stats()
+  local out = {peers = {}}
+  for name, p in pairs(peers) do
+    local h = {}
+    for i, n in ipairs(p.latency_us) do
+      local label = i <= #BUCKETS and ("<" .. BUCKETS[i]) or (">=" .. BUCKETS[#BUCKETS])
+      h[label] = n
+    end
+    out.peers[name] = {calls_out = p.calls_out, calls_in = p.calls_in, errors = p.errors, latency_us = h}
+  end
+  local net = core.net_stats()
+  out.bytes_in, out.bytes_out = net.bytes_in, net.bytes_out
+  return out
+end
+
+if os.getenv("RPCHOST_TRACE") and os.getenv("RPCHOST_TRACE") ~= "" then M.enable(os.getenv("RPCHOST_TRACE")) end
+
+return M
