@@ -37,10 +37,22 @@ static int l_const_eq(lua_State *L) {
   return 1;
 }
 
+/* sha256_hex(data) -> 64 hex digits */
+static int l_sha256(lua_State *L) {
+  size_t len;
+  const char *d = luaL_checklstring(L, 1, &len);
+  unsigned char h[crypto_hash_sha256_BYTES];
+  crypto_hash_sha256(h, (const unsigned char *)d, len);
+  char hex[2 * sizeof h + 1];
+  sodium_bin2hex(hex, sizeof hex, h, sizeof h);
+  lua_pushstring(L, hex);
+  return 1;
+}
+
 int rh_open_crypto(lua_State *L) {
   if (sodium_init() < 0) return luaL_error(L, "libsodium could not be initialised");
   static const luaL_Reg fns[] = {
-      {"random_bytes", l_random_bytes}, {"hmac_sha256", l_hmac}, {"const_eq", l_const_eq}, {NULL, NULL}};
+      {"random_bytes", l_random_bytes}, {"hmac_sha256", l_hmac}, {"const_eq", l_const_eq}, {"sha256_hex", l_sha256}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

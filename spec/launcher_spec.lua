@@ -120,6 +120,39 @@ describe("rpchost run", function()
   end)
 end)
 
+describe("script shipping", function()
+  it("gives a node that lacks the script the script and the modules beside it", function()
+    local port = S.free_port()
+    local a, b = S.tmpdir .. "/node_a", S.tmpdir .. "/node_b"
+    os.execute("mkdir -p " .. a .. " " .. b)
+    local f = io.open(a .. "/helper_mod.lua", "w")
+    f:write("return {greet = function(n) return 'hello from ' .. n end}\n")
+    f:close()
+    f = io.open(a .. "/job.lua", "w")
+    f:write(S.prelude .. [[
+      local helper = require "helper_mod"
+      function greet() return helper.greet(rpc.get_worker_info().name) end
+      rpc.init_rpc("n" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then print("node 1 says: " .. rpc.rpc_sync("n3", greet)) end
+      rpc.shutdown()
+    ]])
+    f:close()
+    local common = {"run", "--nproc-per-node", "2", "--nnodes", "2", "--master-port", tostring(port)}
+    local function args(k)
+      local t = {unpack(common)}
+      t[#t + 1] = "--node-rank"; t[#t + 1] = tostring(k); t[#t + 1] = "job.lua"
+      return t
+    end
+    local h0 = S.start(args(0), {cwd = a})
+    local h1 = S.start(args(1), {cwd = b})
+    local r0, r1 = h0:wait(30), h1:wait(30)
+    assert.are.equal(0, r0.status, r0.err)
+    assert.are.equal(0, r1.status, r1.err)
+    assert.truthy(r1.err:find("received job.lua (2 files) from node 0", 1, true), r1.err)
+    assert.truthy(r0.out:find("node 1 says: hello from n3", 1, true), r0.out .. r0.err)
+  end)
+end)
+
 describe("ranks started by hand", function()
   local function by_hand(vars_for, n, script)
     local path = S.write(script)

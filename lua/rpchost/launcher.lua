@@ -104,6 +104,24 @@ local function run(o)
     port = s.port
   end
   local world = o.nproc * o.nnodes
+  local script, cwd = o.script, nil
+  local ship = require "rpchost.ship"
+  if o.nnodes > 1 and server then
+    ship.publish(server, o.script)
+  elseif o.nnodes > 1 and not io.open(o.script) then
+    -- this node lacks the script: take it (and its modules) from node 0 via the store
+    local ok, e = pcall(function()
+      local client = store.connect(o.addr, port, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
+      local n
+      script, cwd, n = ship.fetch(client, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
+      client:close()
+      io.stderr:write(("rpchost run: received %s (%d file%s) from node 0\n"):format(o.script, n, n == 1 and "" or "s"))
+    end)
+    if not ok then
+      io.stderr:write("rpchost run: ", tostring(e), "\n")
+      return 1
+    end
+  end
   local dir = tmpdir()
   local exe = core.exepath()
   local base_env = core.environ()
@@ -164,10 +182,10 @@ local function run(o)
     local envl = {}
     for k, v in pairs(e) do envl[#envl + 1] = k .. "=" .. v end
     local writers = o.prefix and {out_writer(r, 1), out_writer(r, 2)}
-    local args = {exe, o.script}
+    local args = {exe, script}
     for _, x in ipairs(o.args) do args[#args + 1] = x end
     local p, err = core.spawn{
-      file = exe, args = args, env = envl,
+      file = exe, args = args, env = envl, cwd = cwd,
       stdio = o.prefix and {"inherit", "pipe", "pipe"} or {"inherit", "inherit", "inherit"},
       output = writers and function(fd, chunk) writers[fd](chunk) end,
       exit = function(status, signal)
