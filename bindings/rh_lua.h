@@ -43,6 +43,7 @@ int rh_open_proc(lua_State *L);
 int rh_open_codec(lua_State *L);
 int rh_open_tensor(lua_State *L);
 int rh_open_crypto(lua_State *L);
+int rh_open_repl(lua_State *L);
 
 int rh_lua_main(int argc, char **argv);
 

@@ -121,12 +121,15 @@ function rpc.init_rpc(name, a, b, c, d)
   if world_size == nil then world_size = env.world_size() end
   check_int(rank, "rank", 0)
   check_int(world_size, "world_size", 1)
-  if rank == nil then
+  if rank == nil and world_size ~= nil then
     error(errors.new("config", "init_rpc: no rank: pass {rank = ...} or set RANK (rpchost run does)"), 0)
   end
   if world_size == nil then
-    error(errors.new("config", "init_rpc: no world_size: pass {world_size = ...} or set WORLD_SIZE " ..
-      "(joining a running world without one is what `rpchost repl` does)"), 0)
+    -- no world size: join the world that is running there, as a dynamic member
+    local host, port = env.master(opts.init_method)
+    if opts.security_token ~= nil then require("rpchost.auth").set_token(opts.security_token) end
+    log.who = name
+    return rpc._join_dynamic(name, opts, host, port, env.init_timeout(opts.init_timeout))
   end
   if rank >= world_size then
     error(errors.new("config", ("init_rpc: rank %d is out of range for world_size %d (ranks are 0..%d)"):format(
@@ -217,6 +220,57 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   rref.attach(a)
   require("rpchost.trace").set_rank(rank, name)
   a:set_ready()
+  -- where dynamic members (rpchost repl) find this world
+  if rank == 0 then
+    client:set("rpc/current", codec.encode("world", {prefix = P, world_size = world_size, world = a.world}))
+  end
+end
+
+-- Joins a running world without a rank of its own (a REPL, a tool): the store
+-- gives it a fresh rank above the static ones and its peers learn of it when it
+-- calls them or they look its name up.
+function rpc._join_dynamic(name, opts, host, port, timeout)
+  local client, key = store.acquire(host, port, false, timeout)
+  local ok, err = pcall(function()
+    client:wait_verbose({"rpc/current"}, timeout, nil, function() return "a running world" end)
+    local cur = codec.decode(client:get("rpc/current"))
+    local P = cur.prefix
+    local rank = cur.world_size - 1 + client:add(P .. "dyn_next", 1)
+    local holder = client:compare_set(P .. "name/" .. name, "", tostring(rank))
+    if holder ~= tostring(rank) then
+      error(errors.new("config", ("RPC worker name %s is already taken in the running world (by rank %s)"):format(
+        name, holder)), 0)
+    end
+    local loopback = store.is_loopback(assert(core.resolve(host)))
+    local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
+      timeout = tonumber(opts.rpc_timeout) or default_timeout, num_worker_threads = opts.num_worker_threads,
+      world = cur.world, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
+    local advertise = "127.0.0.1"
+    if loopback then a:listen(advertise)
+    else
+      a:listen("0.0.0.0")
+      advertise = client.conn:local_addr() or advertise
+    end
+    a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
+    client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
+      port = a.port, version = core.version, proto = core.protocol_version}))
+    local keys = {}
+    for r = 0, cur.world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
+    local infos = client:multi_get(keys)
+    for r = 0, cur.world_size - 1 do
+      if infos[r + 1] then a:add_peer(codec.decode(infos[r + 1])) end
+    end
+    a:add_peer({name = name, rank = rank, ip = advertise, port = a.port})
+    current = a
+    rref.attach(a)
+    require("rpchost.trace").set_rank(rank, name)
+    a:set_ready()
+  end)
+  if not ok then
+    current = nil
+    store.release(key)
+    error(err, 0)
+  end
 end
 
 local function agent(what)
@@ -308,6 +362,11 @@ function rpc.workers()
   for r = 0, a.world_size - 1 do
     if a.peers[r] then out[#out + 1] = a.peers[r].info end
   end
+  if sched.current() then
+    -- members that joined later (and have not left), from the store
+    local ok, dyn = pcall(a.dynamic_members, a)
+    if ok then for _, p in ipairs(dyn) do out[#out + 1] = p.info end end
+  end
   return out
 end
 
@@ -333,6 +392,18 @@ function rpc.shutdown(graceful, timeout)
   end
   timeout = (timeout and timeout > 0) and timeout or env.init_timeout()
   local err
+  if a.dynamic then
+    -- a dynamic member leaves on its own: say goodbye, free its name, close
+    -- calls still out (an interrupted one, say) get a moment, not the full timeout
+    for _, f in ipairs(a:outstanding()) do pcall(f.wait, f, graceful and math.min(timeout, 1) or 0.001) end
+    rref.flush()
+    for r, p in pairs(a.peers) do
+      if r ~= a.rank and p.state == "ready" then pcall(a.post, a, r, "!leave", true) end
+    end
+    pcall(a.store.delete, a.store, a.prefix .. "name/" .. a.name)
+    pcall(a.store.delete, a.store, a.prefix .. "worker/" .. a.rank)
+    graceful = false
+  end
   if graceful then
     local ok, e = pcall(function()
       local start = sched.now()

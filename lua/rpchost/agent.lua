@@ -100,15 +100,47 @@ function Agent:peer_of(to)
     error(errors.new("config", ("a call's target must be a worker name, a rank number or a " ..
       "WorkerInfo, got %s"):format(t)), 0)
   end
+  if not p and self.store and sched.current() and (t == "string" or t == "number") then
+    -- perhaps a member that joined after us (a REPL): ask the store
+    local ok, found = pcall(self.learn, self, to)
+    if ok then p = found end
+  end
   if not p then
     local names = {}
-    for r = 0, self.world_size - 1 do
-      if self.peers[r] then names[#names + 1] = self.peers[r].name end
-    end
+    for r, q in pairs(self.peers) do names[#names + 1] = q.name end
+    table.sort(names)
     error(errors.new("config", ("unknown worker %s: the workers are %s"):format(
       t == "string" and ("'" .. to .. "'") or tostring(to), table.concat(names, ", "))), 0)
   end
   return p
+end
+
+-- Looks a member up in the store by rank or name (a task: it waits); nil if none.
+function Agent:learn(who)
+  local P = self.prefix
+  local rank = who
+  if type(who) == "string" then
+    rank = tonumber(self.store:get(P .. "name/" .. who))
+    if not rank then return nil end
+  end
+  if self.peers[rank] then return self.peers[rank] end
+  local raw = self.store:get(P .. "worker/" .. rank)
+  if not raw then return nil end
+  local w = dec(raw)
+  if self.peers[w.rank] then return self.peers[w.rank] end
+  return self:add_peer(w)
+end
+
+-- The dynamic members present now (ranks from world_size up), from the store.
+function Agent:dynamic_members()
+  if not self.store then return {} end
+  local n = tonumber(self.store:get(self.prefix .. "dyn_next")) or 0
+  local out = {}
+  for r = self.world_size, self.world_size + n - 1 do
+    local p = self.peers[r] or self:learn(r)
+    if p and not p.left then out[#out + 1] = p end
+  end
+  return out
 end
 
 -- connections ----------------------------------------------------------------------
@@ -232,6 +264,25 @@ function Agent:on_hello(conn, body)
     return refuse(("a rank of another world (%s) connected to %s"):format(tostring(h.world), self.name))
   end
   local p = type(h.rank) == "number" and self.peers[h.rank]
+  if not p and self.store and type(h.rank) == "number" and h.rank >= self.world_size then
+    -- a member that joined after us: learn it from the store, then go on
+    local st = self.conns[conn]
+    if st.learning then return end
+    st.learning, st.held = true, {}
+    sched.spawn(function()
+      pcall(self.learn, self, h.rank)
+      st.learning = false
+      if not conn:is_open() then return end
+      if not self.peers[h.rank] then return refuse(("unknown rank %s (%s) connected"):format(h.rank, tostring(h.name))) end
+      self:on_hello(conn, body)
+      local held = st.held
+      st.held = nil
+      for _, f in ipairs(held) do
+        if conn:is_open() then self:on_frame(conn, unpack(f, 1, f.n)) end
+      end
+    end, {name = "learn member"})
+    return
+  end
   if not p or p.name ~= h.name then
     return refuse(("unknown rank %s (%s) connected"):format(tostring(h.rank), tostring(h.name)))
   end
@@ -309,6 +360,11 @@ function Agent:segments(conn, flags, segs)
 end
 
 function Agent:on_frame(conn, ftype, flags, id, body, ...)
+  local cst = self.conns[conn]
+  if cst and cst.learning then
+    cst.held[#cst.held + 1] = table.pack(ftype, flags, id, body, ...)
+    return
+  end
   local segs = {...}
   if #segs > 0 and cma.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
@@ -599,6 +655,17 @@ function Agent:on_message(src, body, segs)
     local p = self.peers[src]
     if p and key == "!cma" then p.peer_reads_me = r[3] == true end
     if p and key == "!cma_ack" and p.cma_holds then p.cma_holds[r[3]] = nil end
+    return
+  end
+  if key == "!leave" then
+    -- a dynamic member leaves: forget it; calls still pending on it fail
+    local p = self.peers[src]
+    if p then
+      p.left = true
+      self:peer_lost(p, nil, "it left the world")
+      self.peers[src] = nil
+      if self.by_name[p.name] == p then self.by_name[p.name] = nil end
+    end
     return
   end
   if key == "!abort" then

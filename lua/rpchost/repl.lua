@@ -1,45 +1,225 @@
--- rpchost.repl: `rpchost repl`. Without a world address it starts a one-rank local
--- world (so rpc calls to oneself work) and opens the interactive prompt.
--- Joining a running world needs dynamic membership, which is not built yet:
--- asking for it is refused with a clear message instead of a hang.
+-- rpchost.repl: `rpchost repl`, an interactive member of a world.
+--
+--   rpchost repl                                   a one-rank local world
+--   rpchost repl --master-addr A --master-port P [--name N] [--token T]
+--                                                  join the world running there
+--
+-- Input never blocks the loop (l_repl.c), so the world can call this member while
+-- it waits for a line. Each complete chunk runs as its own task: Ctrl-C
+-- interrupts the call it is waiting on and returns to the prompt. `=expr` and bare
+-- expressions print their values (tables nested, cycles marked; tensors, Futures,
+-- RRefs and WorkerInfo as themselves). Tab completes globals, fields and worker
+-- names; history is kept in ~/.rpchost_history. Ctrl-D or os.exit() leave the
+-- world cleanly.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local cli = require "rpchost.cli"
 
 local M = {}
 
+-- pretty printing ----------------------------------------------------------------------
+local function is_ident(k) return type(k) == "string" and k:match("^[%a_][%w_]*$") ~= nil end
+
+function M.pretty(v, indent, seen, depth)
+  indent, seen, depth = indent or "", seen or {}, depth or 0
+  if type(v) == "string" then return ("%q"):format(v) end
+  if type(v) ~= "table" or getmetatable(v) and getmetatable(v).__tostring then return tostring(v) end
+  if seen[v] then return "<cycle>" end
+  if depth >= 4 then return "{...}" end
+  seen[v] = true
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then return ta < tb end
+    if ta == "number" or ta == "string" then return a < b end
+    return tostring(a) < tostring(b)
+  end)
+  if #keys == 0 then seen[v] = nil return "{}" end
+  local parts, inner = {}, indent .. "  "
+  for i, k in ipairs(keys) do
+    if i > 50 then parts[#parts + 1] = inner .. ("... (%d more)"):format(#keys - 50) break end
+    local ks
+    if type(k) == "number" and k == i then ks = ""
+    elseif is_ident(k) then ks = k .. " = "
+    else ks = "[" .. M.pretty(k, inner, seen, depth + 1) .. "] = " end
+    parts[#parts + 1] = inner .. ks .. M.pretty(v[k], inner, seen, depth + 1)
+  end
+  seen[v] = nil
+  return "{\n" .. table.concat(parts, ",\n") .. "\n" .. indent .. "}"
+end
+
+-- completion -----------------------------------------------------------------------------
+local function complete(text)
+  local out = {}
+  local base, sep, partial = text:match("^(.*)([%.:])([%w_]*)$")
+  local t = _G
+  if base then
+    for part in base:gmatch("[^%.:]+") do
+      if type(t) ~= "table" then return out end
+      t = t[part]
+    end
+    if type(t) == "userdata" or (type(t) == "table" and getmetatable(t)) then
+      local mt = getmetatable(t)
+      t = type(mt and mt.__index) == "table" and mt.__index or (type(t) == "table" and t or {})
+    end
+  else
+    partial, base, sep = text, nil, nil
+  end
+  if type(t) ~= "table" then return out end
+  for k in pairs(t) do
+    if type(k) == "string" and k:sub(1, #partial) == partial then
+      out[#out + 1] = base and (base .. sep .. k) or k
+    end
+  end
+  if not base then
+    local rpc = package.loaded.rpc
+    local a = rpc and rpc._agent and rpc._agent()
+    if a then
+      for _, p in pairs(a.peers) do
+        if p.name:sub(1, #partial) == partial then out[#out + 1] = p.name end
+      end
+    end
+  end
+  table.sort(out)
+  return out
+end
+M.complete = complete
+
+-- the loop ---------------------------------------------------------------------------------
+local function print_results(r)
+  if r.n == 0 then return end
+  local out = {}
+  for i = 1, r.n do out[i] = M.pretty(r[i]) end
+  io.stdout:write(table.concat(out, "\t"), "\n")
+end
+
+local function compile(chunk)
+  local src = chunk
+  if src:sub(1, 1) == "=" then src = "return " .. src:sub(2) end
+  local f = loadstring("return " .. src, "=stdin")
+  if f then return f end
+  local err
+  f, err = loadstring(src, "=stdin")
+  if f then return f end
+  if err and err:match("<eof>") then return nil, "incomplete" end
+  return nil, err
+end
+
+function M.loop(leave)
+  local lines, waiting_task, eof = {}, nil, false
+  local hist = (os.getenv("HOME") or "/tmp") .. "/.rpchost_history"
+  local arm
+  core.repl_start("> ", function(line)
+    if line == nil then eof = true else lines[#lines + 1] = line end
+    if waiting_task then sched.wake(waiting_task) end
+    arm()
+  end, complete, hist)
+  local running = nil
+  local sig
+  -- libedit puts back the SIGINT handler it found whenever it leaves a line, so the
+  -- watcher is armed again after every line (libuv installs its handler on start)
+  arm = function()
+    if sig then sig:close() end
+    sig = core.signal(core.SIGINT, function()
+      if running and sched.interrupt(running, "interrupted") then return end
+      io.stdout:write("\n")
+      lines, M.pending = {}, nil
+      core.repl_reset("> ")
+      arm()
+    end)
+  end
+  arm()
+  local chunk = nil
+  while true do
+    while #lines == 0 and not eof do
+      waiting_task = sched.current()
+      sched.suspend("a line of input")
+      waiting_task = nil
+    end
+    if #lines == 0 and eof then break end
+    local line = table.remove(lines, 1)
+    chunk = chunk and (chunk .. "\n" .. line) or line
+    local f, err = compile(chunk)
+    if err == "incomplete" then
+      core.repl_prompt(">> ")
+    else
+      chunk = nil
+      if not f then
+        io.stderr:write(tostring(err), "\n")
+      else
+        local done = false
+        local result
+        running = sched.spawn(function()
+          result = table.pack(xpcall(f, sched.traceback))
+          done = true
+          if waiting_task then sched.wake(waiting_task) end
+        end, {name = "repl line", on_error = function() end})
+        while not done do
+          waiting_task = sched.current()
+          sched.suspend("the line being run")
+          waiting_task = nil
+        end
+        running = nil
+        if result[1] then print_results(table.pack(unpack(result, 2, result.n)))
+        elseif tostring(result[2]):match("^interrupted") then io.stdout:write("interrupted\n")
+        else io.stderr:write(cli.format_error(result[2]), "\n") end
+      end
+      core.repl_reset("> ")
+    end
+  end
+  sig:close()
+  core.repl_stop(hist)
+  io.stdout:write("\n")
+  leave()
+end
+
 function M.main(argv)
-  local o = {name = "repl"}
+  local o = {}
   local i = 1
   while argv[i] do
     local a = argv[i]
     if a == "--master-addr" then o.addr = argv[i + 1]; i = i + 2
     elseif a == "--master-port" then o.port = argv[i + 1]; i = i + 2
     elseif a == "--name" then o.name = argv[i + 1]; i = i + 2
+    elseif a == "--token" then o.token = argv[i + 1]; i = i + 2
     elseif a == "-h" or a == "--help" then
-      io.stdout:write("usage: rpchost repl [--name NAME]\n")
+      io.stdout:write("usage: rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]\n")
       return 0
     else
       io.stderr:write("rpchost repl: unknown option ", a, "\n")
       return 2
     end
   end
-  if o.addr or o.port then
-    io.stderr:write("rpchost repl: joining a running world (--master-addr/--master-port) needs " ..
-      "dynamic membership, which this build does not have yet; start the REPL without them " ..
-      "for a local one-rank world, or use `rpchost -i script.lua` as a rank of the world\n")
-    return 2
-  end
+  if o.token then core.setenv("RPCHOST_TOKEN", o.token) end
+  for _, k in ipairs({"RANK", "WORLD_SIZE", "LOCAL_RANK"}) do core.setenv(k, nil) end
   local ok, err = sched.run(function()
     local rpc = require "rpc"
-    local port = core.listen("127.0.0.1", 0, {accept = function(c) c:close() end})
-    local p = port:port()
-    port:close()
-    rpc.init_rpc(o.name, {rank = 0, world_size = 1, rpc_backend_options =
-      rpc.TensorPipeRpcBackendOptions{init_method = ("tcp://127.0.0.1:%d"):format(p)}})
-    _G.rpc = rpc
-    cli.interactive()
-    rpc.shutdown()
+    for _, m in ipairs({"rpc", "dist", "tensor", "nn", "optim", "dist_autograd"}) do _G[m] = require(m) end
+    if o.addr or o.port then
+      local init = ("tcp://%s:%s"):format(o.addr or "127.0.0.1", o.port or os.getenv("MASTER_PORT") or "29500")
+      o.name = o.name or ("repl-" .. core.getpid())
+      rpc.init_rpc(o.name, {rpc_backend_options = rpc.TensorPipeRpcBackendOptions{init_method = init}})
+      io.stdout:write(("joined the world at %s as %s (rank %d); Ctrl-D leaves\n"):format(init:sub(7), o.name,
+        rpc.get_worker_info().id))
+    else
+      local l = core.listen("127.0.0.1", 0, {accept = function(c) c:close() end})
+      local p = l:port()
+      l:close()
+      rpc.init_rpc(o.name or "repl", {rank = 0, world_size = 1, rpc_backend_options =
+        rpc.TensorPipeRpcBackendOptions{init_method = ("tcp://127.0.0.1:%d"):format(p)}})
+    end
+    io.stdout:write(cli.version_string(), "\n")
+    local left = false
+    local function leave()
+      if left then return end
+      left = true
+      pcall(rpc.shutdown)
+    end
+    -- os.exit() leaves the world first
+    local raw_exit = os.exit
+    os.exit = function(...) leave() return raw_exit(...) end
+    M.loop(leave)
   end, "repl")
   if not ok then
     io.stderr:write("rpchost repl: ", cli.format_error(err), "\n")

@@ -17,6 +17,7 @@ local raw_resume, raw_yield, raw_status = coroutine.resume, coroutine.yield, cor
 local raw_create = coroutine.create
 local pack, unpack = table.pack or function(...) return {n = select("#", ...), ...} end, unpack
 local SUSPEND = setmetatable({}, {__tostring = function() return "rpchost.suspend" end})
+local INTERRUPT = setmetatable({}, {__tostring = function() return "rpchost.interrupt" end})
 
 local now = core.now
 M.now = now
@@ -71,7 +72,19 @@ function M.suspend(what)
           "run by rpchost may wait", 2)
   end
   t.waiting = what or "something"
-  return raw_yield(SUSPEND)
+  local r = pack(raw_yield(SUSPEND))
+  if r[1] == INTERRUPT then error(r[2], 0) end
+  return unpack(r, 1, r.n)
+end
+
+-- Makes a waiting task's wait raise err instead (Ctrl-C at the REPL). The task
+-- should end afterwards: whatever it waited for may still wake it later.
+function M.interrupt(t, err)
+  if not t or t.waiting == nil or t.done then return false end
+  t.waiting = nil
+  rtail = rtail + 1
+  ready[rtail] = {t, pack(INTERRUPT, err)}
+  return true
 end
 
 -- Makes a suspended task runnable with the given values; false if it was not waiting.
