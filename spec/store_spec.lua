@@ -108,4 +108,54 @@ describe("store", function()
     client:set("still", "alive")
     assert.are.equal("alive", client:get("still"))
   end)
+
+  it("survives random frames (a fuzz of the store protocol) and keeps serving", function()
+    local core = require "rpchost.core"
+    local sched = require "rpchost.sched"
+    local codec = require "rpchost.codec"
+    math.randomseed(20261130)
+    local ops = {"set", "get", "add", "compare_set", "wait", "check", "missing", "multi_get", "delete",
+                 "num_keys", "bogus", 42, false}
+    local function junk()
+      local n = math.random(0, 24)
+      local b = {}
+      for i = 1, n do b[i] = string.char(math.random(0, 255)) end
+      return table.concat(b)
+    end
+    local function random_value(depth)
+      local k = math.random(1, 6)
+      if k == 1 then return junk() elseif k == 2 then return math.random(-5, 5) * 1.5
+      elseif k == 3 then return nil elseif k == 4 then return {junk(), math.random(1, 3)}
+      elseif k == 5 and depth < 3 then return {random_value(depth + 1), x = random_value(depth + 1)}
+      else return true end
+    end
+    for round = 1, 150 do
+      local closed = false
+      local conn = core.connect("127.0.0.1", server.port, {
+        connect = function(c)
+          -- a proper hello first half the time, so the requests reach the ops
+          if round % 2 == 0 then
+            c:send(1, 0, 1, codec.encode("hello", {proto = core.protocol_version, version = core.version}))
+          end
+          for _ = 1, math.random(1, 4) do
+            local body
+            if math.random() < 0.3 then body = junk()
+            else
+              local okb, b = pcall(codec.encode, "req", ops[math.random(#ops)], random_value(0), random_value(0),
+                                   random_value(0))
+              body = okb and b or junk()
+            end
+            c:send(math.random() < 0.8 and 10 or math.random(0, 20), 0, math.random(1, 100), body)
+          end
+        end,
+        close = function() closed = true end,
+      })
+      sched.sleep(0.002)
+      if conn and not closed then conn:close() end
+    end
+    sched.sleep(0.05)
+    client:set("after-fuzz", "fine")
+    assert.are.equal("fine", client:get("after-fuzz"))
+    assert.is_false(client:wait({"never-set-key"}, 0.05))
+  end)
 end)
