@@ -296,6 +296,7 @@ function Agent:on_hello(conn, body)
   local st = self.conns[conn]
   st.rank = h.rank
   p.reads_peer = cma.accept(h.cma, conn, self.cma)
+  p.cma_pid = p.reads_peer and h.cma.pid or nil
   fields.ok, fields.rank, fields.name = true, self.rank, self.name
   fields.reads_you, fields.cma = p.reads_peer, cma.offer(conn, self.cma)
   conn:send(proto.HELLO_ACK, 0, 0, enc("hello", fields))
@@ -344,6 +345,7 @@ function Agent:on_hello_ack(conn, body)
   if p.dialling == conn then p.dialling = nil end
   p.peer_reads_me = a.reads_you == true
   p.reads_peer = cma.accept(a.cma, conn, self.cma)
+  p.cma_pid = p.reads_peer and a.cma.pid or nil
   -- tell the acceptor whether we can read it (first frame on this connection)
   conn:send(proto.MESSAGE, 0, 0, (enc_msg(p.rank, "message", "!cma", p.reads_peer)))
   self:peer_ready(p, conn)
@@ -354,7 +356,8 @@ function Agent:segments(conn, flags, segs)
   if not cma.has_flag(flags) then return segs end
   local st = self.conns[conn]
   local p = st and st.rank and self.peers[st.rank]
-  local got, token = cma.incoming(segs)
+  -- only the memory of the process this peer proved to be, and only if we said so
+  local got, token = cma.incoming(segs, p and p.reads_peer and p.cma_pid)
   if p then pcall(self.post, self, p.rank, "!cma_ack", token) end
   return got
 end

@@ -61,14 +61,18 @@ function M.outgoing(p, flags, segs)
   return bit.bor(flags, M.FLAG), out
 end
 
--- Receiver: reads each described segment. Returns segments, token or raises.
-function M.incoming(segs)
+-- Receiver: reads each described segment from process `want` (the one the peer
+-- proved to be at the handshake; a descriptor naming any other is refused).
+-- Returns segments, token or raises.
+function M.incoming(segs, want)
+  if not want then error("shared-memory descriptors from a peer this rank does not read from", 0) end
   local out, token = {}, nil
   for i, d in ipairs(segs) do
     -- segments arrive as byte tensors (or strings from oneself)
     if type(d) ~= "string" then d = core.t_bytes(d) end
     local pid, addr, len, tok = d:match("^(%d+):(%d+):(%d+):(%d+)$")
     if not pid then error("malformed shared-memory descriptor", 0) end
+    if tonumber(pid) ~= want then error("a shared-memory descriptor names another process", 0) end
     token = tonumber(tok)
     local t, err = core.cma_read(tonumber(pid), tonumber(addr), tonumber(len))
     if not t then error("cannot read the payload from the sender's memory: " .. tostring(err), 0) end
