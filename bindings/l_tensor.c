@@ -482,6 +482,23 @@ static int l_cma_read(lua_State *L) {
   return rh_lua_pushtensor(L, t);
 }
 
+/* cma_read_into(pid, addr, dst) -> true | nil, message: fills the contiguous
+ * tensor dst with its byte size read from pid's memory at addr */
+static int l_cma_read_into(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  rh_tensor_t *t = rh_lua_checktensor(L, 3);
+  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_read_into: the destination is not contiguous");
+  int rc = cma_copy(pid, rh_tensor_data(t), addr, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(-rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* cma_probe(pid, addr, expected) -> true if `expected` can be read at addr in pid */
 static int l_cma_probe(lua_State *L) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);
@@ -548,7 +565,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
       {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
-      {"t_address", l_address}, {"cma_read", l_cma_read}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
+      {"t_address", l_address}, {"cma_read", l_cma_read}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
       {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);

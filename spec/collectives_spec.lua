@@ -129,6 +129,13 @@ describe("collectives", function()
     end)
   end
 
+  for _, n in ipairs({2, 3, 4}) do
+    it(("read peers' tensors directly on one host, exactly, in a world of %d"):format(n), function()
+      local r = run_world(n, every, {timeout = 120, env = {RPCHOST_RING_BYTES = 64, RPCHOST_DIRECT_BYTES = 64}})
+      assert_clean(r, n * 100)
+    end)
+  end
+
   it("use the ring for large tensors with the default threshold", function()
     local r = run_world(3, [[
       dist.init_process_group{backend = "gloo"}

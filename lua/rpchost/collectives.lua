@@ -20,6 +20,8 @@ local M = {}
 local BIN = {SUM = 0, PRODUCT = 2, MAX = 5, MIN = 6, AVG = 0}
 -- at or above this size all_reduce uses the ring (RPCHOST_RING_BYTES to tune)
 M.RING_BYTES = tonumber(os.getenv("RPCHOST_RING_BYTES")) or 256 * 1024
+-- at or above this size, ranks on one host read each other's tensors directly
+M.DIRECT_BYTES = tonumber(os.getenv("RPCHOST_DIRECT_BYTES")) or 1024 * 1024
 
 local Group = {}
 Group.__index = Group
@@ -61,10 +63,24 @@ end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
 function Group:abort(err)
+  local a = self.agent
   for _, r in ipairs(self.ranks) do
-    if r ~= self.agent.rank then pcall(self.agent.post, self.agent, r, "!abort", err) end
+    if r ~= a.rank then pcall(a.post, a, r, "!abort", err) end
   end
-  self.agent:abort_receivers(err)
+  a:abort_receivers(err)
+  -- the word must get out before this rank moves on (and perhaps exits): wait,
+  -- briefly, for connections still being made to carry it
+  local sched = require "rpchost.sched"
+  local deadline = sched.now() + 1
+  while sched.now() < deadline do
+    local pending = false
+    for _, r in ipairs(self.ranks) do
+      local p = a.peers[r]
+      if r ~= a.rank and p and (#p.queue > 0 or p.state == "connecting") then pending = true end
+    end
+    if not pending then break end
+    sched.sleep(0.005)
+  end
   error(err, 0)
 end
 
@@ -174,13 +190,92 @@ local function check_redop(redop, t)
   end
 end
 
+-- Direct transfers between ranks on one host ---------------------------------------------
+-- When every rank of the group can read every other's memory (cross-memory attach,
+-- proven per connection), large collectives read chunks straight out of the peers'
+-- tensors: no copy to send, none to receive into place. The ranks first tell each
+-- other where their tensor is, and agree (all of them, or none) to go direct.
+local ESIZE = {4, 8, 4, 8, 1, 1}
+
+-- Exchanges tensor addresses; returns {index -> {pid, addr}} when every rank can
+-- read every other, else nil (then all ranks fall back together). Each rank says
+-- in the same message whether it can read all the others (known once connections
+-- exist: the first large collective of a group may still go by the ring).
+function Group:direct_peers(c, flat)
+  local can = 1
+  for i = 0, self.size - 1 do
+    local p = i ~= self.rank and self.agent.peers[self:global(i)]
+    if p and not (p.reads_peer and p.cma_pid) then can = 0 end
+  end
+  local info = core.t_full(1, {2}, can)
+  core.t_fill_(core.t_narrow(info, 0, 0, 1), core.t_address(flat))
+  for i = 0, self.size - 1 do
+    if i ~= self.rank then self:send(c, i, "addr", info) end
+  end
+  local peers, all = {}, can == 1
+  for i = 0, self.size - 1 do
+    if i ~= self.rank then
+      local x = self:recv(c, i, "addr")
+      local p = self.agent.peers[self:global(i)]
+      if core.t_item(core.t_narrow(x, 0, 1, 1)) ~= 1 then all = false end
+      peers[i] = {pid = p and p.cma_pid, addr = core.t_item(core.t_narrow(x, 0, 0, 1))}
+    end
+  end
+  return all and peers or nil
+end
+
+local function chunk_span(total, n, i)
+  local base, rem = math.floor(total / n), total % n
+  return i * base + math.min(i, rem), base + (i < rem and 1 or 0)
+end
+
+local function read_into(p, flat, start, dst)
+  local es = ESIZE[core.t_dtype(flat) + 1]
+  local ok, err = core.cma_read_into(p.pid, p.addr + start * es, dst)
+  if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
+end
+
+local function direct_allreduce(g, flat, redop, peers)
+  local n, me = g.size, g.rank
+  local total = core.t_numel(flat)
+  -- 1. my chunk: read it from each peer and reduce into mine, operands in rank
+  -- order (peers read other chunks of my tensor meanwhile, never this one)
+  local start, len = chunk_span(total, n, me)
+  local mine = core.t_narrow(flat, 0, start, len)
+  -- one scratch buffer per group and size, reused (fresh memory would fault in
+  -- every page, every time)
+  local dt = core.t_dtype(flat)
+  local tmp = g.scratch
+  if not tmp or g.scratch_len ~= len or g.scratch_dt ~= dt then
+    tmp = core.t_full(dt, {len}, 0)
+    g.scratch, g.scratch_len, g.scratch_dt = tmp, len, dt
+  end
+  for i = 0, n - 1 do
+    if i ~= me then
+      read_into(peers[i], flat, start, tmp)
+      if i < me then core.t_binary(BIN[redop], tmp, mine, mine) else combine(mine, tmp, redop) end
+    end
+  end
+  g:barrier() -- every chunk is reduced where it lives
+  -- 2. the other chunks: read each straight into place from its owner
+  for i = 0, n - 1 do
+    if i ~= me then
+      local s2, l2 = chunk_span(total, n, i)
+      read_into(peers[i], flat, s2, core.t_narrow(flat, 0, s2, l2))
+    end
+  end
+  g:barrier() -- nobody changes its tensor while others may still read it
+end
+
 function Group:all_reduce(t, redop)
   check_redop(redop, t)
   local c = self:begin("all_reduce", t, {redop = redop})
   if self.size == 1 then return end
-  local bytes = core.t_numel(t) * ({4, 8, 4, 8, 1, 1})[core.t_dtype(t) + 1]
+  local bytes = core.t_numel(t) * ESIZE[core.t_dtype(t) + 1]
   in_place(t, function(flat)
-    if bytes >= M.RING_BYTES and core.t_numel(t) >= self.size then ring(self, c, flat, redop)
+    local peers = bytes >= M.DIRECT_BYTES and core.t_numel(t) >= self.size and self:direct_peers(c, flat)
+    if peers then direct_allreduce(self, flat, redop, peers)
+    elseif bytes >= M.RING_BYTES and core.t_numel(t) >= self.size then ring(self, c, flat, redop)
     else recursive_doubling(self, c, flat, redop) end
     if redop == "AVG" then core.t_binary(3, flat, self.size, flat) end
   end)
