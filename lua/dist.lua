@@ -71,12 +71,7 @@ function dist.init_process_group(o, ...)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     a = agentmod.new{name = "pg" .. rank, rank = rank, world_size = world_size, timeout = timeout,
                      world = key .. "/" .. P, allow_bytecode = false}
-    local advertise = "127.0.0.1"
-    if loopback then a:listen(advertise)
-    else
-      a:listen("0.0.0.0")
-      advertise = client.conn:local_addr() or advertise
-    end
+    local advertise = a:listen_near(client, loopback)
     client:set(P .. "rank/" .. rank, codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise,
                                                         port = a.port}))
     local keys = {}

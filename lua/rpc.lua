@@ -184,12 +184,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     -- Bytecode from the network can do anything: only a loopback-only world or one
     -- whose every peer proved the security token takes it.
     allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
-  local advertise = "127.0.0.1"
-  if loopback then a:listen(advertise)
-  else
-    a:listen("0.0.0.0")
-    advertise = client.conn:local_addr() or advertise
-  end
+  local advertise = a:listen_near(client, loopback)
   current = a
   a.store, a.store_key, a.prefix = client, key, P
   local ok, err = pcall(function()
@@ -245,12 +240,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout) or default_timeout, num_worker_threads = opts.num_worker_threads,
       world = cur.world, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
-    local advertise = "127.0.0.1"
-    if loopback then a:listen(advertise)
-    else
-      a:listen("0.0.0.0")
-      advertise = client.conn:local_addr() or advertise
-    end
+    local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
       port = a.port, version = core.version, proto = core.protocol_version}))

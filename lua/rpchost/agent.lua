@@ -69,6 +69,18 @@ function Agent:listen(bind_ip)
   return self.port
 end
 
+-- Listens where the world meets: loopback when the store is on loopback, every
+-- interface otherwise; returns the address peers should dial (the interface
+-- that reaches the store).
+function Agent:listen_near(store_client, loopback)
+  if loopback then
+    self:listen("127.0.0.1")
+    return "127.0.0.1"
+  end
+  self:listen("0.0.0.0")
+  return store_client.conn:local_addr() or "127.0.0.1"
+end
+
 -- peers: rank -> {rank, name, ip, port, info, conn, state, queue, pending}
 function Agent:add_peer(w)
   local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port,
