@@ -122,29 +122,7 @@ def rows(worlds):
 
 
 def table(a, b, worlds):
-    head = ("metric", "rpchost", "pytorch", "ratio", "target", "result")
-    out, verdicts = [], []
-    for key, label, fmt, op, want in rows(worlds):
-        x, y = a.get(key), b.get(key)
-        xs = fmt.format(x) if x is not None else "n/a"
-        ys = fmt.format(y) if y is not None else "n/a"
-        ratio = (x / y) if (x is not None and y) else None
-        rs = f"{ratio:.3f}" if ratio is not None else "n/a"
-        if op is None:
-            ts, verdict = "-", "-"
-        else:
-            ts = f"{op} {want:g}"
-            if ratio is None:
-                verdict = "n/a"
-            else:
-                verdict = "PASS" if (ratio <= want if op == "<=" else ratio >= want) else "MISS"
-                verdicts.append(verdict)
-        out.append((label, xs, ys, rs, ts, verdict))
-    widths = [max(len(r[i]) for r in out + [head]) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
-                                       for i, c in enumerate(r)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep] + [line(r) for r in out]), verdicts
+    return rpc_bench.table(a, b, rows(worlds))
 
 
 def per_round(raw_rounds):

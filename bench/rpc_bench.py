@@ -225,10 +225,18 @@ ROWS = [
 ]
 
 
-def table(a, b):
+def table(a, b, rows=None):
+    """The comparison table every driver prints. rows: [(key, label, fmt, op, want)] or
+    [(key, label, scale, fmt, op, want)]; op None = for information only. Returns
+    (text, verdicts)."""
     head = ("metric", "rpchost", "pytorch", "ratio", "target", "result")
-    rows, verdicts = [], []
-    for key, label, scale, fmt, op, want in ROWS:
+    out, verdicts = [], []
+    for row in (ROWS if rows is None else rows):
+        if len(row) == 5:
+            key, label, fmt, op, want = row
+            scale = 1
+        else:
+            key, label, scale, fmt, op, want = row
         x, y = a.get(key), b.get(key)
         xs = fmt.format(x * scale) if x is not None else "n/a"
         ys = fmt.format(y * scale) if y is not None else "n/a"
@@ -241,15 +249,14 @@ def table(a, b):
             if ratio is None:
                 verdict = "n/a"
             else:
-                ok = ratio <= want if op == "<=" else ratio >= want
-                verdict = "PASS" if ok else "MISS"
+                verdict = "PASS" if (ratio <= want if op == "<=" else ratio >= want) else "MISS"
                 verdicts.append(verdict)
-        rows.append((label, xs, ys, rs, ts, verdict))
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+        out.append((label, xs, ys, rs, ts, verdict))
+    widths = [max(len(r[i]) for r in out + [head]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
                                        for i, c in enumerate(r)) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep] + [line(r) for r in rows]), verdicts
+    return "\n".join([line(head), sep] + [line(r) for r in out]), verdicts
 
 
 def main():

@@ -91,31 +91,8 @@ def med(rounds, key):
 
 
 def table(a, b, rows):
-    """rows: [(key, label, fmt, op, want)]; op None = for information. Returns (text,
-    verdicts)."""
-    head = ("metric", "rpchost", "pytorch", "ratio", "target", "result")
-    out, verdicts = [], []
-    for key, label, fmt, op, want in rows:
-        x, y = a.get(key), b.get(key)
-        xs = fmt.format(x) if x is not None else "n/a"
-        ys = fmt.format(y) if y is not None else "n/a"
-        ratio = (x / y) if (x is not None and y) else None
-        rs = f"{ratio:.3f}" if ratio is not None else "n/a"
-        if op is None:
-            ts, verdict = "-", "-"
-        else:
-            ts = f"{op} {want:g}"
-            if ratio is None:
-                verdict = "n/a"
-            else:
-                verdict = "PASS" if (ratio <= want if op == "<=" else ratio >= want) else "MISS"
-                verdicts.append(verdict)
-        out.append((label, xs, ys, rs, ts, verdict))
-    widths = [max(len(r[i]) for r in out + [head]) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
-                                       for i, c in enumerate(r)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep] + [line(r) for r in out]), verdicts
+    """rows: [(key, label, fmt, op, want)]; op None = for information."""
+    return rpc_bench.table(a, b, rows)
 
 
 def versions(exe):

@@ -183,29 +183,7 @@ def rows():
 
 
 def table(a, b):
-    head = ("metric", "rpchost", "pytorch", "ratio", "target", "result")
-    out, verdicts = [], []
-    for key, label, scale, fmt, op, want in rows():
-        x, y = a.get(key), b.get(key)
-        xs = fmt.format(x * scale) if x is not None else "n/a"
-        ys = fmt.format(y * scale) if y is not None else "n/a"
-        ratio = (x / y) if (x is not None and y) else None
-        rs = f"{ratio:.3f}" if ratio is not None else "n/a"
-        if op is None:
-            ts, verdict = "-", "-"
-        else:
-            ts = f"{op} {want:g}"
-            if ratio is None:
-                verdict = "n/a"
-            else:
-                verdict = "PASS" if (ratio <= want if op == "<=" else ratio >= want) else "MISS"
-                verdicts.append(verdict)
-        out.append((label, xs, ys, rs, ts, verdict))
-    widths = [max(len(r[i]) for r in out + [head]) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
-                                       for i, c in enumerate(r)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep] + [line(r) for r in out]), verdicts
+    return rpc_bench.table(a, b, rows())
 
 
 def per_round(raw, kind, keys):
