@@ -53,7 +53,8 @@ print("trace ok")
         local n = 0
         for _, c in pairs(p.latency_us) do n = n + c end
         check("calls counted", p.calls_out == 11 and p.errors == 1 and n == 11, p.calls_out)
-        check("bytes counted", s.bytes_out > 0 and s.bytes_in > 0)
+        check("bytes counted", s.bytes_out > 0 and s.bytes_in > 0 and p.bytes_out > 0 and p.bytes_in > 0
+          and p.bytes_out <= s.bytes_out, p.bytes_out)
         local remote = rpc.rpc_sync("w1", function() return rpc.stats().peers.w0.calls_in end)
         check("incoming counted", remote == 12)
       end

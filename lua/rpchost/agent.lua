@@ -200,6 +200,7 @@ end
 -- Sends a frame (body and payload segments) to a peer, dialling if needed
 -- (queued until the handshake).
 function Agent:send(p, ftype, flags, id, body, segs)
+  trace.frame_bytes(p.name, true, body, segs)
   flags, segs = cma.outgoing(p, flags, segs)
   if p.state == "ready" and p.conn then
     if p.conn:send(ftype, flags, id, body, unpack(segs)) then return end
@@ -395,6 +396,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
     end
     return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(cma.FLAG)), id, body, unpack(got))
   end
+  if cst and cst.rank and self.peers[cst.rank] then trace.frame_bytes(self.peers[cst.rank].name, false, body, segs) end
   if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs) end
   if not self.ready then
     -- peers may reach us before our own rendezvous finished: hold their frames
@@ -529,7 +531,10 @@ local function reply(self, to, id, flags, body, segs)
   if type(to) == "function" then return to(flags, body, segs or {}) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
-  if p then flags, segs = cma.outgoing(p, flags, segs or {}) end
+  if p then
+    trace.frame_bytes(p.name, true, body, segs or {})
+    flags, segs = cma.outgoing(p, flags, segs or {})
+  end
   to:send(proto.RESPONSE, flags, id, body, unpack(segs or {}))
   sched.expect_soon()
 end

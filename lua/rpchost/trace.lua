@@ -100,7 +100,7 @@ local peers = {}
 local function peer(name)
   local p = peers[name]
   if not p then
-    p = {calls_out = 0, calls_in = 0, errors = 0, latency_us = {}}
+    p = {calls_out = 0, calls_in = 0, errors = 0, bytes_out = 0, bytes_in = 0, latency_us = {}}
     for i = 1, #BUCKETS + 1 do p.latency_us[i] = 0 end
     peers[name] = p
   end
@@ -118,6 +118,19 @@ end
 
 function M.call_in(name) local p = peer(name) p.calls_in = p.calls_in + 1 end
 
+-- bytes of frames (body and payload) sent to / received from a peer
+local ESIZE = {4, 8, 4, 8, 1, 1}
+function M.frame_bytes(name, out, body, segs)
+  local n = #body
+  for i = 1, #segs do
+    local sg = segs[i]
+    if type(sg) == "string" then n = n + #sg
+    else n = n + core.t_numel(sg) * ESIZE[core.t_dtype(sg) + 1] end
+  end
+  local p = peer(name)
+  if out then p.bytes_out = p.bytes_out + n else p.bytes_in = p.bytes_in + n end
+end
+
 -- {peers = {name = {calls_out, calls_in, errors, latency_us = {"<10" = n, ...}}}, bytes_in, bytes_out}
 function M.stats()
   local out = {peers = {}}
@@ -127,7 +140,8 @@ function M.stats()
       local label = i <= #BUCKETS and ("<" .. BUCKETS[i]) or (">=" .. BUCKETS[#BUCKETS])
       h[label] = n
     end
-    out.peers[name] = {calls_out = p.calls_out, calls_in = p.calls_in, errors = p.errors, latency_us = h}
+    out.peers[name] = {calls_out = p.calls_out, calls_in = p.calls_in, errors = p.errors,
+                       bytes_out = p.bytes_out, bytes_in = p.bytes_in, latency_us = h}
   end
   local net = core.net_stats()
   out.bytes_in, out.bytes_out = net.bytes_in, net.bytes_out
