@@ -286,6 +286,18 @@ function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, {root = root})
   local n = self.size
   if n == 1 then return end
+  if core.t_numel(t) * ESIZE[core.t_dtype(t) + 1] >= M.DIRECT_BYTES then
+    -- on one host: every rank reads the root's tensor straight into its own
+    local direct = false
+    in_place(t, function(flat)
+      local peers = self:direct_peers(c, flat)
+      if not peers then return end
+      if self.rank ~= root then read_into(peers[root], flat, 0, flat) end
+      self:barrier() -- the root keeps its tensor as it is until everyone has read it
+      direct = true
+    end)
+    if direct then return end
+  end
   local v = (self.rank - root) % n
   local data = v == 0 and snapshot(t) or nil
   local mask = 1
