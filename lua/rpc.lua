@@ -10,6 +10,7 @@ local env = require "rpchost.env"
 local log = require "rpchost.log"
 local store = require "rpchost.store"
 local agentmod = require "rpchost.agent"
+local channels = require "rpchost.channels"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.workerinfo"
 local rref = require "rpchost.rref"
@@ -86,6 +87,16 @@ local function check_int(v, what, min)
   end
 end
 
+-- The options seen through, plus `cma`: whether _transports/_channels allow the
+-- same-host shared-memory path (checked before joining, so a bad list fails fast).
+local function with_channels(opts, host)
+  local cma = channels.select(opts, function()
+    local ip = core.resolve(host)
+    return ip ~= nil and store.is_loopback(ip)
+  end)
+  return setmetatable({cma = cma}, {__index = opts})
+end
+
 -- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
 -- positional form init_rpc(name, backend, rank, world_size, rpc_backend_options).
 function rpc.init_rpc(name, a, b, c, d)
@@ -127,6 +138,7 @@ function rpc.init_rpc(name, a, b, c, d)
   if world_size == nil then
     -- no world size: join the world that is running there, as a dynamic member
     local host, port = env.master(opts.init_method)
+    opts = with_channels(opts, host)
     if opts.security_token ~= nil then require("rpchost.auth").set_token(opts.security_token) end
     log.who = name
     return rpc._join_dynamic(name, opts, host, port, env.init_timeout(opts.init_timeout))
@@ -136,6 +148,7 @@ function rpc.init_rpc(name, a, b, c, d)
       rank, world_size, world_size - 1)), 0)
   end
   local host, port = env.master(opts.init_method)
+  opts = with_channels(opts, host)
   local dist = package.loaded.dist
   if dist and dist.is_initialized() then
     local dh, dp = dist._store_address()
@@ -180,7 +193,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local loopback = store.is_loopback(assert(core.resolve(host)))
   local a = agentmod.new{name = name, rank = rank, world_size = world_size,
     timeout = tonumber(opts.rpc_timeout) or default_timeout,
-    num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P,
+    num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P, cma = opts.cma,
     -- Bytecode from the network can do anything: only a loopback-only world or one
     -- whose every peer proved the security token takes it.
     allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
@@ -239,7 +252,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout) or default_timeout, num_worker_threads = opts.num_worker_threads,
-      world = cur.world, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
+      world = cur.world, cma = opts.cma, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,

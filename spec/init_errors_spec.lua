@@ -194,6 +194,53 @@ describe("init_rpc refuses bad input", function()
   end)
 end)
 
+describe("_transports and _channels", function()
+  it("refuse what cannot work here, naming it and what to do", function()
+    local r = S.world(1, S.prelude .. [[
+      local channels = require "rpchost.channels"
+      local function msg(o, loop)
+        local ok, e = pcall(channels.select, o, function() return loop ~= false end)
+        return not ok and e.kind == "config" and tostring(e.message) or ("accepted: " .. tostring(e))
+      end
+      local function has(name, o, want, loop)
+        local m = msg(o, loop)
+        check(name, m:find(want, 1, true), m)
+      end
+      has("unknown channel", {_channels = {"basic", "carrier_pigeon"}}, '_channels[2] is "carrier_pigeon"')
+      has("lists the valid ones", {_channels = {"x"}}, '"basic", "shm", "cuda_ipc", "cuda_basic"')
+      has("unknown transport", {_transports = {"ib"}}, '_transports[1] is "ib", which is not a transport')
+      has("not a list", {_transports = "tcp"}, "_transports must be a non-empty list")
+      has("empty list", {_channels = {}}, "_channels must be a non-empty list")
+      has("cuda_ipc without a GPU", {_channels = {"basic", "cuda_ipc"}}, "tensor.cuda.is_available() is false")
+      has("cuda_basic without a GPU", {_channels = {"cuda_basic"}}, '"cuda_basic" moves CUDA tensors')
+      has("shm-only off loopback", {_transports = {"shm"}}, 'reaches only ranks on this host', false)
+      has("shm channel without shm transport", {_transports = {"tcp"}, _channels = {"shm"}},
+        'needs the "shm" transport')
+      check("defaults use shm", channels.select({}, function() return true end) == true)
+      check("basic turns shm off", channels.select({_channels = {"basic"}}, function() return true end) == false)
+      check("tcp turns shm off", channels.select({_transports = {"tcp"}}, function() return true end) == false)
+      check("shm-only on loopback", channels.select({_transports = {"shm"}}, function() return true end) == true)
+      -- through init_rpc, before anything is joined
+      local ok, e = pcall(rpc.init_rpc, "w", {rank = 0, world_size = 1,
+        rpc_backend_options = rpc.TensorPipeRpcBackendOptions{_channels = {"cuda_ipc"}}})
+      check("init_rpc refuses", not ok and tostring(e.message):find('"cuda_ipc"', 1, true), e)
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    assert.are.equal(14, #S.lines(r.out), r.out)
+  end)
+
+  it("refuses an explicit shm channel where the environment turns it off", function()
+    local r = S.world(1, S.prelude .. [[
+      local ok, e = pcall(rpc.init_rpc, "w", {rank = 0, world_size = 1,
+        rpc_backend_options = rpc.TensorPipeRpcBackendOptions{_channels = {"shm", "basic"}}})
+      check("refused", not ok and tostring(e.message):find("RPCHOST_CMA=0", 1, true), e)
+    ]], {env = {RPCHOST_CMA = "0"}})
+    assert.are.equal(0, r.status, r.err)
+    assert.truthy(r.out:find("ok refused", 1, true), r.out)
+  end)
+end)
+
 describe("dist membership", function()
   it("initialises, reports rank and size, and destroys", function()
     local r = S.world(3, S.prelude .. [[

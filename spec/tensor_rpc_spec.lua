@@ -66,6 +66,27 @@ describe("tensors over rpc", function()
     assert.truthy(r.out:find("ok 1 GiB intact", 1, true), r.out .. r.err)
   end)
 
+  for _, case in ipairs({{"{'basic'}", "false"}, {"{'shm', 'basic'}", "true"}, {"nil", "true"}}) do
+    it("uses shared memory per _channels = " .. case[1], function()
+      local r = S.world(2, S.prelude .. [[
+        local tensor = require "tensor"
+        function echo(x) return x end
+        function peer_reads() return rpc._agent().peers[0].reads_peer end
+        rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size,
+          rpc_backend_options = rpc.TensorPipeRpcBackendOptions{_channels = ]] .. case[1] .. [[}})
+        if rank == 0 then
+          local t = tensor.arange(1048576, {dtype = tensor.float32})
+          check("intact", rpc.rpc_sync("worker1", echo, {t}):equal(t))
+          print("reads_peer " .. tostring(rpc.rpc_sync("worker1", peer_reads)))
+        end
+        rpc.shutdown()
+      ]])
+      assert.are.equal(0, r.status, r.err)
+      assert.truthy(r.out:find("ok intact", 1, true), r.out .. r.err)
+      assert.truthy(r.out:find("reads_peer " .. case[2], 1, true), r.out)
+    end)
+  end
+
   for _, cma in ipairs({"1", "0"}) do
     it("moves 4 MiB tensors intact with cross-memory attach " .. (cma == "1" and "on" or "off"), function()
       local r = S.world(2, S.prelude .. [[

@@ -1,0 +1,88 @@
+-- rpchost.channels: what TensorPipeRpcBackendOptions' _transports and _channels
+-- ask for, checked before a rank joins anything, and turned into the one switch
+-- the agent has: whether large payloads to ranks on this host may go by shared
+-- memory (cross-memory attach, rpchost.cma) instead of through the socket.
+--
+-- transports: "tcp" (sockets, any host) and "shm" (this host only). Our control
+-- messages always travel on a socket; "shm"-only is allowed where it means the
+-- same thing: a world that meets on loopback, so every rank is on this host.
+-- channels: "basic" (payload inside the message) and "shm" (payload read from
+-- the sender's memory); "cuda_ipc" and "cuda_basic" need a GPU.
+-- Left out, each means "all that work here", and shm is used per peer wherever
+-- the handshake proves it works. Named explicitly, a channel that cannot work on
+-- this machine is an error that says why, not a silent fallback.
+local errors = require "rpchost.errors"
+
+local M = {}
+
+local TRANSPORTS = {"shm", "tcp"}
+local CHANNELS = {"basic", "shm", "cuda_ipc", "cuda_basic"}
+
+local function fail(msg) error(errors.new("config", "init_rpc: " .. msg), 0) end
+
+-- A list of known names -> set; anything else is an error naming it.
+local function names(v, field, known)
+  if v == nil then return nil end
+  local valid = table.concat(known, '", "')
+  if type(v) ~= "table" or #v == 0 then
+    fail(('%s must be a non-empty list such as {"%s"}, got %s'):format(field, valid, tostring(v)))
+  end
+  local set = {}
+  for i, n in ipairs(v) do
+    local ok = false
+    for _, k in ipairs(known) do ok = ok or n == k end
+    if not ok then
+      fail(('%s[%d] is %s, which is not a %s (choose from "%s")'):format(field, i,
+        type(n) == "string" and ('"' .. n .. '"') or tostring(n), field:sub(2, -2), valid))
+    end
+    set[n] = true
+  end
+  return set
+end
+
+-- Why cross-memory attach cannot work on this machine, or nil when it can.
+local function shm_blocked()
+  if os.getenv("RPCHOST_CMA") == "0" then return "RPCHOST_CMA=0 turns it off in this environment" end
+  local f = io.open("/proc/sys/kernel/yama/ptrace_scope")
+  local scope = f and tonumber(f:read("*l"))
+  if f then f:close() end
+  if scope and scope >= 1 then
+    return ("the kernel's Yama ptrace_scope is %d, which forbids one process from reading " ..
+      "another's memory (process_vm_readv); set /proc/sys/kernel/yama/ptrace_scope to 0"):format(scope)
+  end
+  return nil
+end
+
+-- opts: the backend options; is_loopback(): whether the world meets on loopback
+-- (only asked when it matters). Returns whether the shm path may be used.
+function M.select(opts, is_loopback)
+  local tr = names(opts._transports, "_transports", TRANSPORTS)
+  local ch = names(opts._channels, "_channels", CHANNELS)
+  if ch then
+    for _, cuda in ipairs({"cuda_ipc", "cuda_basic"}) do
+      if ch[cuda] and not require("tensor").cuda.is_available() then
+        fail(('_channels: "%s" moves CUDA tensors, but no GPU can be used here ' ..
+          '(tensor.cuda.is_available() is false); leave it out, or use "basic"'):format(cuda))
+      end
+    end
+  end
+  local want_shm = (tr == nil or tr.shm) and (ch == nil or ch.shm)
+  if tr and tr.shm and not tr.tcp and not is_loopback() then
+    fail('_transports = {"shm"} reaches only ranks on this host, but this world meets at a ' ..
+      'non-loopback address, so ranks may be on other hosts; add "tcp"')
+  end
+  if ch and ch.shm then
+    local why = shm_blocked()
+    if why then fail('_channels: "shm" cannot be used on this machine: ' .. why .. '; or use "basic"') end
+    if tr and not tr.shm then
+      fail('_channels: "shm" needs the "shm" transport, but _transports leaves it out; add "shm" ' ..
+        'to _transports, or use the "basic" channel')
+    end
+  end
+  if ch and not ch.basic and not ch.shm then
+    fail('_channels: CPU tensors need "basic" or "shm"')
+  end
+  return want_shm and true or false
+end
+
+return M
