@@ -17,11 +17,15 @@ require "tensor" -- tensors must be able to travel (their codec lives there)
 
 local M = {}
 
+local ESIZE = {4, 8, 4, 8, 1, 1} -- bytes per element, by dtype code + 1
 local BIN = {SUM = 0, PRODUCT = 2, MAX = 5, MIN = 6, AVG = 0}
 -- at or above this size all_reduce uses the ring (RPCHOST_RING_BYTES to tune)
 M.RING_BYTES = tonumber(os.getenv("RPCHOST_RING_BYTES")) or 256 * 1024
 -- at or above this size, ranks on one host read each other's tensors directly
 M.DIRECT_BYTES = tonumber(os.getenv("RPCHOST_DIRECT_BYTES")) or 1024 * 1024
+-- at or below this size a piece travels inside the message body, not as a payload
+-- segment: a segment costs a storage of its own on arrival (~8 us a message)
+M.INLINE_BYTES = tonumber(os.getenv("RPCHOST_INLINE_BYTES")) or 4096
 
 local Group = {}
 Group.__index = Group
@@ -58,6 +62,10 @@ function Group:begin(op, t, extra)
 end
 
 function Group:send(c, i, step, t)
+  -- (only pieces of the call's own dtype: recv rebuilds them with it)
+  if t and core.t_dtype(t) == c.meta.dtype and core.t_numel(t) * ESIZE[c.meta.dtype + 1] <= M.INLINE_BYTES then
+    t = core.t_bytes(t)
+  end
   self.agent:post(self:global(i), c.key .. step, c.meta, t)
 end
 
@@ -110,6 +118,15 @@ function Group:recv(c, i, step)
     error(meta, 0)
   end
   if not same_call(meta, m) then self:mismatch(m, src, meta) end
+  if type(t) == "string" then
+    -- an inlined piece: the call's dtype (checked above) and its own length
+    local esize = ESIZE[m.dtype + 1]
+    if not esize or #t % esize ~= 0 then
+      error(errors.new("protocol", ("%s: rank %d sent a piece of %d bytes, not a whole number of elements"):format(
+        m.op, src, #t)), 0)
+    end
+    t = core.t_from_bytes(m.dtype, {#t / esize}, t)
+  end
   return t
 end
 
@@ -195,7 +212,6 @@ end
 -- proven per connection), large collectives read chunks straight out of the peers'
 -- tensors: no copy to send, none to receive into place. The ranks first tell each
 -- other where their tensor is, and agree (all of them, or none) to go direct.
-local ESIZE = {4, 8, 4, 8, 1, 1}
 
 -- Exchanges tensor addresses; returns {index -> {pid, addr}} when every rank can
 -- read every other, else nil (then all ranks fall back together). Each rank says
