@@ -38,6 +38,8 @@ struct rh_conn_s {
   size_t npieces, cpieces;
   rh_release_t *rel;
   size_t nrel, crel;
+  uv_buf_t *bufs; /* iovecs for a flush, reused (the fast path allocates nothing) */
+  size_t cbufs;
   rh_conn_t *next_dirty;
   rh_conn_t *next_all, *prev_all;
   int dirty;
@@ -105,6 +107,7 @@ static void close_done(uv_handle_t *h) {
   free(c->arena);
   free(c->pieces);
   free(c->rel);
+  free(c->bufs);
   free(c);
 }
 
@@ -301,11 +304,12 @@ static void shutdown_cb(uv_shutdown_t *req, int status) {
   if (status != 0) conn_end(c, 0, 0);
 }
 
+/* An arena above this stays with a write that needs it and is not kept for reuse. */
+#define KEEP_ARENA (256u << 10)
+
 static void conn_flush(rh_conn_t *c) {
   if (c->closing || c->npieces == 0) return;
-  /* one extra zeroed buf terminates the list for write_cb's byte count */
-  rh_write_t *w = calloc(1, sizeof *w + (c->npieces + 1) * sizeof(uv_buf_t));
-  if (!w) {
+  if (grow((void **)&c->bufs, &c->cbufs, c->npieces + 1, sizeof(uv_buf_t))) {
     conn_end(c, RH_ENOMEM, 0);
     return;
   }
@@ -313,23 +317,15 @@ static void conn_flush(rh_conn_t *c) {
   for (size_t i = 0; i < c->npieces; i++) {
     rh_piece_t *p = &c->pieces[i];
     const char *base = p->ext ? (const char *)p->ext : (const char *)c->arena + p->off;
-    w->bufs[i] = uv_buf_init((char *)base, (unsigned)p->len);
+    c->bufs[i] = uv_buf_init((char *)base, (unsigned)p->len);
     bytes += p->len;
   }
-  w->arena = c->arena;
-  w->rel = c->rel;
-  w->nrel = c->nrel;
-  w->req.data = w;
-  unsigned n = (unsigned)c->npieces;
-  c->arena = NULL;
-  c->alen = c->acap = 0;
-  c->rel = NULL;
-  c->nrel = c->crel = 0;
-  c->npieces = 0;
   c->net->bytes_out += bytes;
+  uv_buf_t *bufs = c->bufs;
+  unsigned n = (unsigned)c->npieces;
   /* Write what the socket takes now: when it takes everything (the usual case for
-   * small messages) no write request, callback or extra loop turn is needed. */
-  uv_buf_t *bufs = w->bufs;
+   * small messages) no allocation, write request, callback or extra loop turn is
+   * needed, and the queue's buffers stay with the connection for the next flush. */
   if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0) {
     int done = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
     if (done > 0) {
@@ -345,17 +341,38 @@ static void conn_flush(rh_conn_t *c) {
       }
       bytes -= (size_t)done;
     } else if (done != UV_EAGAIN && done != UV_ENOSYS) {
-      write_free(w);
+      drop_queue(c);
       conn_end(c, done, 0);
       return;
     }
   }
   if (n == 0) {
-    write_free(w);
+    drop_queue(c); /* everything is in the kernel: release the tensors now */
+    if (c->acap > KEEP_ARENA) {
+      free(c->arena);
+      c->arena = NULL;
+      c->acap = 0;
+    }
     return;
   }
-  /* write_cb counts the bytes of bufs up to the zeroed terminator */
-  if (bufs != w->bufs) memmove(w->bufs, bufs, (n + 1) * sizeof(uv_buf_t));
+  /* The rest goes through uv_write, which needs the bytes until write_cb: hand the
+   * arena and releases to the request (one extra zeroed buf ends write_cb's count). */
+  rh_write_t *w = calloc(1, sizeof *w + (n + 1) * sizeof(uv_buf_t));
+  if (!w) {
+    drop_queue(c);
+    conn_end(c, RH_ENOMEM, 0);
+    return;
+  }
+  memcpy(w->bufs, bufs, n * sizeof(uv_buf_t));
+  w->arena = c->arena;
+  w->rel = c->rel;
+  w->nrel = c->nrel;
+  w->req.data = w;
+  c->arena = NULL;
+  c->alen = c->acap = 0;
+  c->rel = NULL;
+  c->nrel = c->crel = 0;
+  c->npieces = 0;
   c->inflight += bytes;
   int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, n, write_cb);
   if (rc) {
