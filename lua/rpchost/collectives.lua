@@ -67,6 +67,9 @@ function Group:send(c, i, step, t)
     t = core.t_bytes(t)
   end
   self.agent:post(self:global(i), c.key .. step, c.meta, t)
+  -- out now: the peer waits on it, and this rank may go straight on to a long copy
+  -- or reduction without passing through the loop (which would flush it only then)
+  core.flush()
 end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
