@@ -151,6 +151,32 @@ describe("rpc", function()
       "message names the call", "no timeout with 0", "set timeout"})
   end)
 
+  it("sends rpc_async and remote requests at once, while the caller keeps computing", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function stamp() return sched.now() end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        rpc.rpc_sync("worker1", stamp)
+        local function busy(s) local t = sched.now() while sched.now() - t < s do end end
+        -- the clock is the host's monotonic one, shared by both processes
+        local t0 = sched.now()
+        local fut = rpc.rpc_async("worker1", stamp)
+        busy(0.4) -- local work that never yields to the event loop
+        local ran = fut:wait()
+        check("rpc_async left before the work ended", ran - t0 < 0.3, ran - t0)
+        t0 = sched.now()
+        local rref = rpc.remote("worker1", stamp)
+        busy(0.4)
+        ran = rref:to_here()
+        check("remote left before the work ended", ran - t0 < 0.3, ran - t0)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"rpc_async left before the work ended", "remote left before the work ended"})
+  end)
+
   it("runs handlers as coroutines: nested calls to a third rank and back to the caller", function()
     local r, lines = world(3, [[
       function leaf(x) return x + 1 end

@@ -485,6 +485,9 @@ function Agent:call(to, fn, args, kwargs, timeout)
     end, {name = "self call"})
   else
     self:send(p, proto.REQUEST, 0, id, body, segs)
+    -- out now, not at the loop's next turn: the caller of rpc_async or remote may
+    -- compute for a long time before it waits (costs ~5-14% of pipelined throughput)
+    core.flush()
     sched.expect_soon()
   end
   return fut
