@@ -702,8 +702,9 @@ function Agent:on_message(src, body, segs)
   local w = self.mail_waiters[src] and self.mail_waiters[src][key]
   if w then
     self.mail_waiters[src][key] = nil
-    sched.wake(w, values)
-    return
+    -- the waiter may already be woken this turn (by another message of its
+    -- collective, shown to it for checking): then it finds this one in the box
+    if sched.wake(w, values) then return end
   end
   box[key] = values
   -- a receiver waiting on this sender for another key of the same prefix wants

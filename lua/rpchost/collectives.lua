@@ -67,9 +67,6 @@ function Group:send(c, i, step, t)
     t = core.t_bytes(t)
   end
   self.agent:post(self:global(i), c.key .. step, c.meta, t)
-  -- out now: the peer waits on it, and this rank may go straight on to a long copy
-  -- or reduction without passing through the loop (which would flush it only then)
-  core.flush()
 end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
@@ -249,6 +246,9 @@ local function chunk_span(total, n, i)
 end
 
 local function read_into(p, flat, start, dst)
+  -- what this rank has queued leaves first: the peers wait on it, and this copy
+  -- does not pass through the loop (which would flush it only afterwards)
+  core.flush()
   local es = ESIZE[core.t_dtype(flat) + 1]
   local ok, err = core.cma_read_into(p.pid, p.addr + start * es, dst)
   if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
