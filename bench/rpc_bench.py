@@ -259,6 +259,23 @@ def table(a, b, rows=None):
     return "\n".join([line(head), sep] + [line(r) for r in out]), verdicts
 
 
+def finish(o, verdicts, errors, t_all, report):
+    """The end every bench shares: the PASS/MISS line, errors, the --json report
+    (`report` is what the bench measured; `errors` is added), and the exit status
+    (1 if a world failed to run; 2 under --strict if a target was missed)."""
+    print(f"PASS {verdicts.count('PASS')}, MISS {verdicts.count('MISS')}; "
+          f"total bench time {time.monotonic() - t_all:.1f}s")
+    for e in errors:
+        print(f"ERROR {e}", file=sys.stderr)
+    if o.json:
+        with open(o.json, "w") as f:
+            json.dump(dict(report, errors=errors), f, indent=1)
+    if errors:
+        sys.exit(1)
+    if o.strict and "MISS" in verdicts:
+        sys.exit(2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
@@ -313,19 +330,13 @@ def main():
             print(f"{side_name} bring-up runs (launch->init ms, launch->exit ms): "
                   + "; ".join(f"{n} ranks {i} {e}" for n, (i, e) in raw.items()))
     print(f"context: raw loopback TCP ping-pong p50 on this machine (Python, no RPC): {floor}")
-    print(f"PASS {verdicts.count('PASS')}, MISS {verdicts.count('MISS')}; "
-          f"total bench time {time.monotonic() - t_all:.1f}s")
-    for e in errors:
-        print(f"ERROR {e}", file=sys.stderr)
-
-    if o.json:
-        with open(o.json, "w") as f:
-            json.dump({"config": cfg, "tcp_floor": floor, "rpchost": a, "pytorch": b, "errors": errors,
-                       "rpchost_version": ver, "torch_version": tver}, f, indent=1)
-    if errors:
-        sys.exit(1)
-    if o.strict and "MISS" in verdicts:
-        sys.exit(2)
+    finish(o, verdicts, errors, t_all,
+        {"config": cfg,
+         "tcp_floor": floor,
+         "rpchost": a,
+         "pytorch": b,
+         "rpchost_version": ver,
+         "torch_version": tver})
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ usage: /usr/bin/python3 bench/tensor_bench.py [--quick] [--rpchost PATH] [--json
 Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -258,19 +257,14 @@ def main():
         print(f"context: CPUs {idle0 * 100:.0f}% idle in the second before the run"
               + ("; the machine was busy: other processes skew these numbers (PyTorch's OpenMP "
                  "threads most), rerun on a quiet machine" if idle0 < 0.9 else ""))
-    print(f"PASS {verdicts.count('PASS')}, MISS {verdicts.count('MISS')}; "
-          f"total bench time {time.monotonic() - t_all:.1f}s")
-    for e in errors:
-        print(f"ERROR {e}", file=sys.stderr)
-
-    if o.json:
-        with open(o.json, "w") as f:
-            json.dump({"config": cfg, "rpchost": a, "pytorch": b, "rpchost_raw": ra, "pytorch_raw": rb,
-                       "errors": errors, "rpchost_version": ver, "torch_version": tver}, f, indent=1)
-    if errors:
-        sys.exit(1)
-    if o.strict and "MISS" in verdicts:
-        sys.exit(2)
+    rpc_bench.finish(o, verdicts, errors, t_all,
+        {"config": cfg,
+         "rpchost": a,
+         "pytorch": b,
+         "rpchost_raw": ra,
+         "pytorch_raw": rb,
+         "rpchost_version": ver,
+         "torch_version": tver})
 
 
 if __name__ == "__main__":

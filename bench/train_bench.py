@@ -30,7 +30,6 @@ usage: /usr/bin/python3 bench/train_bench.py [--quick] [--rpchost PATH] [--json 
 Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
 """
 import argparse
-import json
 import os
 import platform
 import sys
@@ -154,18 +153,14 @@ def main():
     if idle0 is not None:
         print(f"context: CPUs {idle0 * 100:.0f}% idle in the second before the run"
               + ("; the machine was busy: rerun on a quiet machine" if idle0 < 0.9 else ""))
-    print(f"PASS {verdicts.count('PASS')}, MISS {verdicts.count('MISS')}; "
-          f"total bench time {time.monotonic() - t_all:.1f}s")
-    for e in errors:
-        print(f"ERROR {e}", file=sys.stderr)
-    if o.json:
-        with open(o.json, "w") as f:
-            json.dump({"config": cfg, "configs": CONFIGS, "rpchost": a, "pytorch": b, "raw": raw,
-                       "errors": errors, "rpchost_version": ver, "torch_version": tver}, f, indent=1)
-    if errors:
-        sys.exit(1)
-    if o.strict and "MISS" in verdicts:
-        sys.exit(2)
+    rpc_bench.finish(o, verdicts, errors, t_all,
+        {"config": cfg,
+         "configs": CONFIGS,
+         "rpchost": a,
+         "pytorch": b,
+         "raw": raw,
+         "rpchost_version": ver,
+         "torch_version": tver})
 
 
 if __name__ == "__main__":
