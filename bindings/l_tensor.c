@@ -215,6 +215,21 @@ static int l_numel(lua_State *L) {
   return 1;
 }
 
+/* t_nbytes(t): the bytes of its elements (numel x element size) */
+static int l_nbytes(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  lua_pushnumber(L, (double)(rh_tensor_numel(t) * rh_dtype_size(t->dtype)));
+  return 1;
+}
+
+/* dtype_size(code): bytes per element of a dtype code */
+static int l_dtype_size(lua_State *L) {
+  lua_Integer code = luaL_checkinteger(L, 1);
+  if (code < 0 || code >= RH_NDTYPES) return luaL_error(L, "dtype_size: no dtype %d", (int)code);
+  lua_pushinteger(L, (lua_Integer)rh_dtype_size((rh_dtype_t)code));
+  return 1;
+}
+
 static int get_index(lua_State *L, rh_tensor_t *t, int first, int64_t *idx) {
   int n = lua_gettop(L) - first + 1;
   if (n != t->ndim) return luaL_error(L, "expected %d indices, got %d", t->ndim, n);
@@ -556,7 +571,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_full", l_full},         {"t_arange", l_arange},     {"t_rand", l_rand},
       {"t_seed", l_seed},         {"t_from_flat", l_from_flat}, {"t_from_bytes", l_from_bytes},
       {"t_bytes", l_bytes},       {"t_info", l_info},         {"t_dtype", l_dtype},
-      {"t_ndim", l_ndim},         {"t_size", l_size},         {"t_numel", l_numel},
+      {"t_ndim", l_ndim},         {"t_size", l_size},         {"t_numel", l_numel}, {"t_nbytes", l_nbytes}, {"dtype_size", l_dtype_size},
       {"t_get", l_get},           {"t_set", l_set},           {"t_totable", l_totable},
       {"t_item", l_item},         {"t_view", l_view},         {"t_expand", l_expand},
       {"t_transpose", l_transpose}, {"t_permute", l_permute}, {"t_slice", l_slice},

@@ -279,10 +279,7 @@ end
 function methods.storage_offset(t) return select(5, core.t_info(t)) end
 function methods.is_contiguous(t) return select(6, core.t_info(t)) end
 function methods.type(t) return "tensor." .. dtypes[core.t_dtype(t)].name end
-function methods.element_size(t)
-  local sizes = {4, 8, 4, 8, 1, 1}
-  return sizes[core.t_dtype(t) + 1]
-end
+function methods.element_size(t) return core.dtype_size(core.t_dtype(t)) end
 
 local function shape_args(...)
   local sizes = sizes_and_options_(true, ...)

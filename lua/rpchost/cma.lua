@@ -13,8 +13,7 @@ local core = require "rpchost.core"
 local bit = require "bit"
 
 local M = {}
-local ESIZE = {4, 8, 4, 8, 1, 1}
-local function nbytes(t) return core.t_numel(t) * ESIZE[core.t_dtype(t) + 1] end
+local nbytes = core.t_nbytes
 
 M.FLAG = 2 -- frame flag: the segments are descriptors
 M.MIN_BYTES = tonumber(os.getenv("RPCHOST_CMA_MIN")) or 256 * 1024

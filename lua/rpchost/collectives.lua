@@ -17,7 +17,6 @@ require "tensor" -- tensors must be able to travel (their codec lives there)
 
 local M = {}
 
-local ESIZE = {4, 8, 4, 8, 1, 1} -- bytes per element, by dtype code + 1
 local BIN = {SUM = 0, PRODUCT = 2, MAX = 5, MIN = 6, AVG = 0}
 -- at or above this size all_reduce uses the ring (RPCHOST_RING_BYTES to tune)
 M.RING_BYTES = tonumber(os.getenv("RPCHOST_RING_BYTES")) or 256 * 1024
@@ -63,7 +62,7 @@ end
 
 function Group:send(c, i, step, t)
   -- (only pieces of the call's own dtype: recv rebuilds them with it)
-  if t and core.t_dtype(t) == c.meta.dtype and core.t_numel(t) * ESIZE[c.meta.dtype + 1] <= M.INLINE_BYTES then
+  if t and core.t_dtype(t) == c.meta.dtype and core.t_nbytes(t) <= M.INLINE_BYTES then
     t = core.t_bytes(t)
   end
   self.agent:post(self:global(i), c.key .. step, c.meta, t)
@@ -120,8 +119,8 @@ function Group:recv(c, i, step)
   if not same_call(meta, m) then self:mismatch(m, src, meta) end
   if type(t) == "string" then
     -- an inlined piece: the call's dtype (checked above) and its own length
-    local esize = ESIZE[m.dtype + 1]
-    if not esize or #t % esize ~= 0 then
+    local esize = core.dtype_size(m.dtype) -- m is this rank's own call
+    if #t % esize ~= 0 then
       error(errors.new("protocol", ("%s: rank %d sent a piece of %d bytes, not a whole number of elements"):format(
         m.op, src, #t)), 0)
     end
@@ -249,7 +248,7 @@ local function read_into(p, flat, start, dst)
   -- what this rank has queued leaves first: the peers wait on it, and this copy
   -- does not pass through the loop (which would flush it only afterwards)
   core.flush()
-  local es = ESIZE[core.t_dtype(flat) + 1]
+  local es = core.dtype_size(core.t_dtype(flat))
   local ok, err = core.cma_read_into(p.pid, p.addr + start * es, dst)
   if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
 end
@@ -290,7 +289,7 @@ function Group:all_reduce(t, redop)
   check_redop(redop, t)
   local c = self:begin("all_reduce", t, {redop = redop})
   if self.size == 1 then return end
-  local bytes = core.t_numel(t) * ESIZE[core.t_dtype(t) + 1]
+  local bytes = core.t_nbytes(t)
   in_place(t, function(flat)
     local peers = bytes >= M.DIRECT_BYTES and core.t_numel(t) >= self.size and self:direct_peers(c, flat)
     if peers then direct_allreduce(self, flat, redop, peers)
@@ -305,7 +304,7 @@ function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, {root = root})
   local n = self.size
   if n == 1 then return end
-  if core.t_numel(t) * ESIZE[core.t_dtype(t) + 1] >= M.DIRECT_BYTES then
+  if core.t_nbytes(t) >= M.DIRECT_BYTES then
     -- on one host: every rank reads the root's tensor straight into its own
     local direct = false
     in_place(t, function(flat)

@@ -64,7 +64,7 @@ function M.install(tensor)
     local sizes = {}
     for n in shape_s:gmatch("%d+") do sizes[#sizes + 1] = tonumber(n) end
     local payload = data:sub(hstart + hlen)
-    local esize = ({4, 8, 4, 8, 1, 1})[id + 1]
+    local esize = core.dtype_size(id)
     local numel = 1
     for _, n in ipairs(sizes) do numel = numel * n end
     if #payload ~= numel * esize then

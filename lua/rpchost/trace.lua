@@ -119,13 +119,12 @@ end
 function M.call_in(name) local p = peer(name) p.calls_in = p.calls_in + 1 end
 
 -- bytes of frames (body and payload) sent to / received from a peer
-local ESIZE = {4, 8, 4, 8, 1, 1}
 function M.frame_bytes(name, out, body, segs)
   local n = #body
   for i = 1, #segs do
     local sg = segs[i]
     if type(sg) == "string" then n = n + #sg
-    else n = n + core.t_numel(sg) * ESIZE[core.t_dtype(sg) + 1] end
+    else n = n + core.t_nbytes(sg) end
   end
   local p = peer(name)
   if out then p.bytes_out = p.bytes_out + n else p.bytes_in = p.bytes_in + n end
