@@ -17,6 +17,18 @@ static int l_run(lua_State *L) {
   return 1;
 }
 
+/* stop(): the loop's current (or next) uv_run returns at the end of its turn
+ * without blocking for I/O (uv_stop). The scheduler calls it when a callback
+ * makes a task runnable: a callback run before the poll phase (a timer already
+ * due when the turn began, a prepare hook) would otherwise be followed by a
+ * blocking poll, and the woken task would wait for unrelated I/O or the next
+ * deadline. */
+static int l_stop(lua_State *L) {
+  (void)L;
+  uv_stop(rh_ctx()->loop);
+  return 0;
+}
+
 static int l_now(lua_State *L) {
   lua_pushnumber(L, (double)uv_hrtime() / 1e9);
   return 1;
@@ -157,7 +169,7 @@ static int l_isatty(lua_State *L) {
 
 int rh_open_loop(lua_State *L) {
   static const luaL_Reg fns[] = {
-      {"run", l_run},           {"now", l_now},           {"timer_set", l_timer_set},
+      {"run", l_run},           {"stop", l_stop},         {"now", l_now},           {"timer_set", l_timer_set},
       {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats}, {"net_busy", l_net_busy}, {"sleep_ms", l_sleep_ms},
       {"exepath", l_exepath},   {"getpid", l_getpid},     {"hostname", l_hostname},
       {"setenv", l_setenv},     {"environ", l_environ},   {"maxrss", l_maxrss},

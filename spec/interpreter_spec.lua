@@ -72,6 +72,21 @@ describe("rpchost as a Lua interpreter", function()
     assert.are.equal("1\t2\ttrue\n", r.out)
   end)
 
+  it("runs a task woken by an already-due deadline without waiting for a later one", function()
+    -- libuv runs timers that are due when a turn begins before it polls; the
+    -- woken task must run then, not when the next deadline (here 2 s) comes
+    local r = S.run({"-e", [[
+      local sched = require "rpchost.sched"
+      local far = sched.after(2, function() end)
+      local t0 = sched.now()
+      sched.sleep(0)
+      local ok = sched.now() - t0 < 0.5
+      sched.cancel(far)
+      print(ok)
+    ]]})
+    assert.are.equal("true\n", r.out)
+  end)
+
   it("runs -i as an interactive prompt reading stdin", function()
     local path = S.write("x = 41\n=x + 1\nfor i = 1, 2 do\nprint(i)\nend\n")
     local r = S.run({"-e", ("os.exit(os.execute('%s -i < %s > %s.out') == 0 and 0 or 3)"):format(S.bin, path, path)})

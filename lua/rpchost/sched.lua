@@ -35,6 +35,23 @@ end
 -- ready queue ---------------------------------------------------------------
 local ready, rhead, rtail = {}, 1, 0
 local current = nil -- the task being resumed
+-- true while core.run is in progress and no callback has yet made a task runnable
+local in_loop = false
+
+-- Queues {task, args} to run. From a callback inside core.run, it also tells the
+-- loop to return at the end of this turn instead of blocking: libuv runs timers
+-- that were already due when a turn began (a sleep(0), a deadline that passed
+-- while tasks ran) and prepare hooks *before* it polls, and in "once" mode it then
+-- blocks in the poll until some unrelated I/O or the next deadline. Without the
+-- stop, a task woken there waits that long (or forever) in the ready queue.
+local function enqueue(item)
+  rtail = rtail + 1
+  ready[rtail] = item
+  if in_loop then
+    in_loop = false
+    core.stop()
+  end
+end
 
 local Task = {}
 Task.__index = Task
@@ -55,8 +72,7 @@ function M.spawn(fn, opts, ...)
     end
     t.result = res
   end)
-  rtail = rtail + 1
-  ready[rtail] = {t}
+  enqueue({t})
   return t
 end
 
@@ -82,8 +98,7 @@ end
 function M.interrupt(t, err)
   if not t or t.waiting == nil or t.done then return false end
   t.waiting = nil
-  rtail = rtail + 1
-  ready[rtail] = {t, pack(INTERRUPT, err)}
+  enqueue({t, pack(INTERRUPT, err)})
   return true
 end
 
@@ -91,8 +106,7 @@ end
 function M.wake(t, ...)
   if not t or t.waiting == nil or t.done then return false end
   t.waiting = nil
-  rtail = rtail + 1
-  ready[rtail] = {t, pack(...)}
+  enqueue({t, pack(...)})
   return true
 end
 
@@ -264,7 +278,9 @@ local function run_until(t)
     drain()
     if t.done then break end
     local spinning = rhead > rtail and spin_until > 0 and now() < spin_until
+    in_loop = true
     local alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
+    in_loop = false
     if not alive and rhead > rtail and not t.done and not spinning then
       return false, "deadlock: " .. tostring(t.name) .. " waits for " .. tostring(t.waiting) ..
         " but nothing that could complete it is pending (no connection, timer or process)"
