@@ -66,6 +66,9 @@ function Group:send(c, i, step, t)
     t = core.t_bytes(t)
   end
   self.agent:post(self:global(i), c.key .. step, c.meta, t)
+  -- out now: the peer is usually waiting for exactly this step, and this rank
+  -- may go on to reduce or copy for a long while before the loop's next turn
+  core.flush()
 end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
