@@ -194,6 +194,11 @@ static int l_send(lua_State *L) {
     for (int i = 0; i < nseg; i++) {
       rh_tensor_t *t = rh_lua_totensor(L, 6 + i);
       if (t) {
+        if (rh_tensor_device(t) >= 0) {
+          release_hold(h);
+          return luaL_error(L, "send: segment %d is a tensor on cuda:%d (the wire takes host memory)", i + 1,
+                            rh_tensor_device(t));
+        }
         if (!rh_tensor_is_contiguous(t)) {
           release_hold(h);
           return luaL_error(L, "send: segment %d is a tensor that is not contiguous", i + 1);

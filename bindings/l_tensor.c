@@ -28,6 +28,21 @@ rh_tensor_t *rh_lua_checktensor(lua_State *L, int i) {
   return b->t;
 }
 
+rh_tensor_t *rh_lua_checkhosttensor(lua_State *L, int i, const char *what) {
+  rh_tensor_t *t = rh_lua_checktensor(L, i);
+  if (rh_tensor_device(t) >= 0)
+    luaL_error(L, "%s: the tensor is on cuda:%d; this needs host memory (move it with :cpu())", what,
+               rh_tensor_device(t));
+  return t;
+}
+
+/* t itself (retained) on the host, else a host copy of it */
+static rh_tensor_t *on_host(lua_State *L, rh_tensor_t *t) {
+  rh_tensor_t *h = rh_tensor_to_device(t, -1);
+  if (!h) luaL_error(L, "%s", rh_tensor_errmsg());
+  return h;
+}
+
 rh_tensor_t *rh_lua_totensor(lua_State *L, int i) {
   ltensor_t *b = luaL_testudata(L, i, TENSOR_MT);
   return b ? b->t : NULL;
@@ -82,7 +97,16 @@ static int l_full(lua_State *L) {
   int64_t size[RH_MAXDIM];
   rh_dtype_t dt = check_dtype(L, 1);
   int n = check_sizes(L, 2, size);
-  return rh_lua_pushtensor(L, rh_tensor_full(dt, n, size, luaL_optnumber(L, 3, 0)));
+  double v = luaL_optnumber(L, 3, 0);
+  int device = (int)luaL_optinteger(L, 4, -1);
+  if (device < 0) return rh_lua_pushtensor(L, rh_tensor_full(dt, n, size, v));
+  /* on a device: filled there, nothing crosses the bus */
+  rh_tensor_t *t = rh_tensor_empty_on(device, dt, n, size);
+  if (t && rh_tensor_fill_(t, v)) {
+    rh_tensor_release(t);
+    t = NULL;
+  }
+  return rh_lua_pushtensor(L, t);
 }
 
 static int l_arange(lua_State *L) {
@@ -157,7 +181,9 @@ static int l_from_bytes(lua_State *L) {
 /* bytes(t) : the elements in logical order as a string */
 static int l_bytes(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
-  rh_tensor_t *c = rh_tensor_contiguous(t);
+  rh_tensor_t *h = on_host(L, t);
+  rh_tensor_t *c = rh_tensor_contiguous(h);
+  rh_tensor_release(h);
   if (!c) return luaL_error(L, "%s", rh_tensor_errmsg());
   lua_pushlstring(L, rh_tensor_data(c), (size_t)rh_tensor_numel(c) * rh_dtype_size(c->dtype));
   rh_tensor_release(c);
@@ -281,10 +307,11 @@ static void totable_rec(lua_State *L, rh_tensor_t *t, int d, const char *p) {
 }
 
 static int l_totable(lua_State *L) {
-  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  rh_tensor_t *t = on_host(L, rh_lua_checktensor(L, 1));
   luaL_checkstack(L, t->ndim + 4, "totable");
   if (t->ndim == 0) push_elem(L, t, rh_tensor_data(t));
   else totable_rec(L, t, 0, rh_tensor_data(t));
+  rh_tensor_release(t);
   return 1;
 }
 
@@ -457,7 +484,7 @@ static int l_reinterpret(lua_State *L) {
 
 /* address(t) -> the address of a contiguous tensor's first byte, as a number */
 static int l_address(lua_State *L) {
-  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, 1, "address");
   if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "address: the tensor is not contiguous");
   lua_pushnumber(L, (double)(uintptr_t)rh_tensor_data(t));
   return 1;
@@ -502,7 +529,7 @@ static int l_cma_read(lua_State *L) {
 static int l_cma_read_into(lua_State *L) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);
   uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  rh_tensor_t *t = rh_lua_checktensor(L, 3);
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "cma_read_into");
   if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_read_into: the destination is not contiguous");
   int rc = cma_copy(pid, rh_tensor_data(t), addr, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
   if (rc) {
@@ -540,6 +567,19 @@ static int l_cma_token(lua_State *L) {
   lua_pushnumber(L, (double)(uintptr_t)token);
   lua_pushlstring(L, token, 32);
   return 3;
+}
+
+/* ---- devices */
+static int l_device(lua_State *L) {
+  lua_pushinteger(L, rh_tensor_device(rh_lua_checktensor(L, 1)));
+  return 1;
+}
+
+/* t_to_device(t, dev): a contiguous copy on dev (-1: the host), or t's own
+ * reference when it is there already */
+static int l_to_device(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  return rh_lua_pushtensor(L, rh_tensor_to_device(t, (int)luaL_checkinteger(L, 2)));
 }
 
 static int l_live_bytes(lua_State *L) {
@@ -581,6 +621,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
       {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
       {"t_address", l_address}, {"cma_read", l_cma_read}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
+      {"t_device", l_device}, {"t_to_device", l_to_device},
       {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);

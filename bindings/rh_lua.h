@@ -42,6 +42,7 @@ int rh_open_conn(lua_State *L);
 int rh_open_proc(lua_State *L);
 int rh_open_codec(lua_State *L);
 int rh_open_tensor(lua_State *L);
+int rh_open_cuda(lua_State *L);
 int rh_open_crypto(lua_State *L);
 int rh_open_repl(lua_State *L);
 
@@ -51,6 +52,8 @@ int rh_lua_main(int argc, char **argv);
 struct rh_tensor_s;
 struct rh_tensor_s *rh_lua_totensor(lua_State *L, int i);      /* NULL if not a tensor */
 struct rh_tensor_s *rh_lua_checktensor(lua_State *L, int i);
+/* a tensor whose bytes the host may touch: on a device it is an error naming `what` */
+struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what);
 int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the reference */
 
 #endif

@@ -13,11 +13,12 @@ local store = require "rpchost.store"
 local log = require "rpchost.log"
 local agentmod = require "rpchost.agent"
 local collectives = require "rpchost.collectives"
+local nccl_group = require "rpchost.nccl_group"
 local Future = require "rpchost.future"
 
 local dist = {}
 
-local state = nil -- {rank, world_size, backend, host, port, store, key, prefix, agent, group, groups}
+local state = nil -- {rank, world_size, backend, host, port, store, key, prefix, agent, group, groups, device}
 
 dist.ReduceOp = {SUM = "SUM", PRODUCT = "PRODUCT", MIN = "MIN", MAX = "MAX", AVG = "AVG"}
 
@@ -25,7 +26,31 @@ local BACKENDS = {gloo = "gloo", tcp = "gloo", nccl = "nccl"}
 
 local function cfg(msg, ...) error(errors.new("config", msg:format(...)), 0) end
 
--- init_process_group{backend=, init_method=, rank=, world_size=, timeout=}
+-- a group of the backend's kind: NCCL communicators for "nccl", else rpchost's own
+local function make_group(s, gid, ranks, me, timeout)
+  if s.backend ~= "nccl" then return collectives.new_group(s.agent, gid, ranks, me, timeout) end
+  local g = nccl_group.new(s.store, s.prefix, gid, ranks, me, s.device, timeout)
+  s.nccl_groups[#s.nccl_groups + 1] = g
+  return g
+end
+
+-- The CUDA device of this rank's NCCL communicators: device_id, else LOCAL_RANK
+-- modulo the device count (one rank per GPU, as torchrun starts them).
+local function nccl_device(o)
+  local n, why = core.cuda_count()
+  if n == 0 then
+    cfg("init_process_group: backend \"nccl\" needs CUDA, which is not available here: %s " ..
+        "(tensor.cuda.is_available() is false); use \"gloo\"", why)
+  end
+  local ok, nwhy = core.nccl_available()
+  if not ok then cfg("init_process_group: backend \"nccl\" cannot load NCCL: %s; use \"gloo\"", nwhy) end
+  if o.device_id ~= nil then
+    return require("tensor")._device_index(o.device_id, "init_process_group: device_id", 2)
+  end
+  return (env.local_rank() or 0) % n
+end
+
+-- init_process_group{backend=, init_method=, rank=, world_size=, timeout=, device_id=}
 function dist.init_process_group(o, ...)
   if type(o) == "string" then o = {backend = o, init_method = (select(1, ...))} end
   o = o or {}
@@ -34,10 +59,8 @@ function dist.init_process_group(o, ...)
   if not backend then
     cfg("init_process_group: unknown backend '%s' (use \"gloo\", \"tcp\" or \"nccl\")", tostring(o.backend))
   end
-  if backend == "nccl" then
-    cfg("init_process_group: backend \"nccl\" needs CUDA, which is not available here " ..
-        "(tensor.cuda.is_available() is false); use \"gloo\"")
-  end
+  local device
+  if backend == "nccl" then device = nccl_device(o) end
   local rank = o.rank
   if rank == nil then rank = env.rank() end
   local world_size = o.world_size
@@ -86,9 +109,11 @@ function dist.init_process_group(o, ...)
     a:set_ready()
     local ranks = {}
     for r = 0, world_size - 1 do ranks[r + 1] = r end
-    state = {rank = rank, world_size = world_size, backend = backend, host = host, port = port,
-             store = client, key = key, prefix = P, timeout = timeout, agent = a, groups = 0}
-    state.group = collectives.new_group(a, 0, ranks, rank, timeout)
+    local s = {rank = rank, world_size = world_size, backend = backend, host = host, port = port,
+               store = client, key = key, prefix = P, timeout = timeout, agent = a, groups = 0,
+               device = device, nccl_groups = {}}
+    s.group = make_group(s, 0, ranks, rank, timeout)
+    state = s
   end)
   if not ok then
     if a then a:close() end
@@ -106,6 +131,7 @@ function dist.destroy_process_group(group)
   if group ~= nil and group ~= state.group then return end -- subgroups need no teardown
   local s = state
   state = nil
+  for _, g in ipairs(s.nccl_groups) do g:abort() end
   s.agent:close("the process group was destroyed")
   store.release(s.key)
 end
@@ -157,7 +183,7 @@ function dist.new_group(ranks, opts)
   table.sort(sorted)
   local timeout = opts and opts.timeout or s.timeout
   for i, r in ipairs(sorted) do
-    if r == s.rank then return collectives.new_group(s.agent, s.groups, sorted, i - 1, timeout) end
+    if r == s.rank then return make_group(s, s.groups, sorted, i - 1, timeout) end
   end
   return setmetatable({ranks = sorted}, NonMember)
 end
@@ -170,7 +196,8 @@ local function group_of(opts, what)
   if getmetatable(g) == NonMember then
     cfg("%s: rank %d is not a member of this group (ranks %s)", what, s.rank, table.concat(g.ranks, ", "))
   end
-  if getmetatable(g) ~= collectives.Group then cfg("%s: group must come from dist.new_group", what) end
+  local mt = getmetatable(g)
+  if mt ~= collectives.Group and mt ~= nccl_group.Group then cfg("%s: group must come from dist.new_group", what) end
   return g
 end
 
@@ -223,12 +250,41 @@ local function run(opts, what, fn)
   fn()
 end
 
+-- g:method(...) for a gloo group given CUDA tensors: they go through host copies
+-- (rpchost's transport carries host memory), copied back after the call, as
+-- PyTorch's gloo does. nccl groups take the tensors as they are.
+local function call(g, method, ...)
+  if getmetatable(g) == nccl_group.Group then return g[method](g, ...) end
+  local args, staged = {...}, {}
+  local function host(t)
+    if core.t_is_tensor(t) and core.t_device(t) >= 0 then
+      local h = core.t_to_device(t, -1)
+      staged[#staged + 1] = {t, h}
+      return h
+    end
+    return t
+  end
+  for i = 1, select("#", ...) do
+    local v = args[i]
+    if type(v) == "table" and getmetatable(v) == nil then
+      local l = {}
+      for k, x in ipairs(v) do l[k] = host(x) end
+      args[i] = l
+    else
+      args[i] = host(v)
+    end
+  end
+  local r = g[method](g, unpack(args, 1, select("#", ...)))
+  for _, p in ipairs(staged) do core.t_copy_(p[1], p[2]) end
+  return r
+end
+
 -- all_reduce(t [, op] [, {group=, async_op=}])
 function dist.all_reduce(t, op, opts)
   if is_opts(op) then op, opts = nil, op end
   check_tensor(t, "all_reduce")
   local g = group_of(opts, "all_reduce")
-  return run(opts, "all_reduce", function() g:all_reduce(t, op or "SUM") end)
+  return run(opts, "all_reduce", function() call(g, "all_reduce", t, op or "SUM") end)
 end
 
 -- reduce(t, dst [, op] [, opts])
@@ -237,20 +293,20 @@ function dist.reduce(t, dst, op, opts)
   check_tensor(t, "reduce")
   local g = group_of(opts, "reduce")
   local root = global_to_group(g, dst, "reduce", "dst")
-  return run(opts, "reduce", function() g:reduce(t, root, op or "SUM") end)
+  return run(opts, "reduce", function() call(g, "reduce", t, root, op or "SUM") end)
 end
 
 function dist.broadcast(t, src, opts)
   check_tensor(t, "broadcast")
   local g = group_of(opts, "broadcast")
   local root = global_to_group(g, src, "broadcast", "src")
-  return run(opts, "broadcast", function() g:broadcast(t, root) end)
+  return run(opts, "broadcast", function() call(g, "broadcast", t, root) end)
 end
 
 function dist.all_gather(list, t, opts)
   check_tensor(t, "all_gather")
   local g = group_of(opts, "all_gather")
-  return run(opts, "all_gather", function() g:all_gather(list, t) end)
+  return run(opts, "all_gather", function() call(g, "all_gather", list, t) end)
 end
 
 -- gather(t, list_on_dst_or_nil, dst [, opts])
@@ -258,21 +314,21 @@ function dist.gather(t, list, dst, opts)
   check_tensor(t, "gather")
   local g = group_of(opts, "gather")
   local root = global_to_group(g, dst or 0, "gather", "dst")
-  return run(opts, "gather", function() g:gather(t, list, root) end)
+  return run(opts, "gather", function() call(g, "gather", t, list, root) end)
 end
 
 function dist.scatter(t, list, src, opts)
   check_tensor(t, "scatter")
   local g = group_of(opts, "scatter")
   local root = global_to_group(g, src or 0, "scatter", "src")
-  return run(opts, "scatter", function() g:scatter(t, list, root) end)
+  return run(opts, "scatter", function() call(g, "scatter", t, list, root) end)
 end
 
 function dist.reduce_scatter(t, list, op, opts)
   if is_opts(op) then op, opts = nil, op end
   check_tensor(t, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
-  return run(opts, "reduce_scatter", function() g:reduce_scatter(t, list, op or "SUM") end)
+  return run(opts, "reduce_scatter", function() call(g, "reduce_scatter", t, list, op or "SUM") end)
 end
 
 function dist.barrier(opts)
@@ -284,7 +340,7 @@ function dist.send(t, dst, opts)
   check_tensor(t, "send")
   local g = group_of(opts, "send")
   local i = global_to_group(g, dst, "send", "dst")
-  g:send_to(t, i, opts and opts.tag)
+  call(g, "send_to", t, i, opts and opts.tag)
 end
 
 -- recv(t, src [, opts]) -> the sender's rank
@@ -293,7 +349,7 @@ function dist.recv(t, src, opts)
   if src == nil then cfg("recv: pass src (receiving from any rank is not supported)") end
   local g = group_of(opts, "recv")
   local i = global_to_group(g, src, "recv", "src")
-  return g:recv_from(t, i, opts and opts.tag)
+  return call(g, "recv_from", t, i, opts and opts.tag)
 end
 
 dist.isend = function(t, dst, opts)

@@ -55,6 +55,29 @@ function Module:named_parameters(prefix, out)
   return out
 end
 
+-- to(device) / cuda([device]) / cpu(): moves every parameter (and submodule) to
+-- the device; the moved parameters are new leaf tensors, so make the optimizer
+-- after moving the module, as in PyTorch
+function Module:to(device)
+  for _, p in ipairs(self._params) do
+    local t = self[p[1]]
+    if t.device ~= device then
+      local moved = t:detach():to(device)
+      moved.requires_grad = true
+      self[p[1]] = moved
+    end
+  end
+  for _, m in ipairs(self._modules) do m[2]:to(device) end
+  return self
+end
+function Module:cuda(device)
+  if device == nil then device = "cuda" end
+  if type(device) == "number" then device = "cuda:" .. device end
+  if device == "cuda" then device = "cuda:0" end
+  return self:to(device)
+end
+function Module:cpu() return self:to("cpu") end
+
 function Module:zero_grad()
   for _, p in ipairs(self:parameters()) do p.grad = nil end
 end
@@ -145,7 +168,7 @@ function nn.CrossEntropyLoss:forward(input, target)
   if tgt:min():item() < 1 or tgt:max():item() > c then
     error(("CrossEntropyLoss: target classes must be in 1..%d (Lua indices)"):format(c), 2)
   end
-  local onehot = tensor.arange(1, c + 1):view(1, c):eq(tgt:view(n, 1)):to(input.dtype)
+  local onehot = tensor.arange(1, c + 1, {device = input.device}):view(1, c):eq(tgt:view(n, 1)):to(input.dtype)
   local picked = (input:log_softmax(2) * onehot):sum(2)
   if self.reduction == "sum" then return -picked:sum() end
   if self.reduction == "none" then return -picked end

@@ -11,6 +11,7 @@ local log = require "rpchost.log"
 local store = require "rpchost.store"
 local agentmod = require "rpchost.agent"
 local channels = require "rpchost.channels"
+local device_maps = require "rpchost.device_maps"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.workerinfo"
 local rref = require "rpchost.rref"
@@ -94,7 +95,8 @@ local function with_channels(opts, host)
     local ip = core.resolve(host)
     return ip ~= nil and store.is_loopback(ip)
   end)
-  return setmetatable({cma = cma}, {__index = opts})
+  -- device_maps/devices: checked here too, before joining (rpchost.device_maps)
+  return setmetatable({cma = cma, devmaps = device_maps.check(opts)}, {__index = opts})
 end
 
 -- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
@@ -211,6 +213,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
       return ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
     end)
     local infos = client:multi_get(keys)
+    local by_name = {}
     for r = 0, world_size - 1 do
       local w = codec.decode(infos[r + 1])
       if w.version ~= core.version then
@@ -218,7 +221,9 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
           w.name, r, tostring(w.version), name, rank, core.version))
       end
       a:add_peer(w)
+      by_name[w.name] = r
     end
+    if opts.devmaps then a.device_maps = device_maps.resolve(opts.devmaps, by_name) end
   end)
   if not ok then
     a:close()

@@ -126,23 +126,31 @@ local function check_opts(opts, what)
     error(("%s: dtype must be one of tensor.float32, float64, int32, int64, uint8, bool, got %s"):format(
       what, tostring(opts.dtype)), 3)
   end
-  if opts.device ~= nil and opts.device ~= "cpu" then
-    error(("%s: device '%s' is not available: CUDA tensors need a GPU build and device " ..
-      "(tensor.cuda.is_available() is false)"):format(what, tostring(opts.device)), 3)
-  end
+  if opts.device ~= nil then tensor._device_index(opts.device, what, 4) end
 end
 
+-- creation happens on the host; a device option moves the result (random
+-- numbers then match the host's generator on every device)
 local function finish(t, opts)
+  if opts.device ~= nil then
+    local dev = tensor._device_index(opts.device, "device", 3)
+    if dev >= 0 then t = call(core.t_to_device, t, dev) end
+  end
   if opts.requires_grad then tensor._set_requires_grad(t, true) end
   return t
 end
 
 -- creation ------------------------------------------------------------------------------
+-- filled where it will live: a device tensor is filled on the device
+local function where(opts)
+  return opts.device ~= nil and tensor._device_index(opts.device, "device", 3) or -1
+end
+
 local function filled(what, value, ...)
   local sizes, opts = sizes_and_options(...)
   check_opts(opts, what)
   local dt = opts.dtype or tensor.float32
-  return finish(call(core.t_full, dt.id, sizes, value), opts)
+  return finish(call(core.t_full, dt.id, sizes, value, where(opts)), opts)
 end
 
 function tensor.zeros(...) return filled("zeros", 0, ...) end
@@ -163,7 +171,7 @@ function tensor.full(size, value, opts)
   end
   if type(value) == "boolean" then value = value and 1 or 0 end
   local sizes = sizes_and_options(size)
-  return finish(call(core.t_full, dt.id, sizes, value), opts)
+  return finish(call(core.t_full, dt.id, sizes, value, where(opts)), opts)
 end
 
 -- arange(end) | arange(start, end [, step]) [, opts]
@@ -230,15 +238,14 @@ function tensor.tensor(data, opts)
   return finish(call(core.t_from_flat, dt.id, shape, flat), opts)
 end
 
-function tensor.zeros_like(t, opts)
-  return tensor.zeros(t:size(), {dtype = (opts and opts.dtype) or t.dtype})
+-- *_like: t's shape, dtype and device unless opts say otherwise
+local function like(t, opts)
+  opts = opts or {}
+  return {dtype = opts.dtype or t.dtype, device = opts.device or t.device, requires_grad = opts.requires_grad}
 end
-function tensor.ones_like(t, opts)
-  return tensor.ones(t:size(), {dtype = (opts and opts.dtype) or t.dtype})
-end
-function tensor.full_like(t, v, opts)
-  return tensor.full(t:size(), v, {dtype = (opts and opts.dtype) or t.dtype})
-end
+function tensor.zeros_like(t, opts) return tensor.zeros(t:size(), like(t, opts)) end
+function tensor.ones_like(t, opts) return tensor.ones(t:size(), like(t, opts)) end
+function tensor.full_like(t, v, opts) return tensor.full(t:size(), v, like(t, opts)) end
 
 -- methods ------------------------------------------------------------------------------
 local methods = {}
@@ -339,17 +346,21 @@ end
 function methods.fill_(t, v) return call(core.t_fill_, t, v) end
 function methods.zero_(t) return core.t_fill_(t, 0) end
 
--- to(dtype) | to("cpu") | to(other_tensor)
+-- to(dtype) | to(device) | to(device, dtype) | to(other_tensor) | to{device=, dtype=}
 function methods.to(t, what, opts)
   if is_dtype(what) then
     if what.id == core.t_dtype(t) then return t end
     return core.t_cast(t, what.id)
-  elseif what == "cpu" then return t
-  elseif is_tensor(what) then return methods.to(t, what.dtype)
-  elseif type(what) == "string" and what:match("^cuda") then return methods.cuda(t)
-  elseif type(what) == "table" and what.dtype then return methods.to(t, what.dtype, opts)
+  elseif type(what) == "string" or type(what) == "number" then
+    local r = methods._to_device(t, tensor._device_index(what, "to", 3))
+    if is_dtype(opts) then r = methods.to(r, opts) end
+    return r
+  elseif is_tensor(what) then return methods.to(methods.to(t, what.device), what.dtype)
+  elseif type(what) == "table" and (what.dtype or what.device) then
+    local r = what.device and methods.to(t, what.device) or t
+    return what.dtype and methods.to(r, what.dtype) or r
   end
-  error(("to: expected a dtype (tensor.float32, ...), a device (\"cpu\", \"cuda\") or a tensor, got %s"):format(
+  error(("to: expected a dtype (tensor.float32, ...), a device (\"cpu\", \"cuda\", \"cuda:1\") or a tensor, got %s"):format(
     tostring(what)), 2)
 end
 function methods.float(t) return methods.to(t, tensor.float32) end
@@ -358,9 +369,15 @@ function methods.long(t) return methods.to(t, tensor.int64) end
 function methods.int(t) return methods.to(t, tensor.int32) end
 function methods.bool(t) return methods.to(t, tensor.bool) end
 function methods.byte(t) return methods.to(t, tensor.uint8) end
-function methods.cpu(t) return t end
-function methods.cuda(t)
-  return tensor.cuda._to_device(t)
+-- a copy on device `dev` (-1: the host), or t itself when it is there; autograd
+-- records it, so gradients travel back to where t was
+function methods._to_device(t, dev)
+  if core.t_device(t) == dev then return t end
+  return call(core.t_to_device, t, dev)
+end
+function methods.cpu(t) return methods._to_device(t, -1) end
+function methods.cuda(t, device)
+  return methods._to_device(t, tensor._device_index(device == nil and "cuda" or device, "cuda", 3))
 end
 
 -- elementwise ---------------------------------------------------------------------------
@@ -491,10 +508,13 @@ end
 local props = {}
 tensor.props = props
 function props.dtype(t) return dtypes[core.t_dtype(t)] end
-function props.device() return "cpu" end
+function props.device(t)
+  local d = core.t_device(t)
+  return d < 0 and "cpu" or ("cuda:" .. d)
+end
 function props.shape(t) return new_size(core.t_size(t)) end
 function props.ndim(t) return core.t_ndim(t) end
-function props.is_cuda() return false end
+function props.is_cuda(t) return core.t_device(t) >= 0 end
 function props.T(t) return methods.t(t) end
 function props.grad(t) return tensor._grad(t) end
 function props.requires_grad(t) return tensor._requires_grad(t) end
@@ -570,6 +590,8 @@ local function fmt_floats(vals)
 end
 
 local function format_tensor(t)
+  local device = core.t_device(t)
+  if device >= 0 then t = core.t_to_device(t, -1) end -- printed from a host copy
   local dt = props.dtype(t)
   local sizes = core.t_size(t)
   local numel = core.t_numel(t)
@@ -625,6 +647,7 @@ local function format_tensor(t)
   if numel == 0 and #sizes > 1 then
     extras[#extras + 1] = "size=(" .. table.concat(sizes, ", ") .. ")"
   end
+  if device >= 0 then extras[#extras + 1] = ("device='cuda:%d'"):format(device) end
   if dt ~= tensor.float32 and dt ~= tensor.int64 and dt ~= tensor.bool then
     extras[#extras + 1] = "dtype=" .. tostring(dt)
   end
@@ -637,12 +660,39 @@ T.__tostring = format_tensor
 tensor.format = format_tensor
 
 -- cuda ----------------------------------------------------------------------------------------
+-- The kernels library (kernels/, librpchost_cuda.so) is loaded on first use;
+-- without it, or without a device, the count is 0 and every GPU call says why.
 tensor.cuda = {}
-function tensor.cuda.is_available() return false end
-function tensor.cuda.device_count() return 0 end
-function tensor.cuda._to_device()
-  error("CUDA is not available: this machine has no GPU (or rpchost was built without CUDA); " ..
-        "tensor.cuda.is_available() is false", 3)
+function tensor.cuda.device_count() return (core.cuda_count()) end
+function tensor.cuda.is_available() return core.cuda_count() > 0 end
+function tensor.cuda.current_device() return 0 end
+-- why CUDA is unavailable here ("" when it is available)
+function tensor.cuda.why_unavailable() return select(2, core.cuda_count()) end
+function tensor.cuda.synchronize(device)
+  call(core.cuda_sync, tensor._device_index(device == nil and "cuda" or device, "synchronize", 3))
+end
+
+-- "cpu" -> -1; "cuda" -> 0; "cuda:N" or N -> N; checked against this machine
+function tensor._device_index(spec, what, level)
+  level = (level or 2) + 1
+  local idx
+  if spec == "cpu" then return -1
+  elseif spec == "cuda" then idx = 0
+  elseif type(spec) == "number" and spec >= 0 and spec == math.floor(spec) then idx = spec
+  elseif type(spec) == "string" and spec:match("^cuda:%d+$") then idx = tonumber(spec:sub(6))
+  else
+    error(("%s: device must be \"cpu\", \"cuda\", \"cuda:N\" or a device index, got %s"):format(
+      what, tostring(spec)), level)
+  end
+  local n, why = core.cuda_count()
+  if n == 0 then
+    error(("%s: CUDA is not available: %s (tensor.cuda.is_available() is false)"):format(what, why), level)
+  end
+  if idx >= n then
+    error(("%s: device cuda:%d does not exist (this machine has %d CUDA device%s)"):format(
+      what, idx, n, n == 1 and "" or "s"), level)
+  end
+  return idx
 end
 
 -- bookkeeping -----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /* matmul.c: matrix products through OpenBLAS's CBLAS (float32/float64), with
  * PyTorch's matmul shape rules: vector-vector (dot), matrix-vector, vector-matrix,
  * matrix-matrix, and batched with broadcast batch dimensions. Integer dtypes use
- * a plain loop (BLAS has no integer GEMM). */
+ * a plain loop (BLAS has no integer GEMM). On a CUDA device: cuBLAS through the
+ * kernels library (device.c). */
 #include <cblas.h>
 #include <string.h>
 
@@ -59,6 +60,7 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
                    rh_dtype_name(b->dtype));
     return NULL;
   }
+  if (rh__same_device("matmul", a, b)) return NULL;
   if (a->dtype == RH_BOOL) {
     rh_tensor_fail("matmul: not implemented for bool tensors");
     return NULL;
@@ -81,13 +83,17 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
   }
   /* a plain 2-D product of float matrices, either of which may be a transposed
    * contiguous matrix (x:matmul(w:t())): BLAS reads it transposed, no copy */
-  int ta, tb, lda, ldb;
+  int ta, tb, lda, ldb, dev = rh_tensor_device(a);
   if (A->ndim == 2 && B->ndim == 2 && rh_dtype_is_float(a->dtype) && k > 0 && m > 0 && n > 0 &&
       gemm_layout(A, m, k, &ta, &lda) && gemm_layout(B, k, n, &tb, &ldb)) {
     int64_t osz2[2] = {m, n};
-    out = rh_tensor_empty(a->dtype, 2, osz2);
+    out = rh_tensor_empty_on(dev, a->dtype, 2, osz2);
     if (!out) goto done;
-    if (a->dtype == RH_F32)
+    if (dev >= 0) {
+      if (rh__cuda_call(rh_cuda_api()->gemm(dev, a->dtype, ta, tb, m, n, k, rh_tensor_data(A), lda, 0,
+                                            rh_tensor_data(B), ldb, 0, rh_tensor_data(out), 0, 1)))
+        goto done;
+    } else if (a->dtype == RH_F32)
       cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
                   (int)k, 1.0f, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0f, rh_tensor_data(out), (int)n);
     else
@@ -114,10 +120,19 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
   if (!Ac || !Bc) goto done;
   memcpy(osz, batch, sizeof(int64_t) * (size_t)nb);
   osz[nb] = m, osz[nb + 1] = n;
-  out = rh_tensor_empty(a->dtype, nb + 2, osz);
+  out = rh_tensor_empty_on(dev, a->dtype, nb + 2, osz);
   if (!out) goto done;
   int64_t nbatch = 1;
   for (int i = 0; i < nb; i++) nbatch *= batch[i];
+  if (dev >= 0) {
+    /* one strided-batched call; k == 0 is a product of empty sums: zeros */
+    int rc = k == 0 ? rh_tensor_fill_(out, 0)
+                    : rh__cuda_call(rh_cuda_api()->gemm(dev, a->dtype, 0, 0, m, n, k, rh_tensor_data(Ac), k, m * k,
+                                                        rh_tensor_data(Bc), n, k * n, rh_tensor_data(out), m * n,
+                                                        nbatch));
+    if (rc) goto done;
+    goto finish;
+  }
   size_t es = rh_dtype_size(a->dtype);
   const char *pa = rh_tensor_data(Ac), *pb = rh_tensor_data(Bc);
   char *po = rh_tensor_data(out);

@@ -155,10 +155,21 @@ int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src) {
     rh_shape_str(dst->ndim, dst->size, b, sizeof b);
     return rh_tensor_fail("cannot copy a tensor of shape %s into one of shape %s", a, b);
   }
+  if (rh_tensor_device(src) != rh_tensor_device(dst)) {
+    /* across devices: a contiguous copy of src where dst lives, then a local copy */
+    rh_tensor_t *moved = rh_tensor_to_device(src, rh_tensor_device(dst));
+    if (!moved) return -1;
+    int rc = rh_tensor_copy_(dst, moved);
+    rh_tensor_release(moved);
+    return rc;
+  }
   int64_t ost[RH_MAXDIM], ast[RH_MAXDIM];
   rh__bcast_strides(dst, nd, shape, ost);
   for (int d = 0; d < nd; d++) ost[d] = dst->stride[d] * (int64_t)rh_dtype_size(dst->dtype);
   rh__bcast_strides(src, nd, shape, ast);
+  if (RH_ON_DEVICE(dst))
+    return rh__cuda_call(rh_cuda_api()->cast(rh_tensor_device(dst), src->dtype, dst->dtype, nd, shape,
+                                             rh_tensor_data(dst), ost, rh_tensor_data(src), ast));
   cast_ctx_t c = {src->dtype, dst->dtype};
   rh__iterate(nd, shape, rh_tensor_data(dst), ost, rh_tensor_data(src), ast, NULL, NULL, cast_loop, &c);
   return 0;
@@ -198,6 +209,12 @@ static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as,
 }
 
 int rh_tensor_fill_(rh_tensor_t *t, double v) {
+  if (RH_ON_DEVICE(t)) {
+    int64_t ost[RH_MAXDIM];
+    for (int d = 0; d < t->ndim; d++) ost[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
+    return rh__cuda_call(
+        rh_cuda_api()->fill(rh_tensor_device(t), t->dtype, t->ndim, t->size, rh_tensor_data(t), ost, v));
+  }
   if (v == 0 && rh_tensor_is_contiguous(t)) {
     memset(rh_tensor_data(t), 0, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
     return 0;
@@ -290,15 +307,21 @@ static const char *binop_name[RH_NBINOPS] = {"add", "sub", "mul", "div", "pow", 
 
 static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ; }
 
-/* Runs op over a and b (same dtype `ct`, already broadcastable) into out. */
-static void run_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out) {
+/* Runs op over a and b (same dtype `ct`, already broadcastable, on out's
+ * device) into out. */
+static int run_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out) {
   int nd = out->ndim;
   int64_t ost[RH_MAXDIM], ast[RH_MAXDIM], bst[RH_MAXDIM];
   for (int d = 0; d < nd; d++) ost[d] = out->stride[d] * (int64_t)rh_dtype_size(out->dtype);
   rh__bcast_strides(a, nd, out->size, ast);
   rh__bcast_strides(b, nd, out->size, bst);
+  if (RH_ON_DEVICE(out))
+    return rh__cuda_call(rh_cuda_api()->binary(rh_tensor_device(out), op, a->dtype, nd, out->size,
+                                               rh_tensor_data(out), ost, rh_tensor_data(a), ast,
+                                               rh_tensor_data(b), bst));
   rh__iterate(nd, out->size, rh_tensor_data(out), ost, rh_tensor_data(a), ast, rh_tensor_data(b), bst,
               bin_kernels[a->dtype][op], NULL);
+  return 0;
 }
 
 static rh_tensor_t *as_dtype(rh_tensor_t *t, rh_dtype_t dt) {
@@ -309,7 +332,44 @@ static rh_tensor_t *as_dtype(rh_tensor_t *t, rh_dtype_t dt) {
   return rh_tensor_cast(t, dt);
 }
 
+/* PyTorch lets a 0-dim CPU tensor (a Python scalar's stand-in) meet a tensor
+ * on any device; it moves to that device. Other mixes are errors. */
+static rh_tensor_t *binary_on_devices(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out) {
+  int da = rh_tensor_device(a), db = rh_tensor_device(b);
+  int dev = out ? rh_tensor_device(out) : (da >= 0 ? da : db);
+  rh_tensor_t *ma = NULL, *mb = NULL, *r = NULL;
+  if (da != dev && a->ndim == 0 && da < 0) a = ma = rh_tensor_to_device(a, dev);
+  if (db != dev && b->ndim == 0 && db < 0) b = mb = rh_tensor_to_device(b, dev);
+  if (!a || !b) goto done;
+  if (rh__same_device(binop_name[op], a, b)) goto done;
+  if (out && rh__same_device(binop_name[op], out, a)) goto done;
+  r = rh_tensor_binary(op, a, b, out);
+done:
+  rh_tensor_release(ma);
+  rh_tensor_release(mb);
+  return r;
+}
+
+/* any negative element in an int64 tensor, wherever it lives */
+static int any_negative(rh_tensor_t *t, int *neg) {
+  rh_tensor_t *c = rh_tensor_contiguous(t);
+  if (!c) return -1;
+  int64_t n = rh_tensor_numel(c);
+  int rc = 0;
+  *neg = 0;
+  if (RH_ON_DEVICE(c)) {
+    rc = rh__cuda_call(rh_cuda_api()->any_negative_i64(rh_tensor_device(c), rh_tensor_data(c), n, neg));
+  } else {
+    const int64_t *p = rh_tensor_data(c);
+    for (int64_t i = 0; i < n && !*neg; i++) *neg = p[i] < 0;
+  }
+  rh_tensor_release(c);
+  return rc;
+}
+
 rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out) {
+  if (rh_tensor_device(a) != rh_tensor_device(b) || (out && rh_tensor_device(out) != rh_tensor_device(a)))
+    return binary_on_devices(op, a, b, out);
   int nd;
   int64_t shape[RH_MAXDIM];
   if (rh__broadcast_shape(a->ndim, a->size, b->ndim, b->size, &nd, shape)) return NULL;
@@ -326,13 +386,9 @@ rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_
     /* integers to negative integer powers are refused, as in PyTorch */
     rh_tensor_t *bc = as_dtype(b, RH_I64);
     if (!bc) return NULL;
-    int neg = 0;
-    int64_t nb = rh_tensor_numel(bc);
-    rh_tensor_t *cc = rh_tensor_contiguous(bc);
-    const int64_t *pb = rh_tensor_data(cc);
-    for (int64_t i = 0; i < nb && !neg; i++) neg = pb[i] < 0;
-    rh_tensor_release(cc);
+    int neg = 0, rc = any_negative(bc, &neg);
     rh_tensor_release(bc);
+    if (rc) return NULL;
     if (neg) {
       rh_tensor_fail("pow: integers to negative integer powers are not allowed");
       return NULL;
@@ -356,15 +412,18 @@ rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_
   rh_tensor_t *res = NULL;
   if (!ac || !bc) goto done;
   if (out && out->dtype == rt) {
-    run_binary(op, ac, bc, out);
+    if (run_binary(op, ac, bc, out)) goto done;
     rh_tensor_retain(out);
     res = out;
   } else {
-    res = rh_tensor_empty(rt, nd, shape);
+    res = rh_tensor_empty_on(rh_tensor_device(a), rt, nd, shape);
     if (!res) goto done;
-    run_binary(op, ac, bc, res);
+    if (run_binary(op, ac, bc, res) || (out && rh_tensor_copy_(out, res))) {
+      rh_tensor_release(res);
+      res = NULL;
+      goto done;
+    }
     if (out) {
-      rh_tensor_copy_(out, res);
       rh_tensor_release(res);
       rh_tensor_retain(out);
       res = out;
@@ -384,8 +443,13 @@ rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, in
   rh_dtype_t sd = a->dtype;
   if (s_is_float && !rh_dtype_is_float(a->dtype)) sd = RH_F32;
   else if (!s_is_float && a->dtype == RH_BOOL) sd = RH_I64;
-  rh_tensor_t *st = rh_tensor_full(sd, 0, NULL, s);
+  /* the scalar is made where `a` lives (a fill there, no transfer) */
+  rh_tensor_t *st = rh_tensor_empty_on(rh_tensor_device(a), sd, 0, NULL);
   if (!st) return NULL;
+  if (rh_tensor_fill_(st, s)) {
+    rh_tensor_release(st);
+    return NULL;
+  }
   rh_tensor_t *r = scalar_first ? rh_tensor_binary(op, st, a, out) : rh_tensor_binary(op, a, st, out);
   rh_tensor_release(st);
   return r;
@@ -444,6 +508,7 @@ static const rh_loop_fn un_kernels[RH_NDTYPES][RH_NUNOPS] = {
 static const char *unop_name[RH_NUNOPS] = {"neg", "exp", "log", "sqrt", "relu", "tanh", "sigmoid", "abs"};
 
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
+  if (out && rh__same_device(unop_name[op], out, a)) return NULL;
   rh_dtype_t ct = a->dtype;
   if (!un_kernels[ct][op]) {
     if (op == RH_OP_NEG && ct == RH_BOOL) {
@@ -459,7 +524,8 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
   }
   rh_tensor_t *ac = as_dtype(a, ct);
   if (!ac) return NULL;
-  rh_tensor_t *res = (out && out->dtype == ct) ? out : rh_tensor_empty(ct, a->ndim, a->size);
+  rh_tensor_t *res =
+      (out && out->dtype == ct) ? out : rh_tensor_empty_on(rh_tensor_device(a), ct, a->ndim, a->size);
   if (!res) {
     rh_tensor_release(ac);
     return NULL;
@@ -467,16 +533,25 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
   int64_t ost[RH_MAXDIM], ast[RH_MAXDIM];
   for (int d = 0; d < res->ndim; d++) ost[d] = res->stride[d] * (int64_t)rh_dtype_size(ct);
   rh__bcast_strides(ac, res->ndim, res->size, ast);
-  rh__iterate(res->ndim, res->size, rh_tensor_data(res), ost, rh_tensor_data(ac), ast, NULL, NULL,
-              un_kernels[ct][op], NULL);
+  int rc = 0;
+  if (RH_ON_DEVICE(a))
+    rc = rh__cuda_call(rh_cuda_api()->unary(rh_tensor_device(a), op, ct, res->ndim, res->size,
+                                            rh_tensor_data(res), ost, rh_tensor_data(ac), ast));
+  else
+    rh__iterate(res->ndim, res->size, rh_tensor_data(res), ost, rh_tensor_data(ac), ast, NULL, NULL,
+                un_kernels[ct][op], NULL);
   rh_tensor_release(ac);
   if (res == out) {
+    if (rc) return NULL;
     rh_tensor_retain(out);
-  } else if (out) {
-    rh_tensor_copy_(out, res);
-    rh_tensor_release(res);
+    return out;
+  }
+  if (!rc && out) rc = rh_tensor_copy_(out, res);
+  if (rc || out) rh_tensor_release(res);
+  if (rc) return NULL;
+  if (out) {
     rh_tensor_retain(out);
-    res = out;
+    return out;
   }
   return res;
 }
@@ -588,10 +663,20 @@ rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdi
       else if (keepdim) osize[ond++] = 1;
     }
   }
-  rh_tensor_t *out = rh_tensor_empty(rt, ond, osize);
+  rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), rt, ond, osize);
   if (!out) {
     rh_tensor_release(src);
     return NULL;
+  }
+  if (RH_ON_DEVICE(a)) {
+    int rc = rh__cuda_call(rh_cuda_api()->reduce_rows(rh_tensor_device(a), op, a->dtype, rt, rows, len,
+                                                      rh_tensor_data(src), rh_tensor_data(out)));
+    rh_tensor_release(src);
+    if (rc) {
+      rh_tensor_release(out);
+      return NULL;
+    }
+    return out;
   }
   const char *base = rh_tensor_data(src);
   size_t es = rh_dtype_size(a->dtype);
@@ -650,6 +735,41 @@ rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdi
   return out;
 }
 
+/* softmax's result in the (rest..., dim) layout of rows_of, permuted back */
+static rh_tensor_t *unpermute_rows(rh_tensor_t *res, int ndim, int dim) {
+  if (ndim <= 1) return res;
+  int inv[RH_MAXDIM], k = 0;
+  for (int i = 0; i < ndim; i++) inv[i] = i == dim ? ndim - 1 : k++;
+  rh_tensor_t *back = rh_tensor_permute(res, inv);
+  rh_tensor_release(res);
+  return back;
+}
+
+/* on a device the rows are computed in the result's dtype (accumulating in
+ * double inside the kernel) */
+static rh_tensor_t *softmax_on_device(rh_tensor_t *a, int dim, int log_, rh_dtype_t ct) {
+  rh_tensor_t *ac = as_dtype(a, ct);
+  if (!ac) return NULL;
+  int64_t rows, len;
+  rh_tensor_t *src = rows_of(ac, a->ndim ? dim : -1, &rows, &len);
+  rh_tensor_release(ac);
+  if (!src) return NULL;
+  rh_tensor_t *res = rh_tensor_empty_on(rh_tensor_device(a), ct, src->ndim, src->size);
+  int rc = res ? rh__cuda_call(rh_cuda_api()->softmax_rows(rh_tensor_device(a), ct, log_, rows, len,
+                                                           rh_tensor_data(src), rh_tensor_data(res)))
+               : -1;
+  rh_tensor_release(src);
+  if (rc) {
+    rh_tensor_release(res);
+    return NULL;
+  }
+  rh_tensor_t *back = unpermute_rows(res, a->ndim, dim);
+  if (!back) return NULL;
+  rh_tensor_t *out = rh_tensor_contiguous(back);
+  rh_tensor_release(back);
+  return out;
+}
+
 rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log_) {
   if (a->ndim > 0 && (dim < 0 || dim >= a->ndim)) {
     rh_tensor_fail("%ssoftmax: dimension %d out of range (the tensor has %d dimension%s)", log_ ? "log_" : "",
@@ -657,6 +777,7 @@ rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log_) {
     return NULL;
   }
   rh_dtype_t ct = rh_dtype_is_float(a->dtype) ? a->dtype : RH_F32;
+  if (RH_ON_DEVICE(a)) return softmax_on_device(a, dim, log_, ct);
   rh_tensor_t *ac = as_dtype(a, RH_F64);
   if (!ac) return NULL;
   int64_t rows, len;
@@ -680,18 +801,8 @@ rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log_) {
     for (int64_t i = 0; i < len; i++) y[i] = log_ ? x[i] - m - log(s) : exp(x[i] - m) / s;
   }
   rh_tensor_release(src);
-  rh_tensor_t *back = res;
-  if (a->ndim > 1) {
-    int inv[RH_MAXDIM], k = 0;
-    /* res dims are (all but dim..., dim): invert that permutation */
-    for (int i = 0; i < a->ndim; i++) {
-      if (i == dim) inv[i] = a->ndim - 1;
-      else inv[i] = k++;
-    }
-    back = rh_tensor_permute(res, inv);
-    rh_tensor_release(res);
-    if (!back) return NULL;
-  }
+  rh_tensor_t *back = unpermute_rows(res, a->ndim, dim);
+  if (!back) return NULL;
   rh_tensor_t *out = rh_tensor_cast(back, ct);
   rh_tensor_release(back);
   return out;

@@ -63,6 +63,7 @@ static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
   s->nbytes = nbytes;
   s->free_fn = NULL;
   s->free_ctx = NULL;
+  s->device = -1;
   __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   return s;
 }
@@ -71,6 +72,11 @@ rh_storage_t *rh_storage_new(size_t nbytes) { return storage_alloc(nbytes, 1); }
 rh_storage_t *rh_storage_new_uninit(size_t nbytes) { return storage_alloc(nbytes, 0); }
 
 rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx) {
+  return rh__storage_wrap_on(-1, data, nbytes, free_fn, ctx);
+}
+
+rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *),
+                                  void *ctx) {
   rh_storage_t *s = malloc(sizeof *s);
   if (!s) return NULL;
   s->refcount = 1;
@@ -78,7 +84,8 @@ rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *,
   s->data = data;
   s->free_fn = free_fn;
   s->free_ctx = ctx;
-  __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
+  s->device = device;
+  if (device < 0) __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   return s;
 }
 
@@ -86,7 +93,7 @@ void rh_storage_retain(rh_storage_t *s) { __atomic_add_fetch(&s->refcount, 1, __
 
 void rh_storage_release(rh_storage_t *s) {
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  __atomic_sub_fetch(&live_bytes, (int64_t)s->nbytes, __ATOMIC_RELAXED);
+  if (s->device < 0) __atomic_sub_fetch(&live_bytes, (int64_t)s->nbytes, __ATOMIC_RELAXED);
   if (s->free_fn) s->free_fn(s->free_ctx, s->data);
   else free(s->data);
   free(s);
@@ -161,9 +168,13 @@ rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t dt, int64_t offset
 }
 
 rh_tensor_t *rh_tensor_empty(rh_dtype_t dt, int ndim, const int64_t *size) {
+  return rh_tensor_empty_on(-1, dt, ndim, size);
+}
+
+rh_tensor_t *rh_tensor_empty_on(int device, rh_dtype_t dt, int ndim, const int64_t *size) {
   int64_t numel = 0;
   if (check_sizes(ndim, size, &numel)) return NULL;
-  rh_storage_t *s = rh_storage_new_uninit((size_t)numel * rh_dtype_size(dt));
+  rh_storage_t *s = rh_storage_new_on(device, (size_t)numel * rh_dtype_size(dt));
   if (!s) return NULL;
   int64_t stride[RH_MAXDIM];
   contiguous_strides(ndim, size, stride);
@@ -225,8 +236,24 @@ static char *elem_ptr(const rh_tensor_t *t, const int64_t *idx) {
   return (char *)t->storage->data + off * (int64_t)rh_dtype_size(t->dtype);
 }
 
-double rh_tensor_get(const rh_tensor_t *t, const int64_t *idx) { return rh__load(t->dtype, elem_ptr(t, idx)); }
-void rh_tensor_set(rh_tensor_t *t, const int64_t *idx, double v) { rh__store(t->dtype, elem_ptr(t, idx), v); }
+/* one element of a device tensor travels by itself (item(), t[i] = v) */
+double rh_tensor_get(const rh_tensor_t *t, const int64_t *idx) {
+  if (!RH_ON_DEVICE(t)) return rh__load(t->dtype, elem_ptr(t, idx));
+  union { char b[8]; double d; } v = {{0}};
+  if (rh__cuda_call(rh_cuda_api()->d2h(rh_tensor_device(t), v.b, elem_ptr(t, idx), rh_dtype_size(t->dtype))))
+    return NAN;
+  return rh__load(t->dtype, v.b);
+}
+
+void rh_tensor_set(rh_tensor_t *t, const int64_t *idx, double x) {
+  if (!RH_ON_DEVICE(t)) {
+    rh__store(t->dtype, elem_ptr(t, idx), x);
+    return;
+  }
+  union { char b[8]; double d; } v = {{0}};
+  rh__store(t->dtype, v.b, x);
+  rh__cuda_call(rh_cuda_api()->h2d(rh_tensor_device(t), elem_ptr(t, idx), v.b, rh_dtype_size(t->dtype)));
+}
 
 /* ---- creation */
 rh_tensor_t *rh_tensor_full(rh_dtype_t dt, int ndim, const int64_t *size, double value) {
@@ -584,7 +611,7 @@ rh_tensor_t *rh_tensor_contiguous(rh_tensor_t *t) {
 rh_tensor_t *rh_tensor_clone(rh_tensor_t *t) { return rh_tensor_cast(t, t->dtype); }
 
 rh_tensor_t *rh_tensor_cast(rh_tensor_t *t, rh_dtype_t dtype) {
-  rh_tensor_t *o = rh_tensor_empty(dtype, t->ndim, t->size);
+  rh_tensor_t *o = rh_tensor_empty_on(rh_tensor_device(t), dtype, t->ndim, t->size);
   if (!o) return NULL;
   if (rh_tensor_copy_(o, t)) {
     rh_tensor_release(o);

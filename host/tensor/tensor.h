@@ -28,6 +28,7 @@ typedef struct rh_storage_s {
   /* how to free data: NULL means free() */
   void (*free_fn)(void *ctx, void *data);
   void *free_ctx;
+  int device; /* -1: host memory; n: memory of CUDA device n (never read on the host) */
 } rh_storage_t;
 
 typedef struct rh_tensor_s {
@@ -39,6 +40,8 @@ typedef struct rh_tensor_s {
   int64_t offset;            /* in elements */
   rh_storage_t *storage;
 } rh_tensor_t;
+
+static inline int rh_tensor_device(const rh_tensor_t *t) { return t->storage->device; }
 
 typedef enum {
   RH_OP_ADD, RH_OP_SUB, RH_OP_MUL, RH_OP_DIV, RH_OP_POW, RH_OP_MAXIMUM, RH_OP_MINIMUM,
@@ -66,12 +69,25 @@ rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b);
 rh_storage_t *rh_storage_new(size_t nbytes);               /* zeroed */
 rh_storage_t *rh_storage_new_uninit(size_t nbytes);        /* for memory about to be overwritten */
 rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
+rh_storage_t *rh_storage_new_on(int device, size_t nbytes); /* uninitialised; device -1: host */
 void rh_storage_retain(rh_storage_t *s);
 void rh_storage_release(rh_storage_t *s);
-int64_t rh_storage_live_bytes(void);
+int64_t rh_storage_live_bytes(void); /* host memory only */
+
+/* devices (device.c): -1 is the CPU, n >= 0 CUDA device n. Every op runs where
+ * its operands are; operands on different devices are an error naming both. */
+int rh_cuda_device_count(void);   /* 0 when CUDA is unavailable */
+const char *rh_cuda_why(void);    /* why it is unavailable ("" when it is) */
+int rh_cuda_synchronize(int device);
+const char *rh_device_str(int device, char *buf, size_t len);
+/* the kernels library's entry points (cuda_api.h), NULL when unavailable */
+const struct rhc_api_s *rh_cuda_api(void);
 
 /* tensors: lifetime and shape */
 rh_tensor_t *rh_tensor_empty(rh_dtype_t t, int ndim, const int64_t *size); /* uninitialised */
+rh_tensor_t *rh_tensor_empty_on(int device, rh_dtype_t t, int ndim, const int64_t *size);
+/* a contiguous copy on `device` (t itself, retained, when it is there already) */
+rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device);
 rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t t, int64_t offset, int ndim,
                                   const int64_t *size, const int64_t *stride); /* retains s */
 void rh_tensor_retain(rh_tensor_t *t);

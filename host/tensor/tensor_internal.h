@@ -3,6 +3,7 @@
 #ifndef RH_TENSOR_INTERNAL_H
 #define RH_TENSOR_INTERNAL_H
 
+#include "cuda_api.h"
 #include "tensor.h"
 
 #define rh__load rh_dtype_load
@@ -20,5 +21,14 @@ void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, con
 
 /* Byte strides of t viewed (broadcast) as shape (ndim, size). */
 void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out);
+
+/* devices (device.c) */
+rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *),
+                                  void *ctx);
+const rhc_api_t *rh_cuda_api(void);           /* NULL when unavailable */
+int rh__check_device(int device);             /* -1 with the message when it can't be used */
+int rh__cuda_call(int rc);                    /* rc != 0: copies the library's message, -1 */
+int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b);
+#define RH_ON_DEVICE(t) (rh_tensor_device(t) >= 0)
 
 #endif

@@ -16,6 +16,7 @@ local WorkerInfo = require "rpchost.workerinfo"
 local cma = require "rpchost.cma"
 local auth = require "rpchost.auth"
 local trace = require "rpchost.trace"
+local device_maps = require "rpchost.device_maps"
 local bit = require "bit"
 
 local M = {}
@@ -25,7 +26,9 @@ Agent.__index = Agent
 local enc, dec = codec.raw_encode, codec.raw_decode
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local pack = function(...) return {n = select("#", ...), ...} end
-local REQ_NAMES = {"func", "args", "kwargs", "ctx"}
+local REQ_NAMES = {"func", "args", "kwargs", "ctx", "device_map"}
+-- a call to oneself keeps CUDA tensors where they are
+local SAME_DEVICES = {identity = true}
 
 -- the distributed autograd context of the running task, if any
 local function task_ctx()
@@ -457,9 +460,13 @@ function Agent:call(to, fn, args, kwargs, timeout)
     error(errors.new("config", "kwargs must be a table, got " .. type(kwargs)), 0)
   end
   local ctx = task_ctx()
+  -- CUDA tensors go where this worker's device map for `to` says; the map
+  -- travels with the request so the reply can come back through its inverse
+  local dmap = self.device_maps and self.device_maps[p.rank]
   codec.ag_out = ctx
-  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx)
-  codec.ag_out = nil
+  codec.out_devices = p.rank == self.rank and SAME_DEVICES or {map = dmap, to = p.name}
+  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap)
+  codec.ag_out, codec.out_devices = nil, nil
   if not ok then
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
@@ -564,13 +571,18 @@ function Agent:remote_error(e)
   return errors.new("remote", message, {worker = self.name, rank = self.rank, traceback = tb})
 end
 
-function Agent:send_reply(to, id, r)
+-- rmap: the inverse of the caller's device map (its devices by ours), if it sent one
+function Agent:send_reply(to, id, r, rmap)
   local ok, body
   if r[1] then
     local segs
+    local dest = self:rank_of(to)
+    local caller = self.peers[dest or -1]
     codec.ag_out = task_ctx()
-    ok, body, segs = pcall(enc_msg, self:rank_of(to), "result", unpack(r, 2, r.n))
-    codec.ag_out = nil
+    codec.out_devices = dest == self.rank and SAME_DEVICES or
+      {map = rmap, to = caller and caller.name or "the caller", reply = true}
+    ok, body, segs = pcall(enc_msg, dest, "result", unpack(r, 2, r.n))
+    codec.ag_out, codec.out_devices = nil, nil
     if ok then return reply(self, to, id, 0, body, segs) end
     r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
   end
@@ -584,7 +596,7 @@ function Agent:send_reply(to, id, r)
   reply(self, to, id, proto.FLAG_ERROR, body)
 end
 
-local function handler(self, to, id, fn, args, kwargs, ctx, queued_at)
+local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   sched.current().ag_ctx = ctx
   local t0 = trace.now_us()
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
@@ -604,11 +616,11 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at)
     else
       fut:add_done_callback(function(f)
         if f.state == "error" then self:send_reply(to, id, {false, f.err, n = 2})
-        else self:send_reply(to, id, pack(true, unpack(f.values, 1, f.values.n))) end
+        else self:send_reply(to, id, pack(true, unpack(f.values, 1, f.values.n)), rmap) end
       end)
     end
   else
-    self:send_reply(to, id, r)
+    self:send_reply(to, id, r, rmap)
   end
   if trace.enabled() then
     local from = self.peers[self:rank_of(to) or -1]
@@ -622,7 +634,7 @@ local function handler_task(self, ...)
   -- take queued requests while under the cap
   while #self.backlog > 0 do
     local job = table.remove(self.backlog, 1)
-    handler(self, unpack(job, 1, 7))
+    handler(self, unpack(job, 1, 8))
   end
   self.running = self.running - 1
 end
@@ -643,13 +655,14 @@ function Agent:on_request(to, id, body, segs)
     return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(r[2]), n = 2})
   end
   local fn, args, kwargs, ctx = r[2], r[3], r[4], r[5]
+  local rmap = type(r[6]) == "table" and device_maps.inverse(r[6]) or nil
   if type(args) ~= "table" then args = {} end
   if self.running >= self.max_running then
-    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs, ctx, queued_at}
+    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs, ctx, queued_at, rmap}
     return
   end
   self.running = self.running + 1
-  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs, ctx, queued_at)
+  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
 end
 
 -- one-way keyed messages ----------------------------------------------------------------

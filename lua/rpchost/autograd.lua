@@ -97,7 +97,7 @@ function M.backward(root, grad, retain_graph, sink)
       error(("grad can be implicitly created only for scalar outputs (this one has %d elements); " ..
         "pass a gradient: t:backward(g)"):format(core.t_numel(root)), 3)
     end
-    grad = core.t_full(core.t_dtype(root), core.t_size(root), 1)
+    grad = core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
   end
   if not m.grad_fn then
     sink(root, grad)
@@ -273,6 +273,8 @@ function M.install(t_module)
   install_unary("flatten", orig.flatten, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end)
   install_unary("contiguous", orig.contiguous, function(g) return g end)
   install_unary("clone", orig.clone, function(g) return g end)
+  -- a copy to another device: the gradient goes back to the input's device
+  install_unary("_to_device", orig._to_device, function(g, a) return core.t_to_device(g, core.t_device(a)) end)
   install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, sizes(a)) end)
   install_unary("transpose", orig.transpose, function(g, _, _, d0, d1) return m.transpose(g, d0, d1) end)
   install_unary("t", orig.t, function(g) return core.t_ndim(g) < 2 and g or core.t_transpose(g, 0, 1) end)
@@ -290,7 +292,7 @@ function M.install(t_module)
   -- pieces of a tensor: the gradient lands in the same piece of zeros
   local function into_zeros(a, piece_of)
     return function(g)
-      local z = core.t_full(core.t_dtype(g), sizes(a), 0)
+      local z = core.t_full(core.t_dtype(g), sizes(a), 0, core.t_device(g))
       core.t_copy_(piece_of(z), g)
       return z
     end
@@ -355,7 +357,7 @@ function M.install(t_module)
       local v, idx = o(a, d, keepdim)
       local d0, kd = dim_of(a, d), keep_of(d, keepdim)
       M.record(v, name, table.pack(a), function(g)
-        local z = core.t_full(core.t_dtype(g), {core.t_numel(a)}, 0)
+        local z = core.t_full(core.t_dtype(g), {core.t_numel(a)}, 0, core.t_device(g))
         if d0 == nil then
           -- the gradient goes to the first extreme element
           local flat = core.t_view(core.t_contiguous(a), {-1}, true)

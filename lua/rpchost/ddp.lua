@@ -59,7 +59,7 @@ function DDP:launch(b)
   local dist = require "dist"
   local n = 0
   for _, p in ipairs(b.params) do n = n + p:numel() end
-  local flat = tensor.zeros(n, {dtype = b.params[1].dtype})
+  local flat = tensor.zeros(n, {dtype = b.params[1].dtype, device = b.params[1].device})
   local off = 1
   for _, p in ipairs(b.params) do
     local g = p.grad

@@ -1,0 +1,110 @@
+/* cuda_api.h: the C interface between the host and librpchost_cuda.so (kernels/).
+ *
+ * The host never links CUDA. When a tensor first asks for a device, device.c
+ * dlopens the kernels library and asks it for this table with one symbol,
+ * rhc_get_api(RHC_ABI_VERSION). The library itself links cudart and cuBLAS and
+ * dlopens NCCL only when a process group asks for it, so a machine without a GPU
+ * or without the CUDA runtime still runs the same rpchost binary.
+ *
+ * Conventions: every function returns 0 on success or -1 with a message that
+ * last_error() returns (thread-local in the library). Shapes and strides come
+ * from the host already broadcast: `nd` dims of `size`, strides in BYTES. Work is
+ * queued on the device's stream; functions that hand data to the host (d2h,
+ * synchronize) wait for it. dtype codes are rh_dtype_t's, op codes rh_binop_t's,
+ * rh_unop_t's and rh_redop_t's. */
+#ifndef RH_CUDA_API_H
+#define RH_CUDA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RHC_ABI_VERSION 1
+#define RHC_MAXDIM 16
+
+typedef struct {
+  int64_t allocated;  /* bytes in live tensors */
+  int64_t cached;     /* bytes kept by the caching allocator for reuse */
+  int64_t peak;       /* highest `allocated` so far */
+  int64_t cuda_mallocs; /* how many times the cache missed and called cudaMalloc */
+} rhc_memstats_t;
+
+/* the NCCL reduction ops the process group uses (same order as rh_redop_t's
+ * first ones is not assumed: mapped in the library) */
+typedef enum { RHC_SUM = 0, RHC_PROD, RHC_MIN, RHC_MAX, RHC_AVG } rhc_redop_t;
+
+typedef struct rhc_api_s {
+  int abi_version;
+  const char *(*last_error)(void);
+
+  /* devices */
+  int (*device_count)(int *n);            /* 0 and n = 0 when the driver finds none */
+  int (*device_name)(int dev, char *buf, size_t len);
+  int (*synchronize)(int dev);
+  /* peak memory bandwidth in GB/s and the number of SMs, from the device's attributes */
+  int (*device_limits)(int dev, double *peak_gbps, int *sm_count);
+
+  /* memory: a caching allocator with one stream per device */
+  int (*alloc)(int dev, size_t nbytes, void **ptr);
+  void (*free)(int dev, void *ptr);
+  int (*memstats)(int dev, rhc_memstats_t *out);
+  int (*empty_cache)(int dev);
+  int (*h2d)(int dev, void *dst, const void *src, size_t nbytes);
+  int (*d2h)(int dev, void *dst, const void *src, size_t nbytes); /* waits */
+  int (*d2d)(int dst_dev, void *dst, int src_dev, const void *src, size_t nbytes);
+
+  /* elementwise (strided, broadcast by the host) */
+  int (*cast)(int dev, int from, int to, int nd, const int64_t *size, void *o, const int64_t *ost, const void *a,
+              const int64_t *ast);
+  int (*fill)(int dev, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, double value);
+  int (*binary)(int dev, int op, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost,
+                const void *a, const int64_t *ast, const void *b, const int64_t *bst);
+  int (*unary)(int dev, int op, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost,
+               const void *a, const int64_t *ast);
+  /* any element < 0 in a contiguous int64 vector (pow's negative-exponent check) */
+  int (*any_negative_i64)(int dev, const int64_t *a, int64_t n, int *out);
+
+  /* reductions over `rows` contiguous rows of `len` elements; out holds `rows`
+   * elements of out_dtype (int64 for argmax/argmin, int64 for integer sums) */
+  int (*reduce_rows)(int dev, int op, int in_dtype, int out_dtype, int64_t rows, int64_t len, const void *in,
+                     void *out);
+  /* softmax / log_softmax over contiguous rows; float32 or float64 */
+  int (*softmax_rows)(int dev, int dtype, int log_, int64_t rows, int64_t len, const void *in, void *out);
+
+  /* C[b] = op(A[b]) @ op(B[b]) for b < batch, row-major, float32/float64 through
+   * cuBLAS; an integer product through a tiled kernel */
+  int (*gemm)(int dev, int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+              int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, void *c, int64_t stride_c,
+              int64_t batch);
+
+  /* NCCL, loaded on first use. The unique id is 128 bytes. */
+  int (*nccl_available)(char *why, size_t len);
+  int (*nccl_unique_id)(void *id128);
+  /* starts a non-blocking ncclCommInitRank; poll with nccl_ready */
+  int (*nccl_init)(int dev, int nranks, int rank, const void *id128, void **comm);
+  /* 1 ready, 0 still initialising or running, -1 failed (message set) */
+  int (*nccl_ready)(void *comm);
+  int (*nccl_abort)(void *comm);
+  /* collectives on the device's stream; complete when event_done says so */
+  int (*nccl_all_reduce)(void *comm, const void *send, void *recv, int64_t count, int dtype, int op);
+  int (*nccl_broadcast)(void *comm, void *buf, int64_t count, int dtype, int root);
+  int (*nccl_reduce)(void *comm, const void *send, void *recv, int64_t count, int dtype, int op, int root);
+  int (*nccl_all_gather)(void *comm, const void *send, void *recv, int64_t count, int dtype);
+  int (*nccl_reduce_scatter)(void *comm, const void *send, void *recv, int64_t count, int dtype, int op);
+  int (*nccl_send)(void *comm, const void *buf, int64_t count, int dtype, int peer);
+  int (*nccl_recv)(void *comm, void *buf, int64_t count, int dtype, int peer);
+  /* fuse the point-to-point calls between them into one (gather, scatter) */
+  int (*nccl_group_start)(void);
+  int (*nccl_group_end)(void);
+  /* an event recorded on the device's stream now; event_done: 1 done, 0 not yet, -1 error */
+  int (*event_record)(int dev, void **event);
+  int (*event_done)(void *event);
+  void (*event_free)(void *event);
+
+  /* benchmark support for bench/gpu: time `iters` raw cuBLAS GEMMs of n x n
+   * (float32) and return the milliseconds per GEMM */
+  int (*bench_cublas_gemm)(int dev, int n, int iters, double *ms);
+} rhc_api_t;
+
+typedef const rhc_api_t *(*rhc_get_api_fn)(int abi_version);
+
+#endif

@@ -1,0 +1,171 @@
+/* device.c: CUDA devices for the tensor core, through librpchost_cuda.so.
+ *
+ * The kernels library is loaded with dlopen the first time anything asks about
+ * devices, from $RPCHOST_CUDA_LIB, else next to the executable (build tree),
+ * else <exe>/../<libdir>/rpchost (installed tree). When it is missing, cannot
+ * load (no CUDA runtime), or finds no device, the count is 0 and rh_cuda_why()
+ * says which, so every GPU call can fail with the reason. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "tensor_internal.h"
+
+#ifndef RPCHOST_INSTALL_CUDA_REL
+#define RPCHOST_INSTALL_CUDA_REL "lib/rpchost"
+#endif
+#define CUDA_LIB_NAME "librpchost_cuda.so"
+
+static const rhc_api_t *api;
+static int tried, ndev;
+static char why[768] = "";
+
+static void *open_lib(void) {
+  const char *env = getenv("RPCHOST_CUDA_LIB");
+  if (env && *env) {
+    void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    if (!h) snprintf(why, sizeof why, "cannot load $RPCHOST_CUDA_LIB: %s", dlerror());
+    return h;
+  }
+  char exe[4096];
+  size_t n = sizeof exe;
+  if (uv_exepath(exe, &n) != 0) {
+    snprintf(why, sizeof why, "cannot find the executable's folder to look for " CUDA_LIB_NAME);
+    return NULL;
+  }
+  char *slash = strrchr(exe, '/');
+  if (slash) *slash = 0;
+  char path[2][4200];
+  snprintf(path[0], sizeof path[0], "%s/" CUDA_LIB_NAME, exe);
+  snprintf(path[1], sizeof path[1], "%s/../" RPCHOST_INSTALL_CUDA_REL "/" CUDA_LIB_NAME, exe);
+  for (int i = 0; i < 2; i++) {
+    FILE *f = fopen(path[i], "rb");
+    if (!f) continue;
+    fclose(f);
+    void *h = dlopen(path[i], RTLD_NOW | RTLD_LOCAL);
+    if (h) return h;
+    snprintf(why, sizeof why, "cannot load %.300s: %.400s", path[i], dlerror());
+    return NULL;
+  }
+  snprintf(why, sizeof why, "rpchost was built without CUDA (no " CUDA_LIB_NAME " next to the binary; "
+                            "rebuild where nvcc is installed)");
+  return NULL;
+}
+
+static void load(void) {
+  if (tried) return;
+  tried = 1;
+  void *h = open_lib();
+  if (!h) return;
+  rhc_get_api_fn get = (rhc_get_api_fn)dlsym(h, "rhc_get_api");
+  const rhc_api_t *a = get ? get(RHC_ABI_VERSION) : NULL;
+  if (!a) {
+    snprintf(why, sizeof why, CUDA_LIB_NAME " is from another rpchost version (ABI %d expected); rebuild both",
+             RHC_ABI_VERSION);
+    dlclose(h);
+    return;
+  }
+  int n = 0;
+  if (a->device_count(&n) != 0) {
+    snprintf(why, sizeof why, "no usable GPU: %s", a->last_error());
+    return;
+  }
+  if (n == 0) {
+    snprintf(why, sizeof why, "no GPU: the CUDA driver found no device");
+    return;
+  }
+  api = a;
+  ndev = n;
+}
+
+int rh_cuda_device_count(void) {
+  load();
+  return ndev;
+}
+
+const char *rh_cuda_why(void) {
+  load();
+  return api ? "" : why;
+}
+
+const rhc_api_t *rh_cuda_api(void) {
+  load();
+  return api;
+}
+
+/* ---- device storages */
+static void device_free(void *ctx, void *data) {
+  if (api) api->free((int)(intptr_t)ctx, data);
+}
+
+rh_storage_t *rh_storage_new_on(int device, size_t nbytes) {
+  if (device < 0) return rh_storage_new_uninit(nbytes);
+  if (rh__check_device(device)) return NULL;
+  void *p = NULL;
+  if (api->alloc(device, nbytes, &p)) {
+    rh_tensor_fail("%s", api->last_error());
+    return NULL;
+  }
+  rh_storage_t *s = rh__storage_wrap_on(device, p, nbytes, device_free, (void *)(intptr_t)device);
+  if (!s) api->free(device, p);
+  return s;
+}
+
+int rh__check_device(int device) {
+  if (device < 0) return 0;
+  load();
+  if (!api) return rh_tensor_fail("CUDA is not available: %s (tensor.cuda.is_available() is false)", why);
+  if (device >= ndev)
+    return rh_tensor_fail("CUDA device cuda:%d does not exist: this machine has %d device%s (cuda:0%s)", device,
+                          ndev, ndev == 1 ? "" : "s", ndev > 1 ? " to cuda:N-1" : "");
+  return 0;
+}
+
+int rh__cuda_call(int rc) { return rc ? rh_tensor_fail("%s", api->last_error()) : 0; }
+
+const char *rh_device_str(int device, char *buf, size_t len) {
+  if (device < 0) snprintf(buf, len, "cpu");
+  else snprintf(buf, len, "cuda:%d", device);
+  return buf;
+}
+
+int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b) {
+  int da = rh_tensor_device(a), db = rh_tensor_device(b);
+  if (da == db) return 0;
+  char sa[16], sb[16];
+  return rh_tensor_fail("%s: expected all tensors to be on the same device, but found at least two devices, %s "
+                        "and %s (move one with :to())",
+                        what, rh_device_str(da, sa, sizeof sa), rh_device_str(db, sb, sizeof sb));
+}
+
+rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device) {
+  int from = rh_tensor_device(t);
+  if (from == device) {
+    rh_tensor_retain(t);
+    return t;
+  }
+  if (rh__check_device(device) || rh__check_device(from)) return NULL;
+  rh_tensor_t *c = rh_tensor_contiguous(t);
+  if (!c) return NULL;
+  rh_tensor_t *o = rh_tensor_empty_on(device, t->dtype, t->ndim, t->size);
+  size_t nbytes = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  int rc = 0;
+  if (o && nbytes) {
+    if (from < 0) rc = api->h2d(device, rh_tensor_data(o), rh_tensor_data(c), nbytes);
+    else if (device < 0) rc = api->d2h(from, rh_tensor_data(o), rh_tensor_data(c), nbytes);
+    else rc = api->d2d(device, rh_tensor_data(o), from, rh_tensor_data(c), nbytes);
+  }
+  rh_tensor_release(c);
+  if (o && rh__cuda_call(rc)) {
+    rh_tensor_release(o);
+    return NULL;
+  }
+  return o;
+}
+
+int rh_cuda_synchronize(int device) {
+  if (rh__check_device(device)) return -1;
+  return rh__cuda_call(api->synchronize(device));
+}
