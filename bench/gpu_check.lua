@@ -1,0 +1,220 @@
+-- bench/gpu_check.lua (run by bench/gpu): every CUDA kernel against the CPU
+-- result, then bandwidth and matmul throughput. Prints "ok ..." / "FAIL ..."
+-- lines and two tables.
+local tensor = require "tensor"
+local core = require "rpchost.core"
+local nn = require "nn"
+
+-- --dry-run: the same checks with "cuda:0" replaced by the CPU (a test of this
+-- script on a machine without a GPU; it checks nothing about the kernels)
+local DEV = arg[1] == "--dry-run" and "cpu" or "cuda:0"
+local passed, failed = 0, 0
+local function check(name, cond, why)
+  if cond then passed = passed + 1 else failed = failed + 1 end
+  print((cond and "ok " or "FAIL ") .. name .. (cond and "" or (": " .. tostring(why))))
+end
+
+-- element-wise comparison of two host tensors: exact for integers and bools,
+-- relative 1e-5 (float32) / 1e-12 (float64) for floats; NaN equals NaN
+local function same(a, b)
+  if tostring(a:size()) ~= tostring(b:size()) then return false, "shapes " .. tostring(a:size()) .. " vs " .. tostring(b:size()) end
+  if a.dtype ~= b.dtype then return false, "dtypes " .. tostring(a.dtype) .. " vs " .. tostring(b.dtype) end
+  local fa, fb = a:reshape(-1):totable(), b:reshape(-1):totable()
+  local tol = a.dtype == tensor.float32 and 1e-5 or a.dtype == tensor.float64 and 1e-12 or 0
+  for i = 1, #fa do
+    local x, y = fa[i], fb[i]
+    if type(x) == "boolean" then
+      if x ~= y then return false, ("element %d: %s vs %s"):format(i, tostring(x), tostring(y)) end
+    elseif not (x ~= x and y ~= y) then
+      local d = math.abs(x - y)
+      if d > tol * math.max(1, math.abs(x)) then
+        return false, ("element %d: %.9g vs %.9g"):format(i, x, y)
+      end
+    end
+  end
+  return true
+end
+
+-- runs fn on CPU operands and on their CUDA copies; compares the results
+local function versus(name, fn, ...)
+  -- (operands are cloned per side, so in-place checks cannot leak between them)
+  local args, dargs = {...}, {}
+  for i, a in ipairs(args) do dargs[i] = type(a) == "userdata" and a:to(DEV):clone() or a end
+  local okc, want = pcall(fn, unpack(args))
+  local okg, got = pcall(fn, unpack(dargs))
+  if not okc then
+    -- the CPU refuses: the GPU must refuse too
+    check(name .. " (refused on both)", not okg, "the GPU accepted what the CPU refused: " .. tostring(want))
+    return
+  end
+  if not okg then return check(name, false, got) end
+  if type(want) ~= "userdata" then return check(name, want == got, tostring(want) .. " vs " .. tostring(got)) end
+  local on_dev = got.device == DEV
+  local ok, why = same(want, got:cpu())
+  check(name, on_dev and ok, on_dev and why or ("result on " .. got.device))
+end
+
+tensor.manual_seed(7)
+local DT = {tensor.float32, tensor.float64, tensor.int32, tensor.int64, tensor.uint8, tensor.bool}
+-- operands: odd sizes (not multiples of any vector width), values with negatives
+local function operand(dt, ...)
+  local x = tensor.randn(...) * 6
+  if dt == tensor.bool then return x:gt(0) end
+  if dt == tensor.uint8 then return x:abs():to(dt) end
+  return x:to(dt)
+end
+
+local BINARY = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"}
+local UNARY = {"neg", "exp", "log", "sqrt", "relu", "tanh", "sigmoid", "abs"}
+local REDUCE = {"sum", "mean", "max", "min", "argmax", "argmin", "prod"}
+
+print("# kernels against the CPU")
+for _, dt in ipairs(DT) do
+  local n = dt.name
+  local a, b = operand(dt, 37, 129), operand(dt, 37, 129)
+  local brow, col = operand(dt, 1, 129), operand(dt, 37, 1)
+  if dt ~= tensor.bool and dt ~= tensor.float32 and dt ~= tensor.float64 then
+    b = b:abs() -- integer pow refuses negative exponents (checked separately)
+    brow = brow:abs()
+  end
+  for _, op in ipairs(BINARY) do
+    versus(("%s %s"):format(op, n), function(x, y) return x[op](x, y) end, a, b)
+    versus(("%s %s broadcast row"):format(op, n), function(x, y) return x[op](x, y) end, a, brow)
+    versus(("%s %s broadcast column, transposed"):format(op, n), function(x, y) return x:t()[op](x:t(), y:t()) end, a, col)
+    versus(("%s %s scalar"):format(op, n), function(x) return x[op](x, 3) end, a)
+  end
+  for _, op in ipairs(UNARY) do
+    versus(("%s %s"):format(op, n), function(x) return x[op](x) end, a)
+    versus(("%s %s strided"):format(op, n), function(x) return x:t()[op](x:t()) end, a)
+  end
+  for _, op in ipairs(REDUCE) do
+    versus(("%s %s all"):format(op, n), function(x) return x[op](x) end, a)
+    versus(("%s %s dim 1"):format(op, n), function(x) return (x[op](x, 1)) end, a)
+    versus(("%s %s dim 2 keepdim"):format(op, n), function(x) return (x[op](x, 2, true)) end, a)
+  end
+  for _, to in ipairs(DT) do
+    versus(("cast %s -> %s"):format(n, to.name), function(x) return x:to(to) end, a)
+    versus(("cast %s -> %s strided"):format(n, to.name), function(x) return x:t():to(to) end, a)
+  end
+  versus("copy_ into a strided view " .. n, function(x, y) local z = y:clone(); z:t():copy_(x:t()); return z end, a, b)
+  versus("fill_ a narrowed view " .. n, function(x) local z = x:clone(); z:narrow(2, 3, 50):fill_(1); return z end, a)
+  versus("contiguous of a transpose " .. n, function(x) return x:t():contiguous() end, a)
+  versus("item " .. n, function(x) return x[3][5]:item() end, a)
+end
+versus("pow int64 negative exponent", function(x, y) return x:pow(y) end,
+  tensor.tensor({2, 3}), tensor.tensor({1, -1}))
+-- NaN and ties: NaN wins max/min; argmax takes the first of equal values
+local nan = tensor.tensor({{1, 0 / 0, 3, 3}, {5, 5, 2, -1}})
+for _, op in ipairs({"max", "min", "argmax", "argmin"}) do
+  versus(op .. " with NaN and ties", function(x) return (x[op](x, 2)) end, nan)
+  versus(op .. " with NaN and ties, all", function(x) return x[op](x) end, nan)
+end
+versus("sum of 10M float32", function(x) return x:sum() end, tensor.ones(10000000))
+versus("argmax of a long row", function(x) return x:argmax() end, tensor.arange(5000000):to(tensor.float32))
+for _, dt in ipairs({tensor.float32, tensor.float64}) do
+  local x = operand(dt, 19, 33)
+  for _, op in ipairs({"softmax", "log_softmax"}) do
+    versus(("%s %s dim 1"):format(op, dt.name), function(y) return y[op](y, 1) end, x)
+    versus(("%s %s dim 2"):format(op, dt.name), function(y) return y[op](y, 2) end, x)
+  end
+  versus("matmul " .. dt.name, function(p, q) return p:matmul(q) end, operand(dt, 64, 48), operand(dt, 48, 80))
+  versus("matmul transposed " .. dt.name, function(p, q) return p:t():matmul(q:t()) end, operand(dt, 48, 64),
+    operand(dt, 80, 48))
+  versus("matmul batched broadcast " .. dt.name, function(p, q) return p:matmul(q) end, operand(dt, 3, 16, 24),
+    operand(dt, 24, 8))
+  versus("matmul vector " .. dt.name, function(p, q) return p:matmul(q) end, operand(dt, 24), operand(dt, 24, 5))
+end
+versus("matmul int32", function(p, q) return p:matmul(q) end, operand(tensor.int32, 17, 9), operand(tensor.int32, 9, 13))
+versus("matmul int64 batched", function(p, q) return p:matmul(q) end, operand(tensor.int64, 2, 5, 7),
+  operand(tensor.int64, 2, 7, 3))
+do
+  local ok, e = pcall(function() return tensor.ones(3, 3) + tensor.ones(3, 3):cuda() end)
+  if DEV ~= "cpu" then
+    check("a CPU and a CUDA operand are refused, naming both", not ok and (tostring(e):find("cuda:0 and cpu", 1, true)
+      or tostring(e):find("cpu and cuda:0", 1, true)), e)
+  end
+  ok, e = pcall(function() return (tensor.ones(3, 3):to(DEV) + 1):sum():item() end)
+  check("a CPU scalar meets a CUDA tensor", ok and e == 18, e)
+end
+
+-- autograd on the GPU equals autograd on the CPU
+do
+  local function grads(device)
+    tensor.manual_seed(3)
+    local model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    if device ~= "cpu" then model:to(device) end
+    local x = tensor.randn(32, 8, {device = device})
+    local classes = {}
+    for i = 1, 32 do classes[i] = i % 3 + 1 end
+    local target = tensor.tensor(classes, {device = device})
+    local loss = nn.CrossEntropyLoss()(model(x), target)
+    loss:backward()
+    local out = {loss:item()}
+    for _, p in ipairs(model:parameters()) do out[#out + 1] = p.grad:cpu() end
+    return out
+  end
+  local c, g = grads("cpu"), grads(DEV)
+  check("autograd loss on the GPU", math.abs(c[1] - g[1]) < 1e-5, c[1] .. " vs " .. g[1])
+  for i = 2, #c do
+    local ok, why = same(c[i], g[i])
+    check("autograd gradient " .. (i - 1) .. " on the GPU", ok, why)
+  end
+end
+if DEV == "cpu" then
+  print(("gpu_check --dry-run: %d passed, %d failed"):format(passed, failed))
+  os.exit(failed == 0 and 0 or 1)
+end
+-- the allocator reuses blocks
+do
+  local before = core.cuda_memstats(0).cuda_mallocs
+  for _ = 1, 100 do local _ = tensor.ones(1000, {device = "cuda"}) + 1 end
+  collectgarbage()
+  local after = core.cuda_memstats(0).cuda_mallocs
+  check("the caching allocator reuses blocks (" .. (after - before) .. " cudaMalloc calls for 200 tensors)",
+    after - before <= 4, after - before)
+end
+
+-- bandwidth and matmul ------------------------------------------------------------------
+local function time(fn, iters)
+  fn()
+  tensor.cuda.synchronize()
+  local t0 = core.now()
+  for _ = 1, iters do fn() end
+  tensor.cuda.synchronize()
+  return (core.now() - t0) / iters
+end
+
+local peak, sms = core.cuda_limits(0)
+print()
+print(("# %s: %d SMs, peak memory bandwidth %.0f GB/s"):format(core.cuda_name(0), sms, peak))
+print()
+print("| op (float32, 256M elements) | GB/s | of peak |")
+print("|---|---|---|")
+local n = 256 * 1024 * 1024
+local a, b = tensor.ones(n, {device = "cuda"}), tensor.full({n}, 2, {device = "cuda"})
+local c = tensor.zeros(n, {device = "cuda"})
+for _, row in ipairs({
+  {"add (read 2, write 1)", function() c = a + b end, 12},
+  {"copy_ (read 1, write 1)", function() c:copy_(a) end, 8},
+  {"sum (read 1)", function() local _ = a:sum() end, 4},
+  {"relu (read 1, write 1)", function() c = a:relu() end, 8},
+}) do
+  local s = time(row[2], 20)
+  local gbps = row[3] * n / s / 1e9
+  print(("| %s | %.0f | %.0f%% |"):format(row[1], gbps, 100 * gbps / peak))
+end
+a, b, c = nil, nil, nil
+collectgarbage()
+print()
+print("| matmul float32 | rpchost TFLOP/s | cuBLAS TFLOP/s | ratio |")
+print("|---|---|---|---|")
+for _, m in ipairs({1024, 4096, 8192}) do
+  local x, y = tensor.randn(m, m, {device = "cuda"}), tensor.randn(m, m, {device = "cuda"})
+  local s = time(function() local _ = x:matmul(y) end, 10)
+  local ref = core.cuda_bench_gemm(0, m, 10) / 1000
+  local flop = 2 * m * m * m
+  print(("| %d | %.1f | %.1f | %.2f |"):format(m, flop / s / 1e12, flop / ref / 1e12, ref / s))
+end
+print()
+print(("gpu_check: %d passed, %d failed"):format(passed, failed))
+os.exit(failed == 0 and 0 or 1)
