@@ -57,7 +57,7 @@ function Group:begin(op, t, extra)
   self.seq = self.seq + 1
   local m = {op = op, dtype = t and core.t_dtype(t) or -1, numel = t and core.t_numel(t) or 0}
   if extra then for k, v in pairs(extra) do m[k] = v end end
-  return {key = ("g%s:%d:"):format(self.id, self.seq), meta = m}
+  return {key = ("g%s:%d:"):format(self.id, self.seq), meta = m, seq = self.seq}
 end
 
 function Group:send(c, i, step, t)
@@ -110,7 +110,8 @@ function Group:recv(c, i, step)
   local src = self:global(i)
   local m = c.meta
   local ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout,
-    ("%s #%d"):format(m.op, self.seq), c.key, function(values)
+    -- (the call's own number: with async Works the group may have started later ones)
+    ("%s #%d"):format(m.op, c.seq), c.key, function(values)
       -- another message of this collective from src: it must describe the same call
       if not same_call(values[1], m) then self:mismatch(m, src, values[1]) end
     end)
