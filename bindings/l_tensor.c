@@ -490,7 +490,7 @@ static int l_address(lua_State *L) {
   return 1;
 }
 
-static int cma_copy(pid_t pid, void *dst, uintptr_t addr, size_t len) {
+static int cma_copy_serial(pid_t pid, void *dst, uintptr_t addr, size_t len) {
   size_t done = 0;
   while (done < len) {
     struct iovec local = {(char *)dst + done, len - done};
@@ -504,6 +504,34 @@ static int cma_copy(pid_t pid, void *dst, uintptr_t addr, size_t len) {
     done += (size_t)n;
   }
   return 0;
+}
+
+/* A large read is split across the tensor thread pool: process_vm_readv copies
+ * page by page (it pins and walks the sender's pages), so one thread reaches
+ * about a third of memcpy's bandwidth, and the sender is idle while it waits. */
+#define CMA_PIECE (4u << 20)
+typedef struct {
+  pid_t pid;
+  char *dst;
+  uintptr_t addr;
+  size_t len;
+  int err; /* first failure, as -errno */
+} cma_job_t;
+
+static void cma_chunk(void *vctx, int64_t lo, int64_t hi) {
+  cma_job_t *j = vctx;
+  for (int64_t k = lo; k < hi; k++) {
+    size_t off = (size_t)k * CMA_PIECE, n = j->len - off < CMA_PIECE ? j->len - off : CMA_PIECE;
+    int rc = cma_copy_serial(j->pid, j->dst + off, j->addr + off, n);
+    if (rc) __atomic_store_n(&j->err, rc, __ATOMIC_RELAXED);
+  }
+}
+
+static int cma_copy(pid_t pid, void *dst, uintptr_t addr, size_t len) {
+  if (len < 2 * CMA_PIECE) return cma_copy_serial(pid, dst, addr, len);
+  cma_job_t j = {pid, dst, addr, len, 0};
+  rh_parallel_for((int64_t)((len + CMA_PIECE - 1) / CMA_PIECE), 1, cma_chunk, &j);
+  return j.err;
 }
 
 /* cma_read(pid, addr, len) -> uint8 tensor | nil, message */
