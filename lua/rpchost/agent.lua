@@ -27,8 +27,11 @@ local enc, dec = codec.raw_encode, codec.raw_decode
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local pack = function(...) return {n = select("#", ...), ...} end
 local REQ_NAMES = {"func", "args", "kwargs", "ctx", "device_map"}
--- a call to oneself keeps CUDA tensors where they are
+-- where CUDA tensors in the message being encoded go (rpchost.tensor_wire reads
+-- it): a call to oneself keeps them where they are; otherwise one reused table
+-- per direction, filled per message (no allocation on the hot path)
 local SAME_DEVICES = {identity = true}
+local request_devices, reply_devices = {}, {reply = true}
 
 -- the distributed autograd context of the running task, if any
 local function task_ctx()
@@ -464,7 +467,8 @@ function Agent:call(to, fn, args, kwargs, timeout)
   -- travels with the request so the reply can come back through its inverse
   local dmap = self.device_maps and self.device_maps[p.rank]
   codec.ag_out = ctx
-  codec.out_devices = p.rank == self.rank and SAME_DEVICES or {map = dmap, to = p.name}
+  request_devices.map, request_devices.to = dmap, p.name
+  codec.out_devices = p.rank == self.rank and SAME_DEVICES or request_devices
   local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap)
   codec.ag_out, codec.out_devices = nil, nil
   if not ok then
@@ -579,8 +583,8 @@ function Agent:send_reply(to, id, r, rmap)
     local dest = self:rank_of(to)
     local caller = self.peers[dest or -1]
     codec.ag_out = task_ctx()
-    codec.out_devices = dest == self.rank and SAME_DEVICES or
-      {map = rmap, to = caller and caller.name or "the caller", reply = true}
+    reply_devices.map, reply_devices.to = rmap, caller and caller.name or "the caller"
+    codec.out_devices = dest == self.rank and SAME_DEVICES or reply_devices
     ok, body, segs = pcall(enc_msg, dest, "result", unpack(r, 2, r.n))
     codec.ag_out, codec.out_devices = nil, nil
     if ok then return reply(self, to, id, 0, body, segs) end
