@@ -387,7 +387,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
     cst.held[#cst.held + 1] = table.pack(ftype, flags, id, body, ...)
     return
   end
-  local segs = {...}
+  local segs = {...} -- (one table for every use below: varargs stop LuaJIT's traces)
   if #segs > 0 and cma.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
     if not ok then
@@ -406,7 +406,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
   if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs) end
   if not self.ready then
     -- peers may reach us before our own rendezvous finished: hold their frames
-    self.early[#self.early + 1] = {conn, ftype, flags, id, body, {...}}
+    self.early[#self.early + 1] = {conn, ftype, flags, id, body, segs}
     return
   end
   if ftype == proto.REQUEST then
@@ -416,7 +416,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
       conn:close()
       return
     end
-    return self:on_request(conn, id, body, {...})
+    return self:on_request(conn, id, body, segs)
   end
   if ftype == proto.MESSAGE then
     local st = self.conns[conn]
@@ -425,7 +425,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
       conn:close()
       return
     end
-    return self:on_message(st.rank, body, {...})
+    return self:on_message(st.rank, body, segs)
   end
   if ftype == proto.HELLO then return self:on_hello(conn, body) end
   if ftype == auth.AUTH_FRAME then return self:on_auth(conn, body) end
@@ -450,6 +450,13 @@ local function describe_fn(fn)
     return ("function at %s:%d"):format(info.short_src, info.linedefined or 0)
   end
   return tostring(fn)
+end
+
+-- a call's deadline passed (one shared function, no closure per call)
+local function call_timed_out(call)
+  local p = call.peer
+  call.agent:complete_error(call.id, errors.new("timeout", ("call %d to %s (%s) timed out after %g s"):format(
+    call.id, p.name, describe_fn(call.fn), call.timeout), {worker = p.name, rank = p.rank}))
 end
 
 -- Starts a call; returns its Future. Serialisation errors raise here, at once.
@@ -484,10 +491,8 @@ function Agent:call(to, fn, args, kwargs, timeout)
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
   if timeout > 0 then
-    call.timer = sched.after(timeout, function()
-      self:complete_error(id, errors.new("timeout", ("call %d to %s (%s) timed out after %g s"):format(
-        id, p.name, describe_fn(fn), timeout), {worker = p.name, rank = p.rank}))
-    end)
+    call.agent, call.id, call.timeout = self, id, timeout
+    call.timer = sched.after(timeout, call_timed_out, call)
   end
   if p.rank == self.rank then
     -- a call to oneself: same semantics (arguments are copies), no socket

@@ -155,8 +155,16 @@ function M.confirm(id, fork)
 end
 
 -- flushing deletes, once per loop turn -------------------------------------------------
+-- (runs every loop turn: the common empty case is a function of its own, which
+-- LuaJIT can compile into the scheduler's traces; the body below cannot be)
+local flush_deletes
 function M.flush()
   if #pending_deletes == 0 or not agent then return end
+  return flush_deletes()
+end
+
+local function ignore() end
+flush_deletes = function()
   local batch = pending_deletes
   pending_deletes = {}
   local per_owner = {}
@@ -177,7 +185,7 @@ function M.flush()
   if agent.state ~= "running" then return end
   for rank, list in pairs(per_owner) do
     local ok, f = pcall(agent.call, agent, rank, M.delete_forks, {list}, nil, 0)
-    if ok then f:add_done_callback(function() end) end
+    if ok then f:add_done_callback(ignore) end
   end
 end
 

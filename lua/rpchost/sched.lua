@@ -156,8 +156,8 @@ end
 
 -- Calls fn() (in callback context: it must not wait) after `delay` seconds.
 -- Returns a handle for `cancel`.
-function M.after(delay, fn)
-  local e = {at = now() + delay, fn = fn}
+function M.after(delay, fn, arg)
+  local e = {at = now() + delay, fn = fn, arg = arg}
   hn = hn + 1; heap[hn] = e; e.i = hn; up(hn)
   if heap[1] == e then rearm() end
   return e
@@ -177,7 +177,7 @@ on_timer = function()
   while hn > 0 and heap[1].at <= t do
     local e = heap[1]
     hremove(e)
-    local ok, err = xpcall(e.fn, debug.traceback)
+    local ok, err = xpcall(e.fn, debug.traceback, e.arg)
     if not ok then io.stderr:write("rpchost: error in a deadline callback: ", tostring(err), "\n") end
   end
   rearm()
