@@ -42,31 +42,41 @@ static cublasHandle_t handle_for(int dev) {
 
 constexpr int kTile = 16;
 
+// grid: (column tiles, row tiles, batch). The row tiles are walked with a
+// grid stride: gridDim.y is capped at 65535, i.e. m below ~1M rows otherwise.
 template <typename T>
 __global__ void k_int_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const T *A, int64_t lda, int64_t sa,
                            const T *B, int64_t ldb, int64_t sb, T *C, int64_t sc) {
   __shared__ int64_t As[kTile][kTile], Bs[kTile][kTile];
   const T *a = A + blockIdx.z * sa, *b = B + blockIdx.z * sb;
   T *c = C + blockIdx.z * sc;
-  int64_t row = blockIdx.y * kTile + threadIdx.y, col = blockIdx.x * kTile + threadIdx.x;
-  int64_t acc = 0;
-  for (int64_t p0 = 0; p0 < k; p0 += kTile) {
-    int64_t pa = p0 + threadIdx.x, pb = p0 + threadIdx.y;
-    // element (i, p) of op(A): A[i*lda + p] as stored, or A[p*lda + i] when transposed
-    As[threadIdx.y][threadIdx.x] = (row < m && pa < k) ? (int64_t)(ta ? a[pa * lda + row] : a[row * lda + pa]) : 0;
-    Bs[threadIdx.y][threadIdx.x] = (pb < k && col < n) ? (int64_t)(tb ? b[col * ldb + pb] : b[pb * ldb + col]) : 0;
-    __syncthreads();
+  int64_t col = blockIdx.x * kTile + threadIdx.x;
+  for (int64_t rt = blockIdx.y; rt * kTile < m; rt += gridDim.y) {  // uniform per block
+    int64_t row = rt * kTile + threadIdx.y;
+    int64_t acc = 0;
+    for (int64_t p0 = 0; p0 < k; p0 += kTile) {
+      int64_t pa = p0 + threadIdx.x, pb = p0 + threadIdx.y;
+      // element (i, p) of op(A): A[i*lda + p] as stored, or A[p*lda + i] when transposed
+      As[threadIdx.y][threadIdx.x] =
+          (row < m && pa < k) ? (int64_t)(ta ? a[pa * lda + row] : a[row * lda + pa]) : 0;
+      Bs[threadIdx.y][threadIdx.x] =
+          (pb < k && col < n) ? (int64_t)(tb ? b[col * ldb + pb] : b[pb * ldb + col]) : 0;
+      __syncthreads();
 #pragma unroll
-    for (int q = 0; q < kTile; q++) acc += As[threadIdx.y][q] * Bs[q][threadIdx.x];
-    __syncthreads();
+      for (int q = 0; q < kTile; q++) acc += As[threadIdx.y][q] * Bs[q][threadIdx.x];
+      __syncthreads();
+    }
+    // the host's integer gemm stores the int64 sum through rh_dtype_store, which
+    // clamps to the dtype's range (uint8: 400 -> 255), it does not wrap
+    if (row < m && col < n) c[row * n + col] = from_double<T>((double)acc);
   }
-  if (row < m && col < n) c[row * n + col] = (T)acc;
 }
 
 template <typename T>
 int int_gemm(cudaStream_t s, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
              int64_t sa, const void *b, int64_t ldb, int64_t sb, void *c, int64_t sc, int64_t batch) {
-  dim3 block(kTile, kTile), grid((unsigned)((n + kTile - 1) / kTile), (unsigned)((m + kTile - 1) / kTile),
+  int64_t row_tiles = (m + kTile - 1) / kTile;
+  dim3 block(kTile, kTile), grid((unsigned)((n + kTile - 1) / kTile), (unsigned)(row_tiles < 65535 ? row_tiles : 65535),
                                  (unsigned)batch);
   k_int_gemm<T><<<grid, block, 0, s>>>(ta, tb, m, n, k, (const T *)a, lda, sa, (const T *)b, ldb, sb, (T *)c, sc);
   return launch_check("integer matmul kernel");

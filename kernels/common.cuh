@@ -132,6 +132,11 @@ __host__ __device__ inline T from_double(double v) {
 
 int launch_check(const char *what);  // cudaGetLastError after a launch
 
+// nccl.cu: whether the last non-blocking NCCL call on `dev` has its kernels on
+// the device's stream: 1 yes (or none pending), 0 still being enqueued, -1 it
+// failed (message set). Events wait for it before they are recorded.
+int nccl_enqueue_state(int dev);
+
 }  // namespace rhc
 
 // the library's own entry points that other kernels/ files call

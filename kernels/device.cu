@@ -10,6 +10,7 @@
 // user's. When cudaMalloc fails, the cache is released and the call tried again.
 #include <map>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "common.cuh"
@@ -29,6 +30,10 @@ int fail(const char *fmt, ...) {
 }
 
 int cuda_fail(cudaError_t e, const char *what) {
+  // Every failed runtime call also sets the thread's "last error", which the
+  // next launch_check() (cudaGetLastError) would then report as that launch's
+  // failure. Reset it here; a sticky error (a faulted context) stays anyway.
+  (void)cudaGetLastError();
   return fail("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
@@ -128,9 +133,19 @@ int rhc_device_limits(int dev, double *peak_gbps, int *sms) {
   return 0;
 }
 
+// Before a host wait on the stream: a non-blocking NCCL call still being
+// enqueued (see nccl_enqueue_state) is not on the stream yet, so a
+// cudaStreamSynchronize would not wait for it. Spin until it is (it waits for
+// the peers as a blocking communicator would).
+static int wait_enqueued(int dev) {
+  int st;
+  while ((st = nccl_enqueue_state(dev)) == 0) std::this_thread::yield();
+  return st < 0 ? -1 : 0;
+}
+
 int rhc_synchronize(int dev) {
   cudaStream_t s = stream_for(dev);
-  if (!s) return -1;
+  if (!s || wait_enqueued(dev)) return -1;
   RHC_CHECK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   return 0;
 }
@@ -211,7 +226,7 @@ int rhc_h2d(int dev, void *dst, const void *src, size_t n) {
 
 int rhc_d2h(int dev, void *dst, const void *src, size_t n) {
   cudaStream_t s = stream_for(dev);
-  if (!s) return -1;
+  if (!s || wait_enqueued(dev)) return -1;
   RHC_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s), "copy to host");
   RHC_CHECK(cudaStreamSynchronize(s), "copy to host (waiting for the device)");
   return 0;
@@ -234,27 +249,65 @@ int rhc_d2d(int dst_dev, void *dst, int src_dev, const void *src, size_t n) {
   return 0;
 }
 
+// An event is recorded on the device's stream. When a non-blocking NCCL call
+// on this device is still being enqueued (it returned ncclInProgress), its
+// kernels may not be on the stream yet and an event recorded now could complete
+// before them; the record is then deferred until NCCL says the call is enqueued
+// (nccl_enqueue_state), and event_done reports "not yet" until it is.
+struct Event {
+  cudaEvent_t ev;
+  int dev;
+  bool recorded;
+};
+
+static int record_now(Event *e) {
+  cudaStream_t s = stream_for(e->dev);
+  if (!s) return -1;
+  RHC_CHECK(cudaEventRecord(e->ev, s), "cudaEventRecord");
+  e->recorded = true;
+  return 0;
+}
+
 int rhc_event_record(int dev, void **event) {
   cudaStream_t s = stream_for(dev);
   if (!s) return -1;
-  cudaEvent_t ev;
-  RHC_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-  cudaError_t e = cudaEventRecord(ev, s);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(ev);
-    return cuda_fail(e, "cudaEventRecord");
+  Event *e = new Event{nullptr, dev, false};
+  cudaError_t ce = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
+  if (ce != cudaSuccess) {
+    delete e;
+    return cuda_fail(ce, "cudaEventCreate");
   }
-  *event = ev;
+  int st = nccl_enqueue_state(dev);
+  if (st < 0 || (st == 1 && record_now(e))) {
+    cudaEventDestroy(e->ev);
+    delete e;
+    return -1;
+  }
+  *event = e;
   return 0;
 }
 
 int rhc_event_done(void *event) {
-  cudaError_t e = cudaEventQuery((cudaEvent_t)event);
-  if (e == cudaSuccess) return 1;
-  if (e == cudaErrorNotReady) return 0;
-  return cuda_fail(e, "a device operation failed");
+  Event *e = (Event *)event;
+  if (!e->recorded) {
+    int st = nccl_enqueue_state(e->dev);
+    if (st <= 0) return st;  // still being enqueued, or failed (message set)
+    if (record_now(e)) return -1;
+  }
+  cudaError_t ce = cudaEventQuery(e->ev);
+  if (ce == cudaSuccess) return 1;
+  if (ce == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // in case "not ready" was also recorded as the last error
+    return 0;
+  }
+  return cuda_fail(ce, "a device operation failed");
 }
 
-void rhc_event_free(void *event) { cudaEventDestroy((cudaEvent_t)event); }
+void rhc_event_free(void *event) {
+  Event *e = (Event *)event;
+  if (!e) return;
+  cudaEventDestroy(e->ev);
+  delete e;
+}
 
 }  // extern "C"

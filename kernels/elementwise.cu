@@ -191,7 +191,10 @@ struct CastF {
   __device__ To operator()(From x, From) const {
     if constexpr (std::is_same<From, To>::value) return x;
     else if constexpr (std::is_same<To, bool>::value) return x != (From)0;
-    else if constexpr (std::is_integral<From>::value && std::is_integral<To>::value) return (To)x;
+    // the host's cast_loop wraps only from int64 (a plain C cast); every other
+    // integer pair goes through rh_dtype_store, which clamps (int32 300 -> uint8
+    // 255, int32 -1 -> uint8 0); do the same here
+    else if constexpr (std::is_same<From, int64_t>::value && std::is_integral<To>::value) return (To)x;
     else return from_double<To>((double)x);
   }
 };

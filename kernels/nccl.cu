@@ -78,6 +78,32 @@ static int check(ncclResult_t r, const char *what) {
   return (r == ncclSuccess || r == ncclInProgress) ? 0 : nccl_fail(r, what);
 }
 
+// A non-blocking call that returns ncclInProgress may still be putting its
+// kernels on the stream in the background; until ncclCommGetAsyncError says
+// ncclSuccess, CUDA work queued behind it (an event, a synchronize) does not
+// wait for the collective. The last such communicator per device is kept here
+// and device.cu's events defer their record until it is enqueued. Calls inside
+// ncclGroupStart/End are enqueued by ncclGroupEnd, so the communicators used in
+// a group are remembered and marked at the end. (The host drives NCCL from one
+// thread, its event loop; this state is not locked.)
+static Comm *pending[64];
+static Comm *in_group[64];
+static int group_depth;
+
+static int enqueued(Comm *c, ncclResult_t r, const char *what) {
+  if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(r, what);
+  if (c->dev >= 0 && c->dev < 64) {
+    if (group_depth > 0) in_group[c->dev] = c;
+    else if (r == ncclInProgress) pending[c->dev] = c;
+  }
+  return 0;
+}
+
+// the device's stream, or the error (a NULL stream would be the legacy one)
+#define STREAM_OR_FAIL(c)             \
+  cudaStream_t s_ = stream_for((c)->dev); \
+  if (!s_) return -1;
+
 static bool nccl_type(int dt, ncclDataType_t *t) {
   switch (dt) {
     case F32: *t = ncclFloat32; return true;
@@ -107,6 +133,17 @@ static bool nccl_op(int op, int dt, ncclRedOp_t *o) {
   ncclRedOp_t o_ = ncclSum;                                                           \
   if (!nccl_type(dt, &t_)) return fail("NCCL: dtype code %d is not supported", dt);   \
   if ((op) >= 0 && !nccl_op(op, dt, &o_)) return fail("NCCL: AVG needs a float tensor");
+
+int nccl_enqueue_state(int dev) {
+  if (dev < 0 || dev >= 64 || !pending[dev]) return 1;
+  ncclResult_t st;
+  ncclResult_t r = lib.CommGetAsyncError(pending[dev]->comm, &st);
+  if (r != ncclSuccess) return nccl_fail(r, "ncclCommGetAsyncError");
+  if (st == ncclInProgress) return 0;
+  if (st != ncclSuccess) return nccl_fail(st, "NCCL communicator");
+  pending[dev] = nullptr;
+  return 1;
+}
 
 }  // namespace rhc
 
@@ -153,71 +190,94 @@ int rhc_nccl_ready(void *vc) {
   if (r != ncclSuccess) return nccl_fail(r, "ncclCommGetAsyncError");
   if (st == ncclInProgress) return 0;
   if (st != ncclSuccess) return nccl_fail(st, "NCCL communicator");
+  if (c->dev >= 0 && c->dev < 64 && pending[c->dev] == c) pending[c->dev] = nullptr;
   return 1;
 }
 
 int rhc_nccl_abort(void *vc) {
   Comm *c = (Comm *)vc;
   ncclResult_t r = c->comm ? lib.CommAbort(c->comm) : ncclSuccess;
+  // forget it everywhere before it is freed: events must not poll it later
+  for (int d = 0; d < 64; d++) {
+    if (pending[d] == c) pending[d] = nullptr;
+    if (in_group[d] == c) in_group[d] = nullptr;
+  }
   delete c;
-  return r == ncclSuccess ? 0 : nccl_fail(r, "ncclCommAbort");
+  return check(r, "ncclCommAbort");
 }
 
 int rhc_nccl_all_reduce(void *vc, const void *send, void *recv, int64_t count, int dtype, int op) {
   Comm *c = (Comm *)vc;
   TYPES_OR_FAIL(dtype, op);
-  return check(lib.AllReduce(send, recv, (size_t)count, t_, o_, c->comm, stream_for(c->dev)), "ncclAllReduce");
+  STREAM_OR_FAIL(c);
+  return enqueued(c, lib.AllReduce(send, recv, (size_t)count, t_, o_, c->comm, s_), "ncclAllReduce");
 }
 
 int rhc_nccl_broadcast(void *vc, void *buf, int64_t count, int dtype, int root) {
   Comm *c = (Comm *)vc;
   TYPES_OR_FAIL(dtype, -1);
   (void)o_;
-  return check(lib.Broadcast(buf, buf, (size_t)count, t_, root, c->comm, stream_for(c->dev)), "ncclBroadcast");
+  STREAM_OR_FAIL(c);
+  return enqueued(c, lib.Broadcast(buf, buf, (size_t)count, t_, root, c->comm, s_), "ncclBroadcast");
 }
 
 int rhc_nccl_reduce(void *vc, const void *send, void *recv, int64_t count, int dtype, int op, int root) {
   Comm *c = (Comm *)vc;
   TYPES_OR_FAIL(dtype, op);
-  return check(lib.Reduce(send, recv, (size_t)count, t_, o_, root, c->comm, stream_for(c->dev)), "ncclReduce");
+  STREAM_OR_FAIL(c);
+  return enqueued(c, lib.Reduce(send, recv, (size_t)count, t_, o_, root, c->comm, s_), "ncclReduce");
 }
 
 int rhc_nccl_all_gather(void *vc, const void *send, void *recv, int64_t count, int dtype) {
   Comm *c = (Comm *)vc;
   TYPES_OR_FAIL(dtype, -1);
   (void)o_;
-  return check(lib.AllGather(send, recv, (size_t)count, t_, c->comm, stream_for(c->dev)), "ncclAllGather");
+  STREAM_OR_FAIL(c);
+  return enqueued(c, lib.AllGather(send, recv, (size_t)count, t_, c->comm, s_), "ncclAllGather");
 }
 
 int rhc_nccl_reduce_scatter(void *vc, const void *send, void *recv, int64_t count, int dtype, int op) {
   Comm *c = (Comm *)vc;
   TYPES_OR_FAIL(dtype, op);
-  return check(lib.ReduceScatter(send, recv, (size_t)count, t_, o_, c->comm, stream_for(c->dev)),
-               "ncclReduceScatter");
+  STREAM_OR_FAIL(c);
+  return enqueued(c, lib.ReduceScatter(send, recv, (size_t)count, t_, o_, c->comm, s_), "ncclReduceScatter");
 }
 
 int rhc_nccl_send(void *vc, const void *buf, int64_t count, int dtype, int peer) {
   Comm *c = (Comm *)vc;
   TYPES_OR_FAIL(dtype, -1);
   (void)o_;
-  return check(lib.Send(buf, (size_t)count, t_, peer, c->comm, stream_for(c->dev)), "ncclSend");
+  STREAM_OR_FAIL(c);
+  return enqueued(c, lib.Send(buf, (size_t)count, t_, peer, c->comm, s_), "ncclSend");
 }
 
 int rhc_nccl_recv(void *vc, void *buf, int64_t count, int dtype, int peer) {
   Comm *c = (Comm *)vc;
   TYPES_OR_FAIL(dtype, -1);
   (void)o_;
-  return check(lib.Recv(buf, (size_t)count, t_, peer, c->comm, stream_for(c->dev)), "ncclRecv");
+  STREAM_OR_FAIL(c);
+  return enqueued(c, lib.Recv(buf, (size_t)count, t_, peer, c->comm, s_), "ncclRecv");
 }
 
 int rhc_nccl_group_start(void) {
   if (!load()) return fail("%s", lib.why);
-  return check(lib.GroupStart(), "ncclGroupStart");
+  if (check(lib.GroupStart(), "ncclGroupStart")) return -1;
+  group_depth++;
+  return 0;
 }
 
 int rhc_nccl_group_end(void) {
   if (!load()) return fail("%s", lib.why);
-  return check(lib.GroupEnd(), "ncclGroupEnd");
+  ncclResult_t r = lib.GroupEnd();
+  if (group_depth > 0) group_depth--;
+  if (group_depth == 0) {
+    // the group's calls are enqueued now, or (ncclInProgress) in the background
+    for (int d = 0; d < 64; d++) {
+      if (in_group[d] && r == ncclInProgress) pending[d] = in_group[d];
+      in_group[d] = nullptr;
+    }
+  }
+  return check(r, "ncclGroupEnd");
 }
 
 }  // extern "C"
