@@ -684,11 +684,13 @@ rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdi
   size_t oes = rh_dtype_size(rt);
   for (int64_t r = 0; r < rows; r++) {
     const char *row = base + (size_t)(r * len) * es;
-    if (rt == RH_I64 && (op == RH_RED_SUM || op == RH_RED_PROD) && a->dtype == RH_I64) {
+    if (rt == RH_I64 && (op == RH_RED_SUM || op == RH_RED_PROD)) {
+      /* integers sum and multiply exactly in int64 (wrapping like PyTorch; the
+       * CUDA kernels do the same), not through a double that rounds past 2^53 */
       int64_t acc = op == RH_RED_SUM ? 0 : 1;
       for (int64_t i = 0; i < len; i++) {
-        int64_t v = ((const int64_t *)row)[i];
-        acc = op == RH_RED_SUM ? acc + v : acc * v;
+        int64_t v = a->dtype == RH_I64 ? ((const int64_t *)row)[i] : (int64_t)rh__load(a->dtype, row + (size_t)i * es);
+        acc = op == RH_RED_SUM ? (int64_t)((uint64_t)acc + (uint64_t)v) : (int64_t)((uint64_t)acc * (uint64_t)v);
       }
       ((int64_t *)obase)[r] = acc;
       continue;
