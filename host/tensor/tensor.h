@@ -29,6 +29,7 @@ typedef struct rh_storage_s {
   void (*free_fn)(void *ctx, void *data);
   void *free_ctx;
   int device; /* -1: host memory; n: memory of CUDA device n (never read on the host) */
+  int uninit; /* allocated by rh_storage_new_uninit: freed through its large-buffer cache */
 } rh_storage_t;
 
 typedef struct rh_tensor_s {
