@@ -16,7 +16,7 @@ __device__ inline T ipow(T x, T y) {
   if constexpr (std::is_signed<T>::value) {
     if (y < 0) return x == 1 ? 1 : (x == -1 ? ((y % 2) ? -1 : 1) : 0);
   }
-  int64_t r = 1, b = x;
+  uint64_t r = 1, b = (uint64_t)(int64_t)x;  // wraps on overflow, as on the host
   uint64_t e = (uint64_t)y;
   while (e) {
     if (e & 1) r *= b;

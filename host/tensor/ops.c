@@ -256,15 +256,17 @@ int rh_tensor_fill_(rh_tensor_t *t, double v) {
     }                                                                                                  \
   }
 
+/* integer power wrapping on overflow like PyTorch (in unsigned arithmetic: a
+ * signed overflow would be undefined behaviour) */
 static int64_t ipow(int64_t x, int64_t y) {
-  int64_t r = 1;
   if (y < 0) return x == 1 ? 1 : (x == -1 ? (y % 2 ? -1 : 1) : 0);
+  uint64_t r = 1, b = (uint64_t)x;
   while (y) {
-    if (y & 1) r *= x;
-    x *= x;
+    if (y & 1) r *= b;
+    b *= b;
     y >>= 1;
   }
-  return r;
+  return (int64_t)r;
 }
 
 #define ARITH(T, SUF, POWEXPR)                                         \
