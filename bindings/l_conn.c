@@ -6,8 +6,11 @@
  * reports the end (on_close) the Lua close handler runs once, the anchors go, and
  * the box forgets the pointer: the C struct is freed later by libuv's close
  * callback and never touched from Lua again. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "rh_lua.h"
 #include "tensor/tensor.h"
@@ -123,25 +126,30 @@ static int parse_addr(const char *ip, int port, struct sockaddr_storage *ss) {
   return uv_ip4_addr(ip, port, (struct sockaddr_in *)ss);
 }
 
-/* connect(ip, port, {connect=, frame=, close=}) -> conn | nil, message */
+/* "unix:/path" names a Unix-domain socket (this host only); anything else is an IP */
+static const char *unix_path(const char *ip) { return strncmp(ip, "unix:", 5) == 0 ? ip + 5 : NULL; }
+
+/* connect(ip, port, {connect=, frame=, close=}) -> conn | nil, message
+ * (ip "unix:/path": a Unix-domain socket; port is ignored) */
 static int l_connect(lua_State *L) {
   const char *ip = luaL_checkstring(L, 1);
-  int port = (int)luaL_checkinteger(L, 2);
+  int port = (int)luaL_optinteger(L, 2, 0);
   luaL_checktype(L, 3, LUA_TTABLE);
+  const char *path = unix_path(ip);
   struct sockaddr_storage ss;
-  int rc = parse_addr(ip, port, &ss);
+  int rc = path ? 0 : parse_addr(ip, port, &ss);
   if (rc) {
     lua_pushnil(L);
     lua_pushfstring(L, "bad address %s: %s", ip, uv_strerror(rc));
     return 2;
   }
-  rh_conn_t *c = rh_conn_new(&rh_ctx()->net, &conn_cbs, NULL);
+  rh_conn_t *c = path ? rh_conn_new_local(&rh_ctx()->net, &conn_cbs, NULL) : rh_conn_new(&rh_ctx()->net, &conn_cbs, NULL);
   if (!c) return luaL_error(L, "out of memory");
   lconn_t *b = new_box(L, c);
   b->ref_connect = ref_field(L, 3, "connect");
   b->ref_frame = ref_field(L, 3, "frame");
   b->ref_close = ref_field(L, 3, "close");
-  rc = rh_conn_connect(c, (struct sockaddr *)&ss);
+  rc = path ? rh_conn_connect_local(c, path) : rh_conn_connect(c, (struct sockaddr *)&ss);
   if (rc) {
     rh_unref(L, &b->ref_close); /* nothing to report: the caller gets the error */
     rh_conn_close(c, 0);
@@ -269,6 +277,13 @@ static int l_is_open(lua_State *L) {
   return 1;
 }
 
+/* conn:is_local() -> true for a Unix-domain socket */
+static int l_is_local(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  lua_pushboolean(L, b->c && rh_conn_is_local(b->c));
+  return 1;
+}
+
 static int l_queued(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   lua_pushnumber(L, b->c ? (double)rh_conn_queued(b->c) : 0);
@@ -299,13 +314,15 @@ static void on_accept(rh_listener_t *l, rh_conn_t *c) {
   rh_callback(1, 0);
 }
 
-/* listen(ip, port, {accept=, frame=, close=}) -> listener | nil, message, code */
+/* listen(ip, port, {accept=, frame=, close=}) -> listener | nil, message, code
+ * (ip "unix:/path": a Unix-domain socket file, removed when the listener closes) */
 static int l_listen(lua_State *L) {
   const char *ip = luaL_checkstring(L, 1);
-  int port = (int)luaL_checkinteger(L, 2);
+  int port = (int)luaL_optinteger(L, 2, 0);
   luaL_checktype(L, 3, LUA_TTABLE);
+  const char *path = unix_path(ip);
   struct sockaddr_storage ss;
-  int rc = parse_addr(ip, port, &ss);
+  int rc = path ? 0 : parse_addr(ip, port, &ss);
   if (rc) {
     lua_pushnil(L);
     lua_pushfstring(L, "bad address %s: %s", ip, uv_strerror(rc));
@@ -317,9 +334,10 @@ static int l_listen(lua_State *L) {
   lb->ref_self = lb->ref_accept = lb->ref_frame = lb->ref_close = LUA_NOREF;
   luaL_getmetatable(L, LISTENER_MT);
   lua_setmetatable(L, -2);
-  lb->l = rh_listener_new(&rh_ctx()->net, &conn_cbs, on_accept, lb);
+  lb->l = path ? rh_listener_new_local(&rh_ctx()->net, &conn_cbs, on_accept, lb)
+               : rh_listener_new(&rh_ctx()->net, &conn_cbs, on_accept, lb);
   if (!lb->l) return luaL_error(L, "out of memory");
-  rc = rh_listener_bind(lb->l, (struct sockaddr *)&ss, 511);
+  rc = path ? rh_listener_bind_local(lb->l, path, 511) : rh_listener_bind(lb->l, (struct sockaddr *)&ss, 511);
   if (rc) {
     rh_listener_close(lb->l);
     lb->l = NULL;
@@ -357,6 +375,30 @@ static int l_listener_close(lua_State *L) {
   return 0;
 }
 
+/* socket_dir() -> path | nil, message: a directory only this user can enter, for
+ * Unix-domain sockets: $XDG_RUNTIME_DIR/rpchost, else /tmp/rpchost-<uid>. One
+ * that exists must be a real directory owned by this user with no access for
+ * others (someone else could have made it first in /tmp). */
+static int l_socket_dir(lua_State *L) {
+  char path[512];
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (xdg && *xdg) snprintf(path, sizeof path, "%s/rpchost", xdg);
+  else snprintf(path, sizeof path, "/tmp/rpchost-%u", (unsigned)getuid());
+  if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot make %s: %s", path, strerror(errno));
+    return 2;
+  }
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s is not a private directory of this user (mode 0700)", path);
+    return 2;
+  }
+  lua_pushstring(L, path);
+  return 1;
+}
+
 /* resolve(host) -> numeric ip | nil, message. Synchronous: used at start-up only. */
 static int l_resolve(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
@@ -388,7 +430,7 @@ static int l_resolve(lua_State *L) {
 int rh_open_conn(lua_State *L) {
   static const luaL_Reg conn_methods[] = {{"send", l_send},       {"close", l_close},
                                           {"peer", l_peer},       {"is_open", l_is_open}, {"local_addr", l_local},
-                                          {"queued", l_queued},   {NULL, NULL}};
+                                          {"queued", l_queued},   {"is_local", l_is_local}, {NULL, NULL}};
   static const luaL_Reg listener_methods[] = {
       {"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
   luaL_newmetatable(L, CONN_MT);
@@ -405,7 +447,7 @@ int rh_open_conn(lua_State *L) {
   lua_pop(L, 1);
 
   static const luaL_Reg fns[] = {
-      {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {NULL, NULL}};
+      {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {"socket_dir", l_socket_dir}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -96,7 +96,7 @@ function dist.init_process_group(o, ...)
                      world = key .. "/" .. P, allow_bytecode = false}
     local advertise = a:listen_near(client, loopback)
     client:set(P .. "rank/" .. rank, codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise,
-                                                        port = a.port}))
+                                                        port = a.port, unix = a.unix_path}))
     local keys = {}
     for r = 0, world_size - 1 do keys[#keys + 1] = P .. "rank/" .. r end
     client:wait_verbose(keys, timeout, P .. "abort", function(miss)

@@ -91,12 +91,13 @@ end
 -- The options seen through, plus `cma`: whether _transports/_channels allow the
 -- same-host shared-memory path (checked before joining, so a bad list fails fast).
 local function with_channels(opts, host)
-  local cma = channels.select(opts, function()
+  local cma, local_sockets = channels.select(opts, function()
     local ip = core.resolve(host)
     return ip ~= nil and store.is_loopback(ip)
   end)
   -- device_maps/devices: checked here too, before joining (rpchost.device_maps)
-  return setmetatable({cma = cma, devmaps = device_maps.check(opts)}, {__index = opts})
+  return setmetatable({cma = cma, local_sockets = local_sockets, devmaps = device_maps.check(opts)},
+    {__index = opts})
 end
 
 -- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
@@ -196,6 +197,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local a = agentmod.new{name = name, rank = rank, world_size = world_size,
     timeout = tonumber(opts.rpc_timeout) or default_timeout,
     num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P, cma = opts.cma,
+    local_sockets = opts.local_sockets,
     -- Bytecode from the network can do anything: only a loopback-only world or one
     -- whose every peer proved the security token takes it.
     allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
@@ -204,7 +206,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   a.store, a.store_key, a.prefix = client, key, P
   local ok, err = pcall(function()
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
-      port = a.port, version = core.version, proto = core.protocol_version}))
+      port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version}))
     local keys = {}
     for r = 0, world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
     client:wait_verbose(keys, timeout, abort, function(miss)
@@ -257,11 +259,11 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout) or default_timeout, num_worker_threads = opts.num_worker_threads,
-      world = cur.world, cma = opts.cma, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
+      world = cur.world, cma = opts.cma, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
-      port = a.port, version = core.version, proto = core.protocol_version}))
+      port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version}))
     local keys = {}
     for r = 0, cur.world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
     local infos = client:multi_get(keys)

@@ -1,8 +1,13 @@
-/* conn.c: framed TCP connections, listeners and the batched writer (see conn.h). */
+/* conn.c: framed connections over TCP or Unix-domain sockets, listeners and the
+ * batched writer (see conn.h). Both kinds are libuv streams; only creation,
+ * connecting, binding and address queries differ. */
 #include "conn.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 /* One queued piece of output: either a span of the arena or an external segment. */
 typedef struct {
@@ -25,8 +30,17 @@ typedef struct {
   uv_buf_t bufs[];
 } rh_write_t;
 
-struct rh_conn_s {
+/* a TCP socket or a Unix-domain socket: both are uv_stream_t underneath */
+typedef union {
+  uv_handle_t handle;
+  uv_stream_t stream;
   uv_tcp_t tcp;
+  uv_pipe_t pipe;
+} rh_sock_t;
+
+struct rh_conn_s {
+  rh_sock_t h;
+  int local; /* a Unix-domain socket */
   rh_net_t *net;
   rh_conn_cbs_t cbs;
   void *data;
@@ -52,7 +66,9 @@ struct rh_conn_s {
 };
 
 struct rh_listener_s {
-  uv_tcp_t tcp;
+  rh_sock_t h;
+  int local;
+  char *path; /* a Unix-domain listener's socket file, removed when it closes */
   rh_net_t *net;
   rh_conn_cbs_t cbs;
   rh_accept_fn on_accept;
@@ -116,17 +132,18 @@ static void conn_end(rh_conn_t *c, int status, int peer_version) {
   if (c->closing) return;
   c->closing = 1;
   report_close(c, status, peer_version);
-  uv_close((uv_handle_t *)&c->tcp, close_done);
+  uv_close(&c->h.handle, close_done);
 }
 
-rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
+static rh_conn_t *conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data, int local) {
   rh_conn_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
-  if (uv_tcp_init(net->loop, &c->tcp) != 0) {
+  if ((local ? uv_pipe_init(net->loop, &c->h.pipe, 0) : uv_tcp_init(net->loop, &c->h.tcp)) != 0) {
     free(c);
     return NULL;
   }
-  c->tcp.data = c;
+  c->local = local;
+  c->h.handle.data = c;
   c->net = net;
   c->next_all = net->all;
   if (net->all) net->all->prev_all = c;
@@ -137,6 +154,16 @@ rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
   if (net->seg_alloc) rh_reader_set_alloc(&c->reader, net->seg_alloc, net->seg_free, net->seg_ctx);
   return c;
 }
+
+rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
+  return conn_new(net, cbs, data, 0);
+}
+
+rh_conn_t *rh_conn_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
+  return conn_new(net, cbs, data, 1);
+}
+
+int rh_conn_is_local(rh_conn_t *c) { return c->local; }
 
 void *rh_conn_data(rh_conn_t *c) { return c->data; }
 void rh_conn_set_data(rh_conn_t *c, void *data) { c->data = data; }
@@ -190,8 +217,8 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
 }
 
 static int start_reading(rh_conn_t *c) {
-  uv_tcp_nodelay(&c->tcp, 1);
-  return uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+  if (!c->local) uv_tcp_nodelay(&c->h.tcp, 1);
+  return uv_read_start(&c->h.stream, alloc_cb, read_cb);
 }
 
 static void connect_cb(uv_connect_t *req, int status) {
@@ -204,7 +231,14 @@ static void connect_cb(uv_connect_t *req, int status) {
 
 int rh_conn_connect(rh_conn_t *c, const struct sockaddr *addr) {
   c->connect_req.data = c;
-  return uv_tcp_connect(&c->connect_req, &c->tcp, addr, connect_cb);
+  return uv_tcp_connect(&c->connect_req, &c->h.tcp, addr, connect_cb);
+}
+
+int rh_conn_connect_local(rh_conn_t *c, const char *path) {
+  if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) return UV_ENAMETOOLONG;
+  c->connect_req.data = c;
+  uv_pipe_connect(&c->connect_req, &c->h.pipe, path, connect_cb); /* failures arrive in connect_cb */
+  return 0;
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -326,8 +360,8 @@ static void conn_flush(rh_conn_t *c) {
   /* Write what the socket takes now: when it takes everything (the usual case for
    * small messages) no allocation, write request, callback or extra loop turn is
    * needed, and the queue's buffers stay with the connection for the next flush. */
-  if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0) {
-    int done = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+  if (uv_stream_get_write_queue_size(&c->h.stream) == 0) {
+    int done = uv_try_write(&c->h.stream, bufs, n);
     if (done > 0) {
       size_t left = (size_t)done;
       while (n > 0 && left >= bufs->len) {
@@ -374,7 +408,7 @@ static void conn_flush(rh_conn_t *c) {
   c->nrel = c->crel = 0;
   c->npieces = 0;
   c->inflight += bytes;
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, n, write_cb);
+  int rc = uv_write(&w->req, &c->h.stream, w->bufs, n, write_cb);
   if (rc) {
     c->inflight -= bytes;
     write_free(w);
@@ -391,7 +425,7 @@ void rh_net_flush(rh_net_t *net) {
     conn_flush(c);
     if (c->shutting && !c->closing) {
       c->shutdown_req.data = c;
-      if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, shutdown_cb) != 0) conn_end(c, 0, 0);
+      if (uv_shutdown(&c->shutdown_req, &c->h.stream, shutdown_cb) != 0) conn_end(c, 0, 0);
     }
   }
 }
@@ -413,7 +447,7 @@ static void unlink_dirty(rh_conn_t *c) {
 
 void rh_conn_close(rh_conn_t *c, int graceful) {
   if (c->closing || c->shutting) return;
-  if (graceful && uv_is_writable((uv_stream_t *)&c->tcp)) {
+  if (graceful && uv_is_writable(&c->h.stream)) {
     /* Report now (the owner is done with it); the bytes still go out. */
     c->shutting = 1;
     report_close(c, 0, 0);
@@ -430,17 +464,28 @@ void rh_conn_close(rh_conn_t *c, int graceful) {
 
 static int addr_name(struct sockaddr_storage *ss, char *ip, size_t iplen, int *port);
 
+/* A Unix-domain socket reaches only this host: it reports as loopback (port 0),
+ * so every loopback rule (who may send closures, who may read whose memory)
+ * applies to it unchanged. */
+static int local_name(char *ip, size_t iplen, int *port) {
+  *port = 0;
+  snprintf(ip, iplen, "127.0.0.1");
+  return 0;
+}
+
 int rh_conn_peer(rh_conn_t *c, char *ip, size_t iplen, int *port) {
+  if (c->local) return local_name(ip, iplen, port);
   struct sockaddr_storage ss;
   int len = sizeof ss;
-  int rc = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len);
+  int rc = uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len);
   return rc ? rc : addr_name(&ss, ip, iplen, port);
 }
 
 int rh_conn_local(rh_conn_t *c, char *ip, size_t iplen, int *port) {
+  if (c->local) return local_name(ip, iplen, port);
   struct sockaddr_storage ss;
   int len = sizeof ss;
-  int rc = uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&ss, &len);
+  int rc = uv_tcp_getsockname(&c->h.tcp, (struct sockaddr *)&ss, &len);
   return rc ? rc : addr_name(&ss, ip, iplen, port);
 }
 
@@ -457,14 +502,21 @@ static int addr_name(struct sockaddr_storage *ss, char *ip, size_t iplen, int *p
 
 /* ---- listeners ---- */
 
-static void listener_closed(uv_handle_t *h) { free(h->data); }
+static void listener_closed(uv_handle_t *h) {
+  rh_listener_t *l = h->data;
+  if (l->path) {
+    unlink(l->path);
+    free(l->path);
+  }
+  free(l);
+}
 
 static void connection_cb(uv_stream_t *server, int status) {
   rh_listener_t *l = server->data;
   if (status < 0) return;
-  rh_conn_t *c = rh_conn_new(l->net, &l->cbs, NULL);
+  rh_conn_t *c = conn_new(l->net, &l->cbs, NULL, l->local);
   if (!c) return;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || start_reading(c) != 0) {
+  if (uv_accept(server, &c->h.stream) != 0 || start_reading(c) != 0) {
     c->reported = 1; /* never handed out: nobody to tell */
     conn_end(c, 0, 0);
     return;
@@ -472,15 +524,16 @@ static void connection_cb(uv_stream_t *server, int status) {
   l->on_accept(l, c);
 }
 
-rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
-                               void *data) {
+static rh_listener_t *listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data,
+                                   int local) {
   rh_listener_t *l = calloc(1, sizeof *l);
   if (!l) return NULL;
-  if (uv_tcp_init(net->loop, &l->tcp) != 0) {
+  if ((local ? uv_pipe_init(net->loop, &l->h.pipe, 0) : uv_tcp_init(net->loop, &l->h.tcp)) != 0) {
     free(l);
     return NULL;
   }
-  l->tcp.data = l;
+  l->local = local;
+  l->h.handle.data = l;
   l->net = net;
   l->cbs = *cbs;
   l->on_accept = on_accept;
@@ -488,16 +541,41 @@ rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accep
   return l;
 }
 
+rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
+                               void *data) {
+  return listener_new(net, cbs, on_accept, data, 0);
+}
+
+rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
+                                     void *data) {
+  return listener_new(net, cbs, on_accept, data, 1);
+}
+
 int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog) {
-  int rc = uv_tcp_bind(&l->tcp, addr, 0);
-  if (!rc) rc = uv_listen((uv_stream_t *)&l->tcp, backlog, connection_cb);
+  int rc = uv_tcp_bind(&l->h.tcp, addr, 0);
+  if (!rc) rc = uv_listen(&l->h.stream, backlog, connection_cb);
+  return rc;
+}
+
+/* The socket file is made by bind and removed when the listener closes. A file
+ * left there by a process that died is replaced: the caller names its file after
+ * something it holds (its TCP port), so no live listener can own that name. */
+int rh_listener_bind_local(rh_listener_t *l, const char *path, int backlog) {
+  if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) return UV_ENAMETOOLONG;
+  unlink(path);
+  int rc = uv_pipe_bind(&l->h.pipe, path);
+  if (!rc) {
+    l->path = strdup(path);
+    rc = uv_listen(&l->h.stream, backlog, connection_cb);
+  }
   return rc;
 }
 
 int rh_listener_port(rh_listener_t *l) {
+  if (l->local) return 0;
   struct sockaddr_storage ss;
   int len = sizeof ss;
-  if (uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&ss, &len) != 0) return -1;
+  if (uv_tcp_getsockname(&l->h.tcp, (struct sockaddr *)&ss, &len) != 0) return -1;
   if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
   return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
@@ -505,5 +583,5 @@ int rh_listener_port(rh_listener_t *l) {
 void *rh_listener_data(rh_listener_t *l) { return l->data; }
 
 void rh_listener_close(rh_listener_t *l) {
-  if (!uv_is_closing((uv_handle_t *)&l->tcp)) uv_close((uv_handle_t *)&l->tcp, listener_closed);
+  if (!uv_is_closing(&l->h.handle)) uv_close(&l->h.handle, listener_closed);
 }

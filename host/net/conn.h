@@ -56,6 +56,10 @@ int rh_net_busy(rh_net_t *net);
 /* Connections. `data` is the owner's pointer. */
 rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data);
 int rh_conn_connect(rh_conn_t *c, const struct sockaddr *addr);
+/* the same over a Unix-domain socket at `path` (this host only) */
+rh_conn_t *rh_conn_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data);
+int rh_conn_connect_local(rh_conn_t *c, const char *path);
+int rh_conn_is_local(rh_conn_t *c);
 void *rh_conn_data(rh_conn_t *c);
 void rh_conn_set_data(rh_conn_t *c, void *data);
 /* Queue one frame. body is copied; segments are referenced until written, then
@@ -76,6 +80,9 @@ typedef void (*rh_accept_fn)(rh_listener_t *l, rh_conn_t *c);
 rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
                                void *data);
 int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog);
+rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
+                                     void *data);
+int rh_listener_bind_local(rh_listener_t *l, const char *path, int backlog);
 int rh_listener_port(rh_listener_t *l);
 void *rh_listener_data(rh_listener_t *l);
 void rh_listener_close(rh_listener_t *l);

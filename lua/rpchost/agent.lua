@@ -48,6 +48,8 @@ function M.new(o)
     timeout = o.timeout or 60, max_running = o.num_worker_threads or 16,
     allow_bytecode = o.allow_bytecode, world = o.world,
     cma = o.cma ~= false and cma.enabled_by_env,
+    -- Unix-domain sockets between ranks on this host (RPCHOST_UNIX=0 turns them off)
+    local_sockets = o.local_sockets ~= false and os.getenv("RPCHOST_UNIX") ~= "0",
     peers = {}, by_name = {}, conns = {}, pending = {}, next_id = 0,
     running = 0, backlog = {}, early = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
@@ -81,15 +83,40 @@ end
 function Agent:listen_near(store_client, loopback)
   if loopback then
     self:listen("127.0.0.1")
+    if self.local_sockets then self:listen_local() end
     return "127.0.0.1"
   end
   self:listen("0.0.0.0")
   return store_client.conn:local_addr() or "127.0.0.1"
 end
 
--- peers: rank -> {rank, name, ip, port, info, conn, state, queue, pending}
+-- In a world that meets on loopback every rank is on this host, and a Unix-domain
+-- socket carries the same frames for about half the kernel's work of TCP over
+-- loopback (no TCP/IP stack): peers dial it first and fall back to TCP if it
+-- fails. Its file, named after our TCP port, lives in a directory only this user
+-- can enter. Not being able to make one is not an error: TCP is always there.
+function Agent:listen_local()
+  local dir, why = core.socket_dir()
+  if not dir then
+    log.debug("no Unix-domain socket: %s", tostring(why))
+    return
+  end
+  local path = ("%s/%d.sock"):format(dir, self.port)
+  local l, err = core.listen("unix:" .. path, 0, {
+    accept = function(conn) self.conns[conn] = {incoming = true} end,
+    frame = function(conn, ...) self:on_frame(conn, ...) end,
+    close = function(conn, ...) self:on_conn_close(conn, ...) end,
+  })
+  if not l then
+    log.debug("no Unix-domain socket at %s: %s", path, tostring(err))
+    return
+  end
+  self.local_listener, self.unix_path = l, path
+end
+
+-- peers: rank -> {rank, name, ip, port, unix, info, conn, state, queue, pending}
 function Agent:add_peer(w)
-  local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port,
+  local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port, unix = w.unix,
              info = WorkerInfo.new(w.rank, w.name), state = "none", queue = {}, pending = {}}
   self.peers[w.rank] = p
   self.by_name[w.name] = p
@@ -172,9 +199,18 @@ end
 
 function Agent:dial(p)
   p.state = "connecting"
-  local conn, err = core.connect(p.ip, p.port, {
+  -- the peer's Unix-domain socket when it has one on this host (see listen_local)
+  local unix = self.local_sockets and p.unix and not p.unix_failed and cma.is_loopback(p.ip)
+  local conn, err = core.connect(unix and ("unix:" .. p.unix) or p.ip, p.port, {
     connect = function(c, cerr)
-      if cerr then
+      if cerr and unix then
+        -- (a stale or unreachable socket file: TCP reaches the same peer)
+        log.debug("cannot connect to %s at %s (%s); using TCP", p.name, p.unix, cerr)
+        p.unix_failed = true
+        self.conns[c] = nil
+        if p.dialling == c then p.dialling = nil end
+        self:dial(p)
+      elseif cerr then
         self:peer_lost(p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
           p.name, p.rank, p.ip, p.port, cerr))
       else
@@ -806,6 +842,7 @@ end
 function Agent:close(why)
   self.state = "closed"
   if self.listener then self.listener:close(); self.listener = nil end
+  if self.local_listener then self.local_listener:close(); self.local_listener = nil end
   local ids = {}
   for id in pairs(self.pending) do ids[#ids + 1] = id end
   for _, id in ipairs(ids) do

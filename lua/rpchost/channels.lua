@@ -4,8 +4,9 @@
 -- memory (cross-memory attach, rpchost.cma) instead of through the socket.
 --
 -- transports: "tcp" (sockets, any host) and "shm" (this host only). Our control
--- messages always travel on a socket; "shm"-only is allowed where it means the
--- same thing: a world that meets on loopback, so every rank is on this host.
+-- messages always travel on a socket (with "shm", a Unix-domain one between ranks
+-- of a loopback world); "shm"-only is allowed where it means the same thing: a
+-- world that meets on loopback, so every rank is on this host.
 -- channels: "basic" (payload inside the message) and "shm" (payload read from
 -- the sender's memory); "cuda_ipc" and "cuda_basic" need a GPU.
 -- Left out, each means "all that work here", and shm is used per peer wherever
@@ -82,7 +83,8 @@ function M.select(opts, is_loopback)
   if ch and not ch.basic and not ch.shm then
     fail('_channels: CPU tensors need "basic" or "shm"')
   end
-  return want_shm and true or false
+  -- (2nd result: Unix-domain sockets for the frames themselves, part of "shm")
+  return want_shm and true or false, tr == nil or tr.shm == true
 end
 
 return M

@@ -20,6 +20,7 @@ M.MIN_BYTES = tonumber(os.getenv("RPCHOST_CMA_MIN")) or 256 * 1024
 M.enabled_by_env = os.getenv("RPCHOST_CMA") ~= "0"
 
 local function loopback(ip) return ip and (ip:match("^127%.") ~= nil or ip == "::1") end
+M.is_loopback = loopback
 
 -- What a HELLO carries so the peer can test reading from us (nil: off-host or off).
 function M.offer(conn, enabled)

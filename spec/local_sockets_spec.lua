@@ -1,0 +1,94 @@
+-- Ranks of a world that meets on loopback talk over Unix-domain sockets (in a
+-- private directory, named after the TCP port, removed at exit); a socket that
+-- cannot be reached falls back to TCP; _transports = {"tcp"} and RPCHOST_UNIX=0
+-- keep everything on TCP.
+local S = require "spec.support"
+
+local function world(n, body, opts)
+  local r = S.world(n, S.prelude .. body, opts)
+  return r, S.lines(r.out)
+end
+
+local function assert_oks(r, lines, names)
+  for _, name in ipairs(names) do
+    assert.is_true(lines["ok " .. name] == true, ("missing 'ok %s'\nstdout:\n%s\nstderr:\n%s"):format(
+      name, r.out, r.err))
+  end
+  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+end
+
+-- prints "path <file>" for rank 0's socket and checks how rank 0 reached rank 1
+local PROBE = [[
+  local core = require "rpchost.core"
+  local a = rpc._agent()
+  if rank == 0 then
+    print("path " .. tostring(a.unix_path))
+    check("a call works", rpc.rpc_sync("worker1", math.max, {3, 4}) == 4)
+    local p = a.peers[1]
+    local conn = p.conn
+    print("local " .. tostring(conn and conn:is_local()))
+  end
+]]
+
+describe("Unix-domain sockets between ranks on one host", function()
+  it("are used in a loopback world, in a private directory, and removed at exit", function()
+    local r, lines = world(2, [[
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      local a = rpc._agent()
+      local function stat(fmt, path)
+        local p = io.popen("stat -c " .. fmt .. " " .. path)
+        local s = p:read("*l")
+        p:close()
+        return s
+      end
+      check("the socket file exists while the world runs", stat("%F", a.unix_path) == "socket", a.unix_path)
+      check("its directory is private", stat("%a", a.unix_path:match("^(.*)/[^/]*$")) == "700")
+    ]] .. PROBE .. [[
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"a call works", "the socket file exists while the world runs", "its directory is private"})
+    assert.truthy(lines["local true"], r.out)
+    local path = r.out:match("path (%S+)")
+    assert.truthy(path and path ~= "nil", r.out)
+    assert.is_nil(io.open(path), "the socket file was left behind: " .. path)
+  end)
+
+  it("fall back to TCP when a peer's socket cannot be reached", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 1 then
+        -- take our socket file away before rank 0 dials it
+        os.remove(rpc._agent().unix_path)
+        rpc._agent().store:set("removed", "1")
+      else
+        rpc._agent().store:wait({"removed"}, 10)
+      end
+    ]] .. PROBE .. [[
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"a call works"})
+    assert.truthy(lines["local false"], r.out)
+  end)
+
+  it("are not used with _transports = {\"tcp\"} or RPCHOST_UNIX=0", function()
+    local r, lines = world(2, [[
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size,
+        rpc_backend_options = rpc.TensorPipeRpcBackendOptions{_transports = {"tcp"}}})
+    ]] .. PROBE .. [[
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"a call works"})
+    assert.truthy(lines["path nil"] and lines["local false"], r.out)
+    r, lines = world(2, [[
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+    ]] .. PROBE .. [[
+      rpc.shutdown()
+    ]], {env = {RPCHOST_UNIX = "0"}})
+    assert.are.equal(0, r.status, r.err)
+    assert.truthy(lines["path nil"] and lines["local false"], r.out)
+  end)
+end)
