@@ -528,7 +528,7 @@ function Agent:call(to, fn, args, kwargs, timeout)
   self.stats.calls_out = self.stats.calls_out + 1
   if timeout > 0 then
     call.agent, call.id, call.timeout = self, id, timeout
-    call.timer = sched.after(timeout, call_timed_out, call)
+    call.timer = sched.after_into(call, timeout, call_timed_out, call)
   end
   if p.rank == self.rank then
     -- a call to oneself: same semantics (arguments are copies), no socket

@@ -210,43 +210,69 @@ end
 core.set_codec_hooks(encode_hook, decode_hook)
 
 -- Messages with payload segments: bulk values (tensors) registered with
--- `segment` travel beside the encoded body instead of inside it.
-M.out_segments = nil -- list being filled by the encode in progress
-M.out_index = nil    -- value -> its segment number in that list
+-- `segment` travel beside the encoded body instead of inside it. Most messages
+-- have none: they share one read-only empty list, and the bookkeeping tables are
+-- reused from message to message (nothing is allocated per small message).
+local EMPTY = setmetatable({}, {__newindex = function()
+  error("rpchost.codec: the shared empty segment list is read-only", 2)
+end})
+M.EMPTY = EMPTY
+M.out_segments = nil -- list being filled by the encode in progress (made on first use)
 M.in_segments = nil  -- segments of the message being decoded
 M.in_cache = nil     -- segment number -> decoded value (sharing is kept)
+local encoding = false
+local out_index, index_used = {}, false -- value -> its segment number (cleared after use)
 
 -- Registers v as a segment of the message being encoded (once per value); returns
 -- its number, or nil when no message is being encoded (the caller then inlines).
 function M.segment(v, payload)
+  if not encoding then return nil end
   local segs = M.out_segments
-  if not segs then return nil end
-  local i = M.out_index[v]
+  if not segs then
+    segs = {}
+    M.out_segments = segs
+  end
+  local i = out_index[v]
   if i then return i end
   segs[#segs + 1] = payload
   i = #segs
-  M.out_index[v] = i
+  out_index[v] = i
+  index_used = true
   return i
 end
 
 -- Values whose encoding has effects (an RRef fork) register them here; they run
 -- only if the whole message encodes.
 M.dest_rank = nil -- the rank the message being encoded goes to
-local actions = nil
+local actions, nactions = {}, 0
 function M.after_encode(fn)
-  if actions then actions[#actions + 1] = fn end
+  if encoding then
+    nactions = nactions + 1
+    actions[nactions] = fn
+  end
+end
+
+local function finish_encode()
+  local segs = M.out_segments or EMPTY
+  M.out_segments, M.dest_rank, encoding = nil, nil, false
+  if index_used then
+    out_index, index_used = {}, false
+  end
+  return segs
 end
 
 -- encode with segments for a message to rank `dest`: body, {segments}
+-- (the list is M.EMPTY, shared and read-only, when there are none)
 function M.encode_message(dest, root, ...)
-  local segs = {}
-  M.out_segments, M.out_index, M.dest_rank = segs, {}, dest
-  actions = {}
+  M.out_segments, M.dest_rank, encoding = nil, dest, true
+  nactions = 0
   local ok, body = pcall(core.encode, root, ...)
-  local todo = actions
-  M.out_segments, M.out_index, M.dest_rank, actions = nil, nil, nil, nil
+  local segs = finish_encode()
+  local n, todo = nactions, actions
+  if n > 0 then actions = {} end -- (an action may itself encode a message)
+  nactions = 0
   if not ok then error(body, 0) end
-  for _, fn in ipairs(todo) do fn() end
+  for i = 1, n do todo[i]() end
   return body, segs
 end
 
@@ -257,7 +283,8 @@ local function decoded_message(ok, ...)
   return ...
 end
 function M.decode_message(body, segs)
-  M.in_segments, M.in_cache = segs or {}, {}
+  if segs and #segs > 0 then M.in_segments, M.in_cache = segs, {}
+  else M.in_segments, M.in_cache = EMPTY, EMPTY end
   return decoded_message(pcall(core.decode, body))
 end
 

@@ -157,7 +157,13 @@ end
 -- Calls fn() (in callback context: it must not wait) after `delay` seconds.
 -- Returns a handle for `cancel`.
 function M.after(delay, fn, arg)
-  local e = {at = now() + delay, fn = fn, arg = arg}
+  return M.after_into({}, delay, fn, arg)
+end
+
+-- The same with a table the caller already has as the handle (it gets the
+-- fields at, cb, arg and i): a hot path makes no table for its deadline.
+function M.after_into(e, delay, fn, arg)
+  e.at, e.cb, e.arg = now() + delay, fn, arg
   hn = hn + 1; heap[hn] = e; e.i = hn; up(hn)
   if heap[1] == e then rearm() end
   return e
@@ -177,7 +183,7 @@ on_timer = function()
   while hn > 0 and heap[1].at <= t do
     local e = heap[1]
     hremove(e)
-    local ok, err = xpcall(e.fn, debug.traceback, e.arg)
+    local ok, err = xpcall(e.cb, debug.traceback, e.arg)
     if not ok then io.stderr:write("rpchost: error in a deadline callback: ", tostring(err), "\n") end
   end
   rearm()
