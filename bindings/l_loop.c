@@ -65,9 +65,14 @@ static int l_timer_stop(lua_State *L) {
   return 0;
 }
 
+/* core.flush(): queued frames out now, from a task. A connection that fails
+ * meanwhile reports its end from the loop, not inside this call. */
 static int l_flush(lua_State *L) {
   (void)L;
-  rh_net_flush(&rh_ctx()->net);
+  rh_net_t *net = &rh_ctx()->net;
+  net->defer_close_reports++;
+  rh_net_flush(net);
+  net->defer_close_reports--;
   return 0;
 }
 

@@ -63,6 +63,7 @@ struct rh_conn_s {
   uv_connect_t connect_req;
   uv_shutdown_t shutdown_req;
   size_t inflight; /* bytes handed to uv_write, not yet done */
+  int end_status, end_version; /* why it ended, for a deferred report */
 };
 
 struct rh_listener_s {
@@ -115,6 +116,7 @@ static void report_close(rh_conn_t *c, int status, int peer_version) {
 
 static void close_done(uv_handle_t *h) {
   rh_conn_t *c = h->data;
+  report_close(c, c->end_status, c->end_version); /* when conn_end deferred it */
   if (c->prev_all) c->prev_all->next_all = c->next_all;
   else c->net->all = c->next_all;
   if (c->next_all) c->next_all->prev_all = c->prev_all;
@@ -131,7 +133,9 @@ static void close_done(uv_handle_t *h) {
 static void conn_end(rh_conn_t *c, int status, int peer_version) {
   if (c->closing) return;
   c->closing = 1;
-  report_close(c, status, peer_version);
+  c->end_status = status;
+  c->end_version = peer_version;
+  if (!c->net->defer_close_reports) report_close(c, status, peer_version);
   uv_close(&c->h.handle, close_done);
 }
 

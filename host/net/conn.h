@@ -44,6 +44,10 @@ struct rh_net_s {
   rh_seg_free_fn seg_free;
   void *seg_ctx;
   uint64_t bytes_out, bytes_in;
+  /* > 0 while a caller that must not be re-entered (a Lua task sending or
+   * flushing) is inside the library: a connection that fails then reports its
+   * end from libuv's close callback instead of at once */
+  int defer_close_reports;
 };
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);
