@@ -89,6 +89,15 @@ describe("CUDA without a GPU", function()
     assert.truthy(r.out:find("why: cannot load $RPCHOST_CUDA_LIB: /nonexistent/librpchost_cuda.so", 1, true), r.out)
     assert.truthy(r.out:find("false\t.*CUDA is not available: cannot load"), r.out)
   end)
+
+  it("refuses a library that is not its own kernels library, naming it", function()
+    local libm = "/lib/x86_64-linux-gnu/libm.so.6"
+    if not io.open(libm) then return pending("no " .. libm .. " here") end
+    local r = S.world(1, [[print("why: " .. require("tensor").cuda.why_unavailable())]],
+      {env = {RPCHOST_CUDA_LIB = libm}})
+    assert.are.equal(0, r.status, r.err)
+    assert.truthy(r.out:find("why: " .. libm .. " is not the CUDA kernels library of this rpchost", 1, true), r.out)
+  end)
 end)
 
 describe("device_maps and devices", function()

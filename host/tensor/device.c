@@ -22,9 +22,12 @@ static const rhc_api_t *api;
 static int tried, ndev;
 static char why[768] = "";
 
+static char lib_path[4200];
+
 static void *open_lib(void) {
   const char *env = getenv("RPCHOST_CUDA_LIB");
   if (env && *env) {
+    snprintf(lib_path, sizeof lib_path, "%s", env);
     void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
     if (!h) snprintf(why, sizeof why, "cannot load $RPCHOST_CUDA_LIB: %s", dlerror());
     return h;
@@ -44,6 +47,7 @@ static void *open_lib(void) {
     FILE *f = fopen(path[i], "rb");
     if (!f) continue;
     fclose(f);
+    snprintf(lib_path, sizeof lib_path, "%s", path[i]);
     void *h = dlopen(path[i], RTLD_NOW | RTLD_LOCAL);
     if (h) return h;
     snprintf(why, sizeof why, "cannot load %.300s: %.400s", path[i], dlerror());
@@ -62,8 +66,8 @@ static void load(void) {
   rhc_get_api_fn get = (rhc_get_api_fn)dlsym(h, "rhc_get_api");
   const rhc_api_t *a = get ? get(RHC_ABI_VERSION) : NULL;
   if (!a) {
-    snprintf(why, sizeof why, CUDA_LIB_NAME " is from another rpchost version (ABI %d expected); rebuild both",
-             RHC_ABI_VERSION);
+    snprintf(why, sizeof why, "%.600s is not the CUDA kernels library of this rpchost (no rhc_get_api for ABI %d); "
+             "rebuild both from one source tree", lib_path, RHC_ABI_VERSION);
     dlclose(h);
     return;
   }
