@@ -243,6 +243,33 @@ describe("collectives", function()
     assert_clean(r, 2)
   end)
 
+  it("name a mismatch of an earlier async collective while a later one waits too", function()
+    -- rank 0 has two all_reduce Works waiting on rank 1; rank 1's first call is a
+    -- broadcast: the first Work must see the mismatch at once, not at its timeout
+    local r = run_world(2, [[
+      dist.init_process_group{backend = "gloo", timeout = 20}
+      if rank == 0 then
+        local t0 = sched.now()
+        local w1 = dist.all_reduce(tensor.ones(4), {async_op = true})
+        local w2 = dist.all_reduce(tensor.ones(4), {async_op = true})
+        local ok, e = pcall(w1.wait, w1)
+        check("the first Work names the mismatch", not ok and tostring(e.message):find("collective mismatch", 1, true)
+          and tostring(e.message):find("broadcast", 1, true), e)
+        check("at once", sched.now() - t0 < 5, sched.now() - t0)
+        pcall(w2.wait, w2)
+      else
+        sched.sleep(0.3)
+        pcall(dist.broadcast, tensor.ones(4), 1)
+        sched.sleep(1)
+      end
+      os.exit(0)
+    ]], {timeout = 40})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    assert.truthy(r.out:find("ok the first Work names the mismatch", 1, true), r.out .. r.err)
+    assert.truthy(r.out:find("ok at once", 1, true), r.out .. r.err)
+  end)
+
   it("fail with unreachable, naming the rank, when a rank dies", function()
     local r = run_world(3, [[
       dist.init_process_group{backend = "gloo", timeout = 30}

@@ -767,9 +767,14 @@ function Agent:on_message(src, body, segs)
   box[key] = values
   -- a receiver waiting on this sender for another key of the same prefix wants
   -- to look at it (a collective checks that both sides make the same call)
-  local watch = self.mail_watch[src]
-  if watch and key ~= watch.key and key:sub(1, #watch.prefix) == watch.prefix then
-    sched.wake(watch.task, {other = true, values = values})
+  -- (one watch per waiting task: concurrent async collectives each keep theirs)
+  local watches = self.mail_watch[src]
+  if watches then
+    for task, w in pairs(watches) do
+      if key ~= w.key and key:sub(1, #w.prefix) == w.prefix then
+        sched.wake(task, {other = true, values = values})
+      end
+    end
   end
 end
 
@@ -813,11 +818,16 @@ function Agent:receive(rank, key, timeout, what, prefix, on_other)
     if not ws then ws = {}; self.mail_waiters[rank] = ws end
     local me = sched.current()
     ws[key] = me
-    if prefix then self.mail_watch[rank] = {prefix = prefix, key = key, task = me} end
+    local watches
+    if prefix then
+      watches = self.mail_watch[rank]
+      if not watches then watches = {}; self.mail_watch[rank] = watches end
+      watches[me] = {prefix = prefix, key = key}
+    end
     local left = deadline and deadline - sched.now() or nil
     local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
     if ws[key] == me then ws[key] = nil end
-    if self.mail_watch[rank] and self.mail_watch[rank].task == me then self.mail_watch[rank] = nil end
+    if watches then watches[me] = nil end
     if not woke then
       error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
         what or "a message", rank), {rank = rank}), 0)
