@@ -74,7 +74,7 @@ check("a CPU tensor is refused on nccl", not okc and tostring(e):find("CUDA tens
 
 local big = full(1, 64 * 1024 * 1024)
 dist.all_reduce(big)
-tensor.cuda.synchronize()
+tensor.cuda.synchronize(dev) -- this rank's device (rank 1 is on cuda:1)
 local t0, iters = core.now(), 10
 for _ = 1, iters do dist.all_reduce(big) end
 local s = (core.now() - t0) / iters

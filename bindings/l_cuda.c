@@ -99,7 +99,9 @@ static int l_event(lua_State *L) {
 /* event_done(ev) -> true | false | nil, message (the queued work failed) */
 static int l_event_done(lua_State *L) {
   const rhc_api_t *api = need_api(L);
-  int r = api->event_done(lua_touserdata(L, 1));
+  void *ev = lua_touserdata(L, 1);
+  if (!ev) return luaL_error(L, "cuda_event_done: an event from cuda_event expected"); /* the library dereferences it */
+  int r = api->event_done(ev);
   if (r < 0) {
     lua_pushnil(L);
     lua_pushstring(L, api->last_error());
@@ -186,11 +188,23 @@ static void *dev_data(lua_State *L, int i, int64_t *count, int *dtype) {
   return rh_tensor_data(t);
 }
 
+/* NCCL reads and writes `count` elements of ONE dtype through raw pointers: a
+ * receive buffer smaller than NCCL writes, or of another dtype, would corrupt
+ * device memory. want_recv: how many elements recv must hold, from the send
+ * count (n) and the receive count (m) as the call defines them. */
+static void check_pair(lua_State *L, const char *what, int dt, int dt2, int64_t m, int64_t want_recv) {
+  if (dt != dt2) luaL_error(L, "%s: the send and receive tensors must have the same dtype", what);
+  if (m != want_recv)
+    luaL_error(L, "%s: the receive tensor has %lld elements, the call needs %lld", what, (long long)m,
+               (long long)want_recv);
+}
+
 static int l_nccl_all_reduce(lua_State *L) {
   const rhc_api_t *api = need_api(L);
   int64_t n, m;
   int dt, dt2;
   void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
+  check_pair(L, "nccl_all_reduce", dt, dt2, m, n);
   check_rc(L, api, api->nccl_all_reduce(check_comm(L, 1), s, r, n, dt, (int)luaL_checkinteger(L, 4)));
   return 0;
 }
@@ -209,27 +223,36 @@ static int l_nccl_reduce(lua_State *L) {
   int64_t n, m;
   int dt, dt2;
   void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
+  check_pair(L, "nccl_reduce", dt, dt2, m, n);
   check_rc(L, api, api->nccl_reduce(check_comm(L, 1), s, r, n, dt, (int)luaL_checkinteger(L, 4),
                                     (int)luaL_checkinteger(L, 5)));
   return 0;
 }
 
-/* all_gather(comm, send, recv): recv holds nranks x numel(send) */
+/* all_gather(comm, send, recv, nranks): recv holds nranks x numel(send) */
 static int l_nccl_all_gather(lua_State *L) {
   const rhc_api_t *api = need_api(L);
   int64_t n, m;
   int dt, dt2;
   void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
+  int64_t nranks = (int64_t)luaL_checkinteger(L, 4);
+  check_pair(L, "nccl_all_gather", dt, dt2, m, nranks * n);
   check_rc(L, api, api->nccl_all_gather(check_comm(L, 1), s, r, n, dt));
   return 0;
 }
 
-/* reduce_scatter(comm, send, recv, op): send holds nranks x numel(recv) */
+/* reduce_scatter(comm, send, recv, op, nranks): send holds nranks x numel(recv) */
 static int l_nccl_reduce_scatter(lua_State *L) {
   const rhc_api_t *api = need_api(L);
   int64_t n, m;
   int dt, dt2;
   void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
+  int64_t nranks = (int64_t)luaL_checkinteger(L, 5);
+  /* NCCL reads nranks x m elements from send */
+  if (dt != dt2) return luaL_error(L, "nccl_reduce_scatter: the send and receive tensors must have the same dtype");
+  if (n != nranks * m)
+    return luaL_error(L, "nccl_reduce_scatter: the send tensor has %lld elements, the call needs %lld", (long long)n,
+                      (long long)(nranks * m));
   check_rc(L, api, api->nccl_reduce_scatter(check_comm(L, 1), s, r, m, dt, (int)luaL_checkinteger(L, 4)));
   return 0;
 }

@@ -45,7 +45,10 @@ local function nccl_device(o)
   local ok, nwhy = core.nccl_available()
   if not ok then cfg("init_process_group: backend \"nccl\" cannot load NCCL: %s; use \"gloo\"", nwhy) end
   if o.device_id ~= nil then
-    return require("tensor")._device_index(o.device_id, "init_process_group: device_id", 2)
+    local d = require("tensor")._device_index(o.device_id, "init_process_group: device_id", 2)
+    -- "cpu" parses as -1: NCCL communicators live on a CUDA device
+    if d < 0 then cfg("init_process_group: backend \"nccl\" needs a CUDA device_id, got %s", tostring(o.device_id)) end
+    return d
   end
   return (env.local_rank() or 0) % n
 end

@@ -112,6 +112,11 @@ codec.ag_attach = function(id, src, send, t)
     name = "recv", inputs = {n = 0},
     backward = function(g)
       local a = rpc()._agent()
+      -- a CUDA gradient goes back as a host tensor: this worker may have no device
+      -- map towards `src` (only the forward direction needs one), and the sender
+      -- puts it on its own tensor's device (_propagate). CUDA tensors travel as
+      -- host bytes anyway, so this costs no extra transfer.
+      if core.t_device(g) >= 0 then g = core.t_to_device(g, -1) end
       a:call(src, M._propagate, {id, send, g}, nil, 0):wait()
     end,
   }, autograd.Node)}
@@ -130,6 +135,8 @@ function M._propagate(id, send, g)
   local c = need(id, "backward")
   local t = c.sends[send]
   if not t then error(("unknown send %s in context %s"):format(tostring(send), tostring(id)), 0) end
+  -- the gradient of a tensor lives on that tensor's device
+  if core.t_is_tensor(g) and core.t_device(g) ~= core.t_device(t) then g = core.t_to_device(g, core.t_device(t)) end
   local task = sched.current()
   local outer = task.ag_ctx
   task.ag_ctx = id

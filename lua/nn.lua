@@ -59,9 +59,18 @@ end
 -- the device; the moved parameters are new leaf tensors, so make the optimizer
 -- after moving the module, as in PyTorch
 function Module:to(device)
+  -- compare devices by index ("cuda", "cuda:0" and 0 are one device): a
+  -- parameter already there stays the same tensor, so an optimizer made
+  -- earlier still holds the module's parameters after model:cuda() on a model
+  -- that is already on the GPU
+  local want = device
+  if type(device) == "string" or type(device) == "number" then
+    local d = tensor._device_index(device, "to", 2)
+    want = d < 0 and "cpu" or ("cuda:" .. d)
+  end
   for _, p in ipairs(self._params) do
     local t = self[p[1]]
-    if t.device ~= device then
+    if t.device ~= want then
       local moved = t:detach():to(device)
       moved.requires_grad = true
       self[p[1]] = moved

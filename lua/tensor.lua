@@ -591,6 +591,7 @@ end
 
 local function format_tensor(t)
   local device = core.t_device(t)
+  local orig = t -- autograd state (grad_fn, requires_grad) belongs to the tensor itself
   if device >= 0 then t = core.t_to_device(t, -1) end -- printed from a host copy
   local dt = props.dtype(t)
   local sizes = core.t_size(t)
@@ -651,9 +652,9 @@ local function format_tensor(t)
   if dt ~= tensor.float32 and dt ~= tensor.int64 and dt ~= tensor.bool then
     extras[#extras + 1] = "dtype=" .. tostring(dt)
   end
-  local fn = tensor._grad_fn(t)
+  local fn = tensor._grad_fn(orig)
   if fn then extras[#extras + 1] = "grad_fn=" .. tostring(fn)
-  elseif tensor._requires_grad(t) then extras[#extras + 1] = "requires_grad=True" end
+  elseif tensor._requires_grad(orig) then extras[#extras + 1] = "requires_grad=True" end
   return "tensor(" .. body .. (#extras > 0 and (", " .. table.concat(extras, ", ")) or "") .. ")"
 end
 T.__tostring = format_tensor

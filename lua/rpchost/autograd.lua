@@ -218,6 +218,10 @@ end
 local function install_unary(name, fwd, df)
   local f = function(a, ...)
     local out = fwd(a, ...)
+    -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
+    -- what was asked) returns the input itself: recording a node on it would
+    -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
+    if rawequal(out, a) then return out end
     local args = table.pack(...)
     return M.record(out, name, table.pack(a), function(g) return df(g, a, out, unpack(args, 1, args.n)) end)
   end
@@ -309,9 +313,13 @@ function M.install(t_module)
     local out = core.t_slice(a, d0, first, stop, step)
     return M.record(out, "slice", table.pack(a), into_zeros(a, function(z) return core.t_slice(z, d0, first, stop, step) end))
   end
-  install_unary("to", orig.to, function(g, a) return core.t_cast(g, core.t_dtype(a)) end)
+  -- to() may change the dtype and the device at once (to("cuda:1", float64), to(other)):
+  -- its node replaces the ones recorded inside it, so the gradient goes back to
+  -- both the input's dtype and the input's device
+  local function back_to(g, a) return core.t_to_device(core.t_cast(g, core.t_dtype(a)), core.t_device(a)) end
+  install_unary("to", orig.to, back_to)
   for _, k in ipairs({"float", "double"}) do
-    install_unary(k, orig[k], function(g, a) return core.t_cast(g, core.t_dtype(a)) end)
+    install_unary(k, orig[k], back_to)
   end
 
   -- reductions

@@ -97,7 +97,11 @@ function DDP:finish()
     local off = 1
     for _, p in ipairs(b.params) do
       local avg = b.flat:narrow(1, off, p:numel()):view(p:size())
-      p.grad = avg:clone()
+      -- the bucket lives on its first parameter's device: each gradient goes
+      -- back to its own parameter's device (a module may span devices)
+      local g = avg:clone()
+      if g.device ~= p.device then g = g:to(p.device) end
+      p.grad = g
       off = off + p:numel()
     end
   end

@@ -49,7 +49,13 @@ function M.new(client, prefix, gid, ranks, me, device, timeout)
   local comm = core.nccl_init(device, #ranks, me, client:get(key))
   local g = setmetatable({comm = comm, device = device, ranks = ranks, rank = me, size = #ranks,
                           timeout = timeout, id = gid}, Group)
-  if poll(function() return core.nccl_ready(comm) end, timeout, "NCCL init") == "timeout" then
+  -- a failed init is aborted too (NCCL frees a communicator only through abort/destroy)
+  local ok, r = pcall(poll, function() return core.nccl_ready(comm) end, timeout, "NCCL init")
+  if not ok then
+    g:abort()
+    error(r, 0)
+  end
+  if r == "timeout" then
     g:abort()
     fail("timeout", ("init_process_group: NCCL did not connect the %d ranks of group %s within %g s"):format(
       #ranks, tostring(gid), timeout))
@@ -91,16 +97,26 @@ local function operand(self, t, what)
   return core.t_contiguous(t)
 end
 
--- Waits for the work queued so far on the device; aborts on timeout.
+-- Waits for the work queued so far on the device; aborts on timeout and on an
+-- NCCL error (a communicator in error cannot be used again). The event is freed
+-- on every path. Another task may abort the communicator while this one sleeps
+-- (a concurrent async_op that timed out): the freed communicator is never polled.
 function Group:finish(what)
-  local ev = core.cuda_event(self.device)
   local comm = self.comm
-  local r = poll(function()
-    local ok, err = core.nccl_ready(comm)
-    if ok == nil then return nil, err end
+  local ev = core.cuda_event(self.device)
+  local ok, r = pcall(poll, function()
+    if self.comm ~= comm then
+      return nil, "the NCCL communicator was aborted by another operation's failure or timeout"
+    end
+    local ready, err = core.nccl_ready(comm)
+    if ready == nil then return nil, err end
     return core.cuda_event_done(ev)
   end, self.timeout, what)
   core.cuda_event_free(ev)
+  if not ok then
+    if self.comm == comm then self:abort() end
+    error(r, 0)
+  end
   if r == "timeout" then
     self:abort()
     fail("timeout", ("%s did not complete within %g s (a rank of the group did not call it, or is stuck); " ..
@@ -155,10 +171,18 @@ function Group:all_gather(list, t)
   check_list(self, list, "all_gather")
   need_comm(self, "all_gather")
   local x = operand(self, t, "all_gather")
+  -- every output holds one rank's input (a copy would otherwise broadcast into a
+  -- larger one silently)
+  for i = 1, self.size do
+    if not core.t_is_tensor(list[i]) or core.t_numel(list[i]) ~= core.t_numel(t) then
+      fail("config", ("all_gather: output %d must be a tensor of %d elements, like the input"):format(i,
+        core.t_numel(t)))
+    end
+  end
   local buf = stacked(self, t)
-  core.nccl_all_gather(self.comm, x, buf)
+  core.nccl_all_gather(self.comm, x, buf, self.size) -- (the binding checks buf holds size x numel)
   self:finish("all_gather")
-  for i = 1, self.size do core.t_copy_(list[i], core.t_view(core.t_select(buf, 0, i - 1), core.t_size(t), true)) end
+  for i = 1, self.size do core.t_copy_(list[i], core.t_view(core.t_select(buf, 0, i - 1), core.t_size(list[i]), true)) end
 end
 
 function Group:reduce_scatter(t, list, op)
@@ -166,59 +190,75 @@ function Group:reduce_scatter(t, list, op)
   check_list(self, list, "reduce_scatter")
   need_comm(self, "reduce_scatter")
   local buf = stacked(self, t)
-  for i = 1, self.size do core.t_copy_(core.t_select(buf, 0, i - 1), core.t_view(list[i], {-1}, false)) end
-  in_place(self, t, "reduce_scatter", function(x) core.nccl_reduce_scatter(self.comm, buf, x, code) end)
+  local n = core.t_numel(t)
+  for i = 1, self.size do
+    -- same element count as the output (a copy would otherwise broadcast a
+    -- smaller piece silently); reshape, since a piece may be a strided view
+    if not core.t_is_tensor(list[i]) or core.t_numel(list[i]) ~= n then
+      fail("config", ("reduce_scatter: piece %d must be a tensor of %d elements, like the output"):format(i, n))
+    end
+    core.t_copy_(core.t_select(buf, 0, i - 1), core.t_view(list[i], {-1}, true))
+  end
+  in_place(self, t, "reduce_scatter", function(x) core.nccl_reduce_scatter(self.comm, buf, x, code, self.size) end)
 end
 
 -- gather / scatter: point-to-point calls fused in one NCCL group call.
--- p2p(what, calls): calls() returns the receive targets {tensor, operand}, copied
--- back once the fused call completes.
-local function p2p(self, what, calls)
+-- p2p(what, ops): ops is a list of {"send"|"recv", tensor, operand, peer}; every
+-- operand is checked and made (contiguous copies) BEFORE the group opens, so a
+-- bad argument never leaves a half-issued group behind, and the list keeps the
+-- operands alive until the fused call completes (a staged copy collected earlier
+-- would hand its memory to another tensor while NCCL still reads or writes it).
+-- An NCCL error inside the open group closes it and aborts the communicator:
+-- some of the calls may already be queued, so its state is unknown. Received
+-- operands are copied back into their tensors once the call completes.
+local function p2p(self, what, ops)
   need_comm(self, what)
+  local comm = self.comm
   core.nccl_group_start()
-  local ok, targets = pcall(calls)
-  core.nccl_group_end()
-  if not ok then error(targets, 0) end
+  local ok, err = pcall(function()
+    for _, op in ipairs(ops) do
+      if op[1] == "send" then core.nccl_send(comm, op[3], op[4]) else core.nccl_recv(comm, op[3], op[4]) end
+    end
+  end)
+  local eok, eerr = pcall(core.nccl_group_end)
+  if not ok or not eok then
+    self:abort()
+    fail("unreachable", ("%s failed: %s; the NCCL communicator was aborted"):format(what,
+      tostring(ok and eerr or err)))
+  end
   self:finish(what)
-  for _, tx in ipairs(targets) do
-    if tx[1] ~= tx[2] then core.t_copy_(tx[1], tx[2]) end
+  for _, op in ipairs(ops) do
+    if op[1] == "recv" and op[2] ~= op[3] then core.t_copy_(op[2], op[3]) end
   end
 end
 
 function Group:gather(t, list, root)
   local x = operand(self, t, "gather")
-  if self.rank == root then check_list(self, list, "gather") end
-  p2p(self, "gather", function()
-    local targets = {}
-    if self.rank ~= root then
-      core.nccl_send(self.comm, x, root)
-      return targets
-    end
+  local ops = {}
+  if self.rank ~= root then
+    ops[1] = {"send", t, x, root}
+  else
+    check_list(self, list, "gather")
     for i = 0, self.size - 1 do
-      if i ~= root then
-        local y = operand(self, list[i + 1], "gather")
-        core.nccl_recv(self.comm, y, i)
-        targets[#targets + 1] = {list[i + 1], y}
-      end
+      if i ~= root then ops[#ops + 1] = {"recv", list[i + 1], operand(self, list[i + 1], "gather"), i} end
     end
-    return targets
-  end)
+  end
+  p2p(self, "gather", ops)
   if self.rank == root then core.t_copy_(list[root + 1], t) end
 end
 
 function Group:scatter(t, list, root)
-  if self.rank == root then check_list(self, list, "scatter") end
   local x = operand(self, t, "scatter")
-  p2p(self, "scatter", function()
-    if self.rank ~= root then
-      core.nccl_recv(self.comm, x, root)
-      return {{t, x}}
-    end
+  local ops = {}
+  if self.rank ~= root then
+    ops[1] = {"recv", t, x, root}
+  else
+    check_list(self, list, "scatter")
     for i = 0, self.size - 1 do
-      if i ~= root then core.nccl_send(self.comm, operand(self, list[i + 1], "scatter"), i) end
+      if i ~= root then ops[#ops + 1] = {"send", list[i + 1], operand(self, list[i + 1], "scatter"), i} end
     end
-    return {}
-  end)
+  end
+  p2p(self, "scatter", ops)
   if self.rank == root then core.t_copy_(t, list[root + 1]) end
 end
 
