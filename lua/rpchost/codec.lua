@@ -241,6 +241,11 @@ function M.segment(v, payload)
   return i
 end
 
+-- The segment number v already has in the message being encoded, or nil.
+function M.segment_index(v)
+  return encoding and out_index[v] or nil
+end
+
 -- Values whose encoding has effects (an RRef fork) register them here; they run
 -- only if the whole message encodes.
 M.dest_rank = nil -- the rank the message being encoded goes to

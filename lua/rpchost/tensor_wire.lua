@@ -34,13 +34,13 @@ function M.install(tensor)
     local dtype, sizes = core.t_dtype(t), core.t_size(t)
     local dev, host = core.t_device(t), t
     -- a CUDA tensor travels as host bytes tagged with the device it lands on
-    if dev >= 0 then
-      dev = target_device(dev)
-      host = core.t_to_device(t, -1)
-    else
-      dev = nil
+    -- (copied to the host once per message, however often it appears in it)
+    if dev >= 0 then dev = target_device(dev) else dev = nil end
+    local i = codec.segment_index(t)
+    if not i then
+      if dev then host = core.t_to_device(t, -1) end
+      i = codec.segment(t, core.t_contiguous(host))
     end
-    local i = codec.segment(t, core.t_contiguous(host))
     -- inside a distributed autograd context, a tensor that requires gradients
     -- carries the context and a send id, so gradients can flow back to it
     local ctx, send = codec.ag_out, nil
