@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -70,6 +71,8 @@ struct rh_listener_s {
   rh_sock_t h;
   int local;
   char *path; /* a Unix-domain listener's socket file, removed when it closes */
+  ino_t ino;  /* ... and which file that is (another may take the name later) */
+  dev_t dev;
   rh_net_t *net;
   rh_conn_cbs_t cbs;
   rh_accept_fn on_accept;
@@ -508,11 +511,16 @@ static int addr_name(struct sockaddr_storage *ss, char *ip, size_t iplen, int *p
 
 static void listener_closed(uv_handle_t *h) {
   rh_listener_t *l = h->data;
-  if (l->path) {
-    unlink(l->path);
-    free(l->path);
-  }
+  free(l->path);
   free(l);
+}
+
+/* Removes a Unix-domain listener's socket file, if it is still the one it made:
+ * once our TCP port is released another process may take the same port and
+ * bind a file of the same name, which must not be removed. */
+static void unlink_own(rh_listener_t *l) {
+  struct stat st;
+  if (l->path && stat(l->path, &st) == 0 && st.st_ino == l->ino && st.st_dev == l->dev) unlink(l->path);
 }
 
 static void connection_cb(uv_stream_t *server, int status) {
@@ -569,7 +577,12 @@ int rh_listener_bind_local(rh_listener_t *l, const char *path, int backlog) {
   unlink(path);
   int rc = uv_pipe_bind(&l->h.pipe, path);
   if (!rc) {
+    struct stat st;
     l->path = strdup(path);
+    if (l->path && stat(path, &st) == 0) {
+      l->ino = st.st_ino;
+      l->dev = st.st_dev;
+    }
     rc = uv_listen(&l->h.stream, backlog, connection_cb);
   }
   return rc;
@@ -587,5 +600,7 @@ int rh_listener_port(rh_listener_t *l) {
 void *rh_listener_data(rh_listener_t *l) { return l->data; }
 
 void rh_listener_close(rh_listener_t *l) {
-  if (!uv_is_closing(&l->h.handle)) uv_close(&l->h.handle, listener_closed);
+  if (uv_is_closing(&l->h.handle)) return;
+  unlink_own(l); /* now, while the caller still holds the TCP port the name is made of */
+  uv_close(&l->h.handle, listener_closed);
 }

@@ -274,6 +274,18 @@ function Agent:peer_lost(p, conn, why, kind)
   end
 end
 
+-- Another established connection to p takes over from a closed one; true if so.
+function Agent:take_over(p)
+  for c, s in pairs(self.conns) do
+    if s.rank == p.rank and s.ready and c:is_open() then
+      p.conn = c
+      p.dialling = nil
+      return true
+    end
+  end
+  return false
+end
+
 function Agent:on_conn_close(conn, status, msg, peer_version)
   local st = self.conns[conn]
   self.conns[conn] = nil
@@ -283,13 +295,24 @@ function Agent:on_conn_close(conn, status, msg, peer_version)
   if not st or not st.rank then return end
   local p = self.peers[st.rank]
   if not p then return end
+  self:conn_gone(p, conn, msg, peer_version, 0)
+end
+
+-- p's connection `conn` is gone: another one takes over, or p is lost.
+-- Two ranks that dialled each other hold two connections; a peer that leaves
+-- closes both, and the kernel may show us one's end before the other's last
+-- frames (they are separate sockets). While another connection is still open
+-- whose handshake is not read yet, wait (a little, a few times) before calling
+-- the peer lost.
+function Agent:conn_gone(p, conn, msg, peer_version, waited)
   if p.conn ~= conn and p.dialling ~= conn then return end
-  -- another established connection to the same peer takes over
-  for c, s in pairs(self.conns) do
-    if s.rank == p.rank and s.ready and c:is_open() then
-      p.conn = c
-      p.dialling = nil
-      return
+  if self:take_over(p) then return end
+  if (peer_version == nil or peer_version == 0) and waited < 5 and self.state == "running" then
+    for c, s in pairs(self.conns) do
+      if c:is_open() and not s.ready and (s.rank == p.rank or s.rank == nil) then
+        sched.after(0.05, function() self:conn_gone(p, conn, msg, peer_version, waited + 1) end)
+        return
+      end
     end
   end
   if peer_version and peer_version ~= 0 then
@@ -851,8 +874,9 @@ end
 -- Closes every connection; pending calls fail with kind "shutdown".
 function Agent:close(why)
   self.state = "closed"
-  if self.listener then self.listener:close(); self.listener = nil end
+  -- (the Unix-domain one first: its file is named after the TCP port we still hold)
   if self.local_listener then self.local_listener:close(); self.local_listener = nil end
+  if self.listener then self.listener:close(); self.listener = nil end
   local ids = {}
   for id in pairs(self.pending) do ids[#ids + 1] = id end
   for _, id in ipairs(ids) do
