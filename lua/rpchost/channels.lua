@@ -8,7 +8,8 @@
 -- of a loopback world); "shm"-only is allowed where it means the same thing: a
 -- world that meets on loopback, so every rank is on this host.
 -- channels: "basic" (payload inside the message) and "shm" (payload read from
--- the sender's memory); "cuda_ipc" and "cuda_basic" need a GPU.
+-- the sender's memory); "cuda_ipc" and "cuda_basic" need a GPU, and CUDA tensors
+-- always go through host memory ("cuda_basic"; "cuda_ipc" alone is refused).
 -- Left out, each means "all that work here", and shm is used per peer wherever
 -- the handshake proves it works. Named explicitly, a channel that cannot work on
 -- this machine is an error that says why, not a silent fallback.
@@ -65,6 +66,12 @@ function M.select(opts, is_loopback)
         fail(('_channels: "%s" moves CUDA tensors, but no GPU can be used here ' ..
           '(tensor.cuda.is_available() is false); leave it out, or use "basic"'):format(cuda))
       end
+    end
+    -- CUDA tensors travel through host memory (what TensorPipe's cuda_basic does);
+    -- there is no CUDA IPC path, so asking for it alone is refused, not downgraded
+    if ch.cuda_ipc and not ch.cuda_basic then
+      fail('_channels: "cuda_ipc" (device-to-device over CUDA IPC) is not implemented; CUDA tensors ' ..
+        'travel through host memory: use "cuda_basic"')
     end
   end
   local want_shm = (tr == nil or tr.shm) and (ch == nil or ch.shm)
