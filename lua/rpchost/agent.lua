@@ -600,7 +600,11 @@ function Agent:on_response(id, flags, body, segs)
   elseif bit.band(flags, proto.FLAG_ERROR) ~= 0 then
     call.fut:set_error(r[2])
   else
-    call.fut:set_packed(pack(unpack(r, 2, r.n)))
+    -- the results are r[2..n]: shift them down in place (no second table per reply)
+    local n = r.n
+    for i = 2, n do r[i - 1] = r[i] end
+    r[n], r.n = nil, n - 1
+    call.fut:set_packed(r)
   end
 end
 
