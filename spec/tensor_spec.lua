@@ -350,3 +350,25 @@ describe("tensor memory", function()
     assert.are.equal(base, tensor.live_bytes())
   end)
 end)
+
+describe("large tensor storage", function()
+  it("reuses freed large buffers without mixing up values", function()
+    -- storages of 4 MiB and more are kept for reuse after they are freed (on huge
+    -- pages): a new tensor of the same size may get an old buffer, and must hold
+    -- only its own values; live_bytes counts only live tensors
+    local base = tensor.live_bytes()
+    local n = 2 * 1024 * 1024 -- 8 MiB of float32
+    for round = 1, 6 do
+      local a = tensor.full({n}, round)           -- zero-filled storage, then filled
+      local b = a + 1                             -- an op result: an uninitialised large buffer
+      local c = b * 2
+      assert.are.equal(n * (round + 1), b:sum():item())
+      assert.are.equal(2 * n * (round + 1), c:sum():item())
+      assert.are.equal(round + 1, b[n]:item())
+      a, b, c = nil, nil, nil
+      collectgarbage()
+      collectgarbage()
+    end
+    assert.are.equal(base, tensor.live_bytes())
+  end)
+end)
