@@ -210,6 +210,11 @@ static int l_info(lua_State *L) {
   return 6;
 }
 
+static int l_is_contiguous(lua_State *L) {
+  lua_pushboolean(L, rh_tensor_is_contiguous(rh_lua_checktensor(L, 1)));
+  return 1;
+}
+
 static int l_dtype(lua_State *L) {
   lua_pushinteger(L, rh_lua_checktensor(L, 1)->dtype);
   return 1;
@@ -649,7 +654,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
       {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
       {"t_address", l_address}, {"cma_read", l_cma_read}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
-      {"t_device", l_device}, {"t_to_device", l_to_device},
+      {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
       {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);

@@ -284,7 +284,7 @@ function methods.stride(t, d)
   return strides[dim0(t, d, "stride") + 1]
 end
 function methods.storage_offset(t) return select(5, core.t_info(t)) end
-function methods.is_contiguous(t) return select(6, core.t_info(t)) end
+function methods.is_contiguous(t) return core.t_is_contiguous(t) end
 function methods.type(t) return "tensor." .. dtypes[core.t_dtype(t)].name end
 function methods.element_size(t) return core.dtype_size(core.t_dtype(t)) end
 
@@ -337,7 +337,11 @@ end
 function methods.unsqueeze(t, d)
   return call(core.t_unsqueeze, t, dim0(t, d, "unsqueeze", 1))
 end
-function methods.contiguous(t) return core.t_contiguous(t) end
+-- t itself when it is contiguous already (as in PyTorch: same object, no copy)
+function methods.contiguous(t)
+  if core.t_is_contiguous(t) then return t end
+  return core.t_contiguous(t)
+end
 function methods.clone(t) return core.t_clone(t) end
 function methods.copy_(t, src)
   if not is_tensor(src) then src = tensor.tensor(src, {dtype = t.dtype}) end

@@ -193,8 +193,7 @@ end
 -- Runs fn(flat) on a flat contiguous view of t (a copy when t is not
 -- contiguous, written back afterwards: collectives are in place).
 local function in_place(t, fn)
-  local _, _, _, _, _, contiguous = core.t_info(t)
-  if contiguous then return fn(core.t_view(t, {-1}, false)) end
+  if core.t_is_contiguous(t) then return fn(core.t_view(t, {-1}, false)) end
   local work = core.t_clone(t)
   fn(core.t_view(work, {-1}, false))
   core.t_copy_(t, work)

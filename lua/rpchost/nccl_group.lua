@@ -92,8 +92,7 @@ local function operand(self, t, what)
       "(move it with :to(\"cuda:%d\"), or use a gloo group for CPU tensors)"):format(
       what, self.device, dev < 0 and "the CPU" or ("cuda:" .. dev), self.device))
   end
-  local info = {core.t_info(t)}
-  if info[6] then return t end
+  if core.t_is_contiguous(t) then return t end
   return core.t_contiguous(t)
 end
 
