@@ -188,90 +188,92 @@ static void *dev_data(lua_State *L, int i, int64_t *count, int *dtype) {
   return rh_tensor_data(t);
 }
 
-/* NCCL reads and writes `count` elements of ONE dtype through raw pointers: a
- * receive buffer smaller than NCCL writes, or of another dtype, would corrupt
- * device memory. want_recv: how many elements recv must hold, from the send
- * count (n) and the receive count (m) as the call defines them. */
-static void check_pair(lua_State *L, const char *what, int dt, int dt2, int64_t m, int64_t want_recv) {
-  if (dt != dt2) luaL_error(L, "%s: the send and receive tensors must have the same dtype", what);
-  if (m != want_recv)
-    luaL_error(L, "%s: the receive tensor has %lld elements, the call needs %lld", what, (long long)m,
-               (long long)want_recv);
+/* The arguments of a one-buffer call (comm, tensor, root or peer). */
+typedef struct {
+  const rhc_api_t *api;
+  void *comm, *buf;
+  int64_t n;
+  int dtype, arg;
+} nccl_one_t;
+
+static nccl_one_t nccl_one(lua_State *L) {
+  nccl_one_t a;
+  a.api = need_api(L);
+  a.comm = check_comm(L, 1);
+  a.buf = dev_data(L, 2, &a.n, &a.dtype);
+  a.arg = (int)luaL_checkinteger(L, 3);
+  return a;
+}
+
+/* The arguments of a call that reads `send` (index 2) and writes `recv` (index
+ * 3). NCCL moves elements of ONE dtype through raw pointers, so a receive
+ * buffer of another dtype or size than the call writes would corrupt device
+ * memory: the counts must satisfy n_send * per_send == n_recv * per_recv
+ * (all_gather: recv = nranks x send; reduce_scatter: send = nranks x recv). */
+typedef struct {
+  const rhc_api_t *api;
+  void *comm, *send, *recv;
+  int64_t n_send, n_recv;
+  int dtype;
+} nccl_pair_t;
+
+static nccl_pair_t nccl_pair(lua_State *L, const char *what, int64_t per_send, int64_t per_recv) {
+  nccl_pair_t a;
+  int dt2;
+  a.api = need_api(L);
+  a.comm = check_comm(L, 1);
+  a.send = dev_data(L, 2, &a.n_send, &a.dtype);
+  a.recv = dev_data(L, 3, &a.n_recv, &dt2);
+  if (a.dtype != dt2) luaL_error(L, "%s: the send and receive tensors must have the same dtype", what);
+  if (a.n_send * per_send != a.n_recv * per_recv)
+    luaL_error(L, "%s: a send tensor of %lld elements and a receive tensor of %lld do not fit this call (%lld x send = "
+               "%lld x receive)", what, (long long)a.n_send, (long long)a.n_recv, (long long)per_send,
+               (long long)per_recv);
+  return a;
 }
 
 static int l_nccl_all_reduce(lua_State *L) {
-  const rhc_api_t *api = need_api(L);
-  int64_t n, m;
-  int dt, dt2;
-  void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
-  check_pair(L, "nccl_all_reduce", dt, dt2, m, n);
-  check_rc(L, api, api->nccl_all_reduce(check_comm(L, 1), s, r, n, dt, (int)luaL_checkinteger(L, 4)));
-  return 0;
-}
-
-static int l_nccl_broadcast(lua_State *L) {
-  const rhc_api_t *api = need_api(L);
-  int64_t n;
-  int dt;
-  void *b = dev_data(L, 2, &n, &dt);
-  check_rc(L, api, api->nccl_broadcast(check_comm(L, 1), b, n, dt, (int)luaL_checkinteger(L, 3)));
+  nccl_pair_t a = nccl_pair(L, "nccl_all_reduce", 1, 1);
+  check_rc(L, a.api, a.api->nccl_all_reduce(a.comm, a.send, a.recv, a.n_send, a.dtype, (int)luaL_checkinteger(L, 4)));
   return 0;
 }
 
 static int l_nccl_reduce(lua_State *L) {
-  const rhc_api_t *api = need_api(L);
-  int64_t n, m;
-  int dt, dt2;
-  void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
-  check_pair(L, "nccl_reduce", dt, dt2, m, n);
-  check_rc(L, api, api->nccl_reduce(check_comm(L, 1), s, r, n, dt, (int)luaL_checkinteger(L, 4),
-                                    (int)luaL_checkinteger(L, 5)));
+  nccl_pair_t a = nccl_pair(L, "nccl_reduce", 1, 1);
+  check_rc(L, a.api, a.api->nccl_reduce(a.comm, a.send, a.recv, a.n_send, a.dtype, (int)luaL_checkinteger(L, 4),
+                                        (int)luaL_checkinteger(L, 5)));
   return 0;
 }
 
 /* all_gather(comm, send, recv, nranks): recv holds nranks x numel(send) */
 static int l_nccl_all_gather(lua_State *L) {
-  const rhc_api_t *api = need_api(L);
-  int64_t n, m;
-  int dt, dt2;
-  void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
-  int64_t nranks = (int64_t)luaL_checkinteger(L, 4);
-  check_pair(L, "nccl_all_gather", dt, dt2, m, nranks * n);
-  check_rc(L, api, api->nccl_all_gather(check_comm(L, 1), s, r, n, dt));
+  nccl_pair_t a = nccl_pair(L, "nccl_all_gather", (int64_t)luaL_checkinteger(L, 4), 1);
+  check_rc(L, a.api, a.api->nccl_all_gather(a.comm, a.send, a.recv, a.n_send, a.dtype));
   return 0;
 }
 
 /* reduce_scatter(comm, send, recv, op, nranks): send holds nranks x numel(recv) */
 static int l_nccl_reduce_scatter(lua_State *L) {
-  const rhc_api_t *api = need_api(L);
-  int64_t n, m;
-  int dt, dt2;
-  void *s = dev_data(L, 2, &n, &dt), *r = dev_data(L, 3, &m, &dt2);
-  int64_t nranks = (int64_t)luaL_checkinteger(L, 5);
-  /* NCCL reads nranks x m elements from send */
-  if (dt != dt2) return luaL_error(L, "nccl_reduce_scatter: the send and receive tensors must have the same dtype");
-  if (n != nranks * m)
-    return luaL_error(L, "nccl_reduce_scatter: the send tensor has %lld elements, the call needs %lld", (long long)n,
-                      (long long)(nranks * m));
-  check_rc(L, api, api->nccl_reduce_scatter(check_comm(L, 1), s, r, m, dt, (int)luaL_checkinteger(L, 4)));
+  nccl_pair_t a = nccl_pair(L, "nccl_reduce_scatter", 1, (int64_t)luaL_checkinteger(L, 5));
+  check_rc(L, a.api, a.api->nccl_reduce_scatter(a.comm, a.send, a.recv, a.n_recv, a.dtype, (int)luaL_checkinteger(L, 4)));
+  return 0;
+}
+
+static int l_nccl_broadcast(lua_State *L) {
+  nccl_one_t a = nccl_one(L);
+  check_rc(L, a.api, a.api->nccl_broadcast(a.comm, a.buf, a.n, a.dtype, a.arg));
   return 0;
 }
 
 static int l_nccl_send(lua_State *L) {
-  const rhc_api_t *api = need_api(L);
-  int64_t n;
-  int dt;
-  void *b = dev_data(L, 2, &n, &dt);
-  check_rc(L, api, api->nccl_send(check_comm(L, 1), b, n, dt, (int)luaL_checkinteger(L, 3)));
+  nccl_one_t a = nccl_one(L);
+  check_rc(L, a.api, a.api->nccl_send(a.comm, a.buf, a.n, a.dtype, a.arg));
   return 0;
 }
 
 static int l_nccl_recv(lua_State *L) {
-  const rhc_api_t *api = need_api(L);
-  int64_t n;
-  int dt;
-  void *b = dev_data(L, 2, &n, &dt);
-  check_rc(L, api, api->nccl_recv(check_comm(L, 1), b, n, dt, (int)luaL_checkinteger(L, 3)));
+  nccl_one_t a = nccl_one(L);
+  check_rc(L, a.api, a.api->nccl_recv(a.comm, a.buf, a.n, a.dtype, a.arg));
   return 0;
 }
 
