@@ -239,13 +239,8 @@ static int l_send(lua_State *L) {
     relctx = h;
     rel = release_hold;
   }
-  /* a failure here must not run the Lua close handler inside this call (we may
-   * be in the middle of a task): it runs from the loop's close callback */
-  rh_net_t *net = &rh_ctx()->net;
-  net->defer_close_reports++;
   int rc = rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                         (uint32_t)nseg, rel, relctx);
-  net->defer_close_reports--;
   if (rc) {
     lua_pushnil(L);
     lua_pushstring(L, rh_strerror(rc));

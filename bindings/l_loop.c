@@ -69,10 +69,7 @@ static int l_timer_stop(lua_State *L) {
  * meanwhile reports its end from the loop, not inside this call. */
 static int l_flush(lua_State *L) {
   (void)L;
-  rh_net_t *net = &rh_ctx()->net;
-  net->defer_close_reports++;
-  rh_net_flush(net);
-  net->defer_close_reports--;
+  rh_net_flush_now(&rh_ctx()->net);
   return 0;
 }
 

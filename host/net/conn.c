@@ -277,9 +277,23 @@ static int arena_put(rh_conn_t *c, const void *src, size_t len) {
   return 0;
 }
 
+static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
+                     uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
+                     void *release_ctx);
+
 int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
                  uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
                  void *release_ctx) {
+  rh_net_t *net = c->net;
+  net->defer_close_reports++;
+  int rc = conn_send(c, type, flags, id, body, body_len, segs, nseg, release, release_ctx);
+  net->defer_close_reports--;
+  return rc;
+}
+
+static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
+                     uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
+                     void *release_ctx) {
   if (c->closing || c->shutting) {
     if (release) release(release_ctx);
     return RH_ECLOSED;
@@ -435,6 +449,12 @@ void rh_net_flush(rh_net_t *net) {
       if (uv_shutdown(&c->shutdown_req, &c->h.stream, shutdown_cb) != 0) conn_end(c, 0, 0);
     }
   }
+}
+
+void rh_net_flush_now(rh_net_t *net) {
+  net->defer_close_reports++;
+  rh_net_flush(net);
+  net->defer_close_reports--;
 }
 
 int rh_net_busy(rh_net_t *net) {

@@ -44,9 +44,9 @@ struct rh_net_s {
   rh_seg_free_fn seg_free;
   void *seg_ctx;
   uint64_t bytes_out, bytes_in;
-  /* > 0 while a caller that must not be re-entered (a Lua task sending or
-   * flushing) is inside the library: a connection that fails then reports its
-   * end from libuv's close callback instead of at once */
+  /* > 0 inside rh_conn_send and rh_net_flush_now, whose callers must not be
+   * re-entered: a connection that fails there reports its end from libuv's
+   * close callback instead of at once */
   int defer_close_reports;
 };
 
@@ -54,6 +54,9 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
 void rh_net_close(rh_net_t *net);
 /* Writes all queued output now (also done automatically before each poll). */
 void rh_net_flush(rh_net_t *net);
+/* The same from outside a loop callback (a Lua task): a connection that fails
+ * meanwhile reports its end later, from the loop, not inside this call. */
+void rh_net_flush_now(rh_net_t *net);
 /* Connections that still have bytes to write or a graceful close to finish. */
 int rh_net_busy(rh_net_t *net);
 
@@ -67,7 +70,8 @@ int rh_conn_is_local(rh_conn_t *c);
 void *rh_conn_data(rh_conn_t *c);
 void rh_conn_set_data(rh_conn_t *c, void *data);
 /* Queue one frame. body is copied; segments are referenced until written, then
- * release(release_ctx) runs (also when the connection dies first). */
+ * release(release_ctx) runs (also when the connection dies first). A failure
+ * here is returned; on_close runs later, from the loop. */
 int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
                  uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
                  void *release_ctx);
