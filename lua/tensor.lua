@@ -126,31 +126,26 @@ local function check_opts(opts, what)
     error(("%s: dtype must be one of tensor.float32, float64, int32, int64, uint8, bool, got %s"):format(
       what, tostring(opts.dtype)), 3)
   end
-  if opts.device ~= nil then tensor._device_index(opts.device, what, 4) end
+  -- the device index the tensor is made for (-1: the host)
+  return opts.device ~= nil and tensor._device_index(opts.device, what, 4) or -1
 end
 
--- creation happens on the host; a device option moves the result (random
--- numbers then match the host's generator on every device)
-local function finish(t, opts)
-  if opts.device ~= nil then
-    local dev = tensor._device_index(opts.device, "device", 3)
-    if dev >= 0 then t = call(core.t_to_device, t, dev) end
-  end
+-- Filled tensors are made where they will live; the others are made on the host
+-- and moved to `dev` here (random numbers then match the host's generator on
+-- every device).
+local function finish(t, opts, dev)
+  if core.t_device(t) ~= dev then t = call(core.t_to_device, t, dev) end
   if opts.requires_grad then tensor._set_requires_grad(t, true) end
   return t
 end
 
 -- creation ------------------------------------------------------------------------------
--- filled where it will live: a device tensor is filled on the device
-local function where(opts)
-  return opts.device ~= nil and tensor._device_index(opts.device, "device", 3) or -1
-end
 
 local function filled(what, value, ...)
   local sizes, opts = sizes_and_options(...)
-  check_opts(opts, what)
+  local dev = check_opts(opts, what)
   local dt = opts.dtype or tensor.float32
-  return finish(call(core.t_full, dt.id, sizes, value, where(opts)), opts)
+  return finish(call(core.t_full, dt.id, sizes, value, dev), opts, dev)
 end
 
 function tensor.zeros(...) return filled("zeros", 0, ...) end
@@ -160,7 +155,7 @@ function tensor.empty(...) return filled("empty", 0, ...) end
 -- full(size, value, opts): the dtype follows the value as in PyTorch
 function tensor.full(size, value, opts)
   opts = opts or {}
-  check_opts(opts, "full")
+  local dev = check_opts(opts, "full")
   if type(size) == "number" then size = {size} end
   if type(size) ~= "table" then error("full: size must be a table of sizes", 2) end
   local dt = opts.dtype
@@ -171,14 +166,14 @@ function tensor.full(size, value, opts)
   end
   if type(value) == "boolean" then value = value and 1 or 0 end
   local sizes = sizes_and_options(size)
-  return finish(call(core.t_full, dt.id, sizes, value, where(opts)), opts)
+  return finish(call(core.t_full, dt.id, sizes, value, dev), opts, dev)
 end
 
 -- arange(end) | arange(start, end [, step]) [, opts]
 function tensor.arange(...)
   local args, opts = {...}, {}
   if is_options(args[#args]) then opts = table.remove(args) end
-  check_opts(opts, "arange")
+  local dev = check_opts(opts, "arange")
   local start, stop, step = 0, nil, 1
   if #args == 1 then stop = args[1]
   elseif #args >= 2 then start, stop, step = args[1], args[2], args[3] or 1
@@ -188,19 +183,19 @@ function tensor.arange(...)
     local all_int = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
     dt = all_int and tensor.int64 or tensor.float32
   end
-  return finish(call(core.t_arange, dt.id, start, stop, step), opts)
+  return finish(call(core.t_arange, dt.id, start, stop, step), opts, dev)
 end
 
 function tensor.rand(...)
   local sizes, opts = sizes_and_options(...)
-  check_opts(opts, "rand")
-  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, false), opts)
+  local dev = check_opts(opts, "rand")
+  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, false), opts, dev)
 end
 
 function tensor.randn(...)
   local sizes, opts = sizes_and_options(...)
-  check_opts(opts, "randn")
-  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, true), opts)
+  local dev = check_opts(opts, "randn")
+  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, true), opts, dev)
 end
 
 function tensor.manual_seed(seed) core.t_seed(seed) end
@@ -208,8 +203,12 @@ function tensor.manual_seed(seed) core.t_seed(seed) end
 -- tensor(data, opts): data is a number, a boolean or nested tables of them
 function tensor.tensor(data, opts)
   opts = opts or {}
-  check_opts(opts, "tensor")
-  if is_tensor(data) then return finish(data:clone():to(opts.dtype or data.dtype), opts) end
+  local dev = check_opts(opts, "tensor")
+  if is_tensor(data) then
+    -- a copy of a tensor stays on its device unless asked otherwise
+    if opts.device == nil then dev = core.t_device(data) end
+    return finish(data:clone():to(opts.dtype or data.dtype), opts, dev)
+  end
   local flat, shape = {}, {}
   local kind = "int"
   local function walk(v, depth)
@@ -235,7 +234,7 @@ function tensor.tensor(data, opts)
   end
   walk(data, 1)
   local dt = opts.dtype or (kind == "float" and tensor.float32 or kind == "bool" and tensor.bool or tensor.int64)
-  return finish(call(core.t_from_flat, dt.id, shape, flat), opts)
+  return finish(call(core.t_from_flat, dt.id, shape, flat), opts, dev)
 end
 
 -- *_like: t's shape, dtype and device unless opts say otherwise
