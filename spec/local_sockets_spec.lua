@@ -4,18 +4,7 @@
 -- keep everything on TCP.
 local S = require "spec.support"
 
-local function world(n, body, opts)
-  local r = S.world(n, S.prelude .. body, opts)
-  return r, S.lines(r.out)
-end
-
-local function assert_oks(r, lines, names)
-  for _, name in ipairs(names) do
-    assert.is_true(lines["ok " .. name] == true, ("missing 'ok %s'\nstdout:\n%s\nstderr:\n%s"):format(
-      name, r.out, r.err))
-  end
-  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
-end
+local world, assert_oks = S.checked_world, S.assert_oks
 
 -- prints "path <file>" for rank 0's socket and checks how rank 0 reached rank 1
 local PROBE = [[

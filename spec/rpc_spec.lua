@@ -2,18 +2,7 @@
 -- nested calls, functions by name and by value, async_execution, shutdown.
 local S = require "spec.support"
 
-local function world(n, body, opts)
-  local r = S.world(n, S.prelude .. body, opts)
-  return r, S.lines(r.out)
-end
-
-local function assert_oks(r, lines, names)
-  for _, name in ipairs(names) do
-    assert.is_true(lines["ok " .. name] == true, ("missing 'ok %s'\nstdout:\n%s\nstderr:\n%s"):format(
-      name, r.out, r.err))
-  end
-  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
-end
+local world, assert_oks = S.checked_world, S.assert_oks
 
 describe("rpc", function()
   it("carries every kind of Lua value both ways, multiple returns included", function()

@@ -113,6 +113,22 @@ function S.lines(text)
   return t
 end
 
+-- A world of n ranks running S.prelude .. body: the result and its stdout lines.
+function S.checked_world(n, body, opts)
+  local r = S.world(n, S.prelude .. body, opts)
+  return r, S.lines(r.out)
+end
+
+-- Every named check printed "ok <name>", and none printed FAIL.
+local assert = require "luassert" -- (busted's assert lives in the specs' environment)
+function S.assert_oks(r, lines, names)
+  for _, name in ipairs(names) do
+    assert.is_true(lines["ok " .. name] == true, ("missing 'ok %s'\nstdout:\n%s\nstderr:\n%s"):format(
+      name, r.out, r.err))
+  end
+  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+end
+
 S.sleep = sched.sleep
 S.now = sched.now
 
