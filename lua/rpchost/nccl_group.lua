@@ -63,11 +63,9 @@ function M.new(client, prefix, gid, ranks, me, device, timeout)
   return g
 end
 
-function Group:global(i) return self.ranks[i + 1] end
-function Group:index_of(global_rank)
-  for i, r in ipairs(self.ranks) do if r == global_rank then return i - 1 end end
-  return nil
-end
+-- group index <-> global rank: the same as rpchost's own groups (both keep `ranks`)
+local base = require("rpchost.collectives").Group
+Group.global, Group.index_of = base.global, base.index_of
 
 function Group:abort()
   if self.comm then
