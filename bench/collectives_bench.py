@@ -29,7 +29,6 @@ usage: /usr/bin/python3 bench/collectives_bench.py [--quick] [--rpchost PATH] [-
   (bench/collectives_bench.sh builds rpchost if needed and runs this.)
 Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
 """
-import argparse
 import os
 import platform
 import statistics
@@ -136,12 +135,7 @@ def per_round(raw_rounds):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
-    ap.add_argument("--quick", action="store_true", help="fewer reps and one round, for a smoke test")
-    ap.add_argument("--only", choices=["rpchost", "pytorch"])
-    ap.add_argument("--json", help="also write all numbers to this file")
-    ap.add_argument("--strict", action="store_true", help="exit 2 when a target is missed")
+    ap = rpc_bench.arg_parser(__doc__, "fewer reps and one round, for a smoke test")
     ap.add_argument("--rounds", type=int, help="worlds per side and size (default 3, --quick 1)")
     ap.add_argument("--budget", type=float, default=150, help="start no new round after this many seconds")
     ap.add_argument("--worlds", default="2,4", help="comma-separated world sizes (default 2,4)")
@@ -155,9 +149,7 @@ def main():
     if o.rounds:
         cfg["rounds"] = o.rounds
     worlds = [int(x) for x in o.worlds.split(",") if x]
-    if o.only != "pytorch" and not os.access(o.rpchost, os.X_OK):
-        sys.exit(f"collectives_bench: no rpchost binary at {o.rpchost} (build it: cmake -S . -B build && "
-                 f"cmake --build build -j2, or run bench/collectives_bench.sh)")
+    rpc_bench.need_rpchost(o, "collectives_bench", "bench/collectives_bench.sh")
     try:
         ver = subprocess.run([o.rpchost, "-v"], capture_output=True, text=True, timeout=10).stdout.strip()
     except OSError:

@@ -259,6 +259,24 @@ def table(a, b, rows=None):
     return "\n".join([line(head), sep] + [line(r) for r in out]), verdicts
 
 
+def arg_parser(doc, quick_help):
+    """The options every bench driver takes: --rpchost, --quick, --only, --json, --strict."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--only", choices=["rpchost", "pytorch"])
+    ap.add_argument("--json", help="also write all numbers to this file")
+    ap.add_argument("--strict", action="store_true", help="exit 2 when a target is missed")
+    return ap
+
+
+def need_rpchost(o, name, script):
+    """Exits with how to build it when the rpchost side is to run and the binary is missing."""
+    if o.only != "pytorch" and not os.access(o.rpchost, os.X_OK):
+        sys.exit(f"{name}: no rpchost binary at {o.rpchost} (build it: cmake -S . -B build && "
+                 f"cmake --build build -j2, or run {script})")
+
+
 def finish(o, verdicts, errors, t_all, report):
     """The end every bench shares: the PASS/MISS line, errors, the --json report
     (`report` is what the bench measured; `errors` is added), and the exit status
@@ -277,12 +295,7 @@ def finish(o, verdicts, errors, t_all, report):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
-    ap.add_argument("--quick", action="store_true", help="smaller counts, for a smoke test")
-    ap.add_argument("--only", choices=["rpchost", "pytorch"])
-    ap.add_argument("--json", help="also write all numbers to this file")
-    ap.add_argument("--strict", action="store_true", help="exit 2 when a target is missed")
+    ap = arg_parser(__doc__, "smaller counts, for a smoke test")
     o = ap.parse_args()
 
     cfg = dict(lat_calls=5000, lat_warmup=500, thr_calls_rpchost=50000, thr_calls_torch=20000,
@@ -290,9 +303,7 @@ def main():
     if o.quick:
         cfg.update(lat_calls=1000, lat_warmup=100, thr_calls_rpchost=10000, thr_calls_torch=3000,
                    bringup_reps_rpchost=2, bringup_reps_torch=1, cap_s=10, lat_rounds=1)
-    if o.only != "pytorch" and not os.access(o.rpchost, os.X_OK):
-        sys.exit(f"rpc_bench: no rpchost binary at {o.rpchost} (build it: cmake -S . -B build && "
-                 f"cmake --build build -j2, or run bench/run.sh)")
+    need_rpchost(o, "rpc_bench", "bench/run.sh")
 
     try:
         ver = subprocess.run([o.rpchost, "-v"], capture_output=True, text=True, timeout=10).stdout.strip()

@@ -24,7 +24,6 @@ usage: /usr/bin/python3 bench/rref_bench.py [--quick] [--rpchost PATH] [--json F
   (bench/rref_bench.sh builds rpchost if needed and runs this.)
 Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
 """
-import argparse
 import os
 import platform
 import statistics
@@ -134,12 +133,7 @@ def rows(size):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
-    ap.add_argument("--quick", action="store_true", help="fewer reps and one round, for a smoke test")
-    ap.add_argument("--only", choices=["rpchost", "pytorch"])
-    ap.add_argument("--json", help="also write all numbers to this file")
-    ap.add_argument("--strict", action="store_true", help="exit 2 when a target is missed")
+    ap = rpc_bench.arg_parser(__doc__, "fewer reps and one round, for a smoke test")
     ap.add_argument("--rounds", type=int, help="worlds per side (default 5, --quick 1)")
     ap.add_argument("--budget", type=float, default=90, help="start no new round after this many seconds")
     ap.add_argument("--torch-threads", type=int, default=os.cpu_count(),
@@ -151,9 +145,7 @@ def main():
         cfg.update(rounds=1, cap_s=5, reps=10, proxy_calls=500, proxy_warm=50)
     if o.rounds:
         cfg["rounds"] = o.rounds
-    if o.only != "pytorch" and not os.access(o.rpchost, os.X_OK):
-        sys.exit(f"rref_bench: no rpchost binary at {o.rpchost} (build it: cmake -S . -B build && "
-                 f"cmake --build build -j2, or run bench/rref_bench.sh)")
+    rpc_bench.need_rpchost(o, "rref_bench", "bench/rref_bench.sh")
     ver, tver = versions(o.rpchost)
     argv = [cfg["cap_s"], cfg["reps"], cfg["proxy_calls"], cfg["proxy_warm"], cfg["size"]]
 

@@ -31,7 +31,6 @@ usage: /usr/bin/python3 bench/tensor_bench.py [--quick] [--rpchost PATH] [--json
   (bench/tensor_bench.sh builds rpchost if needed and runs this.)
 Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
 """
-import argparse
 import os
 import platform
 import statistics
@@ -196,12 +195,7 @@ def per_round(raw, kind, keys):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
-    ap.add_argument("--quick", action="store_true", help="fewer reps and one round, for a smoke test")
-    ap.add_argument("--only", choices=["rpchost", "pytorch"])
-    ap.add_argument("--json", help="also write all numbers to this file")
-    ap.add_argument("--strict", action="store_true", help="exit 2 when a target is missed")
+    ap = rpc_bench.arg_parser(__doc__, "fewer reps and one round, for a smoke test")
     ap.add_argument("--torch-threads", type=int, default=os.cpu_count(),
                     help="torch.set_num_threads for the ops (0: PyTorch's default); default: CPU count")
     ap.add_argument("--rounds", type=int, help="processes/worlds per benchmark and side (default 3, --quick 1)")
@@ -216,9 +210,7 @@ def main():
     if o.rounds:
         cfg["rounds"] = o.rounds
     cfg["torch_threads"] = o.torch_threads
-    if o.only != "pytorch" and not os.access(o.rpchost, os.X_OK):
-        sys.exit(f"tensor_bench: no rpchost binary at {o.rpchost} (build it: cmake -S . -B build && "
-                 f"cmake --build build -j2, or run bench/tensor_bench.sh)")
+    rpc_bench.need_rpchost(o, "tensor_bench", "bench/tensor_bench.sh")
     try:
         ver = subprocess.run([o.rpchost, "-v"], capture_output=True, text=True, timeout=10).stdout.strip()
     except OSError:

@@ -29,7 +29,6 @@ usage: /usr/bin/python3 bench/train_bench.py [--quick] [--rpchost PATH] [--json 
   (bench/train_bench.sh builds rpchost if needed and runs this.)
 Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
 """
-import argparse
 import os
 import platform
 import sys
@@ -74,12 +73,7 @@ def rows():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
-    ap.add_argument("--quick", action="store_true", help="fewer steps and one round, for a smoke test")
-    ap.add_argument("--only", choices=["rpchost", "pytorch"])
-    ap.add_argument("--json", help="also write all numbers to this file")
-    ap.add_argument("--strict", action="store_true", help="exit 2 when a target is missed")
+    ap = rpc_bench.arg_parser(__doc__, "fewer steps and one round, for a smoke test")
     ap.add_argument("--rounds", type=int, help="worlds per side and example (default 5, --quick 1)")
     ap.add_argument("--budget", type=float, default=90, help="start no new round after this many seconds")
     ap.add_argument("--torch-threads", type=int, default=0,
@@ -95,9 +89,7 @@ def main():
         cfg["rounds"] = o.rounds
     if o.rpchost_threads:
         os.environ["RPCHOST_NUM_THREADS"] = str(o.rpchost_threads)
-    if o.only != "pytorch" and not os.access(o.rpchost, os.X_OK):
-        sys.exit(f"train_bench: no rpchost binary at {o.rpchost} (build it: cmake -S . -B build && "
-                 f"cmake --build build -j2, or run bench/train_bench.sh)")
+    rpc_bench.need_rpchost(o, "train_bench", "bench/train_bench.sh")
     ver, tver = rref_bench.versions(o.rpchost)
     confs = [":".join(map(str, c)) for c in CONFIGS]
 
