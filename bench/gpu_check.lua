@@ -177,6 +177,10 @@ do
   local after = core.cuda_memstats(0).cuda_mallocs
   check("the caching allocator reuses blocks (" .. (after - before) .. " cudaMalloc calls for 200 tensors)",
     after - before <= 4, after - before)
+  check("memory_reserved >= memory_allocated", tensor.cuda.memory_reserved() >= tensor.cuda.memory_allocated())
+  tensor.cuda.empty_cache()
+  check("empty_cache leaves only live tensors reserved",
+    tensor.cuda.memory_reserved() == tensor.cuda.memory_allocated())
 end
 
 -- bandwidth and matmul ------------------------------------------------------------------

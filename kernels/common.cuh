@@ -32,7 +32,6 @@ const char *last_error();
 
 // The device's stream (created on first use, non-blocking so the legacy default
 // stream never serialises us) after making `dev` current. NULL with the error set.
-struct DeviceState;
 cudaStream_t stream_for(int dev);
 int sm_count(int dev);
 
@@ -108,10 +107,6 @@ int dispatch(int dt, A... args) {
   return fail("unknown dtype code %d", dt);
 }
 
-inline int esize_of(int dt) {
-  static const int s[] = {4, 8, 4, 8, 1, 1};
-  return dt >= 0 && dt < NDTYPES ? s[dt] : 1;
-}
 
 // A float64 value stored as T the way the host's rh_dtype_store does: NaN and
 // out-of-range values clamp for integers (a plain cast is undefined there).

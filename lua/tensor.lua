@@ -672,6 +672,21 @@ function tensor.cuda.is_available() return core.cuda_count() > 0 end
 function tensor.cuda.current_device() return 0 end
 -- why CUDA is unavailable here ("" when it is available)
 function tensor.cuda.why_unavailable() return select(2, core.cuda_count()) end
+-- the caching allocator's counters, in bytes (as torch.cuda's): live tensors,
+-- their high-water mark, and what is held (live + cached for reuse)
+local function memstats(device, what)
+  return call(core.cuda_memstats, tensor._device_index(device == nil and "cuda" or device, what, 4))
+end
+function tensor.cuda.memory_allocated(device) return memstats(device, "memory_allocated").allocated end
+function tensor.cuda.max_memory_allocated(device) return memstats(device, "max_memory_allocated").peak end
+function tensor.cuda.memory_reserved(device)
+  local m = memstats(device, "memory_reserved")
+  return m.allocated + m.cached
+end
+-- gives the cached blocks back to the driver
+function tensor.cuda.empty_cache(device)
+  call(core.cuda_empty_cache, tensor._device_index(device == nil and "cuda" or device, "empty_cache", 3))
+end
 function tensor.cuda.synchronize(device)
   call(core.cuda_sync, tensor._device_index(device == nil and "cuda" or device, "synchronize", 3))
 end

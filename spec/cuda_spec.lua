@@ -50,6 +50,8 @@ describe("CUDA without a GPU", function()
       option = function() return tensor.ones(2, {device = "cuda"}) end,
       like = function() return tensor.zeros_like(t, {device = "cuda:0"}) end,
       sync = function() tensor.cuda.synchronize() end,
+      memory = function() return tensor.cuda.memory_allocated() end,
+      empty_cache = function() tensor.cuda.empty_cache() end,
       module = function() return nn.Linear(2, 2):cuda() end,
     }) do
       local msg = fails_with(fn, "CUDA is not available")
