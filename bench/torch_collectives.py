@@ -15,30 +15,18 @@ usage: /usr/bin/python3 bench/torch_collectives.py --nproc N MAX_SECONDS STEP...
 output (rank 0): RESULT lines, see bench/collectives.lua.
 """
 import os
-import socket
 import subprocess
 import sys
 import time
 
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.dont_write_bytecode = True  # keep bench/ free of __pycache__
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_rpc  # noqa: E402  (spawn_script; no torch import)
 
 
 def spawn_ranks(nproc, argv, stderr=None):
-    """Starts nproc copies of this file as ranks, env as torchrun sets it; Popen list."""
-    port = free_port()
-    procs = []
-    for r in range(nproc):
-        env = dict(os.environ)
-        env.update(RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + [str(a) for a in argv],
-                                      env=env, stdout=subprocess.PIPE, stderr=stderr, text=True))
-    return procs
+    """Starts nproc copies of this file as ranks (torch_rpc.spawn_script)."""
+    return torch_rpc.spawn_script(__file__, nproc, argv, stderr=stderr, env_extra={"GLOO_SOCKET_IFNAME": "lo"})
 
 
 def parse_steps(args):

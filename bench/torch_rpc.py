@@ -35,19 +35,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def spawn_ranks(nproc, argv, port=None, stderr=None):
-    """Starts nproc copies of this file as ranks 0..nproc-1; returns the Popen list.
-    Rank stdout is piped (RESULT lines); stderr inherited, or piped with
-    stderr=subprocess.PIPE (then wait_ranks returns it)."""
+def spawn_script(script, nproc, argv, port=None, stderr=None, env_extra=None):
+    """Starts nproc copies of `script` as ranks 0..nproc-1 with the variables torchrun
+    sets (free loopback port unless given); returns the Popen list. Rank stdout is
+    piped (RESULT lines); stderr inherited, or piped with stderr=subprocess.PIPE (then
+    wait_ranks returns it). Every bench/torch_*.py starts its ranks this way."""
     port = port or free_port()
     procs = []
     for r in range(nproc):
         env = dict(os.environ)
         env.update(RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r),
                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + list(argv),
+        for k, v in (env_extra or {}).items():
+            env.setdefault(k, v)
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(script)] + [str(a) for a in argv],
                                       env=env, stdout=subprocess.PIPE, stderr=stderr, text=True))
     return procs
+
+
+def spawn_ranks(nproc, argv, port=None, stderr=None):
+    """Starts nproc copies of this file as ranks (see spawn_script)."""
+    return spawn_script(__file__, nproc, argv, port=port, stderr=stderr)
 
 
 def wait_ranks(procs, timeout):

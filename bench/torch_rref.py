@@ -22,7 +22,6 @@ torch is imported only inside a rank.
 """
 import math
 import os
-import subprocess
 import sys
 import time
 from statistics import median
@@ -33,17 +32,8 @@ import torch_rpc  # noqa: E402  (free_port, wait_ranks, emit; no torch import)
 
 
 def spawn_ranks(nproc, argv, stderr=None):
-    """Starts nproc copies of this file as ranks (torchrun's variables, free loopback
-    port); returns the Popen list for torch_rpc.wait_ranks."""
-    port = torch_rpc.free_port()
-    procs = []
-    for r in range(nproc):
-        env = dict(os.environ)
-        env.update(RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + [str(a) for a in argv],
-                                      env=env, stdout=subprocess.PIPE, stderr=stderr, text=True))
-    return procs
+    """Starts nproc copies of this file as ranks (torch_rpc.spawn_script)."""
+    return torch_rpc.spawn_script(__file__, nproc, argv, stderr=stderr)
 
 
 def make_tensor(n):

@@ -21,7 +21,6 @@ Run it with Debian's interpreter (/usr/bin/python3, which has python3-torch 1.13
 """
 import os
 import resource
-import subprocess
 import sys
 import time
 
@@ -90,17 +89,8 @@ def ops(reps=10, warmup=2, max_s=10, threads=0):
 
 # --- rpc ---------------------------------------------------------------------------------
 def spawn_ranks(nproc, argv, stderr=None):
-    """Starts nproc copies of this file as ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT set as
-    torchrun would, free loopback port); returns the Popen list for torch_rpc.wait_ranks."""
-    port = torch_rpc.free_port()
-    procs = []
-    for r in range(nproc):
-        env = dict(os.environ)
-        env.update(RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + [str(a) for a in argv],
-                                      env=env, stdout=subprocess.PIPE, stderr=stderr, text=True))
-    return procs
+    """Starts nproc copies of this file as ranks (torch_rpc.spawn_script)."""
+    return torch_rpc.spawn_script(__file__, nproc, argv, stderr=stderr)
 
 
 def tensor_echo(x):
