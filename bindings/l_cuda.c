@@ -87,6 +87,17 @@ static int l_bench_gemm(lua_State *L) {
   return 1;
 }
 
+/* A poll's answer (1 done, 0 not yet, -1 failed) as true | false | nil, message */
+static int push_poll(lua_State *L, const rhc_api_t *api, int r) {
+  if (r < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, api->last_error());
+    return 2;
+  }
+  lua_pushboolean(L, r);
+  return 1;
+}
+
 /* ---- events: completion of the work queued on a device so far */
 static int l_event(lua_State *L) {
   int dev = check_dev(L, 1);
@@ -101,14 +112,7 @@ static int l_event_done(lua_State *L) {
   const rhc_api_t *api = need_api(L);
   void *ev = lua_touserdata(L, 1);
   if (!ev) return luaL_error(L, "cuda_event_done: an event from cuda_event expected"); /* the library dereferences it */
-  int r = api->event_done(ev);
-  if (r < 0) {
-    lua_pushnil(L);
-    lua_pushstring(L, api->last_error());
-    return 2;
-  }
-  lua_pushboolean(L, r);
-  return 1;
+  return push_poll(L, api, api->event_done(ev));
 }
 
 static int l_event_free(lua_State *L) {
@@ -162,14 +166,7 @@ static void *check_comm(lua_State *L, int i) {
 /* nccl_ready(comm) -> true | false | nil, message */
 static int l_nccl_ready(lua_State *L) {
   const rhc_api_t *api = need_api(L);
-  int r = api->nccl_ready(check_comm(L, 1));
-  if (r < 0) {
-    lua_pushnil(L);
-    lua_pushstring(L, api->last_error());
-    return 2;
-  }
-  lua_pushboolean(L, r);
-  return 1;
+  return push_poll(L, api, api->nccl_ready(check_comm(L, 1)));
 }
 
 static int l_nccl_abort(lua_State *L) {
