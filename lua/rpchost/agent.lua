@@ -207,7 +207,8 @@ function Agent:dial(p)
         -- (a stale or unreachable socket file: TCP reaches the same peer)
         log.debug("cannot connect to %s at %s (%s); using TCP", p.name, p.unix, cerr)
         p.unix_failed = true
-        self.conns[c] = nil
+        local st = self.conns[c]
+        if st then st.replaced = true end -- its close is expected: no warning, no loss
         if p.dialling == c then p.dialling = nil end
         self:dial(p)
       elseif cerr then
@@ -289,6 +290,7 @@ end
 function Agent:on_conn_close(conn, status, msg, peer_version)
   local st = self.conns[conn]
   self.conns[conn] = nil
+  if st and st.replaced then return end
   if status ~= 0 and self.state == "running" then
     log.warn("closed a connection%s: %s", st and st.rank and (" from rank " .. st.rank) or "", tostring(msg))
   end
