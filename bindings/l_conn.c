@@ -175,8 +175,9 @@ static void release_hold(void *ctx) {
 }
 
 /* conn:send(type, flags, id, body [, segments...]) -> true | nil, message.
- * A segment is a string or a contiguous tensor, written from its own memory. */
-static int l_send(lua_State *L) {
+ * A segment is a string or a contiguous tensor, written from its own memory.
+ * fd >= 0: a descriptor to pass along with the frame. */
+static int send_frame(lua_State *L, int fd) {
   lconn_t *b = check_conn(L, 1);
   int type = (int)luaL_checkinteger(L, 2);
   int flags = (int)luaL_checkinteger(L, 3);
@@ -239,14 +240,50 @@ static int l_send(lua_State *L) {
     relctx = h;
     rel = release_hold;
   }
-  int rc = rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
-                        (uint32_t)nseg, rel, relctx);
+  int rc = fd >= 0 ? rh_conn_send_fd(b->c, fd, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen,
+                                     segs, (uint32_t)nseg, rel, relctx)
+                   : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
+                                  (uint32_t)nseg, rel, relctx);
   if (rc) {
     lua_pushnil(L);
     lua_pushstring(L, rh_strerror(rc));
     return 2;
   }
   lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_send(lua_State *L) { return send_frame(L, -1); }
+
+/* conn:send_shm(segment, type, flags, id, body [, segments...]): send, passing
+ * the shared-memory segment's descriptor to the peer with the frame */
+static int l_send_shm(lua_State *L) {
+  rh_shm_t *s = rh_lua_checkshm(L, 2);
+  if (s->fd < 0) return luaL_error(L, "send_shm: the segment is closed");
+  int fd = s->fd;
+  lua_remove(L, 2);
+  return send_frame(L, fd);
+}
+
+/* conn:take_shm(need) -> segment | nil, message: maps the oldest descriptor
+ * the peer passed (a read-only segment of at least `need` bytes) */
+static int l_take_shm(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  double need = luaL_checknumber(L, 2);
+  int fd = b->c ? rh_conn_take_fd(b->c) : -1;
+  if (fd < 0) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "the frame announces a shared-memory segment, but no descriptor came with it");
+    return 2;
+  }
+  rh_shm_t s;
+  char why[160];
+  if (need < 0 || rh_shm_attach(&s, fd, (size_t)need, why, sizeof why) != 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, need < 0 ? "negative segment size" : why);
+    return 2;
+  }
+  rh_lua_pushshm(L, &s);
   return 1;
 }
 
@@ -430,7 +467,8 @@ static int l_resolve(lua_State *L) {
 int rh_open_conn(lua_State *L) {
   static const luaL_Reg conn_methods[] = {{"send", l_send},       {"close", l_close},
                                           {"peer", l_peer},       {"is_open", l_is_open}, {"local_addr", l_local},
-                                          {"queued", l_queued},   {"is_local", l_is_local}, {NULL, NULL}};
+                                          {"queued", l_queued},   {"is_local", l_is_local},
+                                          {"send_shm", l_send_shm}, {"take_shm", l_take_shm}, {NULL, NULL}};
   static const luaL_Reg listener_methods[] = {
       {"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
   luaL_newmetatable(L, CONN_MT);

@@ -484,8 +484,9 @@ static int l_reinterpret(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, dt, 0, n, size, stride));
 }
 
-/* ---- cross-memory attach: a peer on this host reads tensor bytes straight from
- * the sender's memory (process_vm_readv), one copy instead of a TCP round. */
+/* ---- cross-memory attach: collectives on this host read tensor bytes straight
+ * from a peer's memory (process_vm_readv), one copy instead of a pass through
+ * sockets. */
 
 /* address(t) -> the address of a contiguous tensor's first byte, as a number */
 static int l_address(lua_State *L) {
@@ -537,24 +538,6 @@ static int cma_copy(pid_t pid, void *dst, uintptr_t addr, size_t len) {
   cma_job_t j = {pid, dst, addr, len, 0};
   rh_parallel_for((int64_t)((len + CMA_PIECE - 1) / CMA_PIECE), 1, cma_chunk, &j);
   return j.err;
-}
-
-/* cma_read(pid, addr, len) -> uint8 tensor | nil, message */
-static int l_cma_read(lua_State *L) {
-  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
-  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  int64_t len = (int64_t)luaL_checknumber(L, 3);
-  if (len < 0) return luaL_error(L, "cma_read: negative length");
-  rh_tensor_t *t = rh_tensor_empty(RH_U8, 1, &len);
-  if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
-  int rc = cma_copy(pid, rh_tensor_data(t), addr, (size_t)len);
-  if (rc) {
-    rh_tensor_release(t);
-    lua_pushnil(L);
-    lua_pushstring(L, strerror(-rc));
-    return 2;
-  }
-  return rh_lua_pushtensor(L, t);
 }
 
 /* cma_read_into(pid, addr, dst) -> true | nil, message: fills the contiguous
@@ -653,7 +636,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
       {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
-      {"t_address", l_address}, {"cma_read", l_cma_read}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
+      {"t_address", l_address}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
       {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
       {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};

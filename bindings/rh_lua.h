@@ -45,6 +45,7 @@ int rh_open_tensor(lua_State *L);
 int rh_open_cuda(lua_State *L);
 int rh_open_crypto(lua_State *L);
 int rh_open_repl(lua_State *L);
+int rh_open_shm(lua_State *L);
 
 int rh_lua_main(int argc, char **argv);
 
@@ -55,5 +56,10 @@ struct rh_tensor_s *rh_lua_checktensor(lua_State *L, int i);
 /* a tensor whose bytes the host may touch: on a device it is an error naming `what` */
 struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what);
 int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the reference */
+
+/* shared-memory segments (l_shm.c) */
+#include "net/shm.h"
+rh_shm_t *rh_lua_checkshm(lua_State *L, int i);
+void rh_lua_pushshm(lua_State *L, const rh_shm_t *s); /* takes fd and mapping */
 
 #endif

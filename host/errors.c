@@ -13,6 +13,7 @@ static const struct {
     {RH_ENOMEM, "out of memory"},
     {RH_ECLOSED, "connection closed"},
     {RH_EBADFRAME, "malformed frame header"},
+    {RH_EFDS, "the peer sent more file descriptors than its frames take"},
 };
 
 const char *rh_strerror(int code) {

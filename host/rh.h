@@ -20,6 +20,7 @@ enum {
   RH_ENOMEM = -5004,    /* an allocation failed */
   RH_ECLOSED = -5005,   /* the connection is closed */
   RH_EBADFRAME = -5006, /* a frame's lengths are inconsistent */
+  RH_EFDS = -5007,      /* a peer sent descriptors that its frames do not take */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

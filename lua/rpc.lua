@@ -88,15 +88,15 @@ local function check_int(v, what, min)
   end
 end
 
--- The options seen through, plus `cma`: whether _transports/_channels allow the
+-- The options seen through, plus `shm`: whether _transports/_channels allow the
 -- same-host shared-memory path (checked before joining, so a bad list fails fast).
 local function with_channels(opts, host)
-  local cma, local_sockets = channels.select(opts, function()
+  local shm, local_sockets = channels.select(opts, function()
     local ip = core.resolve(host)
     return ip ~= nil and store.is_loopback(ip)
   end)
   -- device_maps/devices: checked here too, before joining (rpchost.device_maps)
-  return setmetatable({cma = cma, local_sockets = local_sockets, devmaps = device_maps.check(opts)},
+  return setmetatable({shm = shm, local_sockets = local_sockets, devmaps = device_maps.check(opts)},
     {__index = opts})
 end
 
@@ -196,7 +196,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local loopback = store.is_loopback(assert(core.resolve(host)))
   local a = agentmod.new{name = name, rank = rank, world_size = world_size,
     timeout = tonumber(opts.rpc_timeout) or default_timeout,
-    num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P, cma = opts.cma,
+    num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P, shm = opts.shm,
     local_sockets = opts.local_sockets,
     -- Bytecode from the network can do anything: only a loopback-only world or one
     -- whose every peer proved the security token takes it.
@@ -259,7 +259,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout) or default_timeout, num_worker_threads = opts.num_worker_threads,
-      world = cur.world, cma = opts.cma, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
+      world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,

@@ -234,8 +234,8 @@ describe("_transports and _channels", function()
     local r = S.world(1, S.prelude .. [[
       local ok, e = pcall(rpc.init_rpc, "w", {rank = 0, world_size = 1,
         rpc_backend_options = rpc.TensorPipeRpcBackendOptions{_channels = {"shm", "basic"}}})
-      check("refused", not ok and tostring(e.message):find("RPCHOST_CMA=0", 1, true), e)
-    ]], {env = {RPCHOST_CMA = "0"}})
+      check("refused", not ok and tostring(e.message):find("RPCHOST_SHM=0", 1, true), e)
+    ]], {env = {RPCHOST_SHM = "0"}})
     assert.are.equal(0, r.status, r.err)
     assert.truthy(r.out:find("ok refused", 1, true), r.out)
   end)

@@ -9,14 +9,29 @@ local function world(n, body, names, opts)
     function gc() collectgarbage() collectgarbage() return true end
     function stats() return rpc._rref_stats() end
     -- collect everywhere, let the deletes travel, then read every worker's counts
-    local function settle()
-      for _ = 1, 3 do
-        for r = 0, world_size - 1 do rpc.rpc_sync(r, gc) end
-        sched.sleep(0.1)
+    -- (until two readings agree, at most about 4 s: a loaded machine may be slow,
+    -- and a real leak still reads the same twice)
+    local function snapshot()
+      local out, key = {}, {}
+      for r = 0, world_size - 1 do
+        out[r] = rpc.rpc_sync(r, stats)
+        local names = {}
+        for k in pairs(out[r]) do names[#names + 1] = k end
+        table.sort(names)
+        for _, k in ipairs(names) do key[#key + 1] = k .. "=" .. tostring(out[r][k]) end
       end
-      local out = {}
-      for r = 0, world_size - 1 do out[r] = rpc.rpc_sync(r, stats) end
-      return out
+      return out, table.concat(key, " ")
+    end
+    local function settle()
+      local last
+      for round = 1, 20 do
+        for r = 0, world_size - 1 do rpc.rpc_sync(r, gc) end
+        sched.sleep(0.1 + 0.1 * math.floor(round / 5))
+        local out, key = snapshot()
+        if round >= 3 and key == last then return out end
+        last = key
+      end
+      return (snapshot())
     end
   ]] .. body, opts)
   assert.are.equal(0, r.status, r.err)

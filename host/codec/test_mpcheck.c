@@ -4,15 +4,8 @@
 #include <string.h>
 
 #include "codec/mpcheck.h"
+#include "test_check.h"
 
-static int failures;
-#define CHECK(c)                                                                \
-  do {                                                                          \
-    if (!(c)) {                                                                 \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      failures++;                                                               \
-    }                                                                           \
-  } while (0)
 
 static int check(const char *bytes, size_t n, size_t *count) {
   return rh_mp_check((const uint8_t *)bytes, n, 32, count);
@@ -47,6 +40,5 @@ int main(void) {
   CHECK(check(deep + 10, 31, &n) == RH_MP_OK); /* 30 levels are fine */
   /* fixext and floats */
   CHECK(check("\xd4\x01\x02\xcb\x00\x00\x00\x00\x00\x00\xf0\x3f", 12, &n) == RH_MP_OK && n == 2);
-  printf("%s: %d failures\n", failures ? "FAIL" : "ok", failures);
-  return failures ? 1 : 0;
+  return TEST_RESULT();
 }

@@ -28,8 +28,13 @@ typedef struct {
   uint8_t *arena;
   rh_release_t *rel;
   size_t nrel;
+  uv_pipe_t *fd_handle; /* a descriptor travelling with this write, closed after */
   uv_buf_t bufs[];
 } rh_write_t;
+
+/* Descriptors a peer may have sent us that no frame has taken yet: a peer that
+ * sends more is not speaking our protocol. */
+#define MAX_HELD_FDS 64
 
 /* a TCP socket or a Unix-domain socket: both are uv_stream_t underneath */
 typedef union {
@@ -64,6 +69,9 @@ struct rh_conn_s {
   uv_connect_t connect_req;
   uv_shutdown_t shutdown_req;
   size_t inflight; /* bytes handed to uv_write, not yet done */
+  int send_fd;     /* a descriptor to attach to the next flush (-1: none) */
+  int fds[MAX_HELD_FDS]; /* received descriptors, oldest first */
+  int nfds;
   int end_status, end_version; /* why it ended, for a deferred report */
 };
 
@@ -124,6 +132,8 @@ static void close_done(uv_handle_t *h) {
   else c->net->all = c->next_all;
   if (c->next_all) c->next_all->prev_all = c->prev_all;
   drop_queue(c);
+  for (int i = 0; i < c->nfds; i++) close(c->fds[i]);
+  if (c->send_fd >= 0) close(c->send_fd);
   rh_reader_free(&c->reader);
   free(c->arena);
   free(c->pieces);
@@ -145,11 +155,13 @@ static void conn_end(rh_conn_t *c, int status, int peer_version) {
 static rh_conn_t *conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data, int local) {
   rh_conn_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
-  if ((local ? uv_pipe_init(net->loop, &c->h.pipe, 0) : uv_tcp_init(net->loop, &c->h.tcp)) != 0) {
+  /* Unix-domain connections are IPC pipes, so descriptors can travel on them */
+  if ((local ? uv_pipe_init(net->loop, &c->h.pipe, 1) : uv_tcp_init(net->loop, &c->h.tcp)) != 0) {
     free(c);
     return NULL;
   }
   c->local = local;
+  c->send_fd = -1;
   c->h.handle.data = c;
   c->net = net;
   c->next_all = net->all;
@@ -191,9 +203,50 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   buf->len = avail;
 }
 
+static void free_handle(uv_handle_t *h) { free(h); }
+
+/* Takes the descriptors that arrived with the bytes just read (libuv holds them
+ * as pending handles) into the connection's queue. A frame that announces one
+ * takes it with rh_conn_take_fd; they arrive no later than the frame's bytes. */
+static int take_fds(rh_conn_t *c) {
+  while (uv_pipe_pending_count(&c->h.pipe) > 0) {
+    uv_pipe_t *tmp = malloc(sizeof *tmp);
+    if (!tmp || uv_pipe_init(c->net->loop, tmp, 0) != 0) {
+      free(tmp);
+      return RH_ENOMEM;
+    }
+    int fd = -1;
+    uv_os_fd_t ofd;
+    if (uv_accept(&c->h.stream, (uv_stream_t *)tmp) == 0 && uv_fileno((uv_handle_t *)tmp, &ofd) == 0)
+      fd = dup(ofd);
+    uv_close((uv_handle_t *)tmp, free_handle);
+    if (fd < 0) return RH_EFDS;
+    if (c->nfds == MAX_HELD_FDS) {
+      close(fd);
+      return RH_EFDS;
+    }
+    c->fds[c->nfds++] = fd;
+  }
+  return 0;
+}
+
+int rh_conn_take_fd(rh_conn_t *c) {
+  if (c->nfds == 0) return -1;
+  int fd = c->fds[0];
+  memmove(c->fds, c->fds + 1, (size_t)(--c->nfds) * sizeof(int));
+  return fd;
+}
+
 static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   rh_conn_t *c = s->data;
   (void)buf;
+  if (c->local && n > 0) {
+    int rc = take_fds(c);
+    if (rc) {
+      conn_end(c, rc, 0);
+      return;
+    }
+  }
   if (n == UV_ENOBUFS) {
     conn_end(c, RH_ENOMEM, 0);
     return;
@@ -291,6 +344,37 @@ int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const 
   return rc;
 }
 
+static void conn_flush(rh_conn_t *c);
+
+/* The frame goes out in a write of its own that carries the descriptor, after
+ * everything queued before it (so the peer gets fds in frame order). */
+int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t id, const void *body,
+                    uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
+                    void *release_ctx) {
+  if (!c->local) {
+    if (release) release(release_ctx);
+    return UV_EINVAL;
+  }
+  rh_net_t *net = c->net;
+  net->defer_close_reports++;
+  conn_flush(c);
+  int rc = RH_ECLOSED;
+  int own = c->closing || c->shutting ? -1 : dup(fd);
+  if (own >= 0) {
+    rc = conn_send(c, type, flags, id, body, body_len, segs, nseg, release, release_ctx);
+    if (rc == 0) {
+      c->send_fd = own;
+      conn_flush(c);
+    } else {
+      close(own);
+    }
+  } else if (release) {
+    release(release_ctx);
+  }
+  net->defer_close_reports--;
+  return rc;
+}
+
 static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
                      uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
                      void *release_ctx) {
@@ -335,6 +419,7 @@ static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, co
 }
 
 static void write_free(rh_write_t *w) {
+  if (w->fd_handle) uv_close((uv_handle_t *)w->fd_handle, free_handle);
   release_all(w->rel, w->nrel);
   free(w->rel);
   free(w->arena);
@@ -378,11 +463,31 @@ static void conn_flush(rh_conn_t *c) {
   c->net->bytes_out += bytes;
   uv_buf_t *bufs = c->bufs;
   unsigned n = (unsigned)c->npieces;
+  /* a descriptor travels inside a libuv handle (uv_write2 sends a handle's fd) */
+  uv_pipe_t *fdh = NULL;
+  if (c->send_fd >= 0) {
+    fdh = malloc(sizeof *fdh);
+    int rc = fdh ? uv_pipe_init(c->net->loop, fdh, 0) : RH_ENOMEM;
+    if (!rc) rc = uv_pipe_open(fdh, c->send_fd);
+    if (rc) {
+      close(c->send_fd);
+      c->send_fd = -1;
+      if (fdh) uv_close((uv_handle_t *)fdh, free_handle);
+      drop_queue(c);
+      conn_end(c, rc, 0);
+      return;
+    }
+    c->send_fd = -1; /* the handle owns it now */
+  }
   /* Write what the socket takes now: when it takes everything (the usual case for
    * small messages) no allocation, write request, callback or extra loop turn is
    * needed, and the queue's buffers stay with the connection for the next flush. */
   if (uv_stream_get_write_queue_size(&c->h.stream) == 0) {
-    int done = uv_try_write(&c->h.stream, bufs, n);
+    int done = uv_try_write2(&c->h.stream, bufs, n, (uv_stream_t *)fdh);
+    if (done > 0 && fdh) {
+      uv_close((uv_handle_t *)fdh, free_handle); /* sent with the first byte */
+      fdh = NULL;
+    }
     if (done > 0) {
       size_t left = (size_t)done;
       while (n > 0 && left >= bufs->len) {
@@ -396,6 +501,7 @@ static void conn_flush(rh_conn_t *c) {
       }
       bytes -= (size_t)done;
     } else if (done != UV_EAGAIN && done != UV_ENOSYS) {
+      if (fdh) uv_close((uv_handle_t *)fdh, free_handle);
       drop_queue(c);
       conn_end(c, done, 0);
       return;
@@ -414,10 +520,12 @@ static void conn_flush(rh_conn_t *c) {
    * arena and releases to the request (one extra zeroed buf ends write_cb's count). */
   rh_write_t *w = calloc(1, sizeof *w + (n + 1) * sizeof(uv_buf_t));
   if (!w) {
+    if (fdh) uv_close((uv_handle_t *)fdh, free_handle);
     drop_queue(c);
     conn_end(c, RH_ENOMEM, 0);
     return;
   }
+  w->fd_handle = fdh;
   memcpy(w->bufs, bufs, n * sizeof(uv_buf_t));
   w->arena = c->arena;
   w->rel = c->rel;
@@ -429,7 +537,7 @@ static void conn_flush(rh_conn_t *c) {
   c->nrel = c->crel = 0;
   c->npieces = 0;
   c->inflight += bytes;
-  int rc = uv_write(&w->req, &c->h.stream, w->bufs, n, write_cb);
+  int rc = uv_write2(&w->req, &c->h.stream, w->bufs, n, (uv_stream_t *)fdh, write_cb);
   if (rc) {
     c->inflight -= bytes;
     write_free(w);

@@ -75,6 +75,14 @@ void rh_conn_set_data(rh_conn_t *c, void *data);
 int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
                  uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
                  void *release_ctx);
+/* The same, with a file descriptor passed to the peer alongside (SCM_RIGHTS;
+ * Unix-domain connections only). fd stays the caller's: a duplicate travels. */
+int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t id, const void *body,
+                    uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
+                    void *release_ctx);
+/* The oldest descriptor the peer sent that no frame has taken, now the
+ * caller's to close; -1 when there is none. */
+int rh_conn_take_fd(rh_conn_t *c);
 /* Graceful: queued output is written first, then the stream is shut down. */
 void rh_conn_close(rh_conn_t *c, int graceful);
 int rh_conn_peer(rh_conn_t *c, char *ip, size_t iplen, int *port);

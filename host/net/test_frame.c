@@ -4,15 +4,8 @@
 #include <string.h>
 
 #include "net/frame.h"
+#include "test_check.h"
 
-static int failures;
-#define CHECK(c)                                                   \
-  do {                                                             \
-    if (!(c)) {                                                    \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-      failures++;                                                  \
-    }                                                              \
-  } while (0)
 
 static size_t make_frame(uint8_t *out, uint64_t id, const char *body, const char *seg) {
   rh_frame_hdr_t h = {RH_PROTOCOL_VERSION, 3, 7, id, (uint32_t)strlen(body), seg ? 1 : 0, seg ? strlen(seg) : 0};
@@ -181,6 +174,5 @@ int main(void) {
     CHECK(live_allocs == 0);
   }
 
-  printf("%s: %d failures\n", failures ? "FAIL" : "ok", failures);
-  return failures ? 1 : 0;
+  return TEST_RESULT();
 }

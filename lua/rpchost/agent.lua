@@ -14,6 +14,7 @@ local log = require "rpchost.log"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.workerinfo"
 local cma = require "rpchost.cma"
+local shm = require "rpchost.shm"
 local auth = require "rpchost.auth"
 local trace = require "rpchost.trace"
 local device_maps = require "rpchost.device_maps"
@@ -47,7 +48,10 @@ function M.new(o)
     name = o.name, rank = o.rank, world_size = o.world_size,
     timeout = o.timeout or 60, max_running = o.num_worker_threads or 16,
     allow_bytecode = o.allow_bytecode, world = o.world,
-    cma = o.cma ~= false and cma.enabled_by_env,
+    -- payloads to ranks on this host through shared memory (the "shm" channel)
+    shm = o.shm ~= false and shm.enabled_by_env,
+    -- collectives read tensors straight from peers' memory where the kernel lets them
+    cma = o.shm ~= false and cma.enabled_by_env,
     -- Unix-domain sockets between ranks on this host (RPCHOST_UNIX=0 turns them off)
     local_sockets = o.local_sockets ~= false and os.getenv("RPCHOST_UNIX") ~= "0",
     peers = {}, by_name = {}, conns = {}, pending = {}, next_id = 0,
@@ -191,7 +195,8 @@ end
 -- connections ----------------------------------------------------------------------
 local function hello_body(self, conn)
   local h = {proto = core.protocol_version, version = core.version, world = self.world,
-             rank = self.rank, name = self.name, cma = cma.offer(conn, self.cma)}
+             rank = self.rank, name = self.name, cma = cma.offer(conn, self.cma),
+             shm = self.shm and conn:is_local() or nil}
   local st = self.conns[conn]
   if st then st.auth_client = auth.client_hello(h) end
   return enc("hello", h)
@@ -237,21 +242,37 @@ function Agent:peer_ready(p, conn)
   p.conn = conn
   local q = p.queue
   p.queue = {}
-  for _, m in ipairs(q) do conn:send(m[1], m[2], m[3], m[4], unpack(m[5])) end
+  for _, m in ipairs(q) do
+    if not self:send_shm(p, conn, m[1], m[2], m[3], m[4], m[5]) then conn:send(m[1], m[2], m[3], m[4], unpack(m[5])) end
+  end
 end
 
 -- Sends a frame (body and payload segments) to a peer, dialling if needed
 -- (queued until the handshake).
 function Agent:send(p, ftype, flags, id, body, segs)
   trace.frame_bytes(p.name, true, body, segs)
-  flags, segs = cma.outgoing(p, flags, segs)
-  if p.state == "ready" and p.conn then
-    if p.conn:send(ftype, flags, id, body, unpack(segs)) then return end
+  local conn = p.state == "ready" and p.conn
+  if conn then
+    if self:send_shm(p, conn, ftype, flags, id, body, segs) then return end
+    if conn:send(ftype, flags, id, body, unpack(segs)) then return end
     p.state = "none"
     p.conn = nil
   end
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
   if p.state == "none" then self:dial(p) end
+end
+
+-- Through shared memory, when this connection agreed to it and the payload is
+-- big enough; true when sent.
+function Agent:send_shm(p, conn, ftype, flags, id, body, segs)
+  local st = segs[1] and self.conns[conn]
+  if not (st and st.shm) then return false end
+  local ok, sent = pcall(shm.send, p, conn, ftype, flags, id, body, segs,
+    function(key, v) pcall(self.post, self, p.rank, key, v) end)
+  if ok then return sent end
+  -- (the socket still takes it, and if it cannot either, that error is the one to see)
+  log.warn("shared memory to %s failed, sending through the socket: %s", p.name, tostring(sent))
+  return false
 end
 
 -- The peer is gone (or could not be reached): fail what waits on it.
@@ -261,7 +282,7 @@ function Agent:peer_lost(p, conn, why, kind)
   p.dialling = nil
   p.state = "none"
   p.queue = {}
-  p.cma_holds = nil -- the receiver is gone: nothing will read them
+  shm.forget(p) -- the peer is gone: nothing will read our segments, nor send in its
   if self.state == "closed" then return end
   self:fail_receivers(p.rank, errors.new(kind or "unreachable",
     ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why), {worker = p.name, rank = p.rank}))
@@ -377,8 +398,9 @@ function Agent:on_hello(conn, body)
   st.rank = h.rank
   p.reads_peer = cma.accept(h.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and h.cma.pid or nil
+  st.shm = self.shm and conn:is_local() and h.shm == true
   fields.ok, fields.rank, fields.name = true, self.rank, self.name
-  fields.reads_you, fields.cma = p.reads_peer, cma.offer(conn, self.cma)
+  fields.cma, fields.shm = cma.offer(conn, self.cma), st.shm
   conn:send(proto.HELLO_ACK, 0, 0, enc("hello", fields))
   if state.done then self:accepted(p, conn) else st.auth_server = state end
 end
@@ -423,22 +445,23 @@ function Agent:on_hello_ack(conn, body)
   if proof then conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof})) end
   st.ready = true
   if p.dialling == conn then p.dialling = nil end
-  p.peer_reads_me = a.reads_you == true
   p.reads_peer = cma.accept(a.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and a.cma.pid or nil
-  -- tell the acceptor whether we can read it (first frame on this connection)
-  conn:send(proto.MESSAGE, 0, 0, (enc_msg(p.rank, "message", "!cma", p.reads_peer)))
+  st.shm = self.shm and conn:is_local() and a.shm == true
   self:peer_ready(p, conn)
 end
 
--- Segments of a frame: read through shared memory when they are descriptors.
+-- Segments of a frame: copied out of the sender's shared memory when they are a
+-- descriptor, and the segment handed back.
 function Agent:segments(conn, flags, segs)
-  if not cma.has_flag(flags) then return segs end
   local st = self.conns[conn]
   local p = st and st.rank and self.peers[st.rank]
-  -- only the memory of the process this peer proved to be, and only if we said so
-  local got, token = cma.incoming(segs, p and p.reads_peer and p.cma_pid)
-  if p then pcall(self.post, self, p.rank, "!cma_ack", token) end
+  if not (p and st.shm) then error("a shared-memory frame on a connection that did not agree to shared memory", 0) end
+  local ok, got = pcall(shm.receive, p, conn, flags, segs)
+  -- the segment goes back even when its frame was bad, or the pool would shrink
+  local sid = shm.segment_of(segs)
+  if sid then pcall(self.post, self, p.rank, "!shm_ack", sid) end
+  if not ok then error(got, 0) end
   return got
 end
 
@@ -449,7 +472,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
     return
   end
   local segs = {...} -- (one table for every use below: varargs stop LuaJIT's traces)
-  if #segs > 0 and cma.has_flag(flags) then
+  if #segs > 0 and shm.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
     if not ok then
       log.warn("%s", tostring(got))
@@ -461,7 +484,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
       end
       return
     end
-    return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(cma.FLAG)), id, body, unpack(got))
+    return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, unpack(got))
   end
   if cst and cst.rank and self.peers[cst.rank] then trace.frame_bytes(self.peers[cst.rank].name, false, body, segs) end
   if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs) end
@@ -615,11 +638,12 @@ local function reply(self, to, id, flags, body, segs)
   if type(to) == "function" then return to(flags, body, segs or {}) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
+  segs = segs or {}
   if p then
-    trace.frame_bytes(p.name, true, body, segs or {})
-    flags, segs = cma.outgoing(p, flags, segs or {})
+    trace.frame_bytes(p.name, true, body, segs)
+    if self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then return sched.expect_soon() end
   end
-  to:send(proto.RESPONSE, flags, id, body, unpack(segs or {}))
+  to:send(proto.RESPONSE, flags, id, body, unpack(segs))
   sched.expect_soon()
 end
 
@@ -761,10 +785,9 @@ function Agent:on_message(src, body, segs)
     return
   end
   local key = r[2]
-  if key == "!cma" or key == "!cma_ack" then
+  if key == "!shm_ack" or key == "!shm_drop" then
     local p = self.peers[src]
-    if p and key == "!cma" then p.peer_reads_me = r[3] == true end
-    if p and key == "!cma_ack" and p.cma_holds then p.cma_holds[r[3]] = nil end
+    if p then (key == "!shm_ack" and shm.acked or shm.dropped)(p, r[3]) end
     return
   end
   if key == "!leave" then

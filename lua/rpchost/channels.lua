@@ -1,18 +1,19 @@
 -- rpchost.channels: what TensorPipeRpcBackendOptions' _transports and _channels
--- ask for, checked before a rank joins anything, and turned into the one switch
--- the agent has: whether large payloads to ranks on this host may go by shared
--- memory (cross-memory attach, rpchost.cma) instead of through the socket.
+-- ask for, checked before a rank joins anything, and turned into the two
+-- switches the agent has: Unix-domain sockets between ranks of this host, and
+-- large payloads through shared memory on them (memfd segments whose descriptors
+-- travel over those sockets, rpchost.shm).
 --
 -- transports: "tcp" (sockets, any host) and "shm" (this host only). Our control
 -- messages always travel on a socket (with "shm", a Unix-domain one between ranks
 -- of a loopback world); "shm"-only is allowed where it means the same thing: a
 -- world that meets on loopback, so every rank is on this host.
--- channels: "basic" (payload inside the message) and "shm" (payload read from
--- the sender's memory); "cuda_ipc" and "cuda_basic" need a GPU, and CUDA tensors
--- always go through host memory ("cuda_basic"; "cuda_ipc" alone is refused).
--- Left out, each means "all that work here", and shm is used per peer wherever
--- the handshake proves it works. Named explicitly, a channel that cannot work on
--- this machine is an error that says why, not a silent fallback.
+-- channels: "basic" (payload inside the message) and "shm" (payload through a
+-- shared-memory segment); "cuda_ipc" and "cuda_basic" need a GPU, and CUDA
+-- tensors always go through host memory ("cuda_basic"; "cuda_ipc" alone is
+-- refused). Left out, each means "all that work here", and shm is used per peer
+-- wherever both ends agree at the handshake. Named explicitly, a channel that
+-- cannot work on this machine is an error that says why, not a silent fallback.
 local errors = require "rpchost.errors"
 
 local M = {}
@@ -42,17 +43,12 @@ local function names(v, field, known)
   return set
 end
 
--- Why cross-memory attach cannot work on this machine, or nil when it can.
+-- Why the shm channel cannot work on this machine, or nil when it can.
 local function shm_blocked()
-  if os.getenv("RPCHOST_CMA") == "0" then return "RPCHOST_CMA=0 turns it off in this environment" end
-  local f = io.open("/proc/sys/kernel/yama/ptrace_scope")
-  local scope = f and tonumber(f:read("*l"))
-  if f then f:close() end
-  if scope and scope >= 1 then
-    return ("the kernel's Yama ptrace_scope is %d, which forbids one process from reading " ..
-      "another's memory (process_vm_readv); set /proc/sys/kernel/yama/ptrace_scope to 0"):format(scope)
+  if os.getenv("RPCHOST_UNIX") == "0" then
+    return "RPCHOST_UNIX=0 turns off the Unix-domain sockets that carry its descriptors"
   end
-  return nil
+  return require("rpchost.shm").blocked()
 end
 
 -- opts: the backend options; is_loopback(): whether the world meets on loopback

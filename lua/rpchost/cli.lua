@@ -155,13 +155,13 @@ local function interpreter(argv)
     end
   end
 
-  local ok, err = sched.run(main, script and ("script " .. script) or "main")
-  require("rpchost.trace").flush()
-  if not ok then
-    -- error() with no value is how busted (and others) ask for a quiet exit 1
+  -- the error is reported the moment the script fails, not after the exit hooks
+  -- error() with no value is how busted (and others) ask for a quiet exit 1
+  local ok = sched.run(main, script and ("script " .. script) or "main", function(err)
     if err ~= nil then report(err) end
-    return 1
-  end
+  end)
+  require("rpchost.trace").flush()
+  if not ok then return 1 end
   return 0
 end
 

@@ -298,8 +298,10 @@ end
 
 -- Runs fn(...) as the main task and drives the loop until it ends, then the exit
 -- hooks. Returns the main task's xpcall results (ok, ... or false, traceback msg).
-function M.run(fn, name, ...)
-  local t = M.spawn(fn, {name = name or "main", on_error = function() end}, ...)
+-- on_error(err), when given, hears of the main task's failure at once, before the
+-- exit hooks (which may wait a while: a store host lingers for its clients).
+function M.run(fn, name, on_error, ...)
+  local t = M.spawn(fn, {name = name or "main", on_error = on_error or function() end}, ...)
   local ok, err = run_until(t)
   if not ok then return false, err end
   local res = t.result

@@ -1,0 +1,115 @@
+/* shm.c: memfd segments (see shm.h). */
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tensor/tensor.h"
+
+#ifndef MFD_CLOEXEC
+#define MFD_CLOEXEC 0x0001U
+#define MFD_ALLOW_SEALING 0x0002U
+#endif
+
+static size_t page_round(size_t n) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return (n + pg - 1) / pg * pg;
+}
+
+int rh_shm_create(rh_shm_t *s, size_t size) {
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  size = page_round(size ? size : 1);
+  int fd = memfd_create("rpchost-payload", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -errno;
+  int err = 0;
+  if (ftruncate(fd, (off_t)size) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    err = -errno;
+  void *map = MAP_FAILED;
+  /* pre-faulted: a segment is reused for many payloads, so its pages are made
+   * once here instead of one fault at a time inside the first copy */
+  if (!err) map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (!err && map == MAP_FAILED) err = -errno;
+  if (err) {
+    close(fd);
+    return err;
+  }
+  s->fd = fd;
+  s->map = map;
+  s->size = size;
+  s->writable = 1;
+  return 0;
+}
+
+int rh_shm_attach(rh_shm_t *s, int fd, size_t need, char *why, size_t whylen) {
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  const char *bad = NULL;
+  int err = 0;
+  if (fstat(fd, &st) != 0) err = -errno, bad = "cannot stat the descriptor";
+  else if (!S_ISREG(st.st_mode) || seals < 0) err = -EINVAL, bad = "the descriptor is not a memory file";
+  else if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    err = -EPERM, bad = "the memory file is not sealed against resizing";
+  else if ((uint64_t)st.st_size < need) err = -EINVAL, bad = "the memory file is smaller than the payload it carries";
+  void *map = MAP_FAILED;
+  if (!err && st.st_size > 0) {
+    map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (map == MAP_FAILED) err = -errno, bad = "cannot map the memory file";
+  }
+  if (err) {
+    close(fd);
+    snprintf(why, whylen, "%s (%s)", bad, strerror(-err));
+    return err;
+  }
+  s->fd = fd;
+  s->map = map == MAP_FAILED ? NULL : map;
+  s->size = (size_t)st.st_size;
+  return 0;
+}
+
+void rh_shm_free(rh_shm_t *s) {
+  if (s->map) munmap(s->map, s->size);
+  if (s->fd >= 0) close(s->fd);
+  s->map = NULL;
+  s->fd = -1;
+}
+
+int rh_shm_probe(void) {
+  rh_shm_t s;
+  int rc = rh_shm_create(&s, 1);
+  if (rc == 0) rh_shm_free(&s);
+  return rc;
+}
+
+/* Below two pieces a copy runs inline: handing work to the pool costs more. */
+#define COPY_PIECE (2u << 20)
+typedef struct {
+  char *dst;
+  const char *src;
+  size_t n;
+} copy_job_t;
+
+static void copy_chunk(void *vctx, int64_t lo, int64_t hi) {
+  copy_job_t *j = vctx;
+  size_t a = (size_t)lo * COPY_PIECE, b = (size_t)hi * COPY_PIECE;
+  if (b > j->n) b = j->n;
+  memcpy(j->dst + a, j->src + a, b - a);
+}
+
+void rh_copy_parallel(void *dst, const void *src, size_t n) {
+  if (n < 2 * COPY_PIECE) {
+    memcpy(dst, src, n);
+    return;
+  }
+  copy_job_t j = {dst, src, n};
+  rh_parallel_for((int64_t)((n + COPY_PIECE - 1) / COPY_PIECE), 1, copy_chunk, &j);
+}

@@ -1,0 +1,119 @@
+/* test_shm.c: memfd segments (what a receiver accepts and refuses) and file
+ * descriptors passed with frames over a real Unix-domain connection. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "net/conn.h"
+#include "net/shm.h"
+#include "test_check.h"
+
+static int attach_fails_with(int fd, size_t need, const char *words) {
+  rh_shm_t s;
+  char why[160] = "";
+  int rc = rh_shm_attach(&s, fd, need, why, sizeof why);
+  if (rc == 0) rh_shm_free(&s);
+  return rc != 0 && strstr(why, words) != NULL;
+}
+
+static void segments(void) {
+  rh_shm_t a, b;
+  char why[160];
+  CHECK(rh_shm_probe() == 0);
+  CHECK(rh_shm_create(&a, 10000) == 0 && a.size >= 10000 && a.writable);
+  memset(a.map, 0x5a, a.size);
+  /* the peer's view: read-only, same bytes */
+  CHECK(rh_shm_attach(&b, dup(a.fd), 10000, why, sizeof why) == 0 && !b.writable && b.size == a.size);
+  CHECK(((unsigned char *)b.map)[9999] == 0x5a);
+  ((unsigned char *)a.map)[5] = 7;
+  CHECK(((unsigned char *)b.map)[5] == 7);
+  rh_shm_free(&b);
+  /* refused: a payload larger than the file, a pipe, a file that may shrink */
+  CHECK(attach_fails_with(dup(a.fd), a.size + 1, "smaller than the payload"));
+  int p[2];
+  CHECK(pipe(p) == 0);
+  CHECK(attach_fails_with(p[0], 1, "not a memory file"));
+  close(p[1]);
+  int loose = memfd_create("loose", MFD_CLOEXEC);
+  CHECK(loose >= 0 && ftruncate(loose, 4096) == 0);
+  CHECK(attach_fails_with(loose, 1, "not sealed"));
+  /* the creator's seals hold: the file cannot shrink under a reader */
+  CHECK(ftruncate(a.fd, 0) != 0);
+  rh_shm_free(&a);
+  /* copies split across threads land whole */
+  size_t n = (9u << 20) + 13;
+  char *src = malloc(n), *dst = malloc(n);
+  for (size_t i = 0; i < n; i++) src[i] = (char)(i * 31 + 7);
+  rh_copy_parallel(dst, src, n);
+  CHECK(memcmp(src, dst, n) == 0);
+  free(src);
+  free(dst);
+}
+
+/* ---- a frame with a descriptor, through a listener and a connection ---- */
+static rh_conn_t *server_side;
+static int got_frames, got_fd_ok, sent_fd;
+
+static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
+  got_frames++;
+  if (f->hdr.type == 9) {
+    int fd = rh_conn_take_fd(c);
+    struct stat a, b;
+    got_fd_ok = fd >= 0 && fstat(fd, &a) == 0 && fstat(sent_fd, &b) == 0 && a.st_ino == b.st_ino;
+    if (fd >= 0) close(fd);
+    CHECK(rh_conn_take_fd(c) == -1); /* one descriptor per frame that sent one */
+  }
+  if (got_frames == 3) rh_conn_close(c, 0);
+}
+static void on_close(rh_conn_t *c, int status, int v) { (void)c, (void)status, (void)v; }
+static void on_connect(rh_conn_t *c, int status) {
+  CHECK(status == 0);
+  const char *body = "x";
+  uv_buf_t seg = uv_buf_init((char *)"payload", 7);
+  CHECK(rh_conn_send(c, 8, 0, 1, body, 1, NULL, 0, NULL, NULL) == 0);
+  CHECK(rh_conn_send_fd(c, sent_fd, 9, 0, 2, body, 1, &seg, 1, NULL, NULL) == 0);
+  CHECK(rh_conn_send(c, 8, 0, 3, body, 1, NULL, 0, NULL, NULL) == 0);
+  rh_conn_close(c, 1);
+}
+static void on_accept(rh_listener_t *l, rh_conn_t *c) {
+  server_side = c;
+  rh_listener_close(l);
+}
+
+static void passing(void) {
+  uv_loop_t loop;
+  rh_net_t net;
+  uv_loop_init(&loop);
+  CHECK(rh_net_init(&net, &loop, 1 << 20, RH_PROTOCOL_VERSION) == 0);
+  rh_shm_t seg;
+  CHECK(rh_shm_create(&seg, 4096) == 0);
+  sent_fd = seg.fd;
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/rh-test-shm-%d.sock", (int)getpid());
+  rh_conn_cbs_t cbs = {on_frame, on_close, on_connect};
+  rh_listener_t *l = rh_listener_new_local(&net, &cbs, on_accept, NULL);
+  CHECK(rh_listener_bind_local(l, path, 8) == 0);
+  rh_conn_t *c = rh_conn_new_local(&net, &cbs, NULL);
+  CHECK(rh_conn_connect_local(c, path) == 0);
+  /* a TCP connection cannot carry descriptors: refused, not silently dropped */
+  rh_conn_t *tcp = rh_conn_new(&net, &cbs, NULL);
+  CHECK(rh_conn_send_fd(tcp, sent_fd, 9, 0, 1, "x", 1, NULL, 0, NULL, NULL) == UV_EINVAL);
+  rh_conn_close(tcp, 0);
+  for (int i = 0; i < 2000 && got_frames < 3; i++) uv_run(&loop, UV_RUN_ONCE);
+  CHECK(got_frames == 3);
+  CHECK(got_fd_ok);
+  rh_net_close(&net);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  rh_shm_free(&seg);
+  unlink(path);
+}
+
+int main(void) {
+  segments();
+  passing();
+  return TEST_RESULT();
+}

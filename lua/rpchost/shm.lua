@@ -1,0 +1,195 @@
+-- rpchost.shm: large payloads between ranks on one host through shared memory.
+--
+-- Each rank keeps, per peer, a pool of memfd segments it writes into. A frame
+-- whose tensors are big enough leaves with its payload copied into a free
+-- segment and, in place of the bytes, one descriptor ("<segment>:<len>,<len>,...";
+-- the payloads lie back to back, each at a 64-byte boundary). The first frame
+-- that uses a segment on a connection carries the segment's file descriptor
+-- (SCM_RIGHTS over the Unix-domain socket), and the peer maps it read-only once.
+-- The receiver copies the bytes out into tensors of its own, then acknowledges
+-- ("!shm_ack"), and the segment is free again. So a payload costs two memcpys,
+-- split across the tensor thread pool, and no socket buffer, system call or page
+-- fault per byte.
+--
+-- Used only on connections where both ends agreed at the handshake (a Unix-domain
+-- socket, and the "shm" channel on at both ends). A frame that cannot use it (the
+-- pool at its cap with every segment busy, say) goes through the socket as before.
+-- RPCHOST_SHM_MIN sets the smallest payload (bytes) sent this way; RPCHOST_SHM_POOL
+-- caps each peer's pool (bytes).
+local core = require "rpchost.core"
+local bit = require "bit"
+
+local M = {}
+local nbytes = core.t_nbytes
+
+M.FLAG = 4     -- frame flag: the segments are one shared-memory descriptor
+M.FD_FLAG = 8  -- ... and the segment's file descriptor travels with this frame
+M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 512 * 1024
+M.POOL_BYTES = tonumber(os.getenv("RPCHOST_SHM_POOL")) or 512 * 1024 * 1024
+M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
+local ALIGN = 64
+local SMALLEST = 1024 * 1024
+
+local function align(n) return math.ceil(n / ALIGN) * ALIGN end
+
+-- Why segments cannot be made on this machine, or nil when they can.
+function M.blocked()
+  if not M.enabled_by_env then return "RPCHOST_SHM=0 turns it off in this environment" end
+  local ok, why = core.shm_probe()
+  return not ok and why or nil
+end
+
+-- Sender side ------------------------------------------------------------------------
+local function pool_of(p)
+  local pool = p.shm_pool
+  if not pool then
+    pool = {free = {}, busy = {}, bytes = 0, next = 0}
+    p.shm_pool = pool
+  end
+  return pool
+end
+
+-- A free segment of at least `need` bytes, made if there is room under the cap;
+-- nil when there is none. post(id) tells the peer a segment is gone.
+local function take(pool, need, post)
+  local best, bi
+  for i, s in ipairs(pool.free) do
+    if s.size >= need and (not best or s.size < best.size) then best, bi = s, i end
+  end
+  if best then
+    table.remove(pool.free, bi)
+    return best
+  end
+  local size = SMALLEST
+  while size < need do size = size * 2 end
+  -- make room: the largest free segments go first
+  table.sort(pool.free, function(a, b) return a.size > b.size end)
+  while pool.bytes + size > M.POOL_BYTES and #pool.free > 0 do
+    local s = table.remove(pool.free, 1)
+    pool.bytes = pool.bytes - s.size
+    s.obj:close()
+    post(s.id)
+  end
+  if pool.bytes + size > M.POOL_BYTES then return nil end
+  local obj = core.shm_create(size)
+  if not obj then return nil end
+  pool.next = pool.next + 1
+  pool.bytes = pool.bytes + obj:size()
+  return {id = pool.next, obj = obj, size = obj:size()}
+end
+
+-- Sends the frame through a segment when it is worth it and one is free; true
+-- when sent, false to send it the ordinary way. post(key, value) messages the peer.
+function M.send(p, conn, ftype, flags, id, body, segs, post)
+  local n = #segs
+  if n == 0 then return false end
+  local total = 0
+  for i = 1, n do
+    local t = segs[i]
+    if type(t) == "string" then return false end
+    total = total + align(nbytes(t))
+  end
+  if total < M.MIN_BYTES then return false end
+  local pool = pool_of(p)
+  local seg = take(pool, total, function(sid) post("!shm_drop", sid) end)
+  if not seg then return false end
+  local lens, off = {}, 0
+  for i = 1, n do
+    local t = segs[i]
+    local len = nbytes(t)
+    seg.obj:put(off, t)
+    lens[i] = len
+    off = off + align(len)
+  end
+  local desc = seg.id .. ":" .. table.concat(lens, ",")
+  flags = bit.bor(flags, M.FLAG)
+  local ok
+  if seg.sent_on ~= conn then
+    ok = conn:send_shm(seg.obj, ftype, bit.bor(flags, M.FD_FLAG), id, body, desc)
+    if ok then seg.sent_on = conn end
+  else
+    ok = conn:send(ftype, flags, id, body, desc)
+  end
+  if not ok then
+    pool.free[#pool.free + 1] = seg
+    return false
+  end
+  pool.busy[seg.id] = seg
+  return true
+end
+
+-- The peer has copied a payload out of segment sid.
+function M.acked(p, sid)
+  local pool = p.shm_pool
+  local seg = pool and pool.busy[sid]
+  if not seg then return end
+  pool.busy[sid] = nil
+  pool.free[#pool.free + 1] = seg
+end
+
+-- The peer is gone: its pool and its mappings go too.
+function M.forget(p)
+  for _, s in ipairs(p.shm_pool and p.shm_pool.free or {}) do s.obj:close() end
+  for _, s in pairs(p.shm_pool and p.shm_pool.busy or {}) do s.obj:close() end
+  for _, m in pairs(p.shm_maps or {}) do m:close() end
+  p.shm_pool, p.shm_maps = nil, nil
+end
+
+-- Receiver side ----------------------------------------------------------------------
+-- Reads a frame's descriptor: returns the payload tensors and the segment id, or
+-- raises a message saying what was wrong.
+function M.receive(p, conn, flags, segs)
+  -- a descriptor that came along is taken first, whatever else is wrong with the
+  -- frame: left queued, it would be taken for the next frame's
+  local fresh, why
+  if bit.band(flags, M.FD_FLAG) ~= 0 then
+    fresh, why = conn:take_shm(0)
+    if not fresh then error("cannot map the sender's shared memory: " .. why, 0) end
+  end
+  if #segs ~= 1 then error("a shared-memory frame must carry one descriptor", 0) end
+  local d = segs[1]
+  if type(d) ~= "string" then d = core.t_bytes(d) end
+  local sid, list = d:match("^(%d+):([%d,]*)$")
+  sid = tonumber(sid)
+  if not sid then error("malformed shared-memory descriptor", 0) end
+  p.shm_maps = p.shm_maps or {}
+  if fresh then
+    if p.shm_maps[sid] then p.shm_maps[sid]:close() end
+    p.shm_maps[sid] = fresh
+  end
+  local map = p.shm_maps[sid]
+  if not map then error(("shared-memory segment %d was never passed to this rank"):format(sid), 0) end
+  local lens, need = {}, 0
+  for l in list:gmatch("%d+") do
+    lens[#lens + 1] = tonumber(l)
+    need = need + align(tonumber(l))
+  end
+  if need > map:size() then error("a shared-memory descriptor reaches past its segment", 0) end
+  local out, off = {}, 0
+  for i, len in ipairs(lens) do
+    out[i] = map:get(off, len)
+    off = off + align(len)
+  end
+  return out, sid
+end
+
+-- The segment a descriptor names, or nil.
+function M.segment_of(segs)
+  local d = segs[1]
+  if d == nil then return nil end
+  if type(d) ~= "string" then d = core.t_bytes(d) end
+  return tonumber(d:match("^(%d+):"))
+end
+
+-- The peer dropped segment sid from its pool: unmap it.
+function M.dropped(p, sid)
+  local m = p.shm_maps and p.shm_maps[sid]
+  if m then
+    m:close()
+    p.shm_maps[sid] = nil
+  end
+end
+
+function M.has_flag(flags) return bit.band(flags, M.FLAG) ~= 0 end
+
+return M
