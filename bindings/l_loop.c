@@ -89,6 +89,8 @@ static int l_net_stats(lua_State *L) {
   lua_setfield(L, -2, "bytes_in");
   lua_pushnumber(L, (double)rh_ctx()->net.bytes_out);
   lua_setfield(L, -2, "bytes_out");
+  lua_pushnumber(L, (double)rh_ctx()->net.writes);
+  lua_setfield(L, -2, "writes");
   return 1;
 }
 

@@ -166,6 +166,28 @@ describe("rpc", function()
     assert_oks(r, lines, {"rpc_async left before the work ended", "remote left before the work ended"})
   end)
 
+  it("writes a burst of rpc_async from one loop turn together, the first at once", function()
+    local r, lines = world(2, [[
+      local core = require "rpchost.core"
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        rpc.rpc_sync("worker1", math.max, {1, 2})
+        local w0 = core.net_stats().writes
+        local futs = {}
+        for i = 1, 64 do futs[i] = rpc.rpc_async("worker1", math.max, {i, 0}) end
+        local sent = core.net_stats().writes - w0
+        local ok = true
+        for i = 1, 64 do ok = ok and futs[i]:wait() == i end
+        check("all answered", ok)
+        -- the first leaves alone, then one write per 16; the rest when we wait
+        check("64 requests in at most 5 writes before waiting", sent >= 1 and sent <= 5, sent)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"all answered", "64 requests in at most 5 writes before waiting"})
+  end)
+
   it("runs handlers as coroutines: nested calls to a third rank and back to the caller", function()
     local r, lines = world(3, [[
       function leaf(x) return x + 1 end

@@ -461,6 +461,7 @@ static void conn_flush(rh_conn_t *c) {
     bytes += p->len;
   }
   c->net->bytes_out += bytes;
+  c->net->writes++;
   uv_buf_t *bufs = c->bufs;
   unsigned n = (unsigned)c->npieces;
   /* a descriptor travels inside a libuv handle (uv_write2 sends a handle's fd) */

@@ -44,6 +44,7 @@ struct rh_net_s {
   rh_seg_free_fn seg_free;
   void *seg_ctx;
   uint64_t bytes_out, bytes_in;
+  uint64_t writes; /* flushes that reached the socket (one vectored write each) */
   /* > 0 inside rh_conn_send and rh_net_flush_now, whose callers must not be
    * re-entered: a connection that fails there reports its end from libuv's
    * close callback instead of at once */

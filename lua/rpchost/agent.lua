@@ -40,6 +40,9 @@ local function task_ctx()
   return t and t.ag_ctx
 end
 
+-- requests written together at most, in a burst within one loop turn
+local BATCH = 16
+
 -- async_execution marks (weak: the wrapped function decides its lifetime)
 M.async_functions = setmetatable({}, {__mode = "k"})
 
@@ -58,6 +61,7 @@ function M.new(o)
     running = 0, backlog = {}, early = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
     stats = {calls_out = 0, calls_in = 0},
+    flush_turn = -1, batched = 0,
   }, Agent)
   return a
 end
@@ -585,9 +589,17 @@ function Agent:call(to, fn, args, kwargs, timeout)
     end, {name = "self call"})
   else
     self:send(p, proto.REQUEST, 0, id, body, segs)
-    -- out now, not at the loop's next turn: the caller of rpc_async or remote may
-    -- compute for a long time before it waits (costs ~5-14% of pipelined throughput)
-    core.flush()
+    -- The first request of a loop turn leaves now, not at the turn's end: its
+    -- caller may compute for a long time before it waits. Those that follow in
+    -- the same turn (a burst of rpc_async) are written together, BATCH at a time,
+    -- and the rest when the caller next waits: one system call for many.
+    local turn = sched.turn
+    if self.flush_turn ~= turn or self.batched >= BATCH then
+      self.flush_turn, self.batched = turn, 0
+      core.flush()
+    else
+      self.batched = self.batched + 1
+    end
     sched.expect_soon()
   end
   return fut

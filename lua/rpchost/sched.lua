@@ -267,6 +267,10 @@ function M.expect_soon()
   if spin_window > 0 then spin_until = now() + spin_window end
 end
 
+-- Counts loop turns: what was queued in one turn is written out together before
+-- the next (see Agent:call).
+M.turn = 0
+
 local exit_hooks = {}
 -- Runs fn() as a task after the main task ends, before the process exits (for
 -- example: a store host waits for its clients to leave). fn must bound its wait.
@@ -284,6 +288,7 @@ local function run_until(t)
     drain()
     if t.done then break end
     local spinning = rhead > rtail and spin_until > 0 and now() < spin_until
+    M.turn = M.turn + 1
     in_loop = true
     local alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
     in_loop = false
