@@ -259,7 +259,7 @@ static int l_send(lua_State *L) { return send_frame(L, -1); }
  * the shared-memory segment's descriptor to the peer with the frame */
 static int l_send_shm(lua_State *L) {
   rh_shm_t *s = rh_lua_checkshm(L, 2);
-  if (s->fd < 0) return luaL_error(L, "send_shm: the segment is closed");
+  if (s->fd < 0) return luaL_error(L, "send_shm: the segment is closed, or a peer's (only our own are passed on)");
   int fd = s->fd;
   lua_remove(L, 2);
   return send_frame(L, fd);

@@ -73,7 +73,9 @@ int rh_shm_attach(rh_shm_t *s, int fd, size_t need, char *why, size_t whylen) {
     snprintf(why, whylen, "%s (%s)", bad, strerror(-err));
     return err;
   }
-  s->fd = fd;
+  /* the mapping keeps the memory: the descriptor is not needed any more, and a
+   * rank with many peers should not run out of them */
+  close(fd);
   s->map = map == MAP_FAILED ? NULL : map;
   s->size = (size_t)st.st_size;
   return 0;

@@ -23,10 +23,10 @@ typedef struct {
 /* A new sealed segment of `size` bytes (rounded up to pages), mapped and
  * pre-faulted. Returns 0 or a negative errno. */
 int rh_shm_create(rh_shm_t *s, size_t size);
-/* Maps a descriptor received from a peer (taking ownership of fd, closed on
- * failure too). It must be a memory file sealed against shrinking, at least
- * `need` bytes long. Returns 0, or a negative errno with why[] saying which rule
- * failed. */
+/* Maps a descriptor received from a peer read-only, and closes it (on failure
+ * too; the mapping is all that is kept, s->fd is -1). It must be a memory file
+ * sealed against shrinking, at least `need` bytes long. Returns 0, or a negative
+ * errno with why[] saying which rule failed. */
 int rh_shm_attach(rh_shm_t *s, int fd, size_t need, char *why, size_t whylen);
 void rh_shm_free(rh_shm_t *s);
 /* Whether memory files can be made here at all (0) or why not (negative errno). */

@@ -26,7 +26,7 @@ static void segments(void) {
   CHECK(rh_shm_create(&a, 10000) == 0 && a.size >= 10000 && a.writable);
   memset(a.map, 0x5a, a.size);
   /* the peer's view: read-only, same bytes */
-  CHECK(rh_shm_attach(&b, dup(a.fd), 10000, why, sizeof why) == 0 && !b.writable && b.size == a.size);
+  CHECK(rh_shm_attach(&b, dup(a.fd), 10000, why, sizeof why) == 0 && !b.writable && b.size == a.size && b.fd < 0);
   CHECK(((unsigned char *)b.map)[9999] == 0x5a);
   ((unsigned char *)a.map)[5] = 7;
   CHECK(((unsigned char *)b.map)[5] == 7);

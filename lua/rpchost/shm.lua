@@ -29,6 +29,8 @@ M.POOL_BYTES = tonumber(os.getenv("RPCHOST_SHM_POOL")) or 512 * 1024 * 1024
 M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
 local ALIGN = 64
 local SMALLEST = 1024 * 1024
+-- segments per peer at most: each holds a file descriptor while it lives
+local MAX_SEGMENTS = 32
 
 local function align(n) return math.ceil(n / ALIGN) * ALIGN end
 
@@ -43,7 +45,7 @@ end
 local function pool_of(p)
   local pool = p.shm_pool
   if not pool then
-    pool = {free = {}, busy = {}, bytes = 0, next = 0}
+    pool = {free = {}, busy = {}, bytes = 0, count = 0, next = 0}
     p.shm_pool = pool
   end
   return pool
@@ -64,17 +66,17 @@ local function take(pool, need, post)
   while size < need do size = size * 2 end
   -- make room: the largest free segments go first
   table.sort(pool.free, function(a, b) return a.size > b.size end)
-  while pool.bytes + size > M.POOL_BYTES and #pool.free > 0 do
+  while (pool.bytes + size > M.POOL_BYTES or pool.count >= MAX_SEGMENTS) and #pool.free > 0 do
     local s = table.remove(pool.free, 1)
-    pool.bytes = pool.bytes - s.size
+    pool.bytes, pool.count = pool.bytes - s.size, pool.count - 1
     s.obj:close()
     post(s.id)
   end
-  if pool.bytes + size > M.POOL_BYTES then return nil end
+  if pool.bytes + size > M.POOL_BYTES or pool.count >= MAX_SEGMENTS then return nil end
   local obj = core.shm_create(size)
   if not obj then return nil end
   pool.next = pool.next + 1
-  pool.bytes = pool.bytes + obj:size()
+  pool.bytes, pool.count = pool.bytes + obj:size(), pool.count + 1
   return {id = pool.next, obj = obj, size = obj:size()}
 end
 

@@ -1,0 +1,77 @@
+-- Shared-memory frames from a peer that gets them wrong: each request is answered
+-- with an error that says what was wrong, the connection's stray descriptors are
+-- not taken for a later frame's, and the world goes on serving.
+local S = require "spec.support"
+
+local world, assert_oks = S.checked_world, S.assert_oks
+
+describe("shared-memory frames", function()
+  it("refuse what does not fit, with a reply that says why, and the world goes on", function()
+    local r, lines = world(2, [[
+      local core, sched = require "rpchost.core", require "rpchost.sched"
+      local codec, proto, shm = require "rpchost.codec", require "rpchost.proto", require "rpchost.shm"
+      local tensor = require "tensor"
+      function hi() return "still serving" end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local a = rpc._agent()
+        local p = a.peers[1]
+        -- speak to worker 1 directly, as rank 0 on a second connection
+        local function dial(where, port)
+          local st = {replies = {}, ready = false}
+          st.conn = core.connect(where, port, {
+            connect = function(c)
+              c:send(proto.HELLO, 0, 0, codec.raw_encode("hello", {proto = core.protocol_version,
+                version = core.version, world = a.world, rank = 0, name = "w0", shm = true}))
+            end,
+            close = function() st.closed = true end,
+            frame = function(c, ftype, flags, id, body)
+              if ftype == proto.HELLO_ACK then st.ready, st.shm = true, codec.raw_decode(body).shm == true
+              elseif ftype == proto.RESPONSE then st.replies[id] = body end
+            end,
+          })
+          local t0 = sched.now()
+          while not st.ready and sched.now() - t0 < 5 do sched.sleep(0.01) end
+          return st
+        end
+        local req = codec.raw_encode("req", hi, {})
+        local function ask(st, id, flags, desc, seg)
+          if seg then st.conn:send_shm(seg, proto.REQUEST, flags, id, req, desc)
+          else st.conn:send(proto.REQUEST, flags, id, req, desc) end
+          local t0 = sched.now()
+          while not st.replies[id] and sched.now() - t0 < 5 do sched.sleep(0.01) end
+          return st.replies[id] or "(no reply)"
+        end
+        local FLAG, FD = shm.FLAG, shm.FLAG + shm.FD_FLAG
+
+        local tcp = dial(p.ip, p.port)
+        check("tcp handshake", tcp.ready)
+        check("no shm over tcp", ask(tcp, 1, FLAG, "1:64"):find("did not agree to shared memory", 1, true))
+
+        local u = dial("unix:" .. p.unix)
+        check("unix handshake agrees to shm", u.ready and u.shm)
+        check("missing descriptor", ask(u, 2, FD, "1:64"):find("no descriptor came with it", 1, true))
+        check("unknown segment", ask(u, 3, FLAG, "7:64"):find("never passed to this rank", 1, true))
+        check("malformed descriptor", ask(u, 4, FLAG, "seven"):find("malformed shared-memory descriptor", 1, true))
+        local seg = core.shm_create(4096)
+        check("past the segment", ask(u, 5, FD, "9:4096,64", seg):find("reaches past its segment", 1, true))
+        -- a good one on the same connection: the descriptor that came with it is its own
+        seg:put(0, tensor.arange(16, {dtype = tensor.int32}))
+        local good = ask(u, 6, FD, "10:64", seg)
+        check("a well-formed frame is served", good:find("still serving", 1, true))
+        -- descriptors that no frame takes pile up to a limit, then the connection goes
+        local u2 = dial("unix:" .. p.unix)
+        for i = 1, 70 do u2.conn:send_shm(seg, proto.MESSAGE, 0, 0, codec.raw_encode("x", 1)) end
+        local t0 = sched.now()
+        while not u2.closed and sched.now() - t0 < 5 do sched.sleep(0.01) end
+        check("stray descriptors end the connection", u2.closed)
+        check("world unaffected", rpc.rpc_sync("w1", hi) == "still serving")
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"tcp handshake", "no shm over tcp", "unix handshake agrees to shm", "missing descriptor",
+                          "unknown segment", "malformed descriptor", "past the segment",
+                          "a well-formed frame is served", "stray descriptors end the connection", "world unaffected"})
+  end)
+end)
