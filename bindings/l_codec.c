@@ -89,9 +89,71 @@ static void push_path(enc_t *e) {
   luaL_pushresult(&b);
 }
 
-static int enc_fail(enc_t *e, const char *why) {
+/* Encoders and decoders are reused, not made per message: each is a userdata
+ * (so an error that abandons one mid-way leaves it to the GC, whose __gc frees
+ * its buffer) kept in a small registry stack between uses. A nested use (a codec
+ * hook that encodes) simply takes another. */
+#define ENC_MT "rpchost.Encoder"
+#define DEC_MT "rpchost.Decoder"
+#define POOL_MAX 8
+#define KEEP_BYTES (64u << 10) /* a buffer grown past this is not kept */
+static int ref_enc_pool = LUA_NOREF, ref_dec_pool = LUA_NOREF;
+
+/* Pushes a pooled userdata of metatable mt (or nil when the pool is empty). */
+static void *pool_take(lua_State *L, int ref) {
+  rh_pushref(L, ref);
+  int n = (int)lua_objlen(L, -1);
+  if (n == 0) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  lua_rawgeti(L, -1, n);
+  lua_pushnil(L);
+  lua_rawseti(L, -3, n);
+  lua_remove(L, -2);
+  return lua_touserdata(L, -1);
+}
+
+/* Gives the userdata at idx back to its pool (dropped when the pool is full). */
+static void pool_give(lua_State *L, int ref, int idx) {
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  rh_pushref(L, ref);
+  int n = (int)lua_objlen(L, -1);
+  if (n < POOL_MAX) {
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, -2, n + 1);
+  }
+  lua_pop(L, 1);
+}
+
+static void enc_gc_buffer(enc_t *e) {
   msgpack_sbuffer_destroy(&e->buf);
-  e->buf.data = NULL;
+  msgpack_sbuffer_init(&e->buf);
+}
+
+static int enc_gc(lua_State *L) {
+  enc_gc_buffer(luaL_checkudata(L, 1, ENC_MT));
+  return 0;
+}
+
+/* An encoder ready for a message, pushed on the stack. */
+static enc_t *enc_take(lua_State *L) {
+  enc_t *e = pool_take(L, ref_enc_pool);
+  if (!e) {
+    e = lua_newuserdata(L, sizeof *e);
+    memset(e, 0, sizeof *e);
+    msgpack_sbuffer_init(&e->buf);
+    luaL_getmetatable(L, ENC_MT);
+    lua_setmetatable(L, -2);
+  }
+  e->L = L;
+  e->buf.size = 0;
+  e->depth = 0;
+  msgpack_packer_init(&e->pk, &e->buf, msgpack_sbuffer_write);
+  return e;
+}
+
+static int enc_fail(enc_t *e, const char *why) {
   push_path(e);
   lua_pushfstring(e->L, ": %s", why);
   lua_concat(e->L, 2);
@@ -226,11 +288,7 @@ static void enc_value(enc_t *e, int idx) {
  * or a table of one name per value; used only in error messages. */
 static int l_encode(lua_State *L) {
   int n = lua_gettop(L) - 1;
-  enc_t *e = lua_newuserdata(L, sizeof *e); /* scratch, collected with the call */
-  memset(e, 0, sizeof *e);
-  e->L = L;
-  msgpack_sbuffer_init(&e->buf);
-  msgpack_packer_init(&e->pk, &e->buf, msgpack_sbuffer_write);
+  enc_t *e = enc_take(L);
   char rootbuf[80];
   for (int i = 0; i < n; i++) {
     e->root = "value";
@@ -250,7 +308,8 @@ static int l_encode(lua_State *L) {
     enc_value(e, i + 2);
   }
   lua_pushlstring(L, e->buf.data ? e->buf.data : "", e->buf.size);
-  msgpack_sbuffer_destroy(&e->buf);
+  if (e->buf.alloc > KEEP_BYTES) enc_gc_buffer(e);
+  pool_give(L, ref_enc_pool, -2);
   return 1;
 }
 
@@ -258,12 +317,34 @@ static int l_encode(lua_State *L) {
 
 typedef struct {
   lua_State *L;
-  msgpack_unpacked *u;
   int depth;
+  int ready;         /* the zone is initialised */
+  msgpack_zone zone; /* where msgpack-c puts a message's objects; cleared per use */
 } dec_t;
 
+static int dec_gc(lua_State *L) {
+  dec_t *d = luaL_checkudata(L, 1, DEC_MT);
+  if (d->ready) msgpack_zone_destroy(&d->zone);
+  d->ready = 0;
+  return 0;
+}
+
+static dec_t *dec_take(lua_State *L) {
+  dec_t *d = pool_take(L, ref_dec_pool);
+  if (!d) {
+    d = lua_newuserdata(L, sizeof *d);
+    memset(d, 0, sizeof *d);
+    luaL_getmetatable(L, DEC_MT);
+    lua_setmetatable(L, -2);
+  }
+  if (!d->ready) d->ready = msgpack_zone_init(&d->zone, 8192);
+  if (!d->ready) luaL_error(L, "out of memory");
+  d->L = L;
+  d->depth = 0;
+  return d;
+}
+
 static int dec_fail(dec_t *d, const char *why) {
-  msgpack_unpacked_destroy(d->u);
   return luaL_error(d->L, "malformed message: %s", why);
 }
 
@@ -278,7 +359,6 @@ static void dec_call_hook(dec_t *d, int tag, int nargs) {
   lua_insert(L, -nargs - 1);
   if (lua_pcall(L, nargs + 1, 1, 0) != 0) {
     /* keep the hook's message: it says what is wrong (e.g. a refused function) */
-    msgpack_unpacked_destroy(d->u);
     lua_error(L);
   }
 }
@@ -343,22 +423,23 @@ static int l_decode(lua_State *L) {
   /* msgpack-c trusts counts: check the bytes before it allocates for them */
   int chk = rh_mp_check((const uint8_t *)s, len, MAX_DEPTH + 2, NULL);
   if (chk != RH_MP_OK) return luaL_error(L, "malformed message: %s", rh_mp_strerror(chk));
-  msgpack_unpacked u;
-  msgpack_unpacked_init(&u);
-  dec_t d = {L, &u, 0};
+  dec_t *d = dec_take(L);
+  int dpos = lua_gettop(L);
   size_t off = 0;
-  int count = 0;
   while (off < len) {
-    msgpack_unpack_return rc = msgpack_unpack_next(&u, s, len, &off);
-    if (rc == MSGPACK_UNPACK_CONTINUE) dec_fail(&d, "truncated");
-    if (rc != MSGPACK_UNPACK_SUCCESS && rc != MSGPACK_UNPACK_EXTRA_BYTES) dec_fail(&d, "not MessagePack");
+    msgpack_object obj;
+    msgpack_zone_clear(&d->zone);
+    msgpack_unpack_return rc = msgpack_unpack(s, len, &off, &d->zone, &obj);
+    if (rc == MSGPACK_UNPACK_CONTINUE) dec_fail(d, "truncated");
+    if (rc != MSGPACK_UNPACK_SUCCESS && rc != MSGPACK_UNPACK_EXTRA_BYTES) dec_fail(d, "not MessagePack");
     luaL_checkstack(L, 4, "codec: too many values");
-    dec_obj(&d, &u.data);
-    count++;
+    d->depth = 0;
+    dec_obj(d, &obj);
   }
-  msgpack_unpacked_destroy(&u);
+  /* the values sit above the decoder: give it back, then take it off the stack */
+  pool_give(L, ref_dec_pool, dpos);
+  lua_remove(L, dpos);
   return lua_gettop(L) - base;
-  (void)count;
 }
 
 static int l_set_hooks(lua_State *L) {
@@ -374,6 +455,18 @@ static int l_set_hooks(lua_State *L) {
 }
 
 int rh_open_codec(lua_State *L) {
+  luaL_newmetatable(L, ENC_MT);
+  lua_pushcfunction(L, enc_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, DEC_MT);
+  lua_pushcfunction(L, dec_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
+  lua_newtable(L);
+  ref_enc_pool = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  ref_dec_pool = luaL_ref(L, LUA_REGISTRYINDEX);
   static const luaL_Reg fns[] = {
       {"encode", l_encode}, {"decode", l_decode}, {"set_codec_hooks", l_set_hooks}, {NULL, NULL}};
   lua_newtable(L);

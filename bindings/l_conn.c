@@ -167,11 +167,27 @@ typedef struct {
   rh_tensor_t *tensors[64];
 } seg_hold_t;
 
+/* Holds are reused (a few kept on a free list): a send with payload segments
+ * then costs no allocation. Only the loop thread touches the list. */
+#define FREE_HOLDS 32
+static seg_hold_t *free_holds[FREE_HOLDS];
+static int nfree_holds;
+
+static seg_hold_t *new_hold(void) {
+  seg_hold_t *h = nfree_holds > 0 ? free_holds[--nfree_holds] : malloc(sizeof *h);
+  if (h) {
+    h->ref = LUA_NOREF;
+    h->ntensors = 0;
+  }
+  return h;
+}
+
 static void release_hold(void *ctx) {
   seg_hold_t *h = ctx;
   if (h->ref != LUA_NOREF) luaL_unref(rh_ctx()->L, LUA_REGISTRYINDEX, h->ref);
   for (int i = 0; i < h->ntensors; i++) rh_tensor_release(h->tensors[i]);
-  free(h);
+  if (nfree_holds < FREE_HOLDS) free_holds[nfree_holds++] = h;
+  else free(h);
 }
 
 /* conn:send(type, flags, id, body [, segments...]) -> true | nil, message.
@@ -195,10 +211,8 @@ static int send_frame(lua_State *L, int fd) {
   rh_release_fn rel = NULL;
   void *relctx = NULL;
   if (nseg > 0) {
-    seg_hold_t *h = malloc(sizeof *h);
+    seg_hold_t *h = new_hold();
     if (!h) return luaL_error(L, "out of memory");
-    h->ref = LUA_NOREF;
-    h->ntensors = 0;
     int nstr = 0;
     for (int i = 0; i < nseg; i++) {
       rh_tensor_t *t = rh_lua_totensor(L, 6 + i);

@@ -61,7 +61,7 @@ function M.new(o)
     running = 0, backlog = {}, early = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
     stats = {calls_out = 0, calls_in = 0},
-    flush_turn = -1, batched = 0,
+    flush_turn = -1, batched = 0, free_calls = {},
   }, Agent)
   return a
 end
@@ -481,8 +481,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
     if not ok then
       log.warn("%s", tostring(got))
       if ftype == proto.RESPONSE then
-        local call = self:take(id)
-        if call then call.fut:set_error(errors.new("unreachable", tostring(got))) end
+        self:complete_error(id, errors.new("unreachable", tostring(got)))
       elseif ftype == proto.REQUEST then
         self:send_reply(conn, id, {false, tostring(got), n = 2})
       end
@@ -574,7 +573,10 @@ function Agent:call(to, fn, args, kwargs, timeout)
   self.next_id = self.next_id + 1
   local id = self.next_id
   local fut = Future.new()
-  local call = {fut = fut, peer = p, fn = fn, ctx = ctx, t0 = trace.now_us()}
+  local free = self.free_calls
+  local call = free[#free]
+  if call then free[#free] = nil else call = {} end
+  call.fut, call.peer, call.fn, call.ctx, call.t0 = fut, p, fn, ctx, trace.now_us()
   self.pending[id] = call
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
@@ -620,28 +622,44 @@ function Agent:take(id, failed)
   return call
 end
 
+-- A finished call's record goes back to a free list (the next call reuses it
+-- and its table slots: no allocation for it on the hot path).
+local FREE_CALLS = 256
+function Agent:recycle(call)
+  call.fut, call.peer, call.fn, call.ctx, call.t0 = nil, nil, nil, nil, nil
+  call.agent, call.id, call.timeout, call.timer, call.cb, call.arg, call.at = nil, nil, nil, nil, nil, nil, nil
+  local free = self.free_calls
+  if #free < FREE_CALLS then free[#free + 1] = call end
+end
+
 function Agent:complete_error(id, err)
   local call = self:take(id, true)
-  if call then call.fut:set_error(err) end
+  if call then
+    local fut = call.fut
+    self:recycle(call)
+    fut:set_error(err)
+  end
 end
 
 function Agent:on_response(id, flags, body, segs)
   local call = self:take(id, bit.band(flags, proto.FLAG_ERROR) ~= 0)
   if not call then return end -- timed out already, or a stray reply
-  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, call.peer.rank
+  local fut, peer = call.fut, call.peer
+  self:recycle(call)
+  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, peer.rank
   local r = pack(pcall(dec_msg, body, segs))
   codec.allow_bytecode, codec.ag_src = false, nil
   if not r[1] then
-    call.fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
-      call.peer.name, tostring(r[2])), {worker = call.peer.name, rank = call.peer.rank}))
+    fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
+      peer.name, tostring(r[2])), {worker = peer.name, rank = peer.rank}))
   elseif bit.band(flags, proto.FLAG_ERROR) ~= 0 then
-    call.fut:set_error(r[2])
+    fut:set_error(r[2])
   else
     -- the results are r[2..n]: shift them down in place (no second table per reply)
     local n = r.n
     for i = 2, n do r[i - 1] = r[i] end
     r[n], r.n = nil, n - 1
-    call.fut:set_packed(r)
+    fut:set_packed(r)
   end
 end
 
