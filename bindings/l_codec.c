@@ -99,13 +99,18 @@ static void push_path(enc_t *e) {
 #define KEEP_BYTES (64u << 10) /* a buffer grown past this is not kept */
 static int ref_enc_pool = LUA_NOREF, ref_dec_pool = LUA_NOREF;
 
-/* Pushes a pooled userdata of metatable mt (or nil when the pool is empty). */
-static void *pool_take(lua_State *L, int ref) {
+/* Pushes a userdata from the pool, or a new zeroed one of `size` bytes with
+ * metatable mt when the pool is empty. */
+static void *pool_take(lua_State *L, int ref, size_t size, const char *mt) {
   rh_pushref(L, ref);
   int n = (int)lua_objlen(L, -1);
   if (n == 0) {
     lua_pop(L, 1);
-    return NULL;
+    void *u = lua_newuserdata(L, size);
+    memset(u, 0, size); /* (a zeroed msgpack_sbuffer is an initialised one) */
+    luaL_getmetatable(L, mt);
+    lua_setmetatable(L, -2);
+    return u;
   }
   lua_rawgeti(L, -1, n);
   lua_pushnil(L);
@@ -138,14 +143,7 @@ static int enc_gc(lua_State *L) {
 
 /* An encoder ready for a message, pushed on the stack. */
 static enc_t *enc_take(lua_State *L) {
-  enc_t *e = pool_take(L, ref_enc_pool);
-  if (!e) {
-    e = lua_newuserdata(L, sizeof *e);
-    memset(e, 0, sizeof *e);
-    msgpack_sbuffer_init(&e->buf);
-    luaL_getmetatable(L, ENC_MT);
-    lua_setmetatable(L, -2);
-  }
+  enc_t *e = pool_take(L, ref_enc_pool, sizeof *e, ENC_MT);
   e->L = L;
   e->buf.size = 0;
   e->depth = 0;
@@ -330,13 +328,7 @@ static int dec_gc(lua_State *L) {
 }
 
 static dec_t *dec_take(lua_State *L) {
-  dec_t *d = pool_take(L, ref_dec_pool);
-  if (!d) {
-    d = lua_newuserdata(L, sizeof *d);
-    memset(d, 0, sizeof *d);
-    luaL_getmetatable(L, DEC_MT);
-    lua_setmetatable(L, -2);
-  }
+  dec_t *d = pool_take(L, ref_dec_pool, sizeof *d, DEC_MT);
   if (!d->ready) d->ready = msgpack_zone_init(&d->zone, 8192);
   if (!d->ready) luaL_error(L, "out of memory");
   d->L = L;
