@@ -273,14 +273,14 @@ static int l_send(lua_State *L) { return send_frame(L, -1); }
  * the shared-memory segment's descriptor to the peer with the frame */
 static int l_send_shm(lua_State *L) {
   rh_shm_t *s = rh_lua_checkshm(L, 2);
-  if (s->fd < 0) return luaL_error(L, "send_shm: the segment is closed, or a peer's (only our own are passed on)");
+  if (s->fd < 0) return luaL_error(L, "send_shm: the segment is a peer's (only our own are passed on)");
   int fd = s->fd;
   lua_remove(L, 2);
   return send_frame(L, fd);
 }
 
 /* conn:take_shm(need) -> segment | nil, message: maps the oldest descriptor
- * the peer passed (a read-only segment of at least `need` bytes) */
+ * the peer passed (a segment of at least `need` bytes) */
 static int l_take_shm(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   double need = luaL_checknumber(L, 2);
@@ -290,14 +290,15 @@ static int l_take_shm(lua_State *L) {
     lua_pushliteral(L, "the frame announces a shared-memory segment, but no descriptor came with it");
     return 2;
   }
-  rh_shm_t s;
-  char why[160];
-  if (need < 0 || rh_shm_attach(&s, fd, (size_t)need, why, sizeof why) != 0) {
+  char why[160] = "negative segment size";
+  int err = 0;
+  rh_shm_t *s = need < 0 ? (close(fd), NULL) : rh_shm_attach(fd, (size_t)need, why, sizeof why, &err);
+  if (!s) {
     lua_pushnil(L);
-    lua_pushstring(L, need < 0 ? "negative segment size" : why);
+    lua_pushstring(L, why);
     return 2;
   }
-  rh_lua_pushshm(L, &s);
+  rh_lua_pushshm(L, s);
   return 1;
 }
 

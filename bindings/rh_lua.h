@@ -60,6 +60,6 @@ int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the refe
 /* shared-memory segments (l_shm.c) */
 #include "net/shm.h"
 rh_shm_t *rh_lua_checkshm(lua_State *L, int i);
-void rh_lua_pushshm(lua_State *L, const rh_shm_t *s); /* takes fd and mapping */
+void rh_lua_pushshm(lua_State *L, rh_shm_t *s); /* takes the reference */
 
 #endif

@@ -61,6 +61,30 @@ describe("faults", function()
     end
   end)
 
+  it("a payload lent by a rank killed afterwards stays intact while a tensor holds it", function()
+    local out = by_hand(2, [[
+      local tensor = require "tensor"
+      function make() return tensor.full({2 ^ 21}, 3) end -- 8 MiB: lent through shared memory
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local t = rpc.rpc_sync("w1", make)
+        check("lent", rpc._agent().peers[1].shm_adopted == 1)
+        core.kill(rpc.rpc_sync("w1", pid), core.SIGKILL)
+        local ok, e = pcall(rpc.rpc_sync, "w1", pid)
+        check("the sender is gone", not ok and e.kind == "unreachable", e)
+        collectgarbage()
+        check("the payload is intact", t:sum():item() == 3 * 2 ^ 21)
+        t:add_(1)
+        check("and still ours to change", t:sum():item() == 4 * 2 ^ 21)
+        os.exit(0)
+      end
+      sched.sleep(30)
+    ]])
+    for _, name in ipairs({"lent", "the sender is gone", "the payload is intact", "and still ours to change"}) do
+      assert.truthy(out[0].out:find("ok " .. name, 1, true), out[0].out .. out[0].err)
+    end
+  end)
+
   it("a stopped rank (SIGSTOP) makes calls time out while the others serve", function()
     local r = world(3, [[
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})

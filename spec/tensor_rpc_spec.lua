@@ -105,6 +105,17 @@ describe("tensors over rpc", function()
         local tensor = require "tensor"
         function echo(...) return ... end
         function twice(t) return t * 2 end
+        -- segments this rank lent to the other and has not had back
+        function busy_segments()
+          local p = rpc._agent().peers[1 - rank]
+          local n = 0
+          for _ in pairs(p.shm_pool and p.shm_pool.busy or {}) do n = n + 1 end
+          return n
+        end
+        function collect() kept = {} collectgarbage() collectgarbage() return true end
+        kept = {}
+        function keep(t) kept[#kept + 1] = t return t:sum():item() end
+        function received_by() local p = rpc._agent().peers[0] return p.shm_adopted or 0, p.shm_copied or 0 end
         rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
         if rank == 0 then
           local a = tensor.arange(600001, {dtype = tensor.uint8})
@@ -120,19 +131,39 @@ describe("tensors over rpc", function()
           local all = true
           for i = 1, 8 do all = all and futs[i]:wait():equal(ins[i] * 2) end
           check("eight in flight", all)
-          local p = rpc._agent().peers[1]
-          local busy = 0
-          for _ in pairs(p.shm_pool and p.shm_pool.busy or {}) do busy = busy + 1 end
-          check("every segment came back", busy == 0)
+          -- a receiver that keeps what it got holds a few loans, then copies
+          local sum = 0
+          for i = 1, 10 do sum = sum + rpc.rpc_sync("worker1", keep, {tensor.full({2 ^ 19}, i)}) end
+          check("ten kept", sum == 55 * 2 ^ 19)
+          -- payloads that live in the other's segments are ordinary tensors
+          x:add_(1)
+          check("an adopted tensor can be changed", x:equal(a + 1))
+          -- once both sides let go of what they received, every segment comes back
+          x, y, z, futs = nil, nil, nil, nil
+          local sched = require "rpchost.sched"
+          local t0, mine, theirs = sched.now()
+          repeat
+            collect()
+            rpc.rpc_sync("worker1", collect)
+            sched.sleep(0.05)
+            mine, theirs = busy_segments(), rpc.rpc_sync("worker1", busy_segments)
+          until (mine == 0 and theirs == 0) or sched.now() - t0 > 5
+          check("every segment came back", mine == 0 and theirs == 0, mine .. " " .. theirs)
+          local adopted, copied = rpc.rpc_sync("worker1", received_by)
+          print("adopted " .. tostring(adopted > 0) .. " copied " .. tostring(copied > 0))
           print("shm " .. tostring(rpc.rpc_sync("worker1", shm_seen)))
         end
         rpc.shutdown()
       ]], {env = case[2]})
       assert.are.equal(0, r.status, r.err)
-      for _, name in ipairs({"several tensors in one message", "eight in flight", "every segment came back"}) do
+      for _, name in ipairs({"several tensors in one message", "eight in flight", "ten kept", "an adopted tensor can be changed",
+                             "every segment came back"}) do
         assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
       end
       assert.truthy(r.out:find("shm " .. case[3], 1, true), r.out)
+      -- with shared memory on, big payloads were adopted, and past the loan limit copied
+      local used = case[3] == "true" and "true" or "false"
+      assert.truthy(r.out:find("adopted " .. used .. " copied " .. used, 1, true), r.out)
     end)
   end
 end)

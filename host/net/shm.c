@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -25,74 +26,80 @@ static size_t page_round(size_t n) {
   return (n + pg - 1) / pg * pg;
 }
 
-int rh_shm_create(rh_shm_t *s, size_t size) {
-  memset(s, 0, sizeof *s);
-  s->fd = -1;
+static rh_shm_t *wrap(int fd, void *map, size_t size, int writable, int *err) {
+  rh_shm_t *s = malloc(sizeof *s);
+  if (!s) {
+    if (map) munmap(map, size);
+    if (fd >= 0) close(fd);
+    *err = -ENOMEM;
+    return NULL;
+  }
+  *s = (rh_shm_t){.fd = fd, .map = map, .size = size, .writable = writable, .refs = 1};
+  return s;
+}
+
+rh_shm_t *rh_shm_create(size_t size, int *err) {
   size = page_round(size ? size : 1);
   int fd = memfd_create("rpchost-payload", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return -errno;
-  int err = 0;
+  if (fd < 0) {
+    *err = -errno;
+    return NULL;
+  }
+  *err = 0;
   if (ftruncate(fd, (off_t)size) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    err = -errno;
+    *err = -errno;
   void *map = MAP_FAILED;
   /* pre-faulted: a segment is reused for many payloads, so its pages are made
    * once here instead of one fault at a time inside the first copy */
-  if (!err) map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (!err && map == MAP_FAILED) err = -errno;
-  if (err) {
+  if (!*err) map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (!*err && map == MAP_FAILED) *err = -errno;
+  if (*err) {
     close(fd);
-    return err;
+    return NULL;
   }
-  s->fd = fd;
-  s->map = map;
-  s->size = size;
-  s->writable = 1;
-  return 0;
+  return wrap(fd, map, size, 1, err);
 }
 
-int rh_shm_attach(rh_shm_t *s, int fd, size_t need, char *why, size_t whylen) {
-  memset(s, 0, sizeof *s);
-  s->fd = -1;
+rh_shm_t *rh_shm_attach(int fd, size_t need, char *why, size_t whylen, int *err) {
   struct stat st;
   int seals = fcntl(fd, F_GET_SEALS);
   const char *bad = NULL;
-  int err = 0;
-  if (fstat(fd, &st) != 0) err = -errno, bad = "cannot stat the descriptor";
-  else if (!S_ISREG(st.st_mode) || seals < 0) err = -EINVAL, bad = "the descriptor is not a memory file";
+  *err = 0;
+  if (fstat(fd, &st) != 0) *err = -errno, bad = "cannot stat the descriptor";
+  else if (!S_ISREG(st.st_mode) || seals < 0) *err = -EINVAL, bad = "the descriptor is not a memory file";
   else if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-    err = -EPERM, bad = "the memory file is not sealed against resizing";
-  else if ((uint64_t)st.st_size < need) err = -EINVAL, bad = "the memory file is smaller than the payload it carries";
+    *err = -EPERM, bad = "the memory file is not sealed against resizing";
+  else if ((uint64_t)st.st_size < need) *err = -EINVAL, bad = "the memory file is smaller than the payload it carries";
   void *map = MAP_FAILED;
-  if (!err && st.st_size > 0) {
-    map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (map == MAP_FAILED) err = -errno, bad = "cannot map the memory file";
-  }
-  if (err) {
-    close(fd);
-    snprintf(why, whylen, "%s (%s)", bad, strerror(-err));
-    return err;
+  if (!*err && st.st_size > 0) {
+    map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (map == MAP_FAILED) *err = -errno, bad = "cannot map the memory file";
   }
   /* the mapping keeps the memory: the descriptor is not needed any more, and a
    * rank with many peers should not run out of them */
   close(fd);
-  s->map = map == MAP_FAILED ? NULL : map;
-  s->size = (size_t)st.st_size;
-  return 0;
+  if (*err) {
+    snprintf(why, whylen, "%s (%s)", bad, strerror(-*err));
+    return NULL;
+  }
+  return wrap(-1, map == MAP_FAILED ? NULL : map, (size_t)st.st_size, 0, err);
 }
 
-void rh_shm_free(rh_shm_t *s) {
+void rh_shm_retain(rh_shm_t *s) { __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED); }
+
+void rh_shm_release(rh_shm_t *s) {
+  if (!s || __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   if (s->map) munmap(s->map, s->size);
   if (s->fd >= 0) close(s->fd);
-  s->map = NULL;
-  s->fd = -1;
+  free(s);
 }
 
 int rh_shm_probe(void) {
-  rh_shm_t s;
-  int rc = rh_shm_create(&s, 1);
-  if (rc == 0) rh_shm_free(&s);
-  return rc;
+  int err;
+  rh_shm_t *s = rh_shm_create(1, &err);
+  rh_shm_release(s);
+  return s ? 0 : err;
 }
 
 /* Below two pieces a copy runs inline: handing work to the pool costs more. */

@@ -13,22 +13,28 @@
 
 #include <stddef.h>
 
+/* Refcounted: the Lua object that names a segment holds one reference, and so
+ * does every tensor that lives in it, so a mapping outlives whichever goes first. */
 typedef struct {
-  int fd;
+  int fd;       /* -1 for a peer's segment: the mapping is all that is kept */
   void *map;
   size_t size;
-  int writable; /* ours (created here) or a peer's (attached read-only) */
+  int writable; /* created here (ours to fill) */
+  int refs;
 } rh_shm_t;
 
 /* A new sealed segment of `size` bytes (rounded up to pages), mapped and
- * pre-faulted. Returns 0 or a negative errno. */
-int rh_shm_create(rh_shm_t *s, size_t size);
-/* Maps a descriptor received from a peer read-only, and closes it (on failure
- * too; the mapping is all that is kept, s->fd is -1). It must be a memory file
- * sealed against shrinking, at least `need` bytes long. Returns 0, or a negative
- * errno with why[] saying which rule failed. */
-int rh_shm_attach(rh_shm_t *s, int fd, size_t need, char *why, size_t whylen);
-void rh_shm_free(rh_shm_t *s);
+ * pre-faulted. NULL with *err set (a negative errno) on failure. */
+rh_shm_t *rh_shm_create(size_t size, int *err);
+/* Maps a descriptor received from a peer, and closes it (on failure too). It
+ * must be a memory file sealed against shrinking, at least `need` bytes long.
+ * The mapping is writable: tensors that live in a peer's segment (see
+ * l_shm.c, adopt) are ordinary tensors. NULL with *err and why[] saying which
+ * rule failed. */
+rh_shm_t *rh_shm_attach(int fd, size_t need, char *why, size_t whylen, int *err);
+void rh_shm_retain(rh_shm_t *s);
+/* Drops a reference; the last one unmaps and closes. */
+void rh_shm_release(rh_shm_t *s);
 /* Whether memory files can be made here at all (0) or why not (negative errno). */
 int rh_shm_probe(void);
 /* memcpy that splits large copies across the tensor thread pool. */

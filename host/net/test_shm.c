@@ -12,27 +12,35 @@
 #include "test_check.h"
 
 static int attach_fails_with(int fd, size_t need, const char *words) {
-  rh_shm_t s;
   char why[160] = "";
-  int rc = rh_shm_attach(&s, fd, need, why, sizeof why);
-  if (rc == 0) rh_shm_free(&s);
-  return rc != 0 && strstr(why, words) != NULL;
+  int err = 0;
+  rh_shm_t *s = rh_shm_attach(fd, need, why, sizeof why, &err);
+  rh_shm_release(s);
+  return !s && err != 0 && strstr(why, words) != NULL;
 }
 
 static void segments(void) {
-  rh_shm_t a, b;
   char why[160];
+  int err;
   CHECK(rh_shm_probe() == 0);
-  CHECK(rh_shm_create(&a, 10000) == 0 && a.size >= 10000 && a.writable);
-  memset(a.map, 0x5a, a.size);
-  /* the peer's view: read-only, same bytes */
-  CHECK(rh_shm_attach(&b, dup(a.fd), 10000, why, sizeof why) == 0 && !b.writable && b.size == a.size && b.fd < 0);
-  CHECK(((unsigned char *)b.map)[9999] == 0x5a);
-  ((unsigned char *)a.map)[5] = 7;
-  CHECK(((unsigned char *)b.map)[5] == 7);
-  rh_shm_free(&b);
+  rh_shm_t *a = rh_shm_create(10000, &err), *b;
+  CHECK(a && a->size >= 10000 && a->writable && a->refs == 1);
+  if (!a) return;
+  memset(a->map, 0x5a, a->size);
+  /* the peer's view: the same bytes, no descriptor kept */
+  b = rh_shm_attach(dup(a->fd), 10000, why, sizeof why, &err);
+  CHECK(b && !b->writable && b->size == a->size && b->fd < 0);
+  if (!b) return;
+  CHECK(((unsigned char *)b->map)[9999] == 0x5a);
+  ((unsigned char *)a->map)[5] = 7;
+  CHECK(((unsigned char *)b->map)[5] == 7);
+  /* a reference keeps the mapping after its first owner lets go */
+  rh_shm_retain(b);
+  rh_shm_release(b);
+  CHECK(((unsigned char *)b->map)[5] == 7);
+  rh_shm_release(b);
   /* refused: a payload larger than the file, a pipe, a file that may shrink */
-  CHECK(attach_fails_with(dup(a.fd), a.size + 1, "smaller than the payload"));
+  CHECK(attach_fails_with(dup(a->fd), a->size + 1, "smaller than the payload"));
   int p[2];
   CHECK(pipe(p) == 0);
   CHECK(attach_fails_with(p[0], 1, "not a memory file"));
@@ -41,8 +49,8 @@ static void segments(void) {
   CHECK(loose >= 0 && ftruncate(loose, 4096) == 0);
   CHECK(attach_fails_with(loose, 1, "not sealed"));
   /* the creator's seals hold: the file cannot shrink under a reader */
-  CHECK(ftruncate(a.fd, 0) != 0);
-  rh_shm_free(&a);
+  CHECK(ftruncate(a->fd, 0) != 0);
+  rh_shm_release(a);
   /* copies split across threads land whole */
   size_t n = (9u << 20) + 13;
   char *src = malloc(n), *dst = malloc(n);
@@ -88,9 +96,11 @@ static void passing(void) {
   rh_net_t net;
   uv_loop_init(&loop);
   CHECK(rh_net_init(&net, &loop, 1 << 20, RH_PROTOCOL_VERSION) == 0);
-  rh_shm_t seg;
-  CHECK(rh_shm_create(&seg, 4096) == 0);
-  sent_fd = seg.fd;
+  int err;
+  rh_shm_t *seg = rh_shm_create(4096, &err);
+  CHECK(seg != NULL);
+  if (!seg) return;
+  sent_fd = seg->fd;
   char path[64];
   snprintf(path, sizeof path, "/tmp/rh-test-shm-%d.sock", (int)getpid());
   rh_conn_cbs_t cbs = {on_frame, on_close, on_connect};
@@ -108,7 +118,7 @@ static void passing(void) {
   rh_net_close(&net);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
-  rh_shm_free(&seg);
+  rh_shm_release(seg);
   unlink(path);
 }
 

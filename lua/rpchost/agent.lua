@@ -461,8 +461,11 @@ function Agent:segments(conn, flags, segs)
   local st = self.conns[conn]
   local p = st and st.rank and self.peers[st.rank]
   if not (p and st.shm) then error("a shared-memory frame on a connection that did not agree to shared memory", 0) end
-  local ok, got = pcall(shm.receive, p, conn, flags, segs)
-  -- the segment goes back even when its frame was bad, or the pool would shrink
+  local ok, got, _, adopted = pcall(shm.receive, p, conn, flags, segs, p.shm_answer or function(sid)
+    if self.state ~= "closed" then pcall(self.post, self, p.rank, "!shm_ack", sid) end
+  end)
+  if ok and adopted then return got end -- (answered when the tensors are freed)
+  -- the segment goes back now, even when its frame was bad, or the pool would shrink
   local sid = shm.segment_of(segs)
   if sid then pcall(self.post, self, p.rank, "!shm_ack", sid) end
   if not ok then error(got, 0) end

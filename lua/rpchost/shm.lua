@@ -5,11 +5,15 @@
 -- segment and, in place of the bytes, one descriptor ("<segment>:<len>,<len>,...";
 -- the payloads lie back to back, each at a 64-byte boundary). The first frame
 -- that uses a segment on a connection carries the segment's file descriptor
--- (SCM_RIGHTS over the Unix-domain socket), and the peer maps it read-only once.
--- The receiver copies the bytes out into tensors of its own, then acknowledges
--- ("!shm_ack"), and the segment is free again. So a payload costs two memcpys,
--- split across the tensor thread pool, and no socket buffer, system call or page
--- fault per byte.
+-- (SCM_RIGHTS over the Unix-domain socket), and the peer maps it once.
+-- The receiver adopts the payload: its tensors live in the segment itself, on a
+-- loan that ends when the last of them is freed; then it acknowledges
+-- ("!shm_ack") and the segment is free again. So a payload costs one memcpy
+-- (split across the tensor thread pool, with cache-bypassing stores), and no
+-- socket buffer, system call or page fault per byte. A receiver that already
+-- holds many of a peer's segments copies further payloads out and acknowledges
+-- at once instead, so a peer's pool never runs dry because the receiver keeps
+-- what it got.
 --
 -- Used only on connections where both ends agreed at the handshake (a Unix-domain
 -- socket, and the "shm" channel on at both ends). A frame that cannot use it (the
@@ -21,12 +25,23 @@ local bit = require "bit"
 
 local M = {}
 local nbytes = core.t_nbytes
+M.last_id = 0
 
 M.FLAG = 4     -- frame flag: the segments are one shared-memory descriptor
 M.FD_FLAG = 8  -- ... and the segment's file descriptor travels with this frame
 M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 512 * 1024
 M.POOL_BYTES = tonumber(os.getenv("RPCHOST_SHM_POOL")) or 512 * 1024 * 1024
 M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
+-- loans a receiver holds per peer at most, in segments and bytes (the sender's
+-- pool is bigger, so there are always segments left for copied payloads)
+M.LOAN_SEGMENTS = 8
+-- smaller payloads are copied out: their segment, handed back at once, is
+-- reused while still in cache, which beats a copy saved
+M.ADOPT_MIN = tonumber(os.getenv("RPCHOST_SHM_ADOPT_MIN")) or 2 * 1024 * 1024
+M.LOAN_BYTES = 128 * 1024 * 1024
+-- adopted bytes after which the GC runs a full cycle: Lua does not see the size
+-- of what a tensor holds, and a loan ends only when its tensors are collected
+local GC_EVERY = 64 * 1024 * 1024
 local ALIGN = 64
 local SMALLEST = 1024 * 1024
 -- segments per peer at most: each holds a file descriptor while it lives
@@ -45,7 +60,7 @@ end
 local function pool_of(p)
   local pool = p.shm_pool
   if not pool then
-    pool = {free = {}, busy = {}, bytes = 0, count = 0, next = 0}
+    pool = {free = {}, busy = {}, bytes = 0, count = 0}
     p.shm_pool = pool
   end
   return pool
@@ -75,9 +90,11 @@ local function take(pool, need, post)
   if pool.bytes + size > M.POOL_BYTES or pool.count >= MAX_SEGMENTS then return nil end
   local obj = core.shm_create(size)
   if not obj then return nil end
-  pool.next = pool.next + 1
+  -- ids are never reused in this process: a late acknowledgement of a segment
+  -- from a dropped pool cannot free another segment
+  M.last_id = M.last_id + 1
   pool.bytes, pool.count = pool.bytes + obj:size(), pool.count + 1
-  return {id = pool.next, obj = obj, size = obj:size()}
+  return {id = M.last_id, obj = obj, size = obj:size()}
 end
 
 -- Sends the frame through a segment when it is worth it and one is free; true
@@ -129,18 +146,61 @@ function M.acked(p, sid)
   pool.free[#pool.free + 1] = seg
 end
 
--- The peer is gone: its pool and its mappings go too.
+-- The peer is gone: its pool and its mappings go too (tensors that live in its
+-- segments keep their memory), and loans of it that end later are not answered.
 function M.forget(p)
   for _, s in ipairs(p.shm_pool and p.shm_pool.free or {}) do s.obj:close() end
   for _, s in pairs(p.shm_pool and p.shm_pool.busy or {}) do s.obj:close() end
   for _, m in pairs(p.shm_maps or {}) do m:close() end
   p.shm_pool, p.shm_maps = nil, nil
+  p.shm_key, p.shm_loans, p.shm_loan_bytes, p.shm_loaned = nil, 0, 0, nil
+end
+
+-- Loans --------------------------------------------------------------------------------
+-- A loan names its peer by a key of its own (not the rank): a peer forgotten and
+-- met again, or a later world in this process, never gets another's answer.
+local by_key = setmetatable({}, {__mode = "v"})
+local last_key = 0
+local hooked = false
+local adopted_since_gc = 0
+
+-- Answers the loans that ended since the last turn: post(p, sid) for each whose
+-- peer is still the one it came from.
+local function drain()
+  local ended = core.shm_released()
+  if not ended then return end
+  for i = 1, #ended, 2 do
+    local p, sid = by_key[ended[i]], ended[i + 1]
+    if p and p.shm_key == ended[i] then
+      p.shm_loans = p.shm_loans - 1
+      p.shm_loan_bytes = p.shm_loan_bytes - (p.shm_loaned[sid] or 0)
+      p.shm_loaned[sid] = nil
+      if p.shm_answer then p.shm_answer(sid) end
+    end
+  end
+end
+
+-- May this payload of `need` bytes from p be adopted? answer(sid) will hand
+-- segments back. Sets up p's loan bookkeeping on first use.
+local function may_adopt(p, need, answer)
+  if not p.shm_key then
+    last_key = last_key + 1
+    p.shm_key, p.shm_loans, p.shm_loan_bytes, p.shm_loaned = last_key, 0, 0, {}
+    by_key[last_key] = p
+  end
+  p.shm_answer = answer
+  if not hooked then
+    hooked = true
+    require("rpchost.sched").on_turn(drain)
+  end
+  return p.shm_loans < M.LOAN_SEGMENTS and p.shm_loan_bytes + need <= M.LOAN_BYTES
 end
 
 -- Receiver side ----------------------------------------------------------------------
--- Reads a frame's descriptor: returns the payload tensors and the segment id, or
--- raises a message saying what was wrong.
-function M.receive(p, conn, flags, segs)
+-- Reads a frame's descriptor: returns the payload tensors, the segment id and
+-- whether they were adopted (answer(sid) runs when their loan ends; else the
+-- caller acknowledges now), or raises a message saying what was wrong.
+function M.receive(p, conn, flags, segs, answer)
   -- a descriptor that came along is taken first, whatever else is wrong with the
   -- frame: left queued, it would be taken for the next frame's
   local fresh, why
@@ -167,12 +227,31 @@ function M.receive(p, conn, flags, segs)
     need = need + align(tonumber(l))
   end
   if need > map:size() then error("a shared-memory descriptor reaches past its segment", 0) end
-  local out, off = {}, 0
+  local off = 0
+  if need >= M.ADOPT_MIN and #lens <= 64 and may_adopt(p, need, answer) then
+    local spans = {}
+    for i, len in ipairs(lens) do
+      spans[2 * i - 1], spans[2 * i] = off, len
+      off = off + align(len)
+    end
+    local out = {map:adopt(p.shm_key, sid, unpack(spans))}
+    p.shm_adopted = (p.shm_adopted or 0) + 1
+    p.shm_loans, p.shm_loan_bytes = p.shm_loans + 1, p.shm_loan_bytes + need
+    p.shm_loaned[sid] = need
+    adopted_since_gc = adopted_since_gc + need
+    if adopted_since_gc >= GC_EVERY then
+      adopted_since_gc = 0
+      collectgarbage()
+    end
+    return out, sid, true
+  end
+  local out = {}
+  p.shm_copied = (p.shm_copied or 0) + 1
   for i, len in ipairs(lens) do
     out[i] = map:get(off, len)
     off = off + align(len)
   end
-  return out, sid
+  return out, sid, false
 end
 
 -- The segment a descriptor names, or nil.
