@@ -279,20 +279,20 @@ static int l_send_shm(lua_State *L) {
   return send_frame(L, fd);
 }
 
-/* conn:take_shm(need) -> segment | nil, message: maps the oldest descriptor
- * the peer passed (a segment of at least `need` bytes) */
+/* conn:take_shm(inode) -> segment | nil, message: maps the oldest descriptor
+ * the peer passed, which must be the segment of that inode */
 static int l_take_shm(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
-  double need = luaL_checknumber(L, 2);
+  double ino = luaL_checknumber(L, 2);
   int fd = b->c ? rh_conn_take_fd(b->c) : -1;
   if (fd < 0) {
     lua_pushnil(L);
     lua_pushliteral(L, "the frame announces a shared-memory segment, but no descriptor came with it");
     return 2;
   }
-  char why[160] = "negative segment size";
+  char why[160] = "the frame does not name the segment whose descriptor came with it";
   int err = 0;
-  rh_shm_t *s = need < 0 ? (close(fd), NULL) : rh_shm_attach(fd, (size_t)need, why, sizeof why, &err);
+  rh_shm_t *s = ino < 0 ? (close(fd), NULL) : rh_shm_attach(fd, 0, (uint64_t)ino, why, sizeof why, &err);
   if (!s) {
     lua_pushnil(L);
     lua_pushstring(L, why);

@@ -69,6 +69,11 @@ static int l_probe(lua_State *L) {
   return 2;
 }
 
+static int l_inode(lua_State *L) {
+  lua_pushnumber(L, (double)rh_shm_inode(rh_lua_checkshm(L, 1)));
+  return 1;
+}
+
 static int l_size(lua_State *L) {
   lua_pushnumber(L, (double)rh_lua_checkshm(L, 1)->size);
   return 1;
@@ -194,7 +199,8 @@ static int l_close(lua_State *L) {
 
 int rh_open_shm(lua_State *L) {
   static const luaL_Reg methods[] = {{"size", l_size}, {"put", l_put},     {"get", l_get},
-                                     {"adopt", l_adopt}, {"close", l_close}, {NULL, NULL}};
+                                     {"adopt", l_adopt}, {"close", l_close}, {"inode", l_inode},
+                                     {NULL, NULL}};
   luaL_newmetatable(L, SHM_MT);
   lua_newtable(L);
   luaL_register(L, NULL, methods);

@@ -44,6 +44,47 @@ describe("rpchost as a Lua interpreter", function()
     assert.truthy(r.err:find("in function 'inner'", 1, true) or r.err:find("inner", 1, true))
   end)
 
+  it("reports a script that waits for what nothing can bring, and exits 1", function()
+    local r = S.run({"-e", "require('rpchost.future').new():wait()"})
+    assert.are.equal(1, r.status)
+    assert.truthy(r.err:find("deadlock: ", 1, true), r.err)
+    assert.truthy(r.err:find("nothing that could complete it is pending", 1, true), r.err)
+  end)
+
+  it("reports an error raised after init_rpc at once, not after the store's linger", function()
+    -- rank 0 hosts the store and fails; rank 1 watches for rank 0's error report
+    -- while rank 0 still waits for it to leave
+    local errfile = os.tmpname()
+    os.remove(errfile)
+    local path = S.write([[
+      local rpc, sched = require "rpc", require "rpchost.sched"
+      local rank = tonumber(os.getenv("RANK"))
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
+      if rank == 0 then error("boom after init") end
+      local t0, seen = sched.now(), false
+      while not seen and sched.now() - t0 < 5 do
+        local f = io.open("]] .. errfile .. [[")
+        seen = f ~= nil
+        if f then f:close() end
+        sched.sleep(0.05)
+      end
+      print("seen early " .. tostring(seen))
+      os.exit(0)
+    ]])
+    local port = S.free_port()
+    local function env(rank, more)
+      local e = {MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, WORLD_SIZE = 2, RPCHOST_STORE_LINGER = 30, RANK = rank}
+      for k, v in pairs(more or {}) do e[k] = v end
+      return e
+    end
+    local h0 = S.start({path}, {env = env(0, {RPCHOST_ERROR_FILE = errfile})})
+    local h1 = S.start({path}, {env = env(1)})
+    local r1, r0 = h1:wait(20), h0:wait(40)
+    os.remove(errfile)
+    assert.truthy(r0.err:find("boom after init", 1, true), r0.err)
+    assert.truthy(r1.out:find("seen early true", 1, true), r1.out .. r1.err)
+  end)
+
   it("reports syntax errors and missing scripts", function()
     local r = S.run({S.write("x = = 1")})
     assert.are.equal(1, r.status)

@@ -1,6 +1,7 @@
 -- Shared-memory frames from a peer that gets them wrong: each request is answered
--- with an error that says what was wrong, the connection's stray descriptors are
--- not taken for a later frame's, and the world goes on serving.
+-- with an error that says what was wrong; descriptors out of step with frames
+-- (missing, not the segment named, or piling up unasked) end that connection,
+-- so none is ever taken for another frame's; and the world goes on serving.
 local S = require "spec.support"
 
 local world, assert_oks = S.checked_world, S.assert_oks
@@ -48,16 +49,30 @@ describe("shared-memory frames", function()
         check("tcp handshake", tcp.ready)
         check("no shm over tcp", ask(tcp, 1, FLAG, "1:64"):find("did not agree to shared memory", 1, true))
 
+        local function closes(st)
+          local t0 = sched.now()
+          while not st.closed and sched.now() - t0 < 5 do sched.sleep(0.01) end
+          return st.closed
+        end
+        -- a frame announcing a descriptor that did not come: descriptors and
+        -- frames are out of step, so the connection goes
         local u = dial("unix:" .. p.unix)
         check("unix handshake agrees to shm", u.ready and u.shm)
-        check("missing descriptor", ask(u, 2, FD, "1:64"):find("no descriptor came with it", 1, true))
-        check("unknown segment", ask(u, 3, FLAG, "7:64"):find("never passed to this rank", 1, true))
-        check("malformed descriptor", ask(u, 4, FLAG, "seven"):find("malformed shared-memory descriptor", 1, true))
+        ask(u, 2, FD, "1@1:64")
+        check("missing descriptor", closes(u))
+        -- the same for a descriptor that is not the segment its frame names
         local seg = core.shm_create(4096)
-        check("past the segment", ask(u, 5, FD, "9:4096,64", seg):find("reaches past its segment", 1, true))
+        u = dial("unix:" .. p.unix)
+        ask(u, 3, FD, "1@" .. (seg:inode() + 1) .. ":64", seg)
+        check("a descriptor out of step", closes(u))
+        u = dial("unix:" .. p.unix)
+        check("unknown segment", ask(u, 4, FLAG, "7:64"):find("never passed to this rank", 1, true))
+        check("malformed descriptor", ask(u, 5, FLAG, "seven"):find("malformed shared-memory descriptor", 1, true))
+        local ino = seg:inode()
+        check("past the segment", ask(u, 6, FD, "9@" .. ino .. ":4096,64", seg):find("reaches past its segment", 1, true))
         -- a good one on the same connection: the descriptor that came with it is its own
         seg:put(0, tensor.arange(16, {dtype = tensor.int32}))
-        local good = ask(u, 6, FD, "10:64", seg)
+        local good = ask(u, 7, FD, "10@" .. ino .. ":64", seg)
         check("a well-formed frame is served", good:find("still serving", 1, true))
         -- descriptors that no frame takes pile up to a limit, then the connection goes
         local u2 = dial("unix:" .. p.unix)
@@ -71,6 +86,7 @@ describe("shared-memory frames", function()
     ]])
     assert.are.equal(0, r.status, r.err)
     assert_oks(r, lines, {"tcp handshake", "no shm over tcp", "unix handshake agrees to shm", "missing descriptor",
+                          "a descriptor out of step",
                           "unknown segment", "malformed descriptor", "past the segment",
                           "a well-formed frame is served", "stray descriptors end the connection", "world unaffected"})
   end)

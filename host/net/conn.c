@@ -3,6 +3,7 @@
  * connecting, binding and address queries differ. */
 #include "conn.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,7 +219,7 @@ static int take_fds(rh_conn_t *c) {
     int fd = -1;
     uv_os_fd_t ofd;
     if (uv_accept(&c->h.stream, (uv_stream_t *)tmp) == 0 && uv_fileno((uv_handle_t *)tmp, &ofd) == 0)
-      fd = dup(ofd);
+      fd = fcntl(ofd, F_DUPFD_CLOEXEC, 3);
     uv_close((uv_handle_t *)tmp, free_handle);
     if (fd < 0) return RH_EFDS;
     if (c->nfds == MAX_HELD_FDS) {
@@ -359,7 +360,7 @@ int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t
   net->defer_close_reports++;
   conn_flush(c);
   int rc = RH_ECLOSED;
-  int own = c->closing || c->shutting ? -1 : dup(fd);
+  int own = c->closing || c->shutting ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 3);
   if (own >= 0) {
     rc = conn_send(c, type, flags, id, body, body_len, segs, nseg, release, release_ctx);
     if (rc == 0) {

@@ -61,7 +61,7 @@ rh_shm_t *rh_shm_create(size_t size, int *err) {
   return wrap(fd, map, size, 1, err);
 }
 
-rh_shm_t *rh_shm_attach(int fd, size_t need, char *why, size_t whylen, int *err) {
+rh_shm_t *rh_shm_attach(int fd, size_t need, uint64_t ino, char *why, size_t whylen, int *err) {
   struct stat st;
   int seals = fcntl(fd, F_GET_SEALS);
   const char *bad = NULL;
@@ -70,10 +70,14 @@ rh_shm_t *rh_shm_attach(int fd, size_t need, char *why, size_t whylen, int *err)
   else if (!S_ISREG(st.st_mode) || seals < 0) *err = -EINVAL, bad = "the descriptor is not a memory file";
   else if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
     *err = -EPERM, bad = "the memory file is not sealed against resizing";
+  else if ((uint64_t)st.st_ino != ino)
+    *err = -EINVAL, bad = "the descriptor is not the segment its frame names (descriptors and frames out of step)";
   else if ((uint64_t)st.st_size < need) *err = -EINVAL, bad = "the memory file is smaller than the payload it carries";
   void *map = MAP_FAILED;
+  /* not pre-faulted: the sender made the pages, and a sparse file from a peer
+   * must not make this rank allocate its whole size */
   if (!*err && st.st_size > 0) {
-    map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) *err = -errno, bad = "cannot map the memory file";
   }
   /* the mapping keeps the memory: the descriptor is not needed any more, and a
@@ -93,6 +97,11 @@ void rh_shm_release(rh_shm_t *s) {
   if (s->map) munmap(s->map, s->size);
   if (s->fd >= 0) close(s->fd);
   free(s);
+}
+
+uint64_t rh_shm_inode(const rh_shm_t *s) {
+  struct stat st;
+  return s->fd >= 0 && fstat(s->fd, &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
 int rh_shm_probe(void) {

@@ -12,6 +12,7 @@
 #define RH_SHM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Refcounted: the Lua object that names a segment holds one reference, and so
  * does every tensor that lives in it, so a mapping outlives whichever goes first. */
@@ -27,11 +28,14 @@ typedef struct {
  * pre-faulted. NULL with *err set (a negative errno) on failure. */
 rh_shm_t *rh_shm_create(size_t size, int *err);
 /* Maps a descriptor received from a peer, and closes it (on failure too). It
- * must be a memory file sealed against shrinking, at least `need` bytes long.
+ * must be a memory file sealed against shrinking, at least `need` bytes long,
+ * whose inode is `ino` (what the frame that announced it names).
  * The mapping is writable: tensors that live in a peer's segment (see
  * l_shm.c, adopt) are ordinary tensors. NULL with *err and why[] saying which
  * rule failed. */
-rh_shm_t *rh_shm_attach(int fd, size_t need, char *why, size_t whylen, int *err);
+rh_shm_t *rh_shm_attach(int fd, size_t need, uint64_t ino, char *why, size_t whylen, int *err);
+/* The inode of one of our segments (its name in descriptors), 0 if unknown. */
+uint64_t rh_shm_inode(const rh_shm_t *s);
 void rh_shm_retain(rh_shm_t *s);
 /* Drops a reference; the last one unmaps and closes. */
 void rh_shm_release(rh_shm_t *s);

@@ -11,10 +11,10 @@
 #include "net/shm.h"
 #include "test_check.h"
 
-static int attach_fails_with(int fd, size_t need, const char *words) {
+static int attach_fails_with(int fd, size_t need, uint64_t ino, const char *words) {
   char why[160] = "";
   int err = 0;
-  rh_shm_t *s = rh_shm_attach(fd, need, why, sizeof why, &err);
+  rh_shm_t *s = rh_shm_attach(fd, need, ino, why, sizeof why, &err);
   rh_shm_release(s);
   return !s && err != 0 && strstr(why, words) != NULL;
 }
@@ -28,7 +28,9 @@ static void segments(void) {
   if (!a) return;
   memset(a->map, 0x5a, a->size);
   /* the peer's view: the same bytes, no descriptor kept */
-  b = rh_shm_attach(dup(a->fd), 10000, why, sizeof why, &err);
+  uint64_t ino = rh_shm_inode(a);
+  CHECK(ino != 0);
+  b = rh_shm_attach(dup(a->fd), 10000, ino, why, sizeof why, &err);
   CHECK(b && !b->writable && b->size == a->size && b->fd < 0);
   if (!b) return;
   CHECK(((unsigned char *)b->map)[9999] == 0x5a);
@@ -40,14 +42,16 @@ static void segments(void) {
   CHECK(((unsigned char *)b->map)[5] == 7);
   rh_shm_release(b);
   /* refused: a payload larger than the file, a pipe, a file that may shrink */
-  CHECK(attach_fails_with(dup(a->fd), a->size + 1, "smaller than the payload"));
+  CHECK(attach_fails_with(dup(a->fd), a->size + 1, ino, "smaller than the payload"));
+  /* a descriptor that is not the one its frame names: out of step */
+  CHECK(attach_fails_with(dup(a->fd), 1, ino + 1, "out of step"));
   int p[2];
   CHECK(pipe(p) == 0);
-  CHECK(attach_fails_with(p[0], 1, "not a memory file"));
+  CHECK(attach_fails_with(p[0], 1, 0, "not a memory file"));
   close(p[1]);
   int loose = memfd_create("loose", MFD_CLOEXEC);
   CHECK(loose >= 0 && ftruncate(loose, 4096) == 0);
-  CHECK(attach_fails_with(loose, 1, "not sealed"));
+  CHECK(attach_fails_with(loose, 1, 0, "not sealed"));
   /* the creator's seals hold: the file cannot shrink under a reader */
   CHECK(ftruncate(a->fd, 0) != 0);
   rh_shm_release(a);

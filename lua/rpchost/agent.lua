@@ -479,7 +479,7 @@ function Agent:on_frame(conn, ftype, flags, id, body, ...)
     return
   end
   local segs = {...} -- (one table for every use below: varargs stop LuaJIT's traces)
-  if #segs > 0 and shm.has_flag(flags) then
+  if shm.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
     if not ok then
       log.warn("%s", tostring(got))

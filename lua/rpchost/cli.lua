@@ -157,11 +157,17 @@ local function interpreter(argv)
 
   -- the error is reported the moment the script fails, not after the exit hooks
   -- error() with no value is how busted (and others) ask for a quiet exit 1
-  local ok = sched.run(main, script and ("script " .. script) or "main", function(err)
-    if err ~= nil then report(err) end
+  local failed = false
+  local ok, err = sched.run(main, script and ("script " .. script) or "main", function(e)
+    failed = true
+    if e ~= nil then report(e) end
   end)
   require("rpchost.trace").flush()
-  if not ok then return 1 end
+  if not ok then
+    -- (a failure the task did not raise itself: the loop found it deadlocked)
+    if not failed and err ~= nil then report(err) end
+    return 1
+  end
   return 0
 end
 

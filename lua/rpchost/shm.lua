@@ -46,6 +46,8 @@ local ALIGN = 64
 local SMALLEST = 1024 * 1024
 -- segments per peer at most: each holds a file descriptor while it lives
 local MAX_SEGMENTS = 32
+-- a peer's segments mapped here at most (it keeps no more than MAX_SEGMENTS)
+local MAX_MAPS = 2 * MAX_SEGMENTS
 
 local function align(n) return math.ceil(n / ALIGN) * ALIGN end
 
@@ -79,6 +81,10 @@ local function take(pool, need, post)
   end
   local size = SMALLEST
   while size < need do size = size * 2 end
+  -- room only if dropping every free segment would make it: else keep them
+  local free_bytes = 0
+  for _, s in ipairs(pool.free) do free_bytes = free_bytes + s.size end
+  if pool.bytes - free_bytes + size > M.POOL_BYTES or pool.count - #pool.free >= MAX_SEGMENTS then return nil end
   -- make room: the largest free segments go first
   table.sort(pool.free, function(a, b) return a.size > b.size end)
   while (pool.bytes + size > M.POOL_BYTES or pool.count >= MAX_SEGMENTS) and #pool.free > 0 do
@@ -116,7 +122,11 @@ function M.send(p, conn, ftype, flags, id, body, segs, post)
   for i = 1, n do
     local t = segs[i]
     local len = nbytes(t)
-    seg.obj:put(off, t)
+    local ok, err = pcall(seg.obj.put, seg.obj, off, t)
+    if not ok then
+      pool.free[#pool.free + 1] = seg
+      error(err, 0)
+    end
     lens[i] = len
     off = off + align(len)
   end
@@ -124,6 +134,9 @@ function M.send(p, conn, ftype, flags, id, body, segs, post)
   flags = bit.bor(flags, M.FLAG)
   local ok
   if seg.sent_on ~= conn then
+    -- the descriptor names the file it travels with, so a receiver can tell
+    -- when the descriptors it holds are not in step with the frames
+    desc = seg.id .. "@" .. seg.obj:inode() .. ":" .. table.concat(lens, ",")
     ok = conn:send_shm(seg.obj, ftype, bit.bor(flags, M.FD_FLAG), id, body, desc)
     if ok then seg.sent_on = conn end
   else
@@ -152,7 +165,7 @@ function M.forget(p)
   for _, s in ipairs(p.shm_pool and p.shm_pool.free or {}) do s.obj:close() end
   for _, s in pairs(p.shm_pool and p.shm_pool.busy or {}) do s.obj:close() end
   for _, m in pairs(p.shm_maps or {}) do m:close() end
-  p.shm_pool, p.shm_maps = nil, nil
+  p.shm_pool, p.shm_maps, p.shm_nmaps = nil, nil, 0
   p.shm_key, p.shm_loans, p.shm_loan_bytes, p.shm_loaned = nil, 0, 0, nil
 end
 
@@ -204,19 +217,29 @@ function M.receive(p, conn, flags, segs, answer)
   -- a descriptor that came along is taken first, whatever else is wrong with the
   -- frame: left queued, it would be taken for the next frame's
   local fresh, why
-  if bit.band(flags, M.FD_FLAG) ~= 0 then
-    fresh, why = conn:take_shm(0)
-    if not fresh then error("cannot map the sender's shared memory: " .. why, 0) end
-  end
-  if #segs ~= 1 then error("a shared-memory frame must carry one descriptor", 0) end
   local d = segs[1]
-  if type(d) ~= "string" then d = core.t_bytes(d) end
-  local sid, list = d:match("^(%d+):([%d,]*)$")
+  if d ~= nil and type(d) ~= "string" then d = core.t_bytes(d) end
+  local sid, ino, list = (d or ""):match("^(%d+)@?(%d*):([%d,]*)$")
   sid = tonumber(sid)
+  if bit.band(flags, M.FD_FLAG) ~= 0 then
+    fresh, why = conn:take_shm(tonumber(ino) or -1)
+    if not fresh then
+      -- the peer's descriptors and frames are out of step (or it sent none):
+      -- nothing later on this connection can be trusted to match
+      conn:close()
+      error("cannot map the sender's shared memory: " .. why, 0)
+    end
+  end
+  if bit.band(flags, M.FLAG) == 0 then error("a shared-memory descriptor without a payload flag", 0) end
+  if #segs ~= 1 then error("a shared-memory frame must carry one descriptor", 0) end
   if not sid then error("malformed shared-memory descriptor", 0) end
-  p.shm_maps = p.shm_maps or {}
+  if not p.shm_maps then p.shm_maps, p.shm_nmaps = {}, 0 end
   if fresh then
-    if p.shm_maps[sid] then p.shm_maps[sid]:close() end
+    if p.shm_maps[sid] then p.shm_maps[sid]:close()
+    elseif p.shm_nmaps >= MAX_MAPS then
+      fresh:close()
+      error(("more than %d shared-memory segments from one peer"):format(MAX_MAPS), 0)
+    else p.shm_nmaps = p.shm_nmaps + 1 end
     p.shm_maps[sid] = fresh
   end
   local map = p.shm_maps[sid]
@@ -259,7 +282,7 @@ function M.segment_of(segs)
   local d = segs[1]
   if d == nil then return nil end
   if type(d) ~= "string" then d = core.t_bytes(d) end
-  return tonumber(d:match("^(%d+):"))
+  return tonumber(d:match("^(%d+)[@:]"))
 end
 
 -- The peer dropped segment sid from its pool: unmap it.
@@ -268,9 +291,10 @@ function M.dropped(p, sid)
   if m then
     m:close()
     p.shm_maps[sid] = nil
+    p.shm_nmaps = p.shm_nmaps - 1
   end
 end
 
-function M.has_flag(flags) return bit.band(flags, M.FLAG) ~= 0 end
+function M.has_flag(flags) return bit.band(flags, M.FLAG + M.FD_FLAG) ~= 0 end
 
 return M
