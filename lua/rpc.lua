@@ -427,14 +427,42 @@ function rpc.shutdown(graceful, timeout)
       a.store:set(P .. "shutdown/" .. a.rank, "1")
       local keys = {}
       for r = 0, a.world_size - 1 do keys[#keys + 1] = P .. "shutdown/" .. r end
-      a.store:wait_verbose(keys, math.max(timeout - (sched.now() - start), 0.001), nil, function(miss)
+      local function name_of(r) return ("%s (rank %d)"):format(a.peers[r] and a.peers[r].name or "?", r) end
+      -- A rank that exited without shutting down never comes: notice it (its
+      -- connection is gone and a fresh dial is refused) instead of waiting out
+      -- the whole timeout.
+      local dials = {}
+      local deadline, wait_start = start + timeout, sched.now()
+      local next_note = wait_start + store.progress_every()
+      while true do
+        local step = math.min(1, deadline - sched.now())
+        if a.store:wait(keys, math.max(step, 0.001)) then break end
+        local miss = a.store:missing(keys)
         local names = {}
+        for _, k in ipairs(miss) do names[#names + 1] = name_of(tonumber(k:match("(%d+)$"))) end
+        if sched.now() >= deadline then
+          error(errors.new("timeout", ("gave up after %g s waiting for %s to shut down at the store %s"):format(
+            timeout, table.concat(names, ", "), a.store.addr)), 0)
+        end
+        if sched.now() >= next_note then
+          next_note = sched.now() + store.progress_every()
+          log.info("waiting for %s to shut down at the store %s (%d s of %g s)", table.concat(names, ", "),
+            a.store.addr, sched.now() - wait_start, timeout)
+        end
         for _, k in ipairs(miss) do
           local r = tonumber(k:match("(%d+)$"))
-          names[#names + 1] = ("%s (rank %d)"):format(a.peers[r] and a.peers[r].name or "?", r)
+          local p = a.peers[r]
+          if p and r ~= a.rank and not (p.conn and p.conn:is_open()) and p.state == "none" then
+            if a.lost[r] and (dials[r] or 0) >= 1 then
+              local why = tostring(a.lost[r].message or a.lost[r]):gsub("^.- is unreachable: ", "")
+              error(errors.new("unreachable", ("%s exited without calling rpc.shutdown(): %s"):format(
+                name_of(r), why), {worker = p.name, rank = r}), 0)
+            end
+            dials[r] = (dials[r] or 0) + 1
+            a:dial(p)
+          end
         end
-        return table.concat(names, ", ") .. " to shut down"
-      end)
+      end
     end)
     if not ok then err = e end
   end

@@ -85,6 +85,22 @@ describe("faults", function()
     end
   end)
 
+  it("a rank that returns without rpc.shutdown() fails the others' shutdown within seconds, named", function()
+    local out = by_hand(2, [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 1 then sched.sleep(0.3) return end
+      check("served", rpc.rpc_sync("w1", echo, {4}) == 4)
+      local t0 = sched.now()
+      local ok, e = pcall(rpc.shutdown)
+      check("shutdown fails", not ok and e.kind == "unreachable", e)
+      check("naming the rank", not ok and tostring(e.message):find("w1 (rank 1) exited without calling rpc.shutdown()", 1, true), e)
+      check("within 5 s", sched.now() - t0 < 5, sched.now() - t0)
+    ]])
+    for _, name in ipairs({"served", "shutdown fails", "naming the rank", "within 5 s"}) do
+      assert.truthy(out[0].out:find("ok " .. name, 1, true), out[0].out .. out[0].err)
+    end
+  end)
+
   it("a stopped rank (SIGSTOP) makes calls time out while the others serve", function()
     local r = world(3, [[
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
