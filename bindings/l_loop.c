@@ -54,7 +54,9 @@ static int l_timer_set(lua_State *L) {
   rh_unref(L, &ctx->deadline_ref);
   lua_pushvalue(L, 2);
   ctx->deadline_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  uint64_t ms = s <= 0 ? 0 : (uint64_t)(s * 1000.0 + 0.999);
+  /* (NaN fires now; a deadline past ~285 000 years, math.huge included, is
+   * clamped: converting a double too big for uint64_t is undefined) */
+  uint64_t ms = !(s > 0) ? 0 : s >= 9e12 ? (uint64_t)9e15 : (uint64_t)(s * 1000.0 + 0.999);
   uv_timer_start(&ctx->deadline_timer, deadline_cb, ms, 0);
   return 0;
 }

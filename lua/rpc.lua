@@ -306,22 +306,29 @@ end
 
 -- (to, func, args, kwargs, timeout) or (to, func, {args=, kwargs=, timeout=})
 -- or (to, func, args, {timeout=, kwargs=})
+-- A call's timeout: nil or -1 (the default), 0 or math.huge (none), or seconds.
+function rpc._check_timeout(t, what)
+  if t == nil or t == -1 or t == 0 then return t end
+  if type(t) ~= "number" or t ~= t or t < 0 then
+    error(errors.new("config", ("%s must be a number of seconds (-1: the default, 0: none), got %s"):format(
+      what or "timeout", type(t) == "number" and tostring(t) or type(t))), 0)
+  end
+  if t == math.huge then return 0 end
+  return t
+end
+
 local function call_args(to, func, args, kwargs, timeout, ...)
   if select("#", ...) > 0 then
     error(errors.new("config", "too many arguments: use (to, func, args, kwargs, timeout) or " ..
       "(to, func, {args=, kwargs=, timeout=})"), 0)
   end
   if kwargs == nil and timeout == nil and only_option_keys(args) then
-    return to, func, args.args, args.kwargs, args.timeout
+    return to, func, args.args, args.kwargs, rpc._check_timeout(args.timeout)
   end
   if timeout == nil and only_option_keys(kwargs) and kwargs.args == nil then
-    return to, func, args, kwargs.kwargs, kwargs.timeout
+    return to, func, args, kwargs.kwargs, rpc._check_timeout(kwargs.timeout)
   end
-  if timeout ~= nil and type(timeout) ~= "number" then
-    error(errors.new("config", "timeout must be a number of seconds (-1: default, 0: none), got " ..
-      type(timeout)), 0)
-  end
-  return to, func, args, kwargs, timeout
+  return to, func, args, kwargs, rpc._check_timeout(timeout)
 end
 
 function rpc.rpc_async(...)
@@ -383,7 +390,8 @@ end
 function rpc.get_rpc_timeout() return current and current.timeout or default_timeout end
 
 function rpc._set_rpc_timeout(s)
-  if type(s) ~= "number" or s < 0 then
+  if s == math.huge then s = 0 end
+  if type(s) ~= "number" or s ~= s or s < 0 then
     error(errors.new("config", "_set_rpc_timeout: seconds must be a number >= 0 (0: no timeout)"), 2)
   end
   default_timeout = s

@@ -188,6 +188,43 @@ describe("rpc", function()
     assert_oks(r, lines, {"all answered", "64 requests in at most 5 writes before waiting"})
   end)
 
+  it("refuses bad argument counts and timeouts at once, and answers when an error cannot be printed", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function count(...) return select("#", ...) end
+      function bad_error() error(setmetatable({}, {__tostring = function() error("boom") end})) end
+      function slow(s) sched.sleep(s) return "slept" end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size,
+        rpc_backend_options = rpc.TensorPipeRpcBackendOptions{num_worker_threads = 1}})
+      if rank == 0 then
+        local function refused(args, words)
+          local ok, e = pcall(rpc.rpc_sync, "worker1", count, args, nil, 5)
+          return not ok and e.kind == "config" and tostring(e.message):find(words, 1, true) ~= nil
+        end
+        check("args.n not a number", refused({n = "x"}, 'args.n is "x"'))
+        check("too many arguments", refused({[1e6] = 1}, "at most"))
+        check("remote too", not pcall(rpc.remote, "worker1", count, {n = -1}))
+        -- the one worker slot is not lost to a failing reply
+        for _ = 1, 3 do
+          local ok, e = pcall(rpc.rpc_sync, "worker1", bad_error, {}, nil, 5)
+          check("unprintable error answered", not ok and e.kind == "remote" and
+            tostring(e.message):find("__tostring failed", 1, true), e)
+        end
+        check("still serving", rpc.rpc_sync("worker1", count, {1, 2}, nil, 5) == 2)
+        for _, t in ipairs({0 / 0, -5, "x"}) do
+          local ok, e = pcall(rpc.rpc_sync, "worker1", count, {}, nil, t)
+          check("timeout " .. tostring(t) .. " refused", not ok and e.kind == "config", e)
+        end
+        check("math.huge means no timeout", rpc.rpc_sync("worker1", slow, {0.2}, nil, math.huge) == "slept")
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"args.n not a number", "too many arguments", "remote too", "unprintable error answered",
+                          "still serving", "timeout nan refused", "timeout -5 refused", "timeout x refused",
+                          "math.huge means no timeout"})
+  end)
+
   it("runs handlers as coroutines: nested calls to a third rank and back to the caller", function()
     local r, lines = world(3, [[
       function leaf(x) return x + 1 end

@@ -559,6 +559,10 @@ function Agent:call(to, fn, args, kwargs, timeout)
   if kwargs ~= nil and type(kwargs) ~= "table" then
     error(errors.new("config", "kwargs must be a table, got " .. type(kwargs)), 0)
   end
+  if args ~= nil then
+    local why = M.arg_count_problem(args)
+    if why then error(errors.new("config", why), 0) end
+  end
   local ctx = task_ctx()
   -- CUDA tensors go where this worker's device map for `to` says; the map
   -- travels with the request so the reply can come back through its inverse
@@ -687,15 +691,42 @@ function Agent:rank_of(to)
   return st and st.rank
 end
 
+-- Lua passes at most this many arguments (its C stack limit, with room to spare).
+M.MAX_ARGS = 7000
+
+-- Why an args table cannot be a call's arguments (nil when it can): args.n, when
+-- given, must count them, and there may not be more than MAX_ARGS.
+function M.arg_count_problem(args)
+  local n = rawget(args, "n")
+  if n ~= nil and (type(n) ~= "number" or n ~= math.floor(n) or n < 0) then
+    return ("args.n is %s; when given it must be the number of arguments (as table.pack sets it)"):format(
+      type(n) == "string" and ('"' .. n .. '"') or tostring(n))
+  end
+  n = n or table.maxn(args)
+  if n > M.MAX_ARGS then
+    return ("args holds %d arguments (its largest index%s); a call takes at most %d"):format(
+      n, rawget(args, "n") and " or args.n" or "", M.MAX_ARGS)
+  end
+  return nil
+end
+
+-- The text of an error value, even one whose __tostring fails.
+local function error_text(e)
+  local ok, s = pcall(tostring, e)
+  if ok and type(s) == "string" then return s end
+  return ("(a %s error whose __tostring failed: %s)"):format(type(e), tostring(s))
+end
+M.error_text = error_text
+
 -- An error raised by a handler, as the caller will see it.
 function Agent:remote_error(e)
   local message, tb
   if errors.is(e) then
-    message = e.kind == "remote" and e.message or tostring(e)
+    message = e.kind == "remote" and e.message or error_text(e)
     -- an error that came from elsewhere keeps the traceback of where it began
     tb = e.traceback or e.local_traceback
   else
-    local s = tostring(e)
+    local s = error_text(e)
     message, tb = s:match("^(.-)\n(stack traceback:.*)$")
     if not message then message = s end
   end
@@ -731,10 +762,13 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   sched.current().ag_ctx = ctx
   local t0 = trace.now_us()
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
-  local n = args.n or table.maxn(args)
+  local bad = M.arg_count_problem(args)
+  local n = not bad and (args.n or table.maxn(args)) or 0
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
   local r
-  if type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
+  if bad then
+    r = {false, errors.new("config", bad), n = 2}
+  elseif type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
     r = {false, ("the called value is a %s, not a function"):format(type(fn)), n = 2}
   else
     r = pack(xpcall(fn, sched.traceback, unpack(args, 1, n)))
@@ -760,12 +794,23 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   end
 end
 
+-- A handler that fails outside the user's function (a reply that cannot be
+-- built, say) still answers, and its worker slot is always given back.
+local function safe_handler(self, to, id, ...)
+  local ok, err = pcall(handler, self, to, id, ...)
+  if not ok then
+    log.warn("a request failed before its reply could be sent: %s", error_text(err))
+    pcall(self.send_reply, self, to, id, {false, errors.new("remote", "the call failed on " .. self.name ..
+      " before its reply could be made: " .. error_text(err)), n = 2})
+  end
+end
+
 local function handler_task(self, ...)
-  handler(self, ...)
+  safe_handler(self, ...)
   -- take queued requests while under the cap
   while #self.backlog > 0 do
     local job = table.remove(self.backlog, 1)
-    handler(self, unpack(job, 1, 8))
+    safe_handler(self, unpack(job, 1, 8))
   end
   self.running = self.running - 1
 end

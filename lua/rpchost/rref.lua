@@ -91,11 +91,16 @@ function M.create(id, fork, fn, args, kwargs)
   local ctx = sched.current() and sched.current().ag_ctx
   sched.spawn(function()
     sched.current().ag_ctx = ctx -- the value is computed inside the caller's autograd context
+    local bad = args and require("rpchost.agent").arg_count_problem(args)
+    if bad then return e.value:set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
     local r = pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n)))
     if r[1] then e.value:set_packed(pack(unpack(r, 2, r.n)))
-    else e.value:set_error(agent:remote_error(r[2])) end
+    else
+      local ok, err = pcall(agent.remote_error, agent, r[2])
+      e.value:set_error(ok and err or errors.new("remote", tostring(err)))
+    end
   end, {name = "remote " .. id})
   return true
 end
@@ -255,6 +260,8 @@ end
 -- rpc.remote(to, fn, args, kwargs, timeout): returns at once
 function M.remote(to, fn, args, kwargs, timeout)
   local p = agent:peer_of(to)
+  local bad = type(args) == "table" and require("rpchost.agent").arg_count_problem(args)
+  if bad then error(errors.new("config", bad), 0) end
   local id = new_id()
   if p.rank == agent.rank then
     M.create(id, nil, fn, args or {}, kwargs)
