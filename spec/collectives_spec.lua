@@ -217,6 +217,27 @@ describe("collectives", function()
     assert_clean(r, 3)
   end)
 
+  for _, ending in ipairs({"destroy_process_group()", "the script's end"}) do
+    it("deliver a first send made just before " .. ending .. ", and complete isend's Work", function()
+      local r = run_world(2, [[
+        dist.init_process_group{backend = "gloo"}
+        if rank == 0 then
+          dist.send(tensor.full({2}, 7), 1) -- the first frame to rank 1: no connection yet
+          check("isend completes", dist.isend(tensor.full({2}, 8), 1):wait() == true)
+        else
+          local x = tensor.zeros(2, {dtype = tensor.int64})
+          dist.recv(x, 0)
+          check("first arrived", x[1]:item() == 7)
+          dist.recv(x, 0)
+          check("isend arrived", x[1]:item() == 8)
+        end
+      ]] .. (ending == "destroy_process_group()" and "dist.destroy_process_group()" or ""))
+      assert.are.equal(0, r.status, r.out .. r.err)
+      local want = {isend = "isend completes", first = "first arrived", second = "isend arrived"}
+      for _, name in pairs(want) do assert.truthy(r.out:find("ok " .. name, 1, true), r.out .. r.err) end
+    end)
+  end
+
   it("name a mismatch of calls, sizes or dtypes instead of hanging", function()
     local r = run_world(3, [[
       dist.init_process_group{backend = "gloo", timeout = 20}

@@ -979,7 +979,24 @@ function Agent:outstanding()
 end
 
 -- Closes every connection; pending calls fail with kind "shutdown".
+-- Frames still waiting for a connection's handshake (a first dist.send to a
+-- peer, say) get up to `timeout` seconds to leave before the agent closes or the
+-- process exits: returns when none waits, a peer fails, or time is up.
+function Agent:drain_queues(timeout)
+  if not sched.current() then return end
+  local deadline = sched.now() + (timeout or 5)
+  while sched.now() < deadline do
+    local waiting = false
+    for _, p in pairs(self.peers) do
+      if #p.queue > 0 and p.state == "connecting" then waiting = true end
+    end
+    if not waiting then return end
+    sched.sleep(0.005)
+  end
+end
+
 function Agent:close(why)
+  if self.state ~= "closed" then pcall(self.drain_queues, self, 5) end
   self.state = "closed"
   -- (the Unix-domain one first: its file is named after the TCP port we still hold)
   if self.local_listener then self.local_listener:close(); self.local_listener = nil end
