@@ -132,7 +132,7 @@ end
 
 -- a gradient for send `send` of context `id` arrived: backward from that tensor
 function M._propagate(id, send, g)
-  local c = need(id, "backward")
+  local c = get(id, true) -- a worker may start a backward in a context it has not seen yet (RRef:backward)
   local t = c.sends[send]
   if not t then error(("unknown send %s in context %s"):format(tostring(send), tostring(id)), 0) end
   -- the gradient of a tensor lives on that tensor's device
@@ -151,7 +151,11 @@ function M.backward(id, roots, retain_graph)
   if type(id) ~= "number" then
     error(errors.new("config", "backward: expected a context id (from dist_autograd.context or begin)"), 2)
   end
-  local c = get(id, true) -- a worker may start a backward in a context it has not seen yet
+  local c = get(id, true) -- a worker may start a backward in a context it has not seen yet (RRef:backward)
+  if c.graph_freed then
+    error(errors.new("config", ("backward: context %s already ran a backward without retain_graph, so its " ..
+      "graph is gone; pass retain_graph = true to the first backward to run it again"):format(tostring(id))), 2)
+  end
   if type(roots) ~= "table" then roots = {roots} end
   local task = sched.current()
   local outer = task and task.ag_ctx
@@ -164,7 +168,8 @@ function M.backward(id, roots, retain_graph)
   end)
   if task then task.ag_ctx = outer end
   if not ok then error(err, 0) end
-  local _ = retain_graph
+  -- (the graph itself is kept for the context: other workers may enter it again)
+  if not retain_graph then c.graph_freed = true end
 end
 
 -- get_gradients(ctx_id) -> {[tensor] = gradient} for the tensors on this worker

@@ -49,6 +49,9 @@ describe("distributed autograd", function()
           gx = dist_autograd.get_gradients(ctx)[x]
           g1 = rpc.rpc_sync("w1", grad_of_w, {ctx})
           g2 = rpc.rpc_sync("w2", grad_of_w, {ctx})
+          -- a second backward without retain_graph is refused, as a local one is
+          local ok, e = pcall(dist_autograd.backward, ctx, {loss})
+          check("second backward refused", not ok and tostring(e.message):find("retain_graph", 1, true), e)
         end)
         -- the same model in one process
         tensor.manual_seed(1)
@@ -67,7 +70,7 @@ describe("distributed autograd", function()
         check("never in .grad", x.grad == nil and rpc.rpc_sync("w1", w_grad_field) == nil)
       end
       rpc.shutdown()
-    ]], {"input gradient", "worker 1 gradient", "worker 2 gradient", "never in .grad"})
+    ]], {"input gradient", "worker 1 gradient", "worker 2 gradient", "never in .grad", "second backward refused"})
   end)
 
   it("keeps contexts apart, backs RRefs, and steps a DistributedOptimizer", function()
