@@ -339,11 +339,17 @@ describe("rpc", function()
         check("async chained", rpc.rpc_sync("worker1", async_add_chained, {"worker2", 1, 1, 1}) == 3)
         local ok, e = pcall(rpc.rpc_sync, "worker1", async_bad)
         check("must return a Future", not ok and tostring(e.message):find("must return a Future", 1, true), e)
+        -- a closure sent by value keeps its async_execution mark
+        local closure = rpc.functions.async_execution(function(x, y) return rpc.rpc_async("worker2", add, {x, y}) end)
+        check("async closure", rpc.rpc_sync("worker1", closure, {2, 3}, nil, 5) == 5)
+        -- a Future returned by an ordinary function is refused, not sent to hang
+        ok, e = pcall(rpc.rpc_sync, "worker1", function() return rpc.rpc_async("worker2", add, {1, 1}) end, {}, nil, 5)
+        check("a Future is not a value", not ok and tostring(e.message):find("a Future cannot be sent", 1, true), e)
       end
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
-    assert_oks(r, lines, {"async chained", "must return a Future"})
+    assert_oks(r, lines, {"async chained", "must return a Future", "async closure", "a Future is not a value"})
   end)
 
   it("shuts down gracefully after outstanding work, and refuses calls afterwards", function()

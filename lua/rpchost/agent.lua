@@ -45,6 +45,14 @@ local BATCH = 16
 
 -- async_execution marks (weak: the wrapped function decides its lifetime)
 M.async_functions = setmetatable({}, {__mode = "k"})
+-- (a closure sent by value keeps its mark)
+codec.is_async = function(f) return M.async_functions[f] == true end
+codec.mark_async = function(f) M.async_functions[f] = true end
+-- A Future arriving elsewhere would never complete there: refuse to send one.
+codec.register(Future, nil, function()
+  error("a Future cannot be sent (it would never complete on the other side): wait for its value, " ..
+    "or mark the function with rpc.functions.async_execution to reply with the value when it comes", 0)
+end)
 
 function M.new(o)
   local a = setmetatable({

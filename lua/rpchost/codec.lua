@@ -18,7 +18,12 @@ local errors = require "rpchost.errors"
 local M = {}
 
 local TAG = {INT64 = 1, UINT64 = 2, FUNC_NAME = 16, FUNC_VALUE = 17, ERROR = 18,
-             WORKER_INFO = 19, OBJECT = 20, NAMED = 21, RREF = 22, TENSOR = 23}
+             WORKER_INFO = 19, OBJECT = 20, NAMED = 21, RREF = 22, TENSOR = 23, FUNC_VALUE_ASYNC = 24}
+
+-- Marks that travel with a function sent by value (set by the agent: whether a
+-- function is an async_execution one, and how to mark one that arrives).
+M.is_async = function() return false end
+M.mark_async = function() end
 M.TAG = TAG
 
 -- Set by the receiver around decode: may by-value functions be loaded?
@@ -100,7 +105,7 @@ local by_tag = {}    -- tag -> function(...) return value end
 
 function M.register(mt, tag, encode, decode)
   if mt then by_mt[mt] = encode end
-  by_tag[tag] = decode
+  if tag then by_tag[tag] = decode end
 end
 
 local Named = {} -- marks a table that travels as a reference to its name
@@ -126,7 +131,7 @@ local function encode_function(f)
     end
     ups[i] = v
   end
-  return TAG.FUNC_VALUE, code, unpack(ups, 1, n)
+  return M.is_async(f) and TAG.FUNC_VALUE_ASYNC or TAG.FUNC_VALUE, code, unpack(ups, 1, n)
 end
 
 by_mt[Named] = function(v) return TAG.NAMED, unpack(v.path) end
@@ -181,6 +186,11 @@ by_tag[TAG.FUNC_VALUE] = function(code, ...)
   for i = 1, select("#", ...) do
     debug.setupvalue(f, i, (select(i, ...)))
   end
+  return f
+end
+by_tag[TAG.FUNC_VALUE_ASYNC] = function(...)
+  local f = by_tag[TAG.FUNC_VALUE](...)
+  M.mark_async(f)
   return f
 end
 by_tag[TAG.OBJECT] = function(fields, ...)
