@@ -4,9 +4,14 @@
  * A process box stays anchored until the child has exited and each of its pipes
  * has reached EOF; then the exit handler runs once with the status. Output is
  * handed to Lua in chunks as it arrives (the launcher splits lines). */
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "rh_lua.h"
 
@@ -233,17 +238,48 @@ static int l_kill(lua_State *L) {
   return 1;
 }
 
+/* die_with_parent(pid) -> true | nil, why: this process gets SIGTERM when its
+ * parent (the launcher, pid) dies, even by SIGKILL; if the parent is already
+ * gone, it is sent at once. Linux only. */
+static int l_die_with_parent(lua_State *L) {
+  pid_t want = (pid_t)luaL_checkinteger(L, 1);
+#ifdef __linux__
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(errno));
+    return 2;
+  }
+  /* (the parent may have died before the call: then nobody would signal us) */
+  if (getppid() != want) kill(getpid(), SIGTERM);
+  lua_pushboolean(L, 1);
+  return 1;
+#else
+  (void)want;
+  lua_pushnil(L);
+  lua_pushliteral(L, "not supported on this system");
+  return 2;
+#endif
+}
+
 /* ---- signals ---- */
 
 typedef struct {
   uv_signal_t sig;
   int ref_fn;
+  int fallback;
+  int signum;
 } lsignal_t;
+
+/* Watchers that are not fallbacks, per signal: a fallback (rpchost's own "clean
+ * up and exit" for a script) stands aside while a script watches the signal. */
+#define NSIG_COUNTED 65
+static int own_watchers[NSIG_COUNTED];
 
 static void signal_closed(uv_handle_t *h) { free(h->data); }
 
 static void signal_cb(uv_signal_t *h, int signum) {
   lsignal_t *s = h->data;
+  if (s->fallback && signum < NSIG_COUNTED && own_watchers[signum] > 0) return;
   lua_State *L = rh_ctx()->L;
   rh_pushref(L, s->ref_fn);
   lua_pushinteger(L, signum);
@@ -254,11 +290,19 @@ typedef struct {
   lsignal_t *s;
 } lsigbox_t;
 
-/* signal(signum, fn) -> watcher with :close(). Does not keep the loop alive. */
+/* signal(signum, fn [, fallback]) -> watcher with :close(). Does not keep the
+ * loop alive. A fallback watcher's fn runs only while no other watcher of the
+ * signal is open. */
 static int l_signal(lua_State *L) {
   int signum = (int)luaL_checkinteger(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  int fallback = lua_toboolean(L, 3);
+  if (signum <= 0 || signum >= NSIG_COUNTED) return luaL_error(L, "signal: %d is not a signal number", signum);
   lsignal_t *s = calloc(1, sizeof *s);
+  if (!s) return luaL_error(L, "out of memory");
+  s->fallback = fallback;
+  s->signum = signum;
+  if (!fallback) own_watchers[signum]++;
   uv_signal_init(rh_ctx()->loop, &s->sig);
   s->sig.data = s;
   lua_pushvalue(L, 2);
@@ -275,6 +319,7 @@ static int l_signal(lua_State *L) {
 static int l_signal_close(lua_State *L) {
   lsigbox_t *b = luaL_checkudata(L, 1, SIGNAL_MT);
   if (!b->s) return 0;
+  if (!b->s->fallback) own_watchers[b->s->signum]--;
   rh_unref(L, &b->s->ref_fn);
   uv_close((uv_handle_t *)&b->s->sig, signal_closed);
   b->s = NULL;
@@ -296,7 +341,8 @@ int rh_open_proc(lua_State *L) {
   lua_pop(L, 1);
 
   static const luaL_Reg fns[] = {
-      {"spawn", l_spawn}, {"kill", l_kill}, {"signal", l_signal}, {NULL, NULL}};
+      {"spawn", l_spawn}, {"kill", l_kill}, {"signal", l_signal}, {"die_with_parent", l_die_with_parent},
+      {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   static const struct {

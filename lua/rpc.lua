@@ -440,11 +440,18 @@ function rpc.shutdown(graceful, timeout)
       -- connection is gone and a fresh dial is refused) instead of waiting out
       -- the whole timeout.
       local dials = {}
+      local trace = require "rpchost.trace"
+      local t0 = trace.now_us()
       local deadline, wait_start = start + timeout, sched.now()
       local next_note = wait_start + store.progress_every()
       while true do
         local step = math.min(1, deadline - sched.now())
-        if a.store:wait(keys, math.max(step, 0.001)) then break end
+        if a.store:wait(keys, math.max(step, 0.001)) then
+          if trace.enabled() then
+            trace.complete("store wait", "store", t0, trace.now_us() - t0, {keys = #keys, store = a.store.addr})
+          end
+          break
+        end
         local miss = a.store:missing(keys)
         local names = {}
         for _, k in ipairs(miss) do names[#names + 1] = name_of(tonumber(k:match("(%d+)$"))) end

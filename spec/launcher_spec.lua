@@ -79,6 +79,53 @@ describe("rpchost run", function()
     assert.truthy(r.out:find("rank 1 got SIGTERM", 1, true))
   end)
 
+  it("on Ctrl-C the ranks still write their trace and remove their socket files", function()
+    local trace = os.tmpname()
+    local path = S.write([[
+      local rpc, sched = require "rpc", require "rpchost.sched"
+      local rank = tonumber(os.getenv("RANK"))
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
+      for i = 1, 5 do rpc.rpc_sync("w" .. (1 - rank), math.max, {i, 0}) end
+      print("socket " .. rpc._agent().unix_path); io.stdout:flush()
+      sched.sleep(60)
+    ]])
+    local h = S.start({"run", "--nproc-per-node", "2", path}, {env = {RPCHOST_TRACE = trace}})
+    local t0 = S.now()
+    while select(2, table.concat(h.out):gsub("socket ", "")) < 2 and S.now() - t0 < 10 do S.sleep(0.02) end
+    h:kill(core.SIGINT)
+    local r = h:wait(10)
+    assert.are.equal(128 + core.SIGINT, r.status, r.err)
+    for sock in r.out:gmatch("socket (%S+)") do assert.is_nil(io.open(sock), sock .. " left behind") end
+    local f = io.open(trace)
+    local text = f and f:read("*a") or ""
+    if f then f:close() end
+    os.remove(trace)
+    assert.truthy(text:find('"rpc"', 1, true), "no calls in the trace: " .. text:sub(1, 200))
+  end)
+
+  it("takes its ranks with it when it is killed with SIGKILL", function()
+    local path = S.write([[
+      print("pid " .. require("rpchost.core").getpid()); io.stdout:flush()
+      require("rpchost.sched").sleep(60)
+    ]])
+    local h = S.start({"run", "--nproc-per-node", "2", path})
+    local t0 = S.now()
+    while select(2, table.concat(h.out):gsub("pid ", "")) < 2 and S.now() - t0 < 10 do S.sleep(0.02) end
+    h:kill(core.SIGKILL)
+    h:wait(5)
+    local pids = {}
+    for pid in table.concat(h.out):gmatch("pid (%d+)") do pids[#pids + 1] = tonumber(pid) end
+    assert.are.equal(2, #pids)
+    local deadline = S.now() + 5
+    local alive
+    repeat
+      alive = 0
+      for _, pid in ipairs(pids) do if io.open("/proc/" .. pid .. "/stat") then alive = alive + 1 end end
+      S.sleep(0.05)
+    until alive == 0 or S.now() > deadline
+    assert.are.equal(0, alive, "ranks still running after their launcher was killed")
+  end)
+
   it("rejects bad options with a clear message", function()
     local r = S.run({"run", "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "5", "x.lua"})
     assert.are.equal(2, r.status)

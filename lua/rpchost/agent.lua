@@ -71,6 +71,10 @@ function M.new(o)
     stats = {calls_out = 0, calls_in = 0},
     flush_turn = -1, batched = 0, free_calls = {},
   }, Agent)
+  -- stopped by a signal: our socket file goes (held weakly: a closed agent is collected)
+  sched.on_terminate(function(self)
+    if self.local_listener then self.local_listener:close(); self.local_listener = nil end
+  end, a)
   return a
 end
 

@@ -128,6 +128,31 @@ local function interpreter(argv)
   for j = 0, #argv do arg[j - i] = argv[j] end
   _G.arg = arg
 
+  -- A script stopped by SIGINT/SIGTERM (Ctrl-C, the launcher stopping the
+  -- world) still writes its trace and removes its socket files, then exits as
+  -- the signal would (128 + n). (Ctrl-C reaches a rank twice, from the terminal
+  -- and from its launcher: the second must not cut the first one's cleanup
+  -- short, so the watchers stay. A rank stuck in a long computation handles it
+  -- when that returns; the launcher's SIGKILL after its grace period is the
+  -- backstop.)
+  local stop_watchers -- (kept while the script runs)
+  local function on_stop_signals()
+    local watchers = {}
+    for _, name in ipairs({"SIGINT", "SIGTERM"}) do
+      watchers[#watchers + 1] = core.signal(core[name], function(sig)
+        sched.run_terminate_hooks()
+        pcall(require("rpchost.trace").flush)
+        io.stdout:flush()
+        io.stderr:flush()
+        os.exit(128 + sig)
+      end, true) -- (a fallback: a script that watches the signal itself decides)
+    end
+    return watchers
+  end
+  -- a rank started by `rpchost run` goes when its launcher goes, even by SIGKILL
+  local launcher_pid = tonumber(os.getenv("RPCHOST_LAUNCHER_PID"))
+  if launcher_pid then core.die_with_parent(launcher_pid) end
+
   local function main()
     if version and not interactive then io.stdout:write(M.version_string(), "\n") end
     for _, a in ipairs(actions) do
@@ -144,6 +169,7 @@ local function interpreter(argv)
     if script and script ~= "-" then
       local f, err = loadfile(script)
       if not f then error(err, 0) end
+      if not interactive then stop_watchers = on_stop_signals() end
       f(unpack(arg, 1, #arg))
     elseif run_stdin then
       local f, err = loadstring(io.stdin:read("*a"), "=stdin")

@@ -170,6 +170,7 @@ local function run(o)
     local e = {}
     for k, v in pairs(base_env) do e[k] = v end
     e.RANK = tostring(rank)
+    e.RPCHOST_LAUNCHER_PID = tostring(core.getpid())
     e.WORLD_SIZE = tostring(world)
     e.LOCAL_RANK = tostring(lr)
     e.LOCAL_WORLD_SIZE = tostring(o.nproc)

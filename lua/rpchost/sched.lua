@@ -271,6 +271,16 @@ end
 -- the next (see Agent:call).
 M.turn = 0
 
+-- Run when the process is told to stop (SIGINT/SIGTERM) instead of the exit
+-- hooks: callback context, no waiting; things that must not be left behind
+-- (socket files, a trace) are put right.
+-- fn(owner) runs while owner lives (weakly held: fn must not capture it).
+local terminate_hooks = setmetatable({}, {__mode = "k"})
+function M.on_terminate(fn, owner) terminate_hooks[owner or fn] = fn end
+function M.run_terminate_hooks()
+  for owner, fn in pairs(terminate_hooks) do pcall(fn, owner) end
+end
+
 local exit_hooks = {}
 -- Runs fn() as a task after the main task ends, before the process exits (for
 -- example: a store host waits for its clients to leave). fn must bound its wait.
