@@ -59,6 +59,20 @@ describe("store", function()
     assert.are.equal("because", why)
   end)
 
+  it("names a listener that does not answer as a store, within the handshake deadline", function()
+    local core = require "rpchost.core"
+    local silent = assert(core.listen("127.0.0.1", 0, {accept = function() end}))
+    local was = store.HANDSHAKE_TIMEOUT
+    store.HANDSHAKE_TIMEOUT = 0.5
+    local t0 = S.now()
+    local ok, e = pcall(store.connect, "127.0.0.1", silent:port(), 30)
+    store.HANDSHAKE_TIMEOUT = was
+    silent:close()
+    assert.is_false(ok)
+    assert.truthy(tostring(e.message):find("did not answer as an rpchost store", 1, true), tostring(e))
+    assert.is_true(S.now() - t0 < 5)
+  end)
+
   it("refuses a port in use with a message naming the address", function()
     local ok, e = pcall(store.serve, "127.0.0.1", server.port)
     assert.is_false(ok)

@@ -240,6 +240,9 @@ local function progress_every()
 end
 M.progress_every = progress_every
 
+-- seconds a store has to answer the handshake of a connection it accepted
+M.HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT")) or 10
+
 -- Connects to the store at host:port, retrying until `timeout` seconds have
 -- passed, saying every few seconds what it waits for. Must run in a task.
 function M.connect(host, port, timeout)
@@ -290,7 +293,16 @@ function M.connect(host, port, timeout)
   -- handshake
   local hello = {proto = core.protocol_version, version = core.version}
   local ast = auth.client_hello(hello)
-  local ack = c:request(proto.HELLO, enc("hello", hello), math.max(timeout - (sched.now() - start), 5))
+  -- A store answers at once; something else listening there (MASTER_PORT
+  -- pointing at another service) never will: say so instead of waiting it out.
+  local ok, ack = pcall(c.request, c, proto.HELLO, enc("hello", hello),
+    math.min(math.max(timeout - (sched.now() - start), 1), M.HANDSHAKE_TIMEOUT))
+  if not ok then
+    c:close()
+    error(errors.new(errors.is(ack) and ack.kind or "unreachable", ("%s:%d accepted a connection but did " ..
+      "not answer as an rpchost store (%s): is something else listening on that port? Check " ..
+      "MASTER_ADDR/MASTER_PORT"):format(host, port, tostring(errors.is(ack) and ack.message or ack))), 0)
+  end
   ack = dec(ack)
   if not ack.ok then
     c:close()
