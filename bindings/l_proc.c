@@ -2,7 +2,8 @@
  * The launcher (lua/rpchost/launcher.lua) is built on these.
  *
  * A process box stays anchored until the child has exited and each of its pipes
- * has reached EOF; then the exit handler runs once with the status. Output is
+ * has reached EOF (or DRAIN_MS have passed since the exit); then the exit
+ * handler runs once with the status. Output is
  * handed to Lua in chunks as it arrives (the launcher splits lines). */
 #include <errno.h>
 #include <signal.h>
@@ -35,7 +36,13 @@ struct proc_s {
   int64_t status;
   int term_signal;
   int pid;
+  uv_timer_t drain; /* after the exit: how long its pipes may stay open */
 };
+
+/* A child that exited may have left its pipes to a process of its own (a
+ * command started with `&`): its output is read for this long after the exit,
+ * then the exit is reported anyway, so a launcher does not wait on a grandchild. */
+#define DRAIN_MS 200
 
 typedef struct {
   proc_t *p;
@@ -75,11 +82,19 @@ static void proc_maybe_done(proc_t *p) {
   }
 }
 
+static void drain_cb(uv_timer_t *t);
+
 static void exit_cb(uv_process_t *h, int64_t status, int term_signal) {
   proc_t *p = h->data;
   p->exited = 1;
   p->status = status;
   p->term_signal = term_signal;
+  if (p->out[0].open || p->out[1].open) {
+    uv_timer_init(h->loop, &p->drain);
+    p->drain.data = p;
+    p->pending_handles++;
+    uv_timer_start(&p->drain, drain_cb, DRAIN_MS, 0);
+  }
   uv_close((uv_handle_t *)h, handle_closed);
 }
 
@@ -87,6 +102,21 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)h;
   buf->base = malloc(suggested);
   buf->len = buf->base ? suggested : 0;
+}
+
+/* The pipe's end: the output handler hears it (nil), then the handle closes. */
+static void close_pipe(out_pipe_t *op) {
+  proc_t *p = op->p;
+  lua_State *L = rh_ctx()->L;
+  op->open = 0;
+  if (p->ref_output != LUA_NOREF) {
+    rh_pushref(L, p->ref_output);
+    lua_pushinteger(L, op->fd);
+    lua_pushnil(L);
+    rh_callback(2, 0);
+  }
+  op->pipe.data = p;
+  uv_close((uv_handle_t *)&op->pipe, handle_closed);
 }
 
 static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
@@ -101,16 +131,17 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   free(buf->base);
   if (n < 0) {
-    op->open = 0;
-    if (p->ref_output != LUA_NOREF) {
-      rh_pushref(L, p->ref_output);
-      lua_pushinteger(L, op->fd);
-      lua_pushnil(L);
-      rh_callback(2, 0);
-    }
-    op->pipe.data = p;
-    uv_close((uv_handle_t *)&op->pipe, handle_closed);
+    close_pipe(op);
+    proc_maybe_done(p);
   }
+}
+
+static void drain_cb(uv_timer_t *t) {
+  proc_t *p = t->data;
+  for (int i = 0; i < 2; i++)
+    if (p->out[i].open) close_pipe(&p->out[i]);
+  uv_close((uv_handle_t *)t, handle_closed);
+  proc_maybe_done(p);
 }
 
 static int string_list(lua_State *L, int t, char ***out) {

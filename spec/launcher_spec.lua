@@ -50,6 +50,20 @@ describe("rpchost run", function()
     assert.truthy(r.err:find("rank one gives up", 1, true))
   end)
 
+  it("notices a failed rank at once even when a child of it keeps its output open", function()
+    local r = S.world(2, [[
+      if os.getenv("RANK") == "1" then
+        os.execute("sleep 8 > /dev/null 2>&1 &") -- (dup'ed pipes of the rank's stdout stay with it)
+        os.execute("sleep 8 &")
+        error("rank 1 fails")
+      end
+      require("rpchost.sched").sleep(30)
+    ]], {launcher_args = {"--prefix"}, timeout = 20})
+    os.execute("pkill -f '^sleep 8$' 2>/dev/null")
+    assert.is_true(r.elapsed < 5, "took " .. r.elapsed)
+    assert.truthy(r.err:find("rank 1 fails", 1, true), r.err)
+  end)
+
   it("kills a rank that ignores SIGTERM (SIGKILL after the grace period)", function()
     local r = S.world(2, [[
       local core, sched = require "rpchost.core", require "rpchost.sched"
