@@ -117,6 +117,7 @@ function M.loop(leave)
   end, complete, hist)
   local running = nil
   local sig
+  local chunk = nil
   -- libedit puts back the SIGINT handler it found whenever it leaves a line, so the
   -- watcher is armed again after every line (libuv installs its handler on start)
   arm = function()
@@ -124,13 +125,12 @@ function M.loop(leave)
     sig = core.signal(core.SIGINT, function()
       if running and sched.interrupt(running, "interrupted") then return end
       io.stdout:write("\n")
-      lines, M.pending = {}, nil
+      lines, M.pending, chunk = {}, nil, nil -- (an unfinished chunk goes too)
       core.repl_reset("> ")
       arm()
     end)
   end
   arm()
-  local chunk = nil
   while true do
     while #lines == 0 and not eof do
       waiting_task = sched.current()
@@ -179,10 +179,19 @@ function M.main(argv)
   local i = 1
   while argv[i] do
     local a = argv[i]
-    if a == "--master-addr" then o.addr = argv[i + 1]; i = i + 2
-    elseif a == "--master-port" then o.port = argv[i + 1]; i = i + 2
-    elseif a == "--name" then o.name = argv[i + 1]; i = i + 2
-    elseif a == "--token" then o.token = argv[i + 1]; i = i + 2
+    local takes = {["--master-addr"] = "addr", ["--master-port"] = "port", ["--name"] = "name", ["--token"] = "token"}
+    if takes[a] then
+      local v = argv[i + 1]
+      if v == nil or v:sub(1, 2) == "--" then
+        io.stderr:write("rpchost repl: ", a, " needs a value (rpchost repl --help)\n")
+        return 2
+      end
+      if a == "--master-port" and not tonumber(v) then
+        io.stderr:write("rpchost repl: --master-port must be a port number, got '", v, "'\n")
+        return 2
+      end
+      o[takes[a]] = v
+      i = i + 2
     elseif a == "-h" or a == "--help" then
       io.stdout:write("usage: rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]\n")
       return 0
