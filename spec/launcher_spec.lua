@@ -150,6 +150,11 @@ describe("rpchost run", function()
     assert.truthy(r.err:find("--master-port is required", 1, true))
     r = S.run({"run", "--frobnicate", "x.lua"})
     assert.truthy(r.err:find("unknown option --frobnicate", 1, true))
+    -- a script that is not there is named once, before any rank starts
+    r = S.run({"run", "--nproc-per-node", "2", S.tmpdir .. "/no_such_script.lua"})
+    assert.are.equal(2, r.status)
+    assert.truthy(r.err:find("cannot open the script: " .. S.tmpdir .. "/no_such_script.lua", 1, true), r.err)
+    assert.is_nil(r.err:find("traceback", 1, true), r.err)
   end)
 
   it("reports a port in use for the store", function()
@@ -204,13 +209,20 @@ describe("script shipping", function()
       t[#t + 1] = "--node-rank"; t[#t + 1] = tostring(k); t[#t + 1] = "job.lua"
       return t
     end
+    local tmp = S.tmpdir .. "/node_b_tmp"
+    os.execute("mkdir -p " .. tmp)
     local h0 = S.start(args(0), {cwd = a})
-    local h1 = S.start(args(1), {cwd = b})
+    local h1 = S.start(args(1), {cwd = b, env = {TMPDIR = tmp}})
     local r0, r1 = h0:wait(30), h1:wait(30)
     assert.are.equal(0, r0.status, r0.err)
     assert.are.equal(0, r1.status, r1.err)
     assert.truthy(r1.err:find("received job.lua (2 files) from node 0", 1, true), r1.err)
     assert.truthy(r0.out:find("node 1 says: hello from n3", 1, true), r0.out .. r0.err)
+    -- what was shipped is gone once the node's ranks are done
+    local p = io.popen("ls -A " .. tmp)
+    local left = p:read("*a")
+    p:close()
+    assert.are.equal("", left, "left in TMPDIR: " .. left)
   end)
 end)
 

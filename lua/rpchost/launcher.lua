@@ -104,8 +104,18 @@ local function run(o)
     port = s.port
   end
   local world = o.nproc * o.nnodes
-  local script, cwd = o.script, nil
+  local script, cwd, shipped = o.script, nil, nil
   local ship = require "rpchost.ship"
+  -- the node that has the script must really have it: say so once, before any
+  -- rank starts (a node without it gets it from node 0)
+  if o.nnodes == 1 or server then
+    local f, err = io.open(o.script)
+    if not f then
+      io.stderr:write("rpchost run: cannot open the script: ", tostring(err), "\n")
+      return 2
+    end
+    f:close()
+  end
   if o.nnodes > 1 and server then
     ship.publish(server, o.script)
   elseif o.nnodes > 1 and not io.open(o.script) then
@@ -113,7 +123,7 @@ local function run(o)
     local ok, e = pcall(function()
       local client = store.connect(o.addr, port, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
       local n
-      script, cwd, n = ship.fetch(client, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
+      script, cwd, n, shipped = ship.fetch(client, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
       client:close()
       io.stderr:write(("rpchost run: received %s (%d file%s) from node 0\n"):format(o.script, n, n == 1 and "" or "s"))
     end)
@@ -256,6 +266,7 @@ local function run(o)
   end
   for _, r in ipairs(ranks) do os.remove(r.errfile) end
   core.rmdir(dir)
+  if shipped then ship.remove(cwd, shipped) end
   return code
 end
 

@@ -77,7 +77,13 @@ function M.fetch(client, timeout)
     out:write(data)
     out:close()
   end
-  return dir .. "/" .. m.script, dir, #m.files
+  return dir .. "/" .. m.script, dir, #m.files, m.files
+end
+
+-- Removes what fetch wrote (the launcher does, once its ranks are done).
+function M.remove(dir, files)
+  for _, f in ipairs(files or {}) do os.remove(dir .. "/" .. f.name) end
+  core.rmdir(dir)
 end
 
 return M
