@@ -345,6 +345,7 @@ function dist.send(t, dst, opts)
   check_tensor(t, "send")
   local g = group_of(opts, "send")
   local i = global_to_group(g, dst, "send", "dst")
+  if i == g.rank then cfg("send: dst %s is this rank; a rank cannot send to itself", tostring(dst)) end
   call(g, "send_to", t, i, opts and opts.tag)
 end
 
@@ -354,6 +355,7 @@ function dist.recv(t, src, opts)
   if src == nil then cfg("recv: pass src (receiving from any rank is not supported)") end
   local g = group_of(opts, "recv")
   local i = global_to_group(g, src, "recv", "src")
+  if i == g.rank then cfg("recv: src %s is this rank; a rank cannot receive from itself", tostring(src)) end
   return call(g, "recv_from", t, i, opts and opts.tag)
 end
 

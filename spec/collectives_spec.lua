@@ -210,11 +210,13 @@ describe("collectives", function()
         check("in order", x[1]:item() == 1 and z[1]:item() == 2)
         local ok, e = pcall(dist.recv, x)
         check("src required", not ok and e.kind == "config")
+        ok, e = pcall(dist.recv, x, 1)
+        check("not from itself", not ok and e.kind == "config" and tostring(e.message):find("itself", 1, true), e)
       end
       dist.barrier()
       dist.destroy_process_group()
     ]])
-    assert_clean(r, 3)
+    assert_clean(r, 4)
   end)
 
   for _, ending in ipairs({"destroy_process_group()", "the script's end"}) do
@@ -246,9 +248,14 @@ describe("collectives", function()
       else ok, e = pcall(dist.all_reduce, tensor.ones(5)) end
       check("size mismatch fails", not ok and e.kind == "protocol" and tostring(e.message):find("collective mismatch", 1, true), e)
       print("message " .. rank .. ": " .. tostring(e and e.message))
+      -- the group has stopped: later collectives say so, and how to go on
+      local ok2, e2 = pcall(dist.barrier)
+      check("later collectives name the earlier failure", not ok2 and
+        tostring(e2.message):find("stopped after an earlier failure", 1, true) and
+        tostring(e2.message):find("destroy_process_group", 1, true), e2)
       dist.destroy_process_group()
     ]], {timeout = 40})
-    assert_clean(r, 3)
+    assert_clean(r, 6)
     assert.truthy(r.out:find("all_reduce(float32, 4 elements", 1, true), r.out)
     assert.truthy(r.out:find("all_reduce(float32, 5 elements", 1, true), r.out)
     assert.is_true(r.elapsed < 15)

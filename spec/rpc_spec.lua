@@ -216,13 +216,17 @@ describe("rpc", function()
           check("timeout " .. tostring(t) .. " refused", not ok and e.kind == "config", e)
         end
         check("math.huge means no timeout", rpc.rpc_sync("worker1", slow, {0.2}, nil, math.huge) == "slept")
+        local ok, e = pcall(rpc.rpc_sync, "worker1", function() error({code = 42}) end, {}, nil, 5)
+        check("a table error shows its fields", not ok and e.message == "{code = 42}", e)
+        ok, e = pcall(function() return rpc.rpc_async("worker1", count):next(42) end)
+        check("next needs a function", not ok and e.kind == "config", e)
       end
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
     assert_oks(r, lines, {"args.n not a number", "too many arguments", "remote too", "unprintable error answered",
                           "still serving", "timeout nan refused", "timeout -5 refused", "timeout x refused",
-                          "math.huge means no timeout"})
+                          "math.huge means no timeout", "a table error shows its fields", "next needs a function"})
   end)
 
   it("runs handlers as coroutines: nested calls to a third rank and back to the caller", function()

@@ -722,8 +722,26 @@ function M.arg_count_problem(args)
   return nil
 end
 
+-- A plain table raised as an error, shown by its fields ({code = 42}) rather
+-- than its address.
+local function table_text(t)
+  local parts, n = {}, 0
+  for k, v in pairs(t) do
+    if k == "local_traceback" or k == "traceback" then goto continue end
+    n = n + 1
+    if n > 8 then parts[#parts + 1] = "..."; break end
+    local kt = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. tostring(k) .. "]")
+    local vt = type(v) == "string" and ("%q"):format(v) or tostring(v)
+    parts[#parts + 1] = kt .. " = " .. vt
+    ::continue::
+  end
+  table.sort(parts)
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
 -- The text of an error value, even one whose __tostring fails.
 local function error_text(e)
+  if type(e) == "table" and not (getmetatable(e) and getmetatable(e).__tostring) then return table_text(e) end
   local ok, s = pcall(tostring, e)
   if ok and type(s) == "string" then return s end
   return ("(a %s error whose __tostring failed: %s)"):format(type(e), tostring(s))
@@ -741,6 +759,7 @@ function Agent:remote_error(e)
     local s = error_text(e)
     message, tb = s:match("^(.-)\n(stack traceback:.*)$")
     if not message then message = s end
+    if type(e) == "table" and not tb then tb = rawget(e, "local_traceback") end
   end
   return errors.new("remote", message, {worker = self.name, rank = self.rank, traceback = tb})
 end

@@ -53,7 +53,13 @@ end
 
 -- A collective in progress: its key prefix and description.
 function Group:begin(op, t, extra)
-  if self.agent.aborted then error(self.agent.aborted, 0) end
+  local ab = self.agent.aborted
+  if ab then
+    -- (the same failure, but said to be an earlier one, and what to do)
+    error(errors.new(errors.is(ab) and ab.kind or "protocol", ("%s: the process group stopped after an " ..
+      "earlier failure, so no collective can run on it: %s (call dist.destroy_process_group() and " ..
+      "init_process_group again)"):format(op, tostring(errors.is(ab) and ab.message or ab))), 0)
+  end
   self.seq = self.seq + 1
   local m = {op = op, dtype = t and core.t_dtype(t) or -1, numel = t and core.t_numel(t) or 0}
   if extra then for k, v in pairs(extra) do m[k] = v end end

@@ -86,7 +86,14 @@ end
 
 -- fn(self) runs (as a task) when done; at once if already done. It runs in the
 -- distributed autograd context of the task that registered it.
+local function need_function(fn, what)
+  if type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
+    error(errors.new("config", ("%s: expected a function, got %s"):format(what, type(fn))), 3)
+  end
+end
+
 function Future:add_done_callback(fn)
+  need_function(fn, "add_done_callback")
   local t = sched.current()
   local ctx = t and t.ag_ctx
   if ctx then
@@ -107,6 +114,7 @@ end
 -- A new Future of fn(self) (Lua's `then` is a keyword). If fn raises, the new
 -- Future fails with that error; if fn returns a Future, its result is chained.
 function Future:next(fn)
+  need_function(fn, "next")
   local out = Future.new("next of " .. (self.what or "future"))
   self:add_done_callback(function(f)
     local r = pack(xpcall(fn, sched.traceback, f))
