@@ -136,9 +136,13 @@ function dist.destroy_process_group(group)
   if group ~= nil and group ~= state.group then return end -- subgroups need no teardown
   local s = state
   state = nil
+  -- a last collective that did not match shows itself by now, or never will
+  local ok, err = true, nil
+  if s.group.check_leftovers then ok, err = pcall(s.group.check_leftovers, s.group) end
   for _, g in ipairs(s.nccl_groups) do g:abort() end
   s.agent:close("the process group was destroyed")
   store.release(s.key)
+  if not ok then error(err, 0) end
 end
 
 function dist.is_initialized() return state ~= nil end
@@ -235,7 +239,7 @@ dist.Work = Work
 
 -- Runs fn now (returning nil) or, with async_op, as a task (returning a Work).
 local trace = require "rpchost.trace"
-local function run(opts, what, fn)
+local function run(g, opts, what, fn)
   if trace.enabled() then
     local inner = fn
     fn = function()
@@ -246,8 +250,11 @@ local function run(opts, what, fn)
   end
   if opts and opts.async_op then
     local fut = Future.new(what)
+    -- (while it runs, its messages are not a finished call's leftovers)
+    g.async_running = (g.async_running or 0) + 1
     sched.spawn(function()
       local ok, e = pcall(fn)
+      g.async_running = g.async_running - 1
       if ok then fut:set_result(true) else fut:set_error(e) end
     end, {name = what})
     return setmetatable({fut = fut}, Work)
@@ -289,7 +296,7 @@ function dist.all_reduce(t, op, opts)
   if is_opts(op) then op, opts = nil, op end
   check_tensor(t, "all_reduce")
   local g = group_of(opts, "all_reduce")
-  return run(opts, "all_reduce", function() call(g, "all_reduce", t, op or "SUM") end)
+  return run(g, opts, "all_reduce", function() call(g, "all_reduce", t, op or "SUM") end)
 end
 
 -- reduce(t, dst [, op] [, opts])
@@ -298,20 +305,20 @@ function dist.reduce(t, dst, op, opts)
   check_tensor(t, "reduce")
   local g = group_of(opts, "reduce")
   local root = global_to_group(g, dst, "reduce", "dst")
-  return run(opts, "reduce", function() call(g, "reduce", t, root, op or "SUM") end)
+  return run(g, opts, "reduce", function() call(g, "reduce", t, root, op or "SUM") end)
 end
 
 function dist.broadcast(t, src, opts)
   check_tensor(t, "broadcast")
   local g = group_of(opts, "broadcast")
   local root = global_to_group(g, src, "broadcast", "src")
-  return run(opts, "broadcast", function() call(g, "broadcast", t, root) end)
+  return run(g, opts, "broadcast", function() call(g, "broadcast", t, root) end)
 end
 
 function dist.all_gather(list, t, opts)
   check_tensor(t, "all_gather")
   local g = group_of(opts, "all_gather")
-  return run(opts, "all_gather", function() call(g, "all_gather", list, t) end)
+  return run(g, opts, "all_gather", function() call(g, "all_gather", list, t) end)
 end
 
 -- gather(t, list_on_dst_or_nil, dst [, opts])
@@ -319,26 +326,26 @@ function dist.gather(t, list, dst, opts)
   check_tensor(t, "gather")
   local g = group_of(opts, "gather")
   local root = global_to_group(g, dst or 0, "gather", "dst")
-  return run(opts, "gather", function() call(g, "gather", t, list, root) end)
+  return run(g, opts, "gather", function() call(g, "gather", t, list, root) end)
 end
 
 function dist.scatter(t, list, src, opts)
   check_tensor(t, "scatter")
   local g = group_of(opts, "scatter")
   local root = global_to_group(g, src or 0, "scatter", "src")
-  return run(opts, "scatter", function() call(g, "scatter", t, list, root) end)
+  return run(g, opts, "scatter", function() call(g, "scatter", t, list, root) end)
 end
 
 function dist.reduce_scatter(t, list, op, opts)
   if is_opts(op) then op, opts = nil, op end
   check_tensor(t, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
-  return run(opts, "reduce_scatter", function() call(g, "reduce_scatter", t, list, op or "SUM") end)
+  return run(g, opts, "reduce_scatter", function() call(g, "reduce_scatter", t, list, op or "SUM") end)
 end
 
 function dist.barrier(opts)
   local g = group_of(opts, "barrier")
-  return run(opts, "barrier", function() g:barrier() end)
+  return run(g, opts, "barrier", function() g:barrier() end)
 end
 
 function dist.send(t, dst, opts)

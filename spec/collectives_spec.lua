@@ -269,6 +269,19 @@ describe("collectives", function()
       dist.destroy_process_group()
     ]], {timeout = 40})
     assert_clean(r, 2)
+    -- every rank naming itself the root: nothing is received, so it can only be
+    -- caught afterwards, at the next collective
+    r = run_world(2, [[
+      dist.init_process_group{backend = "gloo", timeout = 20}
+      dist.broadcast(tensor.full({2}, rank), rank)
+      sched.sleep(0.3)
+      local ok, e = pcall(dist.barrier)
+      check("a root mismatch is named at the next collective", not ok and
+        tostring(e.message):find("root 0", 1, true) and tostring(e.message):find("root 1", 1, true) and
+        tostring(e.message):find("its result is wrong", 1, true), e)
+      dist.destroy_process_group()
+    ]], {timeout = 40})
+    assert_clean(r, 2)
   end)
 
   it("name a mismatch of an earlier async collective while a later one waits too", function()

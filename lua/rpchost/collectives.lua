@@ -60,10 +60,41 @@ function Group:begin(op, t, extra)
       "earlier failure, so no collective can run on it: %s (call dist.destroy_process_group() and " ..
       "init_process_group again)"):format(op, tostring(errors.is(ab) and ab.message or ab))), 0)
   end
+  self:check_leftovers()
   self.seq = self.seq + 1
   local m = {op = op, dtype = t and core.t_dtype(t) or -1, numel = t and core.t_numel(t) or 0}
   if extra then for k, v in pairs(extra) do m[k] = v end end
+  -- (the last few calls, to name one that a late message shows did not match)
+  self.recent = self.recent or {}
+  self.recent[self.seq % 16] = {seq = self.seq, meta = m}
   return {key = ("g%s:%d:"):format(self.id, self.seq), meta = m, seq = self.seq}
+end
+
+-- A message of one of this group's collectives that already ended here means
+-- the ranks did not make the same call: a broadcast whose ranks each name
+-- themselves the root sends everywhere and receives nothing, for one. Such a
+-- call cannot be caught while it runs without another round of messages, so it
+-- is caught at the group's next collective (or its destruction), which fails
+-- naming both calls. Only while no async Work of this group is still running
+-- (its messages would not be leftovers).
+function Group:check_leftovers()
+  local a = self.agent
+  -- (a group that already stopped has said what went wrong)
+  if (self.async_running or 0) > 0 or self.seq == 0 or a.aborted then return end
+  local prefix = ("g%s:"):format(self.id)
+  for _, r in ipairs(self.ranks) do
+    for k, v in pairs(a.mail[r] or {}) do
+      if k:sub(1, #prefix) == prefix then
+        local seq = tonumber(k:match("^g[^:]*:(%d+):"))
+        local mine = seq and seq <= self.seq and self.recent and self.recent[seq % 16]
+        if seq and seq <= self.seq then
+          local m = mine and mine.seq == seq and mine.meta or {op = "a collective", numel = 0}
+          a.mail[r][k] = nil
+          self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
+        end
+      end
+    end
+  end
 end
 
 function Group:send(c, i, step, t)
@@ -105,11 +136,14 @@ local function same_call(a, b)
     and a.root == b.root and a.redop == b.redop
 end
 
-function Group:mismatch(m, src, meta)
-  self:abort(errors.new("protocol", ("collective mismatch: rank %d called %s but rank %d called %s " ..
-    "(every rank of a group must make the same collective calls, with the same sizes and dtypes, " ..
-    "in the same order)"):format(self.agent.rank, describe(m), src,
-    type(meta) == "table" and describe(meta) or "something else"), {rank = src}))
+-- late: the number of a collective that already returned here (its result on
+-- this rank is wrong)
+function Group:mismatch(m, src, meta, late)
+  self:abort(errors.new("protocol", ("collective mismatch%s: rank %d called %s but rank %d called %s " ..
+    "(every rank of a group must make the same collective calls, with the same sizes, dtypes and " ..
+    "roots, in the same order)%s"):format(late and (" in collective #" .. late) or "", self.agent.rank,
+    describe(m), src, type(meta) == "table" and describe(meta) or "something else",
+    late and "; that collective has already returned here, and its result is wrong" or ""), {rank = src}))
 end
 
 function Group:recv(c, i, step)
