@@ -280,7 +280,18 @@ local function check_creation(r)
   if r.creation and r.creation.state == "error" then error(r.creation.err, 0) end
 end
 
+-- The running agent, or an error saying RRefs need RPC running (after
+-- rpc.shutdown an RRef is a dead handle).
+local function running(what)
+  if not agent or agent.state ~= "running" then
+    error(errors.new("shutdown", ("%s: RPC is not running on this worker (rpc.shutdown was called, or " ..
+      "init_rpc was not): an RRef works only while its world runs"):format(what)), 3)
+  end
+  return agent
+end
+
 function RRef:to_here(timeout)
+  running("to_here")
   if self.owned then return entry(self.id).value:wait(timeout) end
   if self.creation and not self.creation:done() then
     self.creation:wait(timeout)
@@ -290,6 +301,7 @@ function RRef:to_here(timeout)
 end
 
 function RRef:local_value()
+  running("local_value")
   if not self.owned then
     error(errors.new("config", ("local_value(): this worker (%s) is not the owner of RRef %s; its owner is %s " ..
       "(use to_here)"):format(agent and agent.name or "?", self.id, self:owner_name())), 2)
@@ -299,8 +311,8 @@ function RRef:local_value()
   return v:value()
 end
 
-function RRef:owner() return agent.peers[self.owner_rank].info end
-function RRef:owner_name() return agent.peers[self.owner_rank].name end
+function RRef:owner() return running("owner").peers[self.owner_rank].info end
+function RRef:owner_name() return running("owner_name").peers[self.owner_rank].name end
 function RRef:is_owner() return self.owned end
 function RRef:confirmed_by_owner()
   if self.owned then return true end
@@ -318,6 +330,7 @@ local function proxy(r, mode, timeout)
   return setmetatable({}, {
     __index = function(_, method)
       return function(_, ...)
+        running(mode .. "():" .. tostring(method))
         check_creation(r)
         local args = pack(method, ...)
         table.insert(args, 1, r.id)
@@ -352,6 +365,7 @@ function M.backward_here(r, ctx_id, retain_graph)
 end
 
 function RRef:backward(ctx_id, retain_graph)
+  running("backward")
   if self.owned then return M.backward_here(self, ctx_id, retain_graph) end
   check_creation(self)
   return agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
