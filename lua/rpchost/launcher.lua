@@ -51,6 +51,12 @@ local function parse(argv)
       if v == nil then return nil, k .. " needs a value" end
       local field = flags[k]
       if field == "addr" then o.addr = v
+      elseif field == "grace" then
+        local n = tonumber(v)
+        if not n or n ~= n or n < 0 or n == math.huge then
+          return nil, ("%s must be a number of seconds >= 0, got '%s'"):format(k, v)
+        end
+        o.grace = n
       else
         local n = tonumber(v)
         if not n or n ~= math.floor(n) or n < 0 then

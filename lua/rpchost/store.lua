@@ -188,7 +188,8 @@ end
 -- Starts a store server on host:port (port 0: any free port). Raises a config
 -- error naming the address when it cannot listen.
 function M.serve(host, port)
-  local ip = assert(core.resolve(host))
+  local ip, rerr = core.resolve(host)
+  if not ip then error(errors.new("config", ("cannot host the store at %s:%d: %s"):format(host, port, rerr)), 0) end
   local bind = is_loopback(ip) and ip or "0.0.0.0"
   local s = setmetatable({data = {}, waiters = {}, clients = {}, nclients = 0}, Server)
   if bind == "0.0.0.0" and not auth.token() then
