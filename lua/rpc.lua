@@ -241,6 +241,24 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   end
 end
 
+-- Whether the member described by a worker record (encoded) accepts a
+-- connection now: false when it is gone (refused), true when it answers or
+-- cannot be judged within 2 s.
+local function member_answers(raw)
+  if not raw then return false end
+  local ok, w = pcall(codec.decode, raw)
+  if not ok or type(w) ~= "table" or type(w.ip) ~= "string" or type(w.port) ~= "number" then return true end
+  local task, result = sched.current(), nil
+  local conn = core.connect(w.ip, w.port, {connect = function(c, err)
+    result = err == nil
+    c:close()
+    sched.wake(task)
+  end})
+  if not conn then return false end
+  sched.suspend_until("a reply from member " .. tostring(w.name), 2)
+  return result ~= false
+end
+
 -- Joins a running world without a rank of its own (a REPL, a tool): the store
 -- gives it a fresh rank above the static ones and its peers learn of it when it
 -- calls them or they look its name up.
@@ -252,6 +270,13 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     local P = cur.prefix
     local rank = cur.world_size - 1 + client:add(P .. "dyn_next", 1)
     local holder = client:compare_set(P .. "name/" .. name, "", tostring(rank))
+    -- a member that was killed never gave its name back: take over a name
+    -- whose holder no longer answers at its address
+    if holder ~= tostring(rank) and tonumber(holder) and tonumber(holder) >= cur.world_size
+       and not member_answers(client:get(P .. "worker/" .. holder)) then
+      client:delete(P .. "worker/" .. holder)
+      holder = client:compare_set(P .. "name/" .. name, holder, tostring(rank))
+    end
     if holder ~= tostring(rank) then
       error(errors.new("config", ("RPC worker name %s is already taken in the running world (by rank %s)"):format(
         name, holder)), 0)

@@ -201,9 +201,14 @@ function Agent:dynamic_members()
   if not self.store then return {} end
   local n = tonumber(self.store:get(self.prefix .. "dyn_next")) or 0
   local out = {}
-  for r = self.world_size, self.world_size + n - 1 do
-    local p = self.peers[r] or self:learn(r)
-    if p and not p.left then out[#out + 1] = p end
+  -- (from the store each time: a member that left, or was found gone, is not listed)
+  local keys = {}
+  for r = self.world_size, self.world_size + n - 1 do keys[#keys + 1] = self.prefix .. "worker/" .. r end
+  local present = n > 0 and self.store:multi_get(keys) or {}
+  for i = 1, n do
+    local r = self.world_size + i - 1
+    local p = present[i] and (self.peers[r] or self:learn(r))
+    if p and not p.left and not self.lost[r] then out[#out + 1] = p end
   end
   return out
 end

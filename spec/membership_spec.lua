@@ -1,0 +1,56 @@
+-- Dynamic members (a REPL, a tool) joining a running world: a member that was
+-- killed gives its name back to the next one to ask for it, and rpc.workers()
+-- lists only the members still there.
+local S = require "spec.support"
+local core = require "rpchost.core"
+
+describe("dynamic members", function()
+  it("take over the name of a killed member, and only live members are listed", function()
+    local port = S.free_port()
+    local env = {MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RANK = 0, WORLD_SIZE = 1,
+                 DONE_FILE = S.tmpdir .. "/membership_done"}
+    local static = S.start({S.write(S.prelude .. [[
+      rpc.init_rpc("w0", {rank = 0, world_size = 1})
+      local sched = require "rpchost.sched"
+      local t0 = sched.now()
+      while not io.open(os.getenv("DONE_FILE")) and sched.now() - t0 < 30 do sched.sleep(0.05) end
+      local names = {}
+      for _, w in ipairs(rpc.workers()) do names[#names + 1] = w.name end
+      table.sort(names)
+      print("workers " .. table.concat(names, ","))
+      rpc.shutdown()
+    ]])}, {env = env})
+    os.remove(S.tmpdir .. "/membership_done")
+    local member = S.write([[
+      local rpc, sched = require "rpc", require "rpchost.sched"
+      rpc._join_dynamic(os.getenv("NAME"), {}, "127.0.0.1", tonumber(os.getenv("MASTER_PORT")), 20)
+      print("joined " .. rpc.get_worker_info().name .. " " .. rpc.get_worker_info().id); io.stdout:flush()
+      sched.sleep(tonumber(os.getenv("STAY")))
+      rpc.shutdown()
+    ]])
+    local function join(name, stay)
+      return S.start({member}, {env = {MASTER_PORT = port, NAME = name, STAY = stay}})
+    end
+    local function wait_joined(h)
+      local t0 = S.now()
+      while not table.concat(h.out):find("joined", 1, true) and S.now() - t0 < 20 do S.sleep(0.05) end
+      return table.concat(h.out)
+    end
+    local first = join("A", 30)
+    assert.truthy(wait_joined(first):find("joined A", 1, true))
+    first:kill(core.SIGKILL)
+    first:wait(5)
+    local second = join("A", 1)
+    local out = wait_joined(second)
+    assert.truthy(out:find("joined A", 1, true), out .. table.concat(second.err))
+    local r2 = second:wait(20)
+    assert.are.equal(0, r2.status, r2.err)
+    local gone = join("B", 0)
+    assert.are.equal(0, gone:wait(20).status)
+    local f = io.open(S.tmpdir .. "/membership_done", "w")
+    f:close()
+    local r = static:wait(30)
+    assert.are.equal(0, r.status, r.err)
+    assert.truthy(r.out:find("workers w0\n", 1, true), r.out)
+  end)
+end)
