@@ -228,6 +228,28 @@ local function check_tensor(t, what)
   if not core.t_is_tensor(t) then cfg("%s: expected a tensor, got %s", what, type(t)) end
 end
 
+-- A list of one tensor per group member, each of t's shape: checked before
+-- anything is sent, naming the one that is not.
+local function check_list(list, t, g, what, field)
+  if type(list) ~= "table" then cfg("%s: %s must be a list of %d tensors, got %s", what, field, g.size, type(list)) end
+  if #list ~= g.size then
+    cfg("%s: %s has %d tensors; the group has %d members, one each", what, field, #list, g.size)
+  end
+  local want = core.t_size(t)
+  for i, x in ipairs(list) do
+    if not core.t_is_tensor(x) then cfg("%s: %s[%d] is a %s, not a tensor", what, field, i, type(x)) end
+    local got = core.t_size(x)
+    -- (dtypes may differ: values are converted, since a Lua number does not say
+    -- whether 1 was meant as 1.0)
+    local same = #got == #want
+    for d = 1, #want do same = same and got[d] == want[d] end
+    if not same then
+      cfg("%s: %s[%d] has shape [%s] but the input has shape [%s]; they must match", what, field, i,
+        table.concat(got, ", "), table.concat(want, ", "))
+    end
+  end
+end
+
 -- Work: what an async_op collective returns
 local Work = {}
 Work.__index = Work
@@ -318,6 +340,7 @@ end
 function dist.all_gather(list, t, opts)
   check_tensor(t, "all_gather")
   local g = group_of(opts, "all_gather")
+  check_list(list, t, g, "all_gather", "the output list")
   return run(g, opts, "all_gather", function() call(g, "all_gather", list, t) end)
 end
 
@@ -340,6 +363,7 @@ function dist.reduce_scatter(t, list, op, opts)
   if is_opts(op) then op, opts = nil, op end
   check_tensor(t, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
+  check_list(list, t, g, "reduce_scatter", "the input list")
   return run(g, opts, "reduce_scatter", function() call(g, "reduce_scatter", t, list, op or "SUM") end)
 end
 

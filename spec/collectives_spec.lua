@@ -213,10 +213,15 @@ describe("collectives", function()
         ok, e = pcall(dist.recv, x, 1)
         check("not from itself", not ok and e.kind == "config" and tostring(e.message):find("itself", 1, true), e)
       end
+      -- output lists are checked before anything is sent
+      local ok, e = pcall(dist.all_gather, {tensor.zeros(2)}, tensor.ones(2))
+      check("one output per member", not ok and tostring(e.message):find("one each", 1, true), e)
+      ok, e = pcall(dist.all_gather, {tensor.zeros(2), tensor.zeros(3)}, tensor.ones(2))
+      check("outputs of the input's shape", not ok and tostring(e.message):find("list[2] has shape [3]", 1, true), e)
       dist.barrier()
       dist.destroy_process_group()
     ]])
-    assert_clean(r, 4)
+    assert_clean(r, 8)
   end)
 
   for _, ending in ipairs({"destroy_process_group()", "the script's end"}) do
