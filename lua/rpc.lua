@@ -172,9 +172,42 @@ function rpc.init_rpc(name, a, b, c, d)
   end
 end
 
+-- Whether the member described by a worker record (encoded) accepts a
+-- connection now: false when it is gone (refused), true when it answers or
+-- cannot be judged within 2 s.
+local function member_answers(raw)
+  if not raw then return false end
+  local ok, w = pcall(codec.decode, raw)
+  if not ok or type(w) ~= "table" or type(w.ip) ~= "string" or type(w.port) ~= "number" then return true end
+  local task, result = sched.current(), nil
+  local conn = core.connect(w.ip, w.port, {connect = function(c, err)
+    result = err == nil
+    c:close()
+    sched.wake(task)
+  end})
+  if not conn then return false end
+  sched.suspend_until("a reply from member " .. tostring(w.name), 2)
+  return result ~= false
+end
+
 function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local gen = client:add("rpc/gen/" .. rank, 1)
   local P = ("rpc/%d/"):format(gen)
+  -- A second process started with the same RANK lands in the next generation
+  -- and would wait there for ranks that already formed the world: if this
+  -- rank's previous incarnation is still alive (not shut down, answering at its
+  -- address), say so instead.
+  local function check_duplicate()
+    if gen == 1 then return end
+    local prev = ("rpc/%d/"):format(gen - 1)
+    local rec = client:get(prev .. "worker/" .. rank)
+    if rec and not client:get(prev .. "shutdown/" .. rank) and member_answers(rec) then
+      error(errors.new("config", ("init_rpc: rank %d is already running in this world (another process " ..
+        "started with RANK=%d is alive); every process needs its own RANK, 0 to %d"):format(rank, rank,
+        world_size - 1)), 0)
+    end
+  end
+  check_duplicate()
   local abort = P .. "abort"
   local function fail(msg)
     client:set(abort, msg)
@@ -210,6 +243,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     local keys = {}
     for r = 0, world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
     client:wait_verbose(keys, timeout, abort, function(miss)
+      check_duplicate() -- (the other may have registered after we looked)
       local ranks = {}
       for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
       return ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
@@ -239,24 +273,6 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   if rank == 0 then
     client:set("rpc/current", codec.encode("world", {prefix = P, world_size = world_size, world = a.world}))
   end
-end
-
--- Whether the member described by a worker record (encoded) accepts a
--- connection now: false when it is gone (refused), true when it answers or
--- cannot be judged within 2 s.
-local function member_answers(raw)
-  if not raw then return false end
-  local ok, w = pcall(codec.decode, raw)
-  if not ok or type(w) ~= "table" or type(w.ip) ~= "string" or type(w.port) ~= "number" then return true end
-  local task, result = sched.current(), nil
-  local conn = core.connect(w.ip, w.port, {connect = function(c, err)
-    result = err == nil
-    c:close()
-    sched.wake(task)
-  end})
-  if not conn then return false end
-  sched.suspend_until("a reply from member " .. tostring(w.name), 2)
-  return result ~= false
 end
 
 -- Joins a running world without a rank of its own (a REPL, a tool): the store

@@ -36,6 +36,30 @@ describe("init_rpc refuses bad input", function()
     assert.truthy(r.out:find("ok valid name", 1, true))
   end)
 
+  it("names a second process started with the same RANK instead of letting it wait", function()
+    local port = S.free_port()
+    local path = S.write([[
+      local rpc = require "rpc"
+      local rank = tonumber(os.getenv("RANK"))
+      local ok, e = pcall(rpc.init_rpc, "w" .. rank .. os.getenv("TAG"), {rank = rank, world_size = 2})
+      print("result " .. tostring(ok) .. " " .. tostring(e and e.message)); io.stdout:flush()
+      if ok then require("rpchost.sched").sleep(4); rpc.shutdown() end
+    ]])
+    local function start(rank, tag)
+      return S.start({path}, {env = {MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, WORLD_SIZE = 2, RANK = rank,
+        TAG = tag, RPCHOST_INIT_TIMEOUT = 15, RPCHOST_PROGRESS_INTERVAL = 1}})
+    end
+    local a, b = start(1, "a"), start(1, "b")
+    S.sleep(0.3)
+    local z = start(0, "z")
+    local ra, rb, rz = a:wait(30), b:wait(30), z:wait(30)
+    local outs = ra.out .. rb.out
+    assert.truthy(rz.out:find("result true", 1, true), rz.out .. rz.err)
+    assert.truthy(outs:find("result true", 1, true), outs)
+    assert.truthy(outs:find("rank 1 is already running in this world", 1, true), outs)
+    assert.is_true(math.max(ra.elapsed, rb.elapsed) < 12)
+  end)
+
   it("fails both ranks of a duplicate name with PyTorch's message", function()
     local r = S.world(2, S.prelude .. [[
       local ok, e = pcall(rpc.init_rpc, "worker", {rank = rank, world_size = world_size})
