@@ -220,13 +220,17 @@ describe("rpc", function()
         check("a table error shows its fields", not ok and e.message == "{code = 42}", e)
         ok, e = pcall(function() return rpc.rpc_async("worker1", count):next(42) end)
         check("next needs a function", not ok and e.kind == "config", e)
+        ok, e = pcall(rpc.rpc_sync, "worker1", nil)
+        check("a nil function is refused here", not ok and e.kind == "config" and
+          tostring(e.message):find("undefined global", 1, true), e)
       end
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
     assert_oks(r, lines, {"args.n not a number", "too many arguments", "remote too", "unprintable error answered",
                           "still serving", "timeout nan refused", "timeout -5 refused", "timeout x refused",
-                          "math.huge means no timeout", "a table error shows its fields", "next needs a function"})
+                          "math.huge means no timeout", "a table error shows its fields", "next needs a function",
+                          "a nil function is refused here"})
   end)
 
   it("runs handlers as coroutines: nested calls to a third rank and back to the caller", function()

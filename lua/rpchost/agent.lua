@@ -580,6 +580,9 @@ function Agent:call(to, fn, args, kwargs, timeout)
     local why = M.arg_count_problem(args)
     if why then error(errors.new("config", why), 0) end
   end
+  if fn == nil then
+    error(errors.new("config", "the function to call is nil (an undefined global, or a typo in its name?)"), 0)
+  end
   local ctx = task_ctx()
   -- CUDA tensors go where this worker's device map for `to` says; the map
   -- travels with the request so the reply can come back through its inverse
