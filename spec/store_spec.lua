@@ -73,6 +73,13 @@ describe("store", function()
     assert.is_true(S.now() - t0 < 5)
   end)
 
+  it("refuses to host at an address that is not this machine's, saying so", function()
+    -- 192.0.2.1 is TEST-NET-1: documentation only, never a real interface
+    local ok, e = pcall(store.serve, "192.0.2.1", 0)
+    assert.is_false(ok)
+    assert.truthy(tostring(e.message):find("192.0.2.1 is not an address of this machine", 1, true), tostring(e))
+  end)
+
   it("refuses a port in use with a message naming the address", function()
     local ok, e = pcall(store.serve, "127.0.0.1", server.port)
     assert.is_false(ok)

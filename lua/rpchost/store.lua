@@ -191,6 +191,18 @@ function M.serve(host, port)
   local ip, rerr = core.resolve(host)
   if not ip then error(errors.new("config", ("cannot host the store at %s:%d: %s"):format(host, port, rerr)), 0) end
   local bind = is_loopback(ip) and ip or "0.0.0.0"
+  if bind == "0.0.0.0" and ip ~= "0.0.0.0" then
+    -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
+    local probe, perr, pcode = core.listen(ip, 0, {accept = function(c) c:close() end})
+    if probe then probe:close()
+    elseif pcode == "EADDRNOTAVAIL" then
+      error(errors.new("config", ("cannot host the store at %s:%d: %s is not an address of this machine, " ..
+        "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
+        "its own addresses"):format(host, port, ip)), 0)
+    else
+      log.debug("could not test %s as a local address: %s", ip, tostring(perr))
+    end
+  end
   local s = setmetatable({data = {}, waiters = {}, clients = {}, nclients = 0}, Server)
   if bind == "0.0.0.0" and not auth.token() then
     log.warn("the store listens on every interface without a security token: anyone who can reach " ..
