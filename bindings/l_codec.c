@@ -447,14 +447,8 @@ static int l_set_hooks(lua_State *L) {
 }
 
 int rh_open_codec(lua_State *L) {
-  luaL_newmetatable(L, ENC_MT);
-  lua_pushcfunction(L, enc_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, DEC_MT);
-  lua_pushcfunction(L, dec_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
+  rh_lua_class(L, ENC_MT, NULL, enc_gc, NULL);
+  rh_lua_class(L, DEC_MT, NULL, dec_gc, NULL);
   lua_newtable(L);
   ref_enc_pool = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);

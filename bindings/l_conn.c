@@ -486,18 +486,8 @@ int rh_open_conn(lua_State *L) {
                                           {"send_shm", l_send_shm}, {"take_shm", l_take_shm}, {NULL, NULL}};
   static const luaL_Reg listener_methods[] = {
       {"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
-  luaL_newmetatable(L, CONN_MT);
-  lua_newtable(L);
-  luaL_register(L, NULL, conn_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, l_conn_tostring);
-  lua_setfield(L, -2, "__tostring");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, LISTENER_MT);
-  lua_newtable(L);
-  luaL_register(L, NULL, listener_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pop(L, 1);
+  rh_lua_class(L, CONN_MT, conn_methods, NULL, l_conn_tostring);
+  rh_lua_class(L, LISTENER_MT, listener_methods, NULL, NULL);
 
   static const luaL_Reg fns[] = {
       {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {"socket_dir", l_socket_dir}, {NULL, NULL}};

@@ -17,6 +17,25 @@ rh_ctx_t *rh_ctx(void) { return &rh__ctx; }
 
 void rh_pushref(lua_State *L, int ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, ref); }
 
+void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc,
+                  lua_CFunction tostring) {
+  luaL_newmetatable(L, name);
+  if (methods) {
+    lua_newtable(L);
+    luaL_register(L, NULL, methods);
+    lua_setfield(L, -2, "__index");
+  }
+  if (gc) {
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  if (tostring) {
+    lua_pushcfunction(L, tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+}
+
 void rh_unref(lua_State *L, int *ref) {
   if (*ref != LUA_NOREF && *ref != LUA_REFNIL) luaL_unref(L, LUA_REGISTRYINDEX, *ref);
   *ref = LUA_NOREF;

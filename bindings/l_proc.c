@@ -358,18 +358,10 @@ static int l_signal_close(lua_State *L) {
 }
 
 int rh_open_proc(lua_State *L) {
-  luaL_newmetatable(L, PROC_MT);
-  lua_newtable(L);
-  lua_pushcfunction(L, l_proc_pid);
-  lua_setfield(L, -2, "pid");
-  lua_setfield(L, -2, "__index");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, SIGNAL_MT);
-  lua_newtable(L);
-  lua_pushcfunction(L, l_signal_close);
-  lua_setfield(L, -2, "close");
-  lua_setfield(L, -2, "__index");
-  lua_pop(L, 1);
+  static const luaL_Reg proc_methods[] = {{"pid", l_proc_pid}, {NULL, NULL}};
+  static const luaL_Reg signal_methods[] = {{"close", l_signal_close}, {NULL, NULL}};
+  rh_lua_class(L, PROC_MT, proc_methods, NULL, NULL);
+  rh_lua_class(L, SIGNAL_MT, signal_methods, NULL, NULL);
 
   static const luaL_Reg fns[] = {
       {"spawn", l_spawn}, {"kill", l_kill}, {"signal", l_signal}, {"die_with_parent", l_die_with_parent},

@@ -201,13 +201,7 @@ int rh_open_shm(lua_State *L) {
   static const luaL_Reg methods[] = {{"size", l_size}, {"put", l_put},     {"get", l_get},
                                      {"adopt", l_adopt}, {"close", l_close}, {"inode", l_inode},
                                      {NULL, NULL}};
-  luaL_newmetatable(L, SHM_MT);
-  lua_newtable(L);
-  luaL_register(L, NULL, methods);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, l_close);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
+  rh_lua_class(L, SHM_MT, methods, l_close, NULL);
   static const luaL_Reg fns[] = {
       {"shm_create", l_create}, {"shm_probe", l_probe}, {"shm_released", l_released}, {NULL, NULL}};
   lua_newtable(L);

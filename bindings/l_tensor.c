@@ -619,10 +619,7 @@ static int l_metatable(lua_State *L) {
 }
 
 int rh_open_tensor(lua_State *L) {
-  luaL_newmetatable(L, TENSOR_MT);
-  lua_pushcfunction(L, l_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
+  rh_lua_class(L, TENSOR_MT, NULL, l_gc, NULL);
   static const luaL_Reg fns[] = {
       {"t_full", l_full},         {"t_arange", l_arange},     {"t_rand", l_rand},
       {"t_seed", l_seed},         {"t_from_flat", l_from_flat}, {"t_from_bytes", l_from_bytes},

@@ -33,6 +33,11 @@ int rh_callback(int nargs, int nresults);
 void rh_pushref(lua_State *L, int ref);
 void rh_unref(lua_State *L, int *ref);
 
+/* Registers the metatable of a bound type: `methods` (may be NULL) as its
+ * __index, and __gc / __tostring when given. The stack is left as it was. */
+void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc,
+                  lua_CFunction tostring);
+
 /* Raises a Lua error "what: <message for code>". */
 int rh_error_code(lua_State *L, const char *what, int code);
 
