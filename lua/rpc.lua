@@ -173,12 +173,12 @@ function rpc.init_rpc(name, a, b, c, d)
 end
 
 -- Whether the member described by a worker record (encoded) accepts a
--- connection now: false when it is gone (refused), true when it answers or
--- cannot be judged within 2 s.
+-- connection now: true when it answers, false when it is gone (refused), nil
+-- when that cannot be told (within 2 s, or from the record).
 local function member_answers(raw)
   if not raw then return false end
   local ok, w = pcall(codec.decode, raw)
-  if not ok or type(w) ~= "table" or type(w.ip) ~= "string" or type(w.port) ~= "number" then return true end
+  if not ok or type(w) ~= "table" or type(w.ip) ~= "string" or type(w.port) ~= "number" then return nil end
   local task, result = sched.current(), nil
   local conn = core.connect(w.ip, w.port, {connect = function(c, err)
     result = err == nil
@@ -187,7 +187,7 @@ local function member_answers(raw)
   end})
   if not conn then return false end
   sched.suspend_until("a reply from member " .. tostring(w.name), 2)
-  return result ~= false
+  return result
 end
 
 function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
@@ -197,15 +197,18 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   -- and would wait there for ranks that already formed the world: if this
   -- rank's previous incarnation is still alive (not shut down, answering at its
   -- address), say so instead.
+  local settled = gen == 1 -- (once the previous incarnation is found shut down or gone)
   local function check_duplicate()
-    if gen == 1 then return end
+    if settled then return end
     local prev = ("rpc/%d/"):format(gen - 1)
     local rec = client:get(prev .. "worker/" .. rank)
-    if rec and not client:get(prev .. "shutdown/" .. rank) and member_answers(rec) then
+    if not rec then return end -- (it may not have registered yet)
+    if not client:get(prev .. "shutdown/" .. rank) and member_answers(rec) == true then
       error(errors.new("config", ("init_rpc: rank %d is already running in this world (another process " ..
         "started with RANK=%d is alive); every process needs its own RANK, 0 to %d"):format(rank, rank,
         world_size - 1)), 0)
     end
+    settled = true
   end
   check_duplicate()
   local abort = P .. "abort"
@@ -243,11 +246,10 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     local keys = {}
     for r = 0, world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
     client:wait_verbose(keys, timeout, abort, function(miss)
-      check_duplicate() -- (the other may have registered after we looked)
       local ranks = {}
       for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
       return ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
-    end)
+    end, check_duplicate) -- (the other may register after we first looked)
     local infos = client:multi_get(keys)
     local by_name = {}
     for r = 0, world_size - 1 do
@@ -289,7 +291,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     -- a member that was killed never gave its name back: take over a name
     -- whose holder no longer answers at its address
     if holder ~= tostring(rank) and tonumber(holder) and tonumber(holder) >= cur.world_size
-       and not member_answers(client:get(P .. "worker/" .. holder)) then
+       and member_answers(client:get(P .. "worker/" .. holder)) == false then
       client:delete(P .. "worker/" .. holder)
       holder = client:compare_set(P .. "name/" .. name, holder, tostring(rank))
     end
@@ -324,13 +326,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
   end
 end
 
-local function agent(what)
-  if not current or current.state ~= "running" then
-    error(errors.new("shutdown", ("%s: RPC is not initialised on this worker (call rpc.init_rpc " ..
-      "first) or has been shut down"):format(what)), 0)
-  end
-  return current
-end
+local function agent(what) return agentmod.need_running(current, what) end
 
 -- calls ------------------------------------------------------------------------------------
 local OPTION_KEYS = {args = true, kwargs = true, timeout = true}
@@ -477,48 +473,22 @@ function rpc.shutdown(graceful, timeout)
       local keys = {}
       for r = 0, a.world_size - 1 do keys[#keys + 1] = P .. "shutdown/" .. r end
       local function name_of(r) return ("%s (rank %d)"):format(a.peers[r] and a.peers[r].name or "?", r) end
-      -- A rank that exited without shutting down never comes: notice it (its
-      -- connection is gone and a fresh dial is refused) instead of waiting out
-      -- the whole timeout.
-      local dials = {}
-      local trace = require "rpchost.trace"
-      local t0 = trace.now_us()
-      local deadline, wait_start = start + timeout, sched.now()
-      local next_note = wait_start + store.progress_every()
-      while true do
-        local step = math.min(1, deadline - sched.now())
-        if a.store:wait(keys, math.max(step, 0.001)) then
-          if trace.enabled() then
-            trace.complete("store wait", "store", t0, trace.now_us() - t0, {keys = #keys, store = a.store.addr})
-          end
-          break
-        end
-        local miss = a.store:missing(keys)
+      local function rank_of(k) return tonumber(k:match("(%d+)$")) end
+      a.store:wait_verbose(keys, math.max(timeout - (sched.now() - start), 0.001), nil, function(miss)
         local names = {}
-        for _, k in ipairs(miss) do names[#names + 1] = name_of(tonumber(k:match("(%d+)$"))) end
-        if sched.now() >= deadline then
-          error(errors.new("timeout", ("gave up after %g s waiting for %s to shut down at the store %s"):format(
-            timeout, table.concat(names, ", "), a.store.addr)), 0)
-        end
-        if sched.now() >= next_note then
-          next_note = sched.now() + store.progress_every()
-          log.info("waiting for %s to shut down at the store %s (%d s of %g s)", table.concat(names, ", "),
-            a.store.addr, sched.now() - wait_start, timeout)
-        end
+        for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
+        return table.concat(names, ", ") .. " to shut down"
+      end, function(miss)
+        -- a rank that exited without shutting down never comes: say so now
         for _, k in ipairs(miss) do
-          local r = tonumber(k:match("(%d+)$"))
-          local p = a.peers[r]
-          if p and r ~= a.rank and not (p.conn and p.conn:is_open()) and p.state == "none" then
-            if a.lost[r] and (dials[r] or 0) >= 1 then
-              local why = tostring(a.lost[r].message or a.lost[r]):gsub("^.- is unreachable: ", "")
-              error(errors.new("unreachable", ("%s exited without calling rpc.shutdown(): %s"):format(
-                name_of(r), why), {worker = p.name, rank = r}), 0)
-            end
-            dials[r] = (dials[r] or 0) + 1
-            a:dial(p)
+          local r = rank_of(k)
+          local why = a:gone(r)
+          if why then
+            error(errors.new("unreachable", ("%s exited without calling rpc.shutdown(): %s"):format(
+              name_of(r), why), {worker = a.peers[r].name, rank = r}), 0)
           end
         end
-      end
+      end)
     end)
     if not ok then err = e end
   end

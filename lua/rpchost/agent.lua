@@ -258,6 +258,7 @@ end
 
 function Agent:peer_ready(p, conn)
   self.lost[p.rank] = nil
+  p.probed = nil
   if p.state == "ready" and p.conn and p.conn:is_open() then return end
   p.state = "ready"
   p.conn = conn
@@ -294,6 +295,20 @@ function Agent:send_shm(p, conn, ftype, flags, id, body, segs)
   -- (the socket still takes it, and if it cannot either, that error is the one to see)
   log.warn("shared memory to %s failed, sending through the socket: %s", p.name, tostring(sent))
   return false
+end
+
+-- Why rank r's process is known to be gone, or nil. Asked again and again (by
+-- a wait): with no connection to r it dials once, and r is gone when, after
+-- that, the peer is lost (the dial was refused).
+function Agent:gone(r)
+  local p = self.peers[r]
+  if not p or r == self.rank or (p.conn and p.conn:is_open()) or p.state ~= "none" then return nil end
+  if self.lost[r] and p.probed then
+    return (tostring(self.lost[r].message or self.lost[r]):gsub("^.- is unreachable: ", ""))
+  end
+  p.probed = true
+  self:dial(p)
+  return nil
 end
 
 -- The peer is gone (or could not be reached): fail what waits on it.
@@ -478,13 +493,19 @@ function Agent:segments(conn, flags, segs)
   local st = self.conns[conn]
   local p = st and st.rank and self.peers[st.rank]
   if not (p and st.shm) then error("a shared-memory frame on a connection that did not agree to shared memory", 0) end
-  local ok, got, _, adopted = pcall(shm.receive, p, conn, flags, segs, p.shm_answer or function(sid)
-    if self.state ~= "closed" then pcall(self.post, self, p.rank, "!shm_ack", sid) end
-  end)
+  -- (how this peer's segments go back: now, or when a loan ends)
+  local answer = p.shm_answer
+  if not answer then
+    answer = function(sid)
+      if self.state ~= "closed" then pcall(self.post, self, p.rank, "!shm_ack", sid) end
+    end
+    p.shm_answer = answer
+  end
+  local ok, got, sid, adopted = pcall(shm.receive, p, conn, flags, segs)
   if ok and adopted then return got end -- (answered when the tensors are freed)
   -- the segment goes back now, even when its frame was bad, or the pool would shrink
-  local sid = shm.segment_of(segs)
-  if sid then pcall(self.post, self, p.rank, "!shm_ack", sid) end
+  if not ok then sid = shm.segment_of(segs) end
+  if sid then answer(sid) end
   if not ok then error(got, 0) end
   return got
 end
@@ -709,6 +730,15 @@ function Agent:rank_of(to)
   if type(to) == "function" then return self.rank end
   local st = self.conns[to]
   return st and st.rank
+end
+
+-- a when it is a running agent; else the shutdown error saying `what` needs RPC.
+function M.need_running(a, what)
+  if not a or a.state ~= "running" then
+    error(errors.new("shutdown", ("%s: RPC is not initialised on this worker (call rpc.init_rpc " ..
+      "first) or has been shut down"):format(what)), 0)
+  end
+  return a
 end
 
 -- Lua passes at most this many arguments (its C stack limit, with room to spare).

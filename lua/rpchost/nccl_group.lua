@@ -229,33 +229,29 @@ local function p2p(self, what, ops)
   end
 end
 
-function Group:gather(t, list, root)
-  local x = operand(self, t, "gather")
+-- gather / scatter: the root exchanges one tensor with each other member; a
+-- member does `leaf` ("send" for gather) and the root the opposite
+local function rooted(self, what, t, list, root, leaf, at_root)
   local ops = {}
   if self.rank ~= root then
-    ops[1] = {"send", t, x, root}
+    ops[1] = {leaf, t, operand(self, t, what), root}
   else
-    check_list(self, list, "gather")
+    operand(self, t, what)
+    check_list(self, list, what)
     for i = 0, self.size - 1 do
-      if i ~= root then ops[#ops + 1] = {"recv", list[i + 1], operand(self, list[i + 1], "gather"), i} end
+      if i ~= root then ops[#ops + 1] = {at_root, list[i + 1], operand(self, list[i + 1], what), i} end
     end
   end
-  p2p(self, "gather", ops)
+  p2p(self, what, ops)
+end
+
+function Group:gather(t, list, root)
+  rooted(self, "gather", t, list, root, "send", "recv")
   if self.rank == root then core.t_copy_(list[root + 1], t) end
 end
 
 function Group:scatter(t, list, root)
-  local x = operand(self, t, "scatter")
-  local ops = {}
-  if self.rank ~= root then
-    ops[1] = {"recv", t, x, root}
-  else
-    check_list(self, list, "scatter")
-    for i = 0, self.size - 1 do
-      if i ~= root then ops[#ops + 1] = {"send", list[i + 1], operand(self, list[i + 1], "scatter"), i} end
-    end
-  end
-  p2p(self, "scatter", ops)
+  rooted(self, "scatter", t, list, root, "recv", "send")
   if self.rank == root then core.t_copy_(t, list[root + 1]) end
 end
 

@@ -18,6 +18,7 @@ local sched = require "rpchost.sched"
 local codec = require "rpchost.codec"
 local errors = require "rpchost.errors"
 local Future = require "rpchost.future"
+local agentmod = require "rpchost.agent"
 
 local M = {}
 
@@ -91,7 +92,7 @@ function M.create(id, fork, fn, args, kwargs)
   local ctx = sched.current() and sched.current().ag_ctx
   sched.spawn(function()
     sched.current().ag_ctx = ctx -- the value is computed inside the caller's autograd context
-    local bad = args and require("rpchost.agent").arg_count_problem(args)
+    local bad = args and agentmod.arg_count_problem(args)
     if bad then return e.value:set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
@@ -260,7 +261,7 @@ end
 -- rpc.remote(to, fn, args, kwargs, timeout): returns at once
 function M.remote(to, fn, args, kwargs, timeout)
   local p = agent:peer_of(to)
-  local bad = type(args) == "table" and require("rpchost.agent").arg_count_problem(args)
+  local bad = type(args) == "table" and agentmod.arg_count_problem(args)
   if bad then error(errors.new("config", bad), 0) end
   local id = new_id()
   if p.rank == agent.rank then
@@ -280,15 +281,8 @@ local function check_creation(r)
   if r.creation and r.creation.state == "error" then error(r.creation.err, 0) end
 end
 
--- The running agent, or an error saying RRefs need RPC running (after
--- rpc.shutdown an RRef is a dead handle).
-local function running(what)
-  if not agent or agent.state ~= "running" then
-    error(errors.new("shutdown", ("%s: RPC is not running on this worker (rpc.shutdown was called, or " ..
-      "init_rpc was not): an RRef works only while its world runs"):format(what)), 3)
-  end
-  return agent
-end
+-- The running agent (after rpc.shutdown an RRef is a dead handle).
+local function running(what) return agentmod.need_running(agent, what) end
 
 function RRef:to_here(timeout)
   running("to_here")

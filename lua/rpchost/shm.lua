@@ -35,10 +35,10 @@ M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
 -- loans a receiver holds per peer at most, in segments and bytes (the sender's
 -- pool is bigger, so there are always segments left for copied payloads)
 M.LOAN_SEGMENTS = 8
+M.LOAN_BYTES = 128 * 1024 * 1024
 -- smaller payloads are copied out: their segment, handed back at once, is
 -- reused while still in cache, which beats a copy saved
 M.ADOPT_MIN = tonumber(os.getenv("RPCHOST_SHM_ADOPT_MIN")) or 2 * 1024 * 1024
-M.LOAN_BYTES = 128 * 1024 * 1024
 -- adopted bytes after which the GC runs a full cycle: Lua does not see the size
 -- of what a tensor holds, and a loan ends only when its tensors are collected
 local GC_EVERY = 64 * 1024 * 1024
@@ -193,15 +193,14 @@ local function drain()
   end
 end
 
--- May this payload of `need` bytes from p be adopted? answer(sid) will hand
--- segments back. Sets up p's loan bookkeeping on first use.
-local function may_adopt(p, need, answer)
+-- May this payload of `need` bytes from p be adopted? (p.shm_answer(sid) hands
+-- segments back.) Sets up p's loan bookkeeping on first use.
+local function may_adopt(p, need)
   if not p.shm_key then
     last_key = last_key + 1
     p.shm_key, p.shm_loans, p.shm_loan_bytes, p.shm_loaned = last_key, 0, 0, {}
     by_key[last_key] = p
   end
-  p.shm_answer = answer
   if not hooked then
     hooked = true
     require("rpchost.sched").on_turn(drain)
@@ -211,9 +210,9 @@ end
 
 -- Receiver side ----------------------------------------------------------------------
 -- Reads a frame's descriptor: returns the payload tensors, the segment id and
--- whether they were adopted (answer(sid) runs when their loan ends; else the
--- caller acknowledges now), or raises a message saying what was wrong.
-function M.receive(p, conn, flags, segs, answer)
+-- whether they were adopted (p.shm_answer(sid) runs when their loan ends; else
+-- the caller acknowledges now), or raises a message saying what was wrong.
+function M.receive(p, conn, flags, segs)
   -- a descriptor that came along is taken first, whatever else is wrong with the
   -- frame: left queued, it would be taken for the next frame's
   local fresh, why
@@ -251,7 +250,7 @@ function M.receive(p, conn, flags, segs, answer)
   end
   if need > map:size() then error("a shared-memory descriptor reaches past its segment", 0) end
   local off = 0
-  if need >= M.ADOPT_MIN and #lens <= 64 and may_adopt(p, need, answer) then
+  if need >= M.ADOPT_MIN and #lens <= 64 and may_adopt(p, need) then
     local spans = {}
     for i, len in ipairs(lens) do
       spans[2 * i - 1], spans[2 * i] = off, len

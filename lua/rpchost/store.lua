@@ -421,22 +421,25 @@ function Client:close()
 end
 
 -- Waits for `keys`, telling the user every few seconds what is missing. `describe`
--- turns the missing keys into words. Raises timeout/config errors.
-function Client:wait_verbose(keys, timeout, abort, describe)
+-- turns the missing keys into words. on_tick(missing), when given, is asked
+-- every second whether to stop waiting (it raises the error that says why: a
+-- rank that is gone, say). Raises timeout/config errors.
+function Client:wait_verbose(keys, timeout, abort, describe, on_tick)
   local trace = require "rpchost.trace"
   if trace.enabled() then
     local t0 = trace.now_us()
-    local r = table.pack(pcall(self.wait_verbose_, self, keys, timeout, abort, describe))
+    local r = table.pack(pcall(self.wait_verbose_, self, keys, timeout, abort, describe, on_tick))
     trace.complete("store wait", "store", t0, trace.now_us() - t0, {keys = #keys, store = self.addr})
     if not r[1] then error(r[2], 0) end
     return unpack(r, 2, r.n)
   end
-  return self:wait_verbose_(keys, timeout, abort, describe)
+  return self:wait_verbose_(keys, timeout, abort, describe, on_tick)
 end
 
-function Client:wait_verbose_(keys, timeout, abort, describe)
+function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
   local start = sched.now()
-  local step = progress_every()
+  local step = on_tick and math.min(1, progress_every()) or progress_every()
+  local next_note = start + progress_every()
   while true do
     local left = timeout - (sched.now() - start)
     local ok, aborted = self:wait(keys, math.max(math.min(step, left), 0.001), abort)
@@ -445,12 +448,15 @@ function Client:wait_verbose_(keys, timeout, abort, describe)
     local elapsed = sched.now() - start
     local miss = self:missing(keys)
     if #miss == 0 then return true end
-    local what = describe(miss)
+    if on_tick then on_tick(miss) end
     if elapsed >= timeout then
       error(errors.new("timeout", ("gave up after %g s waiting for %s at the store %s"):format(
-        timeout, what, self.addr)), 0)
+        timeout, describe(miss), self.addr)), 0)
     end
-    log.info("waiting for %s at the store %s (%d s of %g s)", what, self.addr, elapsed, timeout)
+    if sched.now() >= next_note then
+      next_note = sched.now() + progress_every()
+      log.info("waiting for %s at the store %s (%d s of %g s)", describe(miss), self.addr, elapsed, timeout)
+    end
   end
 end
 
