@@ -289,8 +289,13 @@ end
 function Agent:send_shm(p, conn, ftype, flags, id, body, segs)
   local st = segs[1] and self.conns[conn]
   if not (st and st.shm) then return false end
-  local ok, sent = pcall(shm.send, p, conn, ftype, flags, id, body, segs,
-    function(key, v) pcall(self.post, self, p.rank, key, v) end)
+  -- (how segments dropped from the pool are announced: made once per peer)
+  local drop = p.shm_drop
+  if not drop then
+    drop = function(sid) pcall(self.post, self, p.rank, "!shm_drop", sid) end
+    p.shm_drop = drop
+  end
+  local ok, sent = pcall(shm.send, p, conn, ftype, flags, id, body, segs, drop)
   if ok then return sent end
   -- (the socket still takes it, and if it cannot either, that error is the one to see)
   log.warn("shared memory to %s failed, sending through the socket: %s", p.name, tostring(sent))

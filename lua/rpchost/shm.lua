@@ -69,8 +69,8 @@ local function pool_of(p)
 end
 
 -- A free segment of at least `need` bytes, made if there is room under the cap;
--- nil when there is none. post(id) tells the peer a segment is gone.
-local function take(pool, need, post)
+-- nil when there is none. drop(id) tells the peer a segment is gone.
+local function take(pool, need, drop)
   local best, bi
   for i, s in ipairs(pool.free) do
     if s.size >= need and (not best or s.size < best.size) then best, bi = s, i end
@@ -91,7 +91,7 @@ local function take(pool, need, post)
     local s = table.remove(pool.free, 1)
     pool.bytes, pool.count = pool.bytes - s.size, pool.count - 1
     s.obj:close()
-    post(s.id)
+    drop(s.id)
   end
   if pool.bytes + size > M.POOL_BYTES or pool.count >= MAX_SEGMENTS then return nil end
   local obj = core.shm_create(size)
@@ -104,8 +104,9 @@ local function take(pool, need, post)
 end
 
 -- Sends the frame through a segment when it is worth it and one is free; true
--- when sent, false to send it the ordinary way. post(key, value) messages the peer.
-function M.send(p, conn, ftype, flags, id, body, segs, post)
+-- when sent, false to send it the ordinary way. drop(sid) tells the peer a
+-- segment left the pool.
+function M.send(p, conn, ftype, flags, id, body, segs, drop)
   local n = #segs
   if n == 0 then return false end
   local total = 0
@@ -116,7 +117,7 @@ function M.send(p, conn, ftype, flags, id, body, segs, post)
   end
   if total < M.MIN_BYTES then return false end
   local pool = pool_of(p)
-  local seg = take(pool, total, function(sid) post("!shm_drop", sid) end)
+  local seg = take(pool, total, drop)
   if not seg then return false end
   local lens, off = {}, 0
   for i = 1, n do
@@ -177,7 +178,7 @@ local last_key = 0
 local hooked = false
 local adopted_since_gc = 0
 
--- Answers the loans that ended since the last turn: post(p, sid) for each whose
+-- Answers the loans that ended since the last turn: p.shm_answer(sid) for each whose
 -- peer is still the one it came from.
 local function drain()
   local ended = core.shm_released()
