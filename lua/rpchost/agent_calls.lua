@@ -1,0 +1,399 @@
+-- rpchost.agent_calls: an agent's calls (part of rpchost.agent).
+--
+-- Outgoing calls (ids, pending records, deadlines, batched writes), their
+-- replies, and incoming requests: decoding, the handler tasks under the
+-- num_worker_threads cap, async_execution, and the replies they send back.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local errors = require "rpchost.errors"
+local proto = require "rpchost.proto"
+local log = require "rpchost.log"
+local Future = require "rpchost.future"
+local trace = require "rpchost.trace"
+local device_maps = require "rpchost.device_maps"
+local bit = require "bit"
+
+local enc, dec = codec.raw_encode, codec.raw_decode
+local enc_msg, dec_msg = codec.encode_message, codec.decode_message
+local pack = function(...) return {n = select("#", ...), ...} end
+local REQ_NAMES = {"func", "args", "kwargs", "ctx", "device_map"}
+-- where CUDA tensors in the message being encoded go (rpchost.tensor_wire reads
+-- it): a call to oneself keeps them where they are; otherwise one reused table
+-- per direction, filled per message (no allocation on the hot path)
+local SAME_DEVICES = {identity = true}
+local request_devices, reply_devices = {}, {reply = true}
+
+-- the distributed autograd context of the running task, if any
+local function task_ctx()
+  local t = sched.current()
+  return t and t.ag_ctx
+end
+
+-- requests written together at most, in a burst within one loop turn
+local BATCH = 16
+
+-- async_execution marks (weak: the wrapped function decides its lifetime)
+local async_functions = setmetatable({}, {__mode = "k"})
+-- (a closure sent by value keeps its mark)
+codec.is_async = function(f) return async_functions[f] == true end
+codec.mark_async = function(f) async_functions[f] = true end
+-- A Future arriving elsewhere would never complete there: refuse to send one.
+codec.register(Future, nil, function()
+  error("a Future cannot be sent (it would never complete on the other side): wait for its value, " ..
+    "or mark the function with rpc.functions.async_execution to reply with the value when it comes", 0)
+end)
+
+-- Lua passes at most this many arguments (its C stack limit, with room to spare).
+local MAX_ARGS = 7000
+
+-- Why an args table cannot be a call's arguments (nil when it can): args.n, when
+-- given, must count them, and there may not be more than MAX_ARGS.
+local function arg_count_problem(args)
+  local n = rawget(args, "n")
+  if n ~= nil and (type(n) ~= "number" or n ~= math.floor(n) or n < 0) then
+    return ("args.n is %s; when given it must be the number of arguments (as table.pack sets it)"):format(
+      type(n) == "string" and ('"' .. n .. '"') or tostring(n))
+  end
+  n = n or table.maxn(args)
+  if n > MAX_ARGS then
+    return ("args holds %d arguments (its largest index%s); a call takes at most %d"):format(
+      n, rawget(args, "n") and " or args.n" or "", MAX_ARGS)
+  end
+  return nil
+end
+
+local C = {async_functions = async_functions, MAX_ARGS = MAX_ARGS,
+           arg_count_problem = arg_count_problem}
+
+-- outgoing calls -----------------------------------------------------------------------
+function C:check_running()
+  if self.state ~= "running" then
+    error(errors.new("shutdown", "RPC is shut down on this worker (" .. self.name ..
+      "): call rpc.init_rpc again to make calls"), 0)
+  end
+end
+
+local function describe_fn(fn)
+  if type(fn) == "function" then
+    local p = codec.name_of(fn)
+    if p then return codec.path_string(p) end
+    local info = debug.getinfo(fn, "S")
+    return ("function at %s:%d"):format(info.short_src, info.linedefined or 0)
+  end
+  return tostring(fn)
+end
+
+-- a call's deadline passed (one shared function, no closure per call)
+local function call_timed_out(call)
+  local p = call.peer
+  call.agent:complete_error(call.id, errors.new("timeout", ("call %d to %s (%s) timed out after %g s"):format(
+    call.id, p.name, describe_fn(call.fn), call.timeout), {worker = p.name, rank = p.rank}))
+end
+
+-- Starts a call; returns its Future. Serialisation errors raise here, at once.
+function C:call(to, fn, args, kwargs, timeout)
+  self:check_running()
+  local p = self:peer_of(to)
+  if args ~= nil and type(args) ~= "table" then
+    error(errors.new("config", "args must be a table (the list of arguments), got " .. type(args)), 0)
+  end
+  if kwargs ~= nil and type(kwargs) ~= "table" then
+    error(errors.new("config", "kwargs must be a table, got " .. type(kwargs)), 0)
+  end
+  if args ~= nil then
+    local why = arg_count_problem(args)
+    if why then error(errors.new("config", why), 0) end
+  end
+  if fn == nil then
+    error(errors.new("config", "the function to call is nil (an undefined global, or a typo in its name?)"), 0)
+  end
+  local ctx = task_ctx()
+  -- CUDA tensors go where this worker's device map for `to` says; the map
+  -- travels with the request so the reply can come back through its inverse
+  local dmap = self.device_maps and self.device_maps[p.rank]
+  codec.ag_out = ctx
+  request_devices.map, request_devices.to = dmap, p.name
+  codec.out_devices = p.rank == self.rank and SAME_DEVICES or request_devices
+  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap)
+  codec.ag_out, codec.out_devices = nil, nil
+  if not ok then
+    if errors.is(body) then error(body, 0) end
+    error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
+  end
+  if timeout == nil or timeout < 0 then timeout = self.timeout end
+  self.next_id = self.next_id + 1
+  local id = self.next_id
+  local fut = Future.new()
+  local free = self.free_calls
+  local call = free[#free]
+  if call then free[#free] = nil else call = {} end
+  call.fut, call.peer, call.fn, call.ctx, call.t0 = fut, p, fn, ctx, trace.now_us()
+  self.pending[id] = call
+  p.pending[id] = true
+  self.stats.calls_out = self.stats.calls_out + 1
+  if timeout > 0 then
+    call.agent, call.id, call.timeout = self, id, timeout
+    call.timer = sched.after_into(call, timeout, call_timed_out, call)
+  end
+  if p.rank == self.rank then
+    -- a call to oneself: same semantics (arguments are copies), no socket
+    sched.spawn(function()
+      self:on_request(function(flags, rbody, rsegs) self:on_response(id, flags, rbody, rsegs) end, id, body, segs)
+    end, {name = "self call"})
+  else
+    self:send(p, proto.REQUEST, 0, id, body, segs)
+    -- The first request of a loop turn leaves now, not at the turn's end: its
+    -- caller may compute for a long time before it waits. Those that follow in
+    -- the same turn (a burst of rpc_async) are written together, BATCH at a time,
+    -- and the rest when the caller next waits: one system call for many.
+    local turn = sched.turn
+    if self.flush_turn ~= turn or self.batched >= BATCH then
+      self.flush_turn, self.batched = turn, 0
+      core.flush()
+    else
+      self.batched = self.batched + 1
+    end
+    sched.expect_soon()
+  end
+  return fut
+end
+
+function C:take(id, failed)
+  local call = self.pending[id]
+  if not call then return nil end
+  self.pending[id] = nil
+  call.peer.pending[id] = nil
+  if call.timer then sched.cancel(call.timer) end
+  local dur = trace.now_us() - call.t0
+  trace.call_done(call.peer.name, dur, failed)
+  if trace.enabled() then
+    trace.complete("call " .. describe_fn(call.fn), "rpc", call.t0, dur,
+                   {to = call.peer.name, id = id, failed = failed or nil})
+  end
+  return call
+end
+
+-- A finished call's record goes back to a free list (the next call reuses it
+-- and its table slots: no allocation for it on the hot path).
+local FREE_CALLS = 256
+function C:recycle(call)
+  call.fut, call.peer, call.fn, call.ctx, call.t0 = nil, nil, nil, nil, nil
+  call.agent, call.id, call.timeout, call.timer, call.cb, call.arg, call.at = nil, nil, nil, nil, nil, nil, nil
+  local free = self.free_calls
+  if #free < FREE_CALLS then free[#free + 1] = call end
+end
+
+function C:complete_error(id, err)
+  local call = self:take(id, true)
+  if call then
+    local fut = call.fut
+    self:recycle(call)
+    fut:set_error(err)
+  end
+end
+
+function C:on_response(id, flags, body, segs)
+  local call = self:take(id, bit.band(flags, proto.FLAG_ERROR) ~= 0)
+  if not call then return end -- timed out already, or a stray reply
+  local fut, peer = call.fut, call.peer
+  self:recycle(call)
+  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, peer.rank
+  local r = pack(pcall(dec_msg, body, segs))
+  codec.allow_bytecode, codec.ag_src = false, nil
+  if not r[1] then
+    fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
+      peer.name, tostring(r[2])), {worker = peer.name, rank = peer.rank}))
+  elseif bit.band(flags, proto.FLAG_ERROR) ~= 0 then
+    fut:set_error(r[2])
+  else
+    -- the results are r[2..n]: shift them down in place (no second table per reply)
+    local n = r.n
+    for i = 2, n do r[i - 1] = r[i] end
+    r[n], r.n = nil, n - 1
+    fut:set_packed(r)
+  end
+end
+
+-- incoming calls ------------------------------------------------------------------------
+local function reply(self, to, id, flags, body, segs)
+  if type(to) == "function" then return to(flags, body, segs or {}) end
+  local st = self.conns[to]
+  local p = st and st.rank and self.peers[st.rank]
+  segs = segs or {}
+  if p then
+    trace.frame_bytes(p.name, true, body, segs)
+    if self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then return sched.expect_soon() end
+  end
+  to:send(proto.RESPONSE, flags, id, body, unpack(segs))
+  sched.expect_soon()
+end
+
+-- The rank a reply goes to (a connection's peer, or this rank for self calls).
+function C:rank_of(to)
+  if type(to) == "function" then return self.rank end
+  local st = self.conns[to]
+  return st and st.rank
+end
+
+-- a when it is a running agent; else the shutdown error saying `what` needs RPC.
+function C.need_running(a, what)
+  if not a or a.state ~= "running" then
+    error(errors.new("shutdown", ("%s: RPC is not initialised on this worker (call rpc.init_rpc " ..
+      "first) or has been shut down"):format(what)), 0)
+  end
+  return a
+end
+
+-- A plain table raised as an error, shown by its fields ({code = 42}) rather
+-- than its address.
+local function table_text(t)
+  local parts, n = {}, 0
+  for k, v in pairs(t) do
+    if k == "local_traceback" or k == "traceback" then goto continue end
+    n = n + 1
+    if n > 8 then parts[#parts + 1] = "..."; break end
+    local kt = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. tostring(k) .. "]")
+    local vt = type(v) == "string" and ("%q"):format(v) or tostring(v)
+    parts[#parts + 1] = kt .. " = " .. vt
+    ::continue::
+  end
+  table.sort(parts)
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+-- The text of an error value, even one whose __tostring fails.
+local function error_text(e)
+  if type(e) == "table" and not (getmetatable(e) and getmetatable(e).__tostring) then return table_text(e) end
+  local ok, s = pcall(tostring, e)
+  if ok and type(s) == "string" then return s end
+  return ("(a %s error whose __tostring failed: %s)"):format(type(e), tostring(s))
+end
+
+-- An error raised by a handler, as the caller will see it.
+function C:remote_error(e)
+  local message, tb
+  if errors.is(e) then
+    message = e.kind == "remote" and e.message or error_text(e)
+    -- an error that came from elsewhere keeps the traceback of where it began
+    tb = e.traceback or e.local_traceback
+  else
+    local s = error_text(e)
+    message, tb = s:match("^(.-)\n(stack traceback:.*)$")
+    if not message then message = s end
+    if type(e) == "table" and not tb then tb = rawget(e, "local_traceback") end
+  end
+  return errors.new("remote", message, {worker = self.name, rank = self.rank, traceback = tb})
+end
+
+-- rmap: the inverse of the caller's device map (its devices by ours), if it sent one
+function C:send_reply(to, id, r, rmap)
+  local ok, body
+  if r[1] then
+    local segs
+    local dest = self:rank_of(to)
+    local caller = self.peers[dest or -1]
+    codec.ag_out = task_ctx()
+    reply_devices.map, reply_devices.to = rmap, caller and caller.name or "the caller"
+    codec.out_devices = dest == self.rank and SAME_DEVICES or reply_devices
+    ok, body, segs = pcall(enc_msg, dest, "result", unpack(r, 2, r.n))
+    codec.ag_out, codec.out_devices = nil, nil
+    if ok then return reply(self, to, id, 0, body, segs) end
+    r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
+  end
+  local err = r[2]
+  if not (errors.is(err) and err.kind == "serialize") then err = self:remote_error(err)
+  else err.worker = self.name; err.rank = self.rank end
+  ok, body = pcall(enc, "error", err)
+  if not ok then
+    body = enc("error", errors.new("remote", tostring(err.message), {worker = self.name, rank = self.rank}))
+  end
+  reply(self, to, id, proto.FLAG_ERROR, body)
+end
+
+local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
+  sched.current().ag_ctx = ctx
+  local t0 = trace.now_us()
+  -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
+  local bad = arg_count_problem(args)
+  local n = not bad and (args.n or table.maxn(args)) or 0
+  if kwargs ~= nil then n = n + 1; args[n] = kwargs end
+  local r
+  if bad then
+    r = {false, errors.new("config", bad), n = 2}
+  elseif type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
+    r = {false, ("the called value is a %s, not a function"):format(type(fn)), n = 2}
+  else
+    r = pack(xpcall(fn, sched.traceback, unpack(args, 1, n)))
+  end
+  if r[1] and async_functions[fn] then
+    local fut = r[2]
+    if not Future.is(fut) then
+      self:send_reply(to, id, {false, "an async_execution function must return a Future, got " ..
+        type(fut), n = 2})
+    else
+      fut:add_done_callback(function(f)
+        if f.state == "error" then self:send_reply(to, id, {false, f.err, n = 2})
+        else self:send_reply(to, id, pack(true, unpack(f.values, 1, f.values.n)), rmap) end
+      end)
+    end
+  else
+    self:send_reply(to, id, r, rmap)
+  end
+  if trace.enabled() then
+    local from = self.peers[self:rank_of(to) or -1]
+    trace.complete("run " .. describe_fn(fn), "rpc", t0, trace.now_us() - t0,
+                   {from = from and from.name, id = id, queued_us = queued_at and (t0 - queued_at) or nil})
+  end
+end
+
+-- A handler that fails outside the user's function (a reply that cannot be
+-- built, say) still answers, and its worker slot is always given back.
+local function safe_handler(self, to, id, ...)
+  local ok, err = pcall(handler, self, to, id, ...)
+  if not ok then
+    log.warn("a request failed before its reply could be sent: %s", error_text(err))
+    pcall(self.send_reply, self, to, id, {false, errors.new("remote", "the call failed on " .. self.name ..
+      " before its reply could be made: " .. error_text(err)), n = 2})
+  end
+end
+
+local function handler_task(self, ...)
+  safe_handler(self, ...)
+  -- take queued requests while under the cap
+  while #self.backlog > 0 do
+    local job = table.remove(self.backlog, 1)
+    safe_handler(self, unpack(job, 1, 8))
+  end
+  self.running = self.running - 1
+end
+
+function C:on_request(to, id, body, segs)
+  if not self.ready then
+    self.early[#self.early + 1] = {to, 0, 0, id, body, segs}
+    return
+  end
+  self.stats.calls_in = self.stats.calls_in + 1
+  local from = self.peers[self:rank_of(to) or -1]
+  trace.call_in(from and from.name or "?")
+  local queued_at = trace.enabled() and trace.now_us() or nil
+  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, self:rank_of(to)
+  local r = pack(pcall(dec_msg, body, segs))
+  codec.allow_bytecode, codec.ag_src = false, nil
+  if not r[1] then
+    return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(r[2]), n = 2})
+  end
+  local fn, args, kwargs, ctx = r[2], r[3], r[4], r[5]
+  local rmap = type(r[6]) == "table" and device_maps.inverse(r[6]) or nil
+  if type(args) ~= "table" then args = {} end
+  if self.running >= self.max_running then
+    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs, ctx, queued_at, rmap}
+    return
+  end
+  self.running = self.running + 1
+  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
+end
+
+C.error_text = error_text
+
+return C

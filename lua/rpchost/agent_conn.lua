@@ -1,0 +1,433 @@
+-- rpchost.agent_conn: an agent's connections (part of rpchost.agent).
+--
+-- Listening (TCP and the Unix-domain socket), dialling peers, the handshake
+-- (HELLO, ACK, the token proof), a peer's state as its connections come and go,
+-- and the dispatch of every arriving frame to the calls or the mailbox.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local errors = require "rpchost.errors"
+local proto = require "rpchost.proto"
+local log = require "rpchost.log"
+local cma = require "rpchost.cma"
+local shm = require "rpchost.shm"
+local auth = require "rpchost.auth"
+local trace = require "rpchost.trace"
+local bit = require "bit"
+
+local enc, dec = codec.raw_encode, codec.raw_decode
+
+local C = {}
+
+-- listening --------------------------------------------------------------------
+function C:listen(bind_ip)
+  local l, err = core.listen(bind_ip, 0, {
+    accept = function(conn) self.conns[conn] = {incoming = true} end,
+    frame = function(conn, ...) self:on_frame(conn, ...) end,
+    close = function(conn, ...) self:on_conn_close(conn, ...) end,
+  })
+  if not l then
+    error(errors.new("config", ("cannot listen for RPC on %s: %s"):format(bind_ip, tostring(err))), 0)
+  end
+  self.listener = l
+  self.port = l:port()
+  if bind_ip == "0.0.0.0" and not auth.token() then
+    log.warn("listening on every interface without a security token: anyone who can reach port %d " ..
+      "can call this rank; set RPCHOST_TOKEN on every rank", self.port)
+  end
+  return self.port
+end
+
+-- Listens where the world meets: loopback when the store is on loopback, every
+-- interface otherwise; returns the address peers should dial (the interface
+-- that reaches the store).
+function C:listen_near(store_client, loopback)
+  if loopback then
+    self:listen("127.0.0.1")
+    if self.local_sockets then self:listen_local() end
+    return "127.0.0.1"
+  end
+  self:listen("0.0.0.0")
+  return store_client.conn:local_addr() or "127.0.0.1"
+end
+
+-- In a world that meets on loopback every rank is on this host, and a Unix-domain
+-- socket carries the same frames for about half the kernel's work of TCP over
+-- loopback (no TCP/IP stack): peers dial it first and fall back to TCP if it
+-- fails. Its file, named after our TCP port, lives in a directory only this user
+-- can enter. Not being able to make one is not an error: TCP is always there.
+function C:listen_local()
+  local dir, why = core.socket_dir()
+  if not dir then
+    log.debug("no Unix-domain socket: %s", tostring(why))
+    return
+  end
+  local path = ("%s/%d.sock"):format(dir, self.port)
+  local l, err = core.listen("unix:" .. path, 0, {
+    accept = function(conn) self.conns[conn] = {incoming = true} end,
+    frame = function(conn, ...) self:on_frame(conn, ...) end,
+    close = function(conn, ...) self:on_conn_close(conn, ...) end,
+  })
+  if not l then
+    log.debug("no Unix-domain socket at %s: %s", path, tostring(err))
+    return
+  end
+  self.local_listener, self.unix_path = l, path
+end
+
+
+-- connections ----------------------------------------------------------------------
+local function hello_body(self, conn)
+  local h = {proto = core.protocol_version, version = core.version, world = self.world,
+             rank = self.rank, name = self.name, cma = cma.offer(conn, self.cma),
+             shm = self.shm and conn:is_local() or nil}
+  local st = self.conns[conn]
+  if st then st.auth_client = auth.client_hello(h) end
+  return enc("hello", h)
+end
+
+function C:dial(p)
+  p.state = "connecting"
+  -- the peer's Unix-domain socket when it has one on this host (see listen_local)
+  local unix = self.local_sockets and p.unix and not p.unix_failed and cma.is_loopback(p.ip)
+  local conn, err = core.connect(unix and ("unix:" .. p.unix) or p.ip, p.port, {
+    connect = function(c, cerr)
+      if cerr and unix then
+        -- (a stale or unreachable socket file: TCP reaches the same peer)
+        log.debug("cannot connect to %s at %s (%s); using TCP", p.name, p.unix, cerr)
+        p.unix_failed = true
+        local st = self.conns[c]
+        if st then st.replaced = true end -- its close is expected: no warning, no loss
+        if p.dialling == c then p.dialling = nil end
+        self:dial(p)
+      elseif cerr then
+        self:peer_lost(p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
+          p.name, p.rank, p.ip, p.port, cerr))
+      else
+        c:send(proto.HELLO, 0, 0, hello_body(self, c))
+      end
+    end,
+    frame = function(c, ...) self:on_frame(c, ...) end,
+    close = function(c, ...) self:on_conn_close(c, ...) end,
+  })
+  if not conn then
+    self:peer_lost(p, nil, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
+      p.name, p.rank, p.ip, p.port, tostring(err)))
+    return
+  end
+  self.conns[conn] = {rank = p.rank, dialled = true}
+  p.dialling = conn
+end
+
+function C:peer_ready(p, conn)
+  self.lost[p.rank] = nil
+  p.probed = nil
+  if p.state == "ready" and p.conn and p.conn:is_open() then return end
+  p.state = "ready"
+  p.conn = conn
+  local q = p.queue
+  p.queue = {}
+  for _, m in ipairs(q) do
+    if not self:send_shm(p, conn, m[1], m[2], m[3], m[4], m[5]) then conn:send(m[1], m[2], m[3], m[4], unpack(m[5])) end
+  end
+end
+
+-- Sends a frame (body and payload segments) to a peer, dialling if needed
+-- (queued until the handshake).
+function C:send(p, ftype, flags, id, body, segs)
+  trace.frame_bytes(p.name, true, body, segs)
+  local conn = p.state == "ready" and p.conn
+  if conn then
+    if self:send_shm(p, conn, ftype, flags, id, body, segs) then return end
+    if conn:send(ftype, flags, id, body, unpack(segs)) then return end
+    p.state = "none"
+    p.conn = nil
+  end
+  p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
+  if p.state == "none" then self:dial(p) end
+end
+
+-- Through shared memory, when this connection agreed to it and the payload is
+-- big enough; true when sent.
+function C:send_shm(p, conn, ftype, flags, id, body, segs)
+  local st = segs[1] and self.conns[conn]
+  if not (st and st.shm) then return false end
+  -- (how segments dropped from the pool are announced: made once per peer)
+  local drop = p.shm_drop
+  if not drop then
+    drop = function(sid) pcall(self.post, self, p.rank, "!shm_drop", sid) end
+    p.shm_drop = drop
+  end
+  local ok, sent = pcall(shm.send, p, conn, ftype, flags, id, body, segs, drop)
+  if ok then return sent end
+  -- (the socket still takes it, and if it cannot either, that error is the one to see)
+  log.warn("shared memory to %s failed, sending through the socket: %s", p.name, tostring(sent))
+  return false
+end
+
+-- Why rank r's process is known to be gone, or nil. Asked again and again (by
+-- a wait): with no connection to r it dials once, and r is gone when, after
+-- that, the peer is lost (the dial was refused).
+function C:gone(r)
+  local p = self.peers[r]
+  if not p or r == self.rank or (p.conn and p.conn:is_open()) or p.state ~= "none" then return nil end
+  if self.lost[r] and p.probed then
+    return (tostring(self.lost[r].message or self.lost[r]):gsub("^.- is unreachable: ", ""))
+  end
+  p.probed = true
+  self:dial(p)
+  return nil
+end
+
+-- The peer is gone (or could not be reached): fail what waits on it.
+function C:peer_lost(p, conn, why, kind)
+  if conn and p.conn ~= conn and p.dialling ~= conn then return end
+  p.conn = nil
+  p.dialling = nil
+  p.state = "none"
+  p.queue = {}
+  shm.forget(p) -- the peer is gone: nothing will read our segments, nor send in its
+  if self.state == "closed" then return end
+  self:fail_receivers(p.rank, errors.new(kind or "unreachable",
+    ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why), {worker = p.name, rank = p.rank}))
+  local ids = {}
+  for id in pairs(p.pending) do ids[#ids + 1] = id end
+  table.sort(ids)
+  for _, id in ipairs(ids) do
+    self:complete_error(id, errors.new(kind or "unreachable",
+      ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why),
+      {worker = p.name, rank = p.rank}))
+  end
+end
+
+-- Another established connection to p takes over from a closed one; true if so.
+function C:take_over(p)
+  for c, s in pairs(self.conns) do
+    if s.rank == p.rank and s.ready and c:is_open() then
+      p.conn = c
+      p.dialling = nil
+      return true
+    end
+  end
+  return false
+end
+
+function C:on_conn_close(conn, status, msg, peer_version)
+  local st = self.conns[conn]
+  self.conns[conn] = nil
+  if st and st.replaced then return end
+  if status ~= 0 and self.state == "running" then
+    log.warn("closed a connection%s: %s", st and st.rank and (" from rank " .. st.rank) or "", tostring(msg))
+  end
+  if not st or not st.rank then return end
+  local p = self.peers[st.rank]
+  if not p then return end
+  self:conn_gone(p, conn, msg, peer_version, 0)
+end
+
+-- p's connection `conn` is gone: another one takes over, or p is lost.
+-- Two ranks that dialled each other hold two connections; a peer that leaves
+-- closes both, and the kernel may show us one's end before the other's last
+-- frames (they are separate sockets). While another connection is still open
+-- whose handshake is not read yet, wait (a little, a few times) before calling
+-- the peer lost.
+function C:conn_gone(p, conn, msg, peer_version, waited)
+  if p.conn ~= conn and p.dialling ~= conn then return end
+  if self:take_over(p) then return end
+  if (peer_version == nil or peer_version == 0) and waited < 5 and self.state == "running" then
+    for c, s in pairs(self.conns) do
+      if c:is_open() and not s.ready and (s.rank == p.rank or s.rank == nil) then
+        sched.after(0.05, function() self:conn_gone(p, conn, msg, peer_version, waited + 1) end)
+        return
+      end
+    end
+  end
+  if peer_version and peer_version ~= 0 then
+    self:peer_lost(p, conn, ("protocol version mismatch: it speaks rpchost protocol %d, this " ..
+      "rank speaks %d"):format(peer_version, core.protocol_version), "protocol")
+  else
+    self:peer_lost(p, conn, msg and ("connection lost (" .. msg .. ")") or
+      "its connection closed (the process may have exited or died)")
+  end
+end
+
+function C:on_hello(conn, body)
+  local ok, h = pcall(dec, body)
+  local function refuse(why)
+    log.warn("refusing a connection: %s", why)
+    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, error = why, proto = core.protocol_version,
+                                                 version = core.version}))
+    conn:close(true)
+  end
+  if not ok or type(h) ~= "table" then return refuse("malformed hello") end
+  if h.proto ~= core.protocol_version then
+    return refuse(("protocol version mismatch: %s (rank %s) runs rpchost %s (protocol %s), %s " ..
+      "(rank %d) runs rpchost %s (protocol %d)"):format(tostring(h.name), tostring(h.rank),
+      tostring(h.version), tostring(h.proto), self.name, self.rank, core.version, core.protocol_version))
+  end
+  if h.world ~= self.world then
+    return refuse(("a rank of another world (%s) connected to %s"):format(tostring(h.world), self.name))
+  end
+  local p = type(h.rank) == "number" and self.peers[h.rank]
+  if not p and self.store and type(h.rank) == "number" and h.rank >= self.world_size then
+    -- a member that joined after us: learn it from the store, then go on
+    local st = self.conns[conn]
+    if st.learning then return end
+    st.learning, st.held = true, {}
+    sched.spawn(function()
+      pcall(self.learn, self, h.rank)
+      st.learning = false
+      if not conn:is_open() then return end
+      if not self.peers[h.rank] then return refuse(("unknown rank %s (%s) connected"):format(h.rank, tostring(h.name))) end
+      self:on_hello(conn, body)
+      local held = st.held
+      st.held = nil
+      for _, f in ipairs(held) do
+        if conn:is_open() then self:on_frame(conn, unpack(f, 1, f.n)) end
+      end
+    end, {name = "learn member"})
+    return
+  end
+  if not p or p.name ~= h.name then
+    return refuse(("unknown rank %s (%s) connected"):format(tostring(h.rank), tostring(h.name)))
+  end
+  local ok, fields, state = auth.server_hello(h)
+  if not ok then
+    log.warn("refusing %s (rank %s): %s", tostring(h.name), tostring(h.rank), fields)
+    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, auth = true, error = fields}))
+    conn:close(true)
+    return
+  end
+  local st = self.conns[conn]
+  st.rank = h.rank
+  p.reads_peer = cma.accept(h.cma, conn, self.cma)
+  p.cma_pid = p.reads_peer and h.cma.pid or nil
+  st.shm = self.shm and conn:is_local() and h.shm == true
+  fields.ok, fields.rank, fields.name = true, self.rank, self.name
+  fields.cma, fields.shm = cma.offer(conn, self.cma), st.shm
+  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", fields))
+  if state.done then self:accepted(p, conn) else st.auth_server = state end
+end
+
+-- the handshake of an incoming connection is complete (and authenticated)
+function C:accepted(p, conn)
+  self.conns[conn].ready = true
+  if p.state ~= "ready" then
+    if p.dialling then p.dialling = nil end
+    self:peer_ready(p, conn)
+  end
+end
+
+function C:on_auth(conn, body)
+  local st = self.conns[conn]
+  local ok, a = pcall(dec, body)
+  if st and st.auth_server and ok and type(a) == "table" and auth.server_check(st.auth_server, a.proof) then
+    st.auth_server = nil
+    return self:accepted(self.peers[st.rank], conn)
+  end
+  log.warn("refusing a connection that does not know the security token")
+  conn:close()
+end
+
+function C:on_hello_ack(conn, body)
+  local st = self.conns[conn]
+  if not st or not st.rank then return end
+  local p = self.peers[st.rank]
+  local ok, a = pcall(dec, body)
+  if not ok or type(a) ~= "table" or not a.ok then
+    local why = ok and type(a) == "table" and a.error or "malformed handshake reply"
+    self:peer_lost(p, conn, why, ok and type(a) == "table" and a.auth and "auth" or "protocol")
+    conn:close()
+    return
+  end
+  local proof, why = auth.client_check(st.auth_client or {}, a)
+  if proof == false then
+    self:peer_lost(p, conn, why, "auth")
+    conn:close()
+    return
+  end
+  if proof then conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof})) end
+  st.ready = true
+  if p.dialling == conn then p.dialling = nil end
+  p.reads_peer = cma.accept(a.cma, conn, self.cma)
+  p.cma_pid = p.reads_peer and a.cma.pid or nil
+  st.shm = self.shm and conn:is_local() and a.shm == true
+  self:peer_ready(p, conn)
+end
+
+-- Segments of a frame: copied out of the sender's shared memory when they are a
+-- descriptor, and the segment handed back.
+function C:segments(conn, flags, segs)
+  local st = self.conns[conn]
+  local p = st and st.rank and self.peers[st.rank]
+  if not (p and st.shm) then error("a shared-memory frame on a connection that did not agree to shared memory", 0) end
+  -- (how this peer's segments go back: now, or when a loan ends)
+  local answer = p.shm_answer
+  if not answer then
+    answer = function(sid)
+      if self.state ~= "closed" then pcall(self.post, self, p.rank, "!shm_ack", sid) end
+    end
+    p.shm_answer = answer
+  end
+  local ok, got, sid, adopted = pcall(shm.receive, p, conn, flags, segs)
+  if ok and adopted then return got end -- (answered when the tensors are freed)
+  -- the segment goes back now, even when its frame was bad, or the pool would shrink
+  if not ok then sid = shm.segment_of(segs) end
+  if sid then answer(sid) end
+  if not ok then error(got, 0) end
+  return got
+end
+
+function C:on_frame(conn, ftype, flags, id, body, ...)
+  local cst = self.conns[conn]
+  if cst and cst.learning then
+    cst.held[#cst.held + 1] = table.pack(ftype, flags, id, body, ...)
+    return
+  end
+  local segs = {...} -- (one table for every use below: varargs stop LuaJIT's traces)
+  if shm.has_flag(flags) then
+    local ok, got = pcall(self.segments, self, conn, flags, segs)
+    if not ok then
+      log.warn("%s", tostring(got))
+      if ftype == proto.RESPONSE then
+        self:complete_error(id, errors.new("unreachable", tostring(got)))
+      elseif ftype == proto.REQUEST then
+        self:send_reply(conn, id, {false, tostring(got), n = 2})
+      end
+      return
+    end
+    return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, unpack(got))
+  end
+  if cst and cst.rank and self.peers[cst.rank] then trace.frame_bytes(self.peers[cst.rank].name, false, body, segs) end
+  if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs) end
+  if not self.ready then
+    -- peers may reach us before our own rendezvous finished: hold their frames
+    self.early[#self.early + 1] = {conn, ftype, flags, id, body, segs}
+    return
+  end
+  if ftype == proto.REQUEST then
+    local st = self.conns[conn]
+    if not st or not st.ready then
+      log.warn("closing a connection that sent a request before its handshake")
+      conn:close()
+      return
+    end
+    return self:on_request(conn, id, body, segs)
+  end
+  if ftype == proto.MESSAGE then
+    local st = self.conns[conn]
+    if not st or not st.ready then
+      log.warn("closing a connection that sent a message before its handshake")
+      conn:close()
+      return
+    end
+    return self:on_message(st.rank, body, segs)
+  end
+  if ftype == proto.HELLO then return self:on_hello(conn, body) end
+  if ftype == auth.AUTH_FRAME then return self:on_auth(conn, body) end
+  if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
+  log.warn("closing a connection that sent an unknown frame type %d", ftype)
+  conn:close()
+end
+
+return C

@@ -1,0 +1,149 @@
+-- rpchost.agent_mail: an agent's mailbox (part of rpchost.agent).
+--
+-- One-way keyed messages between ranks: what the collectives, shared-memory
+-- acknowledgements and membership notices travel as. post sends; receive waits
+-- (bounded) for a key from a rank and fails at once when that rank is lost or
+-- the group is aborted.
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local errors = require "rpchost.errors"
+local proto = require "rpchost.proto"
+local log = require "rpchost.log"
+local shm = require "rpchost.shm"
+
+local enc_msg, dec_msg = codec.encode_message, codec.decode_message
+local pack = function(...) return {n = select("#", ...), ...} end
+
+local C = {}
+
+-- one-way keyed messages ----------------------------------------------------------------
+-- post(rank, key, ...): send values to rank's mailbox under key (no reply).
+-- receive(rank, key, timeout): the values posted by rank under key, waiting for
+-- them; fails at once if that rank is lost or the wait is aborted.
+function C:post(rank, key, ...)
+  local p = self:peer_of(rank)
+  local body, segs = enc_msg(p.rank, "message", key, ...)
+  if p.rank == self.rank then
+    self:on_message(self.rank, body, segs)
+  else
+    self:send(p, proto.MESSAGE, 0, 0, body, segs)
+    sched.expect_soon()
+  end
+end
+
+function C:on_message(src, body, segs)
+  local r = pack(pcall(dec_msg, body, segs))
+  if not r[1] then
+    log.warn("dropping a malformed message from rank %s: %s", tostring(src), tostring(r[2]))
+    return
+  end
+  local key = r[2]
+  if key == "!shm_ack" or key == "!shm_drop" then
+    local p = self.peers[src]
+    if p then (key == "!shm_ack" and shm.acked or shm.dropped)(p, r[3]) end
+    return
+  end
+  if key == "!leave" then
+    -- a dynamic member leaves: forget it; calls still pending on it fail
+    local p = self.peers[src]
+    if p then
+      p.left = true
+      self:peer_lost(p, nil, "it left the world")
+      self.peers[src] = nil
+      if self.by_name[p.name] == p then self.by_name[p.name] = nil end
+    end
+    return
+  end
+  if key == "!abort" then
+    -- a peer found the group out of step: every wait of ours fails with its reason
+    self:abort_receivers(r[3])
+    return
+  end
+  local box = self.mail[src]
+  if not box then box = {}; self.mail[src] = box end
+  local values = pack(unpack(r, 3, r.n))
+  local w = self.mail_waiters[src] and self.mail_waiters[src][key]
+  if w then
+    self.mail_waiters[src][key] = nil
+    -- the waiter may already be woken this turn (by another message of its
+    -- collective, shown to it for checking): then it finds this one in the box
+    if sched.wake(w, values) then return end
+  end
+  box[key] = values
+  -- a receiver waiting on this sender for another key of the same prefix wants
+  -- to look at it (a collective checks that both sides make the same call)
+  -- (one watch per waiting task: concurrent async collectives each keep theirs)
+  local watches = self.mail_watch[src]
+  if watches then
+    for task, w in pairs(watches) do
+      if key ~= w.key and key:sub(1, #w.prefix) == w.prefix then
+        sched.wake(task, {other = true, values = values})
+      end
+    end
+  end
+end
+
+function C:fail_receivers(rank, err)
+  self.lost[rank] = err
+  local ws = self.mail_waiters[rank]
+  if not ws then return end
+  self.mail_waiters[rank] = {}
+  for _, t in pairs(ws) do sched.wake(t, err) end
+end
+
+-- Wakes every receiver with err (a collective that must stop everywhere).
+function C:abort_receivers(err)
+  self.aborted = err
+  for rank, ws in pairs(self.mail_waiters) do
+    self.mail_waiters[rank] = {}
+    for _, t in pairs(ws) do sched.wake(t, err) end
+  end
+end
+
+-- With `prefix` and `on_other`, a message from the same rank under another key
+-- with that prefix (already there, or arriving while waiting) is shown to
+-- on_other(values), which may raise; otherwise the wait goes on.
+function C:receive(rank, key, timeout, what, prefix, on_other)
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  if prefix then
+    for k, v in pairs(self.mail[rank] or {}) do
+      if k ~= key and k:sub(1, #prefix) == prefix then on_other(v) end
+    end
+  end
+  while true do
+    local box = self.mail[rank]
+    local v = box and box[key]
+    if v then
+      box[key] = nil
+      return unpack(v, 1, v.n)
+    end
+    if self.aborted then error(self.aborted, 0) end
+    if self.lost[rank] then error(self.lost[rank], 0) end
+    local ws = self.mail_waiters[rank]
+    if not ws then ws = {}; self.mail_waiters[rank] = ws end
+    local me = sched.current()
+    ws[key] = me
+    local watches
+    if prefix then
+      watches = self.mail_watch[rank]
+      if not watches then watches = {}; self.mail_watch[rank] = watches end
+      watches[me] = {prefix = prefix, key = key}
+    end
+    local left = deadline and deadline - sched.now() or nil
+    local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
+    if ws[key] == me then ws[key] = nil end
+    if watches then watches[me] = nil end
+    if not woke then
+      error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
+        what or "a message", rank), {rank = rank}), 0)
+    end
+    if errors.is(got) then error(got, 0) end
+    if type(got) == "table" and got.other then
+      on_other(got.values)
+    else
+      return unpack(got, 1, got.n)
+    end
+  end
+end
+
+return C
