@@ -269,6 +269,22 @@ static int send_frame(lua_State *L, int fd) {
 
 static int l_send(lua_State *L) { return send_frame(L, -1); }
 
+/* conn:send_raw(bytes) -> true | nil, message: bytes outside any frame (for
+ * specs that play a peer which does not follow the protocol) */
+static int l_send_raw(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  int rc = b->c ? rh_conn_send_raw(b->c, s, len) : RH_ECLOSED;
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, rh_strerror(rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* conn:send_shm(segment, type, flags, id, body [, segments...]): send, passing
  * the shared-memory segment's descriptor to the peer with the frame */
 static int l_send_shm(lua_State *L) {
@@ -333,6 +349,47 @@ static int l_is_open(lua_State *L) {
 static int l_is_local(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   lua_pushboolean(L, b->c && rh_conn_is_local(b->c));
+  return 1;
+}
+
+/* conn:prove(): the peer proved itself; every frame type is read from now on */
+static int l_prove(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  if (b->c) rh_conn_prove(b->c);
+  return 0;
+}
+
+static int l_is_proven(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  lua_pushboolean(L, b->c && rh_conn_is_proven(b->c));
+  return 1;
+}
+
+/* conn:pause() / conn:resume(): stop and restart reading (backpressure) */
+static int l_pause(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  if (b->c) rh_conn_pause(b->c);
+  return 0;
+}
+
+static int l_resume(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  if (b->c) rh_conn_resume(b->c);
+  return 0;
+}
+
+/* conn:peer_uid() -> uid of the process at the other end (Unix-domain only) | nil */
+static int l_peer_uid(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  long uid = b->c ? rh_conn_peer_uid(b->c) : -1;
+  if (uid < 0) return 0;
+  lua_pushnumber(L, (double)uid);
+  return 1;
+}
+
+/* getuid() -> the user id this process runs as */
+static int l_getuid(lua_State *L) {
+  lua_pushnumber(L, (double)getuid());
   return 1;
 }
 
@@ -483,14 +540,18 @@ int rh_open_conn(lua_State *L) {
   static const luaL_Reg conn_methods[] = {{"send", l_send},       {"close", l_close},
                                           {"peer", l_peer},       {"is_open", l_is_open}, {"local_addr", l_local},
                                           {"queued", l_queued},   {"is_local", l_is_local},
-                                          {"send_shm", l_send_shm}, {"take_shm", l_take_shm}, {NULL, NULL}};
+                                          {"send_shm", l_send_shm}, {"take_shm", l_take_shm},
+                                          {"prove", l_prove},     {"is_proven", l_is_proven},
+                                          {"pause", l_pause},     {"resume", l_resume},
+                                          {"peer_uid", l_peer_uid}, {"send_raw", l_send_raw}, {NULL, NULL}};
   static const luaL_Reg listener_methods[] = {
       {"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
   rh_lua_class(L, CONN_MT, conn_methods, NULL, l_conn_tostring);
   rh_lua_class(L, LISTENER_MT, listener_methods, NULL, NULL);
 
   static const luaL_Reg fns[] = {
-      {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {"socket_dir", l_socket_dir}, {NULL, NULL}};
+      {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {"socket_dir", l_socket_dir},
+      {"getuid", l_getuid},   {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -153,6 +153,9 @@ int rh_lua_main(int argc, char **argv) {
     fprintf(stderr, "rpchost: cannot initialise the event loop\n");
     return 1;
   }
+  /* seconds a connection has to complete its handshake (proof included) */
+  const char *hs = getenv("RPCHOST_HANDSHAKE_TIMEOUT");
+  if (hs && *hs && strtod(hs, NULL) > 0) ctx->net.handshake_ms = (uint64_t)(strtod(hs, NULL) * 1000);
   ctx->net.seg_alloc = seg_alloc;
   ctx->net.seg_free = seg_free;
   lua_State *L = luaL_newstate();

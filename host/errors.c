@@ -14,6 +14,8 @@ static const struct {
     {RH_ECLOSED, "connection closed"},
     {RH_EBADFRAME, "malformed frame header"},
     {RH_EFDS, "the peer sent more file descriptors than its frames take"},
+    {RH_EUNPROVEN, "the peer sent a frame other than its handshake before proving itself (closed unread)"},
+    {RH_EHANDSHAKE, "the peer did not complete its handshake in time (RPCHOST_HANDSHAKE_TIMEOUT)"},
 };
 
 const char *rh_strerror(int code) {

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RH_PROTOCOL_VERSION 1
+#define RH_PROTOCOL_VERSION 2
 
 enum {
   RH_OK = 0,
@@ -21,6 +21,8 @@ enum {
   RH_ECLOSED = -5005,   /* the connection is closed */
   RH_EBADFRAME = -5006, /* a frame's lengths are inconsistent */
   RH_EFDS = -5007,      /* a peer sent descriptors that its frames do not take */
+  RH_EUNPROVEN = -5008, /* a frame other than the handshake before the peer proved itself */
+  RH_EHANDSHAKE = -5009, /* the handshake did not complete within its deadline */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

@@ -24,6 +24,9 @@ dist.ReduceOp = {SUM = "SUM", PRODUCT = "PRODUCT", MIN = "MIN", MAX = "MAX", AVG
 
 local BACKENDS = {gloo = "gloo", tcp = "gloo", nccl = "nccl"}
 
+-- the process group's agent (specs and tools look at its connections)
+function dist._agent() return state and state.agent end
+
 local function cfg(msg, ...) error(errors.new("config", msg:format(...)), 0) end
 
 -- a group of the backend's kind: NCCL communicators for "nccl", else rpchost's own

@@ -519,8 +519,13 @@ function rpc.enable_tracing(path)
   require("rpchost.trace").enable(path)
 end
 
--- stats(): per-peer call counters and latency histograms, and bytes moved
-function rpc.stats() return require("rpchost.trace").stats() end
+-- stats(): per-peer call counters and latency histograms, bytes moved, and the
+-- replies dropped because no call of ours from their sender awaited them
+function rpc.stats()
+  local s = require("rpchost.trace").stats()
+  s.stray_replies = current and current.stats.stray_replies or 0
+  return s
+end
 
 -- introspection used by tests and tools
 function rpc._agent() return current end

@@ -1,5 +1,6 @@
 -- Bad input at init gets a clear error, in bounded time, on every rank concerned.
 local S = require "spec.support"
+local core = require "rpchost.core"
 
 local function by_hand(n, script, env_for, timeout)
   local path = S.write(S.prelude .. script)
@@ -214,7 +215,8 @@ describe("init_rpc refuses bad input", function()
       RPCHOST_INIT_TIMEOUT = 3} or {RPCHOST_INIT_TIMEOUT = 3} end), 20)
     assert.truthy(out[1].out:find("protocol: ", 1, true) and out[1].out:find("protocol version mismatch", 1, true),
       out[1].out .. out[1].err)
-    assert.truthy(out[1].out:find("protocol 1", 1, true) and out[1].out:find("protocol 99", 1, true), out[1].out)
+    assert.truthy(out[1].out:find("protocol " .. core.protocol_version, 1, true) and
+      out[1].out:find("protocol 99", 1, true), out[1].out)
   end)
 end)
 

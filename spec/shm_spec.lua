@@ -18,30 +18,17 @@ describe("shared-memory frames", function()
         local a = rpc._agent()
         local p = a.peers[1]
         -- speak to worker 1 directly, as rank 0 on a second connection
+        local W = require "spec.wire"
         local function dial(where, port)
-          local st = {replies = {}, ready = false}
-          st.conn = core.connect(where, port, {
-            connect = function(c)
-              c:send(proto.HELLO, 0, 0, codec.raw_encode("hello", {proto = core.protocol_version,
-                version = core.version, world = a.world, rank = 0, name = "w0", shm = true}))
-            end,
-            close = function() st.closed = true end,
-            frame = function(c, ftype, flags, id, body)
-              if ftype == proto.HELLO_ACK then st.ready, st.shm = true, codec.raw_decode(body).shm == true
-              elseif ftype == proto.RESPONSE then st.replies[id] = body end
-            end,
-          })
-          local t0 = sched.now()
-          while not st.ready and sched.now() - t0 < 5 do sched.sleep(0.01) end
+          local st = W.join(where, port or 0, a, {shm = true})
+          st.shm = st.ready and st.ready.shm == true
           return st
         end
         local req = codec.raw_encode("req", hi, {})
         local function ask(st, id, flags, desc, seg)
           if seg then st.conn:send_shm(seg, proto.REQUEST, flags, id, req, desc)
           else st.conn:send(proto.REQUEST, flags, id, req, desc) end
-          local t0 = sched.now()
-          while not st.replies[id] and sched.now() - t0 < 5 do sched.sleep(0.01) end
-          return st.replies[id] or "(no reply)"
+          return W.reply(st, proto.RESPONSE, id) or "(no reply)"
         end
         local FLAG, FD = shm.FLAG, shm.FLAG + shm.FD_FLAG
 

@@ -150,29 +150,34 @@ describe("store", function()
       elseif k == 5 and depth < 3 then return {random_value(depth + 1), x = random_value(depth + 1)}
       else return true end
     end
+    local function spray(c)
+      for _ = 1, math.random(1, 4) do
+        local body
+        if math.random() < 0.3 then body = junk()
+        else
+          local okb, b = pcall(codec.encode, "req", ops[math.random(#ops)], random_value(0), random_value(0),
+                               random_value(0))
+          body = okb and b or junk()
+        end
+        c:send(math.random() < 0.8 and 10 or math.random(0, 20), 0, math.random(1, 100), body)
+      end
+    end
     for round = 1, 150 do
-      local closed = false
-      local conn = core.connect("127.0.0.1", server.port, {
-        connect = function(c)
-          -- a proper hello first half the time, so the requests reach the ops
-          if round % 2 == 0 then
-            c:send(1, 0, 1, codec.encode("hello", {proto = core.protocol_version, version = core.version}))
-          end
-          for _ = 1, math.random(1, 4) do
-            local body
-            if math.random() < 0.3 then body = junk()
-            else
-              local okb, b = pcall(codec.encode, "req", ops[math.random(#ops)], random_value(0), random_value(0),
-                                   random_value(0))
-              body = okb and b or junk()
-            end
-            c:send(math.random() < 0.8 and 10 or math.random(0, 20), 0, math.random(1, 100), body)
-          end
-        end,
-        close = function() closed = true end,
-      })
-      sched.sleep(0.002)
-      if conn and not closed then conn:close() end
+      if round % 2 == 0 then
+        -- half the time after a whole handshake, so the requests reach the ops
+        local member = store.connect("127.0.0.1", server.port, 5)
+        spray(member.conn)
+        sched.sleep(0.002)
+        member:close()
+      else
+        local closed = false
+        local conn = core.connect("127.0.0.1", server.port, {
+          connect = spray,
+          close = function() closed = true end,
+        })
+        sched.sleep(0.002)
+        if conn and not closed then conn:close() end
+      end
     end
     sched.sleep(0.05)
     client:set("after-fuzz", "fine")

@@ -43,14 +43,14 @@ end
 
 -- Starts a process; returns a handle with :wait(timeout) -> result table
 -- {status, signal, out, err, elapsed, timed_out}. opts: env (extra vars),
--- unset (names to remove), args after the program.
+-- unset (names to remove), bin (another rpchost), args after the program.
 function S.start(args, opts)
   opts = opts or {}
   local h = {out = {}, err = {}, done = false, started = sched.now()}
   -- opts.prefix runs rpchost under another command (ip netns exec NS ...)
   local full = {}
   for _, a in ipairs(opts.prefix or {}) do full[#full + 1] = a end
-  full[#full + 1] = S.bin
+  full[#full + 1] = opts.bin or S.bin
   for _, a in ipairs(args) do full[#full + 1] = a end
   local file = full[1]
   local unset = opts.unset or {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",

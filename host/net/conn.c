@@ -4,6 +4,7 @@
 #include "conn.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,10 @@ struct rh_conn_s {
   int fds[MAX_HELD_FDS]; /* received descriptors, oldest first */
   int nfds;
   int end_status, end_version; /* why it ended, for a deferred report */
+  uint64_t born;   /* loop time (ms) it was made: its handshake's deadline counts from here */
+  int paused;      /* the owner asked for no frames for now (rh_conn_pause) */
+  rh_conn_t *next_resumed; /* on net->resumed: buffered frames to hand out */
+  int resumed;
 };
 
 struct rh_listener_s {
@@ -88,24 +93,60 @@ struct rh_listener_s {
   void *data;
 };
 
-static void flush_cb(uv_prepare_t *p) { rh_net_flush(p->data); }
+static void deliver(rh_conn_t *c);
+
+/* Before each poll: frames that resumed connections had buffered go to their
+ * owners (from the loop, never inside the owner's call to resume), then every
+ * queued write goes out. */
+static void flush_cb(uv_prepare_t *p) {
+  rh_net_t *net = p->data;
+  while (net->resumed) {
+    rh_conn_t *c = net->resumed;
+    net->resumed = c->next_resumed;
+    c->resumed = 0;
+    if (!c->closing) deliver(c);
+  }
+  rh_net_flush(net);
+}
+
+static void conn_end(rh_conn_t *c, int status, int peer_version);
+
+/* Once a second: a connection whose peer has not proved itself within the
+ * handshake deadline is closed (idle strangers, slowloris, a listener that
+ * never answers), whichever side dialled. */
+static void sweep_cb(uv_timer_t *t) {
+  rh_net_t *net = t->data;
+  uint64_t now = uv_now(net->loop);
+  for (rh_conn_t *c = net->all, *next; c; c = next) {
+    next = c->next_all;
+    if (!c->closing && c->reader.gated && now - c->born > net->handshake_ms) conn_end(c, RH_EHANDSHAKE, 0);
+  }
+}
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version) {
   memset(net, 0, sizeof *net);
   net->loop = loop;
   net->max_frame = max_frame;
   net->version = version;
+  net->handshake_ms = 10000;
   int rc = uv_prepare_init(loop, &net->flush);
   if (rc) return rc;
   net->flush.data = net;
   rc = uv_prepare_start(&net->flush, flush_cb);
-  /* The prepare handle alone must not keep the loop alive. */
+  if (rc) return rc;
+  rc = uv_timer_init(loop, &net->sweep);
+  if (rc) return rc;
+  net->sweep.data = net;
+  rc = uv_timer_start(&net->sweep, sweep_cb, 1000, 1000);
+  /* Neither handle alone keeps the loop alive. */
   uv_unref((uv_handle_t *)&net->flush);
+  uv_unref((uv_handle_t *)&net->sweep);
   return rc;
 }
 
 void rh_net_close(rh_net_t *net) {
   if (!uv_is_closing((uv_handle_t *)&net->flush)) uv_close((uv_handle_t *)&net->flush, NULL);
+  if (!uv_is_closing((uv_handle_t *)&net->sweep)) uv_close((uv_handle_t *)&net->sweep, NULL);
 }
 
 static void release_all(rh_release_t *rel, size_t n) {
@@ -126,9 +167,18 @@ static void report_close(rh_conn_t *c, int status, int peer_version) {
   if (c->cbs.on_close) c->cbs.on_close(c, status, peer_version);
 }
 
+static void unlink_resumed(rh_conn_t *c) {
+  if (!c->resumed) return;
+  rh_conn_t **pp = &c->net->resumed;
+  while (*pp && *pp != c) pp = &(*pp)->next_resumed;
+  if (*pp) *pp = c->next_resumed;
+  c->resumed = 0;
+}
+
 static void close_done(uv_handle_t *h) {
   rh_conn_t *c = h->data;
   report_close(c, c->end_status, c->end_version); /* when conn_end deferred it */
+  unlink_resumed(c);
   if (c->prev_all) c->prev_all->next_all = c->next_all;
   else c->net->all = c->next_all;
   if (c->next_all) c->next_all->prev_all = c->prev_all;
@@ -170,6 +220,7 @@ static rh_conn_t *conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data, 
   net->all = c;
   c->cbs = *cbs;
   c->data = data;
+  c->born = uv_now(net->loop);
   rh_reader_init(&c->reader, net->max_frame, net->version);
   if (net->seg_alloc) rh_reader_set_alloc(&c->reader, net->seg_alloc, net->seg_free, net->seg_ctx);
   return c;
@@ -188,6 +239,8 @@ int rh_conn_is_local(rh_conn_t *c) { return c->local; }
 void *rh_conn_data(rh_conn_t *c) { return c->data; }
 void rh_conn_set_data(rh_conn_t *c, void *data) { c->data = data; }
 int rh_conn_is_open(rh_conn_t *c) { return !c->closing && !c->shutting; }
+void rh_conn_prove(rh_conn_t *c) { rh_reader_open_gate(&c->reader); }
+int rh_conn_is_proven(rh_conn_t *c) { return !c->reader.gated; }
 size_t rh_conn_queued(rh_conn_t *c) { return c->alen + c->inflight; }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -195,7 +248,8 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   uint8_t *p;
   size_t avail;
   (void)suggested;
-  if (rh_reader_space(&c->reader, 65536, &p, &avail) != 0) {
+  size_t want = c->reader.gated ? RH_FRAME_HDR + RH_FRAME_HANDSHAKE_MAX : 65536;
+  if (rh_reader_space(&c->reader, want, &p, &avail) != 0) {
     buf->base = NULL;
     buf->len = 0;
     return;
@@ -258,9 +312,15 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   rh_reader_commit(&c->reader, (size_t)n);
   c->net->bytes_in += (uint64_t)n;
+  deliver(c);
+}
+
+/* Hands out every whole frame the reader holds, until the owner pauses. */
+static void deliver(rh_conn_t *c) {
   rh_frame_t f;
   for (;;) {
-    if (c->closing) return;
+    /* (a stranger being refused is read no further: its refusal goes out first) */
+    if (c->closing || c->paused || (c->shutting && c->reader.gated)) return;
     int rc = rh_reader_next(&c->reader, &f);
     if (rc == 0) return;
     if (rc < 0) {
@@ -280,6 +340,28 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
 static int start_reading(rh_conn_t *c) {
   if (!c->local) uv_tcp_nodelay(&c->h.tcp, 1);
   return uv_read_start(&c->h.stream, alloc_cb, read_cb);
+}
+
+/* Backpressure: while paused nothing is read from the socket (the peer's writes
+ * wait in the kernel, then in its own queue) and buffered frames stay put. */
+void rh_conn_pause(rh_conn_t *c) {
+  if (c->closing || c->paused) return;
+  c->paused = 1;
+  uv_read_stop(&c->h.stream);
+}
+
+void rh_conn_resume(rh_conn_t *c) {
+  if (c->closing || !c->paused) return;
+  c->paused = 0;
+  if (uv_read_start(&c->h.stream, alloc_cb, read_cb) != 0) {
+    conn_end(c, RH_ECLOSED, 0);
+    return;
+  }
+  if (!c->resumed) {
+    c->resumed = 1;
+    c->next_resumed = c->net->resumed;
+    c->net->resumed = c;
+  }
 }
 
 static void connect_cb(uv_connect_t *req, int status) {
@@ -419,6 +501,21 @@ static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, co
   return 0;
 }
 
+int rh_conn_send_raw(rh_conn_t *c, const void *data, size_t len) {
+  if (c->closing || c->shutting) return RH_ECLOSED;
+  int rc = arena_put(c, data, len);
+  if (rc) {
+    conn_end(c, rc, 0);
+    return rc;
+  }
+  if (!c->dirty) {
+    c->dirty = 1;
+    c->next_dirty = c->net->dirty;
+    c->net->dirty = c;
+  }
+  return 0;
+}
+
 static void write_free(rh_write_t *w) {
   if (w->fd_handle) uv_close((uv_handle_t *)w->fd_handle, free_handle);
   release_all(w->rel, w->nrel);
@@ -442,7 +539,8 @@ static void write_cb(uv_write_t *req, int status) {
  * so keep reading, and close when the peer's EOF arrives (it closes on ours). */
 static void shutdown_cb(uv_shutdown_t *req, int status) {
   rh_conn_t *c = req->data;
-  if (status != 0) conn_end(c, 0, 0);
+  /* (a refused stranger is not read again: done once our bytes are out) */
+  if (status != 0 || c->reader.gated) conn_end(c, 0, 0);
 }
 
 /* An arena above this stays with a write that needs it and is not kept for reuse. */
@@ -585,8 +683,11 @@ static void unlink_dirty(rh_conn_t *c) {
 void rh_conn_close(rh_conn_t *c, int graceful) {
   if (c->closing || c->shutting) return;
   if (graceful && uv_is_writable(&c->h.stream)) {
-    /* Report now (the owner is done with it); the bytes still go out. */
+    /* Report now (the owner is done with it); the bytes still go out. A peer
+     * that never proved itself is not read again: it ends once its refusal
+     * is written (see shutdown_cb). */
     c->shutting = 1;
+    if (c->reader.gated) uv_read_stop(&c->h.stream);
     report_close(c, 0, 0);
     if (!c->dirty) {
       c->dirty = 1;
@@ -608,6 +709,17 @@ static int local_name(char *ip, size_t iplen, int *port) {
   *port = 0;
   snprintf(ip, iplen, "127.0.0.1");
   return 0;
+}
+
+/* The user id of the process at the other end of a Unix-domain connection
+ * (SO_PEERCRED, as the kernel recorded it at connect); -1 for TCP or unknown. */
+long rh_conn_peer_uid(rh_conn_t *c) {
+  if (!c->local) return -1;
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (uv_fileno(&c->h.handle, &fd) != 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+  return (long)cred.uid;
 }
 
 int rh_conn_peer(rh_conn_t *c, char *ip, size_t iplen, int *port) {

@@ -37,6 +37,9 @@ struct rh_net_s {
   uv_prepare_t flush;   /* writes out queued frames before each poll */
   rh_conn_t *dirty;     /* connections with queued output */
   rh_conn_t *all;       /* every connection not yet freed */
+  rh_conn_t *resumed;   /* resumed connections with frames still buffered */
+  uv_timer_t sweep;     /* closes connections whose handshake is past its deadline */
+  uint64_t handshake_ms; /* that deadline (default 10 s) */
   uint64_t max_frame;
   uint8_t version; /* protocol version stamped on and expected in frames */
   /* where incoming segments are read to (NULL: into the frame buffer) */
@@ -81,6 +84,8 @@ int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const 
 int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t id, const void *body,
                     uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
                     void *release_ctx);
+/* Queues bytes as they are, outside any frame (specs that play a hostile peer). */
+int rh_conn_send_raw(rh_conn_t *c, const void *data, size_t len);
 /* The oldest descriptor the peer sent that no frame has taken, now the
  * caller's to close; -1 when there is none. */
 int rh_conn_take_fd(rh_conn_t *c);
@@ -90,6 +95,17 @@ int rh_conn_peer(rh_conn_t *c, char *ip, size_t iplen, int *port);
 /* The local address of the connection (the interface that reaches the peer). */
 int rh_conn_local(rh_conn_t *c, char *ip, size_t iplen, int *port);
 int rh_conn_is_open(rh_conn_t *c);
+/* Every connection starts gated: until its owner calls rh_conn_prove (the peer
+ * has proved itself), only small handshake frames are read (see frame.h), and
+ * the connection is closed if that has not happened within net->handshake_ms. */
+void rh_conn_prove(rh_conn_t *c);
+int rh_conn_is_proven(rh_conn_t *c);
+/* Stops reading (backpressure) / starts again; buffered frames are handed out
+ * from the loop after a resume. */
+void rh_conn_pause(rh_conn_t *c);
+void rh_conn_resume(rh_conn_t *c);
+/* The peer process's uid on a Unix-domain connection, -1 otherwise. */
+long rh_conn_peer_uid(rh_conn_t *c);
 size_t rh_conn_queued(rh_conn_t *c);
 
 /* Listeners: accept connections and hand each one to on_accept (with cbs to use). */

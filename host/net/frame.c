@@ -60,6 +60,20 @@ void rh_reader_init(rh_reader_t *r, uint64_t max_frame, uint8_t version) {
   memset(r, 0, sizeof *r);
   r->max_frame = max_frame;
   r->version = version;
+  r->gated = 1;
+}
+
+void rh_reader_open_gate(rh_reader_t *r) { r->gated = 0; }
+
+/* The one check every frame passes before its body is looked at: a header, and
+ * while gated the handshake rule (see RH_FRAME_HANDSHAKE_MAX). */
+static int decode_checked(const rh_reader_t *r, const uint8_t *p, rh_frame_hdr_t *h) {
+  int rc = rh_frame_decode_header(p, h, r->max_frame, r->version);
+  if (!r->gated || (rc != 0 && rc != RH_EVERSION)) return rc;
+  int handshake = h->type == RH_FRAME_HELLO || h->type == RH_FRAME_HELLO_ACK || h->type == RH_FRAME_AUTH ||
+                  h->type == RH_FRAME_READY;
+  if (!handshake || h->nseg != 0 || h->body_len > RH_FRAME_HANDSHAKE_MAX) return RH_EUNPROVEN;
+  return rc;
 }
 
 void rh_reader_set_alloc(rh_reader_t *r, rh_seg_alloc_fn alloc, rh_seg_free_fn free_fn, void *ctx) {
@@ -117,7 +131,7 @@ int rh_reader_space(rh_reader_t *r, size_t want, uint8_t **p, size_t *avail) {
    * allocator, only for its prefix: the segments get buffers of their own). */
   if (r->len - r->off >= RH_FRAME_HDR) {
     rh_frame_hdr_t h;
-    if (rh_frame_decode_header(r->buf + r->off, &h, r->max_frame, r->version) == 0) {
+    if (decode_checked(r, r->buf + r->off, &h) == 0) {
       uint64_t total = rh_frame_total(&h);
       if (r->alloc && h.nseg > 0) total -= h.seg_bytes;
       size_t have = r->len - r->off;
@@ -125,7 +139,8 @@ int rh_reader_space(rh_reader_t *r, size_t want, uint8_t **p, size_t *avail) {
     }
   }
   if (r->cap - r->len < want) {
-    size_t ncap = r->cap ? r->cap : 65536;
+    /* (a stranger gets a buffer for its handshake, not for bulk data) */
+    size_t ncap = r->cap ? r->cap : r->gated ? 2 * (RH_FRAME_HDR + RH_FRAME_HANDSHAKE_MAX) : 65536;
     while (ncap - r->len < want) ncap *= 2;
     uint8_t *nb = realloc(r->buf, ncap);
     if (!nb) return RH_ENOMEM;
@@ -206,7 +221,7 @@ int rh_reader_next(rh_reader_t *r, rh_frame_t *f) {
   if (have < RH_FRAME_HDR) return 0;
   const uint8_t *p = r->buf + r->off;
   rh_frame_hdr_t h;
-  int rc = rh_frame_decode_header(p, &h, r->max_frame, r->version);
+  int rc = decode_checked(r, p, &h);
   if (rc < 0) {
     f->hdr = h;
     return rc;

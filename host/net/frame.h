@@ -23,6 +23,14 @@
  * another version is told so (naming both versions) instead of being cut off. */
 #define RH_FRAME_HELLO 1
 #define RH_FRAME_HELLO_ACK 2
+/* The rest of the handshake: the client's proof, and the server's verdict. */
+#define RH_FRAME_AUTH 6
+#define RH_FRAME_READY 7
+/* Until a connection's peer has proved itself (rh_reader_t.gate), only these four
+ * types pass, each with a body of at most this many bytes and no segments:
+ * anything else ends the connection before its body is read or buffered, and
+ * nothing larger is ever allocated for a stranger. */
+#define RH_FRAME_HANDSHAKE_MAX 4096
 
 typedef struct {
   uint8_t version;
@@ -58,6 +66,7 @@ typedef struct {
   size_t cap;
   uint64_t max_frame; /* largest total frame accepted */
   uint8_t version;    /* the protocol version spoken here */
+  int gated;          /* the peer has not proved itself: handshake frames only */
   uint64_t seglens[64];  /* lengths of the current frame's segments */
   uint64_t *seglens_big; /* used when a frame has more than 64 segments */
   /* segment mode: the prefix (header, body, lengths) is buffered at off, and the
@@ -91,7 +100,10 @@ void rh_reader_free(rh_reader_t *r);
 /* Space to read into: at least `want` bytes. Returns RH_ENOMEM on failure. */
 int rh_reader_space(rh_reader_t *r, size_t want, uint8_t **p, size_t *avail);
 void rh_reader_commit(rh_reader_t *r, size_t n);
+/* Opens the gate: the peer proved itself, every frame type passes from now on. */
+void rh_reader_open_gate(rh_reader_t *r);
 /* 1: *f holds a frame; 0: more bytes needed; <0: the stream is bad (close it).
+ * A gated reader returns RH_EUNPROVEN for any header the gate does not pass.
  * On RH_EVERSION, f->hdr.version is the peer's version. */
 int rh_reader_next(rh_reader_t *r, rh_frame_t *f);
 

@@ -23,6 +23,17 @@ local Agent = {}
 Agent.__index = Agent
 
 local dec = require("rpchost.codec").raw_decode
+local core = require "rpchost.core"
+
+local function hex(s) return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) end
+
+-- a random whole number below 2^52 (call ids then count up from it exactly)
+local function random_id()
+  local b = core.random_bytes(7)
+  local n = 0
+  for i = 1, 7 do n = n * 256 + b:byte(i) end
+  return n % 2 ^ 52
+end
 
 function M.new(o)
   local a = setmetatable({
@@ -35,10 +46,14 @@ function M.new(o)
     cma = o.shm ~= false and cma.enabled_by_env,
     -- Unix-domain sockets between ranks on this host (RPCHOST_UNIX=0 turns them off)
     local_sockets = o.local_sockets ~= false and os.getenv("RPCHOST_UNIX") ~= "0",
-    peers = {}, by_name = {}, conns = {}, pending = {}, next_id = 0,
-    running = 0, backlog = {}, early = {}, ready = false, state = "starting",
+    -- (call ids start at a random point: a reply cannot be aimed at a call by
+    -- guessing; it must also come from the peer the call went to)
+    peers = {}, by_name = {}, conns = {}, pending = {}, next_id = random_id(),
+    -- this process's incarnation: a peer that restarts has another
+    inc = hex(core.random_bytes(8)),
+    running = 0, backlog = {}, early = {}, early_paused = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
-    stats = {calls_out = 0, calls_in = 0},
+    stats = {calls_out = 0, calls_in = 0, stray_replies = 0},
     flush_turn = -1, batched = 0, free_calls = {},
   }, Agent)
   -- stopped by a signal: our socket file goes (held weakly: a closed agent is collected)
@@ -61,11 +76,15 @@ function Agent:set_ready()
   self.ready = true
   self.state = "running"
   local early = self.early
-  self.early = {}
+  self.early, self.early_bytes = {}, 0
   for _, f in ipairs(early) do
     if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5], f[6])
     elseif f[1]:is_open() then self:on_frame(f[1], f[2], f[3], f[4], f[5], unpack(f[6])) end
   end
+  -- (connections paused for sending too much early read on again)
+  local paused = self.early_paused
+  self.early_paused = {}
+  for conn in pairs(paused) do conn:resume() end
 end
 
 -- resolving targets ----------------------------------------------------------------

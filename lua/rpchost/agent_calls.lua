@@ -129,6 +129,7 @@ function C:call(to, fn, args, kwargs, timeout)
   local call = free[#free]
   if call then free[#free] = nil else call = {} end
   call.fut, call.peer, call.fn, call.ctx, call.t0 = fut, p, fn, ctx, trace.now_us()
+  call.inc = p.state == "ready" and p.inc or nil
   self.pending[id] = call
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
@@ -180,6 +181,7 @@ local FREE_CALLS = 256
 function C:recycle(call)
   call.fut, call.peer, call.fn, call.ctx, call.t0 = nil, nil, nil, nil, nil
   call.agent, call.id, call.timeout, call.timer, call.cb, call.arg, call.at = nil, nil, nil, nil, nil, nil, nil
+  call.inc = nil
   local free = self.free_calls
   if #free < FREE_CALLS then free[#free + 1] = call end
 end
@@ -193,9 +195,20 @@ function C:complete_error(id, err)
   end
 end
 
-function C:on_response(id, flags, body, segs)
-  local call = self:take(id, bit.band(flags, proto.FLAG_ERROR) ~= 0)
-  if not call then return end -- timed out already, or a stray reply
+-- A reply completes a call only when it comes from the peer (rank and
+-- incarnation) the call went to; anything else is dropped and counted.
+function C:on_response(id, flags, body, segs, from)
+  local call = self.pending[id]
+  if call and from then
+    local p = call.peer
+    if from.rank ~= p.rank or (call.inc and from.inc ~= call.inc) then call = nil end
+  end
+  if not call then
+    -- timed out already, or a stray or forged reply
+    self.stats.stray_replies = self.stats.stray_replies + 1
+    return
+  end
+  call = self:take(id, bit.band(flags, proto.FLAG_ERROR) ~= 0)
   local fut, peer = call.fut, call.peer
   self:recycle(call)
   codec.allow_bytecode, codec.ag_src = self.allow_bytecode, peer.rank

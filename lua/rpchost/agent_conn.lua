@@ -20,12 +20,28 @@ local enc, dec = codec.raw_encode, codec.raw_decode
 local C = {}
 
 -- listening --------------------------------------------------------------------
-function C:listen(bind_ip)
-  local l, err = core.listen(bind_ip, 0, {
-    accept = function(conn) self.conns[conn] = {incoming = true} end,
+-- What both listeners do with a connection. A Unix-domain peer of another user
+-- is refused before anything it sends is read (the kernel tells us its uid).
+local function listener_callbacks(self)
+  return {
+    accept = function(conn)
+      local why = conn:is_local() and auth.local_peer_problem(conn)
+      if why then
+        log.warn("refusing a connection: %s", why)
+        conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, auth = true, error = why,
+                                                     proto = core.protocol_version, version = core.version}))
+        conn:close(true)
+        return
+      end
+      self.conns[conn] = {incoming = true}
+    end,
     frame = function(conn, ...) self:on_frame(conn, ...) end,
     close = function(conn, ...) self:on_conn_close(conn, ...) end,
-  })
+  }
+end
+
+function C:listen(bind_ip)
+  local l, err = core.listen(bind_ip, 0, listener_callbacks(self))
   if not l then
     error(errors.new("config", ("cannot listen for RPC on %s: %s"):format(bind_ip, tostring(err))), 0)
   end
@@ -42,6 +58,8 @@ end
 -- interface otherwise; returns the address peers should dial (the interface
 -- that reaches the store).
 function C:listen_near(store_client, loopback)
+  -- (what proves our connections: the world's token or secret, as the store's did)
+  self.cred = store_client.cred
   if loopback then
     self:listen("127.0.0.1")
     if self.local_sockets then self:listen_local() end
@@ -63,11 +81,7 @@ function C:listen_local()
     return
   end
   local path = ("%s/%d.sock"):format(dir, self.port)
-  local l, err = core.listen("unix:" .. path, 0, {
-    accept = function(conn) self.conns[conn] = {incoming = true} end,
-    frame = function(conn, ...) self:on_frame(conn, ...) end,
-    close = function(conn, ...) self:on_conn_close(conn, ...) end,
-  })
+  local l, err = core.listen("unix:" .. path, 0, listener_callbacks(self))
   if not l then
     log.debug("no Unix-domain socket at %s: %s", path, tostring(err))
     return
@@ -75,14 +89,13 @@ function C:listen_local()
   self.local_listener, self.unix_path = l, path
 end
 
-
 -- connections ----------------------------------------------------------------------
+-- (who we are; nothing about where our memory is: that waits for the proof)
 local function hello_body(self, conn)
   local h = {proto = core.protocol_version, version = core.version, world = self.world,
-             rank = self.rank, name = self.name, cma = cma.offer(conn, self.cma),
-             shm = self.shm and conn:is_local() or nil}
+             rank = self.rank, name = self.name}
   local st = self.conns[conn]
-  if st then st.auth_client = auth.client_hello(h) end
+  if st then st.auth_client = auth.client_hello(h, self.cred) end
   return enc("hello", h)
 end
 
@@ -251,14 +264,24 @@ function C:conn_gone(p, conn, msg, peer_version, waited)
   end
 end
 
+-- The handshake (see rpchost.auth): HELLO -> ACK -> AUTH -> READY. The server
+-- learns who the client claims to be from HELLO but takes nothing from it as
+-- true, and changes no peer's record, until AUTH's proof holds; only then do the
+-- connection's gate open (conn:prove) and the offers (cross-memory reads,
+-- shared memory, the incarnation) take effect, on both sides.
 function C:on_hello(conn, body)
-  local ok, h = pcall(dec, body)
-  local function refuse(why)
+  local st = self.conns[conn]
+  local function refuse(why, kind)
     log.warn("refusing a connection: %s", why)
-    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, error = why, proto = core.protocol_version,
-                                                 version = core.version}))
+    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, auth = kind == "auth" or nil, error = why,
+                                                 proto = core.protocol_version, version = core.version}))
     conn:close(true)
   end
+  if not st or not st.incoming or st.hello then
+    log.warn("closing a connection that sent a second or unexpected hello")
+    return conn:close()
+  end
+  local ok, h = pcall(dec, body)
   if not ok or type(h) ~= "table" then return refuse("malformed hello") end
   if h.proto ~= core.protocol_version then
     return refuse(("protocol version mismatch: %s (rank %s) runs rpchost %s (protocol %s), %s " ..
@@ -268,71 +291,78 @@ function C:on_hello(conn, body)
   if h.world ~= self.world then
     return refuse(("a rank of another world (%s) connected to %s"):format(tostring(h.world), self.name))
   end
+  local aok, fields, state = auth.server_hello(h, self.cred)
+  if not aok then return refuse(fields, "auth") end
   local p = type(h.rank) == "number" and self.peers[h.rank]
   if not p and self.store and type(h.rank) == "number" and h.rank >= self.world_size then
     -- a member that joined after us: learn it from the store, then go on
-    local st = self.conns[conn]
     if st.learning then return end
-    st.learning, st.held = true, {}
+    st.learning = true
     sched.spawn(function()
       pcall(self.learn, self, h.rank)
       st.learning = false
       if not conn:is_open() then return end
       if not self.peers[h.rank] then return refuse(("unknown rank %s (%s) connected"):format(h.rank, tostring(h.name))) end
       self:on_hello(conn, body)
-      local held = st.held
-      st.held = nil
-      for _, f in ipairs(held) do
-        if conn:is_open() then self:on_frame(conn, unpack(f, 1, f.n)) end
-      end
     end, {name = "learn member"})
     return
   end
   if not p or p.name ~= h.name then
     return refuse(("unknown rank %s (%s) connected"):format(tostring(h.rank), tostring(h.name)))
   end
-  local ok, fields, state = auth.server_hello(h)
-  if not ok then
-    log.warn("refusing %s (rank %s): %s", tostring(h.name), tostring(h.rank), fields)
-    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, auth = true, error = fields}))
+  st.hello, st.claim, st.auth_server = true, h.rank, state
+  fields.ok = true
+  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", fields))
+end
+
+-- server: the client's proof and offers
+function C:on_auth(conn, body)
+  local st = self.conns[conn]
+  if not (st and st.auth_server) then
+    log.warn("closing a connection that sent a proof out of turn")
+    return conn:close()
+  end
+  local ok, a = pcall(dec, body)
+  local why = not (ok and type(a) == "table") and "malformed handshake (proof)" or
+    auth.server_check(st.auth_server, a.proof, self.cred)
+  st.auth_server = nil
+  local p = not why and self.peers[st.claim]
+  if not why and not p then why = ("rank %s left while connecting"):format(tostring(st.claim)) end
+  if why then
+    log.warn("refusing a connection: %s", why)
+    conn:send(auth.READY_FRAME, 0, 0, enc("ready", {ok = false, error = why}))
     conn:close(true)
     return
   end
-  local st = self.conns[conn]
-  st.rank = h.rank
-  p.reads_peer = cma.accept(h.cma, conn, self.cma)
-  p.cma_pid = p.reads_peer and h.cma.pid or nil
-  st.shm = self.shm and conn:is_local() and h.shm == true
-  fields.ok, fields.rank, fields.name = true, self.rank, self.name
-  fields.cma, fields.shm = cma.offer(conn, self.cma), st.shm
-  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", fields))
-  if state.done then self:accepted(p, conn) else st.auth_server = state end
+  conn:prove()
+  st.rank, st.inc = st.claim, a.inc
+  p.reads_peer = cma.accept(a.cma, conn, self.cma)
+  p.cma_pid = p.reads_peer and a.cma.pid or nil
+  st.shm = self.shm and conn:is_local() and a.shm == true
+  conn:send(auth.READY_FRAME, 0, 0, enc("ready", {ok = true, cma = cma.offer(conn, self.cma), shm = st.shm,
+                                                 inc = self.inc}))
+  self:accepted(p, conn)
 end
 
--- the handshake of an incoming connection is complete (and authenticated)
+-- the handshake of an incoming connection is complete (and proven)
 function C:accepted(p, conn)
-  self.conns[conn].ready = true
+  local st = self.conns[conn]
+  st.ready = true
+  p.inc = st.inc
   if p.state ~= "ready" then
     if p.dialling then p.dialling = nil end
     self:peer_ready(p, conn)
   end
 end
 
-function C:on_auth(conn, body)
-  local st = self.conns[conn]
-  local ok, a = pcall(dec, body)
-  if st and st.auth_server and ok and type(a) == "table" and auth.server_check(st.auth_server, a.proof) then
-    st.auth_server = nil
-    return self:accepted(self.peers[st.rank], conn)
-  end
-  log.warn("refusing a connection that does not know the security token")
-  conn:close()
-end
-
+-- client: the server's proof; ours goes back with our offers
 function C:on_hello_ack(conn, body)
   local st = self.conns[conn]
-  if not st or not st.rank then return end
-  local p = self.peers[st.rank]
+  local p = st and st.dialled and not st.acked and self.peers[st.rank]
+  if not p then
+    log.warn("closing a connection that sent an unexpected handshake reply")
+    return conn:close()
+  end
   local ok, a = pcall(dec, body)
   if not ok or type(a) ~= "table" or not a.ok then
     local why = ok and type(a) == "table" and a.error or "malformed handshake reply"
@@ -340,14 +370,33 @@ function C:on_hello_ack(conn, body)
     conn:close()
     return
   end
-  local proof, why = auth.client_check(st.auth_client or {}, a)
+  local proof, why = auth.client_check(st.auth_client or {}, a, self.cred)
   if proof == false then
     self:peer_lost(p, conn, why, "auth")
     conn:close()
     return
   end
-  if proof then conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof})) end
-  st.ready = true
+  st.acked = true
+  conn:prove() -- (the server proved itself, or nothing can be proved in this world)
+  conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof ~= true and proof or nil, inc = self.inc,
+    cma = cma.offer(conn, self.cma), shm = self.shm and conn:is_local() or nil}))
+end
+
+-- client: the server's verdict and offers
+function C:on_ready(conn, body)
+  local st = self.conns[conn]
+  local p = st and st.acked and not st.ready and self.peers[st.rank]
+  if not p then
+    log.warn("closing a connection that sent an unexpected handshake verdict")
+    return conn:close()
+  end
+  local ok, a = pcall(dec, body)
+  if not ok or type(a) ~= "table" or not a.ok then
+    self:peer_lost(p, conn, ok and type(a) == "table" and tostring(a.error) or "malformed handshake verdict", "auth")
+    conn:close()
+    return
+  end
+  st.ready, st.inc, p.inc = true, a.inc, a.inc
   if p.dialling == conn then p.dialling = nil end
   p.reads_peer = cma.accept(a.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and a.cma.pid or nil
@@ -378,18 +427,27 @@ function C:segments(conn, flags, segs)
   return got
 end
 
+-- Early frames held at most, in bytes, before the connections that send them are
+-- paused (until this rank is ready: see set_ready).
+local EARLY_MAX = tonumber(os.getenv("RPCHOST_EARLY_MAX")) or 64 * 2 ^ 20
+
+-- Every frame of a connection arrives here. Its gate (host/net) already let
+-- through nothing but small handshake frames before the peer proved itself;
+-- what passed is dispatched by type, and whatever does not fit the state of
+-- the connection's handshake closes it.
 function C:on_frame(conn, ftype, flags, id, body, ...)
   local cst = self.conns[conn]
-  if cst and cst.learning then
-    cst.held[#cst.held + 1] = table.pack(ftype, flags, id, body, ...)
-    return
+  if not cst or cst.learning then
+    log.warn("closing a connection that sent a frame out of turn (type %d)", ftype)
+    return conn:close()
   end
   local segs = {...} -- (one table for every use below: varargs stop LuaJIT's traces)
   if shm.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
     if not ok then
       log.warn("%s", tostring(got))
-      if ftype == proto.RESPONSE then
+      local call = ftype == proto.RESPONSE and self.pending[id]
+      if call and cst.ready and call.peer.rank == cst.rank then
         self:complete_error(id, errors.new("unreachable", tostring(got)))
       elseif ftype == proto.REQUEST then
         self:send_reply(conn, id, {false, tostring(got), n = 2})
@@ -399,10 +457,32 @@ function C:on_frame(conn, ftype, flags, id, body, ...)
     return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, unpack(got))
   end
   if cst and cst.rank and self.peers[cst.rank] then trace.frame_bytes(self.peers[cst.rank].name, false, body, segs) end
-  if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs) end
+  if ftype == proto.RESPONSE then
+    if not cst.ready then
+      log.warn("closing a connection that sent a reply before its handshake")
+      return conn:close()
+    end
+    return self:on_response(id, flags, body, segs, cst)
+  end
+  if ftype == auth.READY_FRAME then return self:on_ready(conn, body) end
   if not self.ready then
-    -- peers may reach us before our own rendezvous finished: hold their frames
+    -- Peers may reach us before our own rendezvous finished: hold their frames.
+    -- A stranger gets one (its hello); a proven peer is paused past EARLY_MAX.
+    if not cst.ready then
+      if cst.held then
+        log.warn("closing a connection that sent more than its hello before this rank was ready")
+        return conn:close()
+      end
+      cst.held = true
+    end
     self.early[#self.early + 1] = {conn, ftype, flags, id, body, segs}
+    local n = #body
+    for i = 1, #segs do n = n + (type(segs[i]) == "string" and #segs[i] or segs[i]:numel()) end
+    self.early_bytes = (self.early_bytes or 0) + n
+    if self.early_bytes > EARLY_MAX and not self.early_paused[conn] then
+      self.early_paused[conn] = true
+      conn:pause()
+    end
     return
   end
   if ftype == proto.REQUEST then

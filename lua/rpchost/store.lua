@@ -118,7 +118,7 @@ function Server:on_frame(conn, ftype, _, id, body)
   if not st then return end
   if ftype == proto.HELLO then
     local ok, hello = pcall(dec, body)
-    if not ok or type(hello) ~= "table" then
+    if st.hello or not ok or type(hello) ~= "table" then
       log.warn("store: closing a connection that sent a malformed hello")
       conn:close()
       return
@@ -133,25 +133,33 @@ function Server:on_frame(conn, ftype, _, id, body)
       conn:close(true)
       return
     end
-    local ok, fields, state = auth.server_hello(hello)
+    st.hello = true
+    local ok, fields, state = auth.server_hello(hello, self.cred)
     if not ok then
+      log.warn("store: refusing a connection: %s", fields)
       conn:send(proto.HELLO_ACK, 0, id, enc("hello", {ok = false, auth = true, error = fields}))
       conn:close(true)
       return
     end
     fields.ok, fields.proto, fields.version = true, core.protocol_version, core.version
-    if state.done then st.ready = true else st.auth = state end
+    st.auth = state
     conn:send(proto.HELLO_ACK, 0, id, enc("hello", fields))
     return
   end
   if ftype == auth.AUTH_FRAME and st.auth then
     local ok, a = pcall(dec, body)
-    if ok and type(a) == "table" and auth.server_check(st.auth, a.proof) then
-      st.auth, st.ready = nil, true
-    else
-      log.warn("store: refusing a connection that does not know the security token")
-      conn:close()
+    local why = not (ok and type(a) == "table") and "malformed handshake (proof)" or
+      auth.server_check(st.auth, a.proof, self.cred)
+    st.auth = nil
+    if why then
+      log.warn("store: refusing a connection: %s", why)
+      conn:send(auth.READY_FRAME, 0, id, enc("ready", {ok = false, error = why}))
+      conn:close(true)
+      return
     end
+    st.ready = true
+    conn:prove()
+    conn:send(auth.READY_FRAME, 0, id, enc("ready", {ok = true}))
     return
   end
   if ftype ~= proto.STORE or not st.ready then
@@ -226,6 +234,13 @@ function M.serve(host, port)
   s.listener = l
   s.port = l:port()
   s.addr = ("%s:%d"):format(host, s.port)
+  -- (after the port is ours: no other store can be writing this port's secret)
+  local ok, cred, path = pcall(auth.host_cred, is_loopback(ip), s.port)
+  if not ok then
+    l:close()
+    error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr, tostring(cred))), 0)
+  end
+  s.cred, s.secret_path = cred, path
   return s
 end
 
@@ -242,6 +257,8 @@ end
 
 function Server:close()
   if self.listener then self.listener:close(); self.listener = nil end
+  auth.forget_secret(self.cred, self.secret_path)
+  self.secret_path = nil
 end
 
 -- Client -----------------------------------------------------------------------
@@ -304,8 +321,10 @@ function M.connect(host, port, timeout)
     sched.sleep(math.min(0.05 * 2 ^ math.min(math.floor(now - start), 3), 0.5))
   end
   -- handshake
+  local cred = auth.client_cred(is_loopback(ip), port)
+  c.cred = cred
   local hello = {proto = core.protocol_version, version = core.version}
-  local ast = auth.client_hello(hello)
+  local ast = auth.client_hello(hello, cred)
   -- A store answers at once; something else listening there (MASTER_PORT
   -- pointing at another service) never will: say so instead of waiting it out.
   local ok, ack = pcall(c.request, c, proto.HELLO, enc("hello", hello),
@@ -322,12 +341,21 @@ function M.connect(host, port, timeout)
     error(errors.new(ack.auth and "auth" or "protocol", ("the store at %s refused this rank: %s"):format(
       addr, tostring(ack.error))), 0)
   end
-  local p, why = auth.client_check(ast, ack)
+  local p, why = auth.client_check(ast, ack, cred)
   if p == false then
     c:close()
     error(errors.new("auth", ("the store at %s: %s"):format(addr, why)), 0)
   end
-  if p then c.conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = p})) end
+  c.conn:prove() -- (the store proved itself, or nothing can be proved here)
+  local rok, ready = pcall(c.request, c, auth.AUTH_FRAME, enc("auth", {proof = p ~= true and p or nil}),
+    M.HANDSHAKE_TIMEOUT)
+  if rok then rok, ready = pcall(dec, ready) end
+  if not rok or type(ready) ~= "table" or not ready.ok then
+    c:close()
+    local why = rok and type(ready) == "table" and ready.error or
+      (errors.is(ready) and ready.message or tostring(ready))
+    error(errors.new("auth", ("the store at %s refused this rank: %s"):format(addr, tostring(why))), 0)
+  end
   return c
 end
 

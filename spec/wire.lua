@@ -1,0 +1,142 @@
+-- spec/wire.lua: a peer that speaks rpchost's wire format but not its rules,
+-- for specs that attack a live world (forged frames, announced sizes that never
+-- come, half headers, idle connections). Runs inside rpchost, in a task.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+
+local W = {}
+
+W.HELLO, W.HELLO_ACK, W.REQUEST, W.RESPONSE, W.MESSAGE, W.AUTH, W.READY = 1, 2, 3, 4, 5, 6, 7
+W.STORE = 10
+W.FLAG_ERROR = 1
+
+local function u32(v)
+  return string.char(v % 256, math.floor(v / 256) % 256, math.floor(v / 65536) % 256, math.floor(v / 16777216) % 256)
+end
+local function u64(v) return u32(v % 4294967296) .. u32(math.floor(v / 4294967296)) end
+
+-- The 32-byte header of a frame announcing these lengths (see host/net/frame.h).
+function W.header(ftype, id, body_len, nseg, seg_bytes)
+  return "RHF1" .. string.char(core.protocol_version, ftype, 0, 0) .. u64(id or 0) .. u32(body_len or 0) ..
+    u32(nseg or 0) .. u64(seg_bytes or 0)
+end
+W.u64 = u64
+
+-- Opens a raw connection to ip:port (ip "unix:/path" for a Unix-domain socket).
+-- Returns a record: .conn, .closed (when the other side ended it: the time),
+-- .frames (what came back: {type, id, body}), .err (a connect error).
+function W.open(ip, port)
+  local r = {frames = {}, opened = sched.now()}
+  local task = sched.current()
+  local conn, err = core.connect(ip, port, {
+    connect = function(_, cerr)
+      r.connected, r.err = cerr == nil, cerr
+      if r.waiting then sched.wake(task) end
+    end,
+    frame = function(_, ftype, _, id, body) r.frames[#r.frames + 1] = {type = ftype, id = id, body = body} end,
+    close = function() r.closed = sched.now() end,
+  })
+  if not conn then r.err = err; return r end
+  r.conn = conn
+  local deadline = sched.now() + 5
+  while r.connected == nil and sched.now() < deadline do
+    r.waiting = true
+    sched.suspend_until("a raw connection", 0.05)
+    r.waiting = false
+  end
+  if not r.connected then r.err = r.err or "timed out connecting" end
+  return r
+end
+
+-- Waits (bounded) until every record in `list` is closed; returns how many are.
+function W.wait_closed(list, timeout)
+  local deadline = sched.now() + timeout
+  local function count()
+    local n = 0
+    for _, r in ipairs(list) do if r.closed or not r.conn then n = n + 1 end end
+    return n
+  end
+  while count() < #list and sched.now() < deadline do sched.sleep(0.02) end
+  return count()
+end
+
+-- A HELLO as a rank of `world` would send it, claiming `rank` and `name`.
+function W.hello(world, rank, name, extra)
+  local h = {proto = core.protocol_version, version = core.version, world = world, rank = rank, name = name,
+             nonce = core.random_bytes(32)}
+  for k, v in pairs(extra or {}) do h[k] = v end
+  return codec.encode("hello", h)
+end
+
+-- Opens a second connection to a peer as agent `a`'s own rank would, with the
+-- whole handshake and a's credential (a member testing what a peer does with
+-- frames after the proof). offers: fields for AUTH (shm = true, ...). Returns
+-- the record (see W.open) with .ready set to the peer's READY fields, or nil.
+function W.join(ip, port, a, offers)
+  local auth = require "rpchost.auth"
+  local r = W.open(ip, port)
+  if not r.conn then return r end
+  local h = {proto = core.protocol_version, version = core.version, world = a.world, rank = a.rank, name = a.name}
+  local st = auth.client_hello(h, a.cred)
+  r.conn:send(W.HELLO, 0, 0, codec.encode("hello", h))
+  local function next_frame()
+    local deadline = sched.now() + 5
+    while #r.frames == 0 and not r.closed and sched.now() < deadline do sched.sleep(0.005) end
+    return table.remove(r.frames, 1)
+  end
+  local f = next_frame()
+  local ack = f and codec.decode(f.body)
+  if not (ack and ack.ok) then return r end
+  local p = auth.client_check(st, ack, a.cred)
+  if not p then return r end
+  r.conn:prove()
+  local fields = {proof = p ~= true and p or nil}
+  for k, v in pairs(offers or {}) do fields[k] = v end
+  r.conn:send(W.AUTH, 0, 0, codec.encode("auth", fields))
+  f = next_frame()
+  local ready = f and codec.decode(f.body)
+  if ready and ready.ok then r.ready = ready end
+  return r
+end
+
+-- The body of the first frame of type ftype and id that came back (waits, bounded).
+function W.reply(r, ftype, id, timeout)
+  local deadline = sched.now() + (timeout or 5)
+  while sched.now() < deadline do
+    for i, f in ipairs(r.frames) do
+      if f.type == ftype and f.id == id then
+        table.remove(r.frames, i)
+        return f.body
+      end
+    end
+    if r.closed then return nil end
+    sched.sleep(0.005)
+  end
+end
+
+-- Bodies an attacker might put in a forged RESPONSE: a plain value, an error
+-- object, a function by value (bytecode), a function by name, and a by-name
+-- value whose module the victim would have to require.
+function W.forged_results()
+  package.loaded.rh_evil_module = package.loaded.rh_evil_module or {f = function() end}
+  local evil = package.loaded.rh_evil_module.f
+  local secret = "PWNED-BYTECODE"
+  return {
+    codec.encode_message(0, "result", "FORGED"),
+    codec.encode("error", require("rpchost.errors").new("remote", "FORGED-ERROR")),
+    codec.encode_message(0, "result", function() print(secret) return secret end),
+    codec.encode_message(0, "result", os.execute),
+    (codec.encode_message(0, "result", evil)),
+  }
+end
+
+-- This process's resident memory now, in bytes.
+function W.rss()
+  local f = io.open("/proc/self/statm")
+  local pages = f and f:read("*a"):match("^%d+%s+(%d+)")
+  if f then f:close() end
+  return (tonumber(pages) or 0) * 4096
+end
+
+return W
