@@ -91,6 +91,9 @@ int rh_conn_peer(rh_conn_t *c, char *ip, size_t iplen, int *port);
 int rh_conn_local(rh_conn_t *c, char *ip, size_t iplen, int *port);
 int rh_conn_is_open(rh_conn_t *c);
 size_t rh_conn_queued(rh_conn_t *c);
+/* Tests only: the largest buffer one write is given (0: the default, 1 GiB), so
+ * that the splitting of big segments can be exercised with small ones. */
+void rh__conn_set_write_split(size_t bytes);
 
 /* Listeners: accept connections and hand each one to on_accept (with cbs to use). */
 typedef void (*rh_accept_fn)(rh_listener_t *l, rh_conn_t *c);

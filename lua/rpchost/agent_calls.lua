@@ -33,6 +33,25 @@ end
 -- requests written together at most, in a burst within one loop turn
 local BATCH = 16
 
+-- A message must fit one frame (RPCHOST_MAX_FRAME, the same limit every rank
+-- reads): one that would not is refused before a byte is sent, so it cannot jam
+-- its connection, with its size and the limit. nil when it fits.
+local frame_limit, frame_header
+local function too_big(what, body, segs)
+  if not frame_limit then
+    local st = core.net_stats()
+    frame_limit, frame_header = st.max_frame, st.frame_header
+  end
+  local n = frame_header + #body + 8 * #segs
+  for i = 1, #segs do
+    local s = segs[i]
+    n = n + (type(s) == "string" and #s or core.t_nbytes(s))
+  end
+  if n <= frame_limit then return nil end
+  return ("%s is %.0f bytes, more than the largest message a worker sends or accepts (%.0f bytes); " ..
+    "send it in parts, or raise RPCHOST_MAX_FRAME on every worker"):format(what, n, frame_limit)
+end
+
 -- async_execution marks (weak: the wrapped function decides its lifetime)
 local async_functions = setmetatable({}, {__mode = "k"})
 -- (a closure sent by value keeps its mark)
@@ -121,6 +140,8 @@ function C:call(to, fn, args, kwargs, timeout)
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
   end
+  local big = p.rank ~= self.rank and too_big("the call to " .. p.name, body, segs)
+  if big then error(errors.new("serialize", big, {worker = p.name, rank = p.rank}), 0) end
   if timeout == nil or timeout < 0 then timeout = self.timeout end
   self.next_id = self.next_id + 1
   local id = self.next_id
@@ -298,8 +319,9 @@ function C:send_reply(to, id, r, rmap)
     codec.out_devices = dest == self.rank and SAME_DEVICES or reply_devices
     ok, body, segs = pcall(enc_msg, dest, "result", unpack(r, 2, r.n))
     codec.ag_out, codec.out_devices = nil, nil
-    if ok then return reply(self, to, id, 0, body, segs) end
-    r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
+    local big = ok and dest ~= self.rank and too_big("the result", body, segs)
+    if ok and not big then return reply(self, to, id, 0, body, segs) end
+    r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(big or body)), n = 2}
   end
   local err = r[2]
   if not (errors.is(err) and err.kind == "serialize") then err = self:remote_error(err)
