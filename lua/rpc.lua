@@ -59,9 +59,9 @@ end
 
 rpc.TensorPipeRpcBackendOptions = options_class("TensorPipeRpcBackendOptions", "TENSORPIPE",
   {"num_worker_threads", "rpc_timeout", "init_method", "device_maps", "devices", "security_token",
-   "_transports", "_channels", "init_timeout"})
+   "_transports", "_channels", "init_timeout", "max_queued_requests"})
 rpc.ProcessGroupRpcBackendOptions = options_class("ProcessGroupRpcBackendOptions", "PROCESS_GROUP",
-  {"num_send_recv_threads", "rpc_timeout", "init_method", "init_timeout"})
+  {"num_send_recv_threads", "rpc_timeout", "init_method", "init_timeout", "max_queued_requests"})
 
 local function is_options(o)
   local mt = getmetatable(o)
@@ -129,6 +129,23 @@ function rpc.init_rpc(name, a, b, c, d)
     end
   end
   opts = opts or {}
+  if o.rpc_timeout ~= nil then
+    -- the timeout given beside rank and world_size: the same as in the options
+    -- (both at once must agree: which one was meant cannot be guessed)
+    if opts.rpc_timeout ~= nil and opts.rpc_timeout ~= o.rpc_timeout then
+      error(errors.new("config", ("init_rpc: rpc_timeout is given twice, %s and %s in rpc_backend_options; " ..
+        "give it once"):format(tostring(o.rpc_timeout), tostring(opts.rpc_timeout))), 0)
+    end
+    if type(o.rpc_timeout) ~= "number" or o.rpc_timeout < 0 then
+      error(errors.new("config", ("init_rpc: rpc_timeout must be a number of seconds >= 0 (0: no timeout), " ..
+        "got %s"):format(tostring(o.rpc_timeout))), 0)
+    end
+    local copy = setmetatable({}, getmetatable(opts))
+    for k, v in pairs(opts) do copy[k] = v end
+    copy.rpc_timeout = o.rpc_timeout
+    opts = copy
+  end
+  agentmod.max_queued(opts.max_queued_requests) -- (a bad bound is refused before anything starts)
   local rank = o.rank
   if rank == nil then rank = env.rank() end
   local world_size = o.world_size
@@ -233,6 +250,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local a = agentmod.new{name = name, rank = rank, world_size = world_size,
     timeout = tonumber(opts.rpc_timeout) or default_timeout,
     num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P, shm = opts.shm,
+    max_queued_requests = opts.max_queued_requests,
     local_sockets = opts.local_sockets,
     -- Bytecode from the network can do anything: only a loopback-only world or one
     -- whose every peer proved the security token takes it.
@@ -302,7 +320,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout) or default_timeout, num_worker_threads = opts.num_worker_threads,
-      world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
+      max_queued_requests = opts.max_queued_requests, world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,

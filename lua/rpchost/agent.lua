@@ -24,6 +24,24 @@ Agent.__index = Agent
 
 local dec = require("rpchost.codec").raw_decode
 
+-- The bound on a callee's queue of requests waiting for a handler slot: the
+-- max_queued_requests backend option, else RPCHOST_MAX_QUEUED, else 10000.
+M.DEFAULT_MAX_QUEUED = 10000
+function M.max_queued(v)
+  local from = "rpc_backend_options max_queued_requests"
+  if v == nil then
+    v = os.getenv("RPCHOST_MAX_QUEUED")
+    if v == nil or v == "" then return M.DEFAULT_MAX_QUEUED end
+    from = "RPCHOST_MAX_QUEUED"
+    v = tonumber(v) or v
+  end
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
+    error(errors.new("config", ("%s must be a whole number of requests, at least 1, got %s"):format(
+      from, tostring(v))), 0)
+  end
+  return v
+end
+
 function M.new(o)
   local a = setmetatable({
     name = o.name, rank = o.rank, world_size = o.world_size,
@@ -36,7 +54,11 @@ function M.new(o)
     -- Unix-domain sockets between ranks on this host (RPCHOST_UNIX=0 turns them off)
     local_sockets = o.local_sockets ~= false and os.getenv("RPCHOST_UNIX") ~= "0",
     peers = {}, by_name = {}, conns = {}, pending = {}, next_id = 0,
-    running = 0, backlog = {}, early = {}, ready = false, state = "starting",
+    -- requests waiting for one of max_running handler slots (agent_calls): a
+    -- FIFO of at most max_queued, and the queued ones by caller rank and call id
+    running = 0, backlog = {head = 1, tail = 0}, nqueued = 0, queued = {},
+    max_queued = M.max_queued(o.max_queued_requests),
+    early = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
     stats = {calls_out = 0, calls_in = 0},
     flush_turn = -1, batched = 0, free_calls = {},

@@ -43,6 +43,11 @@ function C:on_message(src, body, segs)
     if p then (key == "!shm_ack" and shm.acked or shm.dropped)(p, r[3]) end
     return
   end
+  if key == "!cancel" then
+    -- a caller stopped waiting for its call r[3]: drop it if it is still queued
+    if type(r[3]) == "number" then self:cancel_request(src, r[3]) end
+    return
+  end
   if key == "!leave" then
     -- a dynamic member leaves: forget it; calls still pending on it fail
     local p = self.peers[src]
