@@ -73,7 +73,8 @@ end
 -- peers: rank -> {rank, name, ip, port, unix, info, conn, state, queue, pending}
 function Agent:add_peer(w)
   local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port, unix = w.unix,
-             info = WorkerInfo.new(w.rank, w.name), state = "none", queue = {}, pending = {}}
+             info = WorkerInfo.new(w.rank, w.name), state = "none", queue = {}, pending = {},
+             incarnation = tonumber(w.incarnation) or 0} -- (a restarted static rank's count)
   self.peers[w.rank] = p
   self.by_name[w.name] = p
   return p
