@@ -108,8 +108,11 @@ function Agent:peer_of(to)
     if ok then p = found end
   end
   if not p then
-    local names = {}
-    for r, q in pairs(self.peers) do names[#names + 1] = q.name end
+    -- (each name once: a member known under an old and a new rank shows once)
+    local names, seen = {}, {}
+    for _, q in pairs(self.peers) do
+      if not seen[q.name] then seen[q.name] = true; names[#names + 1] = q.name end
+    end
     table.sort(names)
     error(errors.new("config", ("unknown worker %s: the workers are %s"):format(
       t == "string" and ("'" .. to .. "'") or tostring(to), table.concat(names, ", "))), 0)
