@@ -64,4 +64,17 @@ describe("dynamic members", function()
     assert.is_false(ok)
     assert.are.equal("unknown worker 'nobody': the workers are repl, w0", e.message)
   end)
+
+  it("a worker that cannot be looked up because the store is gone is unreachable, not a config error", function()
+    local agentmod, errors = require "rpchost.agent", require "rpchost.errors"
+    local a = agentmod.new{name = "repl", rank = 3, world_size = 1}
+    a:add_peer({name = "w0", rank = 0, ip = "127.0.0.1", port = 1})
+    a.prefix = "rpc/1/"
+    a.store = {get = function() error(errors.new("unreachable", "the store at 127.0.0.1:1 is gone"), 0) end}
+    local ok, e = pcall(a.peer_of, a, "worker9")
+    assert.is_false(ok)
+    assert.are.equal("unreachable", e.kind)
+    assert.truthy(e.message:find("the store at 127.0.0.1:1 is gone", 1, true), e.message)
+    assert.are.equal(a.peers[0], a:peer_of("w0")) -- (a known member needs no store)
+  end)
 end)

@@ -102,10 +102,19 @@ function Agent:peer_of(to)
     error(errors.new("config", ("a call's target must be a worker name, a rank number or a " ..
       "WorkerInfo, got %s"):format(t)), 0)
   end
+  local store_err
   if not p and self.store and sched.current() and (t == "string" or t == "number") then
     -- perhaps a member that joined after us (a REPL): ask the store
     local ok, found = pcall(self.learn, self, to)
-    if ok then p = found end
+    if ok then p = found else store_err = found end
+  end
+  if not p and store_err then
+    -- not a wrong name as far as anyone can tell: the store that would know it
+    -- is gone (the members known here are still reachable)
+    local why = errors.is(store_err) and store_err.message or tostring(store_err)
+    error(errors.new("unreachable", ("cannot reach worker %s: it is not one this worker knows, and the " ..
+      "store that would know it cannot be reached: %s"):format(
+      t == "string" and ("'" .. to .. "'") or tostring(to), why), {worker = t == "string" and to or nil}), 0)
   end
   if not p then
     -- (each name once: a member known under an old and a new rank shows once)
