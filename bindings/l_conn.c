@@ -6,10 +6,14 @@
  * reports the end (on_close) the Lua close handler runs once, the anchors go, and
  * the box forgets the pointer: the C struct is freed later by libuv's close
  * callback and never touched from Lua again. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rh_lua.h"
@@ -508,6 +512,44 @@ static int l_socket_dir(lua_State *L) {
   return 1;
 }
 
+/* sweep_sockets(dir [, min_age]) -> removed: the socket files (*.sock) in dir that
+ * nobody listens on any more (a connect is refused: their rank was killed and
+ * could not remove its own), at least min_age seconds old (default 10) so that a
+ * rank between its bind and its listen keeps its file. Synchronous and local:
+ * a connect to a Unix-domain socket answers at once. */
+static int l_sweep_sockets(lua_State *L) {
+  const char *dir = luaL_checkstring(L, 1);
+  double min_age = luaL_optnumber(L, 2, 10);
+  DIR *d = opendir(dir);
+  int removed = 0;
+  if (!d) {
+    lua_pushinteger(L, 0);
+    return 1;
+  }
+  time_t now = time(NULL);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t n = strlen(e->d_name);
+    if (n < 6 || strcmp(e->d_name + n - 5, ".sock") != 0) continue;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if ((size_t)snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, e->d_name) >= sizeof a.sun_path) continue;
+    struct stat st;
+    if (lstat(a.sun_path, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != getuid()) continue;
+    if (difftime(now, st.st_mtime) < min_age) continue;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    int err = rc == 0 ? 0 : errno;
+    close(fd);
+    if (err == ECONNREFUSED && unlink(a.sun_path) == 0) removed++;
+  }
+  closedir(d);
+  lua_pushinteger(L, removed);
+  return 1;
+}
+
 /* resolve(host) -> numeric ip | nil, message. Synchronous: used at start-up only. */
 static int l_resolve(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
@@ -551,7 +593,7 @@ int rh_open_conn(lua_State *L) {
 
   static const luaL_Reg fns[] = {
       {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {"socket_dir", l_socket_dir},
-      {"getuid", l_getuid},   {NULL, NULL}};
+      {"getuid", l_getuid},   {"sweep_sockets", l_sweep_sockets}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -93,6 +93,12 @@ static int l_net_stats(lua_State *L) {
   lua_setfield(L, -2, "bytes_out");
   lua_pushnumber(L, (double)rh_ctx()->net.writes);
   lua_setfield(L, -2, "writes");
+  /* the largest frame sent or accepted (RPCHOST_MAX_FRAME), and what a frame
+   * adds to its body and segments: its header, and 8 bytes per segment */
+  lua_pushnumber(L, (double)rh_ctx()->net.max_frame);
+  lua_setfield(L, -2, "max_frame");
+  lua_pushnumber(L, (double)RH_FRAME_HDR);
+  lua_setfield(L, -2, "frame_header");
   return 1;
 }
 

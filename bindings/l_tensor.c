@@ -6,6 +6,7 @@
  * full collection runs after every RH_GC_BYTES of them: garbage tensors cannot
  * pile up unseen (Torch7 fed its heap size to the GC for the same reason). */
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -87,7 +88,12 @@ static int check_sizes(lua_State *L, int i, int64_t *size) {
   for (int k = 0; k < n; k++) {
     lua_rawgeti(L, i, k + 1);
     if (!lua_isnumber(L, -1)) luaL_error(L, "sizes must be integers, got %s", luaL_typename(L, -1));
-    size[k] = (int64_t)lua_tonumber(L, -1);
+    /* converting a double outside int64 is undefined: a size past 2^62 (or NaN)
+     * from a script or the network is refused before it becomes an integer */
+    double v = lua_tonumber(L, -1);
+    if (!(v >= -0x1p62 && v <= 0x1p62) || v != floor(v))
+      luaL_error(L, "sizes must be integers of magnitude below 2^62, got %s in dimension %d", lua_tostring(L, -1), k + 1);
+    size[k] = (int64_t)v;
     lua_pop(L, 1);
   }
   return n;
@@ -162,7 +168,10 @@ static int l_from_bytes(lua_State *L) {
   size_t need = (size_t)rh_tensor_numel(t) * rh_dtype_size(dt);
   if (len != need) {
     rh_tensor_release(t);
-    return luaL_error(L, "expected %d bytes of data for this shape and dtype, got %d", (int)need, (int)len);
+    char why[128]; /* (lua_pushfstring has no 64-bit formats) */
+    snprintf(why, sizeof why, "expected %lld bytes of data for this shape and dtype, got %lld", (long long)need,
+             (long long)len);
+    return luaL_error(L, "%s", why);
   }
   memcpy(rh_tensor_data(t), s, len);
   if (lua_toboolean(L, 4)) { /* big-endian source */
@@ -471,16 +480,22 @@ static int l_reinterpret(lua_State *L) {
   rh_dtype_t dt = check_dtype(L, 2);
   int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
   int n = check_sizes(L, 3, size);
-  int64_t numel = 1;
+  /* the sizes come from the network: their product is checked before any stride
+   * is computed from it */
+  int64_t numel = 0;
+  if (rh_shape_numel(n, size, &numel)) return luaL_error(L, "malformed message: %s", rh_tensor_errmsg());
+  int64_t st = 1;
   for (int i = n - 1; i >= 0; i--) {
-    if (size[i] < 0) return luaL_error(L, "reinterpret: negative size");
-    stride[i] = numel;
-    numel *= size[i];
+    stride[i] = st;
+    st *= size[i] > 0 ? size[i] : 1;
   }
   size_t have = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
-  if (!rh_tensor_is_contiguous(t) || t->offset != 0 || (size_t)numel * rh_dtype_size(dt) != have)
-    return luaL_error(L, "malformed message: a tensor of %d %s elements does not match its %d payload bytes",
-                      (int)numel, rh_dtype_name(dt), (int)have);
+  if (!rh_tensor_is_contiguous(t) || t->offset != 0 || (size_t)numel * rh_dtype_size(dt) != have) {
+    char why[160]; /* (lua_pushfstring has no 64-bit formats) */
+    snprintf(why, sizeof why, "a tensor of %lld %s elements does not match its %lld payload bytes",
+             (long long)numel, rh_dtype_name(dt), (long long)have);
+    return luaL_error(L, "malformed message: %s", why);
+  }
   return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, dt, 0, n, size, stride));
 }
 

@@ -59,9 +59,9 @@ end
 
 rpc.TensorPipeRpcBackendOptions = options_class("TensorPipeRpcBackendOptions", "TENSORPIPE",
   {"num_worker_threads", "rpc_timeout", "init_method", "device_maps", "devices", "security_token",
-   "_transports", "_channels", "init_timeout"})
+   "_transports", "_channels", "init_timeout", "max_queued_requests"})
 rpc.ProcessGroupRpcBackendOptions = options_class("ProcessGroupRpcBackendOptions", "PROCESS_GROUP",
-  {"num_send_recv_threads", "rpc_timeout", "init_method", "init_timeout"})
+  {"num_send_recv_threads", "rpc_timeout", "init_method", "init_timeout", "max_queued_requests"})
 
 local function is_options(o)
   local mt = getmetatable(o)
@@ -129,6 +129,23 @@ function rpc.init_rpc(name, a, b, c, d)
     end
   end
   opts = opts or {}
+  if o.rpc_timeout ~= nil then
+    -- the timeout given beside rank and world_size: the same as in the options
+    -- (both at once must agree: which one was meant cannot be guessed)
+    if opts.rpc_timeout ~= nil and opts.rpc_timeout ~= o.rpc_timeout then
+      error(errors.new("config", ("init_rpc: rpc_timeout is given twice, %s and %s in rpc_backend_options; " ..
+        "give it once"):format(tostring(o.rpc_timeout), tostring(opts.rpc_timeout))), 0)
+    end
+    if type(o.rpc_timeout) ~= "number" or o.rpc_timeout < 0 then
+      error(errors.new("config", ("init_rpc: rpc_timeout must be a number of seconds >= 0 (0: no timeout), " ..
+        "got %s"):format(tostring(o.rpc_timeout))), 0)
+    end
+    local copy = setmetatable({}, getmetatable(opts))
+    for k, v in pairs(opts) do copy[k] = v end
+    copy.rpc_timeout = o.rpc_timeout
+    opts = copy
+  end
+  agentmod.max_queued(opts.max_queued_requests) -- (a bad bound is refused before anything starts)
   local rank = o.rank
   if rank == nil then rank = env.rank() end
   local world_size = o.world_size
@@ -190,14 +207,43 @@ local function member_answers(raw)
   return result
 end
 
+-- Whether a rank starting in generation gen + 1 should instead take its old
+-- place in the world of generation gen: that world is running (another of its
+-- ranks has not shut down and answers), and this rank's previous incarnation
+-- died there (it never shut down and no longer answers). nil or a reason.
+local function world_to_rejoin(client, rank, gen, world_size)
+  if gen < 1 then return nil end
+  local prev = ("rpc/%d/"):format(gen)
+  local mine = client:get(prev .. "worker/" .. rank)
+  if not mine or client:get(prev .. "shutdown/" .. rank) then return nil end
+  if member_answers(mine) ~= false then return nil end -- (alive, or cannot tell: the duplicate check says)
+  local ws = tonumber(client:get(prev .. "world_size"))
+  if ws and ws ~= world_size then return nil end
+  for r = 0, (ws or world_size) - 1 do
+    if r ~= rank and not client:get(prev .. "shutdown/" .. r) then
+      if member_answers(client:get(prev .. "worker/" .. r)) == true then return prev end
+    end
+  end
+  return nil
+end
+
 function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local gen = client:add("rpc/gen/" .. rank, 1)
   local P = ("rpc/%d/"):format(gen)
+  -- A rank restarted after it died (same RANK, the others still running) takes
+  -- its place in their world, with a new incarnation its peers learn from the
+  -- notice it sends them, instead of waiting in a generation nobody else joins.
+  local rejoined = gen > 1 and world_to_rejoin(client, rank, gen - 1, world_size)
+  if rejoined then
+    client:add("rpc/gen/" .. rank, -1) -- (in step with the others for the next world)
+    gen, P = gen - 1, rejoined
+    log.info("rank %d rejoins the running world (%s) in place of its previous incarnation", rank, P)
+  end
   -- A second process started with the same RANK lands in the next generation
   -- and would wait there for ranks that already formed the world: if this
   -- rank's previous incarnation is still alive (not shut down, answering at its
   -- address), say so instead.
-  local settled = gen == 1 -- (once the previous incarnation is found shut down or gone)
+  local settled = gen == 1 or rejoined -- (once the previous incarnation is found shut down or gone)
   local function check_duplicate()
     if settled then return end
     local prev = ("rpc/%d/"):format(gen - 1)
@@ -222,7 +268,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     fail(("world_size mismatch: rank %d was started with world_size %d, rank %s with world_size %s"):format(
       rank, world_size, tostring(orank), tostring(ows)))
   end
-  -- names must be unique
+  -- names must be unique (a rejoining rank holds its own already)
   local holder = client:compare_set(P .. "name/" .. name, "", tostring(rank))
   if holder ~= tostring(rank) then
     local other = tonumber(holder)
@@ -233,6 +279,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local a = agentmod.new{name = name, rank = rank, world_size = world_size,
     timeout = tonumber(opts.rpc_timeout) or default_timeout,
     num_worker_threads = opts.num_worker_threads, world = key .. "/" .. P, shm = opts.shm,
+    max_queued_requests = opts.max_queued_requests,
     local_sockets = opts.local_sockets,
     -- Bytecode from the network can do anything: only a loopback-only world or one
     -- whose every peer proved the security token takes it.
@@ -240,9 +287,12 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local advertise = a:listen_near(client, loopback)
   current = a
   a.store, a.store_key, a.prefix = client, key, P
+  local incarnation = rejoined and client:add(P .. "incarnation/" .. rank, 1) or 0
+  a.incarnation = incarnation
   local ok, err = pcall(function()
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
-      port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version}))
+      port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version,
+      incarnation = incarnation}))
     local keys = {}
     for r = 0, world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
     client:wait_verbose(keys, timeout, abort, function(miss)
@@ -271,6 +321,15 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   rref.attach(a)
   require("rpchost.trace").set_rank(rank, name)
   a:set_ready()
+  if rejoined then
+    -- the others still know the dead incarnation's address: tell each where
+    -- this one is (a peer that cannot be reached now learns it when it comes)
+    local me = {name = name, rank = rank, ip = advertise, port = a.port, unix = a.unix_path,
+                incarnation = incarnation}
+    for r, p in pairs(a.peers) do
+      if r ~= rank then pcall(a.post, a, r, "!reborn", me) end
+    end
+  end
   -- where dynamic members (rpchost repl) find this world
   if rank == 0 then
     client:set("rpc/current", codec.encode("world", {prefix = P, world_size = world_size, world = a.world}))
@@ -302,7 +361,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout) or default_timeout, num_worker_threads = opts.num_worker_threads,
-      world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
+      max_queued_requests = opts.max_queued_requests, world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.auth").token() ~= nil}
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,

@@ -61,6 +61,36 @@ describe("Unix-domain sockets between ranks on one host", function()
     assert_oks(r, lines, {"a call works"})
     assert.truthy(lines["local false"], r.out)
   end)
+  it("a killed rank's socket file is removed by the next rank that starts in the directory", function()
+    local sched = require "rpchost.sched"
+    local path = S.write(S.prelude .. [[
+      rpc.init_rpc("victim", {rank = 0, world_size = 1})
+      print("path " .. tostring(rpc._agent().unix_path))
+      io.stdout:flush()
+      require("rpchost.sched").sleep(60)
+    ]])
+    local h = S.start({path}, {env = {RANK = 0, WORLD_SIZE = 1, MASTER_ADDR = "127.0.0.1",
+                                      MASTER_PORT = S.free_port()}})
+    local deadline, sock = sched.now() + 20, nil
+    while not sock and sched.now() < deadline do
+      sock = table.concat(h.out):match("path (%S+)")
+      sched.sleep(0.05)
+    end
+    assert.truthy(sock and sock ~= "nil", table.concat(h.out) .. table.concat(h.err))
+    require("rpchost.core").kill(h.pid, 9)
+    h:wait(10)
+    local function exists(f) return os.execute(("test -S %q"):format(f)) == 0 end
+    assert.is_true(exists(sock), "the killed rank's socket file should still be there")
+    -- (files younger than 10 s are left alone: a rank may be between bind and listen)
+    os.execute(("touch -d '1 minute ago' %q"):format(sock))
+    local r, lines = world(2, [[
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+    ]] .. PROBE .. [[
+      rpc.shutdown()
+    ]])
+    assert_oks(r, lines, {"a call works"})
+    assert.is_false(exists(sock), "the stale socket file was left behind: " .. sock)
+  end)
 
   it("are not used with _transports = {\"tcp\"} or RPCHOST_UNIX=0", function()
     local r, lines = world(2, [[

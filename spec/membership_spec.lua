@@ -53,4 +53,28 @@ describe("dynamic members", function()
     assert.are.equal(0, r.status, r.err)
     assert.truthy(r.out:find("workers w0\n", 1, true), r.out)
   end)
+
+  it("an unknown worker error lists each name once (a killed member's name taken by its successor)", function()
+    local agentmod = require "rpchost.agent"
+    local a = agentmod.new{name = "w0", rank = 0, world_size = 1}
+    a:add_peer({name = "w0", rank = 0, ip = "127.0.0.1", port = 1})
+    a:add_peer({name = "repl", rank = 5, ip = "127.0.0.1", port = 2}) -- killed, never said it left
+    a:add_peer({name = "repl", rank = 6, ip = "127.0.0.1", port = 3}) -- the next one under that name
+    local ok, e = pcall(a.peer_of, a, "nobody")
+    assert.is_false(ok)
+    assert.are.equal("unknown worker 'nobody': the workers are repl, w0", e.message)
+  end)
+
+  it("a worker that cannot be looked up because the store is gone is unreachable, not a config error", function()
+    local agentmod, errors = require "rpchost.agent", require "rpchost.errors"
+    local a = agentmod.new{name = "repl", rank = 3, world_size = 1}
+    a:add_peer({name = "w0", rank = 0, ip = "127.0.0.1", port = 1})
+    a.prefix = "rpc/1/"
+    a.store = {get = function() error(errors.new("unreachable", "the store at 127.0.0.1:1 is gone"), 0) end}
+    local ok, e = pcall(a.peer_of, a, "worker9")
+    assert.is_false(ok)
+    assert.are.equal("unreachable", e.kind)
+    assert.truthy(e.message:find("the store at 127.0.0.1:1 is gone", 1, true), e.message)
+    assert.are.equal(a.peers[0], a:peer_of("w0")) -- (a known member needs no store)
+  end)
 end)

@@ -166,4 +166,26 @@ describe("tensors over rpc", function()
       assert.truthy(r.out:find("adopted " .. used .. " copied " .. used, 1, true), r.out)
     end)
   end
+
+  it("reach a rank whose script never loaded the tensor module (it loads it)", function()
+    -- (not S.prelude: it loads dist, which loads the tensor module)
+    local r = S.world(2, [[
+      local rpc = require "rpc"
+      local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+      local function check(name, cond, why)
+        print((cond and "ok " or "FAIL ") .. name .. (cond and "" or (": " .. tostring(why))))
+      end
+      function echo(x) return x end
+      function has_tensor() return package.loaded.tensor ~= nil end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        check("callee had no tensor module", rpc.rpc_sync("worker1", has_tensor) == false)
+        local tensor = require "tensor"
+        local back = rpc.rpc_sync("worker1", echo, {tensor.arange(4)})
+        check("tensor echoed", back:equal(tensor.arange(4)), back)
+      end
+      rpc.shutdown()
+    ]])
+    S.assert_oks(r, S.lines(r.out), {"callee had no tensor module", "tensor echoed"})
+  end)
 end)

@@ -1,7 +1,9 @@
 /* fuzz_frame.c: libFuzzer harness for the frame reader. The input is split into
  * chunks (sizes taken from the data) and fed as the network would, with segment
  * buffers allocated as the real connection does; every frame handed out is
- * checked to lie inside what was fed, and everything is freed. */
+ * checked to lie inside what was fed, and everything is freed. Bit 6 of the
+ * first byte keeps the gate closed (a stranger's stream) or opens it after the
+ * first frame, as a handshake would. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rh_frame_t f;
     int rc;
     while ((rc = rh_reader_next(&r, &f)) == 1) {
+      if (r.gated && (f.hdr.nseg != 0 || f.hdr.body_len > RH_FRAME_HANDSHAKE_MAX)) abort(); /* the gate leaked */
+      if (r.gated && !(data[0] & 0x40)) rh_reader_open_gate(&r);
       volatile uint8_t sink = 0;
       for (uint32_t i = 0; i < f.hdr.body_len; i++) sink ^= f.body[i];
       for (uint32_t s = 0; s < f.hdr.nseg; s++) {

@@ -4,6 +4,7 @@
 #include "conn.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -468,6 +469,12 @@ static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, co
   rh_frame_hdr_t h = {.version = c->net->version, .type = type, .flags = flags, .id = id,
                       .body_len = body_len, .nseg = nseg, .seg_bytes = 0};
   for (uint32_t i = 0; i < nseg; i++) h.seg_bytes += segs[i].len;
+  /* A frame the peer would refuse is refused here, before a byte is queued: the
+   * connection stays usable (the caller reports the size and the limit). */
+  if (nseg > RH_FRAME_MAX_SEGS || rh_frame_total(&h) > c->net->max_frame) {
+    if (release) release(release_ctx);
+    return RH_ETOOBIG;
+  }
   uint8_t hdr[RH_FRAME_HDR];
   rh_frame_encode_header(hdr, &h);
   int rc = arena_put(c, hdr, sizeof hdr);
@@ -546,23 +553,37 @@ static void shutdown_cb(uv_shutdown_t *req, int status) {
 /* An arena above this stays with a write that needs it and is not kept for reuse. */
 #define KEEP_ARENA (256u << 10)
 
+/* The largest buffer handed to one write. uv_buf_init takes an unsigned length
+ * and the kernel writes at most ~2 GiB per call: a bigger piece (a segment of
+ * 4 GiB or more) becomes several buffers of this size, or its length would be
+ * cut to 32 bits and the stream would no longer match its frame header. */
+static size_t write_split = (size_t)1 << 30;
+
+void rh__conn_set_write_split(size_t bytes) { write_split = bytes ? bytes : (size_t)1 << 30; }
+
 static void conn_flush(rh_conn_t *c) {
   if (c->closing || c->npieces == 0) return;
-  if (grow((void **)&c->bufs, &c->cbufs, c->npieces + 1, sizeof(uv_buf_t))) {
+  size_t nbufs = 0;
+  for (size_t i = 0; i < c->npieces; i++) nbufs += (c->pieces[i].len + write_split - 1) / write_split;
+  if (nbufs > UINT_MAX - 1 || grow((void **)&c->bufs, &c->cbufs, nbufs + 1, sizeof(uv_buf_t))) {
     conn_end(c, RH_ENOMEM, 0);
     return;
   }
-  size_t bytes = 0;
+  size_t bytes = 0, k = 0;
   for (size_t i = 0; i < c->npieces; i++) {
     rh_piece_t *p = &c->pieces[i];
-    const char *base = p->ext ? (const char *)p->ext : (const char *)c->arena + p->off;
-    c->bufs[i] = uv_buf_init((char *)base, (unsigned)p->len);
+    char *base = p->ext ? (char *)p->ext : (char *)c->arena + p->off;
+    for (size_t done = 0; done < p->len; done += write_split) {
+      size_t len = p->len - done < write_split ? p->len - done : write_split;
+      c->bufs[k] = uv_buf_init(base + done, 0);
+      c->bufs[k++].len = len; /* (set after: uv_buf_init's length is unsigned) */
+    }
     bytes += p->len;
   }
   c->net->bytes_out += bytes;
   c->net->writes++;
   uv_buf_t *bufs = c->bufs;
-  unsigned n = (unsigned)c->npieces;
+  unsigned n = (unsigned)k;
   /* a descriptor travels inside a libuv handle (uv_write2 sends a handle's fd) */
   uv_pipe_t *fdh = NULL;
   if (c->send_fd >= 0) {

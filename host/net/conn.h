@@ -107,6 +107,9 @@ void rh_conn_resume(rh_conn_t *c);
 /* The peer process's uid on a Unix-domain connection, -1 otherwise. */
 long rh_conn_peer_uid(rh_conn_t *c);
 size_t rh_conn_queued(rh_conn_t *c);
+/* Tests only: the largest buffer one write is given (0: the default, 1 GiB), so
+ * that the splitting of big segments can be exercised with small ones. */
+void rh__conn_set_write_split(size_t bytes);
 
 /* Listeners: accept connections and hand each one to on_accept (with cbs to use). */
 typedef void (*rh_accept_fn)(rh_listener_t *l, rh_conn_t *c);

@@ -194,17 +194,32 @@ static void contiguous_strides(int ndim, const int64_t *size, int64_t *stride) {
   }
 }
 
-static int check_sizes(int ndim, const int64_t *size, int64_t *numel) {
+/* the bound keeps numel x the largest element size (16 bytes) inside int64 */
+int rh_shape_numel(int ndim, const int64_t *size, int64_t *numel) {
   if (ndim < 0 || ndim > RH_MAXDIM) return rh_tensor_fail("a tensor has at most %d dimensions, got %d", RH_MAXDIM, ndim);
   int64_t n = 1;
-  for (int i = 0; i < ndim; i++) {
+  for (int i = 0; i < ndim; i++)
     if (size[i] < 0) return rh_tensor_fail("negative size %lld in dimension %d", (long long)size[i], i + 1);
-    if (size[i] > 0 && n > INT64_MAX / 16 / size[i]) return rh_tensor_fail("tensor too large");
+  /* an empty tensor still gets strides (the products of the sizes after each
+   * dimension, a zero counted as one): those are bounded as well */
+  int empty = 0;
+  for (int i = 0; i < ndim; i++) {
+    if (size[i] == 0) {
+      empty = 1;
+      continue;
+    }
+    if (n > INT64_MAX / 16 / size[i]) {
+      char shape[160];
+      rh_shape_str(ndim, size, shape, sizeof shape);
+      return rh_tensor_fail("a tensor of shape %s is too large (its element count overflows 64 bits)", shape);
+    }
     n *= size[i];
   }
-  *numel = n;
+  *numel = empty ? 0 : n;
   return 0;
 }
+
+static int check_sizes(int ndim, const int64_t *size, int64_t *numel) { return rh_shape_numel(ndim, size, numel); }
 
 rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t dt, int64_t offset, int ndim,
                                   const int64_t *size, const int64_t *stride) {

@@ -97,6 +97,10 @@ int64_t rh_tensor_numel(const rh_tensor_t *t);
 int rh_tensor_is_contiguous(const rh_tensor_t *t);
 void *rh_tensor_data(const rh_tensor_t *t); /* address of the first element */
 int rh_shape_str(int ndim, const int64_t *size, char *buf, size_t len);
+/* The element count of a shape, every product checked before it is computed:
+ * 0 with *numel set, or -1 (message in rh_tensor_errmsg) for a negative size or a
+ * count whose bytes could not be addressed (sizes from the network are hostile). */
+int rh_shape_numel(int ndim, const int64_t *size, int64_t *numel);
 
 /* creation */
 rh_tensor_t *rh_tensor_full(rh_dtype_t t, int ndim, const int64_t *size, double value);

@@ -35,6 +35,24 @@ local function random_id()
   return n % 2 ^ 52
 end
 
+-- The bound on a callee's queue of requests waiting for a handler slot: the
+-- max_queued_requests backend option, else RPCHOST_MAX_QUEUED, else 10000.
+M.DEFAULT_MAX_QUEUED = 10000
+function M.max_queued(v)
+  local from = "rpc_backend_options max_queued_requests"
+  if v == nil then
+    v = os.getenv("RPCHOST_MAX_QUEUED")
+    if v == nil or v == "" then return M.DEFAULT_MAX_QUEUED end
+    from = "RPCHOST_MAX_QUEUED"
+    v = tonumber(v) or v
+  end
+  if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
+    error(errors.new("config", ("%s must be a whole number of requests, at least 1, got %s"):format(
+      from, tostring(v))), 0)
+  end
+  return v
+end
+
 function M.new(o)
   local a = setmetatable({
     name = o.name, rank = o.rank, world_size = o.world_size,
@@ -51,7 +69,11 @@ function M.new(o)
     peers = {}, by_name = {}, conns = {}, pending = {}, next_id = random_id(),
     -- this process's incarnation: a peer that restarts has another
     inc = hex(core.random_bytes(8)),
-    running = 0, backlog = {}, early = {}, early_paused = {}, ready = false, state = "starting",
+    -- requests waiting for one of max_running handler slots (agent_calls): a
+    -- FIFO of at most max_queued, and the queued ones by caller rank and call id
+    running = 0, backlog = {head = 1, tail = 0}, nqueued = 0, queued = {},
+    max_queued = M.max_queued(o.max_queued_requests),
+    early = {}, early_paused = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
     stats = {calls_out = 0, calls_in = 0, stray_replies = 0},
     flush_turn = -1, batched = 0, free_calls = {},
@@ -66,7 +88,8 @@ end
 -- peers: rank -> {rank, name, ip, port, unix, info, conn, state, queue, pending}
 function Agent:add_peer(w)
   local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port, unix = w.unix,
-             info = WorkerInfo.new(w.rank, w.name), state = "none", queue = {}, pending = {}}
+             info = WorkerInfo.new(w.rank, w.name), state = "none", queue = {}, pending = {},
+             incarnation = tonumber(w.incarnation) or 0} -- (a restarted static rank's count)
   self.peers[w.rank] = p
   self.by_name[w.name] = p
   return p
@@ -98,14 +121,26 @@ function Agent:peer_of(to)
     error(errors.new("config", ("a call's target must be a worker name, a rank number or a " ..
       "WorkerInfo, got %s"):format(t)), 0)
   end
+  local store_err
   if not p and self.store and sched.current() and (t == "string" or t == "number") then
     -- perhaps a member that joined after us (a REPL): ask the store
     local ok, found = pcall(self.learn, self, to)
-    if ok then p = found end
+    if ok then p = found else store_err = found end
+  end
+  if not p and store_err then
+    -- not a wrong name as far as anyone can tell: the store that would know it
+    -- is gone (the members known here are still reachable)
+    local why = errors.is(store_err) and store_err.message or tostring(store_err)
+    error(errors.new("unreachable", ("cannot reach worker %s: it is not one this worker knows, and the " ..
+      "store that would know it cannot be reached: %s"):format(
+      t == "string" and ("'" .. to .. "'") or tostring(to), why), {worker = t == "string" and to or nil}), 0)
   end
   if not p then
-    local names = {}
-    for r, q in pairs(self.peers) do names[#names + 1] = q.name end
+    -- (each name once: a member known under an old and a new rank shows once)
+    local names, seen = {}, {}
+    for _, q in pairs(self.peers) do
+      if not seen[q.name] then seen[q.name] = true; names[#names + 1] = q.name end
+    end
     table.sort(names)
     error(errors.new("config", ("unknown worker %s: the workers are %s"):format(
       t == "string" and ("'" .. to .. "'") or tostring(to), table.concat(names, ", "))), 0)

@@ -17,7 +17,9 @@ local bit = require "bit"
 local enc, dec = codec.raw_encode, codec.raw_decode
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local pack = function(...) return {n = select("#", ...), ...} end
-local REQ_NAMES = {"func", "args", "kwargs", "ctx", "device_map"}
+-- (a request carries the seconds its caller will still wait, 0 for no limit: a
+-- duration, not a time, so the two hosts' clocks need not agree)
+local REQ_NAMES = {"func", "args", "kwargs", "ctx", "device_map", "timeout"}
 -- where CUDA tensors in the message being encoded go (rpchost.tensor_wire reads
 -- it): a call to oneself keeps them where they are; otherwise one reused table
 -- per direction, filled per message (no allocation on the hot path)
@@ -32,6 +34,25 @@ end
 
 -- requests written together at most, in a burst within one loop turn
 local BATCH = 16
+
+-- A message must fit one frame (RPCHOST_MAX_FRAME, the same limit every rank
+-- reads): one that would not is refused before a byte is sent, so it cannot jam
+-- its connection, with its size and the limit. nil when it fits.
+local frame_limit, frame_header
+local function too_big(what, body, segs)
+  if not frame_limit then
+    local st = core.net_stats()
+    frame_limit, frame_header = st.max_frame, st.frame_header
+  end
+  local n = frame_header + #body + 8 * #segs
+  for i = 1, #segs do
+    local s = segs[i]
+    n = n + (type(s) == "string" and #s or core.t_nbytes(s))
+  end
+  if n <= frame_limit then return nil end
+  return ("%s is %.0f bytes, more than the largest message a worker sends or accepts (%.0f bytes); " ..
+    "send it in parts, or raise RPCHOST_MAX_FRAME on every worker"):format(what, n, frame_limit)
+end
 
 -- async_execution marks (weak: the wrapped function decides its lifetime)
 local async_functions = setmetatable({}, {__mode = "k"})
@@ -84,11 +105,18 @@ local function describe_fn(fn)
   return tostring(fn)
 end
 
--- a call's deadline passed (one shared function, no closure per call)
+-- a call's deadline passed (one shared function, no closure per call); the
+-- callee is told, so that a request still waiting in its queue is dropped
 local function call_timed_out(call)
-  local p = call.peer
-  call.agent:complete_error(call.id, errors.new("timeout", ("call %d to %s (%s) timed out after %g s"):format(
-    call.id, p.name, describe_fn(call.fn), call.timeout), {worker = p.name, rank = p.rank}))
+  local p, agent, id = call.peer, call.agent, call.id
+  agent:complete_error(id, errors.new("timeout", ("call %d to %s (%s) timed out after %g s"):format(
+    id, p.name, describe_fn(call.fn), call.timeout), {worker = p.name, rank = p.rank}))
+  if p.rank == agent.rank then agent:cancel_request(agent.rank, id)
+  elseif p.state == "ready" and p.conn and p.conn:is_open() then
+    -- (best effort, and only on a live connection: the request carries its
+    -- deadline anyway, so a lost cancel only keeps a slot a little longer)
+    pcall(agent.post, agent, p.rank, "!cancel", id)
+  end
 end
 
 -- Starts a call; returns its Future. Serialisation errors raise here, at once.
@@ -115,13 +143,15 @@ function C:call(to, fn, args, kwargs, timeout)
   codec.ag_out = ctx
   request_devices.map, request_devices.to = dmap, p.name
   codec.out_devices = p.rank == self.rank and SAME_DEVICES or request_devices
-  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap)
+  if timeout == nil or timeout < 0 then timeout = self.timeout end
+  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap, timeout)
   codec.ag_out, codec.out_devices = nil, nil
   if not ok then
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
   end
-  if timeout == nil or timeout < 0 then timeout = self.timeout end
+  local big = p.rank ~= self.rank and too_big("the call to " .. p.name, body, segs)
+  if big then error(errors.new("serialize", big, {worker = p.name, rank = p.rank}), 0) end
   self.next_id = self.next_id + 1
   local id = self.next_id
   local fut = Future.new()
@@ -311,8 +341,9 @@ function C:send_reply(to, id, r, rmap)
     codec.out_devices = dest == self.rank and SAME_DEVICES or reply_devices
     ok, body, segs = pcall(enc_msg, dest, "result", unpack(r, 2, r.n))
     codec.ag_out, codec.out_devices = nil, nil
-    if ok then return reply(self, to, id, 0, body, segs) end
-    r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(body)), n = 2}
+    local big = ok and dest ~= self.rank and too_big("the result", body, segs)
+    if ok and not big then return reply(self, to, id, 0, body, segs) end
+    r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(big or body)), n = 2}
   end
   local err = r[2]
   if not (errors.is(err) and err.kind == "serialize") then err = self:remote_error(err)
@@ -371,15 +402,67 @@ local function safe_handler(self, to, id, ...)
   end
 end
 
+-- The queue of requests waiting for a handler slot (num_worker_threads run at
+-- once): a FIFO of jobs between q.head and q.tail, bounded by max_queued. A job
+-- leaves it to run, or is dropped unrun when its caller has stopped waiting:
+-- the deadline its request carried passed, or a cancel came (self.queued finds
+-- a job by its caller's rank and call id). A dropped job gets no reply: its
+-- caller has already failed the call.
+local function job_dead(job, now)
+  return job.cancelled or (job.deadline and now >= job.deadline)
+end
+
+local function unqueue(self, job)
+  self.nqueued = self.nqueued - 1
+  local byid = job.src and self.queued[job.src]
+  if byid then
+    byid[job[2]] = nil
+    if next(byid) == nil then self.queued[job.src] = nil end
+  end
+end
+
+-- The next job that should still run, or nil; dead ones met on the way go.
+local function next_job(self)
+  local q = self.backlog
+  local now = sched.now()
+  while q.head <= q.tail do
+    local job = q[q.head]
+    q[q.head] = nil
+    q.head = q.head + 1
+    if q.head > q.tail then q.head, q.tail = 1, 0 end
+    if not job.cancelled then
+      unqueue(self, job)
+      if not job_dead(job, now) then return job end
+      self.stats.requests_dropped = (self.stats.requests_dropped or 0) + 1
+    end
+  end
+  return nil
+end
+
+-- a caller gave up on call `id` (its deadline passed): a queued request for it
+-- will not run
+function C:cancel_request(src, id)
+  local byid = self.queued[src]
+  local job = byid and byid[id]
+  if not job then return end -- running already, done, or never queued
+  unqueue(self, job)
+  job.cancelled = true
+  self.stats.requests_dropped = (self.stats.requests_dropped or 0) + 1
+end
+
 local function handler_task(self, ...)
   safe_handler(self, ...)
   -- take queued requests while under the cap
-  while #self.backlog > 0 do
-    local job = table.remove(self.backlog, 1)
+  local job = next_job(self)
+  while job do
     safe_handler(self, unpack(job, 1, 8))
+    job = next_job(self)
   end
   self.running = self.running - 1
 end
+
+-- Where the queue limit comes from, for the error a full queue answers with.
+local QUEUE_SOURCE = "set rpc_backend_options max_queued_requests on that worker, or RPCHOST_MAX_QUEUED"
 
 function C:on_request(to, id, body, segs)
   if not self.ready then
@@ -400,7 +483,39 @@ function C:on_request(to, id, body, segs)
   local rmap = type(r[6]) == "table" and device_maps.inverse(r[6]) or nil
   if type(args) ~= "table" then args = {} end
   if self.running >= self.max_running then
-    self.backlog[#self.backlog + 1] = {to, id, fn, args, kwargs, ctx, queued_at, rmap}
+    local q = self.backlog
+    if self.nqueued >= self.max_queued then
+      -- first let go of requests at the head whose callers stopped waiting
+      local now = sched.now()
+      while q.head <= q.tail and job_dead(q[q.head], now) do
+        local job = q[q.head]
+        q[q.head] = nil
+        q.head = q.head + 1
+        if not job.cancelled then
+          unqueue(self, job)
+          self.stats.requests_dropped = (self.stats.requests_dropped or 0) + 1
+        end
+      end
+      if q.head > q.tail then q.head, q.tail = 1, 0 end
+    end
+    if self.nqueued >= self.max_queued then
+      self.stats.requests_refused = (self.stats.requests_refused or 0) + 1
+      return self:send_reply(to, id, {false, errors.new("remote", ("%s is overloaded: %d requests are already " ..
+        "waiting for its %d handler slots (max_queued_requests = %d); retry later, make fewer calls at once, " ..
+        "or %s"):format(self.name, self.nqueued, self.max_running, self.max_queued, QUEUE_SOURCE),
+        {worker = self.name, rank = self.rank}), n = 2})
+    end
+    local timeout = tonumber(r[7])
+    local job = {to, id, fn, args, kwargs, ctx, queued_at, rmap,
+                 deadline = timeout and timeout > 0 and sched.now() + timeout or nil, src = self:rank_of(to)}
+    q.tail = q.tail + 1
+    q[q.tail] = job
+    self.nqueued = self.nqueued + 1
+    if job.src then
+      local byid = self.queued[job.src]
+      if not byid then byid = {}; self.queued[job.src] = byid end
+      byid[id] = job
+    end
     return
   end
   self.running = self.running + 1

@@ -80,6 +80,7 @@ function C:listen_local()
     log.debug("no Unix-domain socket: %s", tostring(why))
     return
   end
+  core.sweep_sockets(dir) -- (files left by killed ranks: nobody listens on them)
   local path = ("%s/%d.sock"):format(dir, self.port)
   local l, err = core.listen("unix:" .. path, 0, listener_callbacks(self))
   if not l then

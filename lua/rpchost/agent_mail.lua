@@ -43,6 +43,23 @@ function C:on_message(src, body, segs)
     if p then (key == "!shm_ack" and shm.acked or shm.dropped)(p, r[3]) end
     return
   end
+  if key == "!cancel" then
+    -- a caller stopped waiting for its call r[3]: drop it if it is still queued
+    if type(r[3]) == "number" then self:cancel_request(src, r[3]) end
+    return
+  end
+  if key == "!reborn" then
+    -- a static rank that died was started again and took its place: it is
+    -- now at this address (the old one refuses); a stale notice is ignored
+    local p, w = self.peers[src], r[3]
+    if p and type(w) == "table" and w.name == p.name and type(w.port) == "number"
+       and (tonumber(w.incarnation) or 0) > (p.incarnation or 0) then
+      p.ip, p.port, p.unix, p.unix_failed, p.incarnation = w.ip, w.port, w.unix, nil, w.incarnation
+      self.lost[src] = nil
+      log.info("%s (rank %d) restarted (incarnation %d)", p.name, src, p.incarnation)
+    end
+    return
+  end
   if key == "!leave" then
     -- a dynamic member leaves: forget it; calls still pending on it fail
     local p = self.peers[src]

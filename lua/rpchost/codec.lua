@@ -199,8 +199,21 @@ by_tag[TAG.OBJECT] = function(fields, ...)
   if type(mt) ~= "table" then lookup_failed(p) end
   return setmetatable(fields, mt)
 end
-by_tag[TAG.INT64] = function(s) local b = ffi.new("int64_t[1]"); ffi.copy(b, s, 8); return b[0] end
-by_tag[TAG.UINT64] = function(s) local b = ffi.new("uint64_t[1]"); ffi.copy(b, s, 8); return b[0] end
+-- a 64-bit integer is exactly 8 bytes: a shorter payload from the network would
+-- make ffi.copy read past it, a longer one is not a value this codec wrote
+local function int64_payload(s, what)
+  if type(s) ~= "string" or #s ~= 8 then
+    error(("malformed message: a %s value has %d payload bytes, not 8"):format(what,
+      type(s) == "string" and #s or 0), 0)
+  end
+  return s
+end
+by_tag[TAG.INT64] = function(s)
+  local b = ffi.new("int64_t[1]"); ffi.copy(b, int64_payload(s, "int64"), 8); return b[0]
+end
+by_tag[TAG.UINT64] = function(s)
+  local b = ffi.new("uint64_t[1]"); ffi.copy(b, int64_payload(s, "uint64"), 8); return b[0]
+end
 
 -- error objects travel as their fields
 M.register(errors.Error, TAG.ERROR, function(e)
@@ -213,6 +226,15 @@ end, function(f) return setmetatable(f, errors.Error) end)
 
 local function decode_hook(tag, ...)
   local dec = by_tag[tag]
+  if not dec and tag == TAG.TENSOR then
+    -- a tensor sent to a rank whose script never required "tensor": load the
+    -- module (it registers its decoder) rather than call the message malformed
+    local ok, why = pcall(require, "tensor")
+    if not ok then
+      error("a tensor arrived but the tensor module cannot be loaded here: " .. tostring(why), 0)
+    end
+    dec = by_tag[tag]
+  end
   if not dec then error(("malformed message: unknown value tag %d"):format(tag), 0) end
   return dec(...)
 end

@@ -5,7 +5,10 @@
 -- race for it), forwards SIGINT/SIGTERM, optionally prefixes output lines with the
 -- rank, and when a rank fails stops the others (SIGTERM, then SIGKILL) within 5 s,
 -- says which rank failed and why (each rank writes its uncaught error to
--- RPCHOST_ERROR_FILE), and exits non-zero.
+-- RPCHOST_ERROR_FILE), and exits non-zero. With --max-restarts N a failed rank is
+-- instead started again in place, up to N times (each rank): the new process takes
+-- its old rank and name in the running world (rpc.init_rpc rejoins it), so an RL
+-- actor or a trainer can die without stopping the others (torchrun restarts all).
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local store = require "rpchost.store"
@@ -22,6 +25,8 @@ usage: rpchost run [--nproc-per-node N] [--nnodes M] [--node-rank K]
   --master-port P     its port (default: a free port; required when --nnodes > 1)
   --prefix            prefix every output line with [rankN]
   --grace S           seconds between SIGTERM and SIGKILL when stopping ranks (default 3)
+  --max-restarts N    start a failed rank again in place, up to N times per rank, while
+                      the others run on (default 0: a failed rank stops the world)
 ]==]
 
 local function die(msg)
@@ -31,12 +36,13 @@ end
 
 local function parse(argv)
   local o = {nproc = 1, nnodes = 1, node_rank = 0, addr = "127.0.0.1", port = nil, prefix = false,
-             grace = 3}
+             grace = 3, max_restarts = 0}
   local flags = {
     ["--nproc-per-node"] = "nproc", ["--nproc_per_node"] = "nproc",
     ["--nnodes"] = "nnodes", ["--node-rank"] = "node_rank", ["--node_rank"] = "node_rank",
     ["--master-addr"] = "addr", ["--master_addr"] = "addr",
     ["--master-port"] = "port", ["--master_port"] = "port", ["--grace"] = "grace",
+    ["--max-restarts"] = "max_restarts", ["--max_restarts"] = "max_restarts",
   }
   local i = 1
   while argv[i] do
@@ -180,9 +186,44 @@ local function run(o)
     end
   end
 
-  for lr = 0, o.nproc - 1 do
-    local rank = o.node_rank * o.nproc + lr
-    local r = {rank = rank, local_rank = lr, errfile = ("%s/rank%d.err"):format(dir, rank)}
+  local start_rank
+  -- r failed (why): started again when it has restarts left and the world is not
+  -- stopping; true if so
+  local function restart(r, why)
+    if stopping or r.restarts >= o.max_restarts then return false end
+    r.restarts = r.restarts + 1
+    local detail = read_file(r.errfile)
+    io.stderr:write(("rpchost run: rank %d (pid %s) failed: %s; restarting it (%d of %d)\n"):format(
+      r.rank, tostring(r.pid), why, r.restarts, o.max_restarts))
+    if detail and detail ~= "" then
+      io.stderr:write(("rpchost run: rank %d error: %s"):format(r.rank, detail))
+    end
+    os.remove(r.errfile)
+    r.exited, r.status, r.signal, r.pid = false, nil, nil, nil -- (no pid to signal meanwhile)
+    -- (a moment first: a rank that fails at once does not spin)
+    sched.after(0.2, function()
+      if stopping then
+        r.exited, r.status, r.signal = true, 1, 0
+        live = live - 1
+        sched.wake(main_task)
+        return
+      end
+      local ok, err = start_rank(r)
+      if not ok then
+        io.stderr:write("rpchost run: ", err, "\n")
+        r.exited, r.status, r.signal = true, 127, 0
+        live = live - 1
+        failed = failed or {rank = r.rank, status = 127, signal = 0, spawn_error = err}
+        begin_stop(core.SIGTERM)
+        sched.wake(main_task)
+      end
+    end)
+    return true
+  end
+
+  -- starts (or starts again) rank r's process; true, or false and why
+  function start_rank(r)
+    local rank, lr = r.rank, r.local_rank
     local e = {}
     for k, v in pairs(base_env) do e[k] = v end
     e.RANK = tostring(rank)
@@ -194,6 +235,7 @@ local function run(o)
     e.MASTER_ADDR = o.addr
     e.MASTER_PORT = tostring(port)
     e.RPCHOST_ERROR_FILE = r.errfile
+    e.RPCHOST_RESTART_COUNT = tostring(r.restarts) -- (torchrun's TORCHELASTIC_RESTART_COUNT)
     if o.trace then e.RPCHOST_TRACE = ("%s.rank%d"):format(o.trace, rank) end
     if server then e.RPCHOST_STORE_HOSTED = ("%s:%d"):format(o.addr, port) end
     local envl = {}
@@ -208,6 +250,10 @@ local function run(o)
       exit = function(status, signal)
         r.exited = true
         r.status, r.signal = status, signal
+        if (status ~= 0 or signal ~= 0) and not failed and not (stopping and signal_seen)
+           and restart(r, signal ~= 0 and ("killed by signal %d"):format(signal) or ("exit code %d"):format(status)) then
+          return -- (still live: its next process is on the way)
+        end
         live = live - 1
         if (status ~= 0 or signal ~= 0) and not failed and not (stopping and signal_seen) then
           failed = r
@@ -216,14 +262,22 @@ local function run(o)
         sched.wake(main_task)
       end,
     }
-    if not p then
+    if not p then return false, err end
+    r.pid = p:pid()
+    r.proc = p
+    return true
+  end
+
+  for lr = 0, o.nproc - 1 do
+    local rank = o.node_rank * o.nproc + lr
+    local r = {rank = rank, local_rank = lr, errfile = ("%s/rank%d.err"):format(dir, rank), restarts = 0}
+    local ok, err = start_rank(r)
+    if not ok then
       io.stderr:write("rpchost run: ", err, "\n")
       failed = failed or {rank = rank, status = 127, signal = 0, spawn_error = err}
       begin_stop(core.SIGTERM)
       break
     end
-    r.pid = p:pid()
-    r.proc = p
     ranks[#ranks + 1] = r
     live = live + 1
   end

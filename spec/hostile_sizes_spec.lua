@@ -1,0 +1,79 @@
+-- Hostile sizes in descriptors: a tensor whose sizes multiply past 64 bits, and
+-- 64-bit integers whose payload is not 8 bytes, sent by a real rank to another.
+-- The callee answers each with a "malformed"/"too large" error (no overflow, no
+-- over-read: the sanitizer build aborts on either) and keeps serving.
+local S = require "spec.support"
+
+-- A script-side forger: values of class Forged encode as whatever tag and fields
+-- they carry, so a well-behaved rank can send what a hostile one would.
+local FORGER = [[
+  local codec = require "rpchost.codec"
+  local core = require "rpchost.core"
+  local tensor = require "tensor"
+  Forged = {}
+  Forged.__index = Forged
+  codec.register(Forged, nil, function(v)
+    if v.segment then
+      local i = codec.segment(v, core.t_contiguous(v.segment))
+      return codec.TAG.TENSOR, v.dtype, v.sizes, i
+    end
+    return v.tag, unpack(v.fields)
+  end)
+  local function forged(t) return setmetatable(t, Forged) end
+  function echo(...) return ... end
+]]
+
+describe("hostile sizes", function()
+  it("a descriptor whose sizes overflow and short int64 payloads are refused, and the callee serves on", function()
+    local r, lines = S.checked_world(2, FORGER .. [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local function refused(name, v, want)
+          local ok, e = pcall(rpc.rpc_sync, "w1", echo, {v}, nil, 10)
+          local msg = tostring(e and e.message or e)
+          check(name, not ok and msg:find(want, 1, true) ~= nil, msg)
+        end
+        local huge = 2^32
+        -- the sizes travel with a (small) payload segment: the received bytes are
+        -- viewed with the sizes, whose product is checked first
+        refused("segment 2^32 x 2^32", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = tensor.float32.id, sizes = {huge, huge}}, "too large")
+        refused("segment 2^31 x 2^31 x 4", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = tensor.float32.id, sizes = {2^31, 2^31, 4}}, "too large")
+        refused("segment zero x 2^62 x 2^62", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = tensor.float32.id, sizes = {0, 2^62, 2^62}}, "too large")
+        refused("segment size past 2^62", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = tensor.float32.id, sizes = {2^70}}, "below 2^62")
+        refused("segment NaN size", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = tensor.float32.id, sizes = {0/0}}, "sizes must be integers")
+        refused("segment bytes do not match", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = tensor.float32.id, sizes = {5}}, "does not match its 16 payload bytes")
+        -- inline bytes (the form outside a framed message)
+        refused("inline 2^32 x 2^32", forged{tag = codec.TAG.TENSOR,
+          fields = {tensor.float32.id, {huge, huge}, "abcd"}}, "too large")
+        -- 64-bit integers are exactly 8 bytes
+        refused("int64 of 1 byte", forged{tag = codec.TAG.INT64, fields = {"x"}}, "int64 value has 1 payload bytes, not 8")
+        refused("uint64 of 0 bytes", forged{tag = codec.TAG.UINT64, fields = {""}}, "uint64 value has 0 payload bytes")
+        refused("int64 of 9 bytes", forged{tag = codec.TAG.INT64, fields = {"123456789"}}, "has 9 payload bytes")
+        -- the callee is intact
+        local t = rpc.rpc_sync("w1", echo, {tensor.ones(2, 3)})
+        check("serves on", t:equal(tensor.ones(2, 3)) and rpc.rpc_sync("w1", echo, {-5LL}) == -5LL)
+      end
+      rpc.shutdown()
+    ]])
+    S.assert_oks(r, lines, {"segment 2^32 x 2^32", "segment 2^31 x 2^31 x 4", "segment zero x 2^62 x 2^62",
+      "segment size past 2^62", "segment NaN size", "segment bytes do not match", "inline 2^32 x 2^32",
+      "int64 of 1 byte", "uint64 of 0 bytes", "int64 of 9 bytes", "serves on"})
+  end)
+
+  it("local constructors refuse overflowing shapes with a message", function()
+    local tensor = require "tensor"
+    local ok, e = pcall(tensor.zeros, 2^32, 2^32)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("too large", 1, true), tostring(e))
+    ok, e = pcall(tensor.zeros, 2^80)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("below 2^62", 1, true), tostring(e))
+    assert.are.same({0, 3}, {tensor.zeros(0, 3):size(1), tensor.zeros(0, 3):size(2)})
+  end)
+end)

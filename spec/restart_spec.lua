@@ -1,0 +1,107 @@
+-- Restarting a rank: a static rank that dies and is started again with the same
+-- RANK takes its place in the running world (its name and rank, a new
+-- incarnation its peers learn of), and the world goes on and shuts down
+-- together. Ranks are started by hand here (the launcher would stop the world).
+local S = require "spec.support"
+local sched = require "rpchost.sched"
+
+describe("restarting a rank", function()
+  it("a static rank that died and is started again rejoins the running world", function()
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      local sched = require "rpchost.sched"
+      local core = require "rpchost.core"
+      local life = os.getenv("LIFE") or "only"
+      function whoami() return life, core.getpid() end
+      function echo(x) return x end
+      function call_other(to, x) return rpc.rpc_sync(to, echo, {x}) end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if life == "first" then
+        -- die without shutting down (as a crash would)
+        os.exit(3)
+      end
+      if rank == 0 then
+        -- calls to w2 fail while it is down, and reach its next life when it is back
+        local deadline, who, err = sched.now() + 30, nil, nil
+        while sched.now() < deadline do
+          local ok, v = pcall(rpc.rpc_sync, "w2", whoami, {}, nil, 2)
+          if ok then who = v; if who == "second" then break end else err = v end
+          sched.sleep(0.1)
+        end
+        check("w2 is back in its second life", who == "second", tostring(err))
+        check("w2 calls w1", rpc.rpc_sync("w2", call_other, {"w1", 41}) == 41)
+        check("w1 calls w2", rpc.rpc_sync("w1", call_other, {"w2", 42}) == 42)
+        check("same worker info", rpc.get_worker_info("w2").id == 2)
+      end
+      if life == "second" then
+        check("the second life calls w0", rpc.rpc_sync("w0", echo, {7}) == 7)
+      end
+      rpc.shutdown()
+      print("done " .. life)
+    ]])
+    local function start(rk, life)
+      return S.start({path}, {env = {RANK = rk, WORLD_SIZE = 3, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
+                                     RPCHOST_STORE_LINGER = 0, LIFE = life}})
+    end
+    local h0, h1, first = start(0), start(1), start(2, "first")
+    local r2a = first:wait(30)
+    assert.are.equal(3, r2a.status, r2a.err)
+    local t0 = sched.now()
+    local second = start(2, "second")
+    local out = {h0:wait(60), h1:wait(60), second:wait(60)}
+    for i, r in ipairs(out) do
+      assert.are.equal(0, r.status, ("rank %d: %s\n%s"):format(i - 1, r.out, r.err))
+      assert.is_nil(r.out:find("FAIL", 1, true), r.out .. r.err)
+    end
+    for _, name in ipairs({"w2 is back in its second life", "w2 calls w1", "w1 calls w2", "same worker info"}) do
+      assert.truthy(out[1].out:find("ok " .. name, 1, true), name .. "\n" .. out[1].out .. out[1].err)
+    end
+    assert.truthy(out[3].out:find("ok the second life calls w0", 1, true), out[3].out .. out[3].err)
+    assert.truthy(out[3].out:find("done second", 1, true))
+    assert.is_true(sched.now() - t0 < 40)
+  end)
+
+  it("rpchost run --max-restarts N restarts an actor that exits with an error, and the world goes on", function()
+    local r = S.world(3, S.prelude .. [[
+      local sched = require "rpchost.sched"
+      local life = tonumber(os.getenv("RPCHOST_RESTART_COUNT"))
+      function act(x) return x * 2, life end
+      rpc.init_rpc(rank == 0 and "learner" or ("actor" .. rank), {rank = rank, world_size = world_size})
+      if rank == 2 and life == 0 then
+        sched.sleep(0.2)
+        error("actor2 crashed")
+      end
+      if rank == 0 then
+        local deadline, got, lives = sched.now() + 30, 0, nil
+        while sched.now() < deadline do
+          local ok1 = pcall(rpc.rpc_sync, "actor1", act, {1}, nil, 2)
+          local ok2, v, l = pcall(rpc.rpc_sync, "actor2", act, {21}, nil, 2)
+          if ok1 then got = got + 1 end
+          if ok2 and v == 42 and l == 1 then lives = l; break end
+          sched.sleep(0.1)
+        end
+        check("actor1 served throughout", got > 0)
+        check("actor2 came back in its second life", lives == 1)
+      end
+      rpc.shutdown()
+    ]], {launcher_args = {"--max-restarts", "2"}, timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out .. r.err)
+    assert.truthy(r.out:find("ok actor1 served throughout", 1, true), r.out .. r.err)
+    assert.truthy(r.out:find("ok actor2 came back in its second life", 1, true), r.out .. r.err)
+    assert.truthy(r.err:find("rank 2 %(pid %d+%) failed: exit code %d+; restarting it %(1 of 2%)"), r.err)
+    assert.truthy(r.err:find("actor2 crashed", 1, true), r.err)
+  end)
+
+  it("a rank that fails more often than --max-restarts stops the world as before", function()
+    local r = S.world(2, S.prelude .. [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 1 then error("always fails (life " .. os.getenv("RPCHOST_RESTART_COUNT") .. ")") end
+      require("rpchost.sched").sleep(60)
+    ]], {launcher_args = {"--max-restarts", "1", "--grace", "1"}, timeout = 60})
+    assert.are_not.equal(0, r.status)
+    assert.truthy(r.err:find("restarting it (1 of 1)", 1, true), r.err)
+    assert.truthy(r.err:find("rank 1 error: .-always fails %(life 1%)"), r.err)
+    assert.truthy(r.err:find("stopped the other ranks (0)", 1, true), r.err)
+  end)
+end)
