@@ -441,6 +441,26 @@ end
 
 function rpc.wait_all(futs) return Future.wait_all(futs) end
 
+-- sleep(s): the task yields for s seconds while the loop serves calls
+function rpc.sleep(s)
+  if type(s) ~= "number" or s ~= s or s < 0 then
+    error(errors.new("config", ("rpc.sleep: seconds must be a number >= 0, got %s"):format(
+      type(s) == "number" and tostring(s) or type(s))), 2)
+  end
+  if not sched.current() then error(errors.new("config", "rpc.sleep called outside a task"), 2) end
+  sched.sleep(s)
+end
+
+-- time(): the wall clock, seconds since the epoch (with sub-second digits)
+local ffi = require "ffi"
+pcall(ffi.cdef, "struct rh_wall_timespec { long tv_sec; long tv_nsec; }; " ..
+  "int clock_gettime(int clk, struct rh_wall_timespec *ts);")
+local wall_ts = ffi.new("struct rh_wall_timespec")
+function rpc.time()
+  ffi.C.clock_gettime(0, wall_ts) -- CLOCK_REALTIME
+  return tonumber(wall_ts.tv_sec) + tonumber(wall_ts.tv_nsec) * 1e-9
+end
+
 -- remote(to, func, args, kwargs, timeout): an RRef owned by `to`, at once
 function rpc.remote(...)
   agent("remote")
@@ -495,21 +515,106 @@ function rpc._set_rpc_timeout(s)
 end
 
 -- shutdown ---------------------------------------------------------------------------------------
+-- Waits until this worker has no call of its own out and serves none, telling
+-- every progress interval what it waits for; false if `deadline` passed first.
+local function until_idle(a, deadline, started)
+  local every = store.progress_every()
+  local next_note = sched.now() + every
+  while not a:idle() do
+    if deadline and sched.now() >= deadline then return false end
+    if sched.now() >= next_note then
+      next_note = sched.now() + every
+      local to = {}
+      for _, call in pairs(a.pending) do to[call.peer.name] = (to[call.peer.name] or 0) + 1 end
+      local parts = {}
+      for name, n in pairs(to) do parts[#parts + 1] = ("%d to %s"):format(n, name) end
+      table.sort(parts)
+      log.info("shutdown: waiting for this worker's calls (%s) and the %d it serves (%d s)",
+        #parts > 0 and table.concat(parts, ", ") or "none", a.running + #a.backlog, sched.now() - started)
+    end
+    sched.sleep(0.005)
+  end
+  return true
+end
+
+-- Graceful shutdown, PyTorch's join: in rounds, each worker waits until it is
+-- idle, then publishes how many calls it made to and took from the other ranks;
+-- when, in a round, every worker was idle and the calls made equal the calls
+-- taken, no call is in flight anywhere and none can start: all may close. A
+-- round where they differ (work a handler started after its worker reported)
+-- is followed by another. No time limit unless one is given.
+local function graceful_join(a, timeout)
+  local start = sched.now()
+  local deadline = timeout and start + timeout or nil
+  local function left() return deadline and math.max(deadline - sched.now(), 0.001) or math.huge end
+  local P = a.prefix
+  local function name_of(r) return ("%s (rank %d)"):format(a.peers[r] and a.peers[r].name or "?", r) end
+  local function rank_of(k) return tonumber(k:match("(%d+)$")) end
+  local function gave_up(what)
+    error(errors.new("timeout", ("shutdown gave up after %g s waiting for %s"):format(timeout, what)), 0)
+  end
+  local round = 0
+  while true do
+    round = round + 1
+    repeat
+      if not until_idle(a, deadline, start) then gave_up("this worker's outstanding calls") end
+      -- give up the UserRRefs we hold; their owners free what nobody holds
+      rref.flush()
+      local had = rref.stats().user_forks > 0
+      if had then rref.release_all() end
+    until not had and a:idle()
+    local st = a.stats
+    a.store:set(("%ssd/%d/%d"):format(P, round, a.rank), st.world_out .. "," .. st.world_in)
+    local keys = {}
+    for r = 0, a.world_size - 1 do keys[#keys + 1] = ("%ssd/%d/%d"):format(P, round, r) end
+    a.store:wait_verbose(keys, left(), nil, function(miss)
+      local names = {}
+      for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
+      return table.concat(names, ", ") .. " to shut down"
+    end, function(miss)
+      -- a rank that exited without shutting down never comes: say so now
+      for _, k in ipairs(miss) do
+        local r = rank_of(k)
+        local why = a:gone(r)
+        if why then
+          error(errors.new("unreachable", ("%s exited without calling rpc.shutdown(): %s"):format(
+            name_of(r), why), {worker = a.peers[r].name, rank = r}), 0)
+        end
+      end
+    end)
+    local sent, taken = 0, 0
+    for _, raw in ipairs(a.store:multi_get(keys)) do
+      local o, i = tostring(raw):match("^(%d+),(%d+)$")
+      sent, taken = sent + (tonumber(o) or 0), taken + (tonumber(i) or 0)
+    end
+    if sent == taken then break end
+  end
+  a.store:set(P .. "shutdown/" .. a.rank, "1")
+end
+
 -- graceful (default): wait for this worker's outstanding calls, then for every
--- worker to get here (serving their calls meanwhile), then close.
+-- worker to get here with nothing in flight (serving their calls meanwhile),
+-- then close. timeout: nil or 0, no limit; seconds otherwise.
 function rpc.shutdown(graceful, timeout)
   if type(graceful) == "table" then graceful, timeout = graceful.graceful, graceful.timeout end
   if graceful == nil then graceful = true end
+  if type(graceful) ~= "boolean" then
+    error(errors.new("config", ("shutdown: graceful must be a boolean, got %s"):format(type(graceful))), 2)
+  end
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0) then
+    error(errors.new("config", ("shutdown: timeout must be a number of seconds (0: no limit), got %s"):format(
+      type(timeout) == "number" and tostring(timeout) or type(timeout))), 2)
+  end
+  if timeout == 0 or timeout == math.huge then timeout = nil end
   local a = current
   if not a or a.state ~= "running" then
     error(errors.new("shutdown", "shutdown: RPC is not initialised on this worker, or already shut down"), 2)
   end
-  timeout = (timeout and timeout > 0) and timeout or env.init_timeout()
   local err
   if a.dynamic then
     -- a dynamic member leaves on its own: say goodbye, free its name, close
     -- calls still out (an interrupted one, say) get a moment, not the full timeout
-    for _, f in ipairs(a:outstanding()) do pcall(f.wait, f, graceful and math.min(timeout, 1) or 0.001) end
+    for _, f in ipairs(a:outstanding()) do pcall(f.wait, f, graceful and math.min(timeout or 1, 1) or 0.001) end
     rref.flush()
     for r, p in pairs(a.peers) do
       if r ~= a.rank and p.state == "ready" then pcall(a.post, a, r, "!leave", true) end
@@ -519,36 +624,7 @@ function rpc.shutdown(graceful, timeout)
     graceful = false
   end
   if graceful then
-    local ok, e = pcall(function()
-      local start = sched.now()
-      for _, f in ipairs(a:outstanding()) do
-        pcall(f.wait, f, math.max(timeout - (sched.now() - start), 0.001))
-      end
-      -- give up the UserRRefs we hold; their owners free what nobody holds
-      rref.flush()
-      rref.release_all()
-      local P = a.prefix
-      a.store:set(P .. "shutdown/" .. a.rank, "1")
-      local keys = {}
-      for r = 0, a.world_size - 1 do keys[#keys + 1] = P .. "shutdown/" .. r end
-      local function name_of(r) return ("%s (rank %d)"):format(a.peers[r] and a.peers[r].name or "?", r) end
-      local function rank_of(k) return tonumber(k:match("(%d+)$")) end
-      a.store:wait_verbose(keys, math.max(timeout - (sched.now() - start), 0.001), nil, function(miss)
-        local names = {}
-        for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
-        return table.concat(names, ", ") .. " to shut down"
-      end, function(miss)
-        -- a rank that exited without shutting down never comes: say so now
-        for _, k in ipairs(miss) do
-          local r = rank_of(k)
-          local why = a:gone(r)
-          if why then
-            error(errors.new("unreachable", ("%s exited without calling rpc.shutdown(): %s"):format(
-              name_of(r), why), {worker = a.peers[r].name, rank = r}), 0)
-          end
-        end
-      end)
-    end)
+    local ok, e = pcall(graceful_join, a, timeout)
     if not ok then err = e end
   end
   a:close()

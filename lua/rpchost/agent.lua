@@ -75,7 +75,7 @@ function M.new(o)
     max_queued = M.max_queued(o.max_queued_requests),
     early = {}, early_paused = {}, ready = false, state = "starting",
     mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
-    stats = {calls_out = 0, calls_in = 0, stray_replies = 0},
+    stats = {calls_out = 0, calls_in = 0, world_out = 0, world_in = 0, stray_replies = 0},
     flush_turn = -1, batched = 0, free_calls = {},
   }, Agent)
   -- stopped by a signal: our socket file goes (held weakly: a closed agent is collected)
@@ -182,6 +182,11 @@ function Agent:dynamic_members()
 end
 
 -- shutdown ---------------------------------------------------------------------------------
+-- Whether this worker has no call of its own out and serves none.
+function Agent:idle()
+  return next(self.pending) == nil and self.running == 0 and #self.backlog == 0
+end
+
 function Agent:outstanding()
   local futs = {}
   for _, call in pairs(self.pending) do futs[#futs + 1] = call.fut end

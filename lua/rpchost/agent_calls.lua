@@ -163,6 +163,8 @@ function C:call(to, fn, args, kwargs, timeout)
   self.pending[id] = call
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
+  -- (calls among the static ranks: graceful shutdown compares their totals)
+  if p.rank < self.world_size then self.stats.world_out = self.stats.world_out + 1 end
   if timeout > 0 then
     call.agent, call.id, call.timeout = self, id, timeout
     call.timer = sched.after_into(call, timeout, call_timed_out, call)
@@ -375,6 +377,8 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
     if not Future.is(fut) then
       self:send_reply(to, id, {false, "an async_execution function must return a Future, got " ..
         type(fut), n = 2})
+    elseif fut.state == "done" then
+      self:send_reply(to, id, pack(true, unpack(fut.values, 1, fut.values.n)), rmap)
     else
       fut:add_done_callback(function(f)
         if f.state == "error" then self:send_reply(to, id, {false, f.err, n = 2})
@@ -470,18 +474,36 @@ function C:on_request(to, id, body, segs)
     return
   end
   self.stats.calls_in = self.stats.calls_in + 1
-  local from = self.peers[self:rank_of(to) or -1]
+  local src = self:rank_of(to)
+  if src and src < self.world_size then self.stats.world_in = self.stats.world_in + 1 end
+  local from = self.peers[src or -1]
   trace.call_in(from and from.name or "?")
   local queued_at = trace.enabled() and trace.now_us() or nil
   codec.allow_bytecode, codec.ag_src = self.allow_bytecode, self:rank_of(to)
   local r = pack(pcall(dec_msg, body, segs))
   codec.allow_bytecode, codec.ag_src = false, nil
+  local unconfirmed = codec.unconfirmed
+  codec.unconfirmed = nil
   if not r[1] then
     return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(r[2]), n = 2})
   end
   local fn, args, kwargs, ctx = r[2], r[3], r[4], r[5]
   local rmap = type(r[6]) == "table" and device_maps.inverse(r[6]) or nil
   if type(args) ~= "table" then args = {} end
+  if unconfirmed then
+    -- UserRRefs among the arguments are confirmed by their owners before the
+    -- function runs (as in PyTorch): then it may use them at once
+    return sched.spawn(function()
+      local ok, err = pcall(codec.await_confirmed, unconfirmed, self.timeout)
+      if not ok then return self:send_reply(to, id, {false, err, n = 2}) end
+      self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+    end, {name = "request awaiting its RRefs"})
+  end
+  return self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+end
+
+-- Runs a decoded request now, or queues it while num_worker_threads run.
+function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
   if self.running >= self.max_running then
     local q = self.backlog
     if self.nqueued >= self.max_queued then

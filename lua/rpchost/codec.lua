@@ -319,7 +319,13 @@ local function decoded_message(ok, ...)
   if not ok then error((...), 0) end
   return ...
 end
+-- UserRRefs that arrived in the message being decoded and wait for their
+-- owner's confirmation (filled by rpchost.rref, nil when none; a request that
+-- brings some runs once codec.await_confirmed(list, timeout) returns).
+M.unconfirmed = nil
+M.await_confirmed = function() end
 function M.decode_message(body, segs)
+  M.unconfirmed = nil
   if segs and #segs > 0 then M.in_segments, M.in_cache = segs, {}
   else M.in_segments, M.in_cache = EMPTY, EMPTY end
   return decoded_message(pcall(core.decode, body))

@@ -30,9 +30,19 @@ local function settle(f)
   end
 end
 
+-- A second completion is ignored (returns false) for the futures rpchost makes
+-- (a reply racing its deadline, say); one the program made with rpc.Future()
+-- raises, as PyTorch's does: completing it twice is a bug in the program.
+local function completed_twice(f)
+  if f.by_program then
+    error(errors.new("config", ("%s is already completed; a Future is completed once"):format(tostring(f))), 3)
+  end
+  return false
+end
+
 -- Completes with the values in a packed table {n=, ...}.
 function Future:set_packed(values)
-  if self.state ~= "pending" then return false end
+  if self.state ~= "pending" then return completed_twice(self) end
   self.state = "done"
   self.values = values
   settle(self)
@@ -42,7 +52,7 @@ end
 function Future:set_result(...) return self:set_packed(pack(...)) end
 
 function Future:set_error(err)
-  if self.state ~= "pending" then return false end
+  if self.state ~= "pending" then return completed_twice(self) end
   self.state = "error"
   self.err = err
   settle(self)
@@ -133,15 +143,58 @@ Future["then"] = Future.next
 
 function Future.is(v) return getmetatable(v) == Future end
 
--- Waits for every future; returns the list of their (first) results. Raises the
--- first error after all have finished.
+-- rpc.Future(): a Future the program completes (set_result / set_error, once)
+setmetatable(Future, {__call = function(_, what)
+  local f = Future.new(what)
+  f.by_program = true
+  return f
+end})
+
+-- Waits for every future; returns the list of their results (the value of a
+-- future with one, a packed table {n=, ...} for one with several). Raises the
+-- first error as soon as it happens (PyTorch's wait_all "will exit early"), not
+-- after the others finished.
+local function result_of(f)
+  local v = f.values
+  if v.n == 1 then return v[1] end
+  if v.n == 0 then return nil end
+  return pack(unpack(v, 1, v.n))
+end
+
 function Future.wait_all(futs)
-  local out, first_err = {}, nil
-  for i, f in ipairs(futs) do
-    local r = pack(pcall(f.wait, f))
-    if r[1] then out[i] = r[2] elseif not first_err then first_err = r[2] end
+  if type(futs) ~= "table" then
+    error(errors.new("config", ("wait_all: expected a list of Futures, got %s"):format(type(futs))), 2)
   end
-  if first_err then error(first_err, 0) end
+  local n = #futs
+  local out, left, failed = {}, n, nil
+  for i = 1, n do
+    if not Future.is(futs[i]) then
+      error(errors.new("config", ("wait_all: futs[%d] is a %s, not a Future"):format(i, type(futs[i]))), 2)
+    end
+  end
+  local t, sleeping = sched.current(), false
+  for i = 1, n do
+    local f = futs[i]
+    if f.state == "pending" then
+      f:add_done_callback(function(g)
+        if g.state == "error" then failed = failed or g.err else out[i] = result_of(g) end
+        left = left - 1
+        if sleeping and (failed or left == 0) then sleeping = false; sched.wake(t) end
+      end)
+    else
+      if f.state == "error" then failed = failed or f.err else out[i] = result_of(f) end
+      left = left - 1
+    end
+  end
+  if not failed and left > 0 then
+    if not t then
+      error("wait_all() called outside a task (from a __gc metamethod or a C callback)", 2)
+    end
+    sleeping = true
+    sched.suspend("wait_all of " .. n .. " futures")
+    sleeping = false
+  end
+  if failed then error(failed, 0) end
   return out
 end
 

@@ -82,57 +82,145 @@ local function maybe_free(id)
 end
 
 -- owner-side entry points (called by RPC from users) ----------------------------------
--- create: register the entry and the creator's fork, answer at once, then run fn.
+-- The owner entry of an id, made pending when the id is not known yet: an RRef
+-- may reach its owner (forked on by a third worker, fetched, called) before the
+-- call that creates it, which travels on another connection. Only an id whose
+-- entry was freed is missing.
+local function lookup(id)
+  local e = owners[id]
+  if e then return e end
+  if freed[id] then
+    error(("RRef %s was deleted on its owner %s: every reference to it had been released"):format(
+      id, agent.name), 0)
+  end
+  e = new_entry(id)
+  e.awaiting = true -- no creating call or local value has come for it yet
+  return e
+end
+
+local function done_future(values)
+  local f = Future.new()
+  f:set_packed(values)
+  return f
+end
+
+-- A Future of the entry's value that fails after `wait` seconds (the caller's
+-- deadline; 0 or nil: none) if the value has not come by then. A pending entry
+-- that nothing else refers to is dropped then: its creation never arrived.
+local function when_created(e, id, wait)
+  local v = e.value
+  if v.state ~= "pending" or not wait or wait <= 0 then return v end
+  local out = Future.new("RRef " .. id)
+  local timer = sched.after(wait, function()
+    local why = e.awaiting and "the call that creates it has not arrived" or "the call that creates it is still running"
+    if out:set_error(errors.new("timeout", ("RRef %s has no value on its owner %s after %g s: %s"):format(
+        id, agent.name, wait, why), {worker = agent.name, rank = agent.rank})) then
+      if e.awaiting and owners[id] == e and next(e.forks) == nil and e.local_refs <= 0 then owners[id] = nil end
+    end
+  end)
+  v:add_done_callback(function(f)
+    sched.cancel(timer)
+    if f.state == "error" then out:set_error(f.err) else out:set_packed(f.values) end
+  end)
+  return out
+end
+
+-- Sets the entry's value from fn's results (a Future's, for an async_execution fn).
+local function settle_value(e, fn, r)
+  if not r[1] then
+    local ok, err = pcall(agent.remote_error, agent, r[2])
+    return e.value:set_error(ok and err or errors.new("remote", tostring(r[2])))
+  end
+  if not agentmod.async_functions[fn] then return e.value:set_packed(pack(unpack(r, 2, r.n))) end
+  local fut = r[2]
+  if not Future.is(fut) then
+    return e.value:set_error(agent:remote_error(("an async_execution function must return a Future, got %s"):format(
+      type(fut))))
+  end
+  fut:add_done_callback(function(f)
+    if f.state == "error" then e.value:set_error(agent:remote_error(f.err)) else e.value:set_packed(f.values) end
+  end)
+end
+
+-- create: register the entry and the creator's fork, then run fn. The reply
+-- (true) goes when the value is there, so remote()'s timeout covers running fn
+-- and a failed creation fails the creator's RRef. (async: no worker slot is held
+-- while fn runs; it runs in the caller's autograd context)
 function M.create(id, fork, fn, args, kwargs)
   local e = owners[id] or new_entry(id)
+  e.awaiting = nil
   if fork then
     if tombstones[id .. "/" .. fork] then tombstones[id .. "/" .. fork] = nil
     else e.forks[fork] = true end
   end
   local ctx = sched.current() and sched.current().ag_ctx
   sched.spawn(function()
-    sched.current().ag_ctx = ctx -- the value is computed inside the caller's autograd context
+    sched.current().ag_ctx = ctx
     local bad = args and agentmod.arg_count_problem(args)
     if bad then return e.value:set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
-    local r = pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n)))
-    if r[1] then e.value:set_packed(pack(unpack(r, 2, r.n)))
-    else
-      local ok, err = pcall(agent.remote_error, agent, r[2])
-      e.value:set_error(ok and err or errors.new("remote", tostring(err)))
-    end
+    settle_value(e, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
   end, {name = "remote " .. id})
-  return true
+  local out = Future.new("creation of RRef " .. id)
+  e.value:add_done_callback(function(f)
+    if f.state == "error" then out:set_error(f.err) else out:set_result(true) end
+  end)
+  return out
 end
 
 local function entry(id)
   local e = owners[id]
   if not e then
-    error(("RRef %s does not exist on %s (it was deleted, or its creation failed)"):format(id, agent.name), 0)
+    error(("RRef %s does not exist on %s (it was deleted)"):format(id, agent.name), 0)
   end
   return e
 end
 
-function M.fetch(id)
-  return entry(id).value:wait()
+-- fetch: the value, once it is there (bounded by the caller's deadline `wait`)
+function M.fetch(id, wait)
+  return when_created(lookup(id), id, wait)
 end
 
-function M.call_method(id, method, ...)
-  local v = entry(id).value:wait()
-  local f = v ~= nil and v[method]
-  if type(f) ~= "function" and not (getmetatable(f) and getmetatable(f).__call) then
+-- value:method(...), as a Future (that of an async_execution method as it is)
+local function index(v, k) return v[k] end
+local function run_method(v, method, ...)
+  local ok, f = pcall(index, v, method)
+  if not ok or (type(f) ~= "function" and not (getmetatable(f) and getmetatable(f).__call)) then
     error(("the RRef's value (%s) has no method '%s'"):format(type(v), tostring(method)), 0)
   end
-  return f(v, ...)
+  if agentmod.async_functions[f] then
+    local fut = f(v, ...)
+    if not Future.is(fut) then
+      error(("an async_execution method must return a Future, got %s ('%s')"):format(type(fut), tostring(method)), 0)
+    end
+    return fut
+  end
+  return done_future(pack(f(v, ...)))
 end
 
--- add_fork: a user forked this RRef to `to`; confirm to the new holder
+function M.call_method(id, wait, method, ...)
+  local v = when_created(lookup(id), id, wait)
+  if v.state == "done" then return run_method(v.values[1], method, ...) end
+  if v.state == "error" then error(v.err, 0) end
+  local args = pack(...)
+  return v:next(function(f)
+    if f.state == "error" then error(f.err, 0) end
+    return run_method(f.values[1], method, unpack(args, 1, args.n))
+  end)
+end
+
+-- (these three reply with a Future's values when it completes)
+agentmod.async_functions[M.create] = true
+agentmod.async_functions[M.fetch] = true
+agentmod.async_functions[M.call_method] = true
+
+-- add_fork: a user forked this RRef to `to`; confirm to the new holder (the
+-- entry may still be pending: the fork is recorded all the same)
 function M.add_fork(id, fork, to)
   local key = id .. "/" .. fork
   if tombstones[key] then tombstones[key] = nil return true end
-  local e = owners[id]
-  if not e then return false end
+  local e = lookup(id)
   e.forks[fork] = true
   if to ~= agent.rank then agent:call(to, M.confirm, {id, fork}):add_done_callback(function() end) end
   return true
@@ -155,10 +243,52 @@ end
 
 -- user-side: the owner confirmed our fork
 local confirmed = {}
+local confirm_waiters = {} -- fork key -> tasks waiting for its confirmation
 function M.confirm(id, fork)
-  confirmed[id .. "/" .. fork] = true
+  local key = id .. "/" .. fork
+  confirmed[key] = true
+  local waiting = confirm_waiters[key]
+  if waiting then
+    confirm_waiters[key] = nil
+    for _, t in ipairs(waiting) do sched.wake(t) end
+  end
   return true
 end
+
+-- Waits until every UserRRef of a request's arguments is confirmed by its owner
+-- (PyTorch confirms pending user RRefs before the callee runs, so
+-- confirmed_by_owner() holds there and the owner knows of the fork). The agent
+-- calls it (as codec.await_confirmed) for a request that brought such RRefs.
+function M.await_confirmed(list, timeout)
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  for _, r in ipairs(list) do
+    local key = r.id .. "/" .. r.fork
+    while not (r.confirmed or confirmed[key]) do
+      if agent == nil or agent.state ~= "running" then
+        error(errors.new("shutdown", ("RPC shut down while RRef %s waited for its owner's confirmation"):format(r.id)), 0)
+      end
+      local left = deadline and deadline - sched.now()
+      if left and left <= 0 then
+        local p = agent.peers[r.owner_rank]
+        error(errors.new("timeout", ("RRef %s passed as an argument was not confirmed by its owner %s within %g s"):format(
+          r.id, p and p.name or tostring(r.owner_rank), timeout)), 0)
+      end
+      local w = confirm_waiters[key] or {}
+      confirm_waiters[key] = w
+      w[#w + 1] = sched.current()
+      -- (woken by M.confirm; looked at again every second: the owner may have died)
+      sched.suspend_until("confirmation of RRef " .. r.id, math.min(left or 1, 1))
+      for i, t in ipairs(w) do if t == sched.current() then table.remove(w, i) break end end
+      local p = agent and agent.peers[r.owner_rank]
+      local why = p and agent.gone and agent:gone(r.owner_rank)
+      if why then
+        error(errors.new("unreachable", ("RRef %s passed as an argument cannot be confirmed: its owner %s is gone (%s)"):format(
+          r.id, p.name, why), {worker = p.name, rank = r.owner_rank}), 0)
+      end
+    end
+  end
+end
+codec.await_confirmed = M.await_confirmed
 
 -- flushing deletes, once per loop turn -------------------------------------------------
 -- (runs every loop turn: the common empty case is a function of its own, which
@@ -234,13 +364,21 @@ end, function(id, owner_rank, fork, from_owner)
     return owner_handle(id)
   end
   if not fork then error("malformed RRef: a user handle without a fork", 0) end
-  return user_handle(id, owner_rank, fork, from_owner)
+  local r = user_handle(id, owner_rank, fork, from_owner)
+  if not from_owner and not confirmed[id .. "/" .. fork] then
+    -- (a request that brings it waits for the owner's confirmation: codec.await_confirmed)
+    local l = codec.unconfirmed or {}
+    codec.unconfirmed = l
+    l[#l + 1] = r
+  end
+  return r
 end)
 
 -- public API ------------------------------------------------------------------------------------
 function M.attach(a)
   agent = a
   owners, tombstones, pending_deletes, live_forks, confirmed, freed = {}, {}, {}, {}, {}, {}
+  confirm_waiters = {}
 end
 
 function M.detach()
@@ -270,6 +408,7 @@ function M.remote(to, fn, args, kwargs, timeout)
   end
   local fork = new_id()
   local r = user_handle(id, p.rank, fork, false)
+  -- (answered when the value is made: the timeout covers running fn)
   r.creation = agent:call(p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
   r.creation:add_done_callback(function(f)
     if f.state == "done" then r.confirmed = true end
@@ -278,20 +417,40 @@ function M.remote(to, fn, args, kwargs, timeout)
 end
 
 local function check_creation(r)
-  if r.creation and r.creation.state == "error" then error(r.creation.err, 0) end
+  local c = r.creation
+  if c and c.state == "error" then
+    local e = c.err
+    if errors.is(e) and e.kind == "timeout" and not r.creation_err then
+      -- (say what timed out: the remote() call, not the protocol message under it)
+      r.creation_err = errors.new("timeout", ("rpc.remote(): RRef %s was not created on %s in time: %s"):format(
+        r.id, agent.peers[r.owner_rank].name, tostring(e.message):gsub("%(rpchost%.rref%.create%) ", "")),
+        {worker = e.worker, rank = e.rank})
+    end
+    error(r.creation_err or e, 0)
+  end
 end
 
 -- The running agent (after rpc.shutdown an RRef is a dead handle).
 local function running(what) return agentmod.need_running(agent, what) end
 
+-- A call's timeout as the owner should bound its waits by (seconds; 0: none).
+local function bound(timeout)
+  if timeout == nil or timeout < 0 then return agent.timeout end
+  return timeout
+end
+
 function RRef:to_here(timeout)
   running("to_here")
   if self.owned then return entry(self.id).value:wait(timeout) end
   if self.creation and not self.creation:done() then
-    self.creation:wait(timeout)
+    pcall(self.creation.wait, self.creation, timeout)
+    if not self.creation:done() then
+      error(errors.new("timeout", ("to_here(): RRef %s is not created on %s yet after %g s"):format(
+        self.id, agent.peers[self.owner_rank].name, timeout)), 0)
+    end
   end
   check_creation(self)
-  return agent:call(self.owner_rank, M.fetch, {self.id}, nil, timeout):wait()
+  return agent:call(self.owner_rank, M.fetch, {self.id, bound(timeout)}, nil, timeout):wait()
 end
 
 function RRef:local_value()
@@ -326,17 +485,17 @@ local function proxy(r, mode, timeout)
       return function(_, ...)
         running(mode .. "():" .. tostring(method))
         check_creation(r)
-        local args = pack(method, ...)
-        table.insert(args, 1, r.id)
-        args.n = args.n + 1
+        local args = pack(r.id, bound(timeout), method, ...)
         if mode == "remote" then return M.remote(r.owner_rank, M.call_method, args, nil, timeout) end
         local fut
         if r.owned then
           fut = Future.new("rref method")
           sched.spawn(function()
-            local res = pack(pcall(M.call_method, unpack(args, 1, args.n)))
-            if res[1] then fut:set_packed(pack(unpack(res, 2, res.n)))
-            else fut:set_error(agent:remote_error(res[2])) end
+            local ok, f = pcall(M.call_method, unpack(args, 1, args.n))
+            if not ok then return fut:set_error(agent:remote_error(f)) end
+            f:add_done_callback(function(g)
+              if g.state == "error" then fut:set_error(agent:remote_error(g.err)) else fut:set_packed(g.values) end
+            end)
           end, {name = "rref method"})
         else
           fut = agent:call(r.owner_rank, M.call_method, args, nil, timeout)

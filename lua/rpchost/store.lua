@@ -483,7 +483,8 @@ function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
     end
     if sched.now() >= next_note then
       next_note = sched.now() + progress_every()
-      log.info("waiting for %s at the store %s (%d s of %g s)", describe(miss), self.addr, elapsed, timeout)
+      log.info("waiting for %s at the store %s (%d s%s)", describe(miss), self.addr, elapsed,
+        timeout == math.huge and ", no time limit" or (" of %g s"):format(timeout))
     end
   end
 end
