@@ -156,7 +156,7 @@ codec.ag_attach = function(id, src, send, t)
       if core.t_device(g) >= 0 then g = core.t_to_device(g, -1) end
       a:call(src, M._propagate, {id, send, g}, nil, 0):wait()
     end,
-  }, autograd.Node)}
+  }, autograd.Node)})
   return t
 end
 
