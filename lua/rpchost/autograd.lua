@@ -96,7 +96,8 @@ local Node = {}
 Node.__index = Node
 local function node_name(n)
   if n.label then return n.label end
-  local s = n.name:sub(1, 1):upper() .. (n.name:sub(2):gsub("_(%l)", string.upper))
+  local name = n.name:gsub("_$", "") -- an in-place op's node is named as its op: zero_ -> ZeroBackward0
+  local s = name:sub(1, 1):upper() .. (name:sub(2):gsub("_(%l)", string.upper))
   return s .. "Backward0"
 end
 Node.__tostring = function(n) return "<" .. node_name(n) .. ">" end
@@ -165,7 +166,7 @@ local function check_saved(node)
       error(("one of the variables needed for gradient computation has been modified by an inplace " ..
         "operation: %s%s is at version %d; expected version %d instead (saved by %s for its backward: " ..
         "change a clone() of it, or change it after backward)"):format(describe(x),
-        origin and (", which is output %d of %s"):format(0, node_name(origin)) or "", now, v, node_name(node)), 0)
+        origin and (", which is output %d of %s,"):format(0, node_name(origin)) or "", now, v, node_name(node)), 0)
     end
   end
 end
