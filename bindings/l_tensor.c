@@ -4,7 +4,14 @@
  *
  * The Lua GC does not see tensor memory, so large allocations are counted and a
  * full collection runs after every RH_GC_BYTES of them: garbage tensors cannot
- * pile up unseen (Torch7 fed its heap size to the GC for the same reason). */
+ * pile up unseen (Torch7 fed its heap size to the GC for the same reason).
+ *
+ * A tensor's autograd state (requires_grad, grad_fn, grad, hooks) is a Lua table
+ * kept as the userdata's environment, so the tensor owns it: the graph behind a
+ * tensor lives exactly as long as the tensor (a weak-keyed side table cannot do
+ * that in LuaJIT, which has no ephemerons: a node that refers back to its output
+ * would keep both alive forever). Tensors without state share one empty
+ * sentinel environment. In-place entry points bump the storage's version. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -22,6 +29,7 @@ typedef struct {
 } ltensor_t;
 
 static int64_t allocated_since_gc;
+static int no_state_ref = LUA_NOREF; /* the shared environment of tensors without autograd state */
 
 rh_tensor_t *rh_lua_checktensor(lua_State *L, int i) {
   ltensor_t *b = luaL_checkudata(L, i, TENSOR_MT);
@@ -64,7 +72,53 @@ int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
   b->t = t;
   luaL_getmetatable(L, TENSOR_MT);
   lua_setmetatable(L, -2);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
+  lua_setfenv(L, -2);
   return 1;
+}
+
+/* t_ag(t) -> t's autograd state table, or nil (also for a non-tensor) */
+static int l_ag(lua_State *L) {
+  if (!luaL_testudata(L, 1, TENSOR_MT)) return 0;
+  lua_getfenv(L, 1);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
+  if (lua_rawequal(L, -1, -2)) return 0;
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* t_set_ag(t, state|nil): the state becomes part of t (freed with it) */
+static int l_set_ag(lua_State *L) {
+  luaL_checkudata(L, 1, TENSOR_MT);
+  lua_settop(L, 2);
+  if (lua_isnil(L, 2)) {
+    lua_pop(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
+  } else {
+    luaL_checktype(L, 2, LUA_TTABLE);
+  }
+  lua_setfenv(L, 1);
+  return 0;
+}
+
+/* t_version(t) -> the version counter t shares with its views */
+static int l_version(lua_State *L) {
+  lua_pushnumber(L, (double)rh_tensor_version(rh_lua_checktensor(L, 1)));
+  return 1;
+}
+
+/* t_bump(t): records an in-place write made outside the C entry points */
+static int l_bump(lua_State *L) {
+  rh_tensor_bump_version(rh_lua_checktensor(L, 1));
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t_alias(t) -> a new tensor object over the same elements (same storage,
+ * offset, sizes and strides) and so the same version counter: detach() */
+static int l_alias(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checktensor(L, 1);
+  return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, t->dtype, t->offset, t->ndim, t->size, t->stride));
 }
 
 static int l_gc(lua_State *L) {
@@ -300,6 +354,7 @@ static int l_set(lua_State *L) {
   int64_t idx[RH_MAXDIM];
   get_index(L, t, 3, idx);
   rh_tensor_set(t, idx, v);
+  rh_tensor_bump_version(t);
   return 0;
 }
 
@@ -403,15 +458,18 @@ static int l_cast(lua_State *L) {
 }
 
 static int l_copy_(lua_State *L) {
-  if (rh_tensor_copy_(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2)))
-    return luaL_error(L, "%s", rh_tensor_errmsg());
+  rh_tensor_t *dst = rh_lua_checktensor(L, 1);
+  if (rh_tensor_copy_(dst, rh_lua_checktensor(L, 2))) return luaL_error(L, "%s", rh_tensor_errmsg());
+  rh_tensor_bump_version(dst);
   lua_settop(L, 1);
   return 1;
 }
 
 static int l_fill_(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
-  rh_tensor_fill_(t, lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2));
+  if (rh_tensor_fill_(t, lua_isboolean(L, 2) ? lua_toboolean(L, 2) : luaL_checknumber(L, 2)))
+    return luaL_error(L, "%s", rh_tensor_errmsg());
+  rh_tensor_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -437,6 +495,7 @@ static int l_binary(lua_State *L) {
     return luaL_error(L, "expected tensors or numbers, got %s and %s", luaL_typename(L, 2), luaL_typename(L, 3));
   }
   if (r && r == out) {
+    rh_tensor_bump_version(out);
     rh_tensor_release(r);
     lua_pushvalue(L, 4);
     return 1;
@@ -450,6 +509,7 @@ static int l_unary(lua_State *L) {
   rh_tensor_t *out = lua_isnoneornil(L, 3) ? NULL : rh_lua_checktensor(L, 3);
   rh_tensor_t *r = rh_tensor_unary((rh_unop_t)op, rh_lua_checktensor(L, 2), out);
   if (r && r == out) {
+    rh_tensor_bump_version(out);
     rh_tensor_release(r);
     lua_pushvalue(L, 3);
     return 1;
@@ -563,6 +623,7 @@ static int l_cma_read_into(lua_State *L) {
   rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "cma_read_into");
   if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_read_into: the destination is not contiguous");
   int rc = cma_copy(pid, rh_tensor_data(t), addr, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+  rh_tensor_bump_version(t);
   if (rc) {
     lua_pushnil(L);
     lua_pushstring(L, strerror(-rc));
@@ -635,6 +696,10 @@ static int l_metatable(lua_State *L) {
 
 int rh_open_tensor(lua_State *L) {
   rh_lua_class(L, TENSOR_MT, NULL, l_gc, NULL);
+  if (no_state_ref == LUA_NOREF) {
+    lua_newtable(L);
+    no_state_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   static const luaL_Reg fns[] = {
       {"t_full", l_full},         {"t_arange", l_arange},     {"t_rand", l_rand},
       {"t_seed", l_seed},         {"t_from_flat", l_from_flat}, {"t_from_bytes", l_from_bytes},
@@ -650,7 +715,9 @@ int rh_open_tensor(lua_State *L) {
       {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
       {"t_address", l_address}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
       {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
-      {"t_same_storage", l_same_storage}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
+      {"t_same_storage", l_same_storage},
+      {"t_ag", l_ag},             {"t_set_ag", l_set_ag},     {"t_version", l_version},
+      {"t_bump", l_bump},         {"t_alias", l_alias}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);

@@ -7,6 +7,13 @@
 -- to the sender, which runs its own local backward from the recorded tensor, and
 -- so on across workers. Leaf gradients go to the context (get_gradients), never
 -- into .grad. A context exists on every worker it reaches under the same id.
+--
+-- A context is the running task's (rpchost.sched), as PyTorch's is the thread's:
+-- one task holds at most one, and the tasks that handle calls made inside it
+-- run in it. Every worker remembers the workers it sent the context to or got it
+-- from; releasing a context (finish, or the end of context()) tells them, and
+-- each tells the ones it knows, so the release reaches every worker the context
+-- touched however many hops away, and the tensors it holds there are freed.
 local sched = require "rpchost.sched"
 local codec = require "rpchost.codec"
 local errors = require "rpchost.errors"
@@ -38,59 +45,83 @@ local function get(id, create)
   return c
 end
 
-local function need(id, what)
+local function not_found(id)
+  return errors.new("config", ("Could not find autograd context with id: %s (it was never started on this " ..
+    "worker, or it was released: use it inside dist_autograd.context, or between begin and finish)"):format(
+    tostring(id)))
+end
+
+-- The context `id` here. A worker reached by a call made inside the context
+-- (the task running it is in that context) has it even when no tensor that
+-- requires grad came with the call (RRef:backward, get_gradients).
+local function need(id, level)
   local c = contexts[id]
-  if not c then
-    error(errors.new("config", ("%s: no distributed autograd context %s on this worker (use " ..
-      "dist_autograd.context or begin)"):format(what, tostring(id))), 0)
-  end
-  return c
+  if c then return c end
+  local t = sched.current()
+  if t and t.ag_ctx == id and id ~= nil then return get(id, true) end
+  error(not_found(id), level or 3)
 end
 
 -- begin() -> context id (unique across workers); finish(id) releases it here and
--- on the workers it reached.
+-- on every worker it reached.
 function M.begin()
+  local t = sched.current()
+  if t and t.ag_ctx ~= nil then
+    error(errors.new("config", ("Already have an autograd context id for this task (%s): a context cannot " ..
+      "be opened inside another; finish it first"):format(tostring(t.ag_ctx))), 2)
+  end
   counter = counter + 1
   local id = my_rank() * 2 ^ 32 + counter
   get(id, true)
-  local t = sched.current()
   if t then t.ag_ctx = id end
   return id
 end
 
-function M._release(id)
+-- drops the context here and tells the workers it knows (but `from`)
+local function release(id, from)
+  local c = contexts[id]
+  if not c then return false end
   contexts[id] = nil
+  local a = rpc()._agent()
+  for rank in pairs(c.peers) do
+    if a and a.state == "running" and rank ~= a.rank and rank ~= from then
+      local ok, f = pcall(a.call, a, rank, M._release, {id, a.rank}, nil, 0)
+      if ok then f:add_done_callback(function() end) end
+    end
+  end
+  return true
+end
+
+function M._release(id, from)
+  release(id, from)
   return true
 end
 
 function M.finish(id)
-  local c = contexts[id]
-  if not c then return end
-  contexts[id] = nil
   local t = sched.current()
   if t and t.ag_ctx == id then t.ag_ctx = nil end
-  local a = rpc()._agent()
-  for rank in pairs(c.peers) do
-    if a and a.state == "running" and rank ~= a.rank then
-      local ok, f = pcall(a.call, a, rank, M._release, {id}, nil, 0)
-      if ok then f:add_done_callback(function() end) end
-    end
-  end
+  if not release(id, nil) then error(not_found(id), 2) end
 end
 
 -- context(fn): fn(ctx_id) runs inside a fresh context, released afterwards
 function M.context(fn)
-  local t = sched.current()
-  local outer = t and t.ag_ctx
   local id = M.begin()
   local r = table.pack(pcall(fn, id))
-  if t then t.ag_ctx = outer end
-  M.finish(id)
+  local t = sched.current()
+  if t and t.ag_ctx == id then t.ag_ctx = nil end
+  release(id, nil)
   if not r[1] then error(r[2], 0) end
   return unpack(r, 2, r.n)
 end
 
 function M.current() local t = sched.current() return t and t.ag_ctx end
+
+-- the number of contexts alive on this worker (for leak checks)
+function M._count()
+  local n = 0
+  for _ in pairs(contexts) do n = n + 1 end
+  return n
+end
 
 -- wire hooks ---------------------------------------------------------------------------
 -- outgoing tensor that requires gradients: remember it under a send id
@@ -104,12 +135,18 @@ codec.ag_register = function(id, t)
   return c.nsend
 end
 
+-- a call made inside context `id` goes to worker `dest`: the release must reach it
+codec.ag_touch = function(id, dest)
+  local c = get(id, true)
+  c.peers[dest] = true
+end
+
 -- incoming: the tensor becomes the output of a recv node
 codec.ag_attach = function(id, src, send, t)
   local c = get(id, true)
   c.peers[src] = true
-  autograd.meta[t] = {requires_grad = true, grad_fn = setmetatable({
-    name = "recv", inputs = {n = 0},
+  autograd.set_state(t, {requires_grad = true, grad_fn = setmetatable({
+    name = "recv", edges = {}, n = 0,
     backward = function(g)
       local a = rpc()._agent()
       -- a CUDA gradient goes back as a host tensor: this worker may have no device
@@ -119,7 +156,7 @@ codec.ag_attach = function(id, src, send, t)
       if core.t_device(g) >= 0 then g = core.t_to_device(g, -1) end
       a:call(src, M._propagate, {id, send, g}, nil, 0):wait()
     end,
-  }, autograd.Node)}
+  }, autograd.Node)})
   return t
 end
 
@@ -132,7 +169,8 @@ end
 
 -- a gradient for send `send` of context `id` arrived: backward from that tensor
 function M._propagate(id, send, g)
-  local c = get(id, true) -- a worker may start a backward in a context it has not seen yet (RRef:backward)
+  local c = contexts[id]
+  if not c then error(not_found(id), 0) end
   local t = c.sends[send]
   if not t then error(("unknown send %s in context %s"):format(tostring(send), tostring(id)), 0) end
   -- the gradient of a tensor lives on that tensor's device
@@ -151,12 +189,21 @@ function M.backward(id, roots, retain_graph)
   if type(id) ~= "number" then
     error(errors.new("config", "backward: expected a context id (from dist_autograd.context or begin)"), 2)
   end
-  local c = get(id, true) -- a worker may start a backward in a context it has not seen yet (RRef:backward)
+  if core.t_is_tensor(roots) then roots = {roots} end
+  if type(roots) ~= "table" or #roots == 0 then
+    error(errors.new("config", ("backward: roots must be a non-empty list of tensors (the losses), got %s"):format(
+      type(roots) == "table" and "an empty list" or tostring(roots))), 2)
+  end
+  for i, r in ipairs(roots) do
+    if not core.t_is_tensor(r) then
+      error(errors.new("config", ("backward: root %d is a %s, not a tensor"):format(i, type(r))), 2)
+    end
+  end
+  local c = need(id, 2)
   if c.graph_freed then
     error(errors.new("config", ("backward: context %s already ran a backward without retain_graph, so its " ..
       "graph is gone; pass retain_graph = true to the first backward to run it again"):format(tostring(id))), 2)
   end
-  if type(roots) ~= "table" then roots = {roots} end
   local task = sched.current()
   local outer = task and task.ag_ctx
   if task then task.ag_ctx = id end
@@ -174,7 +221,7 @@ end
 
 -- get_gradients(ctx_id) -> {[tensor] = gradient} for the tensors on this worker
 function M.get_gradients(id)
-  local c = need(id, "get_gradients")
+  local c = need(id, 2)
   local out = {}
   for t, g in pairs(c.grads) do out[t] = g end
   return out

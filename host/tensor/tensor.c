@@ -131,6 +131,7 @@ static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
   s->free_ctx = NULL;
   s->device = -1;
   s->uninit = !zero;
+  s->version = 0;
   __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   return s;
 }
@@ -153,6 +154,7 @@ rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*
   s->free_ctx = ctx;
   s->device = device;
   s->uninit = 0;
+  s->version = 0;
   if (device < 0) __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   return s;
 }

@@ -30,6 +30,10 @@ typedef struct rh_storage_s {
   void *free_ctx;
   int device; /* -1: host memory; n: memory of CUDA device n (never read on the host) */
   int uninit; /* allocated by rh_storage_new_uninit: freed through its large-buffer cache */
+  /* bumped by every in-place write to the storage (PyTorch's version counter):
+   * views and detach() share storage, so they share it; autograd compares the
+   * version a saved tensor had when saved with the one it has at backward */
+  uint64_t version;
 } rh_storage_t;
 
 typedef struct rh_tensor_s {
@@ -43,6 +47,12 @@ typedef struct rh_tensor_s {
 } rh_tensor_t;
 
 static inline int rh_tensor_device(const rh_tensor_t *t) { return t->storage->device; }
+
+/* The version counter of t's storage. Every entry point that writes into an
+ * existing tensor (an op's `out`, copy_, fill_, set, a collective's result)
+ * calls rh_tensor_bump_version once, after the write. */
+static inline uint64_t rh_tensor_version(const rh_tensor_t *t) { return t->storage->version; }
+static inline void rh_tensor_bump_version(rh_tensor_t *t) { t->storage->version++; }
 
 typedef enum {
   RH_OP_ADD, RH_OP_SUB, RH_OP_MUL, RH_OP_DIV, RH_OP_POW, RH_OP_MAXIMUM, RH_OP_MINIMUM,

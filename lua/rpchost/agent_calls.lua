@@ -152,6 +152,8 @@ function C:call(to, fn, args, kwargs, timeout)
   end
   local big = p.rank ~= self.rank and too_big("the call to " .. p.name, body, segs)
   if big then error(errors.new("serialize", big, {worker = p.name, rank = p.rank}), 0) end
+  -- the context now reaches p: its release must too (dist_autograd)
+  if ctx and codec.ag_touch and p.rank ~= self.rank then codec.ag_touch(ctx, p.rank) end
   self.next_id = self.next_id + 1
   local id = self.next_id
   local fut = Future.new()
@@ -358,7 +360,10 @@ function C:send_reply(to, id, r, rmap)
 end
 
 local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
-  sched.current().ag_ctx = ctx
+  -- a request runs in its caller's autograd context, with gradient mode on
+  -- (the caller's no_grad does not travel, as in PyTorch)
+  local task = sched.current()
+  task.ag_ctx, task.grad_enabled = ctx, nil
   local t0 = trace.now_us()
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
   local bad = arg_count_problem(args)

@@ -1,62 +1,195 @@
 -- rpchost.autograd: reverse-mode automatic differentiation for tensors.
 --
--- Differentiable tensor methods are wrapped: when gradients are enabled and an
--- input requires them, the result records a node holding what its backward
--- needs. backward() walks the nodes from the root in reverse topological order,
--- summing each node's incoming gradients before running it, and hands leaf
--- gradients to a sink: `.grad` for local autograd, a context's table for
--- distributed autograd. Gradients of broadcast inputs are summed back to their
--- shapes. Everything here is Lua over the C ops; no op is differentiated twice.
+-- Ownership. A tensor's autograd state ({requires_grad, grad_fn, output_nr, grad,
+-- final_hooks}) is a table owned by the tensor's userdata (its environment, see
+-- bindings/l_tensor.c). A node (one per recorded op) owns its backward function,
+-- the tensors it saved, and its edges: for each input, taken when the op was
+-- recorded, the input's node or, for a leaf, the leaf tensor itself. Nothing
+-- else refers to the graph, so it lives exactly as long as some tensor whose
+-- history it is, and the GC takes it with the last one (cycles through a node
+-- that refers back to its output are fine: they are plain Lua references).
+--
+-- Versions. Every storage carries a version counter that in-place writes bump
+-- (C entry points, and M.bump for writes made elsewhere). A node records the
+-- versions of the tensors it saved; backward refuses to use one that changed.
+-- In-place ops on tensors that require grad are rewritten as their out-of-place
+-- op whose result takes over the tensor's history (PyTorch's rebase).
+--
+-- Backward is iterative: a pass counts, for each node reachable from the root,
+-- the edges that lead into it, then runs nodes whose consumers have all
+-- delivered, summing incoming gradients, and frees each node as it goes unless
+-- the graph is retained. Leaf gradients go to a sink: `.grad` for local
+-- autograd, a context's table for distributed autograd.
+--
+-- Gradient mode (no_grad, set_grad_enabled, backward's own switching) is a field
+-- of the running task (rpchost.sched), inherited by the tasks it spawns: a
+-- backward that yields (a distributed one waits on peers) never changes what
+-- another task records.
 local core = require "rpchost.core"
+local sched = require "rpchost.sched"
 
 local M = {}
 
-local meta = setmetatable({}, {__mode = "k"}) -- tensor -> {requires_grad, grad_fn, grad}
-local enabled = true
-M.meta = meta
+local get_state, set_state = core.t_ag, core.t_set_ag
+local t_version, is_t = core.t_version, core.t_is_tensor
+local pack = table.pack or function(...) return {n = select("#", ...), ...} end
+local current = sched.current
 
-local function info(t) return meta[t] end
-local function requires(t) local m = meta[t]; return m ~= nil and m.requires_grad == true end
+M.state, M.set_state = get_state, set_state
+-- Records an in-place write made outside the C entry points (which bump by
+-- themselves): t and every view of it get a new version.
+M.bump = core.t_bump
+M.version = t_version
+
+-- (compatibility) autograd.meta[t] reads and writes t's state
+M.meta = setmetatable({}, {
+  __index = function(_, t) return get_state(t) end,
+  __newindex = function(_, t, v) set_state(t, v) end,
+})
+
+local function requires(t)
+  local s = get_state(t)
+  return s ~= nil and s.requires_grad == true
+end
 M.requires = requires
 
 local tensor, methods -- filled by install
 
--- A node: one per differentiable output. inputs: the tensors it depends on;
--- backward(g): their gradients (nil where none).
-local Node = {}
-Node.__index = Node
-Node.__tostring = function(n)
-  return ("<%s%sBackward0>"):format(n.name:sub(1, 1):upper(), n.name:sub(2):gsub("_(%l)", string.upper))
-end
-M.Node = Node
+-- gradient mode: per task -------------------------------------------------------------
+sched.inherit("grad_enabled")
+local OUTSIDE = {} -- the "task" of code running outside any (callbacks, __gc)
+local function slot() return current() or OUTSIDE end
 
-function M.enabled() return enabled end
+function M.enabled() return slot().grad_enabled ~= false end
 
+-- Sets the running task's gradient mode; returns the previous one.
 function M.set_enabled(v)
-  local old = enabled
-  enabled = v and true or false
+  local s = slot()
+  local old = s.grad_enabled ~= false
+  s.grad_enabled = v and true or false
   return old
 end
 
--- Runs fn with gradient recording off (restored even on error).
-function M.no_grad(fn, ...)
-  local old = M.set_enabled(false)
-  local r = table.pack(pcall(fn, ...))
-  enabled = old
+-- Runs fn(...) with the task's gradient mode set to `mode`, restored afterwards
+-- (also on error, and whatever other tasks do while fn waits).
+local function with_mode(mode, fn, ...)
+  local s = slot()
+  local old = s.grad_enabled
+  s.grad_enabled = mode
+  local r = pack(pcall(fn, ...))
+  s.grad_enabled = old
   if not r[1] then error(r[2], 0) end
   return unpack(r, 2, r.n)
 end
 
+function M.no_grad(fn, ...) return with_mode(false, fn, ...) end
+function M.enable_grad(fn, ...) return with_mode(true, fn, ...) end
+-- set_grad_enabled(mode): sets it (returns the previous mode);
+-- set_grad_enabled(mode, fn, ...): runs fn under it
+function M.set_grad_enabled(mode, fn, ...)
+  if fn == nil then return M.set_enabled(mode) end
+  return with_mode(mode and true or false, fn, ...)
+end
+
+-- nodes --------------------------------------------------------------------------------
+local Node = {}
+Node.__index = Node
+local function node_name(n)
+  if n.label then return n.label end
+  local name = n.name:gsub("_$", "") -- an in-place op's node is named as its op: zero_ -> ZeroBackward0
+  local s = name:sub(1, 1):upper() .. (name:sub(2):gsub("_(%l)", string.upper))
+  return s .. "Backward0"
+end
+Node.__tostring = function(n) return "<" .. node_name(n) .. ">" end
+M.Node = Node
+M.node_name = node_name
+
+-- The edge an op's input gives its node: the input's node (and which of its
+-- outputs the input is), the tensor itself for a leaf that requires grad, or
+-- false when no gradient flows to it.
+local function edge_of(x)
+  local s = get_state(x)
+  if s == nil or not s.requires_grad then return false, nil end
+  if s.grad_fn then return s.grad_fn, s.output_nr end
+  return x, nil
+end
+
+local function edges_of(inputs, n)
+  local edges, nrs = {}, nil
+  for i = 1, n do
+    local x = inputs[i]
+    local e, nr = false, nil
+    if x ~= nil then e, nr = edge_of(x) end
+    edges[i] = e
+    if nr then
+      nrs = nrs or {}
+      nrs[i] = nr
+    end
+  end
+  return edges, nrs
+end
+
+-- {tensor, version, node that produced it (or false)} for each saved tensor
+local function save_versions(list, out, node)
+  local sv = nil
+  for i = 1, list.n or #list do
+    local x = list[i]
+    if x ~= nil and is_t(x) then
+      local origin = false
+      if rawequal(x, out) then origin = node
+      else
+        local s = get_state(x)
+        origin = s and s.grad_fn or false
+      end
+      sv = sv or {}
+      sv[#sv + 1] = x
+      sv[#sv + 1] = t_version(x)
+      sv[#sv + 1] = origin
+    end
+  end
+  return sv
+end
+
+local DTYPE_NAMES = {[0] = "float32", "float64", "int32", "int64", "uint8", "bool"}
+local function describe(t)
+  return ("[tensor.%s [%s]]"):format(DTYPE_NAMES[core.t_dtype(t)] or "?", table.concat(core.t_size(t), ", "))
+end
+
+local function check_saved(node)
+  local sv = node.saved
+  if not sv then return end
+  for i = 1, #sv, 3 do
+    local x, v = sv[i], sv[i + 1]
+    local now = t_version(x)
+    if now ~= v then
+      local origin = sv[i + 2]
+      error(("one of the variables needed for gradient computation has been modified by an inplace " ..
+        "operation: %s%s is at version %d; expected version %d instead (saved by %s for its backward: " ..
+        "change a clone() of it, or change it after backward)"):format(describe(x),
+        origin and (", which is output %d of %s,"):format(0, node_name(origin)) or "", now, v, node_name(node)), 0)
+    end
+  end
+end
+
 -- Makes `out` the result of node (name, inputs, backward) when recording applies.
-function M.record(out, name, inputs, backward)
-  if not enabled or core.t_dtype(out) > 1 then return out end -- only float results carry gradients
+-- inputs: the op's inputs (a sequence; `n` counts it when it has holes; entries
+-- that are not tensors requiring grad get no gradient). backward(g) returns one
+-- gradient per input (nil where none). saved: the tensors backward reads, whose
+-- versions it checks (default: the tensor inputs; {} when backward needs only
+-- shapes; include `out` when it reads the result).
+function M.record(out, name, inputs, backward, saved)
+  if core.t_dtype(out) > 1 or not M.enabled() then return out end -- only float results carry gradients
+  local n = inputs.n or #inputs
   local any = false
-  for i = 1, inputs.n or #inputs do
-    if inputs[i] ~= nil and requires(inputs[i]) then any = true break end
+  for i = 1, n do
+    local x = inputs[i]
+    if x ~= nil and requires(x) then any = true break end
   end
   if not any then return out end
-  local n = setmetatable({name = name, inputs = inputs, backward = backward}, Node)
-  meta[out] = {requires_grad = true, grad_fn = n}
+  local edges, nrs = edges_of(inputs, n)
+  local node = setmetatable({name = name, backward = backward, edges = edges, nrs = nrs, n = n}, Node)
+  node.saved = save_versions(saved or inputs, out, node)
+  set_state(out, {requires_grad = true, grad_fn = node})
   return out
 end
 
@@ -75,20 +208,54 @@ end
 
 -- backward ----------------------------------------------------------------------------
 local function default_sink(t, g)
-  local m = meta[t]
-  if m.grad == nil then
-    m.grad = core.t_clone(g)
+  local s = get_state(t)
+  if s.grad == nil then
+    s.grad = core.t_clone(g)
   else
-    m.grad = core.t_binary(0, m.grad, g)
+    s.grad = core.t_binary(0, s.grad, g)
   end
 end
+
+local function add_into(pending, e, nr, g)
+  if e.nout then -- a node with several outputs gets one gradient per output
+    local slots = pending[e]
+    if not slots then slots = {}; pending[e] = slots end
+    local k = nr or 1
+    local prev = slots[k]
+    slots[k] = prev and core.t_binary(0, prev, g) or g
+  else
+    local prev = pending[e]
+    pending[e] = prev and core.t_binary(0, prev, g) or g
+  end
+end
+
+local function run_node(node, g)
+  if not node.nout then return pack(node.backward(g)) end
+  local args = {}
+  for k = 1, node.nout do
+    local gk = g[k]
+    local m = node.out_meta[k]
+    -- an output no gradient reached gets zeros (PyTorch's materialize_grads)
+    if gk == nil and m then gk = core.t_full(m[2], m[1], 0, m[3]) end
+    args[k] = gk
+  end
+  return pack(node.backward(unpack(args, 1, node.nout)))
+end
+
+local function free(node)
+  node.backward, node.saved, node.edges, node.nrs, node.out_meta = nil, nil, nil, nil, nil
+  node.freed = true
+end
+
+local SECOND_TIME = "Trying to backward through the graph a second time (or directly access saved tensors " ..
+  "after they have already been freed): pass retain_graph = true the first time"
 
 -- Runs the backward pass from root with gradient `grad` (nil: 1 for a scalar).
 -- sink(tensor, grad) receives leaf gradients (default: accumulate into .grad).
 function M.backward(root, grad, retain_graph, sink)
   sink = sink or default_sink
-  local m = meta[root]
-  if not m or not m.requires_grad then
+  local s = get_state(root)
+  if not s or not s.requires_grad then
     error("element 0 of tensors does not require grad and does not have a grad_fn " ..
           "(create the inputs with {requires_grad = true})", 3)
   end
@@ -99,104 +266,312 @@ function M.backward(root, grad, retain_graph, sink)
     end
     grad = core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
   end
-  if not m.grad_fn then
+  local fn = s.grad_fn
+  if not fn then
     sink(root, grad)
     return
   end
-  -- order the nodes so each runs after every node that feeds it a gradient
-  local order, seen = {}, {}
-  local function visit(node)
-    if seen[node] then return end
-    seen[node] = true
-    for i = 1, node.inputs.n or #node.inputs do
-      local t = node.inputs[i]
-      local mi = t ~= nil and meta[t]
-      if mi and mi.grad_fn then visit(mi.grad_fn) end
-    end
-    order[#order + 1] = node
-  end
-  -- iterative deepening would be kinder to very deep graphs; recursion is fine
-  -- for the graphs scripts build (depth = number of chained ops)
-  visit(m.grad_fn)
-  -- how many edges lead to each leaf: when all have delivered, its gradient is
-  -- final and its hooks run (DistributedDataParallel starts communication then)
-  local leaf_edges = {}
-  for _, node in ipairs(order) do
-    for i = 1, node.inputs.n or #node.inputs do
-      local t = node.inputs[i]
-      local mi = t ~= nil and meta[t]
-      if mi and mi.requires_grad and not mi.grad_fn then leaf_edges[t] = (leaf_edges[t] or 0) + 1 end
-    end
-  end
-  local function leaf_done(t)
-    leaf_edges[t] = leaf_edges[t] - 1
-    if leaf_edges[t] == 0 then
-      local hooks = meta[t].final_hooks
-      if hooks then for _, h in ipairs(hooks) do h(t) end end
-    end
-  end
-  M.callbacks = {}
-  local pending = {[m.grad_fn] = grad}
-  local old = M.set_enabled(false)
-  local ok, err = pcall(function()
-    for k = #order, 1, -1 do
-      local node = order[k]
-      local g = pending[node]
-      pending[node] = nil
-      if g ~= nil then
-        if node.freed then
-          error("Trying to backward through the graph a second time (or directly access saved tensors " ..
-                "after they have already been freed): pass retain_graph = true the first time", 0)
-        end
-        local grads = table.pack(node.backward(g))
-        for i = 1, node.inputs.n or #node.inputs do
-          local t, gi = node.inputs[i], grads[i]
-          local mi = t ~= nil and meta[t]
-          if gi ~= nil and mi and mi.requires_grad then
-            if mi.grad_fn then
-              local prev = pending[mi.grad_fn]
-              pending[mi.grad_fn] = prev and core.t_binary(0, prev, gi) or gi
+  -- how many edges lead into each node reachable from the root, and into each leaf
+  -- (when all of a leaf's have delivered, its gradient is final and its hooks run:
+  -- DistributedDataParallel starts communication then)
+  local deps, leaf_edges = {[fn] = 0}, {}
+  local stack, sp = {fn}, 1
+  while sp > 0 do
+    local node = stack[sp]
+    stack[sp] = nil
+    sp = sp - 1
+    local edges = node.edges
+    if edges then
+      for i = 1, node.n do
+        local e = edges[i]
+        if e then
+          if type(e) == "table" then
+            local d = deps[e]
+            if d == nil then
+              deps[e] = 1
+              sp = sp + 1
+              stack[sp] = e
             else
-              sink(t, gi)
-              leaf_done(t)
+              deps[e] = d + 1
             end
-          elseif mi and mi.requires_grad and not mi.grad_fn then
-            leaf_done(t) -- no gradient along this edge
+          else
+            leaf_edges[e] = (leaf_edges[e] or 0) + 1
           end
         end
-        if not retain_graph then node.freed = true end
+      end
+    end
+  end
+  local pending = {}
+  if fn.nout then pending[fn] = {[s.output_nr or 1] = grad} else pending[fn] = grad end
+  local task = slot()
+  local outer_pass, outer_mode = task.ag_pass, task.grad_enabled
+  local pass = {callbacks = {}}
+  task.ag_pass, task.grad_enabled = pass, false
+  local ok, err = pcall(function()
+    local ready, rn = {fn}, 1
+    while rn > 0 do
+      local node = ready[rn]
+      ready[rn] = nil
+      rn = rn - 1
+      local g = pending[node]
+      pending[node] = nil
+      local edges, nrs = node.edges, node.nrs
+      local grads = nil
+      if g ~= nil then
+        if node.freed then error(SECOND_TIME, 0) end
+        check_saved(node)
+        grads = run_node(node, g)
+        g = nil
+        if not retain_graph then free(node) end
+      end
+      if edges then
+        for i = 1, node.n do
+          local e = edges[i]
+          if e then
+            local gi = grads and grads[i]
+            if type(e) == "table" then
+              if gi ~= nil then add_into(pending, e, nrs and nrs[i], gi) end
+              local d = deps[e] - 1
+              deps[e] = d
+              if d == 0 then
+                rn = rn + 1
+                ready[rn] = e
+              end
+            else
+              if gi ~= nil then sink(e, gi) end
+              local left = leaf_edges[e] - 1
+              leaf_edges[e] = left
+              if left == 0 then
+                local ls = get_state(e)
+                local hooks = ls and ls.final_hooks
+                if hooks then for _, h in ipairs(hooks) do h(e) end end
+              end
+            end
+          end
+        end
       end
     end
   end)
-  M.set_enabled(old)
   -- callbacks queued during this pass run once it is over (even when it failed,
   -- so communication started by hooks is never left half done)
-  local cbs = M.callbacks
-  M.callbacks = nil
-  for _, cb in ipairs(cbs or {}) do
+  task.ag_pass = outer_pass
+  for _, cb in ipairs(pass.callbacks) do
     local cok, cerr = pcall(cb)
     if ok and not cok then ok, err = false, cerr end
   end
+  task.grad_enabled = outer_mode
   if not ok then error(err, 0) end
 end
 
--- Runs fn when the current backward pass ends (from a hook).
+-- Runs fn when the running task's current backward pass ends (from a hook).
 function M.queue_callback(fn)
-  if M.callbacks then M.callbacks[#M.callbacks + 1] = fn end
+  local p = slot().ag_pass
+  if p then p.callbacks[#p.callbacks + 1] = fn end
 end
 
 -- fn(t) runs each time t's gradient is final in a backward pass.
 function M.register_final_hook(t, fn)
-  local mt = meta[t]
-  if not mt then mt = {}; meta[t] = mt end
-  mt.final_hooks = mt.final_hooks or {}
-  table.insert(mt.final_hooks, fn)
+  local st = get_state(t)
+  if not st then st = {}; set_state(t, st) end
+  st.final_hooks = st.final_hooks or {}
+  table.insert(st.final_hooks, fn)
+end
+
+-- in-place ops ----------------------------------------------------------------------------
+local function carry_history(from, to)
+  local s = get_state(from)
+  if s and s.requires_grad then set_state(to, {requires_grad = true, grad_fn = s.grad_fn, output_nr = s.output_nr}) end
+  return to
+end
+-- A new tensor object over t's elements (so sharing its version) carrying t's
+-- history as it is now.
+local function alias_of(t) return carry_history(t, core.t_alias(t)) end
+-- A copy of t's values as they are now, carrying its history: what an op
+-- rewritten out of place reads, safe from the write that follows.
+local function snapshot(t) return carry_history(t, core.t_clone(t)) end
+
+local function check_inplace(t, what)
+  local s = get_state(t)
+  if not s or not s.requires_grad then return end
+  if not s.grad_fn then
+    error(("a leaf Variable that requires grad is being used in an in-place operation (%s): do it under " ..
+      "tensor.no_grad, or on a clone()"):format(what), 0)
+  end
+  if s.grad_fn.is_view then
+    error(("%s: an in-place operation on a view (the output of %s) of a tensor that requires grad is not " ..
+      "supported: change a clone() of the view, or the whole tensor"):format(what, node_name(s.grad_fn)), 0)
+  end
+end
+M.check_inplace = check_inplace
+
+-- Under gradient mode, a:op_(...) on a tensor that requires grad (or with an
+-- argument that does) becomes a <- op(a, ...): the out-of-place op is recorded
+-- and its result, written into a, takes over a's history. Without an
+-- out-of-place counterpart (fill_, zero_, random fills; outofplace nil or
+-- returning nil) a's old history is cut: nothing flows back through a.
+-- reads_old: outofplace reads a's old values (false for copy_).
+local function cut_history(a, name)
+  set_state(a, {requires_grad = true, grad_fn = setmetatable({name = name, edges = {}, n = 0,
+    backward = function() end}, Node)})
+end
+
+function M.wrap_inplace(name, inplace, outofplace, reads_old)
+  return function(a, ...)
+    if not M.enabled() then return inplace(a, ...) end
+    local a_req = requires(a)
+    if not a_req then
+      local any = false
+      for i = 1, select("#", ...) do
+        if requires((select(i, ...))) then any = true break end
+      end
+      if not any then return inplace(a, ...) end
+    end
+    check_inplace(a, name)
+    local r = outofplace and outofplace(reads_old == false and alias_of(a) or snapshot(a), ...)
+    if r == nil then
+      inplace(a, ...)
+      if a_req then cut_history(a, name) end
+      return a
+    end
+    core.t_copy_(a, r) -- bumps a's version
+    local sr = get_state(r)
+    if sr and sr.requires_grad then
+      set_state(a, {requires_grad = true, grad_fn = sr.grad_fn, output_nr = sr.output_nr})
+    elseif a_req then
+      cut_history(a, name)
+    end
+    return a
+  end
+end
+
+-- custom differentiable ops: tensor.autograd.Function ---------------------------------------
+-- As torch.autograd.Function:
+--   local Exp = tensor.autograd.Function:extend("Exp")
+--   function Exp.forward(ctx, x) local y = x:exp(); ctx:save_for_backward(y); return y end
+--   function Exp.backward(ctx, g) local y = unpack(ctx.saved_tensors); return g * y end
+--   local y = Exp.apply(x)
+-- forward runs with gradient recording off; its tensor results (float dtypes)
+-- become outputs of one node whose backward is the class's backward: it gets one
+-- gradient per output (zeros for an output no gradient reached) and returns one
+-- per input of apply (nil for inputs that need none; ctx.needs_input_grad[i]
+-- says which do). Tensors saved with ctx:save_for_backward are version-checked.
+local Function = {name = "Function"}
+Function.__index = Function
+M.Function = Function
+
+local Ctx = {}
+Ctx.__index = Ctx
+function Ctx:save_for_backward(...) self.to_save = pack(...) end
+function Ctx:mark_non_differentiable(...)
+  for i = 1, select("#", ...) do self.non_differentiable[(select(i, ...))] = true end
+end
+
+local function same_sizes(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+local function apply(cls, ...)
+  local args = pack(...)
+  local on = M.enabled()
+  local needs, any = {}, false
+  for i = 1, args.n do
+    local need = on and is_t(args[i]) and requires(args[i]) or false
+    needs[i] = need
+    any = any or need
+  end
+  local ctx = setmetatable({needs_input_grad = needs, non_differentiable = {}}, Ctx)
+  local outs = pack(M.no_grad(cls.forward, ctx, ...))
+  local saved = ctx.to_save or {n = 0}
+  ctx.to_save = nil
+  ctx.saved_tensors = {unpack(saved, 1, saved.n)}
+  if not any then return unpack(outs, 1, outs.n) end
+  local edges, nrs = edges_of(args, args.n)
+  local label = cls.name .. "Backward"
+  local node = setmetatable({name = cls.name, label = label, edges = edges, nrs = nrs, n = args.n}, Node)
+  if outs.n > 1 then node.nout, node.out_meta = outs.n, {} end
+  local in_sizes = {}
+  for i = 1, args.n do if needs[i] then in_sizes[i] = core.t_size(args[i]) end end
+  node.backward = function(...)
+    local grads = pack(cls.backward(ctx, ...))
+    if grads.n > args.n then
+      error(("function %s returned an incorrect number of gradients (expected %d, got %d)"):format(
+        label, args.n, grads.n), 0)
+    end
+    for i = 1, args.n do
+      local gi = grads[i]
+      if gi ~= nil and needs[i] then
+        if not is_t(gi) then
+          error(("function %s returned a %s as the gradient of input %d; expected a tensor (or nil)"):format(
+            label, type(gi), i), 0)
+        end
+        if not same_sizes(core.t_size(gi), in_sizes[i]) then
+          error(("function %s returned an invalid gradient at index %d - got [%s] but expected shape " ..
+            "compatible with [%s]"):format(label, i, table.concat(core.t_size(gi), ", "),
+            table.concat(in_sizes[i], ", ")), 0)
+        end
+      elseif not needs[i] then
+        grads[i] = nil
+      end
+    end
+    return unpack(grads, 1, args.n)
+  end
+  for k = 1, outs.n do
+    local o = outs[k]
+    if is_t(o) and core.t_dtype(o) <= 1 and not ctx.non_differentiable[o] then
+      -- an input returned as it is becomes a new tensor object (its own history stays)
+      for i = 1, args.n do
+        if rawequal(o, args[i]) then
+          o = core.t_alias(o)
+          outs[k] = o
+          break
+        end
+      end
+      if node.nout then node.out_meta[k] = {core.t_size(o), core.t_dtype(o), core.t_device(o)} end
+      set_state(o, {requires_grad = true, grad_fn = node, output_nr = node.nout and k or nil})
+    end
+  end
+  node.saved = save_versions(saved, nil, node)
+  return unpack(outs, 1, outs.n)
+end
+
+-- Function:extend(name) or Function:extend{name =, forward =, backward =}: a new
+-- class; Class.apply(...) (or Class:apply(...)) runs it.
+function Function:extend(spec)
+  local cls = {}
+  if type(spec) == "table" then
+    for k, v in pairs(spec) do cls[k] = v end
+  else
+    cls.name = spec
+  end
+  if cls.name ~= nil and type(cls.name) ~= "string" then
+    error("Function:extend: the name must be a string", 2)
+  end
+  cls.name = cls.name or "Function"
+  cls.__index = cls
+  setmetatable(cls, self)
+  cls.apply = function(...)
+    if rawequal((...), cls) then return apply(cls, select(2, ...)) end
+    return apply(cls, ...)
+  end
+  return cls
+end
+Function.__tostring = function(c) return "autograd.Function(" .. c.name .. ")" end
+
+function Function.forward()
+  error("autograd.Function: define forward(ctx, ...) on the class (Function:extend(name))", 2)
+end
+function Function.backward()
+  error("autograd.Function: define backward(ctx, grad...) on the class to differentiate it", 2)
+end
+function Function.apply()
+  error("autograd.Function: call apply on a class made with Function:extend(name)", 2)
 end
 
 -- wrapping the tensor methods ---------------------------------------------------------------
 local function sizes(t) return core.t_size(t) end
-local BIN = {add = 0, sub = 1, mul = 2, div = 3, pow = 4}
-local function is_t(v) return core.t_is_tensor(v) end
+local function req(x) return is_t(x) and requires(x) end
 
 -- a value with the shape of `like` (numbers stay numbers)
 local function grad_for(g, x)
@@ -204,30 +579,52 @@ local function grad_for(g, x)
   return M.sum_to(g, sizes(x))
 end
 
-local function install_binary(name, fwd, dfa, dfb)
+-- saves(a, b, out, ra, rb) -> the tensors the two derivatives read, given which
+-- inputs need a gradient (ra, rb): a weight used with an input that needs none
+-- is not saved, so changing it in place later (an optimizer step) is no error
+local function install_binary(name, fwd, dfa, dfb, saves)
   local f = function(a, b, opts)
     local out = fwd(a, b, opts)
-    return M.record(out, name, table.pack(is_t(a) and a or nil, is_t(b) and b or nil), function(g)
-      return is_t(a) and grad_for(dfa(g, a, b, out), a) or nil, is_t(b) and grad_for(dfb(g, a, b, out), b) or nil
-    end)
+    if not M.enabled() then return out end
+    local ra, rb = req(a), req(b)
+    if not (ra or rb) then return out end
+    return M.record(out, name, {n = 2, ra and a or nil, rb and b or nil}, function(g)
+      return ra and grad_for(dfa(g, a, b, out), a) or nil, rb and grad_for(dfb(g, a, b, out), b) or nil
+    end, saves(a, b, out, ra, rb))
   end
   tensor[name] = f
   methods[name] = f
 end
 
-local function install_unary(name, fwd, df)
+-- saves(a, out): what df reads ({} when only shapes); view: the result shares
+-- a's elements (an in-place change of it is refused: it would bypass a's history)
+local NOTHING = {n = 0}
+local function install_unary(name, fwd, df, saves, view)
   local f = function(a, ...)
     local out = fwd(a, ...)
     -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
     -- what was asked) returns the input itself: recording a node on it would
     -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
-    if rawequal(out, a) then return out end
+    if rawequal(out, a) or not M.enabled() or not requires(a) then return out end
     local args = table.pack(...)
-    return M.record(out, name, table.pack(a), function(g) return df(g, a, out, unpack(args, 1, args.n)) end)
+    M.record(out, name, {n = 1, a}, function(g) return df(g, a, out, unpack(args, 1, args.n)) end,
+      saves and saves(a, out) or NOTHING)
+    if view then M.mark_view(out, a) end
+    return out
   end
   methods[name] = f
   if tensor[name] then tensor[name] = f end
 end
+
+-- out, recorded from a, shares a's elements
+function M.mark_view(out, a)
+  local s = get_state(out)
+  if s and s.grad_fn and core.t_same_storage(out, a) then s.grad_fn.is_view = true end
+  return out
+end
+
+local function save_a(a) return {n = 1, a} end
+local function save_out(_, out) return {n = 1, out} end
 
 function M.install(t_module)
   tensor = t_module
@@ -240,48 +637,54 @@ function M.install(t_module)
   local function div(a, b) return core.t_binary(3, a, b) end
   local function neg(a) return core.t_unary(0, a) end
 
-  install_binary("add", orig.add, function(g) return g end, function(g, _, _, _) return g end)
-  install_binary("sub", orig.sub, function(g) return g end, function(g) return neg(g) end)
-  install_binary("mul", orig.mul, function(g, _, b) return mul(g, b) end, function(g, a) return mul(g, a) end)
+  local function no_saves() return NOTHING end
+  -- a is read for b's gradient and b for a's (mul, matmul)
+  local function cross(a, b, _, ra, rb) return {n = 2, rb and a or nil, ra and b or nil} end
+  local function both(a, b) return {n = 2, a, b} end
+  install_binary("add", orig.add, function(g) return g end, function(g, _, _, _) return g end, no_saves)
+  install_binary("sub", orig.sub, function(g) return g end, function(g) return neg(g) end, no_saves)
+  install_binary("mul", orig.mul, function(g, _, b) return mul(g, b) end, function(g, a) return mul(g, a) end, cross)
   install_binary("div", orig.div, function(g, _, b) return div(g, b) end,
-    function(g, a, b) return neg(div(mul(g, a), mul(b, b))) end)
+    function(g, a, b) return neg(div(mul(g, a), mul(b, b))) end,
+    function(a, b, _, _, rb) return {n = 2, rb and a or nil, b} end)
   install_binary("pow", orig.pow,
     function(g, a, b)
       local bm1 = is_t(b) and core.t_binary(1, b, 1) or b - 1
       return mul(mul(g, b), core.t_binary(4, a, bm1))
     end,
-    function(g, a, _, out) return mul(mul(g, out), core.t_unary(2, a)) end)
+    function(g, a, _, out) return mul(mul(g, out), core.t_unary(2, a)) end,
+    function(a, b, out, _, rb) return {n = 3, a, b, rb and out or nil} end)
   install_binary("maximum", orig.maximum,
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(12, a, b), core.t_dtype(g))) end,
-    function(g, a, b) return mul(g, core.t_cast(core.t_binary(9, a, b), core.t_dtype(g))) end)
+    function(g, a, b) return mul(g, core.t_cast(core.t_binary(9, a, b), core.t_dtype(g))) end, both)
   install_binary("minimum", orig.minimum,
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(10, a, b), core.t_dtype(g))) end,
-    function(g, a, b) return mul(g, core.t_cast(core.t_binary(11, a, b), core.t_dtype(g))) end)
+    function(g, a, b) return mul(g, core.t_cast(core.t_binary(11, a, b), core.t_dtype(g))) end, both)
 
   install_unary("neg", orig.neg, function(g) return neg(g) end)
-  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end)
-  install_unary("log", orig.log, function(g, a) return div(g, a) end)
-  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end)
-  install_unary("relu", orig.relu, function(g, a) return mul(g, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g))) end)
-  install_unary("tanh", orig.tanh, function(g, _, out) return mul(g, core.t_binary(1, 1, mul(out, out))) end)
-  install_unary("sigmoid", orig.sigmoid, function(g, _, out) return mul(g, mul(out, core.t_binary(1, 1, out))) end)
+  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end, save_out)
+  install_unary("log", orig.log, function(g, a) return div(g, a) end, save_a)
+  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end, save_out)
+  install_unary("relu", orig.relu, function(g, a) return mul(g, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g))) end, save_a)
+  install_unary("tanh", orig.tanh, function(g, _, out) return mul(g, core.t_binary(1, 1, mul(out, out))) end, save_out)
+  install_unary("sigmoid", orig.sigmoid, function(g, _, out) return mul(g, mul(out, core.t_binary(1, 1, out))) end, save_out)
   install_unary("abs", orig.abs, function(g, a)
     local sign = core.t_binary(1, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g)),
                                   core.t_cast(core.t_binary(9, a, 0), core.t_dtype(g)))
     return mul(g, sign)
-  end)
+  end, save_a)
 
   -- shape ops: the gradient takes the input's shape back
-  install_unary("view", orig.view, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end)
-  install_unary("reshape", orig.reshape, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end)
-  install_unary("flatten", orig.flatten, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end)
+  install_unary("view", orig.view, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
+  install_unary("reshape", orig.reshape, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
+  install_unary("flatten", orig.flatten, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
   install_unary("contiguous", orig.contiguous, function(g) return g end)
   install_unary("clone", orig.clone, function(g) return g end)
   -- a copy to another device: the gradient goes back to the input's device
   install_unary("_to_device", orig._to_device, function(g, a) return core.t_to_device(g, core.t_device(a)) end)
-  install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, sizes(a)) end)
-  install_unary("transpose", orig.transpose, function(g, _, _, d0, d1) return m.transpose(g, d0, d1) end)
-  install_unary("t", orig.t, function(g) return core.t_ndim(g) < 2 and g or core.t_transpose(g, 0, 1) end)
+  install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, sizes(a)) end, nil, true)
+  install_unary("transpose", orig.transpose, function(g, _, _, d0, d1) return m.transpose(g, d0, d1) end, nil, true)
+  install_unary("t", orig.t, function(g) return core.t_ndim(g) < 2 and g or core.t_transpose(g, 0, 1) end, nil, true)
   install_unary("permute", orig.permute, function(g, _, _, ...)
     local dims = type((...)) == "table" and (...) or {...}
     local inv = {}
@@ -290,9 +693,9 @@ function M.install(t_module)
       inv[d] = i
     end
     return orig.permute(g, inv)
-  end)
-  install_unary("squeeze", orig.squeeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end)
-  install_unary("unsqueeze", orig.unsqueeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end)
+  end, nil, true)
+  install_unary("squeeze", orig.squeeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
+  install_unary("unsqueeze", orig.unsqueeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
   -- pieces of a tensor: the gradient lands in the same piece of zeros
   local function into_zeros(a, piece_of)
     return function(g)
@@ -303,15 +706,19 @@ function M.install(t_module)
   end
   methods.narrow = function(a, d, start, length)
     local out = orig.narrow(a, d, start, length)
-    return M.record(out, "narrow", table.pack(a), into_zeros(a, function(z) return orig.narrow(z, d, start, length) end))
+    M.record(out, "narrow", {n = 1, a}, into_zeros(a, function(z) return orig.narrow(z, d, start, length) end), NOTHING)
+    return M.mark_view(out, a)
   end
   methods.select = function(a, d, i)
     local out = orig.select(a, d, i)
-    return M.record(out, "select", table.pack(a), into_zeros(a, function(z) return orig.select(z, d, i) end))
+    M.record(out, "select", {n = 1, a}, into_zeros(a, function(z) return orig.select(z, d, i) end), NOTHING)
+    return M.mark_view(out, a)
   end
   methods._slice = function(a, d0, first, stop, step)
     local out = core.t_slice(a, d0, first, stop, step)
-    return M.record(out, "slice", table.pack(a), into_zeros(a, function(z) return core.t_slice(z, d0, first, stop, step) end))
+    M.record(out, "slice", {n = 1, a}, into_zeros(a, function(z) return core.t_slice(z, d0, first, stop, step) end),
+      NOTHING)
+    return M.mark_view(out, a)
   end
   -- to() may change the dtype and the device at once (to("cuda:1", float64), to(other)):
   -- its node replaces the ones recorded inside it, so the gradient goes back to
@@ -342,20 +749,20 @@ function M.install(t_module)
   methods.sum = function(a, d, keepdim)
     local out = orig.sum(a, d, keepdim)
     local d0, kd = dim_of(a, d), keep_of(d, keepdim)
-    return M.record(out, "sum", table.pack(a), function(g)
+    return M.record(out, "sum", {n = 1, a}, function(g)
       if d0 == nil then return core.t_expand(core.t_view(g, {}, true), sizes(a)) end
       return expand_back(g, a, d0, kd)
-    end)
+    end, NOTHING)
   end
   tensor.sum = methods.sum
   methods.mean = function(a, d, keepdim)
     local out = orig.mean(a, d, keepdim)
     local d0, kd = dim_of(a, d), keep_of(d, keepdim)
     local n = d0 == nil and core.t_numel(a) or core.t_size(a, d0)
-    return M.record(out, "mean", table.pack(a), function(g)
+    return M.record(out, "mean", {n = 1, a}, function(g)
       local gg = d0 == nil and core.t_expand(core.t_view(g, {}, true), sizes(a)) or expand_back(g, a, d0, kd)
       return core.t_binary(3, gg, n)
-    end)
+    end, NOTHING)
   end
   tensor.mean = methods.mean
   for _, name in ipairs({"max", "min"}) do
@@ -364,7 +771,7 @@ function M.install(t_module)
       if is_t(d) then return m[name == "max" and "maximum" or "minimum"](a, d) end
       local v, idx = o(a, d, keepdim)
       local d0, kd = dim_of(a, d), keep_of(d, keepdim)
-      M.record(v, name, table.pack(a), function(g)
+      M.record(v, name, {n = 1, a}, function(g)
         local z = core.t_full(core.t_dtype(g), {core.t_numel(a)}, 0, core.t_device(g))
         if d0 == nil then
           -- the gradient goes to the first extreme element
@@ -383,7 +790,7 @@ function M.install(t_module)
         local onehot = core.t_cast(core.t_binary(7, pos, ix), core.t_dtype(g))
         local gg = kd and g or core.t_unsqueeze(g, d0)
         return core.t_binary(2, onehot, gg)
-      end)
+      end, {n = 2, a, idx})
       return v, idx
     end
     tensor[name] = methods[name]
@@ -392,77 +799,140 @@ function M.install(t_module)
   methods.softmax = function(a, d)
     local out = orig.softmax(a, d)
     local dd = d or -1
-    return M.record(out, "softmax", table.pack(a), function(g)
+    return M.record(out, "softmax", {n = 1, a}, function(g)
       local gy = orig.sum(core.t_binary(2, g, out), dd, true)
       return core.t_binary(2, out, core.t_binary(1, g, gy))
-    end)
+    end, {n = 1, out})
   end
   methods.log_softmax = function(a, d)
     local out = orig.log_softmax(a, d)
     local dd = d or -1
-    return M.record(out, "log_softmax", table.pack(a), function(g)
+    return M.record(out, "log_softmax", {n = 1, a}, function(g)
       local gs = orig.sum(g, dd, true)
       return core.t_binary(1, g, core.t_binary(2, core.t_unary(1, out), gs))
-    end)
+    end, {n = 1, out})
   end
   tensor.softmax, tensor.log_softmax = methods.softmax, methods.log_softmax
 
   methods.matmul = function(a, b)
     local out = orig.matmul(a, b)
-    return M.record(out, "matmul", table.pack(a, b), function(g)
+    if not M.enabled() then return out end
+    local ra, rb = requires(a), requires(b)
+    if not (ra or rb) then return out end
+    return M.record(out, "matmul", {n = 2, a, b}, function(g)
       local A, B, G = a, b, g
       local na, nb = core.t_ndim(a), core.t_ndim(b)
       if na == 1 then A = core.t_unsqueeze(a, 0); G = core.t_unsqueeze(G, core.t_ndim(G) - (nb == 1 and 0 or 1)) end
       if nb == 1 then B = core.t_unsqueeze(b, 1); G = core.t_unsqueeze(G, core.t_ndim(G)) end
       local function tr(x) local n = core.t_ndim(x) return core.t_transpose(x, n - 2, n - 1) end
-      local ga = core.t_matmul(G, tr(B))
-      local gb = core.t_matmul(tr(A), G)
-      ga = M.sum_to(ga, sizes(A))
-      gb = M.sum_to(gb, sizes(B))
-      if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
-      if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
+      local ga, gb
+      if ra then
+        ga = M.sum_to(core.t_matmul(G, tr(B)), sizes(A))
+        if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
+      end
+      if rb then
+        gb = M.sum_to(core.t_matmul(tr(A), G), sizes(B))
+        if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
+      end
       return ga, gb
-    end)
+    end, {n = 2, rb and a or nil, ra and b or nil})
   end
   methods.mm = methods.matmul
   tensor.matmul, tensor.mm = methods.matmul, methods.matmul
 
+
+  -- in-place ops: every method named op_ (after every install above) ---------------
+  -- copy_ reads only its source: its out-of-place form is the source brought to
+  -- the destination's shape, dtype and device
+  local function copied(dst, src)
+    local r = core.t_to_device(core.t_cast(core.t_expand(src, sizes(dst)), core.t_dtype(dst)), core.t_device(dst))
+    return M.record(r, "copy", {n = 1, src}, function(g)
+      return M.sum_to(core.t_to_device(core.t_cast(g, core.t_dtype(src)), core.t_device(src)), sizes(src))
+    end, NOTHING)
+  end
+  local NOT_OPS = {requires_grad_ = true, detach_ = true}
+  for name, f in pairs(methods) do
+    if type(name) == "string" and name:sub(-1) == "_" and not NOT_OPS[name] then
+      local base = methods[name:sub(1, -2)]
+      if name == "copy_" then
+        methods[name] = M.wrap_inplace(name, f, function(dst, src)
+          if not is_t(src) then return nil end
+          return copied(dst, src)
+        end, false)
+      else
+        methods[name] = M.wrap_inplace(name, f, base)
+      end
+    end
+  end
+
+  -- t[k] = v: under gradient mode, when t or v requires grad, t's history becomes
+  -- "t with the piece at k replaced": its gradient flows to t's old history
+  -- outside the piece and to v inside it
+  local T = core.t_metatable()
+  local plain_newindex, index = T.__newindex, T.__index
+  T.__newindex = function(t, k, v)
+    if type(k) == "string" or not M.enabled() or not (requires(t) or requires(v)) then
+      return plain_newindex(t, k, v)
+    end
+    check_inplace(t, "index assignment")
+    local old = alias_of(t)
+    M.no_grad(plain_newindex, t, k, v) -- bumps t's version
+    set_state(t, nil)
+    M.record(t, "copy_slices", {n = 2, old, is_t(v) and v or nil}, function(g)
+      local gt = core.t_clone(g)
+      M.no_grad(plain_newindex, gt, k, 0)
+      local gv = nil
+      if is_t(v) and requires(v) then
+        local piece = M.no_grad(index, g, k)
+        gv = M.sum_to(core.t_to_device(core.t_cast(piece, core.t_dtype(v)), core.t_device(v)), sizes(v))
+      end
+      return gt, gv
+    end, NOTHING)
+  end
+
   -- the tensor module's autograd surface
-  tensor._grad = function(t) local mt = meta[t]; return mt and mt.grad end
+  local function state_of(t)
+    local st = get_state(t)
+    if not st then st = {}; set_state(t, st) end
+    return st
+  end
+  tensor._grad = function(t) local st = get_state(t); return st and st.grad end
   tensor._set_grad = function(t, g)
-    local mt = meta[t]
-    if not mt then mt = {}; meta[t] = mt end
-    mt.grad = g
+    if g == nil and not get_state(t) then return end
+    state_of(t).grad = g
   end
   tensor._requires_grad = requires
   tensor._set_requires_grad = function(t, v)
     if v and not ({[0] = true, [1] = true})[core.t_dtype(t)] then
       error("only tensors of floating point dtype can require gradients", 3)
     end
-    local mt = meta[t]
-    if not mt then
+    local st = get_state(t)
+    if not st then
       if not v then return end
-      mt = {}
-      meta[t] = mt
+      st = state_of(t)
     end
-    if mt.grad_fn and not v then
+    if st.grad_fn and not v then
       error("you can only change requires_grad flags of leaf variables (use detach())", 3)
     end
-    mt.requires_grad = v and true or nil
+    st.requires_grad = v and true or nil
   end
-  tensor._grad_fn = function(t) local mt = meta[t]; return mt and mt.grad_fn end
+  tensor._grad_fn = function(t) local st = get_state(t); return st and st.grad_fn end
+  tensor.props._version = t_version
   methods.backward = function(t, grad, retain_graph)
     if type(grad) == "boolean" then grad, retain_graph = nil, grad end
     if type(grad) == "table" and not is_t(grad) then grad, retain_graph = grad.gradient, grad.retain_graph end
     M.backward(t, grad, retain_graph)
   end
-  methods.detach = function(t) return core.t_view(t, core.t_size(t), false) end
+  -- a new tensor object over the same elements, outside the graph; it shares the
+  -- version counter (an in-place change through it is seen by saved tensors)
+  methods.detach = function(t) return core.t_alias(t) end
   methods.detach_ = function(t)
-    meta[t] = nil
+    set_state(t, nil)
     return t
   end
   tensor.no_grad = M.no_grad
-  tensor.set_grad_enabled = M.set_enabled
+  tensor.enable_grad = M.enable_grad
+  tensor.set_grad_enabled = M.set_grad_enabled
   tensor.is_grad_enabled = M.enabled
   tensor.autograd = M
 end

@@ -127,7 +127,8 @@ local function in_place(self, t, what, enqueue)
   local x = operand(self, t, what)
   enqueue(x)
   self:finish(what)
-  if x ~= t then core.t_copy_(t, x) end
+  -- the result is an in-place write to t (autograd's version counter)
+  if x ~= t then core.t_copy_(t, x) else core.t_bump(t) end
 end
 
 local function redop(op, t, what)

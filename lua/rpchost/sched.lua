@@ -57,11 +57,27 @@ local Task = {}
 Task.__index = Task
 Task.__tostring = function(t) return "Task(" .. (t.name or "?") .. ")" end
 
+-- Task-local state lives in fields of the task (what PyTorch keeps per thread:
+-- gradient mode, the distributed autograd context). Fields named here are
+-- passed on: a task spawned by another starts with the spawner's values.
+local inherited = {}
+function M.inherit(field)
+  for i = 1, #inherited do if inherited[i] == field then return end end
+  inherited[#inherited + 1] = field
+end
+
 -- Runs fn(...) as a new task. opts.name describes it; opts.on_error(err, tb) gets
 -- an error the function did not handle (default: print it).
 function M.spawn(fn, opts, ...)
   local t = setmetatable({name = opts and opts.name, on_error = opts and opts.on_error,
                           done = false, waiting = nil}, Task)
+  local parent = current
+  if parent then
+    for i = 1, #inherited do
+      local k = inherited[i]
+      t[k] = parent[k]
+    end
+  end
   local args = pack(...)
   t.co = raw_create(function()
     local res = pack(xpcall(fn, M.traceback, unpack(args, 1, args.n)))

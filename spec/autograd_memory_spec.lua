@@ -1,0 +1,110 @@
+-- Memory of long training loops: forward, backward and an optimizer step
+-- 100,000 times on a small MLP keep the process's resident set and the live
+-- tensor bytes flat; so do many distributed autograd contexts on every worker.
+-- (bench/autograd_memory.lua prints the whole curve.)
+local S = require "spec.support"
+
+describe("autograd memory", function()
+  it("stays flat over 100,000 training steps of a small MLP", function()
+    local path = S.write([==[
+      local tensor = require "tensor"
+      local nn = require "nn"
+      local optim = require "optim"
+      local function rss_kb()
+        local f = assert(io.open("/proc/self/status"))
+        local s = f:read("*a")
+        f:close()
+        return tonumber(s:match("VmRSS:%s*(%d+)"))
+      end
+      tensor.manual_seed(0)
+      local model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+      local opt = optim.Adam(model:parameters(), {lr = 1e-3})
+      local loss_fn = nn.MSELoss()
+      local x, y = tensor.randn(32, 8), tensor.randn(32, 1)
+      local samples = {}
+      for step = 1, 100000 do
+        opt:zero_grad()
+        local loss = loss_fn(model(x), y)
+        loss:backward()
+        opt:step()
+        if step % 10000 == 0 then
+          local rss = rss_kb()
+          collectgarbage()
+          samples[#samples + 1] = ("%d %d %d"):format(step, rss, tensor.live_bytes())
+        end
+      end
+      print(table.concat(samples, "\n"))
+    ]==])
+    local r = S.run({path}, {timeout = 240})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local rows = {}
+    for step, rss, live in r.out:gmatch("(%d+) (%d+) (%d+)") do
+      rows[#rows + 1] = {step = tonumber(step), rss = tonumber(rss), live = tonumber(live)}
+    end
+    assert.are.equal(10, #rows, r.out)
+    local first, last = rows[1], rows[#rows]
+    -- the first sample is after 10,000 steps (every cache warm); then nothing grows
+    assert.is_true(last.rss - first.rss <= 2048,
+      ("RSS grew from %d kB to %d kB between steps 10000 and 100000\n%s"):format(first.rss, last.rss, r.out))
+    for _, row in ipairs(rows) do
+      assert.are.equal(first.live, row.live, ("live tensor bytes changed at step %d\n%s"):format(row.step, r.out))
+    end
+  end)
+
+  it("stays flat over many distributed autograd contexts on every worker", function()
+    local r = S.world(3, S.prelude .. [==[
+      local tensor = require "tensor"
+      local dist_autograd = require "dist_autograd"
+      local optim = require "optim"
+      W = nil
+      function make_w()
+        tensor.manual_seed(rank)
+        W = tensor.randn(16, 16, {requires_grad = true})
+        return rpc.RRef(W)
+      end
+      function forward(x) return x:matmul(W):tanh() end
+      function relay(x) return rpc.rpc_sync("w2", forward, {forward(x)}) end
+      function usage()
+        collectgarbage(); collectgarbage()
+        return tensor.live_bytes(), dist_autograd._count()
+      end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local refs = {rpc.rpc_sync("w1", make_w), rpc.rpc_sync("w2", make_w)}
+        local opt = rpc.DistributedOptimizer(optim.SGD, refs, {lr = 1e-4})
+        local x = tensor.randn(8, 16, {requires_grad = true})
+        local function steps(n)
+          for _ = 1, n do
+            dist_autograd.context(function(ctx)
+              local loss = rpc.rpc_sync("w1", relay, {x}):sum()
+              dist_autograd.backward(ctx, {loss})
+              opt:step(ctx)
+            end)
+          end
+        end
+        local function settle()
+          local deadline = os.time() + 20
+          local u
+          repeat
+            u = {}
+            for _, w in ipairs({"w1", "w2"}) do u[#u + 1] = {rpc.rpc_sync(w, usage)} end
+            local busy = u[1][2] + u[2][2] > 0
+            if busy then require("rpchost.sched").sleep(0.02) end
+          until not busy or os.time() > deadline
+          return u
+        end
+        steps(200)
+        local a = settle()
+        steps(1500)
+        local b = settle()
+        check("no contexts left", b[1][2] == 0 and b[2][2] == 0, b[1][2] .. " " .. b[2][2])
+        check("live bytes flat on w1", a[1][1] == b[1][1], a[1][1] .. " -> " .. b[1][1])
+        check("live bytes flat on w2", a[2][1] == b[2][1], a[2][1] .. " -> " .. b[2][1])
+      end
+      rpc.shutdown()
+    ]==], {timeout = 240})
+    local lines = S.lines(r.out)
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_oks(r, lines, {"no contexts left", "live bytes flat on w1", "live bytes flat on w2"})
+  end)
+end)
