@@ -260,7 +260,11 @@ void rh_tensor_release(rh_tensor_t *t) {
   free(t);
 }
 
+/* A tensor with no elements is contiguous whatever its strides (as in PyTorch):
+ * there is no element whose address could be out of order. */
 int rh_tensor_is_contiguous(const rh_tensor_t *t) {
+  for (int i = 0; i < t->ndim; i++)
+    if (t->size[i] == 0) return 1;
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->size[i] != 1 && t->stride[i] != s) return 0;

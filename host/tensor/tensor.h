@@ -46,11 +46,14 @@ static inline int rh_tensor_device(const rh_tensor_t *t) { return t->storage->de
 
 typedef enum {
   RH_OP_ADD, RH_OP_SUB, RH_OP_MUL, RH_OP_DIV, RH_OP_POW, RH_OP_MAXIMUM, RH_OP_MINIMUM,
-  RH_OP_EQ, RH_OP_NE, RH_OP_LT, RH_OP_LE, RH_OP_GT, RH_OP_GE, RH_NBINOPS
+  RH_OP_EQ, RH_OP_NE, RH_OP_LT, RH_OP_LE, RH_OP_GT, RH_OP_GE,
+  RH_OP_REM, /* remainder with the divisor's sign (Python's %), after the comparisons */
+  RH_NBINOPS
 } rh_binop_t;
 
 typedef enum {
   RH_OP_NEG, RH_OP_EXP, RH_OP_LOG, RH_OP_SQRT, RH_OP_RELU, RH_OP_TANH, RH_OP_SIGMOID, RH_OP_ABS,
+  RH_OP_FLOOR, RH_OP_CEIL, RH_OP_ROUND, RH_OP_SIGN, RH_OP_SIN, RH_OP_COS, RH_OP_LOG1P, RH_OP_EXPM1, RH_OP_RSQRT,
   RH_NUNOPS
 } rh_unop_t;
 
