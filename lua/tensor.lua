@@ -337,6 +337,12 @@ local function dim0(t, d, what, extra)
   return d - 1
 end
 
+tensor._dim0 = dim0
+tensor._sizes_and_options = sizes_and_options
+tensor._check_opts = check_opts
+tensor._finish = finish
+tensor._call = call
+
 function methods.size(t, d)
   if d == nil then return new_size(core.t_size(t)) end
   return core.t_size(t, dim0(t, d, "size"))
@@ -388,7 +394,7 @@ function methods.expand(t, ...)
   if type(a) == "table" then sizes = a else sizes = {...} end
   return call(core.t_expand, t, sizes)
 end
-function methods.expand_as(t, o) return call(core.t_expand, t, core.t_size(o)) end
+function methods.expand_as(t, o) return methods.expand(t, core.t_size(o)) end
 function methods.transpose(t, d0, d1)
   return call(core.t_transpose, t, dim0(t, d0, "transpose"), dim0(t, d1, "transpose"))
 end
@@ -472,8 +478,9 @@ end
 
 -- elementwise ---------------------------------------------------------------------------
 local BIN = {add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
-             eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12}
-local UN = {neg = 0, exp = 1, log = 2, sqrt = 3, relu = 4, tanh = 5, sigmoid = 6, abs = 7}
+             eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12, remainder = 13}
+local UN = {neg = 0, exp = 1, log = 2, sqrt = 3, relu = 4, tanh = 5, sigmoid = 6, abs = 7,
+            floor = 8, ceil = 9, round = 10, sign = 11, sin = 12, cos = 13, log1p = 14, expm1 = 15, rsqrt = 16}
 tensor._BIN, tensor._UN = BIN, UN
 
 local function operand(v, what)
@@ -829,5 +836,6 @@ function methods._slice(t, d0, first, stop, step) return call(core.t_slice, t, d
 require("rpchost.autograd").install(tensor)
 require("rpchost.tensor_io").install(tensor)
 require("rpchost.tensor_wire").install(tensor)
+require("rpchost.tensor_ops").install(tensor)
 
 return tensor

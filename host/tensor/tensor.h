@@ -144,6 +144,32 @@ rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdi
 rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log);
 rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b);
 
+/* indexing (index.c). Index tensors are int64 or int32 holding indices counted
+ * from `base` (Lua passes 1); negative ones count from the end. */
+rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base);
+rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base);
+/* src NULL: scatter `value`; accumulate: add (scatter_add_) */
+int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, double value, int accumulate,
+                       int64_t base);
+/* a[..., idx[i], ...] = (accumulate: +=) src[..., i, ...] */
+int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, int accumulate, int64_t base);
+int rh_tensor_masked_fill_(rh_tensor_t *t, rh_tensor_t *mask, double v);
+rh_tensor_t *rh_tensor_where(rh_tensor_t *cond, rh_tensor_t *a, rh_tensor_t *b);
+rh_tensor_t *rh_tensor_masked_select(rh_tensor_t *t, rh_tensor_t *mask);
+int rh_tensor_masked_scatter_(rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t *src);
+rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base); /* int64 [count, ndim] */
+
+/* ordering and scans along a dimension (sort.c) */
+int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_tensor_t **values,
+                   rh_tensor_t **indices); /* stable */
+rh_tensor_t *rh_tensor_scan(rh_tensor_t *a, int dim, int prod); /* cumsum (0) / cumprod (1) */
+
+/* random (random.c), from the generator manual_seed seeds */
+rh_tensor_t *rh_tensor_randint(rh_dtype_t t, int64_t low, int64_t high, int ndim, const int64_t *size);
+rh_tensor_t *rh_tensor_randperm(rh_dtype_t t, int64_t n, int64_t base);
+rh_tensor_t *rh_tensor_bernoulli(rh_tensor_t *p);
+rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, int64_t base);
+
 /* a pool of threads for large elementwise work */
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 
