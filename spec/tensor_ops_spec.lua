@@ -508,7 +508,16 @@ describe("in-place ops", function()
       x:sin_()
       x:remainder_(2)
       x[tensor.tensor({1LL})] = 0
-      assert.are.equal(10, #bumped)
+      -- and the core in-place families of lua/tensor.lua
+      x:add_(1)
+      x:exp_()
+      x:copy_(tensor.ones(3, 2))
+      x:fill_(2)
+      x:zero_()
+      x[1] = 3
+      x[{2, 1}] = 4LL
+      assert.are.equal(17, #bumped)
+      assert.are.same({{3, 3}, {4, 0}, {0, 0}}, x:totable())
       for _, t in ipairs(bumped) do assert.are.equal(x, t) end
     end)
     autograd.bump = had
