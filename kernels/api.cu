@@ -37,6 +37,11 @@ int rhc_nccl_group_end(void);
 int rhc_event_record(int dev, void **event);
 int rhc_event_done(void *event);
 void rhc_event_free(void *event);
+int rhc_index_select(int, int, int64_t, int64_t, int64_t, const void *, const int64_t *, int64_t, void *);
+int rhc_gather_scatter(int, int, int, int, int, const int64_t *, const int64_t *, void *, const int64_t *, void *,
+                       const int64_t *, double);
+int rhc_masked_fill(int, int, int, const int64_t *, void *, const int64_t *, const void *, const int64_t *,
+                    const void *, const int64_t *, double);
 int rhc_bench_cublas_gemm(int dev, int n, int iters, double *ms);
 
 static const char *api_last_error(void) { return rhc::last_error(); }
@@ -80,6 +85,9 @@ static const rhc_api_t api = {
     rhc_event_record,
     rhc_event_done,
     rhc_event_free,
+    rhc_index_select,
+    rhc_gather_scatter,
+    rhc_masked_fill,
     rhc_bench_cublas_gemm,
 };
 

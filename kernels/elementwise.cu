@@ -8,8 +8,8 @@
 namespace rhc {
 
 // op codes: rh_binop_t and rh_unop_t (host/tensor/tensor.h)
-enum { ADD, SUB, MUL, DIV, POW, MAXIMUM, MINIMUM, EQ, NE, LT, LE, GT, GE };
-enum { NEG, EXP, LOG, SQRT, RELU, TANH, SIGMOID, ABS };
+enum { ADD, SUB, MUL, DIV, POW, MAXIMUM, MINIMUM, EQ, NE, LT, LE, GT, GE, REM };
+enum { NEG, EXP, LOG, SQRT, RELU, TANH, SIGMOID, ABS, FLOOR, CEIL, ROUND, SIGN, SIN, COS, LOG1P, EXPM1, RSQRT };
 
 template <typename T>
 __device__ inline T ipow(T x, T y) {
@@ -41,6 +41,18 @@ __device__ inline T arith(int op, T x, T y) {
         if constexpr (std::is_floating_point<T>::value) return pow(x, y);
         else return ipow(x, y);
       case MAXIMUM: return (x > y || x != x) ? x : y;  // NaN wins, as in PyTorch
+      case REM:
+        // the divisor's sign, as Python's %; the host refuses integer zero divisors
+        if constexpr (std::is_floating_point<T>::value) {
+          T r = fmod(x, y);
+          return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
+        } else if constexpr (std::is_signed<T>::value) {
+          if (y == (T)-1) return 0;
+          T r = x % y;
+          return (r != 0 && ((r < 0) != (y < 0))) ? (T)(r + y) : r;
+        } else {
+          return x % y;
+        }
       default: return (x < y || x != x) ? x : y;
     }
   }
@@ -76,14 +88,29 @@ __device__ inline T unop(int op, T x) {
       case RELU: return x > 0 ? x : (x != x ? x : (T)0);
       case TANH: return tanh(x);
       case SIGMOID: return (T)1 / ((T)1 + exp(-x));
+      case FLOOR: return floor(x);
+      case CEIL: return ceil(x);
+      case ROUND: return rint(x);  // half to even, as the host's nearbyint
+      case SIGN: return x != x ? x : (T)((x > 0) - (x < 0));
+      case SIN: return sin(x);
+      case COS: return cos(x);
+      case LOG1P: return log1p(x);
+      case EXPM1: return expm1(x);
+      case RSQRT: return (T)1 / sqrt(x);
       default: return fabs(x);
     }
   } else if constexpr (std::is_same<T, bool>::value) {
-    return x;  // relu and abs of bool are the identity; the host refuses the rest
+    return x;  // relu, abs and sign of bool are the identity; the host refuses the rest
   } else {
     switch (op) {
       case NEG: return (T)(-x);
       case RELU: return x > 0 ? x : (T)0;
+      case FLOOR:
+      case CEIL:
+      case ROUND: return x;
+      case SIGN:
+        if constexpr (std::is_signed<T>::value) return (T)((x > 0) - (x < 0));
+        else return (T)(x > 0);
       default:
         if constexpr (std::is_signed<T>::value) return x < 0 ? (T)(-x) : x;
         else return x;
@@ -209,7 +236,7 @@ struct BinaryRun {
   template <typename T>
   static int run(int dev, int op, int nd, const int64_t *size, void *o, const int64_t *ost, const void *a,
                  const int64_t *ast, const void *b, const int64_t *bst) {
-    if (op >= EQ)
+    if (op >= EQ && op <= GE)
       return launch<bool, T, T>(dev, "binary op kernel", nd, size, o, ost, a, ast, b, bst, BinF<T, bool>{op});
     return launch<T, T, T>(dev, "binary op kernel", nd, size, o, ost, a, ast, b, bst, BinF<T, T>{op});
   }

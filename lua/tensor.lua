@@ -3,6 +3,7 @@
 -- and this module is where the two meet. It also shapes options, printing, Size,
 -- .npy files, and how tensors travel over RPC.
 local core = require "rpchost.core"
+local ffi = require "ffi"
 
 local tensor = {}
 
@@ -28,6 +29,36 @@ tensor.float, tensor.double, tensor.int, tensor.long = tensor.float32, tensor.fl
 tensor.dtypes = dtypes
 
 local function is_dtype(v) return getmetatable(v) == DType end
+tensor.is_dtype = is_dtype
+
+-- The dtype rule. Lua has one number type (no 1 vs 1.0), so a tensor's dtype
+-- never depends on whether numbers happen to be whole: Lua numbers give the
+-- default dtype (float32 unless set_default_dtype changed it), 64-bit integer
+-- cdata (5LL, 5ULL) give int64, booleans give bool. Ops whose results are
+-- indices (argmax, argsort, nonzero, randperm, ...) give int64, as does arange
+-- with whole-number arguments and randint, as in PyTorch.
+local default_dtype = tensor.float32
+function tensor.get_default_dtype() return default_dtype end
+function tensor.set_default_dtype(d)
+  if d ~= tensor.float32 and d ~= tensor.float64 then
+    error(("set_default_dtype: only floating point dtypes (tensor.float32, tensor.float64) can be the default, got %s"):format(
+      tostring(d)), 2)
+  end
+  default_dtype = d
+end
+
+-- a 64-bit integer cdata (5LL, 5ULL)
+local function is_int64(v)
+  return type(v) == "cdata" and (ffi.istype("int64_t", v) or ffi.istype("uint64_t", v))
+end
+tensor._is_int64 = is_int64
+-- a Lua number or a 64-bit integer cdata, as a Lua number (nil otherwise)
+local function as_number(v)
+  if type(v) == "number" then return v end
+  if is_int64(v) then return tonumber(v) end
+  return nil
+end
+tensor._as_number = as_number
 
 -- Size --------------------------------------------------------------------------
 local Size = {}
@@ -75,32 +106,41 @@ local is_tensor = core.t_is_tensor
 tensor.is_tensor = is_tensor
 
 -- argument parsing --------------------------------------------------------------------
-local function is_options(v)
+-- A trailing plain table is options when it has string keys, or when it is empty
+-- and comes after sizes (zeros(2, 3, {}) and zeros(2, {dtype = nil}) are options;
+-- zeros({}) alone is the size of a 0-dimensional tensor).
+local function is_options(v, has_other_args)
   if type(v) ~= "table" or getmetatable(v) ~= nil then return false end
-  for k in pairs(v) do if type(k) == "string" then return true end end
-  return false
+  local empty = true
+  for k in pairs(v) do
+    if type(k) == "string" then return true end
+    empty = false
+  end
+  return empty and has_other_args
 end
+tensor._is_options = is_options
 
--- sizes as varargs or one table, then an optional options table
+-- sizes as varargs, one table or a Size, then an optional options table
 -- Arguments are copied into a table once: LuaJIT 2.1-beta3 miscompiled the
 -- earlier form (select(n, ...) on varargs in a hot trace gave wrong sizes).
 local function sizes_and_options_(allow_infer, ...)
   local args = {n = select("#", ...), ...}
   local n = args.n
+  while n > 0 and args[n] == nil do n = n - 1 end -- zeros(2, 3, nil): no options
   local opts = nil
-  if n > 0 and is_options(args[n]) then
+  if n > 0 and is_options(args[n], n > 1) then
     opts = args[n]
     n = n - 1
   end
   local sizes = {}
   if n == 1 and type(args[1]) == "table" then
     local first = args[1]
-    for i = 1, #first do sizes[i] = first[i] end
+    for i = 1, #first do sizes[i] = as_number(first[i]) or first[i] end
   else
     for i = 1, n do
-      local v = args[i]
-      if type(v) ~= "number" then
-        error(("sizes must be numbers, got %s for size %d"):format(type(v), i), 3)
+      local v = as_number(args[i])
+      if v == nil then
+        error(("sizes must be numbers, got %s for size %d"):format(type(args[i]), i), 3)
       end
       sizes[i] = v
     end
@@ -144,7 +184,7 @@ end
 local function filled(what, value, ...)
   local sizes, opts = sizes_and_options(...)
   local dev = check_opts(opts, what)
-  local dt = opts.dtype or tensor.float32
+  local dt = opts.dtype or default_dtype
   return finish(call(core.t_full, dt.id, sizes, value, dev), opts, dev)
 end
 
@@ -152,28 +192,43 @@ function tensor.zeros(...) return filled("zeros", 0, ...) end
 function tensor.ones(...) return filled("ones", 1, ...) end
 function tensor.empty(...) return filled("empty", 0, ...) end
 
--- full(size, value, opts): the dtype follows the value as in PyTorch
+-- full(size, value, opts): the dtype follows the value by the dtype rule above
+-- (a Lua number: the default dtype; 5LL: int64; a boolean: bool)
 function tensor.full(size, value, opts)
   opts = opts or {}
   local dev = check_opts(opts, "full")
-  if type(size) == "number" then size = {size} end
-  if type(size) ~= "table" then error("full: size must be a table of sizes", 2) end
+  if type(size) == "number" or is_int64(size) then size = {size} end
+  if type(size) ~= "table" then error("full: size must be a table of sizes (or a Size)", 2) end
   local dt = opts.dtype
+  if type(value) ~= "boolean" and as_number(value) == nil then
+    error(("full: the fill value must be a number or a boolean, got %s"):format(type(value)), 2)
+  end
   if not dt then
     if type(value) == "boolean" then dt = tensor.bool
-    elseif value == math.floor(value) then dt = tensor.int64
-    else dt = tensor.float32 end
+    elseif is_int64(value) then dt = tensor.int64
+    else dt = default_dtype end
   end
   if type(value) == "boolean" then value = value and 1 or 0 end
   local sizes = sizes_and_options(size)
-  return finish(call(core.t_full, dt.id, sizes, value, dev), opts, dev)
+  if is_int64(value) and dt == tensor.int64 and (value > 2^53 or value < -2^53) then
+    -- exact beyond 2^53, where a double would round
+    local one = tensor.tensor({value})
+    return finish(one:expand(sizes):clone():view(sizes), opts, dev)
+  end
+  return finish(call(core.t_full, dt.id, sizes, as_number(value), dev), opts, dev)
 end
 
--- arange(end) | arange(start, end [, step]) [, opts]
+-- arange(end) | arange(start, end [, step]) [, opts]: int64 when every argument is
+-- whole (as PyTorch's integer arguments), else the default dtype
 function tensor.arange(...)
   local args, opts = {...}, {}
-  if is_options(args[#args]) then opts = table.remove(args) end
+  if is_options(args[#args], #args > 1) then opts = table.remove(args) end
   local dev = check_opts(opts, "arange")
+  for i = 1, #args do
+    local v = as_number(args[i])
+    if v == nil then error(("arange: argument %d must be a number, got %s"):format(i, type(args[i])), 2) end
+    args[i] = v
+  end
   local start, stop, step = 0, nil, 1
   if #args == 1 then stop = args[1]
   elseif #args >= 2 then start, stop, step = args[1], args[2], args[3] or 1
@@ -181,7 +236,7 @@ function tensor.arange(...)
   local dt = opts.dtype
   if not dt then
     local all_int = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
-    dt = all_int and tensor.int64 or tensor.float32
+    dt = all_int and tensor.int64 or default_dtype
   end
   return finish(call(core.t_arange, dt.id, start, stop, step), opts, dev)
 end
@@ -189,18 +244,21 @@ end
 function tensor.rand(...)
   local sizes, opts = sizes_and_options(...)
   local dev = check_opts(opts, "rand")
-  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, false), opts, dev)
+  return finish(call(core.t_rand, (opts.dtype or default_dtype).id, sizes, false), opts, dev)
 end
 
 function tensor.randn(...)
   local sizes, opts = sizes_and_options(...)
   local dev = check_opts(opts, "randn")
-  return finish(call(core.t_rand, (opts.dtype or tensor.float32).id, sizes, true), opts, dev)
+  return finish(call(core.t_rand, (opts.dtype or default_dtype).id, sizes, true), opts, dev)
 end
 
 function tensor.manual_seed(seed) core.t_seed(seed) end
 
--- tensor(data, opts): data is a number, a boolean or nested tables of them
+-- tensor(data, opts): data is a number, a boolean, an int64 cdata or nested
+-- tables of them; the dtype follows the dtype rule (the widest kind present:
+-- bool < int64 < the default dtype)
+local KIND_RANK = {bool = 1, int = 2, float = 3}
 function tensor.tensor(data, opts)
   opts = opts or {}
   local dev = check_opts(opts, "tensor")
@@ -210,7 +268,9 @@ function tensor.tensor(data, opts)
     return finish(data:clone():to(opts.dtype or data.dtype), opts, dev)
   end
   local flat, shape = {}, {}
-  local kind = "int"
+  local kind = nil
+  local has_cdata = false
+  local function widen(k) if kind == nil or KIND_RANK[k] > KIND_RANK[kind] then kind = k end end
   local function walk(v, depth)
     if type(v) == "table" then
       local n = #v
@@ -221,19 +281,30 @@ function tensor.tensor(data, opts)
       end
       for i = 1, n do walk(v[i], depth + 1) end
       if n == 0 and depth > #shape then shape[depth] = 0 end
-    elseif type(v) == "number" then
+    elseif type(v) == "number" or type(v) == "boolean" or is_int64(v) then
       if #shape ~= depth - 1 then error("tensor: nested lists must all have the same depth", 4) end
-      if v ~= math.floor(v) or v ~= v or v == math.huge or v == -math.huge then kind = "float" end
-      flat[#flat + 1] = v
-    elseif type(v) == "boolean" then
-      if kind == "int" and #flat == 0 then kind = "bool" end
+      if type(v) == "number" then widen("float")
+      elseif type(v) == "boolean" then widen("bool")
+      else widen("int"); has_cdata = true end
       flat[#flat + 1] = v
     else
       error(("tensor: cannot make a tensor of a %s"):format(type(v)), 4)
     end
   end
   walk(data, 1)
-  local dt = opts.dtype or (kind == "float" and tensor.float32 or kind == "bool" and tensor.bool or tensor.int64)
+  local dt = opts.dtype or (kind == "bool" and tensor.bool or kind == "int" and tensor.int64 or default_dtype)
+  if has_cdata and dt == tensor.int64 then
+    -- int64 cdata are taken exactly (a double would round beyond 2^53)
+    local buf = ffi.new("int64_t[?]", math.max(#flat, 1))
+    for i = 1, #flat do
+      local v = flat[i]
+      buf[i - 1] = type(v) == "boolean" and (v and 1 or 0) or v
+    end
+    return finish(call(core.t_from_bytes, dt.id, shape, ffi.string(buf, 8 * #flat)), opts, dev)
+  end
+  if has_cdata then
+    for i = 1, #flat do if type(flat[i]) == "cdata" then flat[i] = tonumber(flat[i]) end end
+  end
   return finish(call(core.t_from_flat, dt.id, shape, flat), opts, dev)
 end
 
@@ -266,6 +337,12 @@ local function dim0(t, d, what, extra)
   return d - 1
 end
 
+tensor._dim0 = dim0
+tensor._sizes_and_options = sizes_and_options
+tensor._check_opts = check_opts
+tensor._finish = finish
+tensor._call = call
+
 function methods.size(t, d)
   if d == nil then return new_size(core.t_size(t)) end
   return core.t_size(t, dim0(t, d, "size"))
@@ -293,7 +370,23 @@ local function shape_args(...)
 end
 function methods.view(t, ...) return call(core.t_view, t, shape_args(...), false) end
 function methods.reshape(t, ...) return call(core.t_view, t, shape_args(...), true) end
-function methods.flatten(t) return call(core.t_view, t, {-1}, true) end
+-- flatten(start_dim = 1, end_dim = -1): dims start..end become one
+function methods.flatten(t, start_dim, end_dim)
+  local nd = ndim(t)
+  if nd == 0 then return call(core.t_view, t, {1}, true) end
+  local s0 = dim0(t, start_dim or 1, "flatten")
+  local e0 = dim0(t, end_dim or -1, "flatten")
+  if s0 > e0 then
+    error(("flatten: start_dim %d comes after end_dim %d"):format(start_dim, end_dim), 2)
+  end
+  local sizes, shape = core.t_size(t), {}
+  for i = 1, s0 do shape[#shape + 1] = sizes[i] end
+  local m = 1
+  for i = s0 + 1, e0 + 1 do m = m * sizes[i] end
+  shape[#shape + 1] = m
+  for i = e0 + 2, nd do shape[#shape + 1] = sizes[i] end
+  return call(core.t_view, t, shape, true)
+end
 function methods.view_as(t, o) return call(core.t_view, t, core.t_size(o), false) end
 function methods.expand(t, ...)
   local sizes = {}
@@ -301,7 +394,7 @@ function methods.expand(t, ...)
   if type(a) == "table" then sizes = a else sizes = {...} end
   return call(core.t_expand, t, sizes)
 end
-function methods.expand_as(t, o) return call(core.t_expand, t, core.t_size(o)) end
+function methods.expand_as(t, o) return methods.expand(t, core.t_size(o)) end
 function methods.transpose(t, d0, d1)
   return call(core.t_transpose, t, dim0(t, d0, "transpose"), dim0(t, d1, "transpose"))
 end
@@ -342,12 +435,23 @@ function methods.contiguous(t)
   return core.t_contiguous(t)
 end
 function methods.clone(t) return core.t_clone(t) end
+-- In-place ops tell the autograd engine that t changed: its version counter
+-- moves here (rpchost.autograd.bump, when the engine has one), the one call
+-- site of each in-place family in this file.
+local function bump(t)
+  local ag = tensor.autograd
+  local b = ag and ag.bump
+  if b then b(t) end
+  return t
+end
+tensor._bump = bump
+
 function methods.copy_(t, src)
   if not is_tensor(src) then src = tensor.tensor(src, {dtype = t.dtype}) end
-  return call(core.t_copy_, t, src)
+  return bump(call(core.t_copy_, t, src))
 end
-function methods.fill_(t, v) return call(core.t_fill_, t, v) end
-function methods.zero_(t) return core.t_fill_(t, 0) end
+function methods.fill_(t, v) return bump(call(core.t_fill_, t, v)) end
+function methods.zero_(t) return bump(core.t_fill_(t, 0)) end
 
 -- to(dtype) | to(device) | to(device, dtype) | to(other_tensor) | to{device=, dtype=}
 function methods.to(t, what, opts)
@@ -385,36 +489,52 @@ end
 
 -- elementwise ---------------------------------------------------------------------------
 local BIN = {add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
-             eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12}
-local UN = {neg = 0, exp = 1, log = 2, sqrt = 3, relu = 4, tanh = 5, sigmoid = 6, abs = 7}
+             eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12, remainder = 13}
+local UN = {neg = 0, exp = 1, log = 2, sqrt = 3, relu = 4, tanh = 5, sigmoid = 6, abs = 7,
+            floor = 8, ceil = 9, round = 10, sign = 11, sin = 12, cos = 13, log1p = 14, expm1 = 15, rsqrt = 16}
 tensor._BIN, tensor._UN = BIN, UN
 
 local function operand(v, what)
   if is_tensor(v) or type(v) == "number" or type(v) == "boolean" then return v end
+  if is_int64(v) then return tonumber(v) end
   error(("%s: expected a tensor or a number, got %s"):format(what, type(v)), 3)
 end
+tensor._operand = operand
+
+-- number op number (tensor.add(0, 3)): the first becomes a 0-d tensor of the
+-- default dtype (int64 for int64 cdata, bool for booleans), as a tensor would be
+local function scalar_pair(a, b)
+  if not is_tensor(a) and not is_tensor(b) then return tensor.tensor(a), b end
+  return a, b
+end
+tensor._scalar_pair = scalar_pair
 
 for name, op in pairs(BIN) do
   local f = function(a, b, opts)
     if type(opts) == "table" and opts.alpha and (name == "add" or name == "sub") then
       b = call(core.t_binary, BIN.mul, operand(b, name), opts.alpha)
     end
-    return call(core.t_binary, op, operand(a, name), operand(b, name))
+    a, b = scalar_pair(operand(a, name), operand(b, name))
+    return call(core.t_binary, op, a, b)
   end
   tensor[name] = f
   methods[name] = f
   methods[name .. "_"] = function(a, b)
-    return call(core.t_binary, op, a, operand(b, name), a)
+    return bump(call(core.t_binary, op, a, operand(b, name), a))
   end
 end
 tensor.max_elementwise = tensor.maximum
 methods.greater, methods.less = methods.gt, methods.lt
 
 for name, op in pairs(UN) do
-  local f = function(a) return call(core.t_unary, op, operand(a, name)) end
+  local f = function(a)
+    a = operand(a, name)
+    if not is_tensor(a) then a = tensor.tensor(a) end
+    return call(core.t_unary, op, a)
+  end
   tensor[name] = f
   methods[name] = f
-  methods[name .. "_"] = function(a) return call(core.t_unary, op, a, a) end
+  methods[name .. "_"] = function(a) return bump(call(core.t_unary, op, a, a)) end
 end
 methods.negative = methods.neg
 
@@ -536,7 +656,11 @@ T.__index = function(t, k)
   local p = props[k]
   if p then return p(t) end
   if type(k) == "number" or type(k) == "table" then return index_view(t, k) end
-  return nil
+  if type(k) == "string" then
+    error(("Tensor has no method or field '%s' (a %s tensor: see API.md's tensor section for what there is)"):format(
+      k, dtypes[core.t_dtype(t)].name), 2)
+  end
+  error(("a tensor cannot be indexed with a %s"):format(type(k)), 2)
 end
 
 T.__newindex = function(t, k, v)
@@ -544,7 +668,9 @@ T.__newindex = function(t, k, v)
     local target = index_view(t, k)
     if is_tensor(v) then call(core.t_copy_, target, v)
     elseif type(v) == "number" or type(v) == "boolean" then core.t_fill_(target, v)
+    elseif tensor._is_int64(v) then core.t_fill_(target, tonumber(v))
     else error("tensor assignment: expected a number, a boolean or a tensor, got " .. type(v), 2) end
+    bump(t)
     return
   end
   if k == "requires_grad" then return tensor._set_requires_grad(t, v) end
@@ -723,5 +849,6 @@ function methods._slice(t, d0, first, stop, step) return call(core.t_slice, t, d
 require("rpchost.autograd").install(tensor)
 require("rpchost.tensor_io").install(tensor)
 require("rpchost.tensor_wire").install(tensor)
+require("rpchost.tensor_ops").install(tensor)
 
 return tensor

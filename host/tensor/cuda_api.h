@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RHC_ABI_VERSION 1
+#define RHC_ABI_VERSION 2
 #define RHC_MAXDIM 16
 
 typedef struct {
@@ -99,6 +99,19 @@ typedef struct rhc_api_s {
   int (*event_record)(int dev, void **event);
   int (*event_done)(void *event);
   void (*event_free)(void *event);
+
+  /* indexing (kernels/index.cu); indices arrive checked and 0-based, int64, on the device.
+   * index_select: out[o][i][k] = src[o][idx[i]][k] over contiguous (outer, n, inner)
+   * elements of `esize` bytes, m indices. */
+  int (*index_select)(int dev, int esize, int64_t outer, int64_t n, int64_t inner, const void *src,
+                      const int64_t *idx, int64_t m, void *out);
+  /* over idx's shape (contiguous): mode 0 gather o <- a, 1 scatter a <- o, 2 scatter-add
+   * a += o, 3 scatter `value` into a; a's and o's strides in bytes */
+  int (*gather_scatter)(int dev, int mode, int dtype, int nd, int dim, const int64_t *size, const int64_t *idx,
+                        void *a, const int64_t *ast, void *o, const int64_t *ost, double value);
+  /* o = (src ? src : value) where mask; broadcast strides in bytes */
+  int (*masked_fill)(int dev, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, const void *mask,
+                     const int64_t *mst, const void *src, const int64_t *sst, double value);
 
   /* benchmark support for bench/gpu: time `iters` raw cuBLAS GEMMs of n x n
    * (float32) and return the milliseconds per GEMM */

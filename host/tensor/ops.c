@@ -170,6 +170,9 @@ int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src) {
   if (RH_ON_DEVICE(dst))
     return rh__cuda_call(rh_cuda_api()->cast(rh_tensor_device(dst), src->dtype, dst->dtype, nd, shape,
                                              rh_tensor_data(dst), ost, rh_tensor_data(src), ast));
+  if (src->dtype == dst->dtype &&
+      rh__copy_tiled(nd, shape, rh_tensor_data(dst), ost, rh_tensor_data(src), ast, rh_dtype_size(dst->dtype)))
+    return 0;
   cast_ctx_t c = {src->dtype, dst->dtype};
   rh__iterate(nd, shape, rh_tensor_data(dst), ost, rh_tensor_data(src), ast, NULL, NULL, cast_loop, &c);
   return 0;
@@ -269,7 +272,19 @@ static int64_t ipow(int64_t x, int64_t y) {
   return (int64_t)r;
 }
 
-#define ARITH(T, SUF, POWEXPR)                                         \
+/* remainder with the sign of the divisor, as Python's % and torch.remainder */
+static inline double frem(double x, double y) {
+  double r = fmod(x, y);
+  return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
+}
+static inline float frem_f(float x, float y) {
+  float r = fmodf(x, y);
+  return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
+}
+/* integers: the divisor is checked for zeros first; x % -1 is 0 (INT_MIN % -1 would trap) */
+#define IREM(T, x, y) ((y) == -1 ? (T)0 : (T)(((x) % (y) != 0 && (((x) % (y) < 0) != ((y) < 0))) ? (x) % (y) + (y) : (x) % (y)))
+
+#define ARITH(T, SUF, POWEXPR, REMEXPR)                                \
   BIN_KERNEL(add_##SUF, T, T, x + y)                                   \
   BIN_KERNEL(sub_##SUF, T, T, x - y)                                   \
   BIN_KERNEL(mul_##SUF, T, T, x * y)                                   \
@@ -282,13 +297,14 @@ static int64_t ipow(int64_t x, int64_t y) {
   BIN_KERNEL(lt_##SUF, T, uint8_t, x < y)                              \
   BIN_KERNEL(le_##SUF, T, uint8_t, x <= y)                             \
   BIN_KERNEL(gt_##SUF, T, uint8_t, x > y)                              \
-  BIN_KERNEL(ge_##SUF, T, uint8_t, x >= y)
+  BIN_KERNEL(ge_##SUF, T, uint8_t, x >= y)                             \
+  BIN_KERNEL(rem_##SUF, T, T, REMEXPR)
 
-ARITH(float, f32, powf(x, y))
-ARITH(double, f64, pow(x, y))
-ARITH(int32_t, i32, (int32_t)ipow(x, y))
-ARITH(int64_t, i64, ipow(x, y))
-ARITH(uint8_t, u8, (uint8_t)ipow(x, y))
+ARITH(float, f32, powf(x, y), frem_f(x, y))
+ARITH(double, f64, pow(x, y), frem(x, y))
+ARITH(int32_t, i32, (int32_t)ipow(x, y), IREM(int32_t, x, y))
+ARITH(int64_t, i64, ipow(x, y), IREM(int64_t, x, y))
+ARITH(uint8_t, u8, (uint8_t)ipow(x, y), (uint8_t)(x % y))
 /* bool arithmetic as PyTorch: + is or, * is and */
 BIN_KERNEL(add_b, uint8_t, uint8_t, (x | y) != 0)
 BIN_KERNEL(mul_b, uint8_t, uint8_t, (x & y) != 0)
@@ -297,17 +313,17 @@ BIN_KERNEL(min_b, uint8_t, uint8_t, (x & y) != 0)
 
 #define ROW(SUF)                                                                                       \
   {add_##SUF, sub_##SUF, mul_##SUF, div_##SUF, pow_##SUF, max_##SUF, min_##SUF, eq_##SUF, ne_##SUF, lt_##SUF, \
-   le_##SUF, gt_##SUF, ge_##SUF}
+   le_##SUF, gt_##SUF, ge_##SUF, rem_##SUF}
 
 static const rh_loop_fn bin_kernels[RH_NDTYPES][RH_NBINOPS] = {
     ROW(f32), ROW(f64), ROW(i32), ROW(i64), ROW(u8),
-    {add_b, NULL, mul_b, NULL, NULL, max_b, min_b, eq_u8, ne_u8, lt_u8, le_u8, gt_u8, ge_u8},
+    {add_b, NULL, mul_b, NULL, NULL, max_b, min_b, eq_u8, ne_u8, lt_u8, le_u8, gt_u8, ge_u8, NULL},
 };
 
 static const char *binop_name[RH_NBINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                             "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+                                             "eq",  "ne",  "lt",  "le",  "gt",  "ge", "remainder"};
 
-static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ; }
+static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ && op <= RH_OP_GE; }
 
 /* Runs op over a and b (same dtype `ct`, already broadcastable, on out's
  * device) into out. */
@@ -369,6 +385,20 @@ static int any_negative(rh_tensor_t *t, int *neg) {
   return rc;
 }
 
+/* any element equal to 0, wherever t lives (through ops that have kernels everywhere) */
+static int any_zero(rh_tensor_t *t, int *zero) {
+  *zero = 0;
+  if (rh_tensor_numel(t) == 0) return 0;
+  rh_tensor_t *z = rh_tensor_binary_scalar(RH_OP_EQ, t, 0, 0, 0, NULL);
+  rh_tensor_t *m = z ? rh_tensor_reduce(RH_RED_MAX, z, -1, 0) : NULL;
+  rh_tensor_release(z);
+  if (!m) return -1;
+  int64_t idx[1] = {0};
+  *zero = rh_tensor_get(m, idx) != 0;
+  rh_tensor_release(m);
+  return 0;
+}
+
 rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out) {
   if (rh_tensor_device(a) != rh_tensor_device(b) || (out && rh_tensor_device(out) != rh_tensor_device(a)))
     return binary_on_devices(op, a, b, out);
@@ -393,6 +423,15 @@ rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_
     if (rc) return NULL;
     if (neg) {
       rh_tensor_fail("pow: integers to negative integer powers are not allowed");
+      return NULL;
+    }
+  }
+  if (op == RH_OP_REM && !rh_dtype_is_float(ct)) {
+    /* an integer remainder by zero has no value: refused, as PyTorch does */
+    int zero = 0;
+    if (any_zero(b, &zero)) return NULL;
+    if (zero) {
+      rh_tensor_fail("remainder: integer division by zero (a divisor element is 0)");
       return NULL;
     }
   }
@@ -485,29 +524,47 @@ rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, in
   UN_KERNEL(relu_##SUF, T, x > 0 ? x : (x != x ? x : 0))      \
   UN_KERNEL(tanh_##SUF, T, tanh##F(x))                        \
   UN_KERNEL(sigmoid_##SUF, T, 1 / (1 + exp##F(-x)))           \
-  UN_KERNEL(abs_##SUF, T, fabs##F(x))
+  UN_KERNEL(abs_##SUF, T, fabs##F(x))                        \
+  UN_KERNEL(floor_##SUF, T, floor##F(x))                      \
+  UN_KERNEL(ceil_##SUF, T, ceil##F(x))                        \
+  UN_KERNEL(round_##SUF, T, nearbyint##F(x))                  \
+  UN_KERNEL(sign_##SUF, T, (x > 0) - (x < 0) + (x != x ? x : 0)) \
+  UN_KERNEL(sin_##SUF, T, sin##F(x))                          \
+  UN_KERNEL(cos_##SUF, T, cos##F(x))                          \
+  UN_KERNEL(log1p_##SUF, T, log1p##F(x))                      \
+  UN_KERNEL(expm1_##SUF, T, expm1##F(x))                      \
+  UN_KERNEL(rsqrt_##SUF, T, 1 / sqrt##F(x))
 FLOAT_UN(float, f32, f)
 FLOAT_UN(double, f64, )
 
 #define INT_UN(T, SUF)                       \
   UN_KERNEL(neg_##SUF, T, -x)                \
   UN_KERNEL(relu_##SUF, T, x > 0 ? x : 0)    \
-  UN_KERNEL(abs_##SUF, T, x < 0 ? -x : x)
+  UN_KERNEL(abs_##SUF, T, x < 0 ? -x : x)    \
+  UN_KERNEL(same_##SUF, T, x)                \
+  UN_KERNEL(sign_##SUF, T, (x > 0) - (x < 0))
 INT_UN(int32_t, i32)
 INT_UN(int64_t, i64)
 UN_KERNEL(neg_u8, uint8_t, -x)
 UN_KERNEL(relu_u8, uint8_t, x)
 UN_KERNEL(abs_u8, uint8_t, x)
+UN_KERNEL(same_u8, uint8_t, x)
+UN_KERNEL(sign_u8, uint8_t, x > 0)
 
+/* floor, ceil and round of integers are the integers themselves; sin, cos, ...
+ * of integers (NULL) are computed in float32 */
+#define FLOAT_ROW(SUF)                                                                                  \
+  {neg_##SUF,   exp_##SUF,  log_##SUF,   sqrt_##SUF, relu_##SUF, tanh_##SUF,  sigmoid_##SUF, abs_##SUF, \
+   floor_##SUF, ceil_##SUF, round_##SUF, sign_##SUF, sin_##SUF,  cos_##SUF,   log1p_##SUF,   expm1_##SUF, rsqrt_##SUF}
+#define INT_ROW(SUF)                                                                                   \
+  {neg_##SUF, NULL, NULL, NULL, relu_##SUF, NULL, NULL, abs_##SUF, same_##SUF, same_##SUF, same_##SUF,   \
+   sign_##SUF, NULL, NULL, NULL, NULL, NULL}
 static const rh_loop_fn un_kernels[RH_NDTYPES][RH_NUNOPS] = {
-    {neg_f32, exp_f32, log_f32, sqrt_f32, relu_f32, tanh_f32, sigmoid_f32, abs_f32},
-    {neg_f64, exp_f64, log_f64, sqrt_f64, relu_f64, tanh_f64, sigmoid_f64, abs_f64},
-    {neg_i32, NULL, NULL, NULL, relu_i32, NULL, NULL, abs_i32},
-    {neg_i64, NULL, NULL, NULL, relu_i64, NULL, NULL, abs_i64},
-    {neg_u8, NULL, NULL, NULL, relu_u8, NULL, NULL, abs_u8},
-    {NULL, NULL, NULL, NULL, relu_u8, NULL, NULL, abs_u8},
+    FLOAT_ROW(f32), FLOAT_ROW(f64), INT_ROW(i32), INT_ROW(i64), INT_ROW(u8),
+    {NULL, NULL, NULL, NULL, relu_u8, NULL, NULL, abs_u8, NULL, NULL, NULL, sign_u8, NULL, NULL, NULL, NULL, NULL},
 };
-static const char *unop_name[RH_NUNOPS] = {"neg", "exp", "log", "sqrt", "relu", "tanh", "sigmoid", "abs"};
+static const char *unop_name[RH_NUNOPS] = {"neg",  "exp",  "log",   "sqrt", "relu", "tanh",  "sigmoid", "abs",  "floor",
+                                           "ceil", "round", "sign", "sin",  "cos",  "log1p", "expm1",   "rsqrt"};
 
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
   if (out && rh__same_device(unop_name[op], out, a)) return NULL;

@@ -277,7 +277,11 @@ void rh_tensor_release(rh_tensor_t *t) {
   free(t);
 }
 
+/* A tensor with no elements is contiguous whatever its strides (as in PyTorch):
+ * there is no element whose address could be out of order. */
 int rh_tensor_is_contiguous(const rh_tensor_t *t) {
+  for (int i = 0; i < t->ndim; i++)
+    if (t->size[i] == 0) return 1;
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->size[i] != 1 && t->stride[i] != s) return 0;
@@ -372,7 +376,7 @@ static uint64_t rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-static uint64_t next_u64(void) {
+uint64_t rh__random_u64(void) {
   uint64_t r = rotl(rng[1] * 5, 7) * 9, t = rng[1] << 17;
   rng[2] ^= rng[0];
   rng[3] ^= rng[1];
@@ -392,7 +396,8 @@ void rh_random_seed(uint64_t seed) {
   }
 }
 
-static double uniform01(void) { return (double)(next_u64() >> 11) * 0x1.0p-53; }
+double rh__uniform01(void) { return (double)(rh__random_u64() >> 11) * 0x1.0p-53; }
+#define uniform01 rh__uniform01
 
 rh_tensor_t *rh_tensor_rand(rh_dtype_t dt, int ndim, const int64_t *size, int normal) {
   if (!rh_dtype_is_float(dt)) {

@@ -56,11 +56,14 @@ static inline void rh_tensor_bump_version(rh_tensor_t *t) { t->storage->version+
 
 typedef enum {
   RH_OP_ADD, RH_OP_SUB, RH_OP_MUL, RH_OP_DIV, RH_OP_POW, RH_OP_MAXIMUM, RH_OP_MINIMUM,
-  RH_OP_EQ, RH_OP_NE, RH_OP_LT, RH_OP_LE, RH_OP_GT, RH_OP_GE, RH_NBINOPS
+  RH_OP_EQ, RH_OP_NE, RH_OP_LT, RH_OP_LE, RH_OP_GT, RH_OP_GE,
+  RH_OP_REM, /* remainder with the divisor's sign (Python's %), after the comparisons */
+  RH_NBINOPS
 } rh_binop_t;
 
 typedef enum {
   RH_OP_NEG, RH_OP_EXP, RH_OP_LOG, RH_OP_SQRT, RH_OP_RELU, RH_OP_TANH, RH_OP_SIGMOID, RH_OP_ABS,
+  RH_OP_FLOOR, RH_OP_CEIL, RH_OP_ROUND, RH_OP_SIGN, RH_OP_SIN, RH_OP_COS, RH_OP_LOG1P, RH_OP_EXPM1, RH_OP_RSQRT,
   RH_NUNOPS
 } rh_unop_t;
 
@@ -154,6 +157,32 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out);
 rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdim);
 rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log);
 rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b);
+
+/* indexing (index.c). Index tensors are int64 or int32 holding indices counted
+ * from `base` (Lua passes 1); negative ones count from the end. */
+rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base);
+rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base);
+/* src NULL: scatter `value`; accumulate: add (scatter_add_) */
+int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, double value, int accumulate,
+                       int64_t base);
+/* a[..., idx[i], ...] = (accumulate: +=) src[..., i, ...] */
+int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, int accumulate, int64_t base);
+int rh_tensor_masked_fill_(rh_tensor_t *t, rh_tensor_t *mask, double v);
+rh_tensor_t *rh_tensor_where(rh_tensor_t *cond, rh_tensor_t *a, rh_tensor_t *b);
+rh_tensor_t *rh_tensor_masked_select(rh_tensor_t *t, rh_tensor_t *mask);
+int rh_tensor_masked_scatter_(rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t *src);
+rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base); /* int64 [count, ndim] */
+
+/* ordering and scans along a dimension (sort.c) */
+int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_tensor_t **values,
+                   rh_tensor_t **indices); /* stable */
+rh_tensor_t *rh_tensor_scan(rh_tensor_t *a, int dim, int prod); /* cumsum (0) / cumprod (1) */
+
+/* random (random.c), from the generator manual_seed seeds */
+rh_tensor_t *rh_tensor_randint(rh_dtype_t t, int64_t low, int64_t high, int ndim, const int64_t *size);
+rh_tensor_t *rh_tensor_randperm(rh_dtype_t t, int64_t n, int64_t base);
+rh_tensor_t *rh_tensor_bernoulli(rh_tensor_t *p);
+rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, int64_t base);
 
 /* a pool of threads for large elementwise work */
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);

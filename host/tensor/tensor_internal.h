@@ -22,6 +22,15 @@ void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, con
 /* Byte strides of t viewed (broadcast) as shape (ndim, size). */
 void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out);
 
+/* copy.c: a same-dtype copy of permuted layouts in cache-sized tiles; 1 when it
+ * did the copy, 0 when the layouts are better served by rh__iterate */
+int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_st, const char *src,
+                   const int64_t *src_st, size_t es);
+
+/* the one random generator (tensor.c; tensor.manual_seed seeds it) */
+uint64_t rh__random_u64(void);
+double rh__uniform01(void); /* [0, 1) with 53 random bits */
+
 /* devices (device.c) */
 rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *),
                                   void *ctx);

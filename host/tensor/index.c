@@ -1,0 +1,519 @@
+/* index.c: ops that address elements through index or mask tensors:
+ * index_select, gather, scatter / scatter_add, index_put (index_add, t[idx] = v),
+ * masked_fill, where, masked_select, masked_scatter and nonzero.
+ *
+ * Index tensors are int64 (or int32) holding indices counted from `base` (the Lua
+ * face passes 1: its indices are 1-based; C callers pass 0). Every index is
+ * checked against its dimension before anything is written, and a bad one is
+ * named with the dimension and its size. Element bytes are moved by size, not by
+ * type, so one loop serves every dtype; the work is split across the thread pool
+ * where the order of results does not matter. On a device, the kernels library
+ * (kernels/index.cu) does the same work with the same checks made here first. */
+#include <string.h>
+
+#include "tensor_internal.h"
+
+static rh_tensor_t *contig(rh_tensor_t *t) { return rh_tensor_contiguous(t); }
+
+static int check_index_dtype(const char *what, const rh_tensor_t *idx) {
+  if (idx->dtype != RH_I64 && idx->dtype != RH_I32)
+    return rh_tensor_fail("%s: the index must be an int64 (or int32) tensor, got %s (convert with :long())", what,
+                          rh_dtype_name(idx->dtype));
+  return 0;
+}
+
+/* a contiguous int64 host copy of idx, checked against [0, n) after removing base;
+ * the result holds 0-based indices */
+static rh_tensor_t *checked_index(const char *what, rh_tensor_t *idx, int64_t n, int dim, int64_t base) {
+  if (check_index_dtype(what, idx)) return NULL;
+  rh_tensor_t *h = rh_tensor_to_device(idx, -1);
+  if (!h) return NULL;
+  rh_tensor_t *c = rh_tensor_empty(RH_I64, h->ndim, h->size);
+  if (!c || rh_tensor_copy_(c, h)) {
+    rh_tensor_release(h);
+    rh_tensor_release(c);
+    return NULL;
+  }
+  rh_tensor_release(h);
+  int64_t *p = rh_tensor_data(c), m = rh_tensor_numel(c);
+  for (int64_t i = 0; i < m; i++) {
+    /* negative indices count from the end, as in PyTorch (-1 is the last) */
+    int64_t v = p[i] < 0 ? p[i] + n : p[i] - base;
+    if (v < 0 || v >= n || (p[i] >= 0 && p[i] < base)) {
+      rh_tensor_fail("%s: index %lld is out of bounds for dimension %d with size %lld", what, (long long)p[i],
+                     dim + 1, (long long)n);
+      rh_tensor_release(c);
+      return NULL;
+    }
+    p[i] = v;
+  }
+  return c;
+}
+
+static int check_dim(const char *what, const rh_tensor_t *t, int dim) {
+  int nd = t->ndim ? t->ndim : 1;
+  if (dim < 0 || dim >= nd)
+    return rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", what, dim + 1, t->ndim,
+                          t->ndim == 1 ? "" : "s");
+  return 0;
+}
+
+/* an index tensor that already lives where `on` is (a device copy when needed) */
+static rh_tensor_t *index_on(rh_tensor_t *checked, const rh_tensor_t *on) {
+  return rh_tensor_to_device(checked, rh_tensor_device(on));
+}
+
+/* ---- index_select: out[..., i, ...] = a[..., idx[i], ...] along dim, by slabs */
+typedef struct {
+  const char *src;
+  char *dst;
+  const int64_t *idx;
+  int64_t outer, n_idx, src_dim, inner_bytes;
+} isel_t;
+
+static void isel_chunk(void *vj, int64_t lo, int64_t hi) {
+  isel_t *j = vj;
+  for (int64_t w = lo; w < hi; w++) {
+    int64_t o = w / j->n_idx, i = w % j->n_idx;
+    memcpy(j->dst + w * j->inner_bytes, j->src + (o * j->src_dim + j->idx[i]) * j->inner_bytes,
+           (size_t)j->inner_bytes);
+  }
+}
+
+rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
+  if (check_dim("index_select", a, dim)) return NULL;
+  if (idx->ndim > 1) {
+    rh_tensor_fail("index_select: the index must be 1-dimensional, got %d dimensions", idx->ndim);
+    return NULL;
+  }
+  int64_t n = a->ndim ? a->size[dim] : 1;
+  rh_tensor_t *ci = checked_index("index_select", idx, n, dim, base);
+  if (!ci) return NULL;
+  int64_t size[RH_MAXDIM];
+  for (int d = 0; d < a->ndim; d++) size[d] = a->size[d];
+  int64_t m = rh_tensor_numel(ci);
+  if (a->ndim) size[dim] = m;
+  rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), a->dtype, a->ndim, size);
+  rh_tensor_t *ca = out ? contig(a) : NULL;
+  if (!ca) goto fail;
+  int64_t inner = 1, outer = 1;
+  for (int d = dim + 1; d < a->ndim; d++) inner *= a->size[d];
+  for (int d = 0; d < dim; d++) outer *= a->size[d];
+  size_t es = rh_dtype_size(a->dtype);
+  if (RH_ON_DEVICE(a)) {
+    rh_tensor_t *di = index_on(ci, a);
+    int rc = di ? rh__cuda_call(rh_cuda_api()->index_select(rh_tensor_device(a), (int)es, outer, n, inner,
+                                                             rh_tensor_data(ca), rh_tensor_data(di), m,
+                                                             rh_tensor_data(out)))
+                : -1;
+    rh_tensor_release(di);
+    if (rc) goto fail;
+  } else {
+    isel_t j = {rh_tensor_data(ca), rh_tensor_data(out), rh_tensor_data(ci), outer, m, n, inner * (int64_t)es};
+    int64_t work = outer * m;
+    rh_parallel_for(work, j.inner_bytes >= 4096 ? 8 : (1 << 16) / (j.inner_bytes + 1) + 1, isel_chunk, &j);
+  }
+  rh_tensor_release(ca);
+  rh_tensor_release(ci);
+  return out;
+fail:
+  rh_tensor_release(ca);
+  rh_tensor_release(ci);
+  rh_tensor_release(out);
+  return NULL;
+}
+
+/* ---- gather / scatter: out and idx share a shape; along dim the index picks */
+/* The shape rules of PyTorch: idx has a's number of dims and idx.size(d) <=
+ * a.size(d) for d != dim (for scatter, also <= src.size(d)). */
+static int check_gather_shape(const char *what, const rh_tensor_t *a, const rh_tensor_t *idx, const rh_tensor_t *src,
+                              int dim) {
+  char sa[256], si[256];
+  if (idx->ndim != a->ndim && !(a->ndim == 0 && idx->ndim <= 1)) {
+    rh_shape_str(a->ndim, a->size, sa, sizeof sa);
+    rh_shape_str(idx->ndim, idx->size, si, sizeof si);
+    return rh_tensor_fail("%s: the index (shape %s) must have as many dimensions as the input (shape %s)", what, si,
+                          sa);
+  }
+  for (int d = 0; d < a->ndim; d++) {
+    if ((d != dim && idx->size[d] > a->size[d]) || (src && src->ndim == idx->ndim && idx->size[d] > src->size[d])) {
+      rh_shape_str(a->ndim, a->size, sa, sizeof sa);
+      rh_shape_str(idx->ndim, idx->size, si, sizeof si);
+      return rh_tensor_fail("%s: the index (shape %s) is larger than the input (shape %s)%s in dimension %d", what, si,
+                            sa, src ? " or the source" : "", d + 1);
+    }
+  }
+  if (src && src->ndim != idx->ndim && rh_tensor_numel(idx) > 0) {
+    rh_shape_str(src->ndim, src->size, sa, sizeof sa);
+    rh_shape_str(idx->ndim, idx->size, si, sizeof si);
+    return rh_tensor_fail("%s: the source (shape %s) must have as many dimensions as the index (shape %s)", what, sa,
+                          si);
+  }
+  return 0;
+}
+
+/* walks every position of idx's shape; calls fn with the byte offsets of the
+ * element in the indexed tensor (along dim: the index) and in the other */
+typedef struct {
+  int ndim, dim, mode; /* mode: 0 gather (out <- a), 1 scatter (a <- src), 2 scatter_add, 3 scatter value */
+  rh_dtype_t dt;
+  int64_t size[RH_MAXDIM];
+  int64_t ist[RH_MAXDIM];  /* idx strides, elements (contiguous int64) */
+  int64_t ast[RH_MAXDIM];  /* indexed tensor, bytes */
+  int64_t ost[RH_MAXDIM];  /* other tensor (out for gather, src for scatter), bytes */
+  const int64_t *idx;
+  char *abase, *obase;
+  char value[8];
+} gs_t;
+
+static void gs_range(gs_t *j, int64_t lo, int64_t hi) {
+  size_t es = rh_dtype_size(j->dt);
+  for (int64_t w = lo; w < hi; w++) {
+    int64_t rem = w, aoff = 0, ooff = 0;
+    for (int d = j->ndim - 1; d >= 0; d--) {
+      int64_t i = rem % j->size[d];
+      rem /= j->size[d];
+      if (d != j->dim) aoff += i * j->ast[d];
+      ooff += i * j->ost[d];
+    }
+    aoff += j->idx[w] * j->ast[j->dim];
+    char *pa = j->abase + aoff, *po = j->obase + ooff;
+    switch (j->mode) {
+      case 0: memcpy(po, pa, es); break;
+      case 1: memcpy(pa, po, es); break;
+      case 3: memcpy(pa, j->value, es); break;
+      default: rh__store(j->dt, pa, rh__load(j->dt, pa) + rh__load(j->dt, po)); break;
+    }
+  }
+}
+
+static void gs_chunk(void *vj, int64_t lo, int64_t hi) { gs_range(vj, lo, hi); }
+
+static void strides_bytes(const rh_tensor_t *t, int64_t *out) {
+  for (int d = 0; d < t->ndim; d++) out[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
+}
+
+rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
+  if (check_dim("gather", a, dim) || check_gather_shape("gather", a, idx, NULL, dim)) return NULL;
+  rh_tensor_t *ci = checked_index("gather", idx, a->ndim ? a->size[dim] : 1, dim, base);
+  if (!ci) return NULL;
+  rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), a->dtype, idx->ndim, idx->size);
+  if (!out) {
+    rh_tensor_release(ci);
+    return NULL;
+  }
+  int64_t ast[RH_MAXDIM] = {0}, ost[RH_MAXDIM] = {0};
+  strides_bytes(a, ast);
+  strides_bytes(out, ost);
+  int nd = idx->ndim, d0 = a->ndim ? dim : 0;
+  int rc = 0;
+  if (RH_ON_DEVICE(a)) {
+    rh_tensor_t *di = index_on(ci, a);
+    rc = di ? rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), 0, a->dtype, nd, d0, idx->size,
+                                                           rh_tensor_data(di), rh_tensor_data(a), ast,
+                                                           rh_tensor_data(out), ost, 0))
+            : -1;
+    rh_tensor_release(di);
+  } else {
+    gs_t j = {nd, d0, 0, a->dtype, {0}, {0}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a), rh_tensor_data(out), {0}};
+    for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
+    if (nd == 0) j.ast[0] = 0;
+    rh_parallel_for(rh_tensor_numel(ci), 1 << 14, gs_chunk, &j);
+  }
+  rh_tensor_release(ci);
+  if (rc) {
+    rh_tensor_release(out);
+    return NULL;
+  }
+  return out;
+}
+
+/* scatter_(a, dim, idx, src | value): in place on a. accumulate: add instead of
+ * store (scatter_add_). Stores to one place from several index entries keep the
+ * last (serially here, so the same answer every time); adds run serially too. */
+int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, double value, int accumulate,
+                       int64_t base) {
+  const char *what = accumulate ? "scatter_add" : "scatter";
+  if (check_dim(what, a, dim) || check_gather_shape(what, a, idx, src, dim)) return -1;
+  if (src && src->dtype != a->dtype)
+    return rh_tensor_fail("%s: the source's dtype %s must match the input's %s", what, rh_dtype_name(src->dtype),
+                          rh_dtype_name(a->dtype));
+  if (src && rh__same_device(what, a, src)) return -1;
+  rh_tensor_t *ci = checked_index(what, idx, a->ndim ? a->size[dim] : 1, dim, base);
+  if (!ci) return -1;
+  int64_t ast[RH_MAXDIM] = {0}, ost[RH_MAXDIM] = {0};
+  strides_bytes(a, ast);
+  if (src) strides_bytes(src, ost);
+  int nd = idx->ndim, d0 = a->ndim ? dim : 0;
+  int mode = src ? (accumulate ? 2 : 1) : 3;
+  int rc = 0;
+  if (RH_ON_DEVICE(a)) {
+    rh_tensor_t *di = index_on(ci, a);
+    rc = di ? rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), mode, a->dtype, nd, d0, idx->size,
+                                                           rh_tensor_data(di), rh_tensor_data(a), ast,
+                                                           src ? rh_tensor_data(src) : rh_tensor_data(a),
+                                                           src ? ost : ast, value))
+            : -1;
+    rh_tensor_release(di);
+  } else {
+    gs_t j = {nd, d0, mode, a->dtype, {0}, {0}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a),
+              src ? rh_tensor_data(src) : NULL, {0}};
+    for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
+    rh__store(a->dtype, j.value, value);
+    gs_range(&j, 0, rh_tensor_numel(ci));
+  }
+  rh_tensor_release(ci);
+  return rc;
+}
+
+/* index_put_(a, dim, idx, src, accumulate): a[..., idx[i], ...] = (or +=) src[..., i, ...];
+ * src has a's shape with idx's length along dim (the caller broadcasts it). */
+int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, int accumulate, int64_t base) {
+  const char *what = accumulate ? "index_add" : "index_copy";
+  if (check_dim(what, a, dim)) return -1;
+  if (idx->ndim > 1) return rh_tensor_fail("%s: the index must be 1-dimensional, got %d dimensions", what, idx->ndim);
+  int64_t m = rh_tensor_numel(idx);
+  int ok = src->ndim == (a->ndim ? a->ndim : 1) || (a->ndim == 0 && src->ndim == 0);
+  for (int d = 0; ok && d < a->ndim; d++) ok = src->size[d] == (d == dim ? m : a->size[d]);
+  if (!ok) {
+    char sa[256], ss[256];
+    rh_shape_str(a->ndim, a->size, sa, sizeof sa);
+    rh_shape_str(src->ndim, src->size, ss, sizeof ss);
+    return rh_tensor_fail("%s: the source (shape %s) must have the input's shape %s with %lld along dimension %d",
+                          what, ss, sa, (long long)m, dim + 1);
+  }
+  if (src->dtype != a->dtype)
+    return rh_tensor_fail("%s: the source's dtype %s must match the input's %s", what, rh_dtype_name(src->dtype),
+                          rh_dtype_name(a->dtype));
+  if (rh__same_device(what, a, src)) return -1;
+  rh_tensor_t *ci = checked_index(what, idx, a->ndim ? a->size[dim] : 1, dim, base);
+  if (!ci) return -1;
+  /* as a scatter whose index is idx broadcast over src's shape */
+  int64_t isz[RH_MAXDIM], ist[RH_MAXDIM];
+  int nd = a->ndim;
+  for (int d = 0; d < nd; d++) {
+    isz[d] = src->size[d];
+    ist[d] = d == dim ? 1 : 0;
+  }
+  rh_tensor_t *bi = nd ? rh_tensor_on_storage(ci->storage, RH_I64, 0, nd, isz, ist) : NULL;
+  rh_tensor_t *full = bi ? rh_tensor_contiguous(bi) : ci;
+  if (!bi) rh_tensor_retain(ci);
+  rh_tensor_release(bi);
+  rh_tensor_release(ci);
+  if (!full) return -1;
+  /* the indices are 0-based now */
+  int rc = rh_tensor_scatter_(a, dim, full, src, 0, accumulate, 0);
+  rh_tensor_release(full);
+  return rc;
+}
+
+/* ---- masks */
+static int check_mask(const char *what, const rh_tensor_t *mask) {
+  if (mask->dtype != RH_BOOL && mask->dtype != RH_U8)
+    return rh_tensor_fail("%s: the mask must be a bool tensor, got %s", what, rh_dtype_name(mask->dtype));
+  return 0;
+}
+
+typedef struct {
+  size_t es;
+  char value[8];
+} mfill_t;
+
+/* o = value where the mask (a) is set; with b: o = b where the mask is set */
+static void mfill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
+                       void *ctx) {
+  mfill_t *f = ctx;
+  for (int64_t i = 0; i < n; i++)
+    if (a[i * as]) memcpy(o + i * os, b ? b + i * bs : f->value, f->es);
+}
+
+/* masked_fill_(t, mask, v): the mask broadcasts to t */
+int rh_tensor_masked_fill_(rh_tensor_t *t, rh_tensor_t *mask, double v) {
+  if (check_mask("masked_fill", mask) || rh__same_device("masked_fill", t, mask)) return -1;
+  int nd;
+  int64_t shape[RH_MAXDIM];
+  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, &nd, shape)) return -1;
+  if (nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)nd)) {
+    char st[256], sm[256];
+    rh_shape_str(t->ndim, t->size, st, sizeof st);
+    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
+    return rh_tensor_fail("masked_fill: the mask (shape %s) does not broadcast to the tensor's shape %s", sm, st);
+  }
+  int64_t ost[RH_MAXDIM], mst[RH_MAXDIM];
+  strides_bytes(t, ost);
+  rh__bcast_strides(mask, nd, shape, mst);
+  if (RH_ON_DEVICE(t))
+    return rh__cuda_call(rh_cuda_api()->masked_fill(rh_tensor_device(t), t->dtype, nd, shape, rh_tensor_data(t), ost,
+                                                    rh_tensor_data(mask), mst, NULL, NULL, v));
+  mfill_t f = {rh_dtype_size(t->dtype), {0}};
+  rh__store(t->dtype, f.value, v);
+  rh__iterate(nd, shape, rh_tensor_data(t), ost, rh_tensor_data(mask), mst, NULL, NULL, mfill_loop, &f);
+  return 0;
+}
+
+/* where(cond, a, b): a where cond, else b; broadcast, promoted */
+rh_tensor_t *rh_tensor_where(rh_tensor_t *cond, rh_tensor_t *a, rh_tensor_t *b) {
+  if (check_mask("where", cond) || rh__same_device("where", cond, a) || rh__same_device("where", a, b)) return NULL;
+  int n1, nd;
+  int64_t s1[RH_MAXDIM], shape[RH_MAXDIM];
+  if (rh__broadcast_shape(a->ndim, a->size, b->ndim, b->size, &n1, s1) ||
+      rh__broadcast_shape(cond->ndim, cond->size, n1, s1, &nd, shape))
+    return NULL;
+  rh_dtype_t dt = rh_dtype_promote(a->dtype, b->dtype);
+  rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), dt, nd, shape);
+  if (!out) return NULL;
+  rh_tensor_t *ac = NULL;
+  if (rh_tensor_copy_(out, b)) goto fail;
+  ac = a->dtype == dt ? (rh_tensor_retain(a), a) : rh_tensor_cast(a, dt);
+  if (!ac) goto fail;
+  int64_t ost[RH_MAXDIM], cst[RH_MAXDIM], ast[RH_MAXDIM];
+  strides_bytes(out, ost);
+  rh__bcast_strides(cond, nd, shape, cst);
+  rh__bcast_strides(ac, nd, shape, ast);
+  if (RH_ON_DEVICE(out)) {
+    if (rh__cuda_call(rh_cuda_api()->masked_fill(rh_tensor_device(out), dt, nd, shape, rh_tensor_data(out), ost,
+                                                 rh_tensor_data(cond), cst, rh_tensor_data(ac), ast, 0)))
+      goto fail;
+  } else {
+    mfill_t f = {rh_dtype_size(dt), {0}};
+    rh__iterate(nd, shape, rh_tensor_data(out), ost, rh_tensor_data(cond), cst, rh_tensor_data(ac), ast, mfill_loop,
+                &f);
+  }
+  rh_tensor_release(ac);
+  return out;
+fail:
+  rh_tensor_release(ac);
+  rh_tensor_release(out);
+  return NULL;
+}
+
+/* host copies of t and of mask broadcast to t's shape, both contiguous */
+static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t **ht, rh_tensor_t **hm) {
+  *ht = *hm = NULL;
+  if (check_mask(what, mask)) return -1;
+  int nd;
+  int64_t shape[RH_MAXDIM];
+  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, &nd, shape)) return -1;
+  if (nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)nd)) {
+    char st[256], sm[256];
+    rh_shape_str(t->ndim, t->size, st, sizeof st);
+    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
+    return rh_tensor_fail("%s: the mask (shape %s) does not broadcast to the tensor's shape %s", what, sm, st);
+  }
+  rh_tensor_t *me = rh_tensor_expand(mask, nd, shape);
+  rh_tensor_t *mh = me ? rh_tensor_to_device(me, -1) : NULL;
+  rh_tensor_release(me);
+  *hm = mh ? rh_tensor_contiguous(mh) : NULL;
+  rh_tensor_release(mh);
+  rh_tensor_t *th = *hm ? rh_tensor_to_device(t, -1) : NULL;
+  *ht = th ? rh_tensor_contiguous(th) : NULL;
+  rh_tensor_release(th);
+  if (!*hm || !*ht) {
+    rh_tensor_release(*hm);
+    rh_tensor_release(*ht);
+    *hm = *ht = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+static int64_t count_set(const rh_tensor_t *m) {
+  const uint8_t *p = rh_tensor_data(m);
+  int64_t n = rh_tensor_numel(m), c = 0;
+  for (int64_t i = 0; i < n; i++) c += p[i] != 0;
+  return c;
+}
+
+/* masked_select(t, mask): the elements where mask is set, in order, as 1-D.
+ * (Ordered and data-dependent in size: done on the host, the result moved back.) */
+rh_tensor_t *rh_tensor_masked_select(rh_tensor_t *t, rh_tensor_t *mask) {
+  if (rh__same_device("masked_select", t, mask)) return NULL;
+  rh_tensor_t *ht, *hm;
+  if (mask_pair("masked_select", t, mask, &ht, &hm)) return NULL;
+  int64_t c = count_set(hm), n = rh_tensor_numel(hm);
+  rh_tensor_t *out = rh_tensor_empty(t->dtype, 1, &c);
+  if (out) {
+    size_t es = rh_dtype_size(t->dtype);
+    const uint8_t *m = rh_tensor_data(hm);
+    const char *src = rh_tensor_data(ht);
+    char *dst = rh_tensor_data(out);
+    for (int64_t i = 0, k = 0; i < n; i++)
+      if (m[i]) memcpy(dst + (k++) * es, src + i * es, es);
+  }
+  rh_tensor_release(ht);
+  rh_tensor_release(hm);
+  if (out && RH_ON_DEVICE(t)) {
+    rh_tensor_t *d = rh_tensor_to_device(out, rh_tensor_device(t));
+    rh_tensor_release(out);
+    out = d;
+  }
+  return out;
+}
+
+/* masked_scatter_(t, mask, src): t's elements where mask is set take src's
+ * elements in order; src needs at least as many elements as the mask sets */
+int rh_tensor_masked_scatter_(rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t *src) {
+  if (rh__same_device("masked_scatter", t, mask) || rh__same_device("masked_scatter", t, src)) return -1;
+  if (src->dtype != t->dtype)
+    return rh_tensor_fail("masked_scatter: the source's dtype %s must match the tensor's %s",
+                          rh_dtype_name(src->dtype), rh_dtype_name(t->dtype));
+  rh_tensor_t *ht, *hm;
+  if (mask_pair("masked_scatter", t, mask, &ht, &hm)) return -1;
+  int64_t c = count_set(hm), n = rh_tensor_numel(hm);
+  rh_tensor_t *hs = NULL, *cs = NULL;
+  int rc = -1;
+  if (rh_tensor_numel(src) < c) {
+    rh_tensor_fail("masked_scatter: the mask selects %lld elements but the source has only %lld", (long long)c,
+                   (long long)rh_tensor_numel(src));
+    goto done;
+  }
+  hs = rh_tensor_to_device(src, -1);
+  cs = hs ? rh_tensor_contiguous(hs) : NULL;
+  if (!cs) goto done;
+  size_t es = rh_dtype_size(t->dtype);
+  const uint8_t *m = rh_tensor_data(hm);
+  const char *s = rh_tensor_data(cs);
+  char *d = rh_tensor_data(ht);
+  for (int64_t i = 0, k = 0; i < n; i++)
+    if (m[i]) memcpy(d + i * es, s + (k++) * es, es);
+  rc = rh_tensor_copy_(t, ht); /* back into t's own layout and device */
+done:
+  rh_tensor_release(hs);
+  rh_tensor_release(cs);
+  rh_tensor_release(ht);
+  rh_tensor_release(hm);
+  return rc;
+}
+
+/* nonzero(t): int64 [count, ndim], the positions (plus base) of non-zero elements */
+rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base) {
+  rh_tensor_t *h = rh_tensor_to_device(t, -1);
+  rh_tensor_t *ct = h ? rh_tensor_contiguous(h) : NULL;
+  rh_tensor_release(h);
+  if (!ct) return NULL;
+  int64_t n = rh_tensor_numel(ct), c = 0;
+  size_t es = rh_dtype_size(t->dtype);
+  const char *p = rh_tensor_data(ct);
+  for (int64_t i = 0; i < n; i++) c += rh__load(t->dtype, p + i * es) != 0 || rh__load(t->dtype, p + i * es) != rh__load(t->dtype, p + i * es);
+  int64_t size[2] = {c, t->ndim};
+  rh_tensor_t *out = rh_tensor_empty(RH_I64, 2, size);
+  if (out) {
+    int64_t *o = rh_tensor_data(out), idx[RH_MAXDIM] = {0};
+    for (int64_t i = 0; i < n; i++) {
+      double v = rh__load(t->dtype, p + i * es);
+      if (v != 0 || v != v)
+        for (int d = 0; d < t->ndim; d++) *o++ = idx[d] + base;
+      for (int d = t->ndim - 1; d >= 0; d--) {
+        if (++idx[d] < t->size[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
+  rh_tensor_release(ct);
+  if (out && RH_ON_DEVICE(t)) {
+    rh_tensor_t *d = rh_tensor_to_device(out, rh_tensor_device(t));
+    rh_tensor_release(out);
+    out = d;
+  }
+  return out;
+}
