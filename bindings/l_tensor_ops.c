@@ -2,7 +2,8 @@
  * random ops (host/tensor/index.c, sort.c, random.c) for lua/rpchost/tensor_ops.lua.
  * Like l_tensor.c: 0-based dimensions, dtype ids, and a `base` the Lua face sets
  * to 1 so that index tensors are 1-based there. Errors from the core are raised
- * with its message. */
+ * with its message. In-place entry points bump the tensor's version after the
+ * write, as l_tensor.c's do (autograd compares versions at backward). */
 #include "rh_lua.h"
 #include "tensor/tensor.h"
 
@@ -50,6 +51,7 @@ static int l_scatter_(lua_State *L) {
   double v = src ? 0 : (lua_isboolean(L, 4) ? lua_toboolean(L, 4) : luaL_checknumber(L, 4));
   check_rc(L, rh_tensor_scatter_(t, (int)luaL_checkinteger(L, 2), rh_lua_checktensor(L, 3), src, v,
                                  lua_toboolean(L, 5), (int64_t)luaL_optnumber(L, 6, 0)));
+  rh_tensor_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -59,6 +61,7 @@ static int l_index_put_(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   check_rc(L, rh_tensor_index_put_(t, (int)luaL_checkinteger(L, 2), rh_lua_checktensor(L, 3), rh_lua_checktensor(L, 4),
                                    lua_toboolean(L, 5), (int64_t)luaL_optnumber(L, 6, 0)));
+  rh_tensor_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -68,6 +71,7 @@ static int l_masked_fill_(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   double v = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : luaL_checknumber(L, 3);
   check_rc(L, rh_tensor_masked_fill_(t, rh_lua_checktensor(L, 2), v));
+  rh_tensor_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }
@@ -84,6 +88,7 @@ static int l_masked_select(lua_State *L) {
 static int l_masked_scatter_(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   check_rc(L, rh_tensor_masked_scatter_(t, rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3)));
+  rh_tensor_bump_version(t);
   lua_settop(L, 1);
   return 1;
 }

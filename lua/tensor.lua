@@ -435,23 +435,15 @@ function methods.contiguous(t)
   return core.t_contiguous(t)
 end
 function methods.clone(t) return core.t_clone(t) end
--- In-place ops tell the autograd engine that t changed: its version counter
--- moves here (rpchost.autograd.bump, when the engine has one), the one call
--- site of each in-place family in this file.
-local function bump(t)
-  local ag = tensor.autograd
-  local b = ag and ag.bump
-  if b then b(t) end
-  return t
-end
-tensor._bump = bump
+-- (In-place ops need no version bump here: every C entry point that writes
+-- into a tensor bumps its version, which autograd checks at backward.)
 
 function methods.copy_(t, src)
   if not is_tensor(src) then src = tensor.tensor(src, {dtype = t.dtype}) end
-  return bump(call(core.t_copy_, t, src))
+  return call(core.t_copy_, t, src)
 end
-function methods.fill_(t, v) return bump(call(core.t_fill_, t, v)) end
-function methods.zero_(t) return bump(core.t_fill_(t, 0)) end
+function methods.fill_(t, v) return call(core.t_fill_, t, v) end
+function methods.zero_(t) return core.t_fill_(t, 0) end
 
 -- to(dtype) | to(device) | to(device, dtype) | to(other_tensor) | to{device=, dtype=}
 function methods.to(t, what, opts)
@@ -520,7 +512,7 @@ for name, op in pairs(BIN) do
   tensor[name] = f
   methods[name] = f
   methods[name .. "_"] = function(a, b)
-    return bump(call(core.t_binary, op, a, operand(b, name), a))
+    return call(core.t_binary, op, a, operand(b, name), a)
   end
 end
 tensor.max_elementwise = tensor.maximum
@@ -534,7 +526,7 @@ for name, op in pairs(UN) do
   end
   tensor[name] = f
   methods[name] = f
-  methods[name .. "_"] = function(a) return bump(call(core.t_unary, op, a, a)) end
+  methods[name .. "_"] = function(a) return call(core.t_unary, op, a, a) end
 end
 methods.negative = methods.neg
 
@@ -670,7 +662,6 @@ T.__newindex = function(t, k, v)
     elseif type(v) == "number" or type(v) == "boolean" then core.t_fill_(target, v)
     elseif tensor._is_int64(v) then core.t_fill_(target, tonumber(v))
     else error("tensor assignment: expected a number, a boolean or a tensor, got " .. type(v), 2) end
-    bump(t)
     return
   end
   if k == "requires_grad" then return tensor._set_requires_grad(t, v) end

@@ -495,20 +495,23 @@ function C:on_request(to, id, body, segs)
   local fn, args, kwargs, ctx = r[2], r[3], r[4], r[5]
   local rmap = type(r[6]) == "table" and device_maps.inverse(r[6]) or nil
   if type(args) ~= "table" then args = {} end
+  -- (the caller's remaining timeout: past it nobody waits for the reply)
+  local timeout = tonumber(r[7])
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   if unconfirmed then
     -- UserRRefs among the arguments are confirmed by their owners before the
     -- function runs (as in PyTorch): then it may use them at once
     return sched.spawn(function()
       local ok, err = pcall(codec.await_confirmed, unconfirmed, self.timeout)
       if not ok then return self:send_reply(to, id, {false, err, n = 2}) end
-      self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+      self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
     end, {name = "request awaiting its RRefs"})
   end
-  return self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+  return self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
 end
 
 -- Runs a decoded request now, or queues it while num_worker_threads run.
-function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
   if self.running >= self.max_running then
     local q = self.backlog
     if self.nqueued >= self.max_queued then
@@ -532,9 +535,7 @@ function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
         "or %s"):format(self.name, self.nqueued, self.max_running, self.max_queued, QUEUE_SOURCE),
         {worker = self.name, rank = self.rank}), n = 2})
     end
-    local timeout = tonumber(r[7])
-    local job = {to, id, fn, args, kwargs, ctx, queued_at, rmap,
-                 deadline = timeout and timeout > 0 and sched.now() + timeout or nil, src = self:rank_of(to)}
+    local job = {to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline = deadline, src = self:rank_of(to)}
     q.tail = q.tail + 1
     q[q.tail] = job
     self.nqueued = self.nqueued + 1

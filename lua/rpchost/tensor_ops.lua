@@ -13,8 +13,8 @@
 -- indices (sort, argsort, topk, nonzero, randperm, multinomial) return 1-based
 -- int64 ones. The C work is in host/tensor/index.c, sort.c and random.c; ops that
 -- are compositions of differentiable ops get their gradients from those, the
--- others record a node with autograd.record. In-place ops call bump() once per
--- family: the place where the version counter of the tensor they change moves.
+-- others record a node with autograd.record. In-place ops change versions
+-- through their C entry points, which bump the tensor they write into.
 local core = require "rpchost.core"
 local autograd = require "rpchost.autograd"
 
@@ -28,14 +28,8 @@ function M.install(tensor)
   local BIN, UN = tensor._BIN, tensor._UN
   local BASE = 1 -- index tensors are 1-based here
 
-  -- the version-counter hook of the autograd engine, when it has one: every
-  -- in-place op below calls this with the tensor it changed
-  local function bump(t)
-    local b = autograd.bump
-    if b then b(t) end
-    return t
-  end
-  M.bump = bump
+  -- (in-place ops below need no version bump of their own: every C entry
+  -- point that writes into a tensor bumps its version)
 
   local function def(name, f, method_only)
     methods[name] = f
@@ -75,7 +69,7 @@ function M.install(tensor)
     def(name, f)
     methods[name .. "_"] = function(a)
       call(core.t_unary, code, a, a)
-      return bump(a)
+      return a
     end
   end
   local function mul(a, b) return core.t_binary(BIN.mul, a, b) end
@@ -109,7 +103,7 @@ function M.install(tensor)
   def("remainder", remainder)
   methods.remainder_ = function(a, b)
     call(core.t_binary, BIN.remainder, a, tensor._operand(b, "remainder_"), a)
-    return bump(a)
+    return a
   end
   core.t_metatable().__mod = function(a, b) return remainder(a, b) end
 
@@ -128,7 +122,7 @@ function M.install(tensor)
   methods.clamp_ = function(t, lo, hi)
     local r = tensor.no_grad(clamp, t, lo, hi)
     core.t_copy_(t, r)
-    return bump(t)
+    return t
   end
   def("clamp_min", function(t, lo) return clamp(t, lo, nil) end)
   def("clamp_max", function(t, hi) return clamp(t, nil, hi) end)
@@ -377,12 +371,12 @@ function M.install(tensor)
     local d0 = dim0(t, d, "scatter_")
     if is_tensor(src) then call(core.t_scatter_, t, d0, as_long(idx, "scatter_"), src, false, BASE)
     else call(core.t_scatter_, t, d0, as_long(idx, "scatter_"), scalar(src, "scatter_", "the value"), false, BASE) end
-    return bump(t)
+    return t
   end
   methods.scatter_add_ = function(t, d, idx, src)
     call(core.t_scatter_, t, dim0(t, d, "scatter_add_"), as_long(idx, "scatter_add_"),
       expect_tensor(src, "scatter_add_", "the source"), true, BASE)
-    return bump(t)
+    return t
   end
 
   -- src broadcast to t's shape with idx's length along d0, in t's dtype
@@ -421,17 +415,17 @@ function M.install(tensor)
     local alpha = type(opts) == "table" and opts.alpha or (type(opts) == "number" and opts) or 1
     if alpha ~= 1 then src = core.t_binary(BIN.mul, src, alpha) end
     call(core.t_index_put_, t, d0, as_long(idx, "index_add_"), index_source(t, d0, idx, src, "index_add_"), true, BASE)
-    return bump(t)
+    return t
   end
   methods.index_copy_ = function(t, d, idx, src)
     local d0 = dim0(t, d, "index_copy_")
     call(core.t_index_put_, t, d0, as_long(idx, "index_copy_"), index_source(t, d0, idx, src, "index_copy_"), false, BASE)
-    return bump(t)
+    return t
   end
   methods.index_fill_ = function(t, d, idx, v)
     local d0 = dim0(t, d, "index_fill_")
     call(core.t_index_put_, t, d0, as_long(idx, "index_fill_"), index_source(t, d0, idx, scalar(v, "index_fill_", "the value"), "index_fill_"), false, BASE)
-    return bump(t)
+    return t
   end
 
   local function as_mask(m, what)
@@ -455,11 +449,11 @@ function M.install(tensor)
   end)
   methods.masked_fill_ = function(t, mask, v)
     call(core.t_masked_fill_, t, as_mask(mask, "masked_fill_"), scalar(v, "masked_fill_", "the value"))
-    return bump(t)
+    return t
   end
   methods.masked_scatter_ = function(t, mask, src)
     call(core.t_masked_scatter_, t, as_mask(mask, "masked_scatter_"), expect_tensor(src, "masked_scatter_", "the source"))
-    return bump(t)
+    return t
   end
 
   def("masked_select", function(t, mask)
@@ -628,7 +622,6 @@ function M.install(tensor)
         else
           call(core.t_masked_fill_, target, idx, scalar(v, "index assignment", "the value"))
         end
-        bump(t)
         return
       end
       if core.t_ndim(idx) ~= 1 then
@@ -639,7 +632,6 @@ function M.install(tensor)
       idx = core.t_view(core.t_contiguous(idx), {-1}, true)
     end
     call(core.t_index_put_, target, d0, idx, index_source(target, d0, idx, v, "index assignment"), false, BASE)
-    bump(t)
   end
 
   -- reductions -------------------------------------------------------------------------------
