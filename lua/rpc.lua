@@ -530,7 +530,7 @@ local function until_idle(a, deadline, started)
       for name, n in pairs(to) do parts[#parts + 1] = ("%d to %s"):format(n, name) end
       table.sort(parts)
       log.info("shutdown: waiting for this worker's calls (%s) and the %d it serves (%d s)",
-        #parts > 0 and table.concat(parts, ", ") or "none", a.running + #a.backlog, sched.now() - started)
+        #parts > 0 and table.concat(parts, ", ") or "none", a.running + a.nqueued, sched.now() - started)
     end
     sched.sleep(0.005)
   end
@@ -538,11 +538,14 @@ local function until_idle(a, deadline, started)
 end
 
 -- Graceful shutdown, PyTorch's join: in rounds, each worker waits until it is
--- idle, then publishes how many calls it made to and took from the other ranks;
--- when, in a round, every worker was idle and the calls made equal the calls
--- taken, no call is in flight anywhere and none can start: all may close. A
--- round where they differ (work a handler started after its worker reported)
--- is followed by another. No time limit unless one is given.
+-- idle, then publishes how many calls it has made to and taken from the other
+-- ranks so far. A worker is idle only when none of its calls is in flight, so
+-- new work can start after a worker reported only from a worker that had not
+-- reported yet, and it moves that worker's counts. When a round's counts are
+-- those of the round before for every worker, nothing happened in between: all
+-- may close. (Counts are compared per worker with its own earlier report, not
+-- summed: a rank that restarted, or calls lost with a dead incarnation, would
+-- never balance.) No time limit unless one is given.
 local function graceful_join(a, timeout)
   local start = sched.now()
   local deadline = timeout and start + timeout or nil
@@ -553,7 +556,7 @@ local function graceful_join(a, timeout)
   local function gave_up(what)
     error(errors.new("timeout", ("shutdown gave up after %g s waiting for %s"):format(timeout, what)), 0)
   end
-  local round = 0
+  local round, prev = 0, nil
   while true do
     round = round + 1
     repeat
@@ -582,12 +585,13 @@ local function graceful_join(a, timeout)
         end
       end
     end)
-    local sent, taken = 0, 0
-    for _, raw in ipairs(a.store:multi_get(keys)) do
-      local o, i = tostring(raw):match("^(%d+),(%d+)$")
-      sent, taken = sent + (tonumber(o) or 0), taken + (tonumber(i) or 0)
+    local now = a.store:multi_get(keys)
+    local same = prev ~= nil
+    for i = 1, #keys do
+      if not prev or prev[i] ~= now[i] then same = false end
     end
-    if sent == taken then break end
+    if same then break end
+    prev = now
   end
   a.store:set(P .. "shutdown/" .. a.rank, "1")
 end

@@ -41,7 +41,7 @@ describe("restarting a rank", function()
     ]])
     local function start(rk, life)
       return S.start({path}, {env = {RANK = rk, WORLD_SIZE = 3, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
-                                     RPCHOST_STORE_LINGER = 0, LIFE = life}})
+                                     LIFE = life}})
     end
     local h0, h1, first = start(0), start(1), start(2, "first")
     local r2a = first:wait(30)

@@ -11,7 +11,7 @@ local function by_hand(n, body, extra_env)
   local path = S.write(S.prelude .. body)
   local hs = {}
   for rk = 0, n - 1 do
-    local env = {RANK = rk, WORLD_SIZE = n, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RPCHOST_STORE_LINGER = 0}
+    local env = {RANK = rk, WORLD_SIZE = n, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
     for k, v in pairs(extra_env or {}) do env[k] = v end
     hs[rk] = S.start({path}, {env = env})
   end

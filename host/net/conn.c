@@ -396,6 +396,14 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
   return 0;
 }
 
+/* The connection has output for the next flush (before the loop polls). */
+static void mark_dirty(rh_conn_t *c) {
+  if (c->dirty) return;
+  c->dirty = 1;
+  c->next_dirty = c->net->dirty;
+  c->net->dirty = c;
+}
+
 static int arena_put(rh_conn_t *c, const void *src, size_t len) {
   if (grow((void **)&c->arena, &c->acap, c->alen + len, 1)) return RH_ENOMEM;
   if (grow((void **)&c->pieces, &c->cpieces, c->npieces + 1, sizeof(rh_piece_t))) return RH_ENOMEM;
@@ -500,11 +508,7 @@ static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, co
     conn_end(c, rc, 0);
     return rc;
   }
-  if (!c->dirty) {
-    c->dirty = 1;
-    c->next_dirty = c->net->dirty;
-    c->net->dirty = c;
-  }
+  mark_dirty(c);
   return 0;
 }
 
@@ -515,11 +519,7 @@ int rh_conn_send_raw(rh_conn_t *c, const void *data, size_t len) {
     conn_end(c, rc, 0);
     return rc;
   }
-  if (!c->dirty) {
-    c->dirty = 1;
-    c->next_dirty = c->net->dirty;
-    c->net->dirty = c;
-  }
+  mark_dirty(c);
   return 0;
 }
 
@@ -710,11 +710,7 @@ void rh_conn_close(rh_conn_t *c, int graceful) {
     c->shutting = 1;
     if (c->reader.gated) uv_read_stop(&c->h.stream);
     report_close(c, 0, 0);
-    if (!c->dirty) {
-      c->dirty = 1;
-      c->next_dirty = c->net->dirty;
-      c->net->dirty = c;
-    }
+    mark_dirty(c);
     return;
   }
   unlink_dirty(c);

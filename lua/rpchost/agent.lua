@@ -184,7 +184,7 @@ end
 -- shutdown ---------------------------------------------------------------------------------
 -- Whether this worker has no call of its own out and serves none.
 function Agent:idle()
-  return next(self.pending) == nil and self.running == 0 and #self.backlog == 0
+  return next(self.pending) == nil and self.running == 0 and self.nqueued == 0
 end
 
 function Agent:outstanding()

@@ -2,15 +2,24 @@
 -- nils in argument lists), added to LuaJIT's 5.1 standard library.
 table.pack = table.pack or function(...) return {n = select("#", ...), ...} end
 table.unpack = table.unpack or unpack
--- os.exit first lets queued frames leave (bounded: 2 s), then closes the Lua state
--- (as os.exit(code, true) does) so tensors and other userdata are finalised even
--- when a script exits early.
+-- os.exit first lets a store this process hosts serve its other clients until
+-- they leave (bounded: RPCHOST_STORE_LINGER, 30 s) and queued frames leave
+-- (bounded: 2 s), then closes the Lua state (as os.exit(code, true) does) so
+-- tensors and other userdata are finalised even when a script exits early.
 local raw_exit = os.exit
 os.exit = function(code)
   local ok, core = pcall(require, "rpchost.core")
   local tok, trace = pcall(require, "rpchost.trace")
   if tok then trace.flush() end
   if ok then
+    local sok, store = pcall(require, "rpchost.store")
+    if sok then
+      pcall(store.exit_linger, tonumber(os.getenv("RPCHOST_STORE_LINGER")) or 30, function()
+        core.flush()
+        core.run("nowait")
+        core.sleep_ms(1)
+      end)
+    end
     core.flush()
     local deadline = core.now() + 2
     while core.net_busy() > 0 and core.now() < deadline do

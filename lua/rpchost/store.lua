@@ -493,6 +493,29 @@ end
 local shared = {}
 
 -- Returns a client for host:port, starting the server here first when `host_it`.
+-- For os.exit (which cannot wait as a task): a store this process hosts keeps
+-- serving until its other clients have left or `secs` have passed, so a rank
+-- that exits at once does not take the store from ranks still using it.
+-- pump() turns the loop once without waiting.
+function M.exit_linger(secs, pump)
+  local servers = {}
+  for k, x in pairs(shared) do
+    if x.server then
+      x.client:close()
+      shared[k] = nil
+      servers[#servers + 1] = x.server
+    end
+  end
+  if #servers == 0 then return end
+  local deadline = core.now() + secs
+  local function busy()
+    for _, s in ipairs(servers) do if s.nclients > 0 then return true end end
+    return false
+  end
+  while busy() and core.now() < deadline do pump() end
+  for _, s in ipairs(servers) do s:close() end
+end
+
 function M.acquire(host, port, host_it, timeout)
   local key = ("%s:%d"):format(host, port)
   local s = shared[key]
