@@ -210,7 +210,9 @@ end
 -- Whether a rank starting in generation gen + 1 should instead take its old
 -- place in the world of generation gen: that world is running (another of its
 -- ranks has not shut down and answers), and this rank's previous incarnation
--- died there (it never shut down and no longer answers). nil or a reason.
+-- died there (it registered, never shut down, and no longer answers). One that
+-- has not registered may be a second process with the same RANK starting at
+-- the same time: the duplicate check decides that. The prefix, or nil.
 local function world_to_rejoin(client, rank, gen, world_size)
   if gen < 1 then return nil end
   local prev = ("rpc/%d/"):format(gen)

@@ -28,7 +28,7 @@ describe("chaos", function()
       local issued, ok_n, failed, wrong, late, kinds = 0, 0, 0, 0, 0, {}
       local outstanding = 0
       while sched.now() < stop_at do
-        while outstanding < 200 and sched.now() < stop_at do
+        while outstanding < 100 and sched.now() < stop_at do
           issued = issued + 1
           local n = issued
           local to = "w" .. math.random(1, 3)
