@@ -300,7 +300,18 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     client:wait_verbose(keys, timeout, abort, function(miss)
       local ranks = {}
       for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
-      return ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+      local what = ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+      -- ranks that wait here for others still running the previous world: say
+      -- so, rather than that rank 0 has not joined while rank 0 is alive
+      local prev, still = ("rpc/%d/"):format(gen - 1), {}
+      for _, r in ipairs(gen > 1 and ranks or {}) do
+        if client:get(prev .. "worker/" .. r) and not client:get(prev .. "shutdown/" .. r) then still[#still + 1] = r end
+      end
+      if #still == 0 then return what end
+      return ("%s; rank%s %s still run%s the previous world (%s), which this rank was not let into: " ..
+        "a restarted rank rejoins it only once its earlier process is gone, so end that process if it " ..
+        "still runs (stopped or hung), or restart every rank together"):format(what, #still > 1 and "s" or "",
+        table.concat(still, ", "), #still > 1 and "" or "s", prev)
     end, check_duplicate) -- (the other may register after we first looked)
     local infos = client:multi_get(keys)
     local by_name = {}
