@@ -591,8 +591,17 @@ function rpc.enable_tracing(path)
   require("rpchost.trace").enable(path)
 end
 
--- stats(): per-peer call counters and latency histograms, and bytes moved
-function rpc.stats() return require("rpchost.trace").stats() end
+-- stats(): per-peer call counters and latency histograms, and bytes moved; and
+-- this worker's request queue (waiting now, dropped unrun, refused when full)
+function rpc.stats()
+  local s = require("rpchost.trace").stats()
+  if current then
+    local st = current.stats
+    s.queue = {waiting = current.nqueued, limit = current.max_queued, dropped = st.requests_dropped or 0,
+               refused = st.requests_refused or 0}
+  end
+  return s
+end
 
 -- introspection used by tests and tools
 function rpc._agent() return current end
