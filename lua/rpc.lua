@@ -210,7 +210,9 @@ end
 -- Whether a rank starting in generation gen + 1 should instead take its old
 -- place in the world of generation gen: that world is running (another of its
 -- ranks has not shut down and answers), and this rank's previous incarnation
--- died there (it never shut down and no longer answers). nil or a reason.
+-- died there (it registered, never shut down, and no longer answers). One that
+-- has not registered may be a second process with the same RANK starting at
+-- the same time: the duplicate check decides that. The prefix, or nil.
 local function world_to_rejoin(client, rank, gen, world_size)
   if gen < 1 then return nil end
   local prev = ("rpc/%d/"):format(gen)
@@ -298,7 +300,18 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     client:wait_verbose(keys, timeout, abort, function(miss)
       local ranks = {}
       for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
-      return ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+      local what = ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+      -- ranks that wait here for others still running the previous world: say
+      -- so, rather than that rank 0 has not joined while rank 0 is alive
+      local prev, still = ("rpc/%d/"):format(gen - 1), {}
+      for _, r in ipairs(gen > 1 and ranks or {}) do
+        if client:get(prev .. "worker/" .. r) and not client:get(prev .. "shutdown/" .. r) then still[#still + 1] = r end
+      end
+      if #still == 0 then return what end
+      return ("%s; rank%s %s still run%s the previous world (%s), which this rank was not let into: " ..
+        "a restarted rank rejoins it only once its earlier process is gone, so end that process if it " ..
+        "still runs (stopped or hung), or restart every rank together"):format(what, #still > 1 and "s" or "",
+        table.concat(still, ", "), #still > 1 and "" or "s", prev)
     end, check_duplicate) -- (the other may register after we first looked)
     local infos = client:multi_get(keys)
     local by_name = {}
@@ -658,11 +671,17 @@ function rpc.enable_tracing(path)
   require("rpchost.trace").enable(path)
 end
 
--- stats(): per-peer call counters and latency histograms, bytes moved, and the
--- replies dropped because no call of ours from their sender awaited them
+-- stats(): per-peer call counters and latency histograms, bytes moved; the
+-- replies dropped because no call of ours from their sender awaited them; and
+-- this worker's request queue (waiting now, dropped unrun, refused when full)
 function rpc.stats()
   local s = require("rpchost.trace").stats()
   s.stray_replies = current and current.stats.stray_replies or 0
+  if current then
+    local st = current.stats
+    s.queue = {waiting = current.nqueued, limit = current.max_queued, dropped = st.requests_dropped or 0,
+               refused = st.requests_refused or 0}
+  end
   return s
 end
 

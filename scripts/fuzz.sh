@@ -17,7 +17,9 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){return 0;}' 
 fi
 "$CC" $flags host/fuzz/fuzz_frame.c host/net/frame.c host/errors.c $(pkg-config --cflags --libs libuv) -o "$out/fuzz_frame"
 "$CC" $flags host/fuzz/fuzz_msgpack.c host/codec/mpcheck.c $(pkg-config --cflags --libs msgpack) -o "$out/fuzz_msgpack"
-for t in frame msgpack; do
+"$CC" $flags host/fuzz/fuzz_shape.c $(ls host/tensor/*.c | grep -v '/test_') \
+  $(pkg-config --cflags --libs openblas libuv) -lm -ldl -lpthread -o "$out/fuzz_shape"
+for t in frame msgpack shape; do
   mkdir -p "$out/corpus_$t"
   echo "fuzz: $t for ${secs}s"
   "$out/fuzz_$t" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=1024 -print_final_stats=1 \

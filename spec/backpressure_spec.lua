@@ -78,11 +78,14 @@ describe("backpressure", function()
         check("a new call is not behind stale ones", v == "quick" and waited < 2, waited)
         check("only the running one ran", rpc.rpc_sync("w1", count) == 1, rpc.rpc_sync("w1", count))
         check("the others were dropped", rpc.rpc_sync("w1", dropped) == 49, rpc.rpc_sync("w1", dropped))
+        local q = rpc.rpc_sync("w1", function() return rpc.stats().queue end)
+        check("rpc.stats shows the queue", q.dropped == 49 and q.waiting == 0 and q.limit == 10000 and q.refused == 0,
+          require("rpchost.codec").encode("q", q))
       end
       rpc.shutdown()
     ]], {timeout = 60})
     S.assert_oks(r, lines, {"all timed out", "a new call is not behind stale ones", "only the running one ran",
-      "the others were dropped"})
+      "the others were dropped", "rpc.stats shows the queue"})
   end)
 
   it("a queued request is dropped by its deadline alone, when no cancel arrives", function()

@@ -77,4 +77,54 @@ describe("dynamic members", function()
     assert.truthy(e.message:find("the store at 127.0.0.1:1 is gone", 1, true), e.message)
     assert.are.equal(a.peers[0], a:peer_of("w0")) -- (a known member needs no store)
   end)
+
+  it("after the store host dies, a dynamic member still reaches the members it knows; others are unreachable", function()
+    local port = S.free_port()
+    local static = S.write(S.prelude .. [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      print("up"); io.stdout:flush()
+      require("rpchost.sched").sleep(60)
+    ]])
+    local hs = {}
+    for rk = 0, 1 do
+      hs[rk] = S.start({static}, {env = {MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RANK = rk, WORLD_SIZE = 2,
+                                         RPCHOST_STORE_LINGER = 0}})
+    end
+    local member = S.write([[
+      local rpc, sched = require "rpc", require "rpchost.sched"
+      local function check(name, cond, why) print((cond and "ok " or "FAIL ") .. name .. (cond and "" or (": " .. tostring(why)))) end
+      rpc._join_dynamic("tool", {}, "127.0.0.1", tonumber(os.getenv("MASTER_PORT")), 20)
+      check("reaches w0 and w1", rpc.rpc_sync("w0", math.max, {1, 2}) == 2 and rpc.rpc_sync("w1", math.max, {3, 4}) == 4)
+      print("joined"); io.stdout:flush()
+      -- (the spec kills w0, the store host, now)
+      local t0 = sched.now()
+      while not io.open(os.getenv("KILLED")) and sched.now() - t0 < 20 do sched.sleep(0.05) end
+      check("still reaches w1", rpc.rpc_sync("w1", math.max, {5, 6}, nil, 5) == 6)
+      local ok, e = pcall(rpc.rpc_sync, "w0", math.max, {1, 2}, nil, 5)
+      check("w0 is unreachable", not ok and e.kind == "unreachable", e)
+      ok, e = pcall(rpc.rpc_sync, "someone", math.max, {1, 2}, nil, 5)
+      check("an unknown name is unreachable, not config", not ok and e.kind == "unreachable", e)
+      check("still reaches w1 after", rpc.rpc_sync("w1", math.max, {7, 8}, nil, 5) == 8)
+      rpc.shutdown(false)
+    ]])
+    local killed = S.tmpdir .. "/store_host_killed"
+    os.remove(killed)
+    local t0 = S.now()
+    while not (table.concat(hs[0].out):find("up") and table.concat(hs[1].out):find("up")) and S.now() - t0 < 20 do
+      S.sleep(0.05)
+    end
+    local m = S.start({member}, {env = {MASTER_PORT = port, KILLED = killed}})
+    t0 = S.now()
+    while not table.concat(m.out):find("joined", 1, true) and S.now() - t0 < 20 do S.sleep(0.05) end
+    hs[0]:kill(core.SIGKILL)
+    hs[0]:wait(5)
+    io.open(killed, "w"):close()
+    local r = m:wait(40)
+    hs[1]:kill(core.SIGKILL)
+    hs[1]:wait(5)
+    for _, name in ipairs({"reaches w0 and w1", "still reaches w1", "w0 is unreachable",
+                           "an unknown name is unreachable, not config", "still reaches w1 after"}) do
+      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
+    end
+  end)
 end)

@@ -104,4 +104,28 @@ describe("restarting a rank", function()
     assert.truthy(r.err:find("rank 1 error: .-always fails %(life 1%)"), r.err)
     assert.truthy(r.err:find("stopped the other ranks (0)", 1, true), r.err)
   end)
+
+  it("a rank that cannot take its old place says that the others still run the previous world", function()
+    local store = require "rpchost.store"
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      local ok, e = raises(rpc.init_rpc, "w" .. rank, {rank = rank, world_size = world_size})
+      print("error " .. tostring(e and e.message))
+    ]])
+    local env = {WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RPCHOST_INIT_TIMEOUT = 30,
+                 RPCHOST_STORE_LINGER = 0, RANK = 0}
+    local h0 = S.start({path}, {env = env})
+    -- (as if an earlier rank 1 began to join and died before it registered)
+    local client = store.connect("127.0.0.1", port, 10)
+    client:add("rpc/gen/1", 1)
+    local deadline = sched.now() + 10
+    while not client:get("rpc/1/worker/0") and sched.now() < deadline do sched.sleep(0.05) end
+    client:close()
+    env.RANK, env.RPCHOST_INIT_TIMEOUT = 1, 3
+    local r1 = S.start({path}, {env = env}):wait(30)
+    require("rpchost.core").kill(h0.pid, 9)
+    h0:wait(10)
+    assert.truthy(r1.out:find("rank 0 to join; rank 0 still runs the previous world (rpc/1/)", 1, true), r1.out .. r1.err)
+    assert.truthy(r1.out:find("end that process if it still runs", 1, true), r1.out)
+  end)
 end)
