@@ -261,6 +261,9 @@ void rh_tensor_release(rh_tensor_t *t) {
 }
 
 int rh_tensor_is_contiguous(const rh_tensor_t *t) {
+  /* no elements: nothing is out of place, whatever the strides (as in PyTorch) */
+  for (int i = 0; i < t->ndim; i++)
+    if (t->size[i] == 0) return 1;
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->size[i] != 1 && t->stride[i] != s) return 0;

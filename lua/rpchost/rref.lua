@@ -403,13 +403,21 @@ function M.remote(to, fn, args, kwargs, timeout)
   if bad then error(errors.new("config", bad), 0) end
   local id = new_id()
   if p.rank == agent.rank then
-    M.create(id, nil, fn, args or {}, kwargs)
+    M.create(id, nil, codec.named_value(fn), args or {}, kwargs)
     return owner_handle(id)
   end
   local fork = new_id()
-  local r = user_handle(id, p.rank, fork, false)
   -- (answered when the value is made: the timeout covers running fn)
-  r.creation = agent:call(p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
+  local ok, c = pcall(agent.call, agent, p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
+  if not ok then
+    -- (name the parts as the caller gave them, not as the creating message holds them)
+    if errors.is(c) and type(c.message) == "string" then
+      c.message = c.message:gsub(": args%[3%]", ": func", 1):gsub(": args%[4%]", ": args", 1):gsub(": args%[5%]", ": kwargs", 1)
+    end
+    error(c, 0)
+  end
+  local r = user_handle(id, p.rank, fork, false)
+  r.creation = c
   r.creation:add_done_callback(function(f)
     if f.state == "done" then r.confirmed = true end
   end)
@@ -450,7 +458,7 @@ function RRef:to_here(timeout)
     end
   end
   check_creation(self)
-  return agent:call(self.owner_rank, M.fetch, {self.id, bound(timeout)}, nil, timeout):wait()
+  return agent:call(self.owner_rank, M.fetch, {self.id}, nil, timeout):wait()
 end
 
 function RRef:local_value()
@@ -522,6 +530,18 @@ function RRef:backward(ctx_id, retain_graph)
   if self.owned then return M.backward_here(self, ctx_id, retain_graph) end
   check_creation(self)
   return agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
+end
+
+-- Waits until the RRef's value exists on its owner (raises its creation's error).
+function M.wait_created(r, timeout)
+  running("wait_created")
+  if r.owned then
+    entry(r.id).value:wait(timeout)
+    return true
+  end
+  if r.creation then pcall(r.creation.wait, r.creation, timeout) end
+  check_creation(r)
+  return true
 end
 
 function RRef:rpc_sync(timeout) return proxy(self, "rpc_sync", timeout) end
