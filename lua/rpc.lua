@@ -518,6 +518,7 @@ end
 local function until_idle(a, deadline, started)
   local every = store.progress_every()
   local next_note = sched.now() + every
+  local nap = 0.002 -- (looked at again soon, then less often: a busy server may be busy for hours)
   while not a:idle() do
     if deadline and sched.now() >= deadline then return false end
     if sched.now() >= next_note then
@@ -530,7 +531,8 @@ local function until_idle(a, deadline, started)
       log.info("shutdown: waiting for this worker's calls (%s) and the %d it serves (%d s)",
         #parts > 0 and table.concat(parts, ", ") or "none", a.running + #a.backlog, sched.now() - started)
     end
-    sched.sleep(0.005)
+    sched.sleep(nap)
+    nap = math.min(nap * 2, 0.05)
   end
   return true
 end

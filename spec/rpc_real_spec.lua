@@ -67,7 +67,23 @@ describe("RRefs used before their owner created them", function()
         -- a deleted id says it was deleted; a failed creation says what failed
         local b = rpc.remote("w1", boom)
         local ok, e = pcall(rpc.rpc_sync, "w2", function(q) return q:to_here() end, {b})
-        check("failed creation named", not ok and tostring(e):find("no such thing", 1, true), e)
+        check("failed creation named", not ok and tostring(e):find("no such thing", 1, true)
+          and tostring(e):find("the creation of RRef " .. b.id .. " failed", 1, true), e)
+        -- a deleted id says it was deleted
+        local d = rpc.remote("w1", make, {1})
+        d:to_here()
+        local did = d.id
+        d = nil
+        local gone
+        for _ = 1, 50 do
+          collectgarbage() collectgarbage()
+          sched.sleep(0.05)
+          local okd, ed = pcall(rpc.rpc_sync, "w1", function(i)
+            return require("rpchost.rref").fetch(i, 1):wait()
+          end, {did})
+          if not okd then gone = ed break end
+        end
+        check("deleted id named", tostring(gone):find("was deleted", 1, true), gone)
         local ok2, e2 = pcall(rpc.rpc_sync, "w1", function()
           return require("rpchost.rref").fetch("0:999999", 0.3):wait()
         end)
@@ -75,7 +91,7 @@ describe("RRefs used before their owner created them", function()
       end
       rpc.shutdown()
     ]], {"300 RRefs used by third workers before creation", "confirmed when they arrive as arguments",
-         "failed creation named", "creation that never comes is bounded"}, {timeout = 120})
+         "failed creation named", "deleted id named", "creation that never comes is bounded"}, {timeout = 120})
   end)
 end)
 

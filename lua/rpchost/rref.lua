@@ -125,20 +125,25 @@ local function when_created(e, id, wait)
   return out
 end
 
+-- The error of a failed creation, saying so (whoever uses the RRef sees it).
+local function creation_failed(id, err)
+  local ok, re = pcall(agent.remote_error, agent, err)
+  if not ok then re = errors.new("remote", tostring(err), {worker = agent.name, rank = agent.rank}) end
+  re.message = ("the creation of RRef %s failed: %s"):format(id, tostring(re.message))
+  return re
+end
+
 -- Sets the entry's value from fn's results (a Future's, for an async_execution fn).
-local function settle_value(e, fn, r)
-  if not r[1] then
-    local ok, err = pcall(agent.remote_error, agent, r[2])
-    return e.value:set_error(ok and err or errors.new("remote", tostring(r[2])))
-  end
+local function settle_value(e, id, fn, r)
+  if not r[1] then return e.value:set_error(creation_failed(id, r[2])) end
   if not agentmod.async_functions[fn] then return e.value:set_packed(pack(unpack(r, 2, r.n))) end
   local fut = r[2]
   if not Future.is(fut) then
-    return e.value:set_error(agent:remote_error(("an async_execution function must return a Future, got %s"):format(
+    return e.value:set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
       type(fut))))
   end
   fut:add_done_callback(function(f)
-    if f.state == "error" then e.value:set_error(agent:remote_error(f.err)) else e.value:set_packed(f.values) end
+    if f.state == "error" then e.value:set_error(creation_failed(id, f.err)) else e.value:set_packed(f.values) end
   end)
 end
 
@@ -160,7 +165,7 @@ function M.create(id, fork, fn, args, kwargs)
     if bad then return e.value:set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
-    settle_value(e, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
+    settle_value(e, id, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
   end, {name = "remote " .. id})
   local out = Future.new("creation of RRef " .. id)
   e.value:add_done_callback(function(f)
