@@ -235,10 +235,14 @@ local function encode_hook(v)
         for k, x in pairs(v) do fields[k] = x end
         return TAG.OBJECT, fields, unpack(p)
       end
-      -- a class (nn.Linear, a user's ParameterServer) or another object
-      -- reachable by name itself: the callee's own, by that name
-      p = M.name_of(v)
-      if p then return TAG.NAMED, unpack(p) end
+      -- a class (nn.Linear, a user's ParameterServer: a table reachable by
+      -- name that is no instance) is the callee's own, by that name; an
+      -- instance of an unnamed class is refused below, never swapped for the
+      -- callee's object of the same name
+      if not is_object(v) then
+        p = M.name_of(v)
+        if p then return TAG.NAMED, unpack(p) end
+      end
       error(("a table with a metatable cannot be sent: neither it nor its metatable (its class) is " ..
         "reachable by name (looked in the globals and the loaded modules, %d levels deep); make the " ..
         "class a global or a module field, or send a plain table"):format(SCAN_DEPTH), 0)
