@@ -45,8 +45,31 @@ describe("RRefs used before their owner created them", function()
         local w = rpc.rpc_sync("w3", function(q) return q:confirmed_by_owner() and q:to_here():sum() end, {r})
         return confirmed, v:sum():item() == 2 * i, s, w
       end
+      -- w0 makes an RRef on w1 and returns it to the caller: a reply carries no
+      -- confirmation, so the caller's first use often reaches w1 before the
+      -- creating call does (a large payload ahead of it on the w0-w1 connection)
+      BIG = tensor.zeros(1048576)
+      function give(i)
+        if i % 3 == 0 then rpc.rpc_async("w1", tensor.sum, {BIG}) end
+        return rpc.remote("w1", make, {i})
+      end
+      function reply_path(n)
+        local bad = 0
+        for i = 1, n do
+          local r = rpc.rpc_sync("w0", give, {i})
+          local ok, v = pcall(r.to_here, r)
+          if not ok or v:sum():item() ~= 2 * i then bad = bad + 1 if bad < 4 then print("bad fetch", i, v) end end
+          local ok2, s = pcall(function() return r:rpc_sync():sum():item() end)
+          if not ok2 or s ~= 2 * i then bad = bad + 1 if bad < 4 then print("bad proxy", i, s) end end
+          local ok3, w = pcall(rpc.rpc_sync, "w3", function(q) return q:to_here():sum():item() end, {r})
+          if not ok3 or w ~= 2 * i then bad = bad + 1 if bad < 4 then print("bad fork", i, w) end end
+        end
+        return bad
+      end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
+        local early = rpc.rpc_sync("w2", reply_path, {300}, nil, 0)
+        check("300 RRefs used before their creating call arrived", early == 0, early)
         local big = tensor.zeros(1048576)
         local bad, unconfirmed = 0, 0
         for i = 1, 300 do
@@ -90,7 +113,7 @@ describe("RRefs used before their owner created them", function()
         check("creation that never comes is bounded", not ok2 and tostring(e2):find("has no value on its owner", 1, true), e2)
       end
       rpc.shutdown()
-    ]], {"300 RRefs used by third workers before creation", "confirmed when they arrive as arguments",
+    ]], {"300 RRefs used before their creating call arrived", "300 RRefs used by third workers before creation", "confirmed when they arrive as arguments",
          "failed creation named", "deleted id named", "creation that never comes is bounded"}, {timeout = 120})
   end)
 end)
