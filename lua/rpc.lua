@@ -124,7 +124,7 @@ end
 local function check_int(v, what, min)
   if v ~= nil and (type(v) ~= "number" or v ~= math.floor(v) or v < min) then
     error(errors.new("config", ("init_rpc: %s must be an integer >= %d, got %s"):format(what, min,
-      tostring(v))), 0)
+      show(v))), 0)
   end
 end
 
