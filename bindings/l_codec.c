@@ -79,8 +79,10 @@ static void push_path(enc_t *e) {
         luaL_addstring(&b, "\"]");
       }
     } else if (p->is_key == 2) {
-      snprintf(tmp, sizeof tmp, "<%.14g>", p->idx);
-      luaL_addstring(&b, tmp);
+      /* a part of a value a codec hook encoded (an object's fields, say): its
+       * place in the hook's list means nothing to the user, the value's path
+       * already reads right (args[2].layer.weight) */
+      continue;
     } else {
       snprintf(tmp, sizeof tmp, "[%.14g]", p->idx);
       luaL_addstring(&b, tmp);

@@ -29,6 +29,36 @@ rpc.BackendType = setmetatable({TENSORPIPE = "TENSORPIPE", PROCESS_GROUP = "PROC
   __index = function(_, k) error(("rpc.BackendType has no member '%s' (TENSORPIPE, PROCESS_GROUP)"):format(tostring(k)), 2) end,
 })
 
+-- What each option must be: a check that returns nil when the value fits, else
+-- what was expected (the error names the field, that, and what came).
+local function integer_at_least(min)
+  return function(v)
+    if type(v) ~= "number" or v ~= math.floor(v) or v < min then return ("an integer >= %d"):format(min) end
+  end
+end
+local function seconds(v)
+  if type(v) ~= "number" or v ~= v or (v < 0 and v ~= -1) then return "a number of seconds (0: no timeout)" end
+end
+local function of_type(t, what)
+  return function(v) if type(v) ~= t then return what end end
+end
+local OPTION_CHECKS = {
+  num_worker_threads = integer_at_least(1), num_send_recv_threads = integer_at_least(1),
+  rpc_timeout = seconds, init_timeout = function(v)
+    if type(v) ~= "number" or v ~= v or v <= 0 then return "a number of seconds > 0" end
+  end,
+  init_method = of_type("string", 'a string ("env://" or "tcp://host:port")'),
+  security_token = of_type("string", "a string"),
+  -- (device_maps, devices, _transports and _channels: checked by their own
+  -- modules, which know their shapes, before anything joins)
+}
+
+local function show(v)
+  if type(v) == "string" then return ('string "%s"'):format(v) end
+  if type(v) == "number" or type(v) == "boolean" then return ("%s %s"):format(type(v), tostring(v)) end
+  return type(v)
+end
+
 local function options_class(name, backend, fields)
   local cls = {}
   cls.__index = cls
@@ -45,10 +75,20 @@ local function options_class(name, backend, fields)
   for _, f in ipairs(fields) do known[f] = true end
   return setmetatable(cls, {__call = function(_, o)
     o = o or {}
+    if type(o) ~= "table" or getmetatable(o) ~= nil then
+      error(errors.new("config", ("%s{...} takes a table of options (%s), got %s"):format(name,
+        table.concat(fields, ", "), show(o))), 2)
+    end
     for k in pairs(o) do
       if not known[k] then
         error(errors.new("config", ("%s has no option '%s' (options: %s)"):format(name, tostring(k),
           table.concat(fields, ", "))), 2)
+      end
+    end
+    for k, v in pairs(o) do
+      local want = OPTION_CHECKS[k] and OPTION_CHECKS[k](v)
+      if want then
+        error(errors.new("config", ("%s: %s must be %s, got %s"):format(name, k, want, show(v))), 2)
       end
     end
     local obj = {}
@@ -84,7 +124,7 @@ end
 local function check_int(v, what, min)
   if v ~= nil and (type(v) ~= "number" or v ~= math.floor(v) or v < min) then
     error(errors.new("config", ("init_rpc: %s must be an integer >= %d, got %s"):format(what, min,
-      tostring(v))), 0)
+      show(v))), 0)
   end
 end
 
@@ -106,6 +146,17 @@ function rpc.init_rpc(name, a, b, c, d)
   local o
   if type(a) == "table" and not is_options(a) then o = a
   else o = {backend = a, rank = b, world_size = c, rpc_backend_options = d} end
+  for k, v in pairs(o) do
+    if k == "rpc_backend_options" and not is_options(v) then
+      error(errors.new("config", ("init_rpc: rpc_backend_options must be made by rpc.TensorPipeRpcBackendOptions{...} " ..
+        "or rpc.ProcessGroupRpcBackendOptions{...}, got %s"):format(type(v) == "table" and
+        (getmetatable(v) and "a table of another kind" or "a plain table (wrap it: rpc.TensorPipeRpcBackendOptions{...})")
+        or show(v))), 0)
+    elseif k == "backend" and type(v) ~= "string" then
+      error(errors.new("config", ("init_rpc: backend must be rpc.BackendType.TENSORPIPE or PROCESS_GROUP, got %s"):format(
+        show(v))), 0)
+    end
+  end
   if current and current.state == "running" then
     error(errors.new("config", ("init_rpc: RPC is already initialised on this process (as %s); " ..
       "call rpc.shutdown() first"):format(current.name)), 0)
@@ -440,16 +491,22 @@ local function call_args(to, func, args, kwargs, timeout, ...)
   return to, func, args, kwargs, rpc._check_timeout(timeout)
 end
 
+-- A function given as a string ("mod.fn") names what has that name on the callee.
+local function callee_function(func)
+  if type(func) == "string" then return codec.by_name(func) end
+  return func
+end
+
 function rpc.rpc_async(...)
   local a = agent("rpc_async")
   local to, func, args, kwargs, timeout = call_args(...)
-  return a:call(to, func, args, kwargs, timeout)
+  return a:call(to, callee_function(func), args, kwargs, timeout)
 end
 
 function rpc.rpc_sync(...)
   local a = agent("rpc_sync")
   local to, func, args, kwargs, timeout = call_args(...)
-  return a:call(to, func, args, kwargs, timeout):wait()
+  return a:call(to, callee_function(func), args, kwargs, timeout):wait()
 end
 
 function rpc.wait_all(futs) return Future.wait_all(futs) end
@@ -478,7 +535,7 @@ end
 function rpc.remote(...)
   agent("remote")
   local to, func, args, kwargs, timeout = call_args(...)
-  return rref.remote(to, func, args, kwargs, timeout)
+  return rref.remote(to, callee_function(func), args, kwargs, timeout)
 end
 
 -- RRef(value): wrap a local value; this worker owns it
@@ -533,6 +590,7 @@ end
 local function until_idle(a, deadline, started)
   local every = store.progress_every()
   local next_note = sched.now() + every
+  local nap = 0.002 -- (looked at again soon, then less often: a busy server may be busy for hours)
   while not a:idle() do
     if deadline and sched.now() >= deadline then return false end
     if sched.now() >= next_note then
@@ -545,7 +603,8 @@ local function until_idle(a, deadline, started)
       log.info("shutdown: waiting for this worker's calls (%s) and the %d it serves (%d s)",
         #parts > 0 and table.concat(parts, ", ") or "none", a.running + a.nqueued, sched.now() - started)
     end
-    sched.sleep(0.005)
+    sched.sleep(nap)
+    nap = math.min(nap * 2, 0.05)
   end
   return true
 end

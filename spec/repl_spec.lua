@@ -86,3 +86,85 @@ describe("rpchost repl", function()
     assert.truthy(r.out:find("member left, workers: 2", 1, true), r.out .. r.err)
   end)
 end)
+
+describe("rpchost repl, as a user meets it", function()
+  it("is told when the world stops, hides its own frames, completes objects, tensors and RRefs", function()
+    if not have_tmux then pending("tmux is not installed") return end
+    local port = S.free_port()
+    local world = S.start({"run", "--nproc-per-node", "2", "--master-port", tostring(port), S.write(S.prelude .. [[
+      local sched = require "rpchost.sched"
+      local tensor = require "tensor"
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      -- keep running until the member says so (it sets the flag on w0)
+      if rank == 0 then
+        function stop_now() stopping = true return true end
+        local t0 = sched.now()
+        while not stopping and sched.now() - t0 < 60 do sched.sleep(0.1) end
+      end
+      rpc.shutdown()
+    ]])})
+    local session = "rhspec2" .. require("rpchost.core").getpid()
+    sh(("tmux kill-session -t %s"):format(session))
+    local errfile = S.tmpdir .. "/repl2_stderr.txt"
+    -- (stderr to the terminal too: the error text is part of what the user sees)
+    sh(("tmux new-session -d -s %s -x 200 -y 60 'HOME=%s exec %s repl --master-port %d --name me2'"):format(
+      session, S.tmpdir, S.bin, port))
+    local function screen() return sh(("tmux capture-pane -p -t %s -S -300"):format(session)) end
+    local function wait_for(text, secs)
+      local t0 = S.now()
+      while S.now() - t0 < (secs or 15) do
+        if screen():find(text, 1, true) then return true end
+        S.sleep(0.1)
+      end
+      return false
+    end
+    local function send(keys) sh(("tmux send-keys -t %s %s"):format(session, keys)) end
+    local function line(text) send(("'%s' Enter"):format(text:gsub("'", "'\\''"))) end
+    local function complete_shows(typed, want)
+      send(("'%s' Tab Tab"):format(typed))
+      local ok = wait_for(want, 5)
+      send("C-u")
+      return ok
+    end
+
+    local ok, err = pcall(function()
+      assert.is_true(wait_for("joined the world", 20), screen())
+      -- its own frames are hidden: the user's line is shown, the REPL's task is not
+      line('function oops() error("boom here") end')
+      line('oops()')
+      assert.is_true(wait_for("boom here"), screen())
+      S.sleep(0.3)
+      local sc = screen()
+      assert.is_nil(sc:find("repl.lua", 1, true), sc)
+      assert.is_nil(sc:find("sched.lua", 1, true), sc)
+      assert.truthy(sc:find("stack traceback:\n%s+stdin:1: in function"), sc)
+      -- completion: an instance's own fields and its class's methods, tensors, RRefs
+      line('Acc = {} Acc.__index = Acc function Acc:bump() self.total = self.total + 1 end')
+      line('acc = setmetatable({total = 0, label_field = 1}, Acc)')
+      assert.is_true(complete_shows("acc.label_", "acc.label_field"), screen())
+      assert.is_true(complete_shows("acc:bu", "acc:bump"), screen())
+      line('tt = tensor.ones(2)')
+      assert.is_true(complete_shows("tt:resh", "tt:reshape"), screen())
+      assert.is_true(complete_shows("tt.requires_g", "tt.requires_grad"), screen())
+      line('rr = rpc.remote("w1", tensor.ones, {2})')
+      assert.is_true(complete_shows("rr:to_h", "rr:to_here"), screen())
+      assert.is_true(complete_shows("rr:confirmed_", "rr:confirmed_by_owner"), screen())
+      -- the world stops: the REPL says so
+      line('=rpc.rpc_sync("w0", "stop_now")')
+      assert.is_true(wait_for("true"), screen())
+      assert.is_true(wait_for("the world this REPL joined has stopped", 30), screen())
+      -- and Ctrl-D still leaves at once
+      send("C-d")
+      local t0 = S.now()
+      while S.now() - t0 < 10 and os.execute(("tmux has-session -t %s 2>/dev/null"):format(session)) == 0 do
+        S.sleep(0.2)
+      end
+      assert.is_true(S.now() - t0 < 10, "the REPL did not leave after Ctrl-D: " .. screen())
+    end)
+    local r = world:wait(60)
+    local sc = screen()
+    sh(("tmux kill-session -t %s"):format(session))
+    assert.is_true(ok, tostring(err))
+    assert.are.equal(0, r.status, r.err)
+  end)
+end)

@@ -177,7 +177,14 @@ function C:call(to, fn, args, kwargs, timeout)
       self:on_request(function(flags, rbody, rsegs) self:on_response(id, flags, rbody, rsegs) end, id, body, segs)
     end, {name = "self call"})
   else
-    self:send(p, proto.REQUEST, 0, id, body, segs)
+    -- (a frame the transport refuses fails this call alone, at once)
+    local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs)
+    if not sent then
+      local call = self:take(id, true)
+      if call then self:recycle(call) end
+      error(errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name, error_text(why)),
+        {worker = p.name, rank = p.rank}), 0)
+    end
     -- The first request of a loop turn leaves now, not at the turn's end: its
     -- caller may compute for a long time before it waits. Those that follow in
     -- the same turn (a burst of rpc_async) are written together, BATCH at a time,

@@ -142,7 +142,17 @@ function C:peer_ready(p, conn)
   local q = p.queue
   p.queue = {}
   for _, m in ipairs(q) do
-    if not self:send_shm(p, conn, m[1], m[2], m[3], m[4], m[5]) then conn:send(m[1], m[2], m[3], m[4], unpack(m[5])) end
+    -- (a frame the transport refuses fails its own call, not the connection)
+    local ok, err = pcall(function()
+      if not self:send_shm(p, conn, m[1], m[2], m[3], m[4], m[5]) then conn:send(m[1], m[2], m[3], m[4], unpack(m[5])) end
+    end)
+    if not ok then
+      log.warn("a frame to %s could not be sent: %s", p.name, tostring(err))
+      if m[1] == proto.REQUEST then
+        self:complete_error(m[3], errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name,
+          tostring(err)), {worker = p.name, rank = p.rank}))
+      end
+    end
   end
 end
 

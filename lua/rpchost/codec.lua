@@ -3,9 +3,11 @@
 -- C codes plain values; this module decides what everything else becomes:
 --   * functions reachable from the globals or a loaded module travel by name
 --     (like PyTorch pickles by qualified name) and are looked up on the callee,
---     requiring the module there if needed;
+--     requiring the module there if needed; so do classes (callable tables
+--     reachable by name, such as nn.Linear) and names given as strings;
 --   * other Lua functions travel by value (bytecode and upvalues), and the callee
 --     accepts them only when `allow_bytecode` is set for the message's source;
+--     there they see the callee's globals and the rpchost modules;
 --   * objects whose metatable has a codec registered (WorkerInfo, error objects,
 --     later tensors and RRefs) use it; tables whose metatable is reachable by name
 --     (a class) travel as their fields plus that name;
@@ -34,8 +36,36 @@ M.bytecode_refusal = "a function sent by value (a closure) was refused: only a l
 -- names: value <-> where it is reachable -------------------------------------
 local names = setmetatable({}, {__mode = "k"})
 
+-- The value a dotted name ("mod.fn", "nn.Linear", "rpchost.rref.fetch") has
+-- here: a global path first, else the longest prefix that is a module (loaded,
+-- or required now), then its fields.
+local function resolve_dotted(name)
+  local parts = {}
+  for part in name:gmatch("[^.]+") do parts[#parts + 1] = part end
+  local function walk(v, from)
+    for i = from, #parts do
+      if type(v) ~= "table" then return nil end
+      v = rawget(v, parts[i])
+    end
+    return v
+  end
+  local v = walk(rawget(_G, parts[1]), 2)
+  if v ~= nil then return v end
+  for i = #parts, 1, -1 do
+    local mod = table.concat(parts, ".", 1, i)
+    local m = package.loaded[mod]
+    if m == nil then
+      local ok, r = pcall(require, mod)
+      m = ok and r or nil
+    end
+    if m ~= nil then return walk(m, i + 1) end
+  end
+  return nil
+end
+
 local function resolve(path)
   local v
+  if path[1] == "s" then return type(path[2]) == "string" and resolve_dotted(path[2]) or nil end
   if path[1] == "g" then
     v = rawget(_G, path[2])
   else
@@ -58,26 +88,55 @@ local function note(v, path)
   if (t == "function" or t == "table") and names[v] == nil then names[v] = path end
 end
 
+-- Names are found breadth first (the shortest name wins) through the globals
+-- and the loaded modules, into tables of tables to this depth (a class at
+-- models.resnet.Bottleneck), looking at this many entries at most.
+local SCAN_DEPTH, SCAN_BUDGET = 5, 50000
+M.SCAN_DEPTH = SCAN_DEPTH
+-- An object: an instance of a class (its metatable indexes itself) or a value
+-- with a codec of its own (an RRef, a tensor).
+local by_mt_ref
+local function is_object(v)
+  local mt = getmetatable(v)
+  return mt ~= nil and (rawget(mt, "__index") == mt or by_mt_ref[mt] ~= nil)
+end
+
 local function scan()
-  for k, v in pairs(_G) do
-    if type(k) == "string" then
-      note(v, {"g", k})
-      if type(v) == "table" and v ~= _G and k ~= "package" then
-        for k2, v2 in pairs(v) do
-          if type(k2) == "string" then note(v2, {"g", k, k2}) end
+  local queue, head, seen, budget = {}, 1, {[_G] = true, [package] = true, [package.loaded] = true}, SCAN_BUDGET
+  local function visit(t, path)
+    for k, v in pairs(t) do
+      budget = budget - 1
+      if budget <= 0 then return end
+      if type(k) == "string" then
+        local tv = type(v)
+        if tv == "function" or tv == "table" then
+          local p = {unpack(path)}
+          p[#p + 1] = k
+          note(v, p)
+          -- (into namespaces and classes, not into lists or objects: those hold
+          -- data, and a live object the scan touched could outlive its holder)
+          if tv == "table" and not seen[v] and #p < SCAN_DEPTH + 1 and rawget(v, 1) == nil and not is_object(v) then
+            seen[v] = true
+            queue[#queue + 1] = {v, p}
+          end
         end
       end
     end
   end
+  visit(_G, {"g"})
   for mod, m in pairs(package.loaded) do
     if type(mod) == "string" and m ~= _G then
       note(m, {"m", mod})
-      if type(m) == "table" then
-        for k2, v2 in pairs(m) do
-          if type(k2) == "string" then note(v2, {"m", mod, k2}) end
-        end
+      if type(m) == "table" and not seen[m] then
+        seen[m] = true
+        queue[#queue + 1] = {m, {"m", mod}}
       end
     end
+  end
+  while head <= #queue and budget > 0 do
+    local item = queue[head]
+    head = head + 1
+    visit(item[1], item[2])
   end
 end
 
@@ -93,6 +152,7 @@ function M.name_of(v)
 end
 
 function M.path_string(p)
+  if p[1] == "s" then return tostring(p[2]) end
   if p[1] == "g" then return table.concat(p, ".", 2) end
   local s = p[2]
   if #p > 2 then s = s .. "." .. table.concat(p, ".", 3) end
@@ -101,6 +161,7 @@ end
 
 -- codecs registered per metatable and per tag ----------------------------------
 local by_mt = {}     -- metatable -> function(v) return tag, ... end
+by_mt_ref = by_mt
 local by_tag = {}    -- tag -> function(...) return value end
 
 function M.register(mt, tag, encode, decode)
@@ -135,6 +196,29 @@ local function encode_function(f)
 end
 
 by_mt[Named] = function(v) return TAG.NAMED, unpack(v.path) end
+Named.__tostring = function(v) return M.path_string(v.path) end
+
+-- What a name made by by_name stands for here (any other value as it is).
+function M.named_value(v)
+  if getmetatable(v) ~= Named then return v end
+  local x = resolve(v.path)
+  if x == nil then
+    error(errors.new("config", ("function or value '%s' is not defined on this worker"):format(M.path_string(v.path))), 0)
+  end
+  return x
+end
+
+-- A dotted name ("mod.fn") standing for what has that name on the callee: a
+-- call's function given as a string (how the REPL calls what only the world
+-- defines). It travels as that name and is looked up there.
+function M.by_name(s)
+  if type(s) ~= "string" or not s:match("^[%a_][%w_]*$") and not s:match("^[%a_][%w_]*[%w_.]*[%w_]$")
+     or s:find("..", 1, true) then
+    error(errors.new("config", ("'%s' is not a function name: name one as \"fn\" or \"mod.fn\" (letters, digits, " ..
+      "'_', parts joined by '.')"):format(tostring(s))), 0)
+  end
+  return setmetatable({path = {"s", s}}, Named)
+end
 
 local function encode_hook(v)
   local t = type(v)
@@ -144,14 +228,24 @@ local function encode_hook(v)
     local enc = by_mt[mt]
     if enc then return enc(v) end
     if t == "table" and mt ~= nil then
+      -- an object of a class reachable by name: its fields and the class's name
       local p = M.name_of(mt)
       if p then
         local fields = {}
         for k, x in pairs(v) do fields[k] = x end
         return TAG.OBJECT, fields, unpack(p)
       end
-      error("a table whose metatable is not reachable by name cannot be sent " ..
-            "(make its class a global or a module field, or send a plain table)", 0)
+      -- a class (nn.Linear, a user's ParameterServer: a table reachable by
+      -- name that is no instance) is the callee's own, by that name; an
+      -- instance of an unnamed class is refused below, never swapped for the
+      -- callee's object of the same name
+      if not is_object(v) then
+        p = M.name_of(v)
+        if p then return TAG.NAMED, unpack(p) end
+      end
+      error(("a table with a metatable cannot be sent: neither it nor its metatable (its class) is " ..
+        "reachable by name (looked in the globals and the loaded modules, %d levels deep); make the " ..
+        "class a global or a module field, or send a plain table"):format(SCAN_DEPTH), 0)
     end
     error(("a %s cannot be sent"):format(t == "userdata" and "userdata of unknown type" or t), 0)
   end
@@ -179,10 +273,27 @@ by_tag[TAG.FUNC_NAME] = function(...)
   return v
 end
 by_tag[TAG.NAMED] = by_tag[TAG.FUNC_NAME]
+-- The globals a function sent by value sees: this worker's, and the rpchost
+-- modules by their usual names even where this worker's script keeps them in
+-- locals (a closure typed at the REPL says `tensor.ones(2)`). Assignments go to
+-- the real globals.
+local MODULES = {rpc = "rpc", dist = "dist", tensor = "tensor", nn = "nn", optim = "optim",
+                 dist_autograd = "dist_autograd"}
+local remote_env = setmetatable({}, {
+  __index = function(_, k)
+    local v = rawget(_G, k)
+    if v == nil and MODULES[k] then v = require(MODULES[k]) end
+    return v
+  end,
+  __newindex = _G,
+})
+M.remote_env = remote_env
+
 by_tag[TAG.FUNC_VALUE] = function(code, ...)
   if not M.allow_bytecode then error(M.bytecode_refusal, 0) end
   local f, err = load(code, "=remote function", "b")
   if not f then error("cannot load a function sent by value: " .. tostring(err), 0) end
+  setfenv(f, remote_env)
   for i = 1, select("#", ...) do
     debug.setupvalue(f, i, (select(i, ...)))
   end

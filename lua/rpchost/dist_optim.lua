@@ -1,6 +1,7 @@
 -- rpchost.dist_optim: rpc.DistributedOptimizer. One local optimizer per owner of
 -- the parameters (created there, behind an RRef); step(ctx_id) makes each owner
 -- apply the gradients its distributed autograd context holds, all in parallel.
+-- Construction waits until every owner made its optimizer (errors show there).
 local M = {}
 local DO = {}
 DO.__index = DO
@@ -19,8 +20,14 @@ end
 
 function M.new(optim_ctor, param_rrefs, opts)
   local rpc = require "rpc"
-  if type(optim_ctor) ~= "function" then
-    error("DistributedOptimizer: expected an optimizer constructor such as optim.SGD", 2)
+  if type(optim_ctor) ~= "function" and not (type(optim_ctor) == "table" and getmetatable(optim_ctor)
+      and getmetatable(optim_ctor).__call) then
+    error(require("rpchost.errors").new("config", ("DistributedOptimizer: expected an optimizer constructor " ..
+      "such as optim.SGD, got %s"):format(type(optim_ctor))), 2)
+  end
+  if type(param_rrefs) ~= "table" then
+    error(require("rpchost.errors").new("config", ("DistributedOptimizer: expected a list of parameter RRefs, " ..
+      "got %s"):format(type(param_rrefs))), 2)
   end
   local by_owner, order = {}, {}
   for i, r in ipairs(param_rrefs) do
@@ -33,6 +40,10 @@ function M.new(optim_ctor, param_rrefs, opts)
   for _, owner in ipairs(order) do
     self.remotes[#self.remotes + 1] = rpc.remote(owner, M.create, {optim_ctor, by_owner[owner], opts})
   end
+  -- as PyTorch's, construction waits for every local optimizer: a constructor
+  -- error (a bad option, say) is raised here, not at the first step()
+  local rref = require "rpchost.rref"
+  for _, r in ipairs(self.remotes) do rref.wait_created(r) end
   return self
 end
 

@@ -8,9 +8,11 @@
 -- it waits for a line. Each complete chunk runs as its own task: Ctrl-C
 -- interrupts the call it is waiting on and returns to the prompt. `=expr` and bare
 -- expressions print their values (tables nested, cycles marked; tensors, Futures,
--- RRefs and WorkerInfo as themselves). Tab completes globals, fields and worker
+-- RRefs and WorkerInfo as themselves). Tab completes globals, fields (an
+-- object's own and its class's, a tensor's and an RRef's methods) and worker
 -- names; history is kept in ~/.rpchost_history. Ctrl-D or os.exit() leave the
--- world cleanly.
+-- world cleanly. Errors show the user's frames, not the REPL's. When the world
+-- it joined stops, the REPL says so.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local cli = require "rpchost.cli"
@@ -50,25 +52,52 @@ function M.pretty(v, indent, seen, depth)
 end
 
 -- completion -----------------------------------------------------------------------------
+-- The names that may follow `v.` or `v:`: its own fields, those its metatables'
+-- __index tables give it (an instance's class and the classes above), a
+-- tensor's methods and properties (its __index is a function).
+local function names_of(v)
+  local out, seen = {}, {}
+  local function add(t)
+    for k in pairs(t) do
+      if type(k) == "string" and not seen[k] then seen[k] = true; out[#out + 1] = k end
+    end
+  end
+  if type(v) == "table" then add(v) end
+  local tensor = package.loaded.tensor
+  if tensor and tensor.is_tensor and tensor.is_tensor(v) then
+    add(tensor.methods)
+    add(tensor.props)
+  end
+  local mt, hops = getmetatable(v), 0
+  while type(mt) == "table" and hops < 16 do
+    local idx = rawget(mt, "__index")
+    if type(idx) ~= "table" then break end
+    add(idx)
+    mt, hops = getmetatable(idx), hops + 1
+  end
+  return out
+end
+M.names_of = names_of
+
 local function complete(text)
   local out = {}
   local base, sep, partial = text:match("^(.*)([%.:])([%w_]*)$")
-  local t = _G
+  local names
   if base then
+    local t = _G
     for part in base:gmatch("[^%.:]+") do
-      if type(t) ~= "table" then return out end
-      t = t[part]
+      if type(t) ~= "table" and type(t) ~= "userdata" then return out end
+      local ok, v = pcall(function() return t[part] end)
+      if not ok then return out end
+      t = v
     end
-    if type(t) == "userdata" or (type(t) == "table" and getmetatable(t)) then
-      local mt = getmetatable(t)
-      t = type(mt and mt.__index) == "table" and mt.__index or (type(t) == "table" and t or {})
-    end
+    names = names_of(t)
   else
     partial, base, sep = text, nil, nil
+    names = names_of(_G)
   end
-  if type(t) ~= "table" then return out end
-  for k in pairs(t) do
-    if type(k) == "string" and k:sub(1, #partial) == partial then
+  for _, k in ipairs(names) do
+    if k:sub(1, #partial) == partial then
       out[#out + 1] = base and (base .. sep .. k) or k
     end
   end
@@ -85,6 +114,50 @@ local function complete(text)
   return out
 end
 M.complete = complete
+
+-- errors -------------------------------------------------------------------------------------
+-- An error as the user should see it: the REPL's own frames (the task that ran
+-- the line, the scheduler under it) are not the user's code and go.
+local OWN_FRAMES = {"rpchost/repl%.lua:", "rpchost/sched%.lua:", "^%s*%[C%]: in function 'xpcall'$",
+                    "^%s*%[C%]: in function 'pcall'$", "^%s*%(tail call%)"}
+function M.error_text(e)
+  local text = cli.format_error(e)
+  local kept = {}
+  for line in (text .. "\n"):gmatch("(.-)\n") do
+    local own = false
+    for _, pat in ipairs(OWN_FRAMES) do
+      if line:find(pat) then own = true break end
+    end
+    if not own then kept[#kept + 1] = line end
+  end
+  -- (a traceback left with no frame says nothing)
+  if kept[#kept] and kept[#kept]:match("^%s*stack traceback:%s*$") then kept[#kept] = nil end
+  return table.concat(kept, "\n")
+end
+
+-- A message shown while the user may be typing: on its own line, then a fresh
+-- prompt (the line editor starts over, as after Ctrl-C).
+local function announce(text)
+  io.stdout:write("\n", text, "\n")
+  io.stdout:flush()
+  core.repl_reset("> ")
+end
+M.announce = announce
+
+-- Why the world this member joined has stopped, or nil while it runs: every
+-- static rank shut down, or its store is gone.
+function M.world_stopped(a)
+  if not a or a.state ~= "running" or not a.store then return nil end
+  local keys = {}
+  for r = 0, a.world_size - 1 do keys[#keys + 1] = a.prefix .. "shutdown/" .. r end
+  local ok, got = pcall(a.store.multi_get, a.store, keys)
+  if not ok then
+    return ("its store at %s is gone (%s)"):format(tostring(a.store.addr), tostring(type(got) == "table"
+      and got.message or got))
+  end
+  for i = 1, #keys do if not got[i] then return nil end end
+  return ("all %d of its ranks shut down"):format(a.world_size)
+end
 
 -- the loop ---------------------------------------------------------------------------------
 local function print_results(r)
@@ -163,7 +236,7 @@ function M.loop(leave)
         running = nil
         if result[1] then print_results(table.pack(unpack(result, 2, result.n)))
         elseif tostring(result[2]):match("^interrupted") then io.stdout:write("interrupted\n")
-        else io.stderr:write(cli.format_error(result[2]), "\n") end
+        else io.stderr:write(M.error_text(result[2]), "\n") end
       end
       core.repl_reset("> ")
     end
@@ -228,6 +301,19 @@ function M.main(argv)
     -- os.exit() leaves the world first
     local raw_exit = os.exit
     os.exit = function(...) leave() return raw_exit(...) end
+    if o.addr or o.port then
+      -- tell the user when the world stops under them (calls into it fail from then)
+      sched.spawn(function()
+        while not left do
+          sched.sleep(tonumber(os.getenv("RPCHOST_REPL_WATCH")) or 1)
+          local why = not left and M.world_stopped(rpc._agent())
+          if why then
+            announce(("the world this REPL joined has stopped: %s; calls to it will fail (Ctrl-D leaves)"):format(why))
+            return
+          end
+        end
+      end, {name = "repl world watch", on_error = function() end})
+    end
     M.loop(leave)
   end, "repl")
   if not ok then

@@ -125,20 +125,25 @@ local function when_created(e, id, wait)
   return out
 end
 
+-- The error of a failed creation, saying so (whoever uses the RRef sees it).
+local function creation_failed(id, err)
+  local ok, re = pcall(agent.remote_error, agent, err)
+  if not ok then re = errors.new("remote", tostring(err), {worker = agent.name, rank = agent.rank}) end
+  re.message = ("the creation of RRef %s failed: %s"):format(id, tostring(re.message))
+  return re
+end
+
 -- Sets the entry's value from fn's results (a Future's, for an async_execution fn).
-local function settle_value(e, fn, r)
-  if not r[1] then
-    local ok, err = pcall(agent.remote_error, agent, r[2])
-    return e.value:set_error(ok and err or errors.new("remote", tostring(r[2])))
-  end
+local function settle_value(e, id, fn, r)
+  if not r[1] then return e.value:set_error(creation_failed(id, r[2])) end
   if not agentmod.async_functions[fn] then return e.value:set_packed(pack(unpack(r, 2, r.n))) end
   local fut = r[2]
   if not Future.is(fut) then
-    return e.value:set_error(agent:remote_error(("an async_execution function must return a Future, got %s"):format(
+    return e.value:set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
       type(fut))))
   end
   fut:add_done_callback(function(f)
-    if f.state == "error" then e.value:set_error(agent:remote_error(f.err)) else e.value:set_packed(f.values) end
+    if f.state == "error" then e.value:set_error(creation_failed(id, f.err)) else e.value:set_packed(f.values) end
   end)
 end
 
@@ -160,7 +165,7 @@ function M.create(id, fork, fn, args, kwargs)
     if bad then return e.value:set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
-    settle_value(e, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
+    settle_value(e, id, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
   end, {name = "remote " .. id})
   local out = Future.new("creation of RRef " .. id)
   e.value:add_done_callback(function(f)
@@ -403,13 +408,21 @@ function M.remote(to, fn, args, kwargs, timeout)
   if bad then error(errors.new("config", bad), 0) end
   local id = new_id()
   if p.rank == agent.rank then
-    M.create(id, nil, fn, args or {}, kwargs)
+    M.create(id, nil, codec.named_value(fn), args or {}, kwargs)
     return owner_handle(id)
   end
   local fork = new_id()
-  local r = user_handle(id, p.rank, fork, false)
   -- (answered when the value is made: the timeout covers running fn)
-  r.creation = agent:call(p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
+  local ok, c = pcall(agent.call, agent, p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
+  if not ok then
+    -- (name the parts as the caller gave them, not as the creating message holds them)
+    if errors.is(c) and type(c.message) == "string" then
+      c.message = c.message:gsub(": args%[3%]", ": func", 1):gsub(": args%[4%]", ": args", 1):gsub(": args%[5%]", ": kwargs", 1)
+    end
+    error(c, 0)
+  end
+  local r = user_handle(id, p.rank, fork, false)
+  r.creation = c
   r.creation:add_done_callback(function(f)
     if f.state == "done" then r.confirmed = true end
   end)
@@ -450,7 +463,7 @@ function RRef:to_here(timeout)
     end
   end
   check_creation(self)
-  return agent:call(self.owner_rank, M.fetch, {self.id, bound(timeout)}, nil, timeout):wait()
+  return agent:call(self.owner_rank, M.fetch, {self.id}, nil, timeout):wait()
 end
 
 function RRef:local_value()
@@ -522,6 +535,18 @@ function RRef:backward(ctx_id, retain_graph)
   if self.owned then return M.backward_here(self, ctx_id, retain_graph) end
   check_creation(self)
   return agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
+end
+
+-- Waits until the RRef's value exists on its owner (raises its creation's error).
+function M.wait_created(r, timeout)
+  running("wait_created")
+  if r.owned then
+    entry(r.id).value:wait(timeout)
+    return true
+  end
+  if r.creation then pcall(r.creation.wait, r.creation, timeout) end
+  check_creation(r)
+  return true
 end
 
 function RRef:rpc_sync(timeout) return proxy(self, "rpc_sync", timeout) end

@@ -5,7 +5,8 @@
 -- the bytes are never copied through the codec. The same tensor object appearing
 -- twice in one message is sent once and arrives as one object (sharing is kept).
 -- Outside a message (codec.encode used directly) the bytes are inlined. A CUDA
--- tensor is sent as host bytes with the device it lands on (device_maps).
+-- tensor is sent as host bytes with the device it lands on (device_maps). A
+-- tensor of no elements (a zero-size dimension anywhere) is an empty segment.
 local core = require "rpchost.core"
 local codec = require "rpchost.codec"
 
@@ -45,10 +46,14 @@ function M.install(tensor)
     -- carries the context and a send id, so gradients can flow back to it
     local ctx, send = codec.ag_out, nil
     if ctx and codec.ag_register then send = codec.ag_register(ctx, t) end
-    return codec.TAG.TENSOR, dtype, sizes, i or core.t_bytes(host), send and ctx or nil, send, dev
-  end, function(dtype, sizes, data, ctx, send, dev)
+    -- outside one, requires_grad travels as a flag: the copy is a leaf that
+    -- requires gradients (a model fetched from a parameter server can be trained)
+    local rg = not send and tensor._requires_grad ~= nil and tensor._requires_grad(t) or nil
+    return codec.TAG.TENSOR, dtype, sizes, i or core.t_bytes(host), send and ctx or nil, send, dev, rg
+  end, function(dtype, sizes, data, ctx, send, dev, rg)
     local t = M.decode(dtype, sizes, data, dev)
-    if send and codec.ag_attach and codec.ag_src then t = codec.ag_attach(ctx, codec.ag_src, send, t) end
+    if send and codec.ag_attach and codec.ag_src then t = codec.ag_attach(ctx, codec.ag_src, send, t)
+    elseif rg == true and not tensor._requires_grad(t) then tensor._set_requires_grad(t, true) end
     return t
   end)
 end
