@@ -129,22 +129,22 @@ local function edges_of(inputs, n)
   return edges, nrs
 end
 
--- {tensor, version, node that produced it (or false)} for each saved tensor
+-- {tensor, version, node that produced it (or false), which output of it} for
+-- each saved tensor, flat
 local function save_versions(list, out, node)
   local sv = nil
   for i = 1, list.n or #list do
     local x = list[i]
     if x ~= nil and is_t(x) then
-      local origin = false
+      local origin, nr = false, 1
       if rawequal(x, out) then origin = node
       else
         local s = get_state(x)
-        origin = s and s.grad_fn or false
+        if s and s.grad_fn then origin, nr = s.grad_fn, s.output_nr or 1 end
       end
       sv = sv or {}
-      sv[#sv + 1] = x
-      sv[#sv + 1] = t_version(x)
-      sv[#sv + 1] = origin
+      local k = #sv
+      sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
     end
   end
   return sv
@@ -158,15 +158,16 @@ end
 local function check_saved(node)
   local sv = node.saved
   if not sv then return end
-  for i = 1, #sv, 3 do
+  for i = 1, #sv, 4 do
     local x, v = sv[i], sv[i + 1]
     local now = t_version(x)
     if now ~= v then
-      local origin = sv[i + 2]
+      local origin, nr = sv[i + 2], sv[i + 3]
       error(("one of the variables needed for gradient computation has been modified by an inplace " ..
         "operation: %s%s is at version %d; expected version %d instead (saved by %s for its backward: " ..
         "change a clone() of it, or change it after backward)"):format(describe(x),
-        origin and (", which is output %d of %s,"):format(0, node_name(origin)) or "", now, v, node_name(node)), 0)
+        origin and (", which is output %d of %s,"):format(nr - 1, node_name(origin)) or "", now, v,
+        node_name(node)), 0)
     end
   end
 end
