@@ -19,6 +19,8 @@ local codec = require "rpchost.codec"
 local errors = require "rpchost.errors"
 local autograd = require "rpchost.autograd"
 local core = require "rpchost.core"
+local Future = require "rpchost.future"
+local calls = require "rpchost.agent_calls"
 require "tensor"
 
 local M = {}
@@ -168,7 +170,7 @@ local function sink_into(c)
 end
 
 -- a gradient for send `send` of context `id` arrived: backward from that tensor
-function M._propagate(id, send, g)
+local function propagate(id, send, g)
   local c = contexts[id]
   if not c then error(not_found(id), 0) end
   local t = c.sends[send]
@@ -183,6 +185,20 @@ function M._propagate(id, send, g)
   if not ok then error(err, 0) end
   return true
 end
+
+-- The request handler answers with a Future and the backward runs in a task of
+-- its own: a backward waits on other workers' backwards (which may wait on this
+-- worker again), so holding a handler slot (num_worker_threads) while waiting
+-- would let many concurrent contexts take every slot and wait for each other.
+function M._propagate(id, send, g)
+  local fut = Future.new("distributed backward")
+  sched.spawn(function()
+    local ok, err = pcall(propagate, id, send, g)
+    if ok then fut:set_result(true) else fut:set_error(err) end
+  end, {name = "distributed backward"})
+  return fut
+end
+calls.async_functions[M._propagate] = true
 
 -- backward(ctx_id, {roots}, [retain_graph])
 function M.backward(id, roots, retain_graph)

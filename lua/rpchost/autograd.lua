@@ -25,6 +25,9 @@
 -- of the running task (rpchost.sched), inherited by the tasks it spawns: a
 -- backward that yields (a distributed one waits on peers) never changes what
 -- another task records.
+--
+-- Custom differentiable ops (tensor.autograd.Function) are in
+-- rpchost.autograd_function; the ops' derivatives are installed below (install).
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 
@@ -129,22 +132,22 @@ local function edges_of(inputs, n)
   return edges, nrs
 end
 
--- {tensor, version, node that produced it (or false)} for each saved tensor
+-- {tensor, version, node that produced it (or false), which output of it} for
+-- each saved tensor, flat
 local function save_versions(list, out, node)
   local sv = nil
   for i = 1, list.n or #list do
     local x = list[i]
     if x ~= nil and is_t(x) then
-      local origin = false
+      local origin, nr = false, 1
       if rawequal(x, out) then origin = node
       else
         local s = get_state(x)
-        origin = s and s.grad_fn or false
+        if s and s.grad_fn then origin, nr = s.grad_fn, s.output_nr or 1 end
       end
       sv = sv or {}
-      sv[#sv + 1] = x
-      sv[#sv + 1] = t_version(x)
-      sv[#sv + 1] = origin
+      local k = #sv
+      sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
     end
   end
   return sv
@@ -158,15 +161,16 @@ end
 local function check_saved(node)
   local sv = node.saved
   if not sv then return end
-  for i = 1, #sv, 3 do
+  for i = 1, #sv, 4 do
     local x, v = sv[i], sv[i + 1]
     local now = t_version(x)
     if now ~= v then
-      local origin = sv[i + 2]
+      local origin, nr = sv[i + 2], sv[i + 3]
       error(("one of the variables needed for gradient computation has been modified by an inplace " ..
         "operation: %s%s is at version %d; expected version %d instead (saved by %s for its backward: " ..
         "change a clone() of it, or change it after backward)"):format(describe(x),
-        origin and (", which is output %d of %s,"):format(0, node_name(origin)) or "", now, v, node_name(node)), 0)
+        origin and (", which is output %d of %s,"):format(nr - 1, node_name(origin)) or "", now, v,
+        node_name(node)), 0)
     end
   end
 end
@@ -444,130 +448,9 @@ function M.wrap_inplace(name, inplace, outofplace, reads_old)
   end
 end
 
--- custom differentiable ops: tensor.autograd.Function ---------------------------------------
--- As torch.autograd.Function:
---   local Exp = tensor.autograd.Function:extend("Exp")
---   function Exp.forward(ctx, x) local y = x:exp(); ctx:save_for_backward(y); return y end
---   function Exp.backward(ctx, g) local y = unpack(ctx.saved_tensors); return g * y end
---   local y = Exp.apply(x)
--- forward runs with gradient recording off; its tensor results (float dtypes)
--- become outputs of one node whose backward is the class's backward: it gets one
--- gradient per output (zeros for an output no gradient reached) and returns one
--- per input of apply (nil for inputs that need none; ctx.needs_input_grad[i]
--- says which do). Tensors saved with ctx:save_for_backward are version-checked.
-local Function = {name = "Function"}
-Function.__index = Function
-M.Function = Function
-
-local Ctx = {}
-Ctx.__index = Ctx
-function Ctx:save_for_backward(...) self.to_save = pack(...) end
-function Ctx:mark_non_differentiable(...)
-  for i = 1, select("#", ...) do self.non_differentiable[(select(i, ...))] = true end
-end
-
-local function same_sizes(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
-end
-
-local function apply(cls, ...)
-  local args = pack(...)
-  local on = M.enabled()
-  local needs, any = {}, false
-  for i = 1, args.n do
-    local need = on and is_t(args[i]) and requires(args[i]) or false
-    needs[i] = need
-    any = any or need
-  end
-  local ctx = setmetatable({needs_input_grad = needs, non_differentiable = {}}, Ctx)
-  local outs = pack(M.no_grad(cls.forward, ctx, ...))
-  local saved = ctx.to_save or {n = 0}
-  ctx.to_save = nil
-  ctx.saved_tensors = {unpack(saved, 1, saved.n)}
-  if not any then return unpack(outs, 1, outs.n) end
-  local edges, nrs = edges_of(args, args.n)
-  local label = cls.name .. "Backward"
-  local node = setmetatable({name = cls.name, label = label, edges = edges, nrs = nrs, n = args.n}, Node)
-  if outs.n > 1 then node.nout, node.out_meta = outs.n, {} end
-  local in_sizes = {}
-  for i = 1, args.n do if needs[i] then in_sizes[i] = core.t_size(args[i]) end end
-  node.backward = function(...)
-    local grads = pack(cls.backward(ctx, ...))
-    if grads.n > args.n then
-      error(("function %s returned an incorrect number of gradients (expected %d, got %d)"):format(
-        label, args.n, grads.n), 0)
-    end
-    for i = 1, args.n do
-      local gi = grads[i]
-      if gi ~= nil and needs[i] then
-        if not is_t(gi) then
-          error(("function %s returned a %s as the gradient of input %d; expected a tensor (or nil)"):format(
-            label, type(gi), i), 0)
-        end
-        if not same_sizes(core.t_size(gi), in_sizes[i]) then
-          error(("function %s returned an invalid gradient at index %d - got [%s] but expected shape " ..
-            "compatible with [%s]"):format(label, i, table.concat(core.t_size(gi), ", "),
-            table.concat(in_sizes[i], ", ")), 0)
-        end
-      elseif not needs[i] then
-        grads[i] = nil
-      end
-    end
-    return unpack(grads, 1, args.n)
-  end
-  for k = 1, outs.n do
-    local o = outs[k]
-    if is_t(o) and core.t_dtype(o) <= 1 and not ctx.non_differentiable[o] then
-      -- an input returned as it is becomes a new tensor object (its own history stays)
-      for i = 1, args.n do
-        if rawequal(o, args[i]) then
-          o = core.t_alias(o)
-          outs[k] = o
-          break
-        end
-      end
-      if node.nout then node.out_meta[k] = {core.t_size(o), core.t_dtype(o), core.t_device(o)} end
-      set_state(o, {requires_grad = true, grad_fn = node, output_nr = node.nout and k or nil})
-    end
-  end
-  node.saved = save_versions(saved, nil, node)
-  return unpack(outs, 1, outs.n)
-end
-
--- Function:extend(name) or Function:extend{name =, forward =, backward =}: a new
--- class; Class.apply(...) (or Class:apply(...)) runs it.
-function Function:extend(spec)
-  local cls = {}
-  if type(spec) == "table" then
-    for k, v in pairs(spec) do cls[k] = v end
-  else
-    cls.name = spec
-  end
-  if cls.name ~= nil and type(cls.name) ~= "string" then
-    error("Function:extend: the name must be a string", 2)
-  end
-  cls.name = cls.name or "Function"
-  cls.__index = cls
-  setmetatable(cls, self)
-  cls.apply = function(...)
-    if rawequal((...), cls) then return apply(cls, select(2, ...)) end
-    return apply(cls, ...)
-  end
-  return cls
-end
-Function.__tostring = function(c) return "autograd.Function(" .. c.name .. ")" end
-
-function Function.forward()
-  error("autograd.Function: define forward(ctx, ...) on the class (Function:extend(name))", 2)
-end
-function Function.backward()
-  error("autograd.Function: define backward(ctx, grad...) on the class to differentiate it", 2)
-end
-function Function.apply()
-  error("autograd.Function: call apply on a class made with Function:extend(name)", 2)
-end
+-- custom differentiable ops (rpchost.autograd_function)
+M._edges_of, M._save_versions = edges_of, save_versions
+M.Function = require("rpchost.autograd_function").make(M)
 
 -- wrapping the tensor methods ---------------------------------------------------------------
 local function sizes(t) return core.t_size(t) end

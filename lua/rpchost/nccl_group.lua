@@ -226,7 +226,9 @@ local function p2p(self, what, ops)
   end
   self:finish(what)
   for _, op in ipairs(ops) do
-    if op[1] == "recv" and op[2] ~= op[3] then core.t_copy_(op[2], op[3]) end
+    if op[1] == "recv" then
+      if op[2] ~= op[3] then core.t_copy_(op[2], op[3]) else core.t_bump(op[2]) end -- (autograd's version)
+    end
   end
 end
 
