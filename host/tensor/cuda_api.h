@@ -113,6 +113,15 @@ typedef struct rhc_api_s {
   int (*masked_fill)(int dev, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, const void *mask,
                      const int64_t *mst, const void *src, const int64_t *sst, double value);
 
+  /* ordering and scans over `rows` contiguous rows of `len` (kernels/sort.cu).
+   * sort_rows: a stable sort of each row; values in dtype, positions (plus base) in
+   * int64. scan_rows: cumsum (prod 0) / cumprod (1); out_dtype is the input's for
+   * floats and int64 otherwise. */
+  int (*sort_rows)(int dev, int dtype, int descending, int64_t rows, int64_t len, const void *in, void *vals,
+                   int64_t *idx, int64_t base);
+  int (*scan_rows)(int dev, int in_dtype, int out_dtype, int prod, int64_t rows, int64_t len, const void *in,
+                   void *out);
+
   /* benchmark support for bench/gpu: time `iters` raw cuBLAS GEMMs of n x n
    * (float32) and return the milliseconds per GEMM */
   int (*bench_cublas_gemm)(int dev, int n, int iters, double *ms);

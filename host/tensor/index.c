@@ -158,7 +158,6 @@ typedef struct {
   int ndim, dim, mode; /* mode: 0 gather (out <- a), 1 scatter (a <- src), 2 scatter_add, 3 scatter value */
   rh_dtype_t dt;
   int64_t size[RH_MAXDIM];
-  int64_t ist[RH_MAXDIM];  /* idx strides, elements (contiguous int64) */
   int64_t ast[RH_MAXDIM];  /* indexed tensor, bytes */
   int64_t ost[RH_MAXDIM];  /* other tensor (out for gather, src for scatter), bytes */
   const int64_t *idx;
@@ -166,23 +165,41 @@ typedef struct {
   char value[8];
 } gs_t;
 
+/* element moves by size, typed (a memcpy call per element was the slow part) */
+#define GS_MOVE(T)                                                                   \
+  do {                                                                               \
+    for (int64_t k = k0; k < k1; k++, w++) {                                         \
+      char *pa = abase + j->idx[w] * j->ast[j->dim] + (last == j->dim ? 0 : k * j->ast[last]); \
+      char *po = obase + k * j->ost[last];                                           \
+      if (j->mode == 0) *(T *)po = *(const T *)pa;                                   \
+      else if (j->mode == 1) *(T *)pa = *(const T *)po;                              \
+      else if (j->mode == 3) memcpy(pa, j->value, sizeof(T));                        \
+      else rh__store(j->dt, pa, rh__load(j->dt, pa) + rh__load(j->dt, po));          \
+    }                                                                                \
+  } while (0)
+
+/* positions lo..hi of idx's shape, a row (the last dim) at a time: the offsets
+ * of the other dims are computed once per row; along `dim` the index decides */
 static void gs_range(gs_t *j, int64_t lo, int64_t hi) {
   size_t es = rh_dtype_size(j->dt);
-  for (int64_t w = lo; w < hi; w++) {
-    int64_t rem = w, aoff = 0, ooff = 0;
-    for (int d = j->ndim - 1; d >= 0; d--) {
+  int last = j->ndim - 1;
+  int64_t n_last = j->size[last];
+  int64_t w = lo;
+  while (w < hi) {
+    int64_t row = w / n_last, k0 = w % n_last;
+    int64_t k1 = n_last - k0 <= hi - w ? n_last : k0 + (hi - w);
+    int64_t rem = row, aoff = 0, ooff = 0;
+    for (int d = last - 1; d >= 0; d--) {
       int64_t i = rem % j->size[d];
       rem /= j->size[d];
       if (d != j->dim) aoff += i * j->ast[d];
       ooff += i * j->ost[d];
     }
-    aoff += j->idx[w] * j->ast[j->dim];
-    char *pa = j->abase + aoff, *po = j->obase + ooff;
-    switch (j->mode) {
-      case 0: memcpy(po, pa, es); break;
-      case 1: memcpy(pa, po, es); break;
-      case 3: memcpy(pa, j->value, es); break;
-      default: rh__store(j->dt, pa, rh__load(j->dt, pa) + rh__load(j->dt, po)); break;
+    char *abase = j->abase + aoff, *obase = j->obase ? j->obase + ooff : j->abase;
+    switch (es) {
+      case 8: GS_MOVE(uint64_t); break;
+      case 4: GS_MOVE(uint32_t); break;
+      default: GS_MOVE(uint8_t); break;
     }
   }
 }
@@ -215,9 +232,8 @@ rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t
             : -1;
     rh_tensor_release(di);
   } else {
-    gs_t j = {nd, d0, 0, a->dtype, {0}, {0}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a), rh_tensor_data(out), {0}};
+    gs_t j = {nd ? nd : 1, d0, 0, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a), rh_tensor_data(out), {0}};
     for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
-    if (nd == 0) j.ast[0] = 0;
     rh_parallel_for(rh_tensor_numel(ci), 1 << 14, gs_chunk, &j);
   }
   rh_tensor_release(ci);
@@ -256,7 +272,7 @@ int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *s
             : -1;
     rh_tensor_release(di);
   } else {
-    gs_t j = {nd, d0, mode, a->dtype, {0}, {0}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a),
+    gs_t j = {nd ? nd : 1, d0, mode, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a),
               src ? rh_tensor_data(src) : NULL, {0}};
     for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
     rh__store(a->dtype, j.value, value);
