@@ -557,4 +557,18 @@ describe("in-place ops", function()
     autograd.bump = had
     assert(ok, e)
   end)
+
+  it("are refused on a tensor that requires grad while recording (they are not in the graph)", function()
+    local w = tensor.randn(3, 2, {requires_grad = true})
+    raises("masked_fill_: an in-place op on a tensor that requires grad is not recorded by autograd; use masked_fill",
+      function() return w:masked_fill_(w:gt(0), 0) end)
+    raises("index_add_: an in-place op", function() return w:index_add_(1, tensor.tensor({1LL}), tensor.ones(1, 2)) end)
+    raises("index assignment: assigning into a tensor that requires grad",
+      function() w[tensor.tensor({1LL})] = 0 end)
+    local y = w * 2
+    raises("sin_: an in-place op", function() return y:sin_() end)
+    -- under no_grad they run (optimizer-style updates)
+    tensor.no_grad(function() w:masked_fill_(w:gt(0), 0) end)
+    assert.is_true(w:le(0):all():item())
+  end)
 end)

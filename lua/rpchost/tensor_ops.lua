@@ -37,6 +37,17 @@ function M.install(tensor)
   end
   M.bump = bump
 
+  -- In-place ops here are not recorded in the graph: on a tensor that requires
+  -- gradients (while recording) they would make its gradient silently wrong, so
+  -- they are refused there, naming the out-of-place op to use instead.
+  local function inplace(t, what)
+    if autograd.enabled() and autograd.requires(t) then
+      error(("%s: an in-place op on a tensor that requires grad is not recorded by autograd; use %s (out of place) or run it under tensor.no_grad"):format(
+        what, what:sub(1, -2)), 3)
+    end
+    return t
+  end
+
   local function def(name, f, method_only)
     methods[name] = f
     if not method_only then tensor[name] = f end
@@ -74,7 +85,7 @@ function M.install(tensor)
     end
     def(name, f)
     methods[name .. "_"] = function(a)
-      call(core.t_unary, code, a, a)
+      call(core.t_unary, code, inplace(a, name .. "_"), a)
       return bump(a)
     end
   end
@@ -108,7 +119,7 @@ function M.install(tensor)
   end
   def("remainder", remainder)
   methods.remainder_ = function(a, b)
-    call(core.t_binary, BIN.remainder, a, tensor._operand(b, "remainder_"), a)
+    call(core.t_binary, BIN.remainder, inplace(a, "remainder_"), tensor._operand(b, "remainder_"), a)
     return bump(a)
   end
   core.t_metatable().__mod = function(a, b) return remainder(a, b) end
@@ -126,6 +137,7 @@ function M.install(tensor)
   def("clamp", clamp)
   def("clip", clamp)
   methods.clamp_ = function(t, lo, hi)
+    inplace(t, "clamp_")
     local r = tensor.no_grad(clamp, t, lo, hi)
     core.t_copy_(t, r)
     return bump(t)
@@ -374,13 +386,14 @@ function M.install(tensor)
   def("scatter", function(t, d, idx, src) return scatter(t, d, idx, src, false, "scatter") end)
   def("scatter_add", function(t, d, idx, src) return scatter(t, d, idx, expect_tensor(src, "scatter_add", "the source"), true, "scatter_add") end)
   methods.scatter_ = function(t, d, idx, src)
+    inplace(t, "scatter_")
     local d0 = dim0(t, d, "scatter_")
     if is_tensor(src) then call(core.t_scatter_, t, d0, as_long(idx, "scatter_"), src, false, BASE)
     else call(core.t_scatter_, t, d0, as_long(idx, "scatter_"), scalar(src, "scatter_", "the value"), false, BASE) end
     return bump(t)
   end
   methods.scatter_add_ = function(t, d, idx, src)
-    call(core.t_scatter_, t, dim0(t, d, "scatter_add_"), as_long(idx, "scatter_add_"),
+    call(core.t_scatter_, inplace(t, "scatter_add_"), dim0(t, d, "scatter_add_"), as_long(idx, "scatter_add_"),
       expect_tensor(src, "scatter_add_", "the source"), true, BASE)
     return bump(t)
   end
@@ -417,6 +430,7 @@ function M.install(tensor)
     end)
   end)
   methods.index_add_ = function(t, d, idx, src, opts)
+    inplace(t, "index_add_")
     local d0 = dim0(t, d, "index_add_")
     local alpha = type(opts) == "table" and opts.alpha or (type(opts) == "number" and opts) or 1
     if alpha ~= 1 then src = core.t_binary(BIN.mul, src, alpha) end
@@ -424,11 +438,13 @@ function M.install(tensor)
     return bump(t)
   end
   methods.index_copy_ = function(t, d, idx, src)
+    inplace(t, "index_copy_")
     local d0 = dim0(t, d, "index_copy_")
     call(core.t_index_put_, t, d0, as_long(idx, "index_copy_"), index_source(t, d0, idx, src, "index_copy_"), false, BASE)
     return bump(t)
   end
   methods.index_fill_ = function(t, d, idx, v)
+    inplace(t, "index_fill_")
     local d0 = dim0(t, d, "index_fill_")
     call(core.t_index_put_, t, d0, as_long(idx, "index_fill_"), index_source(t, d0, idx, scalar(v, "index_fill_", "the value"), "index_fill_"), false, BASE)
     return bump(t)
@@ -454,11 +470,11 @@ function M.install(tensor)
     end)
   end)
   methods.masked_fill_ = function(t, mask, v)
-    call(core.t_masked_fill_, t, as_mask(mask, "masked_fill_"), scalar(v, "masked_fill_", "the value"))
+    call(core.t_masked_fill_, inplace(t, "masked_fill_"), as_mask(mask, "masked_fill_"), scalar(v, "masked_fill_", "the value"))
     return bump(t)
   end
   methods.masked_scatter_ = function(t, mask, src)
-    call(core.t_masked_scatter_, t, as_mask(mask, "masked_scatter_"), expect_tensor(src, "masked_scatter_", "the source"))
+    call(core.t_masked_scatter_, inplace(t, "masked_scatter_"), as_mask(mask, "masked_scatter_"), expect_tensor(src, "masked_scatter_", "the source"))
     return bump(t)
   end
 
@@ -615,6 +631,10 @@ function M.install(tensor)
     local before, idx, after = split_key(k)
     if #after > 0 then
       error("index assignment: keys after an index tensor are not supported (assign into t[{..., idx}] of a view)", 2)
+    end
+    if autograd.enabled() and autograd.requires(t) then
+      error("index assignment: assigning into a tensor that requires grad is not recorded by autograd; " ..
+        "use index_add/scatter/masked_fill (out of place) or run it under tensor.no_grad", 2)
     end
     local target = #before > 0 and plain_index(t, before) or t
     local d0 = dim_after(before)
