@@ -307,7 +307,7 @@ describe("tensor ops agree with numpy", function()
     end
   end)
 
-  it("gives the indexing gradients numpy's scatter-adds", function()
+  it("gives the gradients numpy computes (indexing, ordering, scans, reductions)", function()
     if not numpy_ok() then pending("python3-numpy is not installed") return end
     local dir = S.tmpdir .. "/opsgrad"
     os.execute("mkdir -p " .. dir)
@@ -328,6 +328,17 @@ for i in range(4):
   for j in range(7): g[gidx[i, j] - 1, j] += w2[i, j]
 np.save(d + '/g_gather.npy', g)
 np.save(d + '/g_cumsum.npy', np.flip(np.cumsum(np.flip(w1[:5], 0), 0), 0))
+w = w1[:5]
+g = np.zeros_like(a); np.put_along_axis(g, np.argsort(a, 1, kind='stable'), w, 1); np.save(d + '/g_sort.npy', g)
+np.save(d + '/g_flip.npy', np.flip(w, 1))
+np.save(d + '/g_roll.npy', np.roll(w, -2, 1))
+np.save(d + '/g_var.npy', 2 * (a - a.mean(1, keepdims=True)) / 6 * w[:, :1])
+e = np.exp(a - a.max(1, keepdims=True)); np.save(d + '/g_lse.npy', e / e.sum(1, keepdims=True) * w[:, :1])
+out = np.cumprod(a, 1); np.save(d + '/g_cumprod.npy', np.flip(np.cumsum(np.flip(w * out, 1), 1), 1) / a)
+m = a > 0; g = np.zeros_like(a); g[m] = w1.reshape(-1)[:m.sum()]; np.save(d + '/g_mselect.npy', g)
+np.save(d + '/g_where.npy', np.where(m, w, 0))
+np.save(d + '/g_norm.npy', a / np.linalg.norm(a) * w[0, 0])
+np.save(d + '/g_clamp.npy', np.where((a >= -0.5) & (a <= 0.5), w, 0))
 ]]):format(dir), "opsgrad.py")
     assert.is_true(os.execute(PY .. " " .. script) == 0)
     local function grad_of(f, w)
@@ -340,6 +351,21 @@ np.save(d + '/g_cumsum.npy', np.flip(np.cumsum(np.flip(w1[:5], 0), 0), 0))
     assert_close("t[idx] grad", grad_of(function(x) return x[idx] end, w1), tensor.load(dir .. "/g_isel.npy"))
     assert_close("gather grad", grad_of(function(x) return x:gather(1, gidx) end, w2), tensor.load(dir .. "/g_gather.npy"))
     assert_close("cumsum grad", grad_of(function(x) return x:cumsum(1) end, w1[{{1, 5}}]), tensor.load(dir .. "/g_cumsum.npy"))
+    local w = w1[{{1, 5}}]
+    local L = function(k) return tensor.load(dir .. "/g_" .. k .. ".npy") end
+    assert_close("sort grad", grad_of(function(x) return (x:sort(2)) end, w), L("sort"))
+    assert_close("flip grad", grad_of(function(x) return x:flip(2) end, w), L("flip"))
+    assert_close("roll grad", grad_of(function(x) return x:roll(2, 2) end, w), L("roll"))
+    assert_close("var grad", grad_of(function(x) return x:var(2, true, true) end, w[{":", {1, 1}}]), L("var"), 1e-10)
+    assert_close("logsumexp grad", grad_of(function(x) return x:logsumexp(2, true) end, w[{":", {1, 1}}]), L("lse"), 1e-10)
+    assert_close("cumprod grad", grad_of(function(x) return x:cumprod(2) end, w), L("cumprod"), 1e-9)
+    local m = a:gt(0)
+    local nsel = m:sum():item()
+    assert_close("masked_select grad", grad_of(function(x) return x:masked_select(m) end,
+      w1:reshape(-1):narrow(1, 1, nsel)), L("mselect"))
+    assert_close("where grad", grad_of(function(x) return tensor.where(m, x, 0) end, w), L("where"))
+    assert_close("norm grad", grad_of(function(x) return x:norm() end, w[1][1]), L("norm"), 1e-10)
+    assert_close("clamp grad", grad_of(function(x) return x:clamp(-0.5, 0.5) end, w), L("clamp"))
   end)
 end)
 
@@ -398,6 +424,12 @@ describe("tensor op gradients", function()
     gradcheck("std", function(a) return a:std() end, {r(3, 4)})
     gradcheck("norm", function(a) return a:norm() end, {r(3, 4)})
     gradcheck("norm p=3 dim", function(a) return a:norm(3, 1) end, {r(3, 4)})
+    gradcheck("norm dim", function(a) return a:norm(2, 2) end, {r(3, 4)})
+    gradcheck("norm dim keepdim", function(a) return a:norm(2, 1, true) end, {r(3, 4)})
+    local z = tensor.zeros(3, f64)
+    z.requires_grad = true
+    z:norm():backward()
+    assert.are.same({0, 0, 0}, z.grad:totable()) -- the subgradient at 0, not NaN
     gradcheck("logsumexp", function(a) return a:logsumexp(2) end, {r(3, 4)})
     gradcheck("cumsum", function(a) return a:cumsum(2) end, {r(3, 4)})
     gradcheck("cumprod", function(a) return a:cumprod(1) end, {r(4, 3)})

@@ -705,7 +705,19 @@ function M.install(tensor)
     if p == math.huge then return red(a, "max") end
     if p == -math.huge then return red(a, "min") end
     if p == 1 then return red(a, "sum") end
-    if p == 2 then return methods.sqrt(red(methods.mul(t, t), "sum")) end
+    if p == 2 then
+      -- recorded as one node: its gradient t / norm is 0 where the norm is 0 (as
+      -- PyTorch's subgradient), not the NaN that sqrt's derivative at 0 would give
+      local out = tensor.no_grad(function() return methods.sqrt(red(methods.mul(t, t), "sum")) end)
+      local d0 = d ~= nil and dim0(t, d, "norm") or nil
+      return record(out, "norm", table.pack(t), function(g)
+        local o, gg = out, g
+        if d0 ~= nil and not keepdim then o, gg = core.t_unsqueeze(o, d0), core.t_unsqueeze(g, d0) end
+        local r = core.t_binary(BIN.div, mul(t, gg), o)
+        local zero = core.t_binary(BIN.eq, o, 0)
+        return core.t_where(zero, core.t_full(core.t_dtype(r), {}, 0, core.t_device(r)), r)
+      end)
+    end
     if p == 0 then return red(methods.to(methods.ne(t, 0), t.dtype), "sum") end
     return methods.pow(red(methods.pow(a, p), "sum"), 1 / p)
   end)
