@@ -282,6 +282,43 @@ int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *s
   return rc;
 }
 
+typedef struct {
+  const char *src;
+  char *dst;
+  const int64_t *idx;
+  int64_t m, n, inner;
+  rh_dtype_t dt;
+  int accumulate;
+} iput_t;
+
+#define IPUT_ADD(T)                                                \
+  for (int64_t k = 0; k < j->inner; k++) ((T *)d)[k] += ((const T *)s)[k]
+
+static void iput_chunk(void *vj, int64_t lo, int64_t hi) {
+  iput_t *j = vj;
+  size_t es = rh_dtype_size(j->dt);
+  int64_t slab = j->inner * (int64_t)es;
+  for (int64_t o = lo; o < hi; o++)
+    for (int64_t i = 0; i < j->m; i++) {
+      char *d = j->dst + (o * j->n + j->idx[i]) * slab;
+      const char *s = j->src + (o * j->m + i) * slab;
+      if (!j->accumulate) {
+        memcpy(d, s, (size_t)slab);
+        continue;
+      }
+      switch (j->dt) {
+        case RH_F32: IPUT_ADD(float); break;
+        case RH_F64: IPUT_ADD(double); break;
+        case RH_I32: IPUT_ADD(uint32_t); break; /* unsigned: wraps, as the reductions do */
+        case RH_I64: IPUT_ADD(uint64_t); break;
+        case RH_U8: IPUT_ADD(uint8_t); break;
+        default: /* bool: an add is an or */
+          for (int64_t k = 0; k < j->inner; k++) d[k] = d[k] || s[k];
+          break;
+      }
+    }
+}
+
 /* index_put_(a, dim, idx, src, accumulate): a[..., idx[i], ...] = (or +=) src[..., i, ...];
  * src has a's shape with idx's length along dim (the caller broadcasts it). */
 int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, int accumulate, int64_t base) {
@@ -304,6 +341,23 @@ int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t 
   if (rh__same_device(what, a, src)) return -1;
   rh_tensor_t *ci = checked_index(what, idx, a->ndim ? a->size[dim] : 1, dim, base);
   if (!ci) return -1;
+  if (!RH_ON_DEVICE(a) && rh_tensor_is_contiguous(a) && a->ndim > 0) {
+    /* contiguous on the host: slab by slab (no index of src's size) */
+    rh_tensor_t *cs = rh_tensor_contiguous(src);
+    if (!cs) {
+      rh_tensor_release(ci);
+      return -1;
+    }
+    int64_t inner = 1, outer = 1;
+    for (int d = dim + 1; d < a->ndim; d++) inner *= a->size[d];
+    for (int d = 0; d < dim; d++) outer *= a->size[d];
+    iput_t j = {rh_tensor_data(cs), rh_tensor_data(a), rh_tensor_data(ci), m, a->size[dim], inner, a->dtype, accumulate};
+    /* whole outer slices per thread: repeated indices within one are applied in order */
+    rh_parallel_for(outer, outer * m * inner >= (1 << 16) ? 1 : outer, iput_chunk, &j);
+    rh_tensor_release(cs);
+    rh_tensor_release(ci);
+    return 0;
+  }
   /* as a scatter whose index is idx broadcast over src's shape */
   int64_t isz[RH_MAXDIM], ist[RH_MAXDIM];
   int nd = a->ndim;
