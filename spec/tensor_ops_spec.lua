@@ -441,6 +441,13 @@ describe("tensor op gradients", function()
     gradcheck("outer", function(a, b) return tensor.outer(a, b) end, {r(3), r(4)})
     gradcheck("bmm", function(a, b) return tensor.bmm(a, b) end, {r(2, 3, 4), r(2, 4, 2)})
     gradcheck("einsum", function(a, b, c) return tensor.einsum("ij,jk,k->i", a, b, c) end, {r(2, 3), r(3, 4), r(4)})
+    -- ops that promote hand each input a gradient of its own dtype
+    local x32 = tensor.randn(2, 3, {requires_grad = true})
+    local x64 = tensor.randn(2, 3, {dtype = tensor.float64, requires_grad = true})
+    tensor.cat({x32, x64}):sum():backward()
+    tensor.where(x32:gt(0), x32, x64):sum():backward()
+    assert.are.equal(tensor.float32, x32.grad.dtype)
+    assert.are.equal(tensor.float64, x64.grad.dtype)
   end)
 end)
 

@@ -54,6 +54,12 @@ function M.install(tensor)
   end
 
   local function sizes(t) return core.t_size(t) end
+  -- a gradient in the dtype of the input it is for (an op that promoted its
+  -- inputs hands each one back its own dtype, as PyTorch does)
+  local function like_dtype(g, x)
+    if g == nil or core.t_dtype(g) == core.t_dtype(x) then return g end
+    return core.t_cast(g, core.t_dtype(x))
+  end
   local function zeros_like(t) return core.t_full(core.t_dtype(t), sizes(t), 0, core.t_device(t)) end
   local function expect_tensor(v, what, argname)
     if not is_tensor(v) then
@@ -200,7 +206,7 @@ function M.install(tensor)
       local grads, o = {}, 0
       for i = 1, #list do
         local n = core.t_size(list[i], d0)
-        grads[i] = core.t_narrow(g, d0, o, n)
+        grads[i] = like_dtype(core.t_narrow(g, d0, o, n), list[i])
         o = o + n
       end
       return unpack(grads, 1, #list)
@@ -379,7 +385,7 @@ function M.install(tensor)
         gt = core.t_clone(g)
         core.t_scatter_(gt, d0, idx, 0, false, BASE)
       end
-      local gs = is_tensor(src) and core.t_gather(g, d0, idx, BASE) or nil
+      local gs = is_tensor(src) and like_dtype(core.t_gather(g, d0, idx, BASE), src) or nil
       return gt, gs
     end)
   end
@@ -426,7 +432,7 @@ function M.install(tensor)
     return record(out, "index_add", table.pack(t, src), function(g)
       local gs = core.t_index_select(g, d0, idx, BASE)
       if alpha ~= 1 then gs = mul(gs, alpha) end
-      return g, autograd.sum_to(gs, sizes(src))
+      return g, like_dtype(autograd.sum_to(gs, sizes(src)), src)
     end)
   end)
   methods.index_add_ = function(t, d, idx, src, opts)
@@ -517,7 +523,7 @@ function M.install(tensor)
     return record(out, "where", table.pack(is_tensor(a) and ta or nil, is_tensor(b) and tb or nil), function(g)
       local ga = is_tensor(a) and autograd.sum_to(core.t_where(cond, g, core.t_full(core.t_dtype(g), {}, 0, core.t_device(g))), sizes(ta)) or nil
       local gb = is_tensor(b) and autograd.sum_to(core.t_where(cond, core.t_full(core.t_dtype(g), {}, 0, core.t_device(g)), g), sizes(tb)) or nil
-      return ga, gb
+      return like_dtype(ga, ta), like_dtype(gb, tb)
     end)
   end)
 
