@@ -614,7 +614,12 @@ function M.install(tensor)
   end
 
   T.__index = function(t, k)
-    if type(k) == "string" or type(k) == "number" then return plain_index(t, k) end
+    if type(k) == "string" then
+      local m = methods[k] -- the common case first: a method lookup, one table read
+      if m then return m end
+      return plain_index(t, k)
+    end
+    if type(k) == "number" then return plain_index(t, k) end
     if has_tensor(k) then
       local before, idx, after = split_key(k)
       local v = #before > 0 and plain_index(t, before) or t
