@@ -93,6 +93,11 @@ rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, i
   for (int d = 0; d < a->ndim; d++) size[d] = a->size[d];
   int64_t m = rh_tensor_numel(ci);
   if (a->ndim) size[dim] = m;
+  else if (m != 1) {
+    rh_tensor_release(ci);
+    rh_tensor_fail("index_select: a 0-dimensional tensor takes an index of one element, got %lld", (long long)m);
+    return NULL;
+  }
   rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), a->dtype, a->ndim, size);
   rh_tensor_t *ca = out ? contig(a) : NULL;
   if (!ca) goto fail;
