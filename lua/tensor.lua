@@ -509,12 +509,23 @@ local function scalar_pair(a, b)
 end
 tensor._scalar_pair = scalar_pair
 
+-- An integer tensor meeting a fractional Lua number becomes floating point: the
+-- core makes it float32; with another default dtype (float64) the tensor is
+-- converted to it first, as PyTorch's default dtype decides there too.
+local function float_scalar_default(a, b)
+  local function frac(v) return type(v) == "number" and v ~= math.floor(v) end
+  if frac(b) and is_tensor(a) and core.t_dtype(a) > 1 then a = core.t_cast(a, default_dtype.id)
+  elseif frac(a) and is_tensor(b) and core.t_dtype(b) > 1 then b = core.t_cast(b, default_dtype.id) end
+  return a, b
+end
+
 for name, op in pairs(BIN) do
   local f = function(a, b, opts)
     if type(opts) == "table" and opts.alpha and (name == "add" or name == "sub") then
       b = call(core.t_binary, BIN.mul, operand(b, name), opts.alpha)
     end
     a, b = scalar_pair(operand(a, name), operand(b, name))
+    if default_dtype ~= tensor.float32 then a, b = float_scalar_default(a, b) end
     return call(core.t_binary, op, a, b)
   end
   tensor[name] = f
