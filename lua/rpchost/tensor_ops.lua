@@ -86,6 +86,7 @@ function M.install(tensor)
     local f = function(a)
       a = tensor._operand(a, name)
       if not is_tensor(a) then a = tensor.tensor(a) end
+      a = tensor._float_input(a, name)
       local out = call(core.t_unary, code, a)
       return record(out, name, table.pack(a), function(g) return df(g, a, out) end)
     end
