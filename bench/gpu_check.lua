@@ -199,6 +199,8 @@ versus("one_hot", function(c) return tensor.one_hot(c, 6) end, tensor.tensor({1L
 versus("einsum", function(x, y) return tensor.einsum("bij,bjk->bik", x, y) end, operand(tensor.float64, 3, 4, 5),
   operand(tensor.float64, 3, 5, 2))
 versus("remainder int64 by zero (refused on both)", function(x) return x % 0LL end, tensor.tensor({3LL}))
+versus("diagonal", function(x) return x:diagonal(1):contiguous() end, operand(tensor.float32, 7, 9))
+versus("einsum trace", function(x) return tensor.einsum("bii->b", x) end, operand(tensor.float64, 3, 5, 5))
 
 -- autograd on the GPU equals autograd on the CPU
 do

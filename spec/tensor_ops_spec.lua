@@ -266,6 +266,14 @@ describe("tensor ops agree with numpy", function()
       einsum_three = {function() return tensor.einsum("ij,jk,kl->il", a, b:t(), a) end,
         "np.einsum('ij,jk,kl->il', a, b.T, a)"},
       einsum_sum = {function() return tensor.einsum("bij,bjk->k", c3, d3) end, "np.einsum('bij,bjk->k', c3, d3)"},
+      einsum_trace = {function() return tensor.einsum("ii", a[{{1, 5}, {1, 5}}]) end, "np.einsum('ii', a[:5, :5])"},
+      einsum_diag = {function() return tensor.einsum("ii->i", a[{{1, 5}, {1, 5}}]) end, "np.einsum('ii->i', a[:5, :5])"},
+      einsum_bdiag = {function() return tensor.einsum("bii->b", c3[{":", {1, 4}, {1, 4}}]) end, "np.einsum('bii->b', c3[:, :4, :4])"},
+      diagonal = {function() return a:diagonal() end, "np.diagonal(a)"},
+      diagonal_off = {function() return a:diagonal(2) end, "np.diagonal(a, 2)"},
+      diagonal_neg_t = {function() return a:t():diagonal(-1) end, "np.diagonal(a.T, -1)"},
+      diagonal_3d = {function() return c3:diagonal(0, 1, 3) end, "np.diagonal(c3, 0, 0, 2)"},
+      trace = {function() return a[{{1, 5}, {1, 5}}]:trace() end, "np.trace(a[:5, :5])"},
     }
     -- every dtype the dtype-generic ops take
     local DT = {int64 = "np.int64", int32 = "np.int32", uint8 = "np.uint8", bool = "bool", float32 = "np.float32"}
@@ -448,6 +456,8 @@ describe("tensor op gradients", function()
     gradcheck("outer", function(a, b) return tensor.outer(a, b) end, {r(3), r(4)})
     gradcheck("bmm", function(a, b) return tensor.bmm(a, b) end, {r(2, 3, 4), r(2, 4, 2)})
     gradcheck("einsum", function(a, b, c) return tensor.einsum("ij,jk,k->i", a, b, c) end, {r(2, 3), r(3, 4), r(4)})
+    gradcheck("einsum trace", function(a) return tensor.einsum("ii", a) end, {r(3, 3)})
+    gradcheck("diagonal", function(a) return a:diagonal(1) end, {r(3, 4)})
     -- ops that promote hand each input a gradient of its own dtype
     local x32 = tensor.randn(2, 3, {requires_grad = true})
     local x64 = tensor.randn(2, 3, {dtype = tensor.float64, requires_grad = true})

@@ -6,7 +6,7 @@
 -- expm1 rsqrt), reductions and scans (var std norm logsumexp cumsum cumprod
 -- all any), ordering (sort argsort topk), random tensors (randint randperm
 -- bernoulli multinomial), and construction (one_hot outer bmm linspace
--- logspace eye einsum).
+-- logspace eye einsum diagonal trace).
 --
 -- Dimensions and indices are 1-based, as everywhere in the Lua face: index
 -- tensors given to these ops hold 1-based indices, and ops whose results are
@@ -945,6 +945,40 @@ function M.install(tensor)
     return tensor._finish(z, opts, dev)
   end
 
+  -- diagonal(t, offset = 0, dim1 = 1, dim2 = 2): a view of the diagonal of the
+  -- (dim1, dim2) planes, as the last dimension (PyTorch's diagonal)
+  local function diag_view(t, off, d1, d2)
+    local _, _, sz, st, base = core.t_info(t)
+    local n1, n2 = sz[d1 + 1], sz[d2 + 1]
+    local len = math.max(0, math.min(n1 - math.max(0, -off), n2 - math.max(0, off)))
+    if len > 0 then base = base + (off >= 0 and off * st[d2 + 1] or -off * st[d1 + 1]) end
+    local nsz, nst = {}, {}
+    for i = 1, #sz do
+      if i ~= d1 + 1 and i ~= d2 + 1 then nsz[#nsz + 1], nst[#nst + 1] = sz[i], st[i] end
+    end
+    nsz[#nsz + 1], nst[#nst + 1] = len, st[d1 + 1] + st[d2 + 1]
+    return call(core.t_as_strided, t, nsz, nst, base)
+  end
+  def("diagonal", function(t, off, d1, d2)
+    if type(off) == "table" then off, d1, d2 = off.offset, off.dim1, off.dim2 end
+    off = off or 0
+    if core.t_ndim(t) < 2 then
+      error(("diagonal: expected a tensor with at least 2 dimensions, got %d"):format(core.t_ndim(t)), 2)
+    end
+    local a0, b0 = dim0(t, d1 or 1, "diagonal"), dim0(t, d2 or 2, "diagonal")
+    if a0 == b0 then error(("diagonal: dim1 and dim2 are both dimension %d"):format(a0 + 1), 2) end
+    local out = diag_view(t, off, a0, b0)
+    return record(out, "diagonal", table.pack(t), function(g)
+      local z = zeros_like(t)
+      core.t_copy_(diag_view(z, off, a0, b0), g)
+      return z
+    end)
+  end)
+  def("trace", function(t)
+    if core.t_ndim(t) ~= 2 then error(("trace: expected a 2-dimensional tensor, got %d dimensions"):format(core.t_ndim(t)), 2) end
+    return methods.sum(tensor.diagonal(t))
+  end)
+
   -- einsum("ij,jk->ik", a, b, ...): operands contracted pairwise, left to right;
   -- each pair becomes one batched matmul (permute, reshape, matmul, reshape), so
   -- gradients come from those ops and memory stays that of the operands
@@ -963,12 +997,7 @@ function M.install(tensor)
     local count = {}
     for _, term in ipairs(terms) do
       if not term:match("^%a*$") then error(("einsum: subscripts must be letters, got '%s'"):format(term), 3) end
-      local seen = {}
-      for c in term:gmatch(".") do
-        if seen[c] then error(("einsum: subscript '%s' repeats within one operand ('%s'; diagonals are not supported)"):format(c, term), 3) end
-        seen[c] = true
-        count[c] = (count[c] or 0) + 1
-      end
+      for c in term:gmatch(".") do count[c] = (count[c] or 0) + 1 end
     end
     if not rhs then
       local once = {}
@@ -1046,10 +1075,33 @@ function M.install(tensor)
     if #ops == 1 and type(ops[1]) == "table" and not is_tensor(ops[1]) then ops = ops[1] end
     for i, x in ipairs(ops) do expect_tensor(x, "einsum", "operand " .. i) end
     local terms, rhs = parse_einsum(eq, #ops)
+    ops = {unpack(ops)}
     for i, x in ipairs(ops) do
       if #terms[i] ~= core.t_ndim(x) then
         error(("einsum: operand %d has %d dimensions but its subscripts '%s' name %d"):format(i, core.t_ndim(x),
           terms[i], #terms[i]), 2)
+      end
+      -- repeated letters: the diagonal of those two dims, moved last ("ii->i", "bii->b")
+      local again = true
+      while again do
+        again = false
+        local ls = letters(terms[i])
+        for p = 1, #ls do
+          local q = terms[i]:find(ls[p], p + 1, true)
+          if q then
+            if core.t_size(ops[i], p - 1) ~= core.t_size(ops[i], q - 1) then
+              error(("einsum: subscript '%s' repeats in operand %d over sizes %d and %d"):format(ls[p], i,
+                core.t_size(ops[i], p - 1), core.t_size(ops[i], q - 1)), 2)
+            end
+            ops[i] = tensor.diagonal(ops[i], 0, p, q)
+            local rest = {}
+            for k = 1, #ls do if k ~= p and k ~= q then rest[#rest + 1] = ls[k] end end
+            rest[#rest + 1] = ls[p]
+            terms[i] = table.concat(rest)
+            again = true
+            break
+          end
+        end
       end
     end
     local x, sx = ops[1], terms[1]
