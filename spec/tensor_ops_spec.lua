@@ -556,6 +556,36 @@ describe("strided copies", function()
   end)
 end)
 
+describe("large scatters", function()
+  it("split across threads give the serial answer (last store wins, every add counted)", function()
+    tensor.manual_seed(8)
+    for _, d in ipairs({1, 2}) do
+      local R, C = 300, 400
+      local idx = tensor.randint(1, (d == 1 and R or C) + 1, {R, C})
+      local src = tensor.randn(R, C, f64)
+      local got_set = tensor.zeros(R, C, f64):scatter(d, idx, src):totable()
+      local got_add = tensor.zeros(R, C, f64):scatter_add(d, idx, src):totable()
+      local it, st = idx:totable(), src:totable()
+      local want_set, want_add = {}, {}
+      for i = 1, R do want_set[i], want_add[i] = {}, {} for j = 1, C do want_set[i][j], want_add[i][j] = 0, 0 end end
+      for i = 1, R do
+        for j = 1, C do
+          local ti, tj = i, j
+          if d == 1 then ti = it[i][j] else tj = it[i][j] end
+          want_set[ti][tj] = st[i][j]
+          want_add[ti][tj] = want_add[ti][tj] + st[i][j]
+        end
+      end
+      for i = 1, R do
+        for j = 1, C do
+          assert.are.equal(want_set[i][j], got_set[i][j], ("scatter dim %d at %d,%d"):format(d, i, j))
+          assert.is_true(math.abs(want_add[i][j] - got_add[i][j]) < 1e-9, ("scatter_add dim %d at %d,%d"):format(d, i, j))
+        end
+      end
+    end
+  end)
+end)
+
 describe("random ops", function()
   it("repeat under manual_seed and draw what they promise", function()
     tensor.manual_seed(4)

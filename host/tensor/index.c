@@ -249,9 +249,61 @@ rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t
   return out;
 }
 
+/* Two positions of idx's shape write the same element only when they agree on
+ * every dim but `dim`, so a scatter splits across threads along another dim: that
+ * dim is moved first (idx copied in that order), and each thread takes a range of
+ * it. Colliding positions stay in one thread in their original order, so the
+ * last store wins as it does serially. */
+typedef struct {
+  gs_t base;
+  int64_t per; /* positions per index of the first dim */
+} gs_split_t;
+
+static void scatter_chunk(void *vctx, int64_t lo, int64_t hi) {
+  gs_split_t *sp = vctx;
+  gs_t j = sp->base;
+  j.size[0] = hi - lo;
+  j.idx += lo * sp->per;
+  j.abase += lo * j.ast[0];
+  if (j.obase) j.obase += lo * j.ost[0];
+  gs_range(&j, 0, (hi - lo) * sp->per);
+}
+
+static int scatter_host(gs_t *j, rh_tensor_t *ci) {
+  int64_t n = rh_tensor_numel(ci);
+  int dp = -1;
+  for (int d = 0; d < j->ndim; d++)
+    if (d != j->dim && j->size[d] > 1 && (dp < 0 || j->size[d] > j->size[dp])) dp = d;
+  if (n < (1 << 16) || dp < 0 || j->ndim < 2) {
+    gs_range(j, 0, n);
+    return 0;
+  }
+  int perm[RH_MAXDIM], k = 0;
+  perm[k++] = dp;
+  for (int d = 0; d < j->ndim; d++)
+    if (d != dp) perm[k++] = d;
+  rh_tensor_t *pv = rh_tensor_permute(ci, perm);
+  rh_tensor_t *pc = pv ? rh_tensor_clone(pv) : NULL;
+  rh_tensor_release(pv);
+  if (!pc) return -1;
+  gs_split_t sp;
+  sp.base = *j;
+  for (int d = 0; d < j->ndim; d++) {
+    sp.base.size[d] = j->size[perm[d]];
+    sp.base.ast[d] = j->ast[perm[d]];
+    sp.base.ost[d] = j->ost[perm[d]];
+    if (perm[d] == j->dim) sp.base.dim = d;
+  }
+  sp.base.idx = rh_tensor_data(pc);
+  sp.per = n / sp.base.size[0];
+  rh_parallel_for(sp.base.size[0], 1, scatter_chunk, &sp);
+  rh_tensor_release(pc);
+  return 0;
+}
+
 /* scatter_(a, dim, idx, src | value): in place on a. accumulate: add instead of
  * store (scatter_add_). Stores to one place from several index entries keep the
- * last (serially here, so the same answer every time); adds run serially too. */
+ * last in idx's order, every time (see scatter_host). */
 int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, double value, int accumulate,
                        int64_t base) {
   const char *what = accumulate ? "scatter_add" : "scatter";
@@ -281,7 +333,7 @@ int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *s
               src ? rh_tensor_data(src) : NULL, {0}};
     for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
     rh__store(a->dtype, j.value, value);
-    gs_range(&j, 0, rh_tensor_numel(ci));
+    rc = scatter_host(&j, ci);
   }
   rh_tensor_release(ci);
   return rc;
