@@ -138,8 +138,8 @@ do
 end
 
 -- the ops of lua/rpchost/tensor_ops.lua: their kernels (kernels/elementwise.cu's
--- new unary ops and remainder, kernels/index.cu) and the ones that round-trip
--- through the host (sort, scans, masked_select, nonzero) on every dtype
+-- new unary ops and remainder, kernels/index.cu with the mask ops, kernels/sort.cu)
+-- on every dtype, contiguous and strided
 print("# tensor_ops against the CPU")
 local NEW_UNARY = {"floor", "ceil", "round", "sign", "sin", "cos", "log1p", "expm1", "rsqrt"}
 for _, dt in ipairs(DT) do
@@ -188,6 +188,10 @@ for _, dt in ipairs(DT) do
     mask, a, b)
   versus("masked_select " .. n, function(x, m) return x:masked_select(m) end, a, mask)
   versus("t[mask] = v " .. n, function(x, m) local z = x:clone(); z[m] = 0; return z end, a, mask)
+  versus("t[mask] = tensor " .. n, function(x, m) local z = x:clone(); z[m] = x:masked_select(m):flip(1); return z end,
+    a, mask)
+  versus("masked_select broadcast " .. n, function(x, m) return x:masked_select(m[1]) end, a, mask)
+  versus("nonzero of a transpose " .. n, function(x) return tensor.nonzero(x:t()) end, a)
   versus("t[idx] = v " .. n, function(x, i) local z = x:clone(); z[i] = 1; return z end, a, tensor.tensor({2LL, 9LL}))
   versus("nonzero " .. n, function(x) return tensor.nonzero(x) end, a)
   versus("cat " .. n, function(x, y) return tensor.cat({x, y:t():t()}, 2) end, a, b)

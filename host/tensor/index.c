@@ -514,8 +514,10 @@ fail:
   return NULL;
 }
 
-/* host copies of t and of mask broadcast to t's shape, both contiguous */
-static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t **ht, rh_tensor_t **hm) {
+/* contiguous copies of t and of mask broadcast to t's shape, on the host or
+ * (keep_device) where t lives */
+static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t **ht, rh_tensor_t **hm,
+                     int keep_device) {
   *ht = *hm = NULL;
   if (check_mask(what, mask)) return -1;
   int nd;
@@ -527,12 +529,13 @@ static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_ten
     rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
     return rh_tensor_fail("%s: the mask (shape %s) does not broadcast to the tensor's shape %s", what, sm, st);
   }
+  int dev = keep_device ? rh_tensor_device(t) : -1;
   rh_tensor_t *me = rh_tensor_expand(mask, nd, shape);
-  rh_tensor_t *mh = me ? rh_tensor_to_device(me, -1) : NULL;
+  rh_tensor_t *mh = me ? rh_tensor_to_device(me, dev) : NULL;
   rh_tensor_release(me);
   *hm = mh ? rh_tensor_contiguous(mh) : NULL;
   rh_tensor_release(mh);
-  rh_tensor_t *th = *hm ? rh_tensor_to_device(t, -1) : NULL;
+  rh_tensor_t *th = *hm ? rh_tensor_to_device(t, dev) : NULL;
   *ht = th ? rh_tensor_contiguous(th) : NULL;
   rh_tensor_release(th);
   if (!*hm || !*ht) {
@@ -544,6 +547,18 @@ static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_ten
   return 0;
 }
 
+/* on a device: each set element's place among the set ones, and their count */
+static rh_tensor_t *device_places(const rh_tensor_t *m, int64_t *count) {
+  int64_t n = rh_tensor_numel(m);
+  rh_tensor_t *pos = rh_tensor_empty_on(rh_tensor_device(m), RH_I64, 1, &n);
+  if (pos && rh__cuda_call(rh_cuda_api()->mask_scan(rh_tensor_device(m), n, rh_tensor_data(m), rh_tensor_data(pos),
+                                                    count))) {
+    rh_tensor_release(pos);
+    return NULL;
+  }
+  return pos;
+}
+
 static int64_t count_set(const rh_tensor_t *m) {
   const uint8_t *p = rh_tensor_data(m);
   int64_t n = rh_tensor_numel(m), c = 0;
@@ -552,28 +567,38 @@ static int64_t count_set(const rh_tensor_t *m) {
 }
 
 /* masked_select(t, mask): the elements where mask is set, in order, as 1-D.
- * (Ordered and data-dependent in size: done on the host, the result moved back.) */
+ * The result's size depends on the data: on a device a prefix sum places each
+ * element, and its count comes back to the host to size the result. */
 rh_tensor_t *rh_tensor_masked_select(rh_tensor_t *t, rh_tensor_t *mask) {
   if (rh__same_device("masked_select", t, mask)) return NULL;
   rh_tensor_t *ht, *hm;
-  if (mask_pair("masked_select", t, mask, &ht, &hm)) return NULL;
-  int64_t c = count_set(hm), n = rh_tensor_numel(hm);
-  rh_tensor_t *out = rh_tensor_empty(t->dtype, 1, &c);
-  if (out) {
-    size_t es = rh_dtype_size(t->dtype);
-    const uint8_t *m = rh_tensor_data(hm);
-    const char *src = rh_tensor_data(ht);
-    char *dst = rh_tensor_data(out);
-    for (int64_t i = 0, k = 0; i < n; i++)
-      if (m[i]) memcpy(dst + (k++) * es, src + i * es, es);
+  if (mask_pair("masked_select", t, mask, &ht, &hm, 1)) return NULL;
+  int64_t c = 0, n = rh_tensor_numel(hm);
+  size_t es = rh_dtype_size(t->dtype);
+  rh_tensor_t *out = NULL;
+  if (RH_ON_DEVICE(t)) {
+    rh_tensor_t *pos = device_places(hm, &c);
+    out = pos ? rh_tensor_empty_on(rh_tensor_device(t), t->dtype, 1, &c) : NULL;
+    if (out && rh__cuda_call(rh_cuda_api()->mask_compact(rh_tensor_device(t), (int)es, n, rh_tensor_data(hm),
+                                                         rh_tensor_data(pos), rh_tensor_data(ht),
+                                                         rh_tensor_data(out)))) {
+      rh_tensor_release(out);
+      out = NULL;
+    }
+    rh_tensor_release(pos);
+  } else {
+    c = count_set(hm);
+    out = rh_tensor_empty(t->dtype, 1, &c);
+    if (out) {
+      const uint8_t *m = rh_tensor_data(hm);
+      const char *src = rh_tensor_data(ht);
+      char *dst = rh_tensor_data(out);
+      for (int64_t i = 0, k = 0; i < n; i++)
+        if (m[i]) memcpy(dst + (k++) * es, src + i * es, es);
+    }
   }
   rh_tensor_release(ht);
   rh_tensor_release(hm);
-  if (out && RH_ON_DEVICE(t)) {
-    rh_tensor_t *d = rh_tensor_to_device(out, rh_tensor_device(t));
-    rh_tensor_release(out);
-    out = d;
-  }
   return out;
 }
 
@@ -585,28 +610,43 @@ int rh_tensor_masked_scatter_(rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t *sr
     return rh_tensor_fail("masked_scatter: the source's dtype %s must match the tensor's %s",
                           rh_dtype_name(src->dtype), rh_dtype_name(t->dtype));
   rh_tensor_t *ht, *hm;
-  if (mask_pair("masked_scatter", t, mask, &ht, &hm)) return -1;
-  int64_t c = count_set(hm), n = rh_tensor_numel(hm);
-  rh_tensor_t *hs = NULL, *cs = NULL;
+  if (mask_pair("masked_scatter", t, mask, &ht, &hm, 1)) return -1;
+  int on_dev = RH_ON_DEVICE(t);
+  int64_t c = 0, n = rh_tensor_numel(hm);
+  rh_tensor_t *pos = NULL, *cs = NULL, *work = NULL;
   int rc = -1;
+  if (on_dev) {
+    pos = device_places(hm, &c);
+    if (!pos) goto done;
+  } else {
+    c = count_set(hm);
+  }
   if (rh_tensor_numel(src) < c) {
     rh_tensor_fail("masked_scatter: the mask selects %lld elements but the source has only %lld", (long long)c,
                    (long long)rh_tensor_numel(src));
     goto done;
   }
-  hs = rh_tensor_to_device(src, -1);
-  cs = hs ? rh_tensor_contiguous(hs) : NULL;
-  if (!cs) goto done;
+  cs = rh_tensor_contiguous(src);
+  /* ht may be t itself (contiguous already): write into a copy, then copy back */
+  work = cs ? rh_tensor_clone(ht) : NULL;
+  if (!work) goto done;
   size_t es = rh_dtype_size(t->dtype);
-  const uint8_t *m = rh_tensor_data(hm);
-  const char *s = rh_tensor_data(cs);
-  char *d = rh_tensor_data(ht);
-  for (int64_t i = 0, k = 0; i < n; i++)
-    if (m[i]) memcpy(d + i * es, s + (k++) * es, es);
-  rc = rh_tensor_copy_(t, ht); /* back into t's own layout and device */
+  if (on_dev) {
+    if (rh__cuda_call(rh_cuda_api()->mask_expand(rh_tensor_device(t), (int)es, n, rh_tensor_data(hm),
+                                                 rh_tensor_data(pos), rh_tensor_data(cs), rh_tensor_data(work))))
+      goto done;
+  } else {
+    const uint8_t *m = rh_tensor_data(hm);
+    const char *s = rh_tensor_data(cs);
+    char *d = rh_tensor_data(work);
+    for (int64_t i = 0, k = 0; i < n; i++)
+      if (m[i]) memcpy(d + i * es, s + (k++) * es, es);
+  }
+  rc = rh_tensor_copy_(t, work); /* back into t's own layout */
 done:
-  rh_tensor_release(hs);
+  rh_tensor_release(pos);
   rh_tensor_release(cs);
+  rh_tensor_release(work);
   rh_tensor_release(ht);
   rh_tensor_release(hm);
   return rc;
@@ -614,6 +654,23 @@ done:
 
 /* nonzero(t): int64 [count, ndim], the positions (plus base) of non-zero elements */
 rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base) {
+  if (RH_ON_DEVICE(t)) {
+    /* the set elements (NaN counts: it is not 0), placed by a prefix sum */
+    rh_tensor_t *m = rh_tensor_binary_scalar(RH_OP_NE, t, 0, 0, 0, NULL);
+    int64_t c = 0;
+    rh_tensor_t *pos = m ? device_places(m, &c) : NULL;
+    int64_t size[2] = {c, t->ndim};
+    rh_tensor_t *out = pos ? rh_tensor_empty_on(rh_tensor_device(t), RH_I64, 2, size) : NULL;
+    if (out && rh__cuda_call(rh_cuda_api()->nonzero_write(rh_tensor_device(t), rh_tensor_numel(m), t->ndim, t->size,
+                                                          rh_tensor_data(m), rh_tensor_data(pos),
+                                                          rh_tensor_data(out), base))) {
+      rh_tensor_release(out);
+      out = NULL;
+    }
+    rh_tensor_release(pos);
+    rh_tensor_release(m);
+    return out;
+  }
   rh_tensor_t *h = rh_tensor_to_device(t, -1);
   rh_tensor_t *ct = h ? rh_tensor_contiguous(h) : NULL;
   rh_tensor_release(h);
@@ -637,10 +694,5 @@ rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base) {
     }
   }
   rh_tensor_release(ct);
-  if (out && RH_ON_DEVICE(t)) {
-    rh_tensor_t *d = rh_tensor_to_device(out, rh_tensor_device(t));
-    rh_tensor_release(out);
-    out = d;
-  }
   return out;
 }
