@@ -194,7 +194,7 @@ function M.install(tensor)
     local shape = {}
     for k = 1, nd do shape[k] = base[k] end
     shape[d0 + 1] = total
-    local out = core.t_full(dt, shape, 0, dev)
+    local out = core.t_empty(dt, shape, dev) -- every element is written below
     local off = 0
     for _, t in ipairs(list) do
       local n = core.t_size(t, d0)
