@@ -1,4 +1,7 @@
 -- tensor: PyTorch-style tensors for Lua over the C core (see API.md).
+-- The dtype rule: Lua numbers give the default dtype (tensor.get_default_dtype(),
+-- float32), 5LL-style int64 cdata give int64, booleans give bool; index results
+-- (argmax, argsort, nonzero, randperm, ...) and arange of whole numbers give int64.
 -- Dimensions and indices are 1-based here (Torch7 heritage); the C core is 0-based,
 -- and this module is where the two meet. It also shapes options, printing, Size,
 -- .npy files, and how tensors travel over RPC.
