@@ -137,6 +137,75 @@ do
   check("a CPU scalar meets a CUDA tensor", ok and e == 18, e)
 end
 
+-- the ops of lua/rpchost/tensor_ops.lua: their kernels (kernels/elementwise.cu's
+-- new unary ops and remainder, kernels/index.cu with the mask ops, kernels/sort.cu)
+-- on every dtype, contiguous and strided
+print("# tensor_ops against the CPU")
+local NEW_UNARY = {"floor", "ceil", "round", "sign", "sin", "cos", "log1p", "expm1", "rsqrt"}
+for _, dt in ipairs(DT) do
+  local n = dt.name
+  local a, b = operand(dt, 37, 129), operand(dt, 37, 129)
+  local mask = operand(tensor.bool, 37, 129)
+  local idx = tensor.tensor({5LL, 1LL, 37LL, 5LL, -1LL})
+  local gidx = tensor.randint(1, 38, {20, 129})
+  local perm = tensor.rand(37, 129):argsort(1)
+  if dt ~= tensor.bool then
+    for _, op in ipairs(NEW_UNARY) do
+      if dt.is_floating_point or op == "floor" or op == "ceil" or op == "round" or op == "sign" then
+        versus(("%s %s"):format(op, n), function(x) return x[op](x) end, a)
+        versus(("%s %s strided"):format(op, n), function(x) return x:t()[op](x:t()) end, a)
+      end
+    end
+    local nz = dt.is_floating_point and b or b:abs() + 1 -- integer remainders refuse zero divisors
+    versus("remainder " .. n, function(x, y) return x % y end, a, nz:to(dt))
+    versus("remainder scalar " .. n, function(x) return x % 3 end, a)
+    versus("clamp " .. n, function(x) return x:clamp(1, 4) end, a)
+    versus("cumsum " .. n, function(x) return x:cumsum(2) end, a)
+    versus("cumprod " .. n, function(x) return x:t():cumprod(1) end, operand(dt, 5, 6))
+    versus("sort " .. n, function(x) return (x:sort(2)) end, a)
+    versus("sort indices " .. n, function(x) return select(2, x:t():sort(1, true)) end, a)
+    versus("topk " .. n, function(x) return (x:topk(4, 2)) end, a)
+  end
+  versus("index_select " .. n, function(x, i) return x:index_select(1, i) end, a, idx)
+  versus("index_select strided " .. n, function(x, i) return x:t():index_select(2, i) end, a, idx)
+  versus("t[idx] " .. n, function(x, i) return x[i] end, a, idx)
+  versus("gather " .. n, function(x, i) return x:gather(1, i) end, a, gidx)
+  versus("gather strided " .. n, function(x, i) return x:t():gather(2, i:t()) end, a, gidx)
+  versus("scatter " .. n, function(x, i, y) return x:scatter(1, i, y) end, a, perm, b)
+  versus("scatter value " .. n, function(x, i) return x:scatter(1, i, 1) end, a, gidx)
+  if dt ~= tensor.bool and dt ~= tensor.uint8 then
+    -- duplicate indices: adds in any order give the same sums (exactly, for these small integers)
+    versus("scatter_add " .. n, function(x, i) return x:scatter_add(1, i, x:narrow(1, 1, 20):round()) end,
+      a:round(), gidx)
+  else
+    versus("scatter_add " .. n .. " (a permutation)", function(x, i, y) return x:scatter_add(1, i, y) end, a, perm, b)
+  end
+  versus("index_add " .. n, function(x, i, y) return x:index_add(1, i, y) end, a, tensor.tensor({3LL, 1LL}), b:narrow(1, 1, 2))
+  versus("masked_fill " .. n, function(x, m) return x:masked_fill(m, 1) end, a, mask)
+  versus("masked_fill broadcast " .. n, function(x, m) return x:masked_fill(m[1], 1) end, a, mask)
+  versus("where " .. n, function(m, x, y) return tensor.where(m, x, y) end, mask, a, b)
+  versus("where broadcast strided " .. n, function(m, x, y) return tensor.where(m:t(), x:t(), y[1]:view(129, 1)) end,
+    mask, a, b)
+  versus("masked_select " .. n, function(x, m) return x:masked_select(m) end, a, mask)
+  versus("t[mask] = v " .. n, function(x, m) local z = x:clone(); z[m] = 0; return z end, a, mask)
+  versus("t[mask] = tensor " .. n, function(x, m) local z = x:clone(); z[m] = x:masked_select(m):flip(1); return z end,
+    a, mask)
+  versus("masked_select broadcast " .. n, function(x, m) return x:masked_select(m[1]) end, a, mask)
+  versus("nonzero of a transpose " .. n, function(x) return tensor.nonzero(x:t()) end, a)
+  versus("t[idx] = v " .. n, function(x, i) local z = x:clone(); z[i] = 1; return z end, a, tensor.tensor({2LL, 9LL}))
+  versus("nonzero " .. n, function(x) return tensor.nonzero(x) end, a)
+  versus("cat " .. n, function(x, y) return tensor.cat({x, y:t():t()}, 2) end, a, b)
+  versus("flip " .. n, function(x) return x:flip(1, 2) end, a)
+end
+versus("randperm on the device", function(x) tensor.manual_seed(5); return tensor.randperm(50, {device = x.device}) end,
+  tensor.zeros(1))
+versus("one_hot", function(c) return tensor.one_hot(c, 6) end, tensor.tensor({1LL, 6LL, 3LL}))
+versus("einsum", function(x, y) return tensor.einsum("bij,bjk->bik", x, y) end, operand(tensor.float64, 3, 4, 5),
+  operand(tensor.float64, 3, 5, 2))
+versus("remainder int64 by zero (refused on both)", function(x) return x % 0LL end, tensor.tensor({3LL}))
+versus("diagonal", function(x) return x:diagonal(1):contiguous() end, operand(tensor.float32, 7, 9))
+versus("einsum trace", function(x) return tensor.einsum("bii->b", x) end, operand(tensor.float64, 3, 5, 5))
+
 -- autograd on the GPU equals autograd on the CPU
 do
   local function grads(device)

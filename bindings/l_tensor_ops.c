@@ -145,6 +145,15 @@ static int l_as_strided(lua_State *L) {
   return push_or_raise(L, rh_tensor_on_storage(t->storage, t->dtype, (int64_t)luaL_checknumber(L, 4), n, size, stride));
 }
 
+/* empty(dtype, sizes, device): uninitialised, for results about to be written
+ * whole (large ones reuse freed buffers instead of faulting in fresh pages) */
+static int l_empty(lua_State *L) {
+  int64_t size[RH_MAXDIM];
+  rh_dtype_t dt = check_dtype(L, 1);
+  int n = check_sizes(L, 2, size);
+  return push_or_raise(L, rh_tensor_empty_on((int)luaL_optinteger(L, 3, -1), dt, n, size));
+}
+
 int rh_open_tensor_ops(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"t_index_select", l_index_select}, {"t_gather", l_gather},   {"t_scatter_", l_scatter_},
@@ -152,7 +161,7 @@ int rh_open_tensor_ops(lua_State *L) {
       {"t_masked_select", l_masked_select}, {"t_masked_scatter_", l_masked_scatter_}, {"t_nonzero", l_nonzero},
       {"t_sort", l_sort},                 {"t_scan", l_scan},       {"t_randint", l_randint},
       {"t_randperm", l_randperm},         {"t_bernoulli", l_bernoulli}, {"t_multinomial", l_multinomial},
-      {"t_as_strided", l_as_strided},     {NULL, NULL}};
+      {"t_as_strided", l_as_strided},     {"t_empty", l_empty},       {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -42,6 +42,12 @@ int rhc_gather_scatter(int, int, int, int, int, const int64_t *, const int64_t *
                        const int64_t *, double);
 int rhc_masked_fill(int, int, int, const int64_t *, void *, const int64_t *, const void *, const int64_t *,
                     const void *, const int64_t *, double);
+int rhc_mask_scan(int, int64_t, const void *, int64_t *, int64_t *);
+int rhc_mask_compact(int, int, int64_t, const void *, const int64_t *, const void *, void *);
+int rhc_mask_expand(int, int, int64_t, const void *, const int64_t *, const void *, void *);
+int rhc_nonzero_write(int, int64_t, int, const int64_t *, const void *, const int64_t *, int64_t *, int64_t);
+int rhc_sort_rows(int, int, int, int64_t, int64_t, const void *, void *, int64_t *, int64_t);
+int rhc_scan_rows(int, int, int, int, int64_t, int64_t, const void *, void *);
 int rhc_bench_cublas_gemm(int dev, int n, int iters, double *ms);
 
 static const char *api_last_error(void) { return rhc::last_error(); }
@@ -88,6 +94,12 @@ static const rhc_api_t api = {
     rhc_index_select,
     rhc_gather_scatter,
     rhc_masked_fill,
+    rhc_mask_scan,
+    rhc_mask_compact,
+    rhc_mask_expand,
+    rhc_nonzero_write,
+    rhc_sort_rows,
+    rhc_scan_rows,
     rhc_bench_cublas_gemm,
 };
 

@@ -1,10 +1,14 @@
 // index.cu: the device side of host/tensor/index.c: index_select, gather,
 // scatter / scatter_add (and with them index_add and t[idx] = v) and masked
-// fill / where. The host has checked every index and made it 0-based int64
+// fill / where, and the mask ops whose result size depends on the data
+// (masked_select, masked_scatter, nonzero: a CUB prefix sum places each set
+// element). The host has checked every index and made it 0-based int64
 // before it calls here, so kernels never read out of bounds. One template per
 // family, instantiated per dtype by dispatch() (index_select by element size
 // alone); scatter_add adds with atomics, and types without a native atomic add
 // (uint8, bool) fall back to one thread, in order: correct, and rare.
+#include <cub/device/device_scan.cuh>
+
 #include "common.cuh"
 
 namespace rhc {
@@ -151,6 +155,71 @@ struct MaskedRun {
   }
 };
 
+__global__ void k_mask_flags(int64_t n, const unsigned char *mask, int64_t *flags) {
+  GRID_STRIDE(i, n) { flags[i] = mask[i] != 0; }
+}
+
+template <typename E>
+__global__ void k_compact(int64_t n, const unsigned char *mask, const int64_t *pos, const E *src, E *dst) {
+  GRID_STRIDE(i, n) {
+    if (mask[i]) dst[pos[i]] = src[i];
+  }
+}
+
+template <typename E>
+__global__ void k_expand(int64_t n, const unsigned char *mask, const int64_t *pos, const E *src, E *dst) {
+  GRID_STRIDE(i, n) {
+    if (mask[i]) dst[i] = src[pos[i]];
+  }
+}
+
+struct NzShape {
+  int nd;
+  int64_t size[RHC_MAXDIM];
+};
+
+__global__ void k_nonzero(int64_t n, NzShape sh, const unsigned char *mask, const int64_t *pos, int64_t *out,
+                          int64_t base) {
+  GRID_STRIDE(i, n) {
+    if (!mask[i]) continue;
+    int64_t rem = i, *o = out + pos[i] * sh.nd;
+    for (int d = sh.nd - 1; d >= 0; d--) {
+      o[d] = rem % sh.size[d] + base;
+      rem /= sh.size[d];
+    }
+  }
+}
+
+template <template <typename> class K, typename... A>
+int by_size(int dev, int esize, int64_t n, const char *what, A... args) {
+  cudaStream_t s = stream_for(dev);
+  if (!s) return -1;
+  if (n == 0) return 0;
+  switch (esize) {
+    case 1: K<uint8_t>::launch(grid_for(dev, n), s, n, args...); break;
+    case 4: K<uint32_t>::launch(grid_for(dev, n), s, n, args...); break;
+    case 8: K<uint64_t>::launch(grid_for(dev, n), s, n, args...); break;
+    default: return fail("%s: no kernel for %d-byte elements", what, esize);
+  }
+  return launch_check(what);
+}
+
+template <typename E>
+struct Compact {
+  static void launch(unsigned g, cudaStream_t s, int64_t n, const void *mask, const int64_t *pos, const void *src,
+                     void *dst) {
+    k_compact<E><<<g, kThreads, 0, s>>>(n, (const unsigned char *)mask, pos, (const E *)src, (E *)dst);
+  }
+};
+
+template <typename E>
+struct Expand {
+  static void launch(unsigned g, cudaStream_t s, int64_t n, const void *mask, const int64_t *pos, const void *src,
+                     void *dst) {
+    k_expand<E><<<g, kThreads, 0, s>>>(n, (const unsigned char *)mask, pos, (const E *)src, (E *)dst);
+  }
+};
+
 }  // namespace rhc
 
 using namespace rhc;
@@ -187,6 +256,62 @@ int rhc_gather_scatter(int dev, int mode, int dtype, int nd, int dim, const int6
 int rhc_masked_fill(int dev, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, const void *mask,
                     const int64_t *mst, const void *src, const int64_t *sst, double value) {
   return dispatch<MaskedRun>(dtype, dev, nd, size, o, ost, mask, mst, src, sst, value);
+}
+
+int rhc_mask_scan(int dev, int64_t n, const void *mask, int64_t *pos, int64_t *count) {
+  cudaStream_t s = stream_for(dev);
+  if (!s) return -1;
+  *count = 0;
+  if (n == 0) return 0;
+  int64_t *flags = nullptr;
+  void *temp = nullptr;
+  size_t temp_bytes = 0;
+  int rc = -1;
+  int64_t tail[2] = {0, 0};
+  if (rhc_alloc(dev, n * sizeof(int64_t), (void **)&flags)) return -1;
+  k_mask_flags<<<grid_for(dev, n), kThreads, 0, s>>>(n, (const unsigned char *)mask, flags);
+  if (launch_check("mask flags kernel")) goto done;
+  if (cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, flags, pos, n, s) != cudaSuccess) {
+    fail("mask scan: CUB could not size its temporary storage");
+    goto done;
+  }
+  if (rhc_alloc(dev, temp_bytes ? temp_bytes : 1, &temp)) goto done;
+  if (cub::DeviceScan::ExclusiveSum(temp, temp_bytes, flags, pos, n, s) != cudaSuccess) {
+    fail("mask scan: the CUB prefix sum failed");
+    goto done;
+  }
+  // the count: the last element's place plus whether it is set
+  if (rhc_d2h(dev, &tail[0], pos + n - 1, sizeof(int64_t)) || rhc_d2h(dev, &tail[1], flags + n - 1, sizeof(int64_t)))
+    goto done;
+  *count = tail[0] + tail[1];
+  rc = 0;
+done:
+  rhc_free(dev, flags);
+  if (temp) rhc_free(dev, temp);
+  return rc;
+}
+
+int rhc_mask_compact(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src, void *dst) {
+  return by_size<Compact>(dev, esize, n, "masked_select kernel", mask, pos, src, dst);
+}
+
+int rhc_mask_expand(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src, void *dst) {
+  return by_size<Expand>(dev, esize, n, "masked_scatter kernel", mask, pos, src, dst);
+}
+
+int rhc_nonzero_write(int dev, int64_t n, int nd, const int64_t *size, const void *mask, const int64_t *pos,
+                      int64_t *out, int64_t base) {
+  cudaStream_t s = stream_for(dev);
+  if (!s) return -1;
+  if (n == 0 || nd == 0) {
+    // a 0-d tensor: one row of no coordinates; nothing to write
+    return 0;
+  }
+  NzShape sh;
+  sh.nd = nd;
+  for (int d = 0; d < nd; d++) sh.size[d] = size[d];
+  k_nonzero<<<grid_for(dev, n), kThreads, 0, s>>>(n, sh, (const unsigned char *)mask, pos, out, base);
+  return launch_check("nonzero kernel");
 }
 
 }  // extern "C"

@@ -1,4 +1,7 @@
 -- tensor: PyTorch-style tensors for Lua over the C core (see API.md).
+-- The dtype rule: Lua numbers give the default dtype (tensor.get_default_dtype(),
+-- float32), 5LL-style int64 cdata give int64, booleans give bool; index results
+-- (argmax, argsort, nonzero, randperm, ...) and arange of whole numbers give int64.
 -- Dimensions and indices are 1-based here (Torch7 heritage); the C core is 0-based,
 -- and this module is where the two meet. It also shapes options, printing, Size,
 -- .npy files, and how tensors travel over RPC.
@@ -501,12 +504,28 @@ local function scalar_pair(a, b)
 end
 tensor._scalar_pair = scalar_pair
 
+-- An integer tensor meeting a fractional Lua number becomes floating point: the
+-- core makes it float32; with another default dtype (float64) the tensor is
+-- converted to it first, as PyTorch's default dtype decides there too.
+local function float_scalar_default(a, b, name)
+  local function frac(v) return type(v) == "number" and v ~= math.floor(v) end
+  local function int(v) return is_tensor(v) and core.t_dtype(v) > 1 end
+  if frac(b) and int(a) then a = core.t_cast(a, default_dtype.id)
+  elseif frac(a) and int(b) then b = core.t_cast(b, default_dtype.id)
+  elseif name == "div" and (int(a) or not is_tensor(a)) and (int(b) or not is_tensor(b)) then
+    -- true division of integers gives the default dtype
+    if is_tensor(a) then a = core.t_cast(a, default_dtype.id) else b = core.t_cast(b, default_dtype.id) end
+  end
+  return a, b
+end
+
 for name, op in pairs(BIN) do
   local f = function(a, b, opts)
     if type(opts) == "table" and opts.alpha and (name == "add" or name == "sub") then
       b = call(core.t_binary, BIN.mul, operand(b, name), opts.alpha)
     end
     a, b = scalar_pair(operand(a, name), operand(b, name))
+    if default_dtype ~= tensor.float32 then a, b = float_scalar_default(a, b, name) end
     return call(core.t_binary, op, a, b)
   end
   tensor[name] = f
@@ -518,11 +537,23 @@ end
 tensor.max_elementwise = tensor.maximum
 methods.greater, methods.less = methods.gt, methods.lt
 
+-- unary ops whose result is floating point for an integer input (the core makes
+-- it float32; another default dtype converts the input first, as in PyTorch)
+local FLOAT_RESULT = {exp = true, log = true, sqrt = true, tanh = true, sigmoid = true, sin = true, cos = true,
+                      log1p = true, expm1 = true, rsqrt = true}
+tensor._FLOAT_RESULT = FLOAT_RESULT
+function tensor._float_input(a, name)
+  if default_dtype ~= tensor.float32 and FLOAT_RESULT[name] and core.t_dtype(a) > 1 then
+    return core.t_cast(a, default_dtype.id)
+  end
+  return a
+end
+
 for name, op in pairs(UN) do
   local f = function(a)
     a = operand(a, name)
     if not is_tensor(a) then a = tensor.tensor(a) end
-    return call(core.t_unary, op, a)
+    return call(core.t_unary, op, tensor._float_input(a, name))
   end
   tensor[name] = f
   methods[name] = f

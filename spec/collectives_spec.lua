@@ -199,9 +199,9 @@ describe("collectives", function()
     local r = run_world(2, [[
       dist.init_process_group{backend = "gloo"}
       if rank == 0 then
-        dist.send(tensor.full({2}, 1), 1)
-        dist.send(tensor.full({2}, 7), 1, {tag = 5})
-        dist.send(tensor.full({2}, 2), 1)
+        dist.send(tensor.full({2}, 1LL), 1)
+        dist.send(tensor.full({2}, 7LL), 1, {tag = 5})
+        dist.send(tensor.full({2}, 2LL), 1)
       else
         local x, y, z = tensor.zeros(2), tensor.zeros(2), tensor.zeros(2)
         check("tagged first", dist.recv(y, 0, {tag = 5}) == 0 and y[1]:item() == 7)
@@ -229,8 +229,8 @@ describe("collectives", function()
       local r = run_world(2, [[
         dist.init_process_group{backend = "gloo"}
         if rank == 0 then
-          dist.send(tensor.full({2}, 7), 1) -- the first frame to rank 1: no connection yet
-          check("isend completes", dist.isend(tensor.full({2}, 8), 1):wait() == true)
+          dist.send(tensor.full({2}, 7LL), 1) -- the first frame to rank 1: no connection yet
+          check("isend completes", dist.isend(tensor.full({2}, 8LL), 1):wait() == true)
         else
           local x = tensor.zeros(2)
           dist.recv(x, 0)

@@ -94,10 +94,17 @@ describe("the dtype rule", function()
       assert.are.equal(tensor.float64, tensor.full({2}, 1).dtype)
       assert.are.equal(tensor.float64, tensor.rand(2).dtype)
       assert.are.equal(tensor.float64, tensor.linspace(0, 1, 3).dtype)
+      assert.are.equal(tensor.float64, (tensor.tensor({3LL}) * 0.5).dtype)
+      assert.are.equal(1.5, (tensor.tensor({3LL}) * 0.5):item())
+      assert.are.equal(tensor.int64, (tensor.tensor({3LL}) * 2).dtype)
+      assert.are.equal(tensor.float64, (tensor.tensor({3LL}) / tensor.tensor({2LL})).dtype)
+      assert.are.equal(tensor.float64, tensor.tensor({3LL}):exp().dtype)
+      assert.are.equal(tensor.float64, tensor.tensor({3LL}):sin().dtype)
     end)
     tensor.set_default_dtype(tensor.float32)
     assert(ok, e)
     raises("only floating point dtypes", tensor.set_default_dtype, tensor.int64)
+    assert.are.equal(tensor.float32, (tensor.tensor({3LL}) * 0.5).dtype)
   end)
 end)
 
@@ -259,6 +266,14 @@ describe("tensor ops agree with numpy", function()
       einsum_three = {function() return tensor.einsum("ij,jk,kl->il", a, b:t(), a) end,
         "np.einsum('ij,jk,kl->il', a, b.T, a)"},
       einsum_sum = {function() return tensor.einsum("bij,bjk->k", c3, d3) end, "np.einsum('bij,bjk->k', c3, d3)"},
+      einsum_trace = {function() return tensor.einsum("ii", a[{{1, 5}, {1, 5}}]) end, "np.einsum('ii', a[:5, :5])"},
+      einsum_diag = {function() return tensor.einsum("ii->i", a[{{1, 5}, {1, 5}}]) end, "np.einsum('ii->i', a[:5, :5])"},
+      einsum_bdiag = {function() return tensor.einsum("bii->b", c3[{":", {1, 4}, {1, 4}}]) end, "np.einsum('bii->b', c3[:, :4, :4])"},
+      diagonal = {function() return a:diagonal() end, "np.diagonal(a)"},
+      diagonal_off = {function() return a:diagonal(2) end, "np.diagonal(a, 2)"},
+      diagonal_neg_t = {function() return a:t():diagonal(-1) end, "np.diagonal(a.T, -1)"},
+      diagonal_3d = {function() return c3:diagonal(0, 1, 3) end, "np.diagonal(c3, 0, 0, 2)"},
+      trace = {function() return a[{{1, 5}, {1, 5}}]:trace() end, "np.trace(a[:5, :5])"},
     }
     -- every dtype the dtype-generic ops take
     local DT = {int64 = "np.int64", int32 = "np.int32", uint8 = "np.uint8", bool = "bool", float32 = "np.float32"}
@@ -307,7 +322,7 @@ describe("tensor ops agree with numpy", function()
     end
   end)
 
-  it("gives the indexing gradients numpy's scatter-adds", function()
+  it("gives the gradients numpy computes (indexing, ordering, scans, reductions)", function()
     if not numpy_ok() then pending("python3-numpy is not installed") return end
     local dir = S.tmpdir .. "/opsgrad"
     os.execute("mkdir -p " .. dir)
@@ -328,6 +343,17 @@ for i in range(4):
   for j in range(7): g[gidx[i, j] - 1, j] += w2[i, j]
 np.save(d + '/g_gather.npy', g)
 np.save(d + '/g_cumsum.npy', np.flip(np.cumsum(np.flip(w1[:5], 0), 0), 0))
+w = w1[:5]
+g = np.zeros_like(a); np.put_along_axis(g, np.argsort(a, 1, kind='stable'), w, 1); np.save(d + '/g_sort.npy', g)
+np.save(d + '/g_flip.npy', np.flip(w, 1))
+np.save(d + '/g_roll.npy', np.roll(w, -2, 1))
+np.save(d + '/g_var.npy', 2 * (a - a.mean(1, keepdims=True)) / 6 * w[:, :1])
+e = np.exp(a - a.max(1, keepdims=True)); np.save(d + '/g_lse.npy', e / e.sum(1, keepdims=True) * w[:, :1])
+out = np.cumprod(a, 1); np.save(d + '/g_cumprod.npy', np.flip(np.cumsum(np.flip(w * out, 1), 1), 1) / a)
+m = a > 0; g = np.zeros_like(a); g[m] = w1.reshape(-1)[:m.sum()]; np.save(d + '/g_mselect.npy', g)
+np.save(d + '/g_where.npy', np.where(m, w, 0))
+np.save(d + '/g_norm.npy', a / np.linalg.norm(a) * w[0, 0])
+np.save(d + '/g_clamp.npy', np.where((a >= -0.5) & (a <= 0.5), w, 0))
 ]]):format(dir), "opsgrad.py")
     assert.is_true(os.execute(PY .. " " .. script) == 0)
     local function grad_of(f, w)
@@ -340,6 +366,21 @@ np.save(d + '/g_cumsum.npy', np.flip(np.cumsum(np.flip(w1[:5], 0), 0), 0))
     assert_close("t[idx] grad", grad_of(function(x) return x[idx] end, w1), tensor.load(dir .. "/g_isel.npy"))
     assert_close("gather grad", grad_of(function(x) return x:gather(1, gidx) end, w2), tensor.load(dir .. "/g_gather.npy"))
     assert_close("cumsum grad", grad_of(function(x) return x:cumsum(1) end, w1[{{1, 5}}]), tensor.load(dir .. "/g_cumsum.npy"))
+    local w = w1[{{1, 5}}]
+    local L = function(k) return tensor.load(dir .. "/g_" .. k .. ".npy") end
+    assert_close("sort grad", grad_of(function(x) return (x:sort(2)) end, w), L("sort"))
+    assert_close("flip grad", grad_of(function(x) return x:flip(2) end, w), L("flip"))
+    assert_close("roll grad", grad_of(function(x) return x:roll(2, 2) end, w), L("roll"))
+    assert_close("var grad", grad_of(function(x) return x:var(2, true, true) end, w[{":", {1, 1}}]), L("var"), 1e-10)
+    assert_close("logsumexp grad", grad_of(function(x) return x:logsumexp(2, true) end, w[{":", {1, 1}}]), L("lse"), 1e-10)
+    assert_close("cumprod grad", grad_of(function(x) return x:cumprod(2) end, w), L("cumprod"), 1e-9)
+    local m = a:gt(0)
+    local nsel = m:sum():item()
+    assert_close("masked_select grad", grad_of(function(x) return x:masked_select(m) end,
+      w1:reshape(-1):narrow(1, 1, nsel)), L("mselect"))
+    assert_close("where grad", grad_of(function(x) return tensor.where(m, x, 0) end, w), L("where"))
+    assert_close("norm grad", grad_of(function(x) return x:norm() end, w[1][1]), L("norm"), 1e-10)
+    assert_close("clamp grad", grad_of(function(x) return x:clamp(-0.5, 0.5) end, w), L("clamp"))
   end)
 end)
 
@@ -398,6 +439,12 @@ describe("tensor op gradients", function()
     gradcheck("std", function(a) return a:std() end, {r(3, 4)})
     gradcheck("norm", function(a) return a:norm() end, {r(3, 4)})
     gradcheck("norm p=3 dim", function(a) return a:norm(3, 1) end, {r(3, 4)})
+    gradcheck("norm dim", function(a) return a:norm(2, 2) end, {r(3, 4)})
+    gradcheck("norm dim keepdim", function(a) return a:norm(2, 1, true) end, {r(3, 4)})
+    local z = tensor.zeros(3, f64)
+    z.requires_grad = true
+    z:norm():backward()
+    assert.are.same({0, 0, 0}, z.grad:totable()) -- the subgradient at 0, not NaN
     gradcheck("logsumexp", function(a) return a:logsumexp(2) end, {r(3, 4)})
     gradcheck("cumsum", function(a) return a:cumsum(2) end, {r(3, 4)})
     gradcheck("cumprod", function(a) return a:cumprod(1) end, {r(4, 3)})
@@ -409,6 +456,15 @@ describe("tensor op gradients", function()
     gradcheck("outer", function(a, b) return tensor.outer(a, b) end, {r(3), r(4)})
     gradcheck("bmm", function(a, b) return tensor.bmm(a, b) end, {r(2, 3, 4), r(2, 4, 2)})
     gradcheck("einsum", function(a, b, c) return tensor.einsum("ij,jk,k->i", a, b, c) end, {r(2, 3), r(3, 4), r(4)})
+    gradcheck("einsum trace", function(a) return tensor.einsum("ii", a) end, {r(3, 3)})
+    gradcheck("diagonal", function(a) return a:diagonal(1) end, {r(3, 4)})
+    -- ops that promote hand each input a gradient of its own dtype
+    local x32 = tensor.randn(2, 3, {requires_grad = true})
+    local x64 = tensor.randn(2, 3, {dtype = tensor.float64, requires_grad = true})
+    tensor.cat({x32, x64}):sum():backward()
+    tensor.where(x32:gt(0), x32, x64):sum():backward()
+    assert.are.equal(tensor.float32, x32.grad.dtype)
+    assert.are.equal(tensor.float64, x64.grad.dtype)
   end)
 end)
 
@@ -466,6 +522,70 @@ describe("indexing with tensors", function()
   end)
 end)
 
+describe("strided copies", function()
+  it("copy every permuted layout of every dtype element for element (the tiled path included)", function()
+    local function eq(u, w)
+      if type(u) == "table" then
+        for i = 1, #u do if not eq(u[i], w[i]) then return false end end
+        return #u == #w
+      end
+      return u == w
+    end
+    tensor.manual_seed(2)
+    for _, dt in ipairs({tensor.float32, tensor.float64, tensor.int32, tensor.int64, tensor.uint8, tensor.bool}) do
+      for _, shp in ipairs({{37, 129}, {100, 65}, {8, 8}, {3, 70, 41}, {64, 33, 2}, {0, 5}}) do
+        local x = (tensor.randn(shp) * 50):to(dt)
+        local perms = #shp == 2 and {{2, 1}} or {{3, 2, 1}, {2, 1, 3}, {1, 3, 2}, {3, 1, 2}}
+        for _, p in ipairs(perms) do
+          local v = x:permute(p)
+          local name = ("%s %s permuted %s"):format(dt.name, table.concat(shp, "x"), table.concat(p, ","))
+          -- totable reads element by element, independent of the copy engine
+          assert.is_true(eq(v:totable(), v:contiguous():totable()), name)
+          assert.is_true(eq(v:totable(), v:clone():totable()), name .. " (clone)")
+          local into = tensor.zeros(v:size(), {dtype = dt})
+          into:copy_(v)
+          assert.is_true(eq(v:totable(), into:totable()), name .. " (copy_)")
+          -- a slice of a permuted view: strides that are not the sizes' products
+          if v:size(1) > 2 then
+            local s = v:narrow(1, 2, v:size(1) - 2)
+            assert.is_true(eq(s:totable(), s:contiguous():totable()), name .. " (sliced)")
+          end
+        end
+      end
+    end
+  end)
+end)
+
+describe("large scatters", function()
+  it("split across threads give the serial answer (last store wins, every add counted)", function()
+    tensor.manual_seed(8)
+    for _, d in ipairs({1, 2}) do
+      local R, C = 300, 400
+      local idx = tensor.randint(1, (d == 1 and R or C) + 1, {R, C})
+      local src = tensor.randn(R, C, f64)
+      local got_set = tensor.zeros(R, C, f64):scatter(d, idx, src):totable()
+      local got_add = tensor.zeros(R, C, f64):scatter_add(d, idx, src):totable()
+      local it, st = idx:totable(), src:totable()
+      local want_set, want_add = {}, {}
+      for i = 1, R do want_set[i], want_add[i] = {}, {} for j = 1, C do want_set[i][j], want_add[i][j] = 0, 0 end end
+      for i = 1, R do
+        for j = 1, C do
+          local ti, tj = i, j
+          if d == 1 then ti = it[i][j] else tj = it[i][j] end
+          want_set[ti][tj] = st[i][j]
+          want_add[ti][tj] = want_add[ti][tj] + st[i][j]
+        end
+      end
+      for i = 1, R do
+        for j = 1, C do
+          assert.are.equal(want_set[i][j], got_set[i][j], ("scatter dim %d at %d,%d"):format(d, i, j))
+          assert.is_true(math.abs(want_add[i][j] - got_add[i][j]) < 1e-9, ("scatter_add dim %d at %d,%d"):format(d, i, j))
+        end
+      end
+    end
+  end)
+end)
+
 describe("random ops", function()
   it("repeat under manual_seed and draw what they promise", function()
     tensor.manual_seed(4)
@@ -519,5 +639,19 @@ describe("in-place ops", function()
       assert.are.equal(v + 1, x._version, "op " .. i)
     end
     assert.are.same({{3, 3}, {4, 0}, {0, 0}}, x:totable())
+  end)
+
+  it("are refused on a tensor that requires grad while recording (they are not in the graph)", function()
+    local w = tensor.randn(3, 2, {requires_grad = true})
+    raises("masked_fill_: an in-place op on a tensor that requires grad is not recorded by autograd; use masked_fill",
+      function() return w:masked_fill_(w:gt(0), 0) end)
+    raises("index_add_: an in-place op", function() return w:index_add_(1, tensor.tensor({1LL}), tensor.ones(1, 2)) end)
+    raises("index assignment: assigning into a tensor that requires grad",
+      function() w[tensor.tensor({1LL})] = 0 end)
+    local y = w * 2
+    raises("sin_: an in-place op", function() return y:sin_() end)
+    -- under no_grad they run (optimizer-style updates)
+    tensor.no_grad(function() w:masked_fill_(w:gt(0), 0) end)
+    assert.is_true(w:le(0):all():item())
   end)
 end)

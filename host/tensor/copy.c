@@ -18,7 +18,7 @@ typedef struct {
   int64_t osize[RH_MAXDIM], odst[RH_MAXDIM], osrc[RH_MAXDIM];
   int64_t n_r, n_c;     /* r: the source's dense dim; c: the destination's */
   int64_t dst_r, src_c; /* the strides (bytes) that are not the element size */
-  int64_t tiles_r, tiles_c;
+  int64_t tile_r, tile_c, tiles_r, tiles_c;
   size_t es;
   char *dst;
   const char *src;
@@ -31,37 +31,66 @@ typedef struct {
     for (int64_t c = c0; c < c1; c++) o[c] = *(const T *)((const char *)a + c * j->src_c); \
   }
 
-/* 8 x 8 blocks of 4-byte elements through registers: eight dense loads from the
- * source, a transpose the compiler does with shuffles, eight dense stores */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define COPY_TARGETS __attribute__((target_clones("avx2", "default")))
-#else
-#define COPY_TARGETS
-#endif
-COPY_TARGETS static void tile4(const tiled_t *j, char *d, const char *s, int64_t r0, int64_t r1, int64_t c0,
-                                int64_t c1) {
-  int64_t r = r0;
-  for (; r + 8 <= r1; r += 8) {
-    int64_t c = c0;
-    for (; c + 8 <= c1; c += 8) {
-      uint32_t tmp[8][8];
-      for (int cc = 0; cc < 8; cc++) {
-        const uint32_t *a = (const uint32_t *)(s + (c + cc) * j->src_c) + r;
-        for (int rr = 0; rr < 8; rr++) tmp[rr][cc] = a[rr];
-      }
-      for (int rr = 0; rr < 8; rr++) {
-        uint32_t *o = (uint32_t *)(d + (r + rr) * j->dst_r) + c;
-        for (int cc = 0; cc < 8; cc++) o[cc] = tmp[rr][cc];
-      }
+/* 4-byte elements (float32, int32), the common case, on x86-64 with AVX2: 8 x 8
+ * blocks transposed in registers (eight 32-byte loads along the source's dense
+ * dim, unpack/shuffle/permute, eight 32-byte stores along the destination's),
+ * two blocks side by side so every destination line is written whole; a strip of
+ * 16 columns is swept down the tile's rows so the 16 source lines stream. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_TR8 1
+__attribute__((target("avx2"))) static inline void tr8(const float *s, int64_t ss, float *d, int64_t ds) {
+  __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + ss), r2 = _mm256_loadu_ps(s + 2 * ss),
+         r3 = _mm256_loadu_ps(s + 3 * ss), r4 = _mm256_loadu_ps(s + 4 * ss), r5 = _mm256_loadu_ps(s + 5 * ss),
+         r6 = _mm256_loadu_ps(s + 6 * ss), r7 = _mm256_loadu_ps(s + 7 * ss);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+         u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(d + ds, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(d + 2 * ds, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(d + 3 * ds, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(d + 4 * ds, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(d + 5 * ds, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(d + 6 * ds, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(d + 7 * ds, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+__attribute__((target("avx2"))) static void tile4_avx2(const tiled_t *j, char *d, const char *s, int64_t r0,
+                                                        int64_t r1, int64_t c0, int64_t c1) {
+  int64_t ss = j->src_c / 4, ds = j->dst_r / 4;
+  int64_t rv = r0 + (r1 - r0) / 8 * 8, cv = c0 + (c1 - c0) / 16 * 16;
+  for (int64_t c = c0; c < cv; c += 16)
+    for (int64_t r = r0; r < rv; r += 8) {
+      const float *a = (const float *)(s + c * j->src_c) + r;
+      float *o = (float *)(d + r * j->dst_r) + c;
+      tr8(a, ss, o, ds);
+      tr8(a + 8 * ss, ss, o + 8, ds);
     }
-    for (int64_t rr = r; rr < r + 8; rr++) {
-      uint32_t *o = (uint32_t *)(d + rr * j->dst_r);
-      for (int64_t cc = c; cc < c1; cc++) o[cc] = ((const uint32_t *)(s + cc * j->src_c))[rr];
-    }
-  }
-  for (; r < r1; r++) {
+  /* the edges element by element */
+  for (int64_t r = r0; r < r1; r++) {
     uint32_t *o = (uint32_t *)(d + r * j->dst_r);
-    for (int64_t cc = c0; cc < c1; cc++) o[cc] = ((const uint32_t *)(s + cc * j->src_c))[r];
+    for (int64_t c = r < rv ? cv : c0; c < c1; c++) o[c] = ((const uint32_t *)(s + c * j->src_c))[r];
+  }
+}
+#endif
+
+static void tile4(const tiled_t *j, char *d, const char *s, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+#ifdef HAVE_TR8
+  static int avx2 = -1;
+  if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+  if (avx2) {
+    tile4_avx2(j, d, s, r0, r1, c0, c1);
+    return;
+  }
+#endif
+  for (int64_t r = r0; r < r1; r++) {
+    uint32_t *o = (uint32_t *)(d + r * j->dst_r);
+    for (int64_t c = c0; c < c1; c++) o[c] = ((const uint32_t *)(s + c * j->src_c))[r];
   }
 }
 
@@ -79,8 +108,8 @@ static void tiled_chunk(void *vj, int64_t lo, int64_t hi) {
       d += i * j->odst[k];
       s += i * j->osrc[k];
     }
-    int64_t r0 = tr * TILE, r1 = r0 + TILE < j->n_r ? r0 + TILE : j->n_r;
-    int64_t c0 = tc * TILE, c1 = c0 + TILE < j->n_c ? c0 + TILE : j->n_c;
+    int64_t r0 = tr * j->tile_r, r1 = r0 + j->tile_r < j->n_r ? r0 + j->tile_r : j->n_r;
+    int64_t c0 = tc * j->tile_c, c1 = c0 + j->tile_c < j->n_c ? c0 + j->tile_c : j->n_c;
     switch (j->es) {
       case 8: TILE_COPY(uint64_t); break;
       case 4: tile4(j, d, s, r0, r1, c0, c1); break;
@@ -122,13 +151,19 @@ int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_
   }
   j.n_r = sz[r], j.n_c = sz[c];
   j.dst_r = ds[r], j.src_c = ss[c];
-  j.tiles_r = (j.n_r + TILE - 1) / TILE, j.tiles_c = (j.n_c + TILE - 1) / TILE;
+  /* 4-byte elements: strips of 32 rows swept across up to 4096 columns (best of
+   * the shapes measured here, power-of-two strides included, where physically
+   * contiguous huge pages alias every line of a column to a few cache sets);
+   * other sizes: TILE x TILE squares */
+  j.tile_r = es == 4 ? 32 : TILE, j.tile_c = es == 4 ? 4096 : TILE;
+  j.tiles_r = (j.n_r + j.tile_r - 1) / j.tile_r, j.tiles_c = (j.n_c + j.tile_c - 1) / j.tile_c;
   j.es = es;
   j.dst = dst;
   j.src = src;
   int64_t outer = numel / (j.n_r * j.n_c);
   int64_t work = outer * j.tiles_r * j.tiles_c;
-  /* about 16 tiles per grain: enough to share, few enough to stay cheap */
-  rh_parallel_for(work, numel >= (1 << 18) ? 16 : work, tiled_chunk, &j);
+  /* tiles of about 64K elements per grain: enough to share, few enough to stay cheap */
+  int64_t per_tile = j.tile_r * j.tile_c, grain = per_tile >= 65536 ? 1 : 65536 / per_tile;
+  rh_parallel_for(work, numel >= (1 << 18) ? grain : work, tiled_chunk, &j);
   return 1;
 }

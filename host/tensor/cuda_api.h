@@ -113,6 +113,28 @@ typedef struct rhc_api_s {
   int (*masked_fill)(int dev, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, const void *mask,
                      const int64_t *mst, const void *src, const int64_t *sst, double value);
 
+  /* masks with results whose size depends on the data (kernels/index.cu), over n
+   * contiguous elements: mask_scan gives each set element its place among the set
+   * ones (pos, int64) and their count (waits for it); mask_compact: dst[pos[i]] =
+   * src[i] where set; mask_expand: dst[i] = src[pos[i]] where set; nonzero_write:
+   * out[pos[i]][d] = coordinate d of i (in `size`) + base where set */
+  int (*mask_scan)(int dev, int64_t n, const void *mask, int64_t *pos, int64_t *count);
+  int (*mask_compact)(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src,
+                      void *dst);
+  int (*mask_expand)(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src,
+                     void *dst);
+  int (*nonzero_write)(int dev, int64_t n, int nd, const int64_t *size, const void *mask, const int64_t *pos,
+                       int64_t *out, int64_t base);
+
+  /* ordering and scans over `rows` contiguous rows of `len` (kernels/sort.cu).
+   * sort_rows: a stable sort of each row; values in dtype, positions (plus base) in
+   * int64. scan_rows: cumsum (prod 0) / cumprod (1); out_dtype is the input's for
+   * floats and int64 otherwise. */
+  int (*sort_rows)(int dev, int dtype, int descending, int64_t rows, int64_t len, const void *in, void *vals,
+                   int64_t *idx, int64_t base);
+  int (*scan_rows)(int dev, int in_dtype, int out_dtype, int prod, int64_t rows, int64_t len, const void *in,
+                   void *out);
+
   /* benchmark support for bench/gpu: time `iters` raw cuBLAS GEMMs of n x n
    * (float32) and return the milliseconds per GEMM */
   int (*bench_cublas_gemm)(int dev, int n, int iters, double *ms);

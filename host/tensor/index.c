@@ -93,6 +93,11 @@ rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, i
   for (int d = 0; d < a->ndim; d++) size[d] = a->size[d];
   int64_t m = rh_tensor_numel(ci);
   if (a->ndim) size[dim] = m;
+  else if (m != 1) {
+    rh_tensor_release(ci);
+    rh_tensor_fail("index_select: a 0-dimensional tensor takes an index of one element, got %lld", (long long)m);
+    return NULL;
+  }
   rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), a->dtype, a->ndim, size);
   rh_tensor_t *ca = out ? contig(a) : NULL;
   if (!ca) goto fail;
@@ -158,7 +163,6 @@ typedef struct {
   int ndim, dim, mode; /* mode: 0 gather (out <- a), 1 scatter (a <- src), 2 scatter_add, 3 scatter value */
   rh_dtype_t dt;
   int64_t size[RH_MAXDIM];
-  int64_t ist[RH_MAXDIM];  /* idx strides, elements (contiguous int64) */
   int64_t ast[RH_MAXDIM];  /* indexed tensor, bytes */
   int64_t ost[RH_MAXDIM];  /* other tensor (out for gather, src for scatter), bytes */
   const int64_t *idx;
@@ -166,23 +170,41 @@ typedef struct {
   char value[8];
 } gs_t;
 
+/* element moves by size, typed (a memcpy call per element was the slow part) */
+#define GS_MOVE(T)                                                                   \
+  do {                                                                               \
+    for (int64_t k = k0; k < k1; k++, w++) {                                         \
+      char *pa = abase + j->idx[w] * j->ast[j->dim] + (last == j->dim ? 0 : k * j->ast[last]); \
+      char *po = obase + k * j->ost[last];                                           \
+      if (j->mode == 0) *(T *)po = *(const T *)pa;                                   \
+      else if (j->mode == 1) *(T *)pa = *(const T *)po;                              \
+      else if (j->mode == 3) memcpy(pa, j->value, sizeof(T));                        \
+      else rh__store(j->dt, pa, rh__load(j->dt, pa) + rh__load(j->dt, po));          \
+    }                                                                                \
+  } while (0)
+
+/* positions lo..hi of idx's shape, a row (the last dim) at a time: the offsets
+ * of the other dims are computed once per row; along `dim` the index decides */
 static void gs_range(gs_t *j, int64_t lo, int64_t hi) {
   size_t es = rh_dtype_size(j->dt);
-  for (int64_t w = lo; w < hi; w++) {
-    int64_t rem = w, aoff = 0, ooff = 0;
-    for (int d = j->ndim - 1; d >= 0; d--) {
+  int last = j->ndim - 1;
+  int64_t n_last = j->size[last];
+  int64_t w = lo;
+  while (w < hi) {
+    int64_t row = w / n_last, k0 = w % n_last;
+    int64_t k1 = n_last - k0 <= hi - w ? n_last : k0 + (hi - w);
+    int64_t rem = row, aoff = 0, ooff = 0;
+    for (int d = last - 1; d >= 0; d--) {
       int64_t i = rem % j->size[d];
       rem /= j->size[d];
       if (d != j->dim) aoff += i * j->ast[d];
       ooff += i * j->ost[d];
     }
-    aoff += j->idx[w] * j->ast[j->dim];
-    char *pa = j->abase + aoff, *po = j->obase + ooff;
-    switch (j->mode) {
-      case 0: memcpy(po, pa, es); break;
-      case 1: memcpy(pa, po, es); break;
-      case 3: memcpy(pa, j->value, es); break;
-      default: rh__store(j->dt, pa, rh__load(j->dt, pa) + rh__load(j->dt, po)); break;
+    char *abase = j->abase + aoff, *obase = j->obase ? j->obase + ooff : j->abase;
+    switch (es) {
+      case 8: GS_MOVE(uint64_t); break;
+      case 4: GS_MOVE(uint32_t); break;
+      default: GS_MOVE(uint8_t); break;
     }
   }
 }
@@ -215,9 +237,8 @@ rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t
             : -1;
     rh_tensor_release(di);
   } else {
-    gs_t j = {nd, d0, 0, a->dtype, {0}, {0}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a), rh_tensor_data(out), {0}};
+    gs_t j = {nd ? nd : 1, d0, 0, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a), rh_tensor_data(out), {0}};
     for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
-    if (nd == 0) j.ast[0] = 0;
     rh_parallel_for(rh_tensor_numel(ci), 1 << 14, gs_chunk, &j);
   }
   rh_tensor_release(ci);
@@ -228,9 +249,61 @@ rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t
   return out;
 }
 
+/* Two positions of idx's shape write the same element only when they agree on
+ * every dim but `dim`, so a scatter splits across threads along another dim: that
+ * dim is moved first (idx copied in that order), and each thread takes a range of
+ * it. Colliding positions stay in one thread in their original order, so the
+ * last store wins as it does serially. */
+typedef struct {
+  gs_t base;
+  int64_t per; /* positions per index of the first dim */
+} gs_split_t;
+
+static void scatter_chunk(void *vctx, int64_t lo, int64_t hi) {
+  gs_split_t *sp = vctx;
+  gs_t j = sp->base;
+  j.size[0] = hi - lo;
+  j.idx += lo * sp->per;
+  j.abase += lo * j.ast[0];
+  if (j.obase) j.obase += lo * j.ost[0];
+  gs_range(&j, 0, (hi - lo) * sp->per);
+}
+
+static int scatter_host(gs_t *j, rh_tensor_t *ci) {
+  int64_t n = rh_tensor_numel(ci);
+  int dp = -1;
+  for (int d = 0; d < j->ndim; d++)
+    if (d != j->dim && j->size[d] > 1 && (dp < 0 || j->size[d] > j->size[dp])) dp = d;
+  if (n < (1 << 16) || dp < 0 || j->ndim < 2) {
+    gs_range(j, 0, n);
+    return 0;
+  }
+  int perm[RH_MAXDIM], k = 0;
+  perm[k++] = dp;
+  for (int d = 0; d < j->ndim; d++)
+    if (d != dp) perm[k++] = d;
+  rh_tensor_t *pv = rh_tensor_permute(ci, perm);
+  rh_tensor_t *pc = pv ? rh_tensor_clone(pv) : NULL;
+  rh_tensor_release(pv);
+  if (!pc) return -1;
+  gs_split_t sp;
+  sp.base = *j;
+  for (int d = 0; d < j->ndim; d++) {
+    sp.base.size[d] = j->size[perm[d]];
+    sp.base.ast[d] = j->ast[perm[d]];
+    sp.base.ost[d] = j->ost[perm[d]];
+    if (perm[d] == j->dim) sp.base.dim = d;
+  }
+  sp.base.idx = rh_tensor_data(pc);
+  sp.per = n / sp.base.size[0];
+  rh_parallel_for(sp.base.size[0], 1, scatter_chunk, &sp);
+  rh_tensor_release(pc);
+  return 0;
+}
+
 /* scatter_(a, dim, idx, src | value): in place on a. accumulate: add instead of
  * store (scatter_add_). Stores to one place from several index entries keep the
- * last (serially here, so the same answer every time); adds run serially too. */
+ * last in idx's order, every time (see scatter_host). */
 int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, double value, int accumulate,
                        int64_t base) {
   const char *what = accumulate ? "scatter_add" : "scatter";
@@ -256,14 +329,51 @@ int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *s
             : -1;
     rh_tensor_release(di);
   } else {
-    gs_t j = {nd, d0, mode, a->dtype, {0}, {0}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a),
+    gs_t j = {nd ? nd : 1, d0, mode, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a),
               src ? rh_tensor_data(src) : NULL, {0}};
     for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
     rh__store(a->dtype, j.value, value);
-    gs_range(&j, 0, rh_tensor_numel(ci));
+    rc = scatter_host(&j, ci);
   }
   rh_tensor_release(ci);
   return rc;
+}
+
+typedef struct {
+  const char *src;
+  char *dst;
+  const int64_t *idx;
+  int64_t m, n, inner;
+  rh_dtype_t dt;
+  int accumulate;
+} iput_t;
+
+#define IPUT_ADD(T)                                                \
+  for (int64_t k = 0; k < j->inner; k++) ((T *)d)[k] += ((const T *)s)[k]
+
+static void iput_chunk(void *vj, int64_t lo, int64_t hi) {
+  iput_t *j = vj;
+  size_t es = rh_dtype_size(j->dt);
+  int64_t slab = j->inner * (int64_t)es;
+  for (int64_t o = lo; o < hi; o++)
+    for (int64_t i = 0; i < j->m; i++) {
+      char *d = j->dst + (o * j->n + j->idx[i]) * slab;
+      const char *s = j->src + (o * j->m + i) * slab;
+      if (!j->accumulate) {
+        memcpy(d, s, (size_t)slab);
+        continue;
+      }
+      switch (j->dt) {
+        case RH_F32: IPUT_ADD(float); break;
+        case RH_F64: IPUT_ADD(double); break;
+        case RH_I32: IPUT_ADD(uint32_t); break; /* unsigned: wraps, as the reductions do */
+        case RH_I64: IPUT_ADD(uint64_t); break;
+        case RH_U8: IPUT_ADD(uint8_t); break;
+        default: /* bool: an add is an or */
+          for (int64_t k = 0; k < j->inner; k++) d[k] = d[k] || s[k];
+          break;
+      }
+    }
 }
 
 /* index_put_(a, dim, idx, src, accumulate): a[..., idx[i], ...] = (or +=) src[..., i, ...];
@@ -288,6 +398,23 @@ int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t 
   if (rh__same_device(what, a, src)) return -1;
   rh_tensor_t *ci = checked_index(what, idx, a->ndim ? a->size[dim] : 1, dim, base);
   if (!ci) return -1;
+  if (!RH_ON_DEVICE(a) && rh_tensor_is_contiguous(a) && a->ndim > 0) {
+    /* contiguous on the host: slab by slab (no index of src's size) */
+    rh_tensor_t *cs = rh_tensor_contiguous(src);
+    if (!cs) {
+      rh_tensor_release(ci);
+      return -1;
+    }
+    int64_t inner = 1, outer = 1;
+    for (int d = dim + 1; d < a->ndim; d++) inner *= a->size[d];
+    for (int d = 0; d < dim; d++) outer *= a->size[d];
+    iput_t j = {rh_tensor_data(cs), rh_tensor_data(a), rh_tensor_data(ci), m, a->size[dim], inner, a->dtype, accumulate};
+    /* whole outer slices per thread: repeated indices within one are applied in order */
+    rh_parallel_for(outer, outer * m * inner >= (1 << 16) ? 1 : outer, iput_chunk, &j);
+    rh_tensor_release(cs);
+    rh_tensor_release(ci);
+    return 0;
+  }
   /* as a scatter whose index is idx broadcast over src's shape */
   int64_t isz[RH_MAXDIM], ist[RH_MAXDIM];
   int nd = a->ndim;
@@ -387,8 +514,10 @@ fail:
   return NULL;
 }
 
-/* host copies of t and of mask broadcast to t's shape, both contiguous */
-static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t **ht, rh_tensor_t **hm) {
+/* contiguous copies of t and of mask broadcast to t's shape, on the host or
+ * (keep_device) where t lives */
+static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t **ht, rh_tensor_t **hm,
+                     int keep_device) {
   *ht = *hm = NULL;
   if (check_mask(what, mask)) return -1;
   int nd;
@@ -400,12 +529,13 @@ static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_ten
     rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
     return rh_tensor_fail("%s: the mask (shape %s) does not broadcast to the tensor's shape %s", what, sm, st);
   }
+  int dev = keep_device ? rh_tensor_device(t) : -1;
   rh_tensor_t *me = rh_tensor_expand(mask, nd, shape);
-  rh_tensor_t *mh = me ? rh_tensor_to_device(me, -1) : NULL;
+  rh_tensor_t *mh = me ? rh_tensor_to_device(me, dev) : NULL;
   rh_tensor_release(me);
   *hm = mh ? rh_tensor_contiguous(mh) : NULL;
   rh_tensor_release(mh);
-  rh_tensor_t *th = *hm ? rh_tensor_to_device(t, -1) : NULL;
+  rh_tensor_t *th = *hm ? rh_tensor_to_device(t, dev) : NULL;
   *ht = th ? rh_tensor_contiguous(th) : NULL;
   rh_tensor_release(th);
   if (!*hm || !*ht) {
@@ -417,6 +547,18 @@ static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_ten
   return 0;
 }
 
+/* on a device: each set element's place among the set ones, and their count */
+static rh_tensor_t *device_places(const rh_tensor_t *m, int64_t *count) {
+  int64_t n = rh_tensor_numel(m);
+  rh_tensor_t *pos = rh_tensor_empty_on(rh_tensor_device(m), RH_I64, 1, &n);
+  if (pos && rh__cuda_call(rh_cuda_api()->mask_scan(rh_tensor_device(m), n, rh_tensor_data(m), rh_tensor_data(pos),
+                                                    count))) {
+    rh_tensor_release(pos);
+    return NULL;
+  }
+  return pos;
+}
+
 static int64_t count_set(const rh_tensor_t *m) {
   const uint8_t *p = rh_tensor_data(m);
   int64_t n = rh_tensor_numel(m), c = 0;
@@ -425,28 +567,38 @@ static int64_t count_set(const rh_tensor_t *m) {
 }
 
 /* masked_select(t, mask): the elements where mask is set, in order, as 1-D.
- * (Ordered and data-dependent in size: done on the host, the result moved back.) */
+ * The result's size depends on the data: on a device a prefix sum places each
+ * element, and its count comes back to the host to size the result. */
 rh_tensor_t *rh_tensor_masked_select(rh_tensor_t *t, rh_tensor_t *mask) {
   if (rh__same_device("masked_select", t, mask)) return NULL;
   rh_tensor_t *ht, *hm;
-  if (mask_pair("masked_select", t, mask, &ht, &hm)) return NULL;
-  int64_t c = count_set(hm), n = rh_tensor_numel(hm);
-  rh_tensor_t *out = rh_tensor_empty(t->dtype, 1, &c);
-  if (out) {
-    size_t es = rh_dtype_size(t->dtype);
-    const uint8_t *m = rh_tensor_data(hm);
-    const char *src = rh_tensor_data(ht);
-    char *dst = rh_tensor_data(out);
-    for (int64_t i = 0, k = 0; i < n; i++)
-      if (m[i]) memcpy(dst + (k++) * es, src + i * es, es);
+  if (mask_pair("masked_select", t, mask, &ht, &hm, 1)) return NULL;
+  int64_t c = 0, n = rh_tensor_numel(hm);
+  size_t es = rh_dtype_size(t->dtype);
+  rh_tensor_t *out = NULL;
+  if (RH_ON_DEVICE(t)) {
+    rh_tensor_t *pos = device_places(hm, &c);
+    out = pos ? rh_tensor_empty_on(rh_tensor_device(t), t->dtype, 1, &c) : NULL;
+    if (out && rh__cuda_call(rh_cuda_api()->mask_compact(rh_tensor_device(t), (int)es, n, rh_tensor_data(hm),
+                                                         rh_tensor_data(pos), rh_tensor_data(ht),
+                                                         rh_tensor_data(out)))) {
+      rh_tensor_release(out);
+      out = NULL;
+    }
+    rh_tensor_release(pos);
+  } else {
+    c = count_set(hm);
+    out = rh_tensor_empty(t->dtype, 1, &c);
+    if (out) {
+      const uint8_t *m = rh_tensor_data(hm);
+      const char *src = rh_tensor_data(ht);
+      char *dst = rh_tensor_data(out);
+      for (int64_t i = 0, k = 0; i < n; i++)
+        if (m[i]) memcpy(dst + (k++) * es, src + i * es, es);
+    }
   }
   rh_tensor_release(ht);
   rh_tensor_release(hm);
-  if (out && RH_ON_DEVICE(t)) {
-    rh_tensor_t *d = rh_tensor_to_device(out, rh_tensor_device(t));
-    rh_tensor_release(out);
-    out = d;
-  }
   return out;
 }
 
@@ -458,28 +610,43 @@ int rh_tensor_masked_scatter_(rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t *sr
     return rh_tensor_fail("masked_scatter: the source's dtype %s must match the tensor's %s",
                           rh_dtype_name(src->dtype), rh_dtype_name(t->dtype));
   rh_tensor_t *ht, *hm;
-  if (mask_pair("masked_scatter", t, mask, &ht, &hm)) return -1;
-  int64_t c = count_set(hm), n = rh_tensor_numel(hm);
-  rh_tensor_t *hs = NULL, *cs = NULL;
+  if (mask_pair("masked_scatter", t, mask, &ht, &hm, 1)) return -1;
+  int on_dev = RH_ON_DEVICE(t);
+  int64_t c = 0, n = rh_tensor_numel(hm);
+  rh_tensor_t *pos = NULL, *cs = NULL, *work = NULL;
   int rc = -1;
+  if (on_dev) {
+    pos = device_places(hm, &c);
+    if (!pos) goto done;
+  } else {
+    c = count_set(hm);
+  }
   if (rh_tensor_numel(src) < c) {
     rh_tensor_fail("masked_scatter: the mask selects %lld elements but the source has only %lld", (long long)c,
                    (long long)rh_tensor_numel(src));
     goto done;
   }
-  hs = rh_tensor_to_device(src, -1);
-  cs = hs ? rh_tensor_contiguous(hs) : NULL;
-  if (!cs) goto done;
+  cs = rh_tensor_contiguous(src);
+  /* ht may be t itself (contiguous already): write into a copy, then copy back */
+  work = cs ? rh_tensor_clone(ht) : NULL;
+  if (!work) goto done;
   size_t es = rh_dtype_size(t->dtype);
-  const uint8_t *m = rh_tensor_data(hm);
-  const char *s = rh_tensor_data(cs);
-  char *d = rh_tensor_data(ht);
-  for (int64_t i = 0, k = 0; i < n; i++)
-    if (m[i]) memcpy(d + i * es, s + (k++) * es, es);
-  rc = rh_tensor_copy_(t, ht); /* back into t's own layout and device */
+  if (on_dev) {
+    if (rh__cuda_call(rh_cuda_api()->mask_expand(rh_tensor_device(t), (int)es, n, rh_tensor_data(hm),
+                                                 rh_tensor_data(pos), rh_tensor_data(cs), rh_tensor_data(work))))
+      goto done;
+  } else {
+    const uint8_t *m = rh_tensor_data(hm);
+    const char *s = rh_tensor_data(cs);
+    char *d = rh_tensor_data(work);
+    for (int64_t i = 0, k = 0; i < n; i++)
+      if (m[i]) memcpy(d + i * es, s + (k++) * es, es);
+  }
+  rc = rh_tensor_copy_(t, work); /* back into t's own layout */
 done:
-  rh_tensor_release(hs);
+  rh_tensor_release(pos);
   rh_tensor_release(cs);
+  rh_tensor_release(work);
   rh_tensor_release(ht);
   rh_tensor_release(hm);
   return rc;
@@ -487,6 +654,23 @@ done:
 
 /* nonzero(t): int64 [count, ndim], the positions (plus base) of non-zero elements */
 rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base) {
+  if (RH_ON_DEVICE(t)) {
+    /* the set elements (NaN counts: it is not 0), placed by a prefix sum */
+    rh_tensor_t *m = rh_tensor_binary_scalar(RH_OP_NE, t, 0, 0, 0, NULL);
+    int64_t c = 0;
+    rh_tensor_t *pos = m ? device_places(m, &c) : NULL;
+    int64_t size[2] = {c, t->ndim};
+    rh_tensor_t *out = pos ? rh_tensor_empty_on(rh_tensor_device(t), RH_I64, 2, size) : NULL;
+    if (out && rh__cuda_call(rh_cuda_api()->nonzero_write(rh_tensor_device(t), rh_tensor_numel(m), t->ndim, t->size,
+                                                          rh_tensor_data(m), rh_tensor_data(pos),
+                                                          rh_tensor_data(out), base))) {
+      rh_tensor_release(out);
+      out = NULL;
+    }
+    rh_tensor_release(pos);
+    rh_tensor_release(m);
+    return out;
+  }
   rh_tensor_t *h = rh_tensor_to_device(t, -1);
   rh_tensor_t *ct = h ? rh_tensor_contiguous(h) : NULL;
   rh_tensor_release(h);
@@ -510,10 +694,5 @@ rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base) {
     }
   }
   rh_tensor_release(ct);
-  if (out && RH_ON_DEVICE(t)) {
-    rh_tensor_t *d = rh_tensor_to_device(out, rh_tensor_device(t));
-    rh_tensor_release(out);
-    out = d;
-  }
   return out;
 }

@@ -7,16 +7,15 @@
  * stable LSD radix sort on keys that order like the values (floats with their
  * sign folded in, NaN after +inf as PyTorch puts it; descending order is the
  * complement of the keys, so ties keep their original order either way); short
- * rows use insertion sort. Device tensors are sorted on the host and the
- * results moved back (kernels/ has no sort yet: a device sort is a library of its
- * own, and a round trip is correct). */
+ * rows use insertion sort. On a device the same keys go through CUB's segmented
+ * radix sort and the scans run one thread per row (kernels/sort.cu). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tensor_internal.h"
 
-/* a's `dim` moved last, contiguous on the host; rows x len */
+/* a's `dim` moved last and contiguous, where a lives; rows x len */
 static rh_tensor_t *rows_last(rh_tensor_t *a, int dim, int64_t *rows, int64_t *len) {
   int perm[RH_MAXDIM], k = 0;
   for (int i = 0; i < a->ndim; i++)
@@ -24,20 +23,16 @@ static rh_tensor_t *rows_last(rh_tensor_t *a, int dim, int64_t *rows, int64_t *l
   perm[k] = dim;
   rh_tensor_t *v = a->ndim ? rh_tensor_permute(a, perm) : (rh_tensor_retain(a), a);
   if (!v) return NULL;
-  rh_tensor_t *h = rh_tensor_to_device(v, -1);
+  rh_tensor_t *c = rh_tensor_contiguous(v);
   rh_tensor_release(v);
-  if (!h) return NULL;
-  rh_tensor_t *c = rh_tensor_contiguous(h);
-  rh_tensor_release(h);
   *len = a->ndim ? a->size[dim] : 1;
   int64_t n = rh_tensor_numel(a);
   *rows = *len ? n / *len : 0;
   return c;
 }
 
-/* res (rows-last layout of a's shape) permuted back to a's dim order, contiguous,
- * on `device` */
-static rh_tensor_t *rows_back(rh_tensor_t *res, int ndim, int dim, int device) {
+/* res (rows-last layout of a's shape) permuted back to a's dim order, contiguous */
+static rh_tensor_t *rows_back(rh_tensor_t *res, int ndim, int dim) {
   rh_tensor_t *back;
   if (ndim > 1) {
     int inv[RH_MAXDIM], k = 0;
@@ -50,10 +45,7 @@ static rh_tensor_t *rows_back(rh_tensor_t *res, int ndim, int dim, int device) {
     rh_tensor_retain(res);
     back = res;
   }
-  if (!back || device < 0) return back;
-  rh_tensor_t *d = rh_tensor_to_device(back, device);
-  rh_tensor_release(back);
-  return d;
+  return back;
 }
 
 static int check_dim(const char *what, const rh_tensor_t *t, int dim) {
@@ -179,18 +171,26 @@ int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_ten
   int64_t rows, len;
   rh_tensor_t *src = rows_last(a, dim, &rows, &len);
   if (!src) return -1;
-  rh_tensor_t *v = rh_tensor_empty(a->dtype, src->ndim, src->size);
-  rh_tensor_t *ix = v ? rh_tensor_empty(RH_I64, src->ndim, src->size) : NULL;
+  int dev = rh_tensor_device(a);
+  rh_tensor_t *v = rh_tensor_empty_on(dev, a->dtype, src->ndim, src->size);
+  rh_tensor_t *ix = v ? rh_tensor_empty_on(dev, RH_I64, src->ndim, src->size) : NULL;
   int rc = -1;
-  if (ix) {
+  if (ix && dev >= 0) {
+    if (rh__cuda_call(rh_cuda_api()->sort_rows(dev, a->dtype, descending, rows, len, rh_tensor_data(src),
+                                               rh_tensor_data(v), rh_tensor_data(ix), base)) == 0) {
+      *values = rows_back(v, a->ndim, dim);
+      *indices = *values ? rows_back(ix, a->ndim, dim) : NULL;
+      rc = *indices ? 0 : -1;
+    }
+  } else if (ix) {
     sort_job_t j = {a->dtype, descending, len, rh_tensor_data(src), rh_tensor_data(v), rh_tensor_data(ix), base};
     /* one row per grain when rows are long; many short rows per grain otherwise */
     int64_t grain = len >= 4096 ? 1 : (1 << 14) / (len + 1) + 1;
     rh_parallel_for(rows, grain, sort_chunk, &j);
     if (j.base == INT64_MIN) rh_tensor_fail("sort: out of memory");
     else {
-      *values = rows_back(v, a->ndim, dim, rh_tensor_device(a));
-      *indices = *values ? rows_back(ix, a->ndim, dim, rh_tensor_device(a)) : NULL;
+      *values = rows_back(v, a->ndim, dim);
+      *indices = *values ? rows_back(ix, a->ndim, dim) : NULL;
       rc = *indices ? 0 : -1;
     }
   }
@@ -246,11 +246,16 @@ rh_tensor_t *rh_tensor_scan(rh_tensor_t *a, int dim, int prod) {
   rh_tensor_t *src = rows_last(a, dim, &rows, &len);
   if (!src) return NULL;
   rh_dtype_t odt = rh_dtype_is_float(a->dtype) ? a->dtype : RH_I64;
-  rh_tensor_t *res = rh_tensor_empty(odt, src->ndim, src->size), *out = NULL;
-  if (res) {
+  int dev = rh_tensor_device(a);
+  rh_tensor_t *res = rh_tensor_empty_on(dev, odt, src->ndim, src->size), *out = NULL;
+  if (res && dev >= 0) {
+    if (rh__cuda_call(rh_cuda_api()->scan_rows(dev, a->dtype, odt, prod, rows, len, rh_tensor_data(src),
+                                               rh_tensor_data(res))) == 0)
+      out = rows_back(res, a->ndim, dim);
+  } else if (res) {
     scan_job_t j = {a->dtype, odt, prod, len, rh_tensor_data(src), rh_tensor_data(res)};
     rh_parallel_for(rows, len >= 4096 ? 1 : (1 << 14) / (len + 1) + 1, scan_chunk, &j);
-    out = rows_back(res, a->ndim, dim, rh_tensor_device(a));
+    out = rows_back(res, a->ndim, dim);
   }
   rh_tensor_release(src);
   rh_tensor_release(res);

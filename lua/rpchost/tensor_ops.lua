@@ -6,7 +6,7 @@
 -- expm1 rsqrt), reductions and scans (var std norm logsumexp cumsum cumprod
 -- all any), ordering (sort argsort topk), random tensors (randint randperm
 -- bernoulli multinomial), and construction (one_hot outer bmm linspace
--- logspace eye einsum).
+-- logspace eye einsum diagonal trace).
 --
 -- Dimensions and indices are 1-based, as everywhere in the Lua face: index
 -- tensors given to these ops hold 1-based indices, and ops whose results are
@@ -31,12 +31,29 @@ function M.install(tensor)
   -- (in-place ops below need no version bump of their own: every C entry
   -- point that writes into a tensor bumps its version)
 
+  -- In-place ops here are not recorded in the graph: on a tensor that requires
+  -- gradients (while recording) they would make its gradient silently wrong, so
+  -- they are refused there, naming the out-of-place op to use instead.
+  local function inplace(t, what)
+    if autograd.enabled() and autograd.requires(t) then
+      error(("%s: an in-place op on a tensor that requires grad is not recorded by autograd; use %s (out of place) or run it under tensor.no_grad"):format(
+        what, what:sub(1, -2)), 3)
+    end
+    return t
+  end
+
   local function def(name, f, method_only)
     methods[name] = f
     if not method_only then tensor[name] = f end
   end
 
   local function sizes(t) return core.t_size(t) end
+  -- a gradient in the dtype of the input it is for (an op that promoted its
+  -- inputs hands each one back its own dtype, as PyTorch does)
+  local function like_dtype(g, x)
+    if g == nil or core.t_dtype(g) == core.t_dtype(x) then return g end
+    return core.t_cast(g, core.t_dtype(x))
+  end
   local function zeros_like(t) return core.t_full(core.t_dtype(t), sizes(t), 0, core.t_device(t)) end
   local function expect_tensor(v, what, argname)
     if not is_tensor(v) then
@@ -63,12 +80,13 @@ function M.install(tensor)
     local f = function(a)
       a = tensor._operand(a, name)
       if not is_tensor(a) then a = tensor.tensor(a) end
+      a = tensor._float_input(a, name)
       local out = call(core.t_unary, code, a)
       return record(out, name, table.pack(a), function(g) return df(g, a, out) end)
     end
     def(name, f)
     methods[name .. "_"] = function(a)
-      call(core.t_unary, code, a, a)
+      call(core.t_unary, code, inplace(a, name .. "_"), a)
       return a
     end
   end
@@ -102,7 +120,7 @@ function M.install(tensor)
   end
   def("remainder", remainder)
   methods.remainder_ = function(a, b)
-    call(core.t_binary, BIN.remainder, a, tensor._operand(b, "remainder_"), a)
+    call(core.t_binary, BIN.remainder, inplace(a, "remainder_"), tensor._operand(b, "remainder_"), a)
     return a
   end
   core.t_metatable().__mod = function(a, b) return remainder(a, b) end
@@ -120,6 +138,7 @@ function M.install(tensor)
   def("clamp", clamp)
   def("clip", clamp)
   methods.clamp_ = function(t, lo, hi)
+    inplace(t, "clamp_")
     local r = tensor.no_grad(clamp, t, lo, hi)
     core.t_copy_(t, r)
     return t
@@ -169,7 +188,7 @@ function M.install(tensor)
     local shape = {}
     for k = 1, nd do shape[k] = base[k] end
     shape[d0 + 1] = total
-    local out = core.t_full(dt, shape, 0, dev)
+    local out = core.t_empty(dt, shape, dev) -- every element is written below
     local off = 0
     for _, t in ipairs(list) do
       local n = core.t_size(t, d0)
@@ -182,7 +201,7 @@ function M.install(tensor)
       local grads, o = {}, 0
       for i = 1, #list do
         local n = core.t_size(list[i], d0)
-        grads[i] = core.t_narrow(g, d0, o, n)
+        grads[i] = like_dtype(core.t_narrow(g, d0, o, n), list[i])
         o = o + n
       end
       return unpack(grads, 1, #list)
@@ -361,20 +380,21 @@ function M.install(tensor)
         gt = core.t_clone(g)
         core.t_scatter_(gt, d0, idx, 0, false, BASE)
       end
-      local gs = is_tensor(src) and core.t_gather(g, d0, idx, BASE) or nil
+      local gs = is_tensor(src) and like_dtype(core.t_gather(g, d0, idx, BASE), src) or nil
       return gt, gs
     end)
   end
   def("scatter", function(t, d, idx, src) return scatter(t, d, idx, src, false, "scatter") end)
   def("scatter_add", function(t, d, idx, src) return scatter(t, d, idx, expect_tensor(src, "scatter_add", "the source"), true, "scatter_add") end)
   methods.scatter_ = function(t, d, idx, src)
+    inplace(t, "scatter_")
     local d0 = dim0(t, d, "scatter_")
     if is_tensor(src) then call(core.t_scatter_, t, d0, as_long(idx, "scatter_"), src, false, BASE)
     else call(core.t_scatter_, t, d0, as_long(idx, "scatter_"), scalar(src, "scatter_", "the value"), false, BASE) end
     return t
   end
   methods.scatter_add_ = function(t, d, idx, src)
-    call(core.t_scatter_, t, dim0(t, d, "scatter_add_"), as_long(idx, "scatter_add_"),
+    call(core.t_scatter_, inplace(t, "scatter_add_"), dim0(t, d, "scatter_add_"), as_long(idx, "scatter_add_"),
       expect_tensor(src, "scatter_add_", "the source"), true, BASE)
     return t
   end
@@ -407,10 +427,11 @@ function M.install(tensor)
     return record(out, "index_add", table.pack(t, src), function(g)
       local gs = core.t_index_select(g, d0, idx, BASE)
       if alpha ~= 1 then gs = mul(gs, alpha) end
-      return g, autograd.sum_to(gs, sizes(src))
+      return g, like_dtype(autograd.sum_to(gs, sizes(src)), src)
     end)
   end)
   methods.index_add_ = function(t, d, idx, src, opts)
+    inplace(t, "index_add_")
     local d0 = dim0(t, d, "index_add_")
     local alpha = type(opts) == "table" and opts.alpha or (type(opts) == "number" and opts) or 1
     if alpha ~= 1 then src = core.t_binary(BIN.mul, src, alpha) end
@@ -418,11 +439,13 @@ function M.install(tensor)
     return t
   end
   methods.index_copy_ = function(t, d, idx, src)
+    inplace(t, "index_copy_")
     local d0 = dim0(t, d, "index_copy_")
     call(core.t_index_put_, t, d0, as_long(idx, "index_copy_"), index_source(t, d0, idx, src, "index_copy_"), false, BASE)
     return t
   end
   methods.index_fill_ = function(t, d, idx, v)
+    inplace(t, "index_fill_")
     local d0 = dim0(t, d, "index_fill_")
     call(core.t_index_put_, t, d0, as_long(idx, "index_fill_"), index_source(t, d0, idx, scalar(v, "index_fill_", "the value"), "index_fill_"), false, BASE)
     return t
@@ -448,11 +471,11 @@ function M.install(tensor)
     end)
   end)
   methods.masked_fill_ = function(t, mask, v)
-    call(core.t_masked_fill_, t, as_mask(mask, "masked_fill_"), scalar(v, "masked_fill_", "the value"))
+    call(core.t_masked_fill_, inplace(t, "masked_fill_"), as_mask(mask, "masked_fill_"), scalar(v, "masked_fill_", "the value"))
     return t
   end
   methods.masked_scatter_ = function(t, mask, src)
-    call(core.t_masked_scatter_, t, as_mask(mask, "masked_scatter_"), expect_tensor(src, "masked_scatter_", "the source"))
+    call(core.t_masked_scatter_, inplace(t, "masked_scatter_"), as_mask(mask, "masked_scatter_"), expect_tensor(src, "masked_scatter_", "the source"))
     return t
   end
 
@@ -495,7 +518,7 @@ function M.install(tensor)
     return record(out, "where", table.pack(is_tensor(a) and ta or nil, is_tensor(b) and tb or nil), function(g)
       local ga = is_tensor(a) and autograd.sum_to(core.t_where(cond, g, core.t_full(core.t_dtype(g), {}, 0, core.t_device(g))), sizes(ta)) or nil
       local gb = is_tensor(b) and autograd.sum_to(core.t_where(cond, core.t_full(core.t_dtype(g), {}, 0, core.t_device(g)), g), sizes(tb)) or nil
-      return ga, gb
+      return like_dtype(ga, ta), like_dtype(gb, tb)
     end)
   end)
 
@@ -586,7 +609,12 @@ function M.install(tensor)
   end
 
   T.__index = function(t, k)
-    if type(k) == "string" or type(k) == "number" then return plain_index(t, k) end
+    if type(k) == "string" then
+      local m = methods[k] -- the common case first: a method lookup, one table read
+      if m then return m end
+      return plain_index(t, k)
+    end
+    if type(k) == "number" then return plain_index(t, k) end
     if has_tensor(k) then
       local before, idx, after = split_key(k)
       local v = #before > 0 and plain_index(t, before) or t
@@ -609,6 +637,10 @@ function M.install(tensor)
     local before, idx, after = split_key(k)
     if #after > 0 then
       error("index assignment: keys after an index tensor are not supported (assign into t[{..., idx}] of a view)", 2)
+    end
+    if autograd.enabled() and autograd.requires(t) then
+      error("index assignment: assigning into a tensor that requires grad is not recorded by autograd; " ..
+        "use index_add/scatter/masked_fill (out of place) or run it under tensor.no_grad", 2)
     end
     local target = #before > 0 and plain_index(t, before) or t
     local d0 = dim_after(before)
@@ -677,7 +709,19 @@ function M.install(tensor)
     if p == math.huge then return red(a, "max") end
     if p == -math.huge then return red(a, "min") end
     if p == 1 then return red(a, "sum") end
-    if p == 2 then return methods.sqrt(red(methods.mul(t, t), "sum")) end
+    if p == 2 then
+      -- recorded as one node: its gradient t / norm is 0 where the norm is 0 (as
+      -- PyTorch's subgradient), not the NaN that sqrt's derivative at 0 would give
+      local out = tensor.no_grad(function() return methods.sqrt(red(methods.mul(t, t), "sum")) end)
+      local d0 = d ~= nil and dim0(t, d, "norm") or nil
+      return record(out, "norm", table.pack(t), function(g)
+        local o, gg = out, g
+        if d0 ~= nil and not keepdim then o, gg = core.t_unsqueeze(o, d0), core.t_unsqueeze(g, d0) end
+        local r = core.t_binary(BIN.div, mul(t, gg), o)
+        local zero = core.t_binary(BIN.eq, o, 0)
+        return core.t_where(zero, core.t_full(core.t_dtype(r), {}, 0, core.t_device(r)), r)
+      end)
+    end
     if p == 0 then return red(methods.to(methods.ne(t, 0), t.dtype), "sum") end
     return methods.pow(red(methods.pow(a, p), "sum"), 1 / p)
   end)
@@ -893,6 +937,40 @@ function M.install(tensor)
     return tensor._finish(z, opts, dev)
   end
 
+  -- diagonal(t, offset = 0, dim1 = 1, dim2 = 2): a view of the diagonal of the
+  -- (dim1, dim2) planes, as the last dimension (PyTorch's diagonal)
+  local function diag_view(t, off, d1, d2)
+    local _, _, sz, st, base = core.t_info(t)
+    local n1, n2 = sz[d1 + 1], sz[d2 + 1]
+    local len = math.max(0, math.min(n1 - math.max(0, -off), n2 - math.max(0, off)))
+    if len > 0 then base = base + (off >= 0 and off * st[d2 + 1] or -off * st[d1 + 1]) end
+    local nsz, nst = {}, {}
+    for i = 1, #sz do
+      if i ~= d1 + 1 and i ~= d2 + 1 then nsz[#nsz + 1], nst[#nst + 1] = sz[i], st[i] end
+    end
+    nsz[#nsz + 1], nst[#nst + 1] = len, st[d1 + 1] + st[d2 + 1]
+    return call(core.t_as_strided, t, nsz, nst, base)
+  end
+  def("diagonal", function(t, off, d1, d2)
+    if type(off) == "table" then off, d1, d2 = off.offset, off.dim1, off.dim2 end
+    off = off or 0
+    if core.t_ndim(t) < 2 then
+      error(("diagonal: expected a tensor with at least 2 dimensions, got %d"):format(core.t_ndim(t)), 2)
+    end
+    local a0, b0 = dim0(t, d1 or 1, "diagonal"), dim0(t, d2 or 2, "diagonal")
+    if a0 == b0 then error(("diagonal: dim1 and dim2 are both dimension %d"):format(a0 + 1), 2) end
+    local out = diag_view(t, off, a0, b0)
+    return record(out, "diagonal", table.pack(t), function(g)
+      local z = zeros_like(t)
+      core.t_copy_(diag_view(z, off, a0, b0), g)
+      return z
+    end)
+  end)
+  def("trace", function(t)
+    if core.t_ndim(t) ~= 2 then error(("trace: expected a 2-dimensional tensor, got %d dimensions"):format(core.t_ndim(t)), 2) end
+    return methods.sum(tensor.diagonal(t))
+  end)
+
   -- einsum("ij,jk->ik", a, b, ...): operands contracted pairwise, left to right;
   -- each pair becomes one batched matmul (permute, reshape, matmul, reshape), so
   -- gradients come from those ops and memory stays that of the operands
@@ -911,12 +989,7 @@ function M.install(tensor)
     local count = {}
     for _, term in ipairs(terms) do
       if not term:match("^%a*$") then error(("einsum: subscripts must be letters, got '%s'"):format(term), 3) end
-      local seen = {}
-      for c in term:gmatch(".") do
-        if seen[c] then error(("einsum: subscript '%s' repeats within one operand ('%s'; diagonals are not supported)"):format(c, term), 3) end
-        seen[c] = true
-        count[c] = (count[c] or 0) + 1
-      end
+      for c in term:gmatch(".") do count[c] = (count[c] or 0) + 1 end
     end
     if not rhs then
       local once = {}
@@ -994,10 +1067,33 @@ function M.install(tensor)
     if #ops == 1 and type(ops[1]) == "table" and not is_tensor(ops[1]) then ops = ops[1] end
     for i, x in ipairs(ops) do expect_tensor(x, "einsum", "operand " .. i) end
     local terms, rhs = parse_einsum(eq, #ops)
+    ops = {unpack(ops)}
     for i, x in ipairs(ops) do
       if #terms[i] ~= core.t_ndim(x) then
         error(("einsum: operand %d has %d dimensions but its subscripts '%s' name %d"):format(i, core.t_ndim(x),
           terms[i], #terms[i]), 2)
+      end
+      -- repeated letters: the diagonal of those two dims, moved last ("ii->i", "bii->b")
+      local again = true
+      while again do
+        again = false
+        local ls = letters(terms[i])
+        for p = 1, #ls do
+          local q = terms[i]:find(ls[p], p + 1, true)
+          if q then
+            if core.t_size(ops[i], p - 1) ~= core.t_size(ops[i], q - 1) then
+              error(("einsum: subscript '%s' repeats in operand %d over sizes %d and %d"):format(ls[p], i,
+                core.t_size(ops[i], p - 1), core.t_size(ops[i], q - 1)), 2)
+            end
+            ops[i] = tensor.diagonal(ops[i], 0, p, q)
+            local rest = {}
+            for k = 1, #ls do if k ~= p and k ~= q then rest[#rest + 1] = ls[k] end end
+            rest[#rest + 1] = ls[p]
+            terms[i] = table.concat(rest)
+            again = true
+            break
+          end
+        end
       end
     end
     local x, sx = ops[1], terms[1]
