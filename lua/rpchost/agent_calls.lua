@@ -501,14 +501,15 @@ function C:on_request(to, id, body, segs)
     return sched.spawn(function()
       local ok, err = pcall(codec.await_confirmed, unconfirmed, self.timeout)
       if not ok then return self:send_reply(to, id, {false, err, n = 2}) end
-      self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+      self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, r[7])
     end, {name = "request awaiting its RRefs"})
   end
-  return self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+  return self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, r[7])
 end
 
 -- Runs a decoded request now, or queues it while num_worker_threads run.
-function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
+-- (timeout: the caller's remaining seconds, from the request)
+function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, call_timeout)
   if self.running >= self.max_running then
     local q = self.backlog
     if self.nqueued >= self.max_queued then
@@ -532,7 +533,7 @@ function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap)
         "or %s"):format(self.name, self.nqueued, self.max_running, self.max_queued, QUEUE_SOURCE),
         {worker = self.name, rank = self.rank}), n = 2})
     end
-    local timeout = tonumber(r[7])
+    local timeout = tonumber(call_timeout)
     local job = {to, id, fn, args, kwargs, ctx, queued_at, rmap,
                  deadline = timeout and timeout > 0 and sched.now() + timeout or nil, src = self:rank_of(to)}
     q.tail = q.tail + 1
