@@ -35,19 +35,18 @@ Modules: rpc, dist, tensor, dist_autograd, nn, optim.
 Environment: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
              RPCHOST_TOKEN RPCHOST_LOG=debug|info|warn RPCHOST_INIT_TIMEOUT (seconds)
              and more: docs/environment.md
-Documentation: man rpchost; docs/README.md in the source tree, installed in
+Documentation: man rpchost; README.md and docs/ (docs/README.md: the index) in
              %s
 ]==]
 
--- Where the documentation is: beside an installed binary (<prefix>/share/doc/
--- rpchost), else the source tree this binary was built from.
+-- Where README.md and docs/ are: beside an installed binary (<prefix>/share/doc/
+-- rpchost), else the source tree whose Lua library this binary uses.
 function M.docs_dir()
   local here = package.searchpath("rpchost.cli", package.path) or ""
   local lua_dir = here:match("^(.*)/rpchost/cli%.lua$") or ""
   local prefix = lua_dir:match("^(.*)/share/rpchost/lua/?$")
-  if prefix then return prefix .. "/share/doc/rpchost" end
-  local src = lua_dir:match("^(.*)/lua/?$")
-  return (src or ".") .. "/docs"
+  if prefix then return prefix:gsub("/[^/]+/%.%.$", "") .. "/share/doc/rpchost" end
+  return lua_dir:match("^(.*)/lua/?$") or "."
 end
 
 function M.usage() return USAGE:format(M.docs_dir()) end
