@@ -31,6 +31,16 @@ local pages = ls(S.root .. "/docs/*.md")
 local all_docs = {S.root .. "/README.md"}
 for _, p in ipairs(pages) do all_docs[#all_docs + 1] = p end
 
+-- the text outside fenced blocks and inline code spans (where links are)
+local function prose(path)
+  local out, fenced = {}, false
+  for line in (read(path) .. "\n"):gmatch("([^\n]*)\n") do
+    if line:match("^%s*```") then fenced = not fenced
+    elseif not fenced then out[#out + 1] = (line:gsub("`[^`]*`", "")) end
+  end
+  return table.concat(out, "\n")
+end
+
 -- fenced blocks: {file, line, info, text}
 local function blocks(path)
   local out, cur = {}, nil
@@ -104,7 +114,7 @@ describe("the documentation", function()
     for _, path in ipairs(pages) do
       local text = read(path)
       local list = spans(path)
-      for expr, prefixes in text:gmatch("<!%-%-%s*doc%-check:%s*(.-)%s+as%s+(.-)%s*%-%->") do
+      for expr, prefixes in ("\n" .. text):gmatch("\n<!%-%-%s*doc%-check:%s*([^\n]-)%s+as%s+([^\n]-)%s*%-%->") do
         local f = assert(loadstring("return " .. expr))
         local ok, t = pcall(f)
         if not (ok and type(t) == "table") then
@@ -158,7 +168,7 @@ describe("the documentation", function()
     local bad = {}
     for _, path in ipairs(all_docs) do
       local dir = path:match("^(.*)/[^/]+$")
-      for target in read(path):gmatch("%]%(([^)#%s]+)[^)]*%)") do
+      for target in prose(path):gmatch("%]%(([^)#%s]+)[^)]*%)") do
         if not target:match("^%a+://") and not target:match("^mailto:") then
           local f = io.open(dir .. "/" .. target)
           if f then f:close() else bad[#bad + 1] = path .. " -> " .. target end
