@@ -1,7 +1,7 @@
 -- rpchost.top: `rpchost top`, a live view of a running world in the terminal.
 --
 --   rpchost top [--master-addr A] [--master-port P] [--token T] [--interval S]
---               [--name NAME] [--once]
+--               [--timeout S] [--name NAME] [--once]
 --
 -- It joins the world as the REPL does (a dynamic member: token-aware, and on
 -- loopback the same-user proof), asks every worker for
@@ -21,7 +21,7 @@ local M = {}
 
 local USAGE = [[
 usage: rpchost top [--master-addr A] [--master-port P] [--token T] [--interval S]
-                   [--name NAME] [--once]
+                   [--timeout S] [--name NAME] [--once]
 
 Joins the world whose store is at A:P (default 127.0.0.1 and $MASTER_PORT or
 29500) and shows each worker, refreshed every S seconds (default 1):
@@ -32,7 +32,8 @@ Joins the world whose store is at A:P (default 127.0.0.1 and $MASTER_PORT or
   OWN/HELD     RRefs whose value it owns / UserRRefs it holds to others' values
   TENSORS      bytes of live tensor storage (and CUDA memory when in use)
   COLLECTIVE   the collective it is in, and for how long
-Keys: q (or Ctrl-C) leaves. --once prints one table and leaves.
+Keys: q (or Ctrl-C) leaves. --once prints one table and leaves. --timeout: seconds
+to wait for the world to be found (default 10, or $RPCHOST_INIT_TIMEOUT).
 ]]
 
 -- terminal ---------------------------------------------------------------------------------
@@ -132,13 +133,13 @@ end
 local function parse(argv)
   local o, i = {interval = 1}, 1
   local takes = {["--master-addr"] = "addr", ["--master-port"] = "port", ["--name"] = "name",
-                 ["--token"] = "token", ["--interval"] = "interval"}
+                 ["--token"] = "token", ["--interval"] = "interval", ["--timeout"] = "timeout"}
   while argv[i] do
     local a = argv[i]
     if takes[a] then
       local v = argv[i + 1]
       if v == nil or v:sub(1, 2) == "--" then return nil, a .. " needs a value" end
-      if (a == "--master-port" or a == "--interval") and not tonumber(v) then
+      if (a == "--master-port" or a == "--interval" or a == "--timeout") and not tonumber(v) then
         return nil, ("%s must be a number, got '%s'"):format(a, v)
       end
       o[takes[a]] = v
@@ -169,7 +170,10 @@ function M.main(argv)
     local snapshot = require("rpchost.introspect").snapshot
     local where = ("%s:%s"):format(o.addr or "127.0.0.1", o.port or os.getenv("MASTER_PORT") or "29500")
     local me = o.name or ("top-" .. core.getpid())
-    rpc.init_rpc(me, {rpc_backend_options = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://" .. where}})
+    -- (a watcher pointed at no world says so soon, not after a training job's 300 s)
+    local wait = tonumber(o.timeout) or tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 10
+    rpc.init_rpc(me, {rpc_backend_options = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://" .. where,
+      init_timeout = wait}})
     local quit = false
     local sigs = {}
     for _, name in ipairs({"SIGINT", "SIGTERM"}) do
@@ -233,7 +237,8 @@ function M.main(argv)
   restore()
   if not ok then
     if tty and not o.once then io.stdout:write("\27[?25h\27[?1049l") end
-    io.stderr:write("rpchost top: ", cli.format_error(err), "\n")
+    -- (an error object says what to do; a traceback is for bugs)
+    io.stderr:write("rpchost top: ", require("rpchost.errors").is(err) and tostring(err) or cli.format_error(err), "\n")
     return 1
   end
   return 0
