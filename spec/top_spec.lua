@@ -170,7 +170,10 @@ describe("rpchost top", function()
     r = S.run({"top", "--help"})
     assert.are.equal(0, r.status)
     assert.truthy(r.out:find("longest", 1, true), r.out)
+    -- rpchost --help lists the subcommands and says where the docs and the man page are
     r = S.run({"--help"})
-    assert.truthy(r.out:find("rpchost top", 1, true) and r.out:find("man rpchost", 1, true), r.out)
+    for _, want in ipairs({"rpchost run", "rpchost repl", "rpchost top", "man rpchost", "docs/"}) do
+      assert.truthy(r.out:find(want, 1, true), want .. " missing in:\n" .. r.out)
+    end
   end)
 end)
