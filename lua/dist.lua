@@ -264,7 +264,18 @@ dist.Work = Work
 
 -- Runs fn now (returning nil) or, with async_op, as a task (returning a Work).
 local trace = require "rpchost.trace"
+-- the collectives running now on this rank (entry -> true; `rpchost top` shows them)
+local active = {}
+dist._active = active
 local function run(g, opts, what, fn)
+  local body = fn
+  fn = function()
+    local e = {what = what, since = core.now(), async = opts and opts.async_op or false}
+    active[e] = true
+    local ok, err = pcall(body)
+    active[e] = nil
+    if not ok then error(err, 0) end
+  end
   if trace.enabled() then
     local inner = fn
     fn = function()

@@ -11,10 +11,16 @@ local errors = require "rpchost.errors"
 local M = {}
 
 local USAGE = [==[
-usage: rpchost [options] [script [args...]]
-       rpchost run --nproc-per-node N [--nnodes M --node-rank K --master-addr A
-                   --master-port P] [--prefix] script [args...]
-       rpchost repl [--master-addr A --master-port P] [--name NAME]
+usage: rpchost [options] [script [args...]]     run a script (one rank), like luajit
+       rpchost run  --nproc-per-node N [--nnodes M --node-rank K --master-addr A
+                    --master-port P] [--prefix] [--grace S] [--max-restarts N]
+                    script [args...]            start a world of N ranks per node
+       rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]
+                                                join a running world interactively
+       rpchost top  [--master-addr A --master-port P] [--token T] [--interval S]
+                                                watch a running world live (q quits)
+
+Subcommands: run, repl, top (each takes --help).
 
 Interpreter options (as luajit):
   -e chunk   run the string 'chunk'
@@ -25,10 +31,25 @@ Interpreter options (as luajit):
   --         stop handling options
   -h, --help show this help
 
-Modules: rpc, dist, tensor, dist_autograd, nn, optim (see README.md).
+Modules: rpc, dist, tensor, dist_autograd, nn, optim.
 Environment: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
              RPCHOST_TOKEN RPCHOST_LOG=debug|info|warn RPCHOST_INIT_TIMEOUT (seconds)
+             and more: docs/environment.md
+Documentation: man rpchost; README.md and docs/ (docs/README.md: the index) in
+             %s
 ]==]
+
+-- Where README.md and docs/ are: beside an installed binary (<prefix>/share/doc/
+-- rpchost), else the source tree whose Lua library this binary uses.
+function M.docs_dir()
+  local here = package.searchpath("rpchost.cli", package.path) or ""
+  local lua_dir = here:match("^(.*)/rpchost/cli%.lua$") or ""
+  local prefix = lua_dir:match("^(.*)/share/rpchost/lua/?$")
+  if prefix then return prefix:gsub("/[^/]+/%.%.$", "") .. "/share/doc/rpchost" end
+  return lua_dir:match("^(.*)/lua/?$") or "."
+end
+
+function M.usage() return USAGE:format(M.docs_dir()) end
 
 function M.version_string()
   return ("rpchost %s (protocol %d) -- %s, libuv"):format(core.version, core.protocol_version, jit.version)
@@ -104,12 +125,12 @@ local function interpreter(argv)
     local o = argv[i]
     if o == "--" then i = i + 1; break
     elseif o == "-" then script = "-"; break
-    elseif o == "-h" or o == "--help" then io.stdout:write(USAGE); return 0
+    elseif o == "-h" or o == "--help" then io.stdout:write(M.usage()); return 0
     elseif o == "-i" then interactive = true; version = true; i = i + 1
     elseif o == "-v" then version = true; i = i + 1
     elseif o == "-e" or o == "-l" then
       if not argv[i + 1] then
-        io.stderr:write("rpchost: '", o, "' needs an argument\n", USAGE)
+        io.stderr:write("rpchost: '", o, "' needs an argument\n", M.usage())
         return 1
       end
       actions[#actions + 1] = {o, argv[i + 1]}
@@ -118,7 +139,7 @@ local function interpreter(argv)
       actions[#actions + 1] = {o:sub(1, 2), o:sub(3)}
       i = i + 1
     elseif o:sub(1, 1) == "-" then
-      io.stderr:write("rpchost: unrecognized option '", o, "'\n", USAGE)
+      io.stderr:write("rpchost: unrecognized option '", o, "'\n", M.usage())
       return 1
     else break end
   end
@@ -203,6 +224,10 @@ function M.main(argv)
     local rest = {[0] = argv[0]}
     for j = 2, #argv do rest[#rest + 1] = argv[j] end
     return require("rpchost.launcher").main(rest)
+  elseif sub == "top" then
+    local rest = {[0] = argv[0]}
+    for j = 2, #argv do rest[#rest + 1] = argv[j] end
+    return require("rpchost.top").main(rest)
   elseif sub == "repl" then
     local rest = {[0] = argv[0]}
     for j = 2, #argv do rest[#rest + 1] = argv[j] end

@@ -107,7 +107,22 @@ local function peer(name)
   return p
 end
 
+-- the latencies of the last RING calls that completed, for percentiles over a
+-- recent window (rpchost.introspect; `rpchost top`): M.done_seq counts them all
+local RING = 4096
+local ring = {}
+M.done_seq = 0
+function M.recent_latencies(after_seq)
+  local first = math.max(after_seq or 0, M.done_seq - RING) + 1
+  local out = {}
+  for s = first, M.done_seq do out[#out + 1] = ring[(s - 1) % RING + 1] end
+  return out
+end
+
 function M.call_done(name, dur_us, failed)
+  local seq = M.done_seq + 1
+  M.done_seq = seq
+  ring[(seq - 1) % RING + 1] = dur_us
   local p = peer(name)
   p.calls_out = p.calls_out + 1
   if failed then p.errors = p.errors + 1 end
