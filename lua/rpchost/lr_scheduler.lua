@@ -49,8 +49,9 @@ function StepLR:lr_at(base, e) return base * self.gamma ^ math.floor(e / self.st
 
 -- MultiStepLR(optimizer, milestones, {gamma = 0.1})
 local MultiStepLR = class("MultiStepLR", function(cls, o, milestones, x)
-  x = opt(milestones, x)
-  if type(milestones) ~= "table" or #milestones == 0 then milestones = x.milestones end
+  if type(milestones) == "table" and #milestones == 0 then x, milestones = milestones, milestones.milestones end
+  x = x or {}
+  if type(milestones) ~= "table" then error("MultiStepLR: milestones (a list of epochs) is required", 3) end
   local s = setmetatable({milestones = milestones, gamma = x.gamma or 0.1}, cls)
   return M._init(s, o, x.last_epoch)
 end)
