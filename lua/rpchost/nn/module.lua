@@ -272,7 +272,7 @@ function Module:to(spec, opts)
   local function move(t, is_param)
     local out = t
     if want and t.device ~= want then out = out:detach():to(device) end
-    if dtype and ouis_float(t) and out.dtype ~= dtype then out = out:detach():to(dtype) end
+    if dtype and is_float(t) and out.dtype ~= dtype then out = out:detach():to(dtype) end
     if out ~= t and is_param then out.requires_grad = t.requires_grad end
     return out
   end
