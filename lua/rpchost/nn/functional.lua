@@ -152,7 +152,14 @@ end
 function F.softmax(x, dim) return x:softmax(dim_arg(x, dim)) end
 function F.log_softmax(x, dim) return x:log_softmax(dim_arg(x, dim)) end
 
+-- linear(x, w, b): x [*, in] is one [rows, in] GEMM whatever its leading dims
+-- (a batched matmul against a broadcast weight would be one small GEMM per row block)
 function F.linear(x, w, b)
+  if x:dim() > 2 then
+    local s = shape_of(x)
+    s[#s] = w:size(1)
+    return F.linear(x:reshape(-1, x:size(x:dim())), w, b):view(s)
+  end
   local y = x:matmul(w:t())
   if b ~= nil then y = y + b end
   return y

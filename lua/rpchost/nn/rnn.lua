@@ -62,6 +62,33 @@ local function repr(self)
   return s
 end
 
+-- The LSTM cell's pointwise part as one autograd node: from the pre-activation
+-- gates [B, 4H] and c_prev to (h, c). Its backward writes the four gate
+-- gradients into one [B, 4H] tensor, instead of four narrow/sigmoid/tanh/mul
+-- nodes each scattering a full-size gradient.
+local autograd = require "rpchost.autograd"
+local LSTMCellFn = autograd.Function:extend("LSTMCell")
+function LSTMCellFn.forward(ctx, gates, c_prev)
+  local H = c_prev:size(2)
+  local i = gates:narrow(2, 1, H):sigmoid()
+  local f = gates:narrow(2, H + 1, H):sigmoid()
+  local g = gates:narrow(2, 2 * H + 1, H):tanh()
+  local o = gates:narrow(2, 3 * H + 1, H):sigmoid()
+  local c = f * c_prev + i * g
+  local tc = c:tanh()
+  ctx.i, ctx.f, ctx.g, ctx.o, ctx.c_prev, ctx.tc = i, f, g, o, c_prev, tc
+  return o * tc, c
+end
+function LSTMCellFn.backward(ctx, gh, gc)
+  local i, f, g, o, tc = ctx.i, ctx.f, ctx.g, ctx.o, ctx.tc
+  local gct = gc + gh * o * (1 - tc * tc)
+  local gi = gct * g * i * (1 - i)
+  local gf = gct * ctx.c_prev * f * (1 - f)
+  local gg = gct * i * (1 - g * g)
+  local go = gh * tc * o * (1 - o)
+  return tensor.cat({gi, gf, gg, go}, 2), gct * f
+end
+
 -- one layer, one direction over x [T, B, in]: outputs [T, B, H] and the final state
 local function run_direction(self, x, sfx, h, c, reverse)
   local T, B = x:size(1), x:size(2)
@@ -77,17 +104,15 @@ local function run_direction(self, x, sfx, h, c, reverse)
   xi = xi:view(T, B, g * H)
   local whh_t = whh:t()
   local outs = {}
+  -- one node for all steps' slices (select per step would give each step's
+  -- backward a full [T, B, gH] gradient to scatter into)
+  local steps = {xi:unbind(1)}
+  if #steps == 1 and type(steps[1]) == "table" then steps = steps[1] end
   for s = 1, T do
     local t = reverse and (T - s + 1) or s
-    local gi = xi:select(1, t)
+    local gi = steps[t]
     if self.mode == "LSTM" then
-      local gates = gi + h:matmul(whh_t)
-      local i = gates:narrow(2, 1, H):sigmoid()
-      local f = gates:narrow(2, H + 1, H):sigmoid()
-      local gg = gates:narrow(2, 2 * H + 1, H):tanh()
-      local o = gates:narrow(2, 3 * H + 1, H):sigmoid()
-      c = f * c + i * gg
-      h = o * c:tanh()
+      h, c = LSTMCellFn.apply(gi + h:matmul(whh_t), c)
     elseif self.mode == "GRU" then
       local gh = h:matmul(whh_t)
       if bhh ~= nil then gh = gh + bhh end
