@@ -1,5 +1,5 @@
 /* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn_conv.c,
- * nn_pool.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers
+ * nn_pool.c, nn_norm.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers
  * (0-based nothing: these are sizes); the Lua side checks shapes and names the
  * layer in its errors, the core's message is raised for anything it refuses. */
 #include "rh_lua.h"
@@ -101,6 +101,33 @@ static int l_adaptive_avg_pool2d_backward(lua_State *L) {
                                                     (int64_t)luaL_checknumber(L, 3)));
 }
 
+/* batch_norm(x, w|nil, b|nil, rm|nil, rv|nil, training, momentum, eps) -> y, mean, invstd */
+static int l_batch_norm(lua_State *L) {
+  rh_tensor_t *y, *m, *s;
+  check_rc(L, rh_nn_batch_norm(rh_lua_checktensor(L, 1), rh_lua_totensor(L, 2), rh_lua_totensor(L, 3),
+                               rh_lua_totensor(L, 4), rh_lua_totensor(L, 5), lua_toboolean(L, 6),
+                               luaL_checknumber(L, 7), luaL_checknumber(L, 8), &y, &m, &s));
+  rh_lua_pushtensor(L, y);
+  rh_lua_pushtensor(L, m);
+  rh_lua_pushtensor(L, s);
+  return 3;
+}
+
+/* batch_norm_backward(gy, x, w|nil, mean, invstd, training, want_x, want_w, want_b) -> gx, gw, gb */
+static int l_batch_norm_backward(lua_State *L) {
+  rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
+  check_rc(L, rh_nn_batch_norm_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3),
+                                        rh_lua_checktensor(L, 4), rh_lua_checktensor(L, 5), lua_toboolean(L, 6),
+                                        lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
+                                        lua_toboolean(L, 9) ? &gb : NULL));
+  rh_tensor_t *out[3] = {gx, gw, gb};
+  for (int i = 0; i < 3; i++) {
+    if (out[i]) rh_lua_pushtensor(L, out[i]);
+    else lua_pushnil(L);
+  }
+  return 3;
+}
+
 /* out_size(in, k, stride, pad, dil, ceil_mode) */
 static int l_out_size(lua_State *L) {
   lua_pushnumber(L, (lua_Number)rh_nn_out_size((int64_t)luaL_checknumber(L, 1), (int64_t)luaL_checknumber(L, 2),
@@ -119,6 +146,8 @@ int rh_open_nn(lua_State *L) {
                                  {"nn_adaptive_avg_pool2d", l_adaptive_avg_pool2d},
                                  {"nn_adaptive_avg_pool2d_backward", l_adaptive_avg_pool2d_backward},
                                  {"nn_out_size", l_out_size},
+                                 {"nn_batch_norm", l_batch_norm},
+                                 {"nn_batch_norm_backward", l_batch_norm_backward},
                                  {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);

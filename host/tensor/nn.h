@@ -1,4 +1,4 @@
-/* nn.h: the C kernels behind lua/rpchost/nn (convolution and pooling), with no
+/* nn.h: the C kernels behind lua/rpchost/nn (convolution, pooling, batch norm), with no
  * Lua in them. Inputs are float32 or float64 tensors on the host in NCHW layout
  * (made contiguous here); every function checks shapes first and returns NULL /
  * a negative code with the message in rh_tensor_errmsg(). Returned tensors are
@@ -38,6 +38,14 @@ rh_tensor_t *rh_nn_avg_pool2d_backward(rh_tensor_t *gy, const rh_nn_pool_t *p, i
 /* adaptive average pooling to [oh, ow] (PyTorch's start/end rule) */
 rh_tensor_t *rh_nn_adaptive_avg_pool2d(rh_tensor_t *x, int64_t oh, int64_t ow);
 rh_tensor_t *rh_nn_adaptive_avg_pool2d_backward(rh_tensor_t *gy, int64_t h, int64_t w);
+
+/* batch norm over [N, C, *]: y and the per-channel float64 mean and
+ * 1/sqrt(var + eps) used; training updates running_mean/var in place when given */
+int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t *rm, rh_tensor_t *rv, int training,
+                     double momentum, double eps, rh_tensor_t **y, rh_tensor_t **mean, rh_tensor_t **invstd);
+int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *mean,
+                              rh_tensor_t *invstd, int training, rh_tensor_t **gx, rh_tensor_t **gw,
+                              rh_tensor_t **gb);
 
 /* the output length of a window sweep (ceil_mode as PyTorch's pooling) */
 int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode);

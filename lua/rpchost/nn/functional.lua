@@ -381,11 +381,42 @@ function F.avg_pool1d(x, ...)
 end
 
 -- normalisation -----------------------------------------------------------------------
+-- one pass per channel in C (host/tensor/nn_norm.c) for host tensors
+local BatchNormFn = autograd.Function:extend("NativeBatchNorm")
+function BatchNormFn.forward(ctx, x, w, b, rm, rv, training, momentum, eps)
+  local y, mean, invstd = core.nn_batch_norm(x, w, b, rm, rv, training, momentum, eps)
+  ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training = x, w, mean, invstd, training
+  return y
+end
+function BatchNormFn.backward(ctx, g)
+  local n = ctx.needs_input_grad
+  return core.nn_batch_norm_backward(g, ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training, n[1], n[2], n[3])
+end
+
+local function native_ok(x, ...)
+  if x.device ~= "cpu" or not mod.is_float(x) then return false end
+  for i = 1, select("#", ...) do
+    local v = select(i, ...)
+    if v ~= nil and (v.device ~= "cpu" or v.dtype ~= x.dtype or not v:is_contiguous()) then return false end
+  end
+  return true
+end
+
 -- batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 function F.batch_norm(x, running_mean, running_var, ...)
   local a = args({"weight", "bias", "training", "momentum", "eps"}, ...)
   local eps = a.eps or 1e-5
   local c = x:size(2)
+  local training = a.training or running_mean == nil
+  if training and x:numel() / c <= 1 then
+    error(("Expected more than 1 value per channel when training, got input size %s"):format(shape_str(x)), 2)
+  end
+  if native_ok(x, a.weight, a.bias, running_mean, running_var) then
+    local m = a.momentum
+    if m == nil then m = 0.1 end
+    return BatchNormFn.apply(x, a.weight, a.bias, a.training and running_mean or (not training and running_mean) or nil,
+      a.training and running_var or (not training and running_var) or nil, training and true or false, m, eps)
+  end
   local dims = {1}
   for d = 3, x:dim() do dims[#dims + 1] = d end
   local bshape = {1, c}
