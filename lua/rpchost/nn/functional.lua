@@ -664,7 +664,7 @@ function F.nll_loss(input, target, ...)
   if safe:numel() > 0 then
     local lo, hi = safe:min():item(), safe:max():item()
     if lo < 1 or hi > c then
-      error(("nll_loss: target %s is out of bounds: classes are 1..%d (Lua indices)"):format(
+      error(("nll_loss: target %s is out of bounds: target classes must be in 1..%d (Lua indices)"):format(
         tostring(lo < 1 and lo or hi), c), 2)
     end
   end
@@ -694,6 +694,11 @@ function F.cross_entropy(input, target, ...)
   local cdim = input:dim() == 1 and 1 or 2
   local logp = input:log_softmax(cdim)
   local c = input:size(cdim)
+  -- float targets of the input's shape are probabilities; with one dim fewer
+  -- they are class indices written as numbers (tensor.tensor({1, 2}))
+  if tensor.is_tensor(target) and mod.is_float(target) and target:dim() == input:dim() - 1 then
+    target = target:to(tensor.int64)
+  end
   if tensor.is_tensor(target) and mod.is_float(target) then
     same_shape(input, target, "cross_entropy")
     local tt = target
