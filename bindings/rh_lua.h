@@ -48,6 +48,7 @@ int rh_open_proc(lua_State *L);
 int rh_open_codec(lua_State *L);
 int rh_open_tensor(lua_State *L);
 int rh_open_tensor_ops(lua_State *L);
+int rh_open_nn(lua_State *L);
 int rh_open_cuda(lua_State *L);
 int rh_open_crypto(lua_State *L);
 int rh_open_repl(lua_State *L);
