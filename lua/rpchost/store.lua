@@ -493,16 +493,19 @@ end
 local shared = {}
 
 -- Returns a client for host:port, starting the server here first when `host_it`.
+-- (port 0 with host_it: a free port; the third value is the port it got)
 function M.acquire(host, port, host_it, timeout)
   local key = ("%s:%d"):format(host, port)
   local s = shared[key]
   if s then
     s.refs = s.refs + 1
-    return s.client, key
+    return s.client, key, port
   end
   local server
   if host_it then
     server = M.serve(host, port)
+    port = server.port
+    key = ("%s:%d"):format(host, port)
     sched.at_exit(function()
       for k, x in pairs(shared) do
         if x.server == server then x.client:close(); shared[k] = nil end
@@ -512,7 +515,19 @@ function M.acquire(host, port, host_it, timeout)
   end
   local client = M.connect(host, port, timeout)
   shared[key] = {client = client, server = server, refs = 1}
-  return client, key
+  return client, key, port
+end
+
+-- Closes every store connection this process holds to a store it does not
+-- host: a process about to block in MPI_Finalize must not keep the store's
+-- host (lingering until its clients leave) waiting for it.
+function M.close_clients()
+  for k, x in pairs(shared) do
+    if not x.server then
+      x.client:close()
+      shared[k] = nil
+    end
+  end
 end
 
 function M.release(key)
