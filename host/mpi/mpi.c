@@ -102,7 +102,10 @@ int rh_mpi_load(void) {
   const char *names[] = {"libmpi.so.40", "libmpi.so", "libmpi.so.12"};
   if (env && *env) {
     mpi.h = dlopen(env, RTLD_NOW | RTLD_GLOBAL);
-    if (!mpi.h) return fail("cannot load $RPCHOST_MPI_LIB (%s): %s", env, dlerror());
+    if (!mpi.h)
+      return fail("cannot load $RPCHOST_MPI_LIB (%s): %s; install the Debian packages openmpi-bin and "
+                  "libopenmpi-dev, or point RPCHOST_MPI_LIB at Open MPI's libmpi.so",
+                  env, dlerror());
   } else {
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !mpi.h; i++)
       mpi.h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
