@@ -94,13 +94,19 @@ function M.finalize_at_exit()
   end)
 end
 
--- Polls an MPI request until done: the bytes a receive got. A spin of 50 us
--- first (small operations finish in a few), then sleeps doubling to 0.5 ms.
+-- Polls an MPI request until done: the bytes a receive got. For the first
+-- SPIN seconds each poll only yields to the loop (sleep(0): other tasks and
+-- I/O run, nothing blocks), since small operations finish in microseconds and
+-- the loop's timers tick in milliseconds (and MPI's non-blocking collectives
+-- progress only while tested); a large operation spins for about as long as
+-- it should take at 1 GB/s. After that it sleeps a tenth of the time waited so
+-- far (1 to 10 ms), so a long wait costs well under 1% of a core.
 -- keep: the buffers the request uses, kept alive forever if it is given up on.
 local function wait(g, req, what, keep)
+  local spin = 0.0003
+  for _, t in ipairs(keep) do spin = spin + core.t_nbytes(t) * 1e-9 end
   local t0 = core.now()
   local deadline = t0 + g.timeout
-  local pause = 0.00002
   while true do
     local ok, done, got = pcall(core.mpi_test, req)
     if not ok then
@@ -116,10 +122,9 @@ local function wait(g, req, what, keep)
       fail("timeout", ("%s (a rank of the group did not call it, or is stuck); MPI cannot cancel it, so " ..
         "this process group can run no more collectives (destroy it; MPI will not be finalised)"):format(why))
     end
-    if now - t0 > 0.00005 then
-      sched.sleep(pause)
-      if pause < 0.0005 then pause = pause * 2 end
-    end
+    local waited = now - t0
+    if waited < spin then sched.sleep(0)
+    else sched.sleep(math.min(0.01, math.max(0.001, waited / 10))) end
   end
 end
 
