@@ -524,6 +524,9 @@ function Client:wait_verbose(keys, timeout, abort, describe, on_tick)
   return self:wait_verbose_(keys, timeout, abort, describe, on_tick)
 end
 
+-- (Each round waits only for the keys still missing after the last: a world's
+-- ranks re-ask every second, and asking for all N keys each time made the store
+-- handle N^2 keys per second while a large world gathered.)
 function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
   local start = sched.now()
   local step = on_tick and math.min(1, progress_every()) or progress_every()
@@ -535,6 +538,7 @@ function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
     if aborted then error(errors.new("config", aborted), 0) end
     local elapsed = sched.now() - start
     local miss = self:missing(keys)
+    keys = miss
     if #miss == 0 then return true end
     if on_tick then on_tick(miss) end
     if elapsed >= timeout then
