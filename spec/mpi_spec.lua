@@ -280,6 +280,17 @@ describe("the mpi backend", function()
     assert_clean(r, 2)
   end)
 
+  it("refuses ranks started without mpirun (each would be a world of one)", function()
+    local r = S.world(2, [[
+      local dist = require "dist"
+      local ok, e = pcall(dist.init_process_group, {backend = "mpi"})
+      print(ok, e)
+      require("rpchost.core").mpi_finalize()
+    ]])
+    assert.is_truthy(r.out:find("start the ranks with mpirun", 1, true), r.out .. r.err)
+    assert.is_nil(r.out:find("true", 1, true), r.out)
+  end)
+
   it("names what is wrong when the library is missing or is not Open MPI", function()
     local script = S.write([[
       local dist = require "dist"

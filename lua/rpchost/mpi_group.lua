@@ -69,6 +69,14 @@ function M.start(o)
         "rank and world size come from MPI: leave them out)", f[1], tostring(given), f[1], f[2])
     end
   end
+  -- started by something other than mpirun (rpchost run, torchrun): each process
+  -- would be a world of its own
+  local ews, er = tonumber(os.getenv("WORLD_SIZE") or ""), tonumber(os.getenv("RANK") or "")
+  if (ews and ews ~= size) or (er and er ~= rank) then
+    cfg("init_process_group: backend \"mpi\": MPI says this process is rank %d of %d, but RANK=%s " ..
+      "WORLD_SIZE=%s; start the ranks with mpirun (mpirun -np N rpchost script.lua), not rpchost run or " ..
+      "torchrun, or use backend \"gloo\"", rank, size, tostring(os.getenv("RANK")), tostring(os.getenv("WORLD_SIZE")))
+  end
   return rank, size
 end
 
