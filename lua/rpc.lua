@@ -564,7 +564,13 @@ local function graceful_join(a, timeout)
       if had then rref.release_all() end
     until not had and a:idle()
     local st = a.stats
-    a.store:set(("%ssd/%d/%d"):format(P, round, a.rank), st.world_out .. "," .. st.world_in)
+    -- the world's totals are summed at the store (each rank reading every
+    -- rank's counters made shutdown's store traffic grow with N^2); the
+    -- rank's own key, set after its adds, says it is here
+    local R = ("%ssd/%d/"):format(P, round)
+    a.store:add(R .. "out", st.world_out)
+    a.store:add(R .. "in", st.world_in)
+    a.store:set(R .. a.rank, "1")
     local keys = {}
     for r = 0, a.world_size - 1 do keys[#keys + 1] = ("%ssd/%d/%d"):format(P, round, r) end
     a.store:wait_verbose(keys, left(), nil, function(miss)
@@ -582,12 +588,8 @@ local function graceful_join(a, timeout)
         end
       end
     end)
-    local sent, taken = 0, 0
-    for _, raw in ipairs(a.store:multi_get(keys)) do
-      local o, i = tostring(raw):match("^(%d+),(%d+)$")
-      sent, taken = sent + (tonumber(o) or 0), taken + (tonumber(i) or 0)
-    end
-    if sent == taken then break end
+    local sums = a.store:multi_get({R .. "out", R .. "in"})
+    if tonumber(sums[1]) == tonumber(sums[2]) then break end
   end
   a.store:set(P .. "shutdown/" .. a.rank, "1")
 end
