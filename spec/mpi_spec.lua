@@ -210,6 +210,33 @@ describe("the mpi backend", function()
     assert_clean(r, 3 * 4 + 2 * 4)
   end)
 
+  it("keeps async_op collectives and the ones after them in call order on every rank", function()
+    local r = mpi_world(3, [[
+      dist.init_process_group{backend = "mpi"}
+      local me = dist.get_rank()
+      local sched = require "rpchost.sched"
+      local ok = true
+      for round = 1, 5 do
+        -- a large async all_reduce, a small sync one, an async broadcast, a barrier,
+        -- with the ranks arriving at different times
+        if me == round % 3 then sched.sleep(0.01) end
+        local big = tensor.ones(262144) * (me + 1)
+        local w1 = dist.all_reduce(big, {async_op = true})
+        local small = tensor.ones(3) * (me + 10)
+        dist.all_reduce(small)
+        local b = me == 1 and tensor.ones(5) * round or tensor.zeros(5)
+        local w2 = dist.broadcast(b, 1, {async_op = true})
+        dist.barrier()
+        w2:wait()
+        w1:wait()
+        ok = ok and at(big, 1) == 6 and at(big, 262144) == 6 and at(small, 2) == 33 and at(b, 5) == round
+      end
+      check("in order", ok)
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 3)
+  end)
+
   it("lets rpc.init_rpc in the same processes meet at the store rank 0 sent through MPI", function()
     local r = mpi_world(3, [[
       dist.init_process_group{backend = "mpi"}

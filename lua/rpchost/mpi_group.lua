@@ -427,4 +427,43 @@ function Group:free()
   self.ccomm = nil
 end
 
+-- One collective at a time per group, in the order they were called: MPI
+-- matches collectives by the order each rank issues them on a communicator,
+-- and async_op collectives run as tasks whose waits end in any order, so one
+-- issued while another waits could meet a different one on another rank. The
+-- group passes from one to the next waiting (FIFO), never through "free".
+local function release(self)
+  local q = self.lock_queue
+  if q and #q > 0 then sched.wake(table.remove(q, 1)) else self.busy = false end
+end
+
+local function locked(fn)
+  return function(self, ...)
+    if self.busy then
+      local me = sched.current()
+      self.lock_queue = self.lock_queue or {}
+      local q = self.lock_queue
+      q[#q + 1] = me
+      local ok, e = pcall(sched.suspend, "an earlier collective of this group")
+      if not ok then
+        -- (interrupted: out of the queue, or hand the group on if it was ours)
+        local mine = true
+        for i, t in ipairs(q) do if t == me then table.remove(q, i); mine = false break end end
+        if mine then release(self) end
+        error(e, 0)
+      end
+    else
+      self.busy = true
+    end
+    local r = table.pack(pcall(fn, self, ...))
+    release(self)
+    if not r[1] then error(r[2], 0) end
+    return unpack(r, 2, r.n)
+  end
+end
+for _, m in ipairs({"all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
+                    "barrier", "split"}) do
+  Group[m] = locked(Group[m])
+end
+
 return M
