@@ -344,10 +344,10 @@ function M.install(tensor)
     local d0 = dim0(t, d, "index_select")
     as_long(idx, "index_select")
     local out = call(core.t_index_select, t, d0, idx, BASE)
+    -- the gradient is added into t's gradient buffer (autograd.piece): slices and
+    -- index_selects of one tensor share one full-size buffer
     return record(out, "index_select", table.pack(t), function(g)
-      local z = zeros_like(t)
-      core.t_index_put_(z, d0, idx, core.t_contiguous(g), true, BASE)
-      return z
+      return autograd.piece(t, g, function(buf) core.t_index_put_(buf, d0, idx, core.t_contiguous(g), true, BASE) end)
     end)
   end)
 
@@ -356,9 +356,7 @@ function M.install(tensor)
     as_long(idx, "gather")
     local out = call(core.t_gather, t, d0, idx, BASE)
     return record(out, "gather", table.pack(t), function(g)
-      local z = zeros_like(t)
-      core.t_scatter_(z, d0, idx, core.t_contiguous(g), true, BASE)
-      return z
+      return autograd.piece(t, g, function(buf) core.t_scatter_(buf, d0, idx, core.t_contiguous(g), true, BASE) end)
     end)
   end)
 
