@@ -537,7 +537,10 @@ end
 -- every slot and wait for each other (dist_autograd._propagate does the same).
 function M.backward_here(r, ctx_id, retain_graph)
   local fut = Future.new("rref backward")
+  -- the call's dist_autograd context (a worker reached by a call made inside it has it)
+  local ctx = sched.current() and sched.current().ag_ctx
   sched.spawn(function()
+    sched.current().ag_ctx = ctx
     local ok, err = pcall(backward_local, r, ctx_id, retain_graph)
     if ok then fut:set_result(true) else fut:set_error(agent:remote_error(err)) end
   end, {name = "rref backward"})
