@@ -175,6 +175,14 @@ local function check_saved(node)
   end
 end
 
+-- Whether an op on a (and b) is recorded now: callers check it before building
+-- the inputs table and the backward closure, so an op that records nothing
+-- allocates nothing for autograd.
+function M.wants(a, b)
+  if slot().grad_enabled == false then return false end
+  return (a ~= nil and is_t(a) and requires(a)) or (b ~= nil and is_t(b) and requires(b)) or false
+end
+
 -- Makes `out` the result of node (name, inputs, backward) when recording applies.
 -- inputs: the op's inputs (a sequence; `n` counts it when it has holes; entries
 -- that are not tensors requiring grad get no gradient). backward(g) returns one
@@ -517,15 +525,21 @@ end
 -- saves(a, b, out, ra, rb) -> the tensors the two derivatives read, given which
 -- inputs need a gradient (ra, rb): a weight used with an input that needs none
 -- is not saved, so changing it in place later (an optimizer step) is no error
+-- (the recording halves are functions of their own: a function that makes a
+-- closure is not compiled by LuaJIT, and the no-grad path must stay compiled)
+local function record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
+  return M.record(out, name, {n = 2, ra and a or nil, rb and b or nil}, function(g)
+    return ra and grad_for(dfa(g, a, b, out), a) or nil, rb and grad_for(dfb(g, a, b, out), b) or nil
+  end, saves(a, b, out, ra, rb))
+end
+
 local function install_binary(name, fwd, dfa, dfb, saves)
   local f = function(a, b, opts)
     local out = fwd(a, b, opts)
-    if not M.enabled() then return out end
+    if slot().grad_enabled == false then return out end
     local ra, rb = req(a), req(b)
     if not (ra or rb) then return out end
-    return M.record(out, name, {n = 2, ra and a or nil, rb and b or nil}, function(g)
-      return ra and grad_for(dfa(g, a, b, out), a) or nil, rb and grad_for(dfb(g, a, b, out), b) or nil
-    end, saves(a, b, out, ra, rb))
+    return record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
   end
   tensor[name] = f
   methods[name] = f
@@ -534,18 +548,22 @@ end
 -- saves(a, out): what df reads ({} when only shapes); view: the result shares
 -- a's elements (an in-place change of it is refused: it would bypass a's history)
 local NOTHING = {n = 0}
+local function record_unary(name, df, saves, view, out, a, ...)
+  local args = table.pack(...)
+  M.record(out, name, {n = 1, a}, function(g) return df(g, a, out, unpack(args, 1, args.n)) end,
+    saves and saves(a, out) or NOTHING)
+  if view then M.mark_view(out, a) end
+  return out
+end
+
 local function install_unary(name, fwd, df, saves, view)
   local f = function(a, ...)
     local out = fwd(a, ...)
     -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
     -- what was asked) returns the input itself: recording a node on it would
     -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
-    if rawequal(out, a) or not M.enabled() or not requires(a) then return out end
-    local args = table.pack(...)
-    M.record(out, name, {n = 1, a}, function(g) return df(g, a, out, unpack(args, 1, args.n)) end,
-      saves and saves(a, out) or NOTHING)
-    if view then M.mark_view(out, a) end
-    return out
+    if rawequal(out, a) or slot().grad_enabled == false or not requires(a) then return out end
+    return record_unary(name, df, saves, view, out, a, ...)
   end
   methods[name] = f
   if tensor[name] then tensor[name] = f end
@@ -810,10 +828,7 @@ function M.install(t_module)
   -- outside the piece and to v inside it
   local T = core.t_metatable()
   local plain_newindex, index = T.__newindex, T.__index
-  T.__newindex = function(t, k, v)
-    if type(k) == "string" or not M.enabled() or not (requires(t) or requires(v)) then
-      return plain_newindex(t, k, v)
-    end
+  local function record_newindex(t, k, v)
     check_inplace(t, "index assignment")
     local old = alias_of(t)
     M.no_grad(plain_newindex, t, k, v) -- bumps t's version
@@ -828,6 +843,12 @@ function M.install(t_module)
       end
       return gt, gv
     end, NOTHING)
+  end
+  T.__newindex = function(t, k, v)
+    if type(k) == "string" or slot().grad_enabled == false or not (requires(t) or requires(v)) then
+      return plain_newindex(t, k, v)
+    end
+    return record_newindex(t, k, v)
   end
 
   -- the tensor module's autograd surface
