@@ -75,3 +75,38 @@ end)
 local enc = nn.TransformerEncoderLayer(256, 4, {dim_feedforward = 1024, dropout = 0})
 local src = tensor.randn(128, 8, 256, {requires_grad = true})
 timeit("transformer_d256_h4_s128_b8", fwd_bwd(enc, src))
+
+-- a ResNet-18 (BasicBlocks, BatchNorm, stride-2 downsampling, adaptive pooling) at
+-- batch 16 of 64x64 images: full mode only (about 2 GFLOP per step forward)
+if mode == "full" then
+  local Block = nn.Module:extend("BasicBlock")
+  function Block:__init(cin, cout, stride)
+    self.conv1 = nn.Conv2d(cin, cout, 3, {stride = stride, padding = 1, bias = false})
+    self.bn1 = nn.BatchNorm2d(cout)
+    self.conv2 = nn.Conv2d(cout, cout, 3, {padding = 1, bias = false})
+    self.bn2 = nn.BatchNorm2d(cout)
+    if stride ~= 1 or cin ~= cout then
+      self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, {stride = stride, bias = false}), nn.BatchNorm2d(cout))
+    end
+  end
+  function Block:forward(x)
+    local out = self.bn1(self.conv1(x)):relu()
+    out = self.bn2(self.conv2(out))
+    local id = self.downsample and self.downsample(x) or x
+    return (out + id):relu()
+  end
+  local layers = {nn.Conv2d(3, 64, 7, {stride = 2, padding = 3, bias = false}), nn.BatchNorm2d(64), nn.ReLU(),
+                  nn.MaxPool2d(3, {stride = 2, padding = 1})}
+  local cin = 64
+  for _, spec in ipairs{{64, 1}, {128, 2}, {256, 2}, {512, 2}} do
+    layers[#layers + 1] = Block(cin, spec[1], spec[2])
+    layers[#layers + 1] = Block(spec[1], spec[1], 1)
+    cin = spec[1]
+  end
+  layers[#layers + 1] = nn.AdaptiveAvgPool2d(1)
+  layers[#layers + 1] = nn.Flatten()
+  layers[#layers + 1] = nn.Linear(512, 1000)
+  local resnet = nn.Sequential(layers)
+  local img = tensor.randn(16, 3, 64, 64)
+  timeit("resnet18_b16_64x64", fwd_bwd(resnet, img))
+end

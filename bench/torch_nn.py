@@ -74,3 +74,33 @@ timeit("embedding_embbag_10000x128_b64x50", emb_step)
 enc = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0)
 src = torch.randn(128, 8, 256, requires_grad=True)
 timeit("transformer_d256_h4_s128_b8", fwd_bwd(enc, src))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+
+if mode == "full":
+    layers = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+              nn.MaxPool2d(3, stride=2, padding=1)]
+    cin = 64
+    for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000)]
+    resnet = nn.Sequential(*layers)
+    img = torch.randn(16, 3, 64, 64)
+    timeit("resnet18_b16_64x64", fwd_bwd(resnet, img))

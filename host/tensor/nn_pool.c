@@ -107,6 +107,23 @@ int rh_nn_max_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p, rh_tensor_t **y, rh_
   return 0;
 }
 
+typedef struct {
+  rh_dtype_t dt;
+  const char *g;
+  const int64_t *ix;
+  char *d;
+  int64_t per, hw;
+} max_back_job_t;
+
+static void max_back_planes(void *ctx, int64_t lo, int64_t hi) {
+  max_back_job_t *j = ctx;
+  for (int64_t pl = lo; pl < hi; pl++)
+    for (int64_t i = 0; i < j->per; i++) {
+      int64_t k = j->ix[pl * j->per + i];
+      if (k >= 0 && k < j->hw) add(j->dt, j->d, pl * j->hw + k, ld(j->dt, j->g, pl * j->per + i));
+    }
+}
+
 rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_t h, int64_t w) {
   if (check_input("max_pool2d backward", gy)) return NULL;
   if (idx->dtype != RH_I64 || idx->ndim != 4 || memcmp(idx->size, gy->size, 4 * sizeof(int64_t))) {
@@ -122,15 +139,10 @@ rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_
     rh_tensor_fail("max_pool2d backward: out of memory");
     return NULL;
   }
-  int64_t planes = gy->size[0] * gy->size[1], per = gy->size[2] * gy->size[3];
-  const char *g = rh_tensor_data(gc);
-  const int64_t *ix = rh_tensor_data(ic);
-  char *d = rh_tensor_data(gx);
-  for (int64_t pl = 0; pl < planes; pl++)
-    for (int64_t i = 0; i < per; i++) {
-      int64_t k = ix[pl * per + i];
-      if (k >= 0 && k < h * w) add(gy->dtype, d, pl * h * w + k, ld(gy->dtype, g, pl * per + i));
-    }
+  max_back_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(ic), rh_tensor_data(gx),
+                      gy->size[2] * gy->size[3], h * w};
+  /* each plane's indices point into its own plane of gx: planes run in parallel */
+  rh_parallel_for(gy->size[0] * gy->size[1], 1, max_back_planes, &j);
   rh_tensor_release(gc);
   rh_tensor_release(ic);
   return gx;

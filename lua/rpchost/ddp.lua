@@ -47,9 +47,23 @@ function M.new(module, opts)
   return self
 end
 
-function DDP:forward(...) return self.module:forward(...) end
+function DDP:forward(...) return self.module(...) end
 function DDP:parameters() return self.module:parameters() end
-function DDP:zero_grad() return self.module:zero_grad() end
+function DDP:zero_grad(opts) return self.module:zero_grad(opts) end
+function DDP:train(mode) self.module:train(mode); return self end
+function DDP:eval() self.module:eval(); return self end
+-- names as PyTorch's DDP has them: the wrapped module is the child "module"
+function DDP:named_parameters()
+  local out = {}
+  for i, np in ipairs(self.module:named_parameters()) do out[i] = {"module." .. np[1], np[2]} end
+  return out
+end
+function DDP:state_dict() return self.module:state_dict({prefix = "module."}) end
+function DDP:load_state_dict(sd, opts)
+  local inner = {}
+  for k, v in pairs(sd) do inner[(type(k) == "string" and k:gsub("^module%.", "")) or k] = v end
+  return self.module:load_state_dict(inner, opts)
+end
 
 local function reset(self)
   for _, b in ipairs(self.buckets) do b.ready, b.work, b.flat = 0, nil, nil end

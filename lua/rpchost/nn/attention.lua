@@ -18,6 +18,10 @@ function A.MultiheadAttention:__init(e, heads, ...)
   if type(e) ~= "number" or type(heads) ~= "number" then
     error("MultiheadAttention(embed_dim, num_heads): expected two numbers", 3)
   end
+  if (o.kdim and o.kdim ~= e) or (o.vdim and o.vdim ~= e) then
+    error("MultiheadAttention: kdim and vdim other than embed_dim are not supported", 3)
+  end
+  mod.refuse("MultiheadAttention", o, {"add_bias_kv", "add_zero_attn"})
   if e % heads ~= 0 then error("MultiheadAttention: embed_dim must be divisible by num_heads", 3) end
   self.embed_dim, self.num_heads, self.head_dim = e, heads, e / heads
   self.dropout, self.batch_first = o.dropout or 0, o.batch_first and true or false

@@ -548,6 +548,7 @@ end
 function F.embedding_bag(input, w, ...)
   local a = args({"offsets", "max_norm", "norm_type", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",
                   "include_last_offset", "padding_idx"}, ...)
+  mod.refuse("embedding_bag", a, {"max_norm", "scale_grad_by_freq"})
   local mode = a.mode or "mean"
   if mode ~= "sum" and mode ~= "mean" and mode ~= "max" then
     error("embedding_bag: mode must be 'sum', 'mean' or 'max', got " .. tostring(mode), 2)

@@ -403,6 +403,7 @@ function L.Embedding:__init(n, d, ...)
   if type(n) ~= "number" or type(d) ~= "number" then
     error("Embedding(num_embeddings, embedding_dim): expected two numbers", 3)
   end
+  mod.refuse("Embedding", o, {"max_norm", "scale_grad_by_freq"})
   self.num_embeddings, self.embedding_dim, self.padding_idx = n, d, o.padding_idx
   if self.padding_idx and self.padding_idx < 0 then self.padding_idx = n + 1 + self.padding_idx end
   self:register_parameter("weight", o._weight or new_param({n, d}, o))
@@ -430,6 +431,7 @@ end
 L.EmbeddingBag = Module:extend("EmbeddingBag")
 function L.EmbeddingBag:__init(n, d, ...)
   local o = opts_of(...)
+  mod.refuse("EmbeddingBag", o, {"max_norm", "scale_grad_by_freq"})
   self.num_embeddings, self.embedding_dim = n, d
   self.mode, self.padding_idx, self.include_last_offset = o.mode or "mean", o.padding_idx, o.include_last_offset
   self:register_parameter("weight", new_param({n, d}, o))

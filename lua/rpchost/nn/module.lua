@@ -77,6 +77,16 @@ local function instance_newindex(self, k, v)
   rawset(self, k, v)
 end
 
+-- options PyTorch has that a layer does not implement: an error, never ignored
+function M.refuse(name, o, keys)
+  for _, k in ipairs(keys) do
+    local v = o[k]
+    if v ~= nil and v ~= false and v ~= 0 then
+      error(("%s: the option %s is not supported"):format(name, k), 4)
+    end
+  end
+end
+
 -- the arguments a layer was made with, for error messages: Conv2d(1, 32, 3)
 local function signature(name, ...)
   local parts = {}
@@ -109,6 +119,7 @@ function Module:extend(name)
   cls.__call = function(m, ...) return m:forward(...) end
   cls.__tostring = function(m) return m:_repr() end
   cls.super = self
+  cls.new = function(...) return class_call(cls, ...) end -- the older Class.new(...) form
   return setmetatable(cls, {__index = self, __call = class_call,
                             __tostring = function() return "nn." .. name end})
 end

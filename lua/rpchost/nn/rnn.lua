@@ -20,6 +20,7 @@ local function rnn_init(self, kind, input_size, hidden_size, ...)
   if type(input_size) ~= "number" or type(hidden_size) ~= "number" then
     error(("%s(input_size, hidden_size): expected two numbers"):format(self.name), 4)
   end
+  mod.refuse(self.name, o, {"proj_size"})
   self.mode = kind
   self.input_size, self.hidden_size = input_size, hidden_size
   self.num_layers = o.num_layers or 1
