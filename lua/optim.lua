@@ -93,8 +93,12 @@ end
 function Optimizer:step(arg)
   local loss
   local grads
-  if type(arg) == "function" then loss = tensor.enable_grad and tensor.enable_grad(arg) or arg()
-  else grads = arg end
+  if type(arg) == "function" then
+    -- (the closure runs once, with gradients on; it may return nothing)
+    if tensor.enable_grad then loss = tensor.enable_grad(arg) else loss = arg() end
+  else
+    grads = arg
+  end
   tensor.no_grad(function()
     for _, g in ipairs(self.param_groups) do
       for _, p in ipairs(g.params) do

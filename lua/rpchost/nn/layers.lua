@@ -498,13 +498,20 @@ function L.ModuleList:get(i) return self._modules[tostring(i - 1)] end
 function L.ModuleList:forward() error("ModuleList has no forward: iterate over its modules", 2) end
 L.ModuleList.__len = function(self) return #self._mnames end
 function L.ModuleList:len() return #self._mnames end
-do
-  local idx = L.ModuleList.__index
-  L.ModuleList.__index = function(self, k)
-    if type(k) == "number" then return rawget(self, "_modules")[tostring(k - 1)] end
+-- m[i]: the i-th child (1-based; PyTorch's m[i - 1]) of a Sequential or ModuleList
+local function positional(Class)
+  local idx = Class.__index
+  Class.__index = function(self, k)
+    if type(k) == "number" then
+      local names = rawget(self, "_mnames")
+      local name = names and names[k]
+      return name and rawget(self, "_modules")[name] or nil
+    end
     return idx(self, k)
   end
 end
+positional(L.ModuleList)
+positional(L.Sequential)
 
 -- ModuleDict({name = m, ...}) (names sorted) or ModuleDict({{name, m}, ...}) (in order)
 L.ModuleDict = Module:extend("ModuleDict")
