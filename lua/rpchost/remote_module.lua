@@ -10,7 +10,10 @@
 local errors = require "rpchost.errors"
 
 local M = {}
+-- the class is a module field, so a RemoteModule travels by RPC (to trainers
+-- that share it, as in PyTorch's ddp_rpc) as a table of this class
 local RM = {}
+M.RemoteModule = RM
 RM.__index = RM
 RM.__call = function(self, ...) return self:forward(...) end
 RM.__tostring = function(self)

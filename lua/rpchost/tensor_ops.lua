@@ -344,11 +344,14 @@ function M.install(tensor)
     local d0 = dim0(t, d, "index_select")
     as_long(idx, "index_select")
     local out = call(core.t_index_select, t, d0, idx, BASE)
+    -- backward needs t's shape, not its values: only the index is saved (as
+    -- PyTorch's), so an embedding stepped in place while another graph still
+    -- holds a lookup of it (trainers sharing a remote EmbeddingBag) is no error
     return record(out, "index_select", table.pack(t), function(g)
       local z = zeros_like(t)
       core.t_index_put_(z, d0, idx, core.t_contiguous(g), true, BASE)
       return z
-    end)
+    end, table.pack(idx))
   end)
 
   def("gather", function(t, d, idx)

@@ -48,4 +48,37 @@ else
   end
 end
 
+if nn.EmbeddingBag then
+  M.EmbeddingBag = nn.EmbeddingBag
+else
+  -- EmbeddingBag(num_embeddings, embedding_dim, {mode = "sum" | "mean"}):
+  -- forward(indices, offsets) with 0-based int64 indices and bag starts, as PyTorch's
+  M.EmbeddingBag = nn.Module:extend("EmbeddingBag")
+  function M.EmbeddingBag:init(num, dim, opts)
+    self.num_embeddings, self.embedding_dim = num, dim
+    self.mode = opts and opts.mode or "mean"
+    self.weight = tensor.randn(num, dim)
+    self:register_parameter("weight", self.weight)
+  end
+  function M.EmbeddingBag:forward(indices, offsets)
+    local n, b = indices:numel(), offsets:numel()
+    local rows = self.weight:index_select(1, indices + 1)
+    -- bag of each index: how many offsets are <= its position
+    local bag, counts, starts = {}, {}, offsets:totable()
+    local k = 0
+    for i = 0, n - 1 do
+      while k < b and starts[k + 1] <= i do k = k + 1 end
+      bag[i + 1] = k - 1
+      counts[k] = (counts[k] or 0) + 1
+    end
+    local out = tensor.zeros(b, self.embedding_dim):index_add(1, tensor.tensor(bag, {dtype = tensor.int64}) + 1, rows)
+    if self.mode == "mean" then
+      local c = {}
+      for j = 1, b do c[j] = math.max(counts[j] or 0, 1) end
+      out = out / tensor.tensor(c):view(b, 1)
+    end
+    return out
+  end
+end
+
 return M
