@@ -69,16 +69,19 @@ function _run_trainer(remote_emb_module, rank)
   local criterion = nn.CrossEntropyLoss()
   local t0, first_loss, last_loss = rpc.time(), nil, nil
   for epoch = 0, epochs - 1 do
+    local sum, n = 0, 0
     for indices, offsets, target in get_next_batch(rank) do
       dist_autograd.context(function(context_id)
         local output = model(indices, offsets)
         local loss = criterion(output, target)
         dist_autograd.backward(context_id, {loss})
         opt:step(context_id)
-        first_loss = first_loss or loss:item()
-        last_loss = loss:item()
+        sum, n = sum + loss:item(), n + 1
       end)
     end
+    -- the mean loss of the first and of the last epoch
+    first_loss = first_loss or sum / n
+    last_loss = sum / n
     if not quiet then print(("Training done for epoch %d"):format(epoch)) end
   end
   -- the replicas: compare the dense weights of both trainers
