@@ -184,8 +184,9 @@ if rank == 0 then
     local last_reward, running_reward = agent:run_episode(args.num_steps)
     print(("Episode %d\tLast reward: %.2f\tAverage reward: %.2f"):format(i_episode, last_reward, running_reward))
   end
-  print(("batch %s  world_size %d  s_per_episode %.4f  returns_sum %.4f"):format(tostring(args.batch), world_size,
-    (rpc.time() - t0) / args.num_episode, agent.last_returns:sum():item()))
+  print(("batch %s  world_size %d  s_per_episode %.4f  returns_sum %.4f  running_reward %.2f"):format(
+    tostring(args.batch), world_size, (rpc.time() - t0) / args.num_episode, agent.last_returns:sum():item(),
+    agent.running_reward))
 else
   rpc.init_rpc(OBSERVER_NAME:format(rank), {rank = rank, world_size = world_size})
 end

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# bench/tutorials/run.sh: each tutorial example (scripts/examples/) and its PyTorch
+# twin (bench/tutorials/*.py, /usr/bin/python3) on the same sizes, seeds and
+# environments, one after the other; prints a table of time per epoch / episode /
+# batch, the final reward or replica difference, and the peak RSS of the largest
+# process of each run (a rank; GNU time's %M over the process tree).
+#   bench/tutorials/run.sh            # full sizes, a few minutes on 2 cores
+#   bench/tutorials/run.sh --quick    # small sizes, under a minute
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RPCHOST=${RPCHOST:-build/rpchost}
+PY=/usr/bin/python3
+quick=0; [ "${1:-}" = "--quick" ] && quick=1
+if [ $quick = 1 ]; then RL_EP=20; BR_EP=2; PS_B=10; DDP_E=10; else RL_EP=1000; BR_EP=10; PS_B=60; DDP_E=100; fi
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+# run NAME SIDE COMMAND...: the summary line (last line starting with a key) and peak RSS
+run() {
+  local name=$1 side=$2; shift 2
+  if ! QUIET=1 /usr/bin/time -f "%M" -o "$tmp/rss" "$@" >"$tmp/out" 2>"$tmp/err"; then
+    echo "| $name | $side | failed: $(tail -1 "$tmp/err") |"; return
+  fi
+  local line; line=$(grep -E '^(episodes|batch|updates|epochs) ' "$tmp/out" | tail -1)
+  printf '| %s | %s | %s | %d MiB |\n' "$name" "$side" "$line" $(( $(cat "$tmp/rss") / 1024 ))
+}
+
+echo "| example | side | result | peak RSS (largest rank) |"
+echo "|---|---|---|---|"
+run rl rpchost $RPCHOST run --nproc-per-node 3 scripts/examples/rl/main.lua --episodes $RL_EP --quiet
+run rl pytorch $PY bench/tutorials/rl.py --world-size 3 --episodes $RL_EP
+for b in "" --no-batch; do
+  run "batch/reinforce${b:+ $b}" rpchost $RPCHOST run --nproc-per-node 3 scripts/examples/batch/reinforce.lua --num-episode $BR_EP $b
+  run "batch/reinforce${b:+ $b}" pytorch $PY bench/tutorials/batch_reinforce.py --world-size 3 --num-episode $BR_EP $b
+done
+run batch/parameter_server rpchost $RPCHOST run --nproc-per-node 4 scripts/examples/batch/parameter_server.lua --num-batches $PS_B
+run batch/parameter_server pytorch $PY bench/tutorials/batch_parameter_server.py --world-size 4 --num-batches $PS_B
+run ddp_rpc rpchost $RPCHOST run --nproc-per-node 4 scripts/examples/ddp_rpc/main.lua --epochs $DDP_E
+run ddp_rpc pytorch $PY bench/tutorials/ddp_rpc.py --epochs $DDP_E
