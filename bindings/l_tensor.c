@@ -128,14 +128,14 @@ static int l_gc(lua_State *L) {
   return 0;
 }
 
-static rh_dtype_t check_dtype(lua_State *L, int i) {
+int rh_lua_checkdtype(lua_State *L, int i) {
   int d = (int)luaL_checkinteger(L, i);
   if (d < 0 || d >= RH_NDTYPES) luaL_error(L, "unknown dtype id %d", d);
-  return (rh_dtype_t)d;
+  return d;
 }
 
-/* sizes from a Lua sequence at index i */
-static int check_sizes(lua_State *L, int i, int64_t *size) {
+/* sizes from a Lua sequence at index i (see rh_lua.h) */
+int rh_lua_checksizes(lua_State *L, int i, int64_t *size) {
   luaL_checktype(L, i, LUA_TTABLE);
   int n = (int)lua_objlen(L, i);
   if (n > RH_MAXDIM) luaL_error(L, "a tensor has at most %d dimensions, got %d", RH_MAXDIM, n);
@@ -155,8 +155,8 @@ static int check_sizes(lua_State *L, int i, int64_t *size) {
 
 static int l_full(lua_State *L) {
   int64_t size[RH_MAXDIM];
-  rh_dtype_t dt = check_dtype(L, 1);
-  int n = check_sizes(L, 2, size);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 1);
+  int n = rh_lua_checksizes(L, 2, size);
   double v = luaL_optnumber(L, 3, 0);
   int device = (int)luaL_optinteger(L, 4, -1);
   if (device < 0) return rh_lua_pushtensor(L, rh_tensor_full(dt, n, size, v));
@@ -170,14 +170,14 @@ static int l_full(lua_State *L) {
 }
 
 static int l_arange(lua_State *L) {
-  return rh_lua_pushtensor(L, rh_tensor_arange(check_dtype(L, 1), luaL_checknumber(L, 2), luaL_checknumber(L, 3),
+  return rh_lua_pushtensor(L, rh_tensor_arange(rh_lua_checkdtype(L, 1), luaL_checknumber(L, 2), luaL_checknumber(L, 3),
                                                luaL_checknumber(L, 4)));
 }
 
 static int l_rand(lua_State *L) {
   int64_t size[RH_MAXDIM];
-  rh_dtype_t dt = check_dtype(L, 1);
-  int n = check_sizes(L, 2, size);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 1);
+  int n = rh_lua_checksizes(L, 2, size);
   return rh_lua_pushtensor(L, rh_tensor_rand(dt, n, size, lua_toboolean(L, 3)));
 }
 
@@ -189,8 +189,8 @@ static int l_seed(lua_State *L) {
 /* from_flat(dtype, sizes, values) : values a flat Lua sequence of numbers/booleans */
 static int l_from_flat(lua_State *L) {
   int64_t size[RH_MAXDIM];
-  rh_dtype_t dt = check_dtype(L, 1);
-  int n = check_sizes(L, 2, size);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 1);
+  int n = rh_lua_checksizes(L, 2, size);
   luaL_checktype(L, 3, LUA_TTABLE);
   rh_tensor_t *t = rh_tensor_empty(dt, n, size);
   if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
@@ -213,8 +213,8 @@ static int l_from_flat(lua_State *L) {
 /* from_bytes(dtype, sizes, bytes [, swap]) : raw little-endian element bytes */
 static int l_from_bytes(lua_State *L) {
   int64_t size[RH_MAXDIM];
-  rh_dtype_t dt = check_dtype(L, 1);
-  int n = check_sizes(L, 2, size);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 1);
+  int n = rh_lua_checksizes(L, 2, size);
   size_t len;
   const char *s = luaL_checklstring(L, 3, &len);
   rh_tensor_t *t = rh_tensor_empty(dt, n, size);
@@ -400,14 +400,14 @@ static int l_item(lua_State *L) {
 static int l_view(lua_State *L) {
   int64_t size[RH_MAXDIM];
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
-  int n = check_sizes(L, 2, size);
+  int n = rh_lua_checksizes(L, 2, size);
   return rh_lua_pushtensor(L, lua_toboolean(L, 3) ? rh_tensor_reshape(t, n, size) : rh_tensor_view(t, n, size));
 }
 
 static int l_expand(lua_State *L) {
   int64_t size[RH_MAXDIM];
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
-  int n = check_sizes(L, 2, size);
+  int n = rh_lua_checksizes(L, 2, size);
   return rh_lua_pushtensor(L, rh_tensor_expand(t, n, size));
 }
 
@@ -419,7 +419,7 @@ static int l_transpose(lua_State *L) {
 static int l_permute(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   int64_t d[RH_MAXDIM];
-  int n = check_sizes(L, 2, d);
+  int n = rh_lua_checksizes(L, 2, d);
   if (n != t->ndim) return luaL_error(L, "permute: expected %d dimensions, got %d", t->ndim, n);
   int dims[RH_MAXDIM];
   for (int i = 0; i < n; i++) dims[i] = (int)d[i];
@@ -454,7 +454,7 @@ static int l_contiguous(lua_State *L) { return rh_lua_pushtensor(L, rh_tensor_co
 static int l_clone(lua_State *L) { return rh_lua_pushtensor(L, rh_tensor_clone(rh_lua_checktensor(L, 1))); }
 
 static int l_cast(lua_State *L) {
-  return rh_lua_pushtensor(L, rh_tensor_cast(rh_lua_checktensor(L, 1), check_dtype(L, 2)));
+  return rh_lua_pushtensor(L, rh_tensor_cast(rh_lua_checktensor(L, 1), rh_lua_checkdtype(L, 2)));
 }
 
 static int l_copy_(lua_State *L) {
@@ -537,9 +537,9 @@ static int l_matmul(lua_State *L) {
  * cover exactly all the bytes. */
 static int l_reinterpret(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
-  rh_dtype_t dt = check_dtype(L, 2);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 2);
   int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
-  int n = check_sizes(L, 3, size);
+  int n = rh_lua_checksizes(L, 3, size);
   /* the sizes come from the network: their product is checked before any stride
    * is computed from it */
   int64_t numel = 0;

@@ -14,24 +14,6 @@ static int check_rc(lua_State *L, int rc) {
   return 0;
 }
 
-static rh_dtype_t check_dtype(lua_State *L, int i) {
-  int d = (int)luaL_checkinteger(L, i);
-  if (d < 0 || d >= RH_NDTYPES) luaL_error(L, "unknown dtype id %d", d);
-  return (rh_dtype_t)d;
-}
-
-static int check_sizes(lua_State *L, int i, int64_t *size) {
-  luaL_checktype(L, i, LUA_TTABLE);
-  int n = (int)lua_objlen(L, i);
-  if (n > RH_MAXDIM) luaL_error(L, "a tensor has at most %d dimensions, got %d", RH_MAXDIM, n);
-  for (int k = 0; k < n; k++) {
-    lua_rawgeti(L, i, k + 1);
-    size[k] = (int64_t)luaL_checknumber(L, -1);
-    lua_pop(L, 1);
-  }
-  return n;
-}
-
 /* index_select(t, dim0, idx, base) */
 static int l_index_select(lua_State *L) {
   return push_or_raise(L, rh_tensor_index_select(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
@@ -115,15 +97,15 @@ static int l_scan(lua_State *L) {
 /* randint(dtype, low, high, sizes) */
 static int l_randint(lua_State *L) {
   int64_t size[RH_MAXDIM];
-  rh_dtype_t dt = check_dtype(L, 1);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 1);
   int64_t low = (int64_t)luaL_checknumber(L, 2), high = (int64_t)luaL_checknumber(L, 3);
-  int n = check_sizes(L, 4, size);
+  int n = rh_lua_checksizes(L, 4, size);
   return push_or_raise(L, rh_tensor_randint(dt, low, high, n, size));
 }
 
 /* randperm(dtype, n, base) */
 static int l_randperm(lua_State *L) {
-  return push_or_raise(L, rh_tensor_randperm(check_dtype(L, 1), (int64_t)luaL_checknumber(L, 2),
+  return push_or_raise(L, rh_tensor_randperm(rh_lua_checkdtype(L, 1), (int64_t)luaL_checknumber(L, 2),
                                              (int64_t)luaL_optnumber(L, 3, 0)));
 }
 
@@ -140,8 +122,8 @@ static int l_multinomial(lua_State *L) {
 static int l_as_strided(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
-  int n = check_sizes(L, 2, size);
-  if (check_sizes(L, 3, stride) != n) return luaL_error(L, "as_strided: %d sizes but a different number of strides", n);
+  int n = rh_lua_checksizes(L, 2, size);
+  if (rh_lua_checksizes(L, 3, stride) != n) return luaL_error(L, "as_strided: %d sizes but a different number of strides", n);
   return push_or_raise(L, rh_tensor_on_storage(t->storage, t->dtype, (int64_t)luaL_checknumber(L, 4), n, size, stride));
 }
 
@@ -149,8 +131,8 @@ static int l_as_strided(lua_State *L) {
  * whole (large ones reuse freed buffers instead of faulting in fresh pages) */
 static int l_empty(lua_State *L) {
   int64_t size[RH_MAXDIM];
-  rh_dtype_t dt = check_dtype(L, 1);
-  int n = check_sizes(L, 2, size);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 1);
+  int n = rh_lua_checksizes(L, 2, size);
   return push_or_raise(L, rh_tensor_empty_on((int)luaL_optinteger(L, 3, -1), dt, n, size));
 }
 

@@ -48,6 +48,7 @@ int rh_open_proc(lua_State *L);
 int rh_open_codec(lua_State *L);
 int rh_open_tensor(lua_State *L);
 int rh_open_tensor_ops(lua_State *L);
+int rh_open_nn(lua_State *L);
 int rh_open_cuda(lua_State *L);
 int rh_open_crypto(lua_State *L);
 int rh_open_repl(lua_State *L);
@@ -59,6 +60,11 @@ int rh_lua_main(int argc, char **argv);
 struct rh_tensor_s;
 struct rh_tensor_s *rh_lua_totensor(lua_State *L, int i);      /* NULL if not a tensor */
 struct rh_tensor_s *rh_lua_checktensor(lua_State *L, int i);
+/* A dtype id at index i, and sizes from a Lua sequence at index i (at most
+ * RH_MAXDIM whole numbers below 2^62 in magnitude: a hostile size from a
+ * script or the network is refused before it becomes an integer). */
+int rh_lua_checkdtype(lua_State *L, int i);
+int rh_lua_checksizes(lua_State *L, int i, int64_t *size);
 /* a tensor whose bytes the host may touch: on a device it is an error naming `what` */
 struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what);
 int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the reference */

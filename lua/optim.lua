@@ -1,76 +1,302 @@
--- optim: optimizers over a list of parameters (PyTorch's torch.optim.SGD, Adam).
--- step() updates parameters in place from their .grad (or from a gradient table
--- handed in, as DistributedOptimizer does with a distributed autograd context).
+-- optim: optimizers (PyTorch's torch.optim: SGD, Adam, AdamW, RMSprop, Adagrad)
+-- with param groups and state_dict, and optim.lr_scheduler. Each update is
+-- PyTorch 1.13's single-tensor algorithm, so the same gradients give the same
+-- parameters. step() updates parameters in place from their .grad, from a
+-- gradient table handed in (DistributedOptimizer passes a distributed autograd
+-- context's gradients), or after calling a closure that returns the loss.
+-- Constructors are functions (optim.SGD(params, {lr =})), which is what
+-- rpc.DistributedOptimizer sends by name.
 local tensor = require "tensor"
 
 local optim = {}
 
 local Optimizer = {}
 Optimizer.__index = Optimizer
+optim.Optimizer = Optimizer
 
-local function params_of(params)
-  if type(params) ~= "table" then error("optimizer: expected a list of parameters", 3) end
-  if params.parameters then params = params:parameters() end
-  for i, p in ipairs(params) do
-    if not tensor.is_tensor(p) then error(("optimizer: parameter %d is not a tensor"):format(i), 3) end
+local function is_module(v) return type(v) == "table" and getmetatable(v) ~= nil and v.parameters ~= nil end
+
+local function check_params(list, what, level)
+  for i, p in ipairs(list) do
+    if not tensor.is_tensor(p) then error(("%s: parameter %d is not a tensor"):format(what, i), level + 1) end
   end
-  return params
+  return list
 end
 
-function Optimizer:zero_grad()
-  for _, p in ipairs(self.params) do p.grad = nil end
+-- params: a list of tensors, a module, or a list of groups {params = {...}, lr = ...}
+local function groups_of(params, defaults, what)
+  if type(params) ~= "table" then error(what .. ": expected a list of parameters (or of param groups)", 4) end
+  if is_module(params) then params = params:parameters() end
+  if tensor.is_tensor(params) then params = {params} end
+  if #params == 0 then error(what .. ": got an empty parameter list", 4) end
+  local groups = {}
+  if type(params[1]) == "table" and not tensor.is_tensor(params[1]) then
+    for gi, g in ipairs(params) do
+      local ps = g.params
+      if is_module(ps) then ps = ps:parameters() end
+      if tensor.is_tensor(ps) then ps = {ps} end
+      if type(ps) ~= "table" then error(("%s: param group %d has no params"):format(what, gi), 4) end
+      local grp = {params = check_params({unpack(ps)}, what, 4)}
+      for k, v in pairs(defaults) do grp[k] = v end
+      for k, v in pairs(g) do if k ~= "params" then grp[k] = v end end
+      groups[gi] = grp
+    end
+  else
+    local grp = {params = check_params({unpack(params)}, what, 4)}
+    for k, v in pairs(defaults) do grp[k] = v end
+    groups[1] = grp
+  end
+  local seen = {}
+  for _, g in ipairs(groups) do
+    for _, p in ipairs(g.params) do
+      if seen[p] then error(what .. ": some parameters appear in more than one parameter group", 4) end
+      seen[p] = true
+    end
+    if type(g.lr) ~= "number" then error(what .. ": lr is required ({lr = 0.01})", 4) end
+    if g.lr < 0 then error(("%s: Invalid learning rate: %s"):format(what, tostring(g.lr)), 4) end
+    g.initial_lr = g.initial_lr or g.lr
+  end
+  return groups
 end
 
--- step([grads]): grads maps parameter -> gradient (default: each p.grad)
-function Optimizer:step(grads)
+local function new(cls, name, params, opts, defaults)
+  opts = opts or {}
+  local d = {}
+  for k, v in pairs(defaults) do d[k] = v end
+  for k, v in pairs(opts) do d[k] = v end
+  local o = setmetatable({name = name, defaults = d, state = {}}, cls)
+  o.param_groups = groups_of(params, d, name)
+  local all = {}
+  for _, g in ipairs(o.param_groups) do for _, p in ipairs(g.params) do all[#all + 1] = p end end
+  o.params = all
+  if o.validate then o:validate() end
+  return o
+end
+
+function Optimizer:add_param_group(g)
+  local groups = groups_of({g}, self.defaults, self.name)
+  self.param_groups[#self.param_groups + 1] = groups[1]
+  for _, p in ipairs(groups[1].params) do self.params[#self.params + 1] = p end
+end
+
+-- zero_grad{set_to_none = true}
+function Optimizer:zero_grad(opts)
+  local to_none = not (type(opts) == "table" and opts.set_to_none == false) and opts ~= false
+  for _, p in ipairs(self.params) do
+    if p.grad ~= nil then
+      if to_none then p.grad = nil else local g = p.grad; tensor.no_grad(function() g:zero_() end) end
+    end
+  end
+end
+
+-- step([grads | closure]): grads maps parameter -> gradient (default: each p.grad)
+function Optimizer:step(arg)
+  local loss
+  local grads
+  if type(arg) == "function" then loss = tensor.enable_grad and tensor.enable_grad(arg) or arg()
+  else grads = arg end
   tensor.no_grad(function()
-    for i, p in ipairs(self.params) do
-      local g
-      if grads then g = grads[p] else g = p.grad end
-      if g ~= nil then self:update(i, p, g) end
+    for _, g in ipairs(self.param_groups) do
+      for _, p in ipairs(g.params) do
+        local gr
+        if grads then gr = grads[p] else gr = p.grad end
+        if gr ~= nil then
+          local st = self.state[p]
+          if not st then st = {}; self.state[p] = st end
+          if g.maximize then gr = -gr end
+          self:update(p, gr, g, st)
+        end
+      end
     end
   end)
+  return loss
 end
 
--- SGD(params, {lr, momentum = 0, weight_decay = 0, dampening = 0, nesterov = false})
-function optim.SGD(params, opts)
-  opts = opts or {}
-  if type(opts.lr) ~= "number" then error("SGD: lr is required ({lr = 0.01})", 2) end
-  local o = setmetatable({params = params_of(params), lr = opts.lr, momentum = opts.momentum or 0,
-    weight_decay = opts.weight_decay or 0, dampening = opts.dampening or 0, nesterov = opts.nesterov,
-    buf = {}}, Optimizer)
-  function o:update(i, p, g)
-    if self.weight_decay ~= 0 then g = g + p * self.weight_decay end
-    if self.momentum ~= 0 then
-      local b = self.buf[i]
-      if not b then b = g:clone()
-      else b = b * self.momentum + g * (1 - self.dampening) end
-      self.buf[i] = b
-      g = self.nesterov and (g + b * self.momentum) or b
+-- state_dict(): {state = {[i] = {...}}, param_groups = {{lr =, ..., params = {i, ...}}}},
+-- parameters numbered 1.. in group order (PyTorch numbers them from 0)
+function Optimizer:state_dict()
+  local index, groups, state = {}, {}, {}
+  local n = 0
+  for gi, g in ipairs(self.param_groups) do
+    local ids = {}
+    for _, p in ipairs(g.params) do
+      if not index[p] then n = n + 1; index[p] = n end
+      ids[#ids + 1] = index[p]
     end
-    p:sub_(g * self.lr)
+    local copy = {}
+    for k, v in pairs(g) do if k ~= "params" then copy[k] = v end end
+    copy.params = ids
+    groups[gi] = copy
   end
-  return o
+  for p, st in pairs(self.state) do
+    if index[p] then
+      local c = {}
+      for k, v in pairs(st) do c[k] = tensor.is_tensor(v) and v:clone() or v end
+      state[index[p]] = c
+    end
+  end
+  return {state = state, param_groups = groups}
 end
 
--- Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0})
-function optim.Adam(params, opts)
-  opts = opts or {}
-  local betas = opts.betas or {0.9, 0.999}
-  local o = setmetatable({params = params_of(params), lr = opts.lr or 1e-3, b1 = betas[1], b2 = betas[2],
-    eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0, m = {}, v = {}, t = {}}, Optimizer)
-  function o:update(i, p, g)
-    if self.weight_decay ~= 0 then g = g + p * self.weight_decay end
-    local t = (self.t[i] or 0) + 1
-    self.t[i] = t
-    local m = (self.m[i] or tensor.zeros_like(p)) * self.b1 + g * (1 - self.b1)
-    local v = (self.v[i] or tensor.zeros_like(p)) * self.b2 + g * g * (1 - self.b2)
-    self.m[i], self.v[i] = m, v
-    local mhat = m / (1 - self.b1 ^ t)
-    local vhat = v / (1 - self.b2 ^ t)
-    p:sub_(mhat / (vhat:sqrt() + self.eps) * self.lr)
+function Optimizer:load_state_dict(sd)
+  if type(sd) ~= "table" or type(sd.param_groups) ~= "table" then
+    error(self.name .. ".load_state_dict: expected {state =, param_groups =}", 2)
   end
-  return o
+  if #sd.param_groups ~= #self.param_groups then
+    error(("%s.load_state_dict: loaded state dict has %d parameter groups, the optimizer has %d"):format(
+      self.name, #sd.param_groups, #self.param_groups), 2)
+  end
+  local by_id = {}
+  for gi, g in ipairs(self.param_groups) do
+    local sg = sd.param_groups[gi]
+    if #sg.params ~= #g.params then
+      error(("%s.load_state_dict: loaded state dict contains a parameter group that doesn't match the size of " ..
+             "optimizer's group %d"):format(self.name, gi), 2)
+    end
+    for k, v in pairs(sg) do if k ~= "params" then g[k] = v end end
+    for i, p in ipairs(g.params) do by_id[sg.params[i]] = p end
+  end
+  self.state = {}
+  for id, st in pairs(sd.state or {}) do
+    local p = by_id[id]
+    if p then
+      local c = {}
+      for k, v in pairs(st) do
+        if tensor.is_tensor(v) then
+          v = v:clone()
+          if v.device ~= p.device then v = v:to(p.device) end
+        end
+        c[k] = v
+      end
+      self.state[p] = c
+    end
+  end
 end
+
+local function class(name)
+  local cls = setmetatable({}, {__index = Optimizer})
+  cls.__index = cls
+  cls.__tostring = function(o)
+    local lines = {name .. " ("}
+    for gi, g in ipairs(o.param_groups) do
+      lines[#lines + 1] = "Parameter Group " .. (gi - 1)
+      local keys = {}
+      for k in pairs(g) do if k ~= "params" then keys[#keys + 1] = k end end
+      table.sort(keys)
+      for _, k in ipairs(keys) do lines[#lines + 1] = "    " .. k .. ": " .. tostring(g[k]) end
+    end
+    lines[#lines + 1] = ")"
+    return table.concat(lines, "\n")
+  end
+  return cls
+end
+
+-- SGD(params, {lr, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false, maximize = false})
+local SGD = class("SGD")
+optim._SGD = SGD
+function SGD:validate()
+  for _, g in ipairs(self.param_groups) do
+    if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
+      error("SGD: Nesterov momentum requires a momentum and zero dampening", 4)
+    end
+  end
+end
+function SGD:update(p, g, grp, st)
+  if grp.weight_decay ~= 0 then g = g + p * grp.weight_decay end
+  if grp.momentum ~= 0 then
+    local b = st.momentum_buffer
+    if not b then b = g:clone() else b = b * grp.momentum + g * (1 - grp.dampening) end
+    st.momentum_buffer = b
+    g = grp.nesterov and (g + b * grp.momentum) or b
+  end
+  p:sub_(g * grp.lr)
+end
+function optim.SGD(params, opts)
+  return new(SGD, "SGD", params, opts, {momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,
+    maximize = false})
+end
+
+-- Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0, amsgrad = false})
+local Adam = class("Adam")
+optim._Adam = Adam
+local function adam_update(p, g, grp, st)
+  local b1, b2 = grp.betas[1], grp.betas[2]
+  st.step = (st.step or 0) + 1
+  local t = st.step
+  st.exp_avg = (st.exp_avg or tensor.zeros_like(p)) * b1 + g * (1 - b1)
+  st.exp_avg_sq = (st.exp_avg_sq or tensor.zeros_like(p)) * b2 + g * g * (1 - b2)
+  local bc1, bc2 = 1 - b1 ^ t, 1 - b2 ^ t
+  local v = st.exp_avg_sq
+  if grp.amsgrad then
+    st.max_exp_avg_sq = st.max_exp_avg_sq and tensor.maximum(st.max_exp_avg_sq, v) or v:clone()
+    v = st.max_exp_avg_sq
+  end
+  local denom = v:sqrt() / math.sqrt(bc2) + grp.eps
+  p:sub_(st.exp_avg / denom * (grp.lr / bc1))
+end
+function Adam:update(p, g, grp, st)
+  if grp.weight_decay ~= 0 then g = g + p * grp.weight_decay end
+  adam_update(p, g, grp, st)
+end
+function optim.Adam(params, opts)
+  return new(Adam, "Adam", params, opts, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0,
+    amsgrad = false, maximize = false})
+end
+
+-- AdamW(params, {lr = 1e-3, betas, eps, weight_decay = 1e-2, amsgrad}): decoupled decay
+local AdamW = class("AdamW")
+optim._AdamW = AdamW
+function AdamW:update(p, g, grp, st)
+  p:mul_(1 - grp.lr * grp.weight_decay)
+  adam_update(p, g, grp, st)
+end
+function optim.AdamW(params, opts)
+  return new(AdamW, "AdamW", params, opts, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 1e-2,
+    amsgrad = false, maximize = false})
+end
+
+-- RMSprop(params, {lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0, momentum = 0, centered = false})
+local RMSprop = class("RMSprop")
+optim._RMSprop = RMSprop
+function RMSprop:update(p, g, grp, st)
+  if grp.weight_decay ~= 0 then g = g + p * grp.weight_decay end
+  local a = grp.alpha
+  st.step = (st.step or 0) + 1
+  st.square_avg = (st.square_avg or tensor.zeros_like(p)) * a + g * g * (1 - a)
+  local avg
+  if grp.centered then
+    st.grad_avg = (st.grad_avg or tensor.zeros_like(p)) * a + g * (1 - a)
+    avg = (st.square_avg - st.grad_avg * st.grad_avg):sqrt() + grp.eps
+  else
+    avg = st.square_avg:sqrt() + grp.eps
+  end
+  if grp.momentum > 0 then
+    st.momentum_buffer = (st.momentum_buffer or tensor.zeros_like(p)) * grp.momentum + g / avg
+    p:sub_(st.momentum_buffer * grp.lr)
+  else
+    p:sub_(g / avg * grp.lr)
+  end
+end
+function optim.RMSprop(params, opts)
+  return new(RMSprop, "RMSprop", params, opts, {lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0, momentum = 0,
+    centered = false, maximize = false})
+end
+
+-- Adagrad(params, {lr = 1e-2, lr_decay = 0, weight_decay = 0, initial_accumulator_value = 0, eps = 1e-10})
+local Adagrad = class("Adagrad")
+optim._Adagrad = Adagrad
+function Adagrad:update(p, g, grp, st)
+  st.step = (st.step or 0) + 1
+  if grp.weight_decay ~= 0 then g = g + p * grp.weight_decay end
+  local clr = grp.lr / (1 + (st.step - 1) * grp.lr_decay)
+  st.sum = (st.sum or tensor.full_like(p, grp.initial_accumulator_value)) + g * g
+  p:sub_(g / (st.sum:sqrt() + grp.eps) * clr)
+end
+function optim.Adagrad(params, opts)
+  return new(Adagrad, "Adagrad", params, opts, {lr = 1e-2, lr_decay = 0, weight_decay = 0,
+    initial_accumulator_value = 0, eps = 1e-10, maximize = false})
+end
+
+optim.lr_scheduler = require "rpchost.lr_scheduler"
 
 return optim

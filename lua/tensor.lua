@@ -872,5 +872,7 @@ require("rpchost.autograd").install(tensor)
 require("rpchost.tensor_io").install(tensor)
 require("rpchost.tensor_wire").install(tensor)
 require("rpchost.tensor_ops").install(tensor)
+require("rpchost.distributions").install(tensor)
+require("rpchost.data").install(tensor)
 
 return tensor

@@ -203,7 +203,7 @@ describe("collectives", function()
         dist.send(tensor.full({2}, 7LL), 1, {tag = 5})
         dist.send(tensor.full({2}, 2LL), 1)
       else
-        local x, y, z = tensor.zeros(2), tensor.zeros(2), tensor.zeros(2)
+        local x, y, z = tensor.zeros(2, {dtype = tensor.int64}), tensor.zeros(2, {dtype = tensor.int64}), tensor.zeros(2, {dtype = tensor.int64})
         check("tagged first", dist.recv(y, 0, {tag = 5}) == 0 and y[1]:item() == 7)
         dist.recv(x, 0)
         dist.recv(z, 0)
@@ -232,7 +232,7 @@ describe("collectives", function()
           dist.send(tensor.full({2}, 7LL), 1) -- the first frame to rank 1: no connection yet
           check("isend completes", dist.isend(tensor.full({2}, 8LL), 1):wait() == true)
         else
-          local x = tensor.zeros(2)
+          local x = tensor.zeros(2, {dtype = tensor.int64})
           dist.recv(x, 0)
           check("first arrived", x[1]:item() == 7)
           dist.recv(x, 0)

@@ -176,9 +176,13 @@ static void unlink_resumed(rh_conn_t *c) {
   c->resumed = 0;
 }
 
+static void unlink_dirty(rh_conn_t *c);
+
 static void close_done(uv_handle_t *h) {
   rh_conn_t *c = h->data;
   report_close(c, c->end_status, c->end_version); /* when conn_end deferred it */
+  /* (it may still be listed for the next flush: output queued before it ended) */
+  unlink_dirty(c);
   unlink_resumed(c);
   if (c->prev_all) c->prev_all->next_all = c->next_all;
   else c->net->all = c->next_all;

@@ -227,6 +227,12 @@ local function encode_hook(v)
     local mt = getmetatable(v)
     local enc = by_mt[mt]
     if enc then return enc(v) end
+    -- a class (a callable table that is itself a metatable: nn.Linear, a user's
+    -- Net) travels by name, like a function, so the callee uses its own class
+    if t == "table" and mt ~= nil and mt.__call ~= nil and rawget(v, "__index") ~= nil then
+      local p = M.name_of(v)
+      if p then return TAG.NAMED, unpack(p) end
+    end
     if t == "table" and mt ~= nil then
       -- an object of a class reachable by name: its fields and the class's name
       local p = M.name_of(mt)

@@ -1,0 +1,291 @@
+/* nn_pool.c: 2-d max, average and adaptive average pooling (forward and
+ * backward) for nn.MaxPool2d/AvgPool2d/AdaptiveAvgPool2d, PyTorch's window
+ * rules (padding, dilation for max, ceil_mode, count_include_pad, divisor_override).
+ * Each N*C plane is independent, so planes are split over the thread pool. Max
+ * pooling keeps the argmax (an index into the plane) for its backward. */
+#include <math.h>
+#include <string.h>
+
+#include "nn.h"
+#include "tensor_internal.h"
+
+typedef struct {
+  rh_dtype_t dt;
+  const char *x;
+  char *y;
+  int64_t *idx;
+  int64_t h, w, oh, ow;
+  const rh_nn_pool_t *p;
+} pool_job_t;
+
+static int check_input(const char *what, rh_tensor_t *x) {
+  if (x->dtype != RH_F32 && x->dtype != RH_F64)
+    return rh_tensor_fail("%s: expected a float32 or float64 tensor, got %s", what, rh_dtype_name(x->dtype));
+  if (RH_ON_DEVICE(x)) return rh_tensor_fail("%s: the C kernel takes host tensors", what);
+  if (x->ndim != 4) return rh_tensor_fail("%s: expected a 4-d tensor [N, C, H, W]", what);
+  return 0;
+}
+
+static double ld(rh_dtype_t dt, const char *base, int64_t i) {
+  return dt == RH_F32 ? (double)((const float *)base)[i] : ((const double *)base)[i];
+}
+static void st(rh_dtype_t dt, char *base, int64_t i, double v) {
+  if (dt == RH_F32) ((float *)base)[i] = (float)v;
+  else ((double *)base)[i] = v;
+}
+static void add(rh_dtype_t dt, char *base, int64_t i, double v) {
+  if (dt == RH_F32) ((float *)base)[i] += (float)v;
+  else ((double *)base)[i] += v;
+}
+
+static void max_planes(void *ctx, int64_t lo, int64_t hi) {
+  pool_job_t *j = ctx;
+  const rh_nn_pool_t *p = j->p;
+  for (int64_t pl = lo; pl < hi; pl++) {
+    const char *x = j->x + (size_t)(pl * j->h * j->w) * rh_dtype_size(j->dt);
+    for (int64_t oy = 0; oy < j->oh; oy++)
+      for (int64_t ox = 0; ox < j->ow; ox++) {
+        double best = -INFINITY;
+        int64_t bi = -1;
+        for (int64_t ki = 0; ki < p->k[0]; ki++) {
+          int64_t iy = oy * p->stride[0] - p->pad[0] + ki * p->dil[0];
+          if (iy < 0 || iy >= j->h) continue;
+          for (int64_t kj = 0; kj < p->k[1]; kj++) {
+            int64_t ix = ox * p->stride[1] - p->pad[1] + kj * p->dil[1];
+            if (ix < 0 || ix >= j->w) continue;
+            double v = ld(j->dt, x, iy * j->w + ix);
+            if (bi < 0 || v > best || isnan(v)) {
+              best = v;
+              bi = iy * j->w + ix;
+              if (isnan(v)) goto done;
+            }
+          }
+        }
+      done : {
+        int64_t o = (pl * j->oh + oy) * j->ow + ox;
+        st(j->dt, j->y, o, best);
+        j->idx[o] = bi;
+      }
+      }
+  }
+}
+
+static int geometry(const char *what, rh_tensor_t *x, const rh_nn_pool_t *p, int64_t *oh, int64_t *ow) {
+  for (int i = 0; i < 2; i++) {
+    if (p->k[i] < 1 || p->stride[i] < 1 || p->dil[i] < 1 || p->pad[i] < 0)
+      return rh_tensor_fail("%s: kernel_size, stride and dilation must be positive, padding non-negative", what);
+    if (p->pad[i] * 2 > p->k[i])
+      return rh_tensor_fail("%s: pad should be at most half of effective kernel size, but got pad=%lld, "
+                            "kernel_size=%lld", what, (long long)p->pad[i], (long long)p->k[i]);
+  }
+  *oh = rh_nn_out_size(x->size[2], p->k[0], p->stride[0], p->pad[0], p->dil[0], p->ceil_mode);
+  *ow = rh_nn_out_size(x->size[3], p->k[1], p->stride[1], p->pad[1], p->dil[1], p->ceil_mode);
+  if (*oh < 1 || *ow < 1)
+    return rh_tensor_fail("%s: output size is too small (input %lld x %lld, kernel %lld x %lld)", what,
+                          (long long)x->size[2], (long long)x->size[3], (long long)p->k[0], (long long)p->k[1]);
+  return 0;
+}
+
+int rh_nn_max_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p, rh_tensor_t **y, rh_tensor_t **idx) {
+  int64_t oh, ow;
+  *y = *idx = NULL;
+  if (check_input("max_pool2d", x) || geometry("max_pool2d", x, p, &oh, &ow)) return -1;
+  rh_tensor_t *xc = rh_tensor_contiguous(x);
+  int64_t size[4] = {x->size[0], x->size[1], oh, ow};
+  rh_tensor_t *ty = rh_tensor_empty(x->dtype, 4, size), *ti = rh_tensor_empty(RH_I64, 4, size);
+  if (!xc || !ty || !ti) {
+    rh_tensor_t *all[] = {xc, ty, ti};
+    for (int i = 0; i < 3; i++)
+      if (all[i]) rh_tensor_release(all[i]);
+    return rh_tensor_fail("max_pool2d: out of memory");
+  }
+  pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(ty), rh_tensor_data(ti), x->size[2], x->size[3], oh, ow, p};
+  rh_parallel_for(x->size[0] * x->size[1], 1, max_planes, &j);
+  rh_tensor_release(xc);
+  *y = ty;
+  *idx = ti;
+  return 0;
+}
+
+rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_t h, int64_t w) {
+  if (check_input("max_pool2d backward", gy)) return NULL;
+  if (idx->dtype != RH_I64 || idx->ndim != 4 || memcmp(idx->size, gy->size, 4 * sizeof(int64_t))) {
+    rh_tensor_fail("max_pool2d backward: indices must be int64 of the gradient's shape");
+    return NULL;
+  }
+  rh_tensor_t *gc = rh_tensor_contiguous(gy), *ic = rh_tensor_contiguous(idx);
+  rh_tensor_t *gx = rh_tensor_full(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w}, 0);
+  if (!gc || !ic || !gx) {
+    rh_tensor_t *all[] = {gc, ic, gx};
+    for (int i = 0; i < 3; i++)
+      if (all[i]) rh_tensor_release(all[i]);
+    rh_tensor_fail("max_pool2d backward: out of memory");
+    return NULL;
+  }
+  int64_t planes = gy->size[0] * gy->size[1], per = gy->size[2] * gy->size[3];
+  const char *g = rh_tensor_data(gc);
+  const int64_t *ix = rh_tensor_data(ic);
+  char *d = rh_tensor_data(gx);
+  for (int64_t pl = 0; pl < planes; pl++)
+    for (int64_t i = 0; i < per; i++) {
+      int64_t k = ix[pl * per + i];
+      if (k >= 0 && k < h * w) add(gy->dtype, d, pl * h * w + k, ld(gy->dtype, g, pl * per + i));
+    }
+  rh_tensor_release(gc);
+  rh_tensor_release(ic);
+  return gx;
+}
+
+/* the window of output (oy, ox) for average pooling, clipped to the padded input,
+ * and the divisor PyTorch uses for it */
+static double avg_window(const pool_job_t *j, int64_t oy, int64_t ox, int64_t *y0, int64_t *y1, int64_t *x0,
+                         int64_t *x1) {
+  const rh_nn_pool_t *p = j->p;
+  int64_t hs = oy * p->stride[0] - p->pad[0], ws = ox * p->stride[1] - p->pad[1];
+  int64_t he = hs + p->k[0], we = ws + p->k[1];
+  if (he > j->h + p->pad[0]) he = j->h + p->pad[0];
+  if (we > j->w + p->pad[1]) we = j->w + p->pad[1];
+  int64_t pool = (he - hs) * (we - ws);
+  *y0 = hs < 0 ? 0 : hs, *x0 = ws < 0 ? 0 : ws;
+  *y1 = he > j->h ? j->h : he, *x1 = we > j->w ? j->w : we;
+  if (p->divisor) return (double)p->divisor;
+  return p->count_include_pad ? (double)pool : (double)((*y1 - *y0) * (*x1 - *x0));
+}
+
+static void avg_planes(void *ctx, int64_t lo, int64_t hi) {
+  pool_job_t *j = ctx;
+  for (int64_t pl = lo; pl < hi; pl++) {
+    const char *x = j->x + (size_t)(pl * j->h * j->w) * rh_dtype_size(j->dt);
+    for (int64_t oy = 0; oy < j->oh; oy++)
+      for (int64_t ox = 0; ox < j->ow; ox++) {
+        int64_t y0, y1, x0, x1;
+        double div = avg_window(j, oy, ox, &y0, &y1, &x0, &x1), s = 0;
+        for (int64_t iy = y0; iy < y1; iy++)
+          for (int64_t ix = x0; ix < x1; ix++) s += ld(j->dt, x, iy * j->w + ix);
+        st(j->dt, j->y, (pl * j->oh + oy) * j->ow + ox, s / div);
+      }
+  }
+}
+
+static void avg_back_planes(void *ctx, int64_t lo, int64_t hi) {
+  pool_job_t *j = ctx; /* x: the gradient of y, y: the gradient of x */
+  for (int64_t pl = lo; pl < hi; pl++) {
+    char *gx = j->y + (size_t)(pl * j->h * j->w) * rh_dtype_size(j->dt);
+    for (int64_t oy = 0; oy < j->oh; oy++)
+      for (int64_t ox = 0; ox < j->ow; ox++) {
+        int64_t y0, y1, x0, x1;
+        double div = avg_window(j, oy, ox, &y0, &y1, &x0, &x1);
+        double g = ld(j->dt, j->x, (pl * j->oh + oy) * j->ow + ox) / div;
+        for (int64_t iy = y0; iy < y1; iy++)
+          for (int64_t ix = x0; ix < x1; ix++) add(j->dt, gx, iy * j->w + ix, g);
+      }
+  }
+}
+
+rh_tensor_t *rh_nn_avg_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p) {
+  int64_t oh, ow;
+  rh_nn_pool_t q = *p;
+  q.dil[0] = q.dil[1] = 1;
+  if (check_input("avg_pool2d", x) || geometry("avg_pool2d", x, &q, &oh, &ow)) return NULL;
+  rh_tensor_t *xc = rh_tensor_contiguous(x);
+  rh_tensor_t *y = rh_tensor_empty(x->dtype, 4, (int64_t[]){x->size[0], x->size[1], oh, ow});
+  if (!xc || !y) {
+    if (xc) rh_tensor_release(xc);
+    if (y) rh_tensor_release(y);
+    rh_tensor_fail("avg_pool2d: out of memory");
+    return NULL;
+  }
+  pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(y), NULL, x->size[2], x->size[3], oh, ow, &q};
+  rh_parallel_for(x->size[0] * x->size[1], 1, avg_planes, &j);
+  rh_tensor_release(xc);
+  return y;
+}
+
+rh_tensor_t *rh_nn_avg_pool2d_backward(rh_tensor_t *gy, const rh_nn_pool_t *p, int64_t h, int64_t w) {
+  if (check_input("avg_pool2d backward", gy)) return NULL;
+  rh_nn_pool_t q = *p;
+  q.dil[0] = q.dil[1] = 1;
+  rh_tensor_t *gc = rh_tensor_contiguous(gy);
+  rh_tensor_t *gx = rh_tensor_full(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w}, 0);
+  if (!gc || !gx) {
+    if (gc) rh_tensor_release(gc);
+    if (gx) rh_tensor_release(gx);
+    rh_tensor_fail("avg_pool2d backward: out of memory");
+    return NULL;
+  }
+  pool_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(gx), NULL, h, w, gy->size[2], gy->size[3], &q};
+  rh_parallel_for(gy->size[0] * gy->size[1], 1, avg_back_planes, &j);
+  rh_tensor_release(gc);
+  return gx;
+}
+
+/* PyTorch's adaptive windows: [floor(i*in/out), ceil((i+1)*in/out)) */
+static int64_t a_start(int64_t i, int64_t in, int64_t out) { return (i * in) / out; }
+static int64_t a_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
+
+static void adaptive_planes(void *ctx, int64_t lo, int64_t hi) {
+  pool_job_t *j = ctx;
+  for (int64_t pl = lo; pl < hi; pl++) {
+    const char *x = j->x + (size_t)(pl * j->h * j->w) * rh_dtype_size(j->dt);
+    for (int64_t oy = 0; oy < j->oh; oy++)
+      for (int64_t ox = 0; ox < j->ow; ox++) {
+        int64_t y0 = a_start(oy, j->h, j->oh), y1 = a_end(oy, j->h, j->oh);
+        int64_t x0 = a_start(ox, j->w, j->ow), x1 = a_end(ox, j->w, j->ow);
+        double s = 0;
+        for (int64_t iy = y0; iy < y1; iy++)
+          for (int64_t ix = x0; ix < x1; ix++) s += ld(j->dt, x, iy * j->w + ix);
+        st(j->dt, j->y, (pl * j->oh + oy) * j->ow + ox, s / (double)((y1 - y0) * (x1 - x0)));
+      }
+  }
+}
+
+static void adaptive_back_planes(void *ctx, int64_t lo, int64_t hi) {
+  pool_job_t *j = ctx;
+  for (int64_t pl = lo; pl < hi; pl++) {
+    char *gx = j->y + (size_t)(pl * j->h * j->w) * rh_dtype_size(j->dt);
+    for (int64_t oy = 0; oy < j->oh; oy++)
+      for (int64_t ox = 0; ox < j->ow; ox++) {
+        int64_t y0 = a_start(oy, j->h, j->oh), y1 = a_end(oy, j->h, j->oh);
+        int64_t x0 = a_start(ox, j->w, j->ow), x1 = a_end(ox, j->w, j->ow);
+        double g = ld(j->dt, j->x, (pl * j->oh + oy) * j->ow + ox) / (double)((y1 - y0) * (x1 - x0));
+        for (int64_t iy = y0; iy < y1; iy++)
+          for (int64_t ix = x0; ix < x1; ix++) add(j->dt, gx, iy * j->w + ix, g);
+      }
+  }
+}
+
+rh_tensor_t *rh_nn_adaptive_avg_pool2d(rh_tensor_t *x, int64_t oh, int64_t ow) {
+  if (check_input("adaptive_avg_pool2d", x)) return NULL;
+  if (oh < 1 || ow < 1) {
+    rh_tensor_fail("adaptive_avg_pool2d: output_size must be positive, got (%lld, %lld)", (long long)oh, (long long)ow);
+    return NULL;
+  }
+  rh_tensor_t *xc = rh_tensor_contiguous(x);
+  rh_tensor_t *y = rh_tensor_empty(x->dtype, 4, (int64_t[]){x->size[0], x->size[1], oh, ow});
+  if (!xc || !y) {
+    if (xc) rh_tensor_release(xc);
+    if (y) rh_tensor_release(y);
+    rh_tensor_fail("adaptive_avg_pool2d: out of memory");
+    return NULL;
+  }
+  pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(y), NULL, x->size[2], x->size[3], oh, ow, NULL};
+  rh_parallel_for(x->size[0] * x->size[1], 1, adaptive_planes, &j);
+  rh_tensor_release(xc);
+  return y;
+}
+
+rh_tensor_t *rh_nn_adaptive_avg_pool2d_backward(rh_tensor_t *gy, int64_t h, int64_t w) {
+  if (check_input("adaptive_avg_pool2d backward", gy)) return NULL;
+  rh_tensor_t *gc = rh_tensor_contiguous(gy);
+  rh_tensor_t *gx = rh_tensor_full(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w}, 0);
+  if (!gc || !gx) {
+    if (gc) rh_tensor_release(gc);
+    if (gx) rh_tensor_release(gx);
+    rh_tensor_fail("adaptive_avg_pool2d backward: out of memory");
+    return NULL;
+  }
+  pool_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(gx), NULL, h, w, gy->size[2], gy->size[3], NULL};
+  rh_parallel_for(gy->size[0] * gy->size[1], 1, adaptive_back_planes, &j);
+  rh_tensor_release(gc);
+  return gx;
+}

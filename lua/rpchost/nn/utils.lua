@@ -1,0 +1,68 @@
+-- rpchost.nn.utils: gradient clipping (nn.utils.clip_grad_norm_,
+-- clip_grad_value_) and parameters_to_vector / vector_to_parameters, as
+-- PyTorch's torch.nn.utils.
+local tensor = require "tensor"
+
+local U = {}
+
+local function params_list(params)
+  if tensor.is_tensor(params) then return {params} end
+  if type(params) == "table" and params.parameters and getmetatable(params) then return params:parameters() end
+  return params
+end
+
+-- clip_grad_norm_(params, max_norm, norm_type = 2) -> the total norm (a tensor)
+function U.clip_grad_norm_(params, max_norm, norm_type, o)
+  if type(norm_type) == "table" then o, norm_type = norm_type, norm_type.norm_type end
+  o = o or {}
+  norm_type = norm_type or 2
+  local grads = {}
+  for _, p in ipairs(params_list(params)) do if p.grad ~= nil then grads[#grads + 1] = p.grad end end
+  if #grads == 0 then return tensor.tensor(0) end
+  local total
+  tensor.no_grad(function()
+    if norm_type == math.huge or norm_type == "inf" then
+      local m = 0
+      for _, g in ipairs(grads) do m = math.max(m, g:abs():max():item()) end
+      total = m
+    else
+      local s = 0
+      for _, g in ipairs(grads) do s = s + (g:abs():double() ^ norm_type):sum():item() end
+      total = s ^ (1 / norm_type)
+    end
+    if o.error_if_nonfinite and (total ~= total or total == math.huge) then
+      error(("The total norm of order %s for gradients from `parameters` is non-finite, so it cannot be " ..
+             "clipped"):format(tostring(norm_type)), 3)
+    end
+    local coef = max_norm / (total + 1e-6)
+    if coef < 1 then for _, g in ipairs(grads) do g:mul_(coef) end end
+  end)
+  return tensor.tensor(total)
+end
+U.clip_grad_norm = U.clip_grad_norm_
+
+function U.clip_grad_value_(params, clip)
+  tensor.no_grad(function()
+    for _, p in ipairs(params_list(params)) do
+      if p.grad ~= nil then p.grad:copy_(p.grad:clamp(-clip, clip)) end
+    end
+  end)
+end
+
+function U.parameters_to_vector(params)
+  local parts = {}
+  for _, p in ipairs(params_list(params)) do parts[#parts + 1] = p:reshape(-1) end
+  return tensor.cat(parts, 1)
+end
+function U.vector_to_parameters(vec, params)
+  local off = 1
+  tensor.no_grad(function()
+    for _, p in ipairs(params_list(params)) do
+      local n = p:numel()
+      p:copy_(vec:narrow(1, off, n):view(p:size()))
+      off = off + n
+    end
+  end)
+end
+
+return U

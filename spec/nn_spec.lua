@@ -1,0 +1,558 @@
+-- nn's behaviour beyond parity with PyTorch (spec/nn_parity_spec.lua): the
+-- Module system (registries, field assignment, state_dict names, strict
+-- loading, .npz files numpy reads, printing, train/eval, zero_grad, to,
+-- deepcopy, containers), bad input naming the layer and the shapes, PyTorch's
+-- default initialisations, finite-difference gradient checks of every layer in
+-- float64, optim and data behaviour, a small training run that must reach a
+-- stated loss, and a module sent over RPC with its parameters.
+local tensor = require "tensor"
+local nn = require "nn"
+local optim = require "optim"
+local S = require "spec.support"
+
+local f64 = {dtype = tensor.float64}
+local PY = "/usr/bin/python3"
+local function numpy_ok() return os.execute(PY .. " -c 'import numpy' 2>/dev/null") == 0 end
+
+local function raises(pattern, fn, ...)
+  local ok, e = pcall(fn, ...)
+  assert.is_false(ok, "expected an error matching " .. pattern)
+  assert.truthy(tostring(e):find(pattern, 1, true), ("error %q does not contain %q"):format(tostring(e), pattern))
+end
+
+local function names(list)
+  local out = {}
+  for _, p in ipairs(list) do out[#out + 1] = p[1] end
+  return table.concat(out, " ")
+end
+
+describe("nn.Module", function()
+  it("registers parameters, buffers and submodules by assignment and by name, in order", function()
+    local Net = nn.Module:extend("Net")
+    function Net:__init(h)
+      self.conv1 = nn.Conv2d(1, 2, 3)
+      self.fc = nn.Linear(8, h)
+      self.scale = nn.Parameter(tensor.ones(1))
+      self:register_buffer("steps", tensor.zeros(1))
+      self:register_buffer("tmp", tensor.zeros(1), {persistent = false})
+      self.plain = 5
+    end
+    function Net:forward(x) return self.fc(x) * self.scale end
+    local m = Net(4)
+    -- PyTorch's order: a module's own parameters, then its children's
+    assert.are.equal("scale conv1.weight conv1.bias fc.weight fc.bias", names(m:named_parameters()))
+    assert.are.equal(5, #m:parameters())
+    assert.are.equal(2, #m:children())
+    assert.are.equal(3, #m:modules())
+    assert.are.equal(5, m.plain)
+    local sd = m:state_dict()
+    for _, k in ipairs{"conv1.weight", "conv1.bias", "fc.weight", "fc.bias", "scale", "steps"} do
+      assert.is_true(tensor.is_tensor(sd[k]), k)
+    end
+    assert.is_nil(sd.tmp)
+    -- assigning a tensor to a registered parameter name replaces it
+    local w = tensor.zeros(4, 8, {requires_grad = true})
+    m.fc.weight = w
+    assert.is_true(rawequal(m.fc.weight, w))
+    assert.is_true(rawequal(m.fc:parameters()[1], w))
+    -- subclasses of subclasses, and the old init name
+    local Big = Net:extend("Big")
+    function Big:__init() Net.__init(self, 2); self.extra = nn.ReLU() end
+    assert.are.equal(3, #Big():children())
+    local Old = nn.Module:extend("Old")
+    function Old:init(n) self.l = nn.Linear(n, n) end
+    assert.are.equal(2, #Old(3):parameters())
+  end)
+
+  it("shares a parameter once, and train()/eval() reach every submodule", function()
+    local a = nn.Linear(2, 2)
+    local s = nn.Sequential(a, nn.Dropout(0.5), a)
+    assert.are.equal(2, #s:parameters())
+    s:eval()
+    assert.is_false(s:children()[2].training)
+    local x = tensor.ones(3, 2)
+    assert.is_true(s(x):equal(a(a(x))))
+    s:train()
+    assert.is_true(s:children()[2].training)
+  end)
+
+  it("prints like PyTorch", function()
+    local m = nn.Sequential(nn.Conv2d(1, 32, 3, {stride = 2, padding = 1, bias = false}), nn.BatchNorm2d(32),
+      nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(128, 10), nn.LSTM(10, 16, {num_layers = 2, batch_first = true}))
+    local want = [[Sequential(
+  (0): Conv2d(1, 32, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), bias=False)
+  (1): BatchNorm2d(32, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
+  (2): ReLU()
+  (3): MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)
+  (4): Flatten(start_dim=2, end_dim=-1)
+  (5): Linear(in_features=128, out_features=10, bias=True)
+  (6): LSTM(10, 16, num_layers=2, batch_first=True)
+)]]
+    assert.are.equal(want, tostring(m))
+  end)
+
+  it("load_state_dict lists missing and unexpected keys, and shape mismatches", function()
+    local m = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    local sd = m:state_dict()
+    sd["0.bias"] = nil
+    sd["2.weight"] = tensor.zeros(1)
+    raises("Missing key(s) in state_dict: 0.bias. Unexpected key(s) in state_dict: 2.weight", function()
+      m:load_state_dict(sd)
+    end)
+    local r = m:load_state_dict(sd, {strict = false})
+    assert.are.same({"0.bias"}, r.missing_keys)
+    assert.are.same({"2.weight"}, r.unexpected_keys)
+    raises("size mismatch for 0.weight: copying a param with shape Size([2, 2]), the shape in the current model " ..
+      "is Size([3, 2])", function() m:load_state_dict({["0.weight"] = tensor.zeros(2, 2)}, {strict = false}) end)
+    -- loading copies in place: the parameters keep their identity
+    local w = m:children()[1].weight
+    m:load_state_dict(nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3)):state_dict())
+    assert.is_true(rawequal(w, m:children()[1].weight))
+  end)
+
+  it("saves state_dicts as .npz archives that round-trip (and that numpy reads)", function()
+    local m = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.LSTM(4, 5))
+    local path = S.tmpdir .. "/model.npz"
+    nn.save(m:state_dict(), path)
+    local back = nn.load(path)
+    local n = 0
+    for k, v in pairs(m:state_dict()) do
+      n = n + 1
+      assert.is_true(back[k] ~= nil and back[k]:equal(v), k)
+      assert.are.equal(v.dtype, back[k].dtype)
+    end
+    assert.are.equal(11, n)
+    local m2 = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.LSTM(4, 5))
+    m2:load_state_dict(back)
+    assert.is_true(m2:children()[1].weight:equal(m:children()[1].weight))
+    nn.save(m:state_dict(), path .. "c", {compressed = true})
+    assert.is_true(nn.load(path .. "c")["2.weight_hh_l0"]:equal(m:children()[3].weight_hh_l0))
+    if numpy_ok() then
+      local p = io.popen(PY .. " -c \"import numpy as np; d = np.load('" .. path .. "'); " ..
+        "print(' '.join(d.files), d['0.weight'].shape, d['1.num_batches_tracked'].dtype, " ..
+        "round(float(d['2.bias_ih_l0'].sum()), 3))\"")
+      local out = p:read("*a")
+      p:close()
+      local want = ("0.weight 0.bias 1.weight 1.bias 1.running_mean 1.running_var 1.num_batches_tracked " ..
+        "2.weight_ih_l0 2.weight_hh_l0 2.bias_ih_l0 2.bias_hh_l0 (3, 2, 3, 3) int64 %.3f"):format(
+        m:children()[3].bias_ih_l0:sum():item())
+      assert.are.equal(want, (out:gsub("\n$", ""):gsub("%-0%.000", "0.000")))
+    end
+    raises("is not a readable .npz archive", function()
+      local f = io.open(path .. "x", "wb"); f:write("PK\3\4 not really"); f:close()
+      nn.load(path .. "x")
+    end)
+  end)
+
+  it("zero_grad sets to nil by default and to zeros with set_to_none = false", function()
+    local m = nn.Linear(2, 1)
+    m(tensor.ones(1, 2)):sum():backward()
+    m:zero_grad{set_to_none = false}
+    assert.are.equal(0, m.weight.grad:abs():sum():item())
+    m:zero_grad()
+    assert.is_nil(m.weight.grad)
+  end)
+
+  it("to(dtype) and to('cpu') move parameters and buffers; deepcopy is independent", function()
+    local m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    local w = m:children()[1].weight
+    m:to("cpu")
+    assert.is_true(rawequal(w, m:children()[1].weight))
+    m:double()
+    assert.are.equal(tensor.float64, m:children()[1].weight.dtype)
+    assert.are.equal(tensor.float64, m:children()[2].running_mean.dtype)
+    assert.are.equal(tensor.int64, m:children()[2].num_batches_tracked.dtype)
+    assert.is_true(m:children()[1].weight.requires_grad)
+    local c = nn.deepcopy(m)
+    tensor.no_grad(function() c:children()[1].weight:fill_(0) end)
+    assert.is_true(m:children()[1].weight:abs():sum():item() > 0)
+  end)
+
+  it("ModuleList and ModuleDict register their modules", function()
+    local l = nn.ModuleList({nn.Linear(2, 2), nn.Linear(2, 3)})
+    l:append(nn.ReLU())
+    assert.are.equal(3, l:len())
+    assert.are.equal(3, l[2].out_features)
+    assert.are.equal("0.weight 0.bias 1.weight 1.bias", names(l:named_parameters()))
+    local d = nn.ModuleDict({b = nn.Linear(1, 1), a = nn.Tanh()})
+    assert.are.same({"a", "b"}, d:keys())
+    assert.are.equal("b.weight b.bias", names(d:named_parameters()))
+  end)
+end)
+
+describe("nn bad input", function()
+  it("names the layer, the expected shape and the one given", function()
+    raises("Conv2d(1, 32, 3): expected input [N, 1, H, W], got [64, 64]", function()
+      nn.Conv2d(1, 32, 3)(tensor.zeros(64, 64))
+    end)
+    raises("Linear(10, 5): expected input [*, 10], got [3, 4]", function() nn.Linear(10, 5)(tensor.zeros(3, 4)) end)
+    raises("BatchNorm2d(8): expected input [N, 8, H, W], got [2, 4, 5, 5]", function()
+      nn.BatchNorm2d(8)(tensor.zeros(2, 4, 5, 5))
+    end)
+    raises("LSTM(10, 16): expected input [L, N, 10], got [5, 3, 7]", function() nn.LSTM(10, 16)(tensor.zeros(5, 3, 7)) end)
+    raises("LSTM(4, 3): expected hidden[0] size [1, 2, 3], got [1, 5, 3]", function()
+      nn.LSTM(4, 3)(tensor.zeros(6, 2, 4), {tensor.zeros(1, 5, 3), tensor.zeros(1, 5, 3)})
+    end)
+    raises("MaxPool2d(2): expected input [N, C, H, W], got [5]", function() nn.MaxPool2d(2)(tensor.zeros(5)) end)
+    raises("embedding: index out of range: indices must be in 1..4 (Lua indices), got 0..2", function()
+      nn.Embedding(4, 2)(tensor.tensor({0LL, 2LL}))
+    end)
+    raises("CrossEntropyLoss: target must be a tensor, got string", function()
+      nn.CrossEntropyLoss()(tensor.zeros(2, 3), "x")
+    end)
+    raises("cross_entropy: target must be an int64 tensor of 1-based class indices", function()
+      nn.functional.cross_entropy(tensor.zeros(2, 3), {1, 2})
+    end)
+    raises("nll_loss: target 4 is out of bounds: target classes must be in 1..3", function()
+      nn.CrossEntropyLoss()(tensor.zeros(2, 3), tensor.tensor({1LL, 4LL}))
+    end)
+    raises("conv2d: the kernel (5 x 5, dilated) is larger than the padded input (3 x 3)", function()
+      nn.Conv2d(1, 1, 5)(tensor.zeros(1, 1, 3, 3))
+    end)
+    raises("dropout probability has to be between 0 and 1, but got 1.5", function() nn.Dropout(1.5) end)
+    raises("SGD: lr is required", function() optim.SGD(nn.Linear(1, 1):parameters()) end)
+    raises("DataLoader: batch_size should be a positive integer value", function()
+      tensor.data.DataLoader(tensor.data.TensorDataset(tensor.zeros(3)), {batch_size = 0})
+    end)
+  end)
+end)
+
+describe("nn default initialisation", function()
+  it("is PyTorch's per layer", function()
+    tensor.manual_seed(3)
+    local l = nn.Linear(400, 300)
+    local b = 1 / math.sqrt(400)
+    assert.is_true(l.weight:abs():max():item() <= b and l.weight:abs():max():item() > 0.95 * b)
+    assert.is_true(l.bias:abs():max():item() <= b)
+    local c = nn.Conv2d(16, 8, 3)
+    local cb = 1 / math.sqrt(16 * 9)
+    assert.is_true(c.weight:abs():max():item() <= cb and c.weight:abs():max():item() > 0.95 * cb)
+    local e = nn.Embedding(1000, 50)
+    assert.is_true(math.abs(e.weight:std():item() - 1) < 0.05)
+    local r = nn.LSTM(10, 25)
+    assert.is_true(r.weight_hh_l0:abs():max():item() <= 0.2)
+    local bn = nn.BatchNorm2d(4)
+    assert.is_true(bn.weight:equal(tensor.ones(4)) and bn.bias:equal(tensor.zeros(4)))
+    local w = tensor.empty(200, 300)
+    nn.init.xavier_uniform_(w)
+    assert.is_true(w:abs():max():item() <= math.sqrt(6 / 500))
+    nn.init.kaiming_normal_(w, {mode = "fan_out", nonlinearity = "relu"})
+    assert.is_true(math.abs(w:std():item() - math.sqrt(2 / 200)) < 0.005)
+    local q = tensor.empty(6, 4)
+    nn.init.orthogonal_(q)
+    assert.is_true((q:t():matmul(q) - tensor.eye(4)):abs():max():item() < 1e-5)
+    nn.init.constant_(q, 0.5)
+    assert.are.equal(12, q:sum():item())
+  end)
+end)
+
+-- Compares analytic gradients of sum(f() * w) with central differences (float64)
+-- for every tensor in `wrt` (inputs or parameters), at most 40 elements each.
+local function gradcheck(name, f, wrt, tol)
+  tol = tol or 1e-6
+  local out = f()
+  tensor.manual_seed(7)
+  local w = tensor.rand(out:size(), f64) + 0.5
+  for _, x in ipairs(wrt) do x.grad = nil end
+  ;(f() * w):sum():backward()
+  local h = 1e-6
+  for wi, x in ipairs(wrt) do
+    local flat = x:detach():view(-1)
+    local g = x.grad:reshape(-1)
+    local n = x:numel()
+    local step = math.max(1, math.floor(n / 40))
+    for k = 1, n, step do
+      local orig = flat[k]:item()
+      local function at(v)
+        tensor.no_grad(function() flat[k] = v end)
+        return tensor.no_grad(function() return (f() * w):sum():item() end)
+      end
+      local num = (at(orig + h) - at(orig - h)) / (2 * h)
+      at(orig)
+      local ana = g[k]:item()
+      assert.is_true(math.abs(num - ana) <= tol * math.max(1, math.abs(num)),
+        ("%s: d/d(arg %d)[%d]: analytic %.9g, numeric %.9g"):format(name, wi, k, ana, num))
+    end
+  end
+end
+
+local function params_and(m, ...)
+  local list = m:parameters()
+  for _, x in ipairs{...} do list[#list + 1] = x end
+  return list
+end
+
+describe("nn gradients against finite differences (float64)", function()
+  local function x64(...) return tensor.randn(..., {dtype = tensor.float64, requires_grad = true}) end
+  it("convolution", function()
+    tensor.manual_seed(1)
+    local c = nn.Conv2d(4, 6, 3, {stride = 2, padding = 1, dilation = 1, groups = 2, dtype = tensor.float64})
+    local x = tensor.randn(2, 4, 6, 5, f64)
+    x.requires_grad = true
+    gradcheck("Conv2d", function() return c(x) end, params_and(c, x))
+    local c2 = nn.Conv2d(2, 3, {2, 3}, {padding = {2, 1}, dilation = {2, 1}, dtype = tensor.float64})
+    local x2 = tensor.randn(1, 2, 5, 6, f64)
+    x2.requires_grad = true
+    gradcheck("Conv2d dilated", function() return c2(x2) end, params_and(c2, x2))
+    local c1 = nn.Conv1d(3, 2, 3, {stride = 2, dtype = tensor.float64})
+    local x1 = tensor.randn(2, 3, 9, f64)
+    x1.requires_grad = true
+    gradcheck("Conv1d", function() return c1(x1) end, params_and(c1, x1))
+  end)
+  it("pooling", function()
+    tensor.manual_seed(2)
+    local x = tensor.randn(2, 3, 7, 6, f64)
+    x.requires_grad = true
+    gradcheck("MaxPool2d", function() return nn.MaxPool2d(3, {stride = 2, padding = 1, ceil_mode = true})(x) end, {x})
+    gradcheck("AvgPool2d", function() return nn.AvgPool2d(3, {stride = 2, padding = 1, count_include_pad = false})(x) end, {x})
+    gradcheck("AdaptiveAvgPool2d", function() return nn.AdaptiveAvgPool2d({4, 4})(x) end, {x})
+  end)
+  it("normalisation", function()
+    tensor.manual_seed(3)
+    local x = tensor.randn(4, 6, 3, 3, f64)
+    x.requires_grad = true
+    local bn = nn.BatchNorm2d(6, {dtype = tensor.float64})
+    gradcheck("BatchNorm2d", function() return bn(x) end, params_and(bn, x), 1e-5)
+    local ln = nn.LayerNorm({3, 3}, {dtype = tensor.float64})
+    gradcheck("LayerNorm", function() return ln(x) end, params_and(ln, x), 1e-5)
+    local gn = nn.GroupNorm(3, 6, {dtype = tensor.float64})
+    gradcheck("GroupNorm", function() return gn(x) end, params_and(gn, x), 1e-5)
+  end)
+  it("recurrent layers", function()
+    tensor.manual_seed(4)
+    local x = tensor.randn(4, 2, 3, f64)
+    x.requires_grad = true
+    for _, m in ipairs{nn.LSTM(3, 4, {num_layers = 2, dtype = tensor.float64}),
+                       nn.GRU(3, 4, {bidirectional = true, dtype = tensor.float64}),
+                       nn.RNN(3, 4, {dtype = tensor.float64})} do
+      gradcheck(m.name, function() return (m(x)) end, params_and(m, x))
+    end
+  end)
+  it("attention, embeddings and activations", function()
+    tensor.manual_seed(5)
+    local q = tensor.randn(3, 2, 8, f64)
+    q.requires_grad = true
+    local mha = nn.MultiheadAttention(8, 2, {dtype = tensor.float64})
+    gradcheck("MultiheadAttention", function() return (mha(q, q, q)) end, params_and(mha, q))
+    local eb = nn.EmbeddingBag(6, 3, {mode = "mean", dtype = tensor.float64})
+    local idx = tensor.tensor({{1LL, 2LL, 2LL}, {6LL, 5LL, 1LL}})
+    gradcheck("EmbeddingBag", function() return eb(idx) end, eb:parameters())
+    local x = tensor.randn(3, 5, f64)
+    x.requires_grad = true
+    for _, m in ipairs{nn.GELU(), nn.GELU{approximate = "tanh"}, nn.ELU(), nn.SiLU(), nn.LeakyReLU(0.1),
+                       nn.Softplus(), nn.LogSoftmax{dim = 2}} do
+      gradcheck(m.name, function() return m(x) end, {x}, 1e-5)
+    end
+  end)
+  it("losses", function()
+    tensor.manual_seed(6)
+    local x = tensor.randn(4, 3, f64)
+    x.requires_grad = true
+    local t = tensor.tensor({1LL, 3LL, 2LL, 3LL})
+    local w = tensor.tensor({0.5, 1, 2}, f64)
+    gradcheck("CrossEntropyLoss", function()
+      return nn.CrossEntropyLoss{weight = w, label_smoothing = 0.2}(x, t)
+    end, {x})
+    local y = tensor.rand(4, 3, f64)
+    gradcheck("BCEWithLogitsLoss", function() return nn.BCEWithLogitsLoss()(x, y) end, {x})
+    gradcheck("SmoothL1Loss", function() return nn.SmoothL1Loss{beta = 0.5}(x, y) end, {x})
+    gradcheck("KLDivLoss", function() return nn.KLDivLoss{reduction = "batchmean"}(x:log_softmax(2), y) end, {x})
+  end)
+end)
+
+describe("nn in training", function()
+  it("dropout scales kept values in training and is the identity in eval", function()
+    tensor.manual_seed(8)
+    local d = nn.Dropout(0.25)
+    local y = d(tensor.ones(10000))
+    local kept = y:gt(0):sum():item()
+    assert.is_true(kept > 7200 and kept < 7800, kept)
+    assert.is_true(math.abs(y:max():item() - 1 / 0.75) < 1e-6)
+    d:eval()
+    assert.is_true(d(tensor.ones(5)):equal(tensor.ones(5)))
+    local d2 = nn.Dropout2d(0.5)(tensor.ones(4, 8, 3, 3))
+    -- whole channels: every channel is all zeros or all kept
+    local per = d2:reshape(32, 9)
+    assert.is_true((per:max(2) - per:min(2)):abs():max():item() == 0)
+  end)
+
+  it("BatchNorm running statistics follow the momentum; eval uses them", function()
+    local bn = nn.BatchNorm1d(2, {momentum = 0.5})
+    local x = tensor.tensor({{1, 10}, {3, 30}})
+    bn(x)
+    assert.is_true(bn.running_mean:allclose(tensor.tensor({1, 10})))
+    assert.is_true(bn.running_var:allclose(tensor.tensor({1.5, 100.5})))
+    assert.are.equal(1, bn.num_batches_tracked:item())
+    bn:eval()
+    local y = bn(x)
+    assert.is_true(y:allclose((x - bn.running_mean) / (bn.running_var + 1e-5):sqrt()))
+  end)
+
+  it("a conv net learns synthetic 8x8 digit-like images to a loss below 0.1", function()
+    -- four classes of 8x8 images: a bar in one of four positions, plus noise
+    tensor.manual_seed(42)
+    local n = 256
+    local imgs = tensor.randn(n, 1, 8, 8) * 0.3
+    local labels = {}
+    for i = 1, n do
+      local c = (i - 1) % 4 + 1
+      labels[i] = c
+      local img = imgs[i][1]
+      if c == 1 then img:narrow(1, 2, 2):add_(1)
+      elseif c == 2 then img:narrow(1, 6, 2):add_(1)
+      elseif c == 3 then img:narrow(2, 2, 2):add_(1)
+      else img:narrow(2, 6, 2):add_(1) end
+    end
+    local y = tensor.tensor(labels, {dtype = tensor.int64})
+    local Net = nn.Module:extend("DigitNet")
+    function Net:__init()
+      self.conv1 = nn.Conv2d(1, 8, 3, {padding = 1})
+      self.bn1 = nn.BatchNorm2d(8)
+      self.conv2 = nn.Conv2d(8, 16, 3, {padding = 1})
+      self.pool = nn.MaxPool2d(2)
+      self.drop = nn.Dropout(0.1)
+      self.fc = nn.Linear(16 * 2 * 2, 4)
+    end
+    function Net:forward(x)
+      x = self.pool(self.bn1(self.conv1(x)):relu())
+      x = self.pool(self.conv2(x):relu())
+      return self.fc(self.drop(x:flatten(2)))
+    end
+    local model = Net()
+    local opt = optim.Adam(model, {lr = 0.01})
+    local sched = optim.lr_scheduler.StepLR(opt, 10, {gamma = 0.5})
+    local loader = tensor.data.DataLoader(tensor.data.TensorDataset(imgs, y), {batch_size = 32, shuffle = true, seed = 1})
+    local crit = nn.CrossEntropyLoss()
+    for _ = 1, 15 do
+      for xb, yb in loader:iter() do
+        opt:zero_grad()
+        local loss = crit(model(xb), yb)
+        loss:backward()
+        nn.utils.clip_grad_norm_(model:parameters(), 5)
+        opt:step()
+      end
+      sched:step()
+    end
+    model:eval()
+    local final = tensor.no_grad(function() return crit(model(imgs), y):item() end)
+    assert.is_true(final < 0.1, "final loss " .. final)
+  end)
+end)
+
+describe("optim and data behaviour", function()
+  it("optimizers take modules, param groups and closures; clip_grad_*", function()
+    local m = nn.Linear(3, 1)
+    local o = optim.SGD({{params = {m.weight}, lr = 0.1}, {params = {m.bias}, lr = 0}}, {lr = 1, momentum = 0.9})
+    assert.are.equal(0.9, o.param_groups[2].momentum)
+    local b0 = m.bias:clone()
+    local loss = o:step(function()
+      o:zero_grad()
+      local l = m(tensor.ones(2, 3)):sum()
+      l:backward()
+      return l
+    end)
+    assert.is_true(tensor.is_tensor(loss))
+    assert.is_true(m.bias:equal(b0))
+    m.weight.grad = tensor.tensor({{3, 4, 0}})
+    local total = nn.utils.clip_grad_norm_({m.weight}, 1)
+    assert.is_true(math.abs(total:item() - 5) < 1e-6)
+    assert.is_true(math.abs(m.weight.grad:norm():item() - 1) < 1e-5)
+    nn.utils.clip_grad_value_({m.weight}, 0.1)
+    assert.is_true(m.weight.grad:abs():max():item() <= 0.1 + 1e-7)
+  end)
+
+  it("DataLoader shuffles reproducibly with a seed, differently per epoch, and honours drop_last and samplers", function()
+    local ds = tensor.data.TensorDataset(tensor.arange(1, 11))
+    local function epoch(dl)
+      local seen = {}
+      for x in dl:iter() do for _, v in ipairs(x:totable()) do seen[#seen + 1] = v end end
+      return seen
+    end
+    local a = tensor.data.DataLoader(ds, {batch_size = 3, shuffle = true, seed = 5})
+    local b = tensor.data.DataLoader(ds, {batch_size = 3, shuffle = true, seed = 5})
+    local e1 = epoch(a)
+    assert.are.same(e1, epoch(b))
+    assert.are_not.same(e1, epoch(a))
+    local sorted = {unpack(e1)}
+    table.sort(sorted)
+    assert.are.same({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, sorted)
+    local d = tensor.data.DataLoader(ds, {batch_size = 3, drop_last = true})
+    assert.are.equal(3, d:len())
+    assert.are.equal(9, #epoch(d))
+    local s0 = tensor.data.DistributedSampler(ds, {num_replicas = 2, rank = 0, shuffle = false})
+    local s1 = tensor.data.DistributedSampler(ds, {num_replicas = 2, rank = 1, shuffle = false})
+    assert.are.same({1, 3, 5, 7, 9}, epoch(tensor.data.DataLoader(ds, {batch_size = 2, sampler = s0})))
+    assert.are.same({2, 4, 6, 8, 10}, epoch(tensor.data.DataLoader(ds, {batch_size = 2, sampler = s1})))
+  end)
+
+  it("reads CSV (gzipped too), .npy and .npz into tensors", function()
+    local path = S.tmpdir .. "/data.csv"
+    local f = io.open(path, "w")
+    f:write("x,y,label\n1.5,2,0\n-3,4e-1,1\n")
+    f:close()
+    local t, header = tensor.data.read_csv(path)
+    assert.are.same({"x", "y", "label"}, header)
+    assert.is_true(t:allclose(tensor.tensor({{1.5, 2, 0}, {-3, 0.4, 1}})))
+    os.execute("gzip -kf " .. path)
+    local tz = tensor.data.read_csv(path .. ".gz")
+    assert.is_true(tz:equal(t))
+    raises("line 1 field 2 (\"oops\") is not a number", function()
+      local g = io.open(path, "w"); g:write("1,oops\n"); g:close()
+      tensor.data.read_csv(path, {header = false, skip_rows = 0})
+    end)
+    tensor.save(t, S.tmpdir .. "/t.npy")
+    assert.is_true(tensor.data.load(S.tmpdir .. "/t.npy"):equal(t))
+    nn.save({a = t}, S.tmpdir .. "/t.npz")
+    assert.is_true(tensor.data.load(S.tmpdir .. "/t.npz").a:equal(t))
+  end)
+
+  it("distributions sample in range and with the right frequencies", function()
+    tensor.manual_seed(9)
+    local c = tensor.distributions.Categorical(tensor.tensor({0.1, 0.6, 0.3}))
+    local s = c:sample({4000})
+    assert.are.equal(tensor.int64, s.dtype)
+    assert.is_true(s:min():item() >= 1 and s:max():item() <= 3)
+    local f2 = s:eq(2LL):sum():item() / 4000
+    assert.is_true(math.abs(f2 - 0.6) < 0.04, f2)
+    local logits = tensor.zeros(3, {requires_grad = true})
+    local d = tensor.distributions.Categorical{logits = logits}
+    d:log_prob(tensor.tensor({2LL})):sum():backward()
+    assert.is_true(logits.grad:allclose(tensor.tensor({-1 / 3, 2 / 3, -1 / 3})))
+    local nrm = tensor.distributions.Normal(tensor.tensor({1.0}), tensor.tensor({2.0}))
+    local ns = nrm:sample({5000})
+    assert.is_true(math.abs(ns:mean():item() - 1) < 0.1 and math.abs(ns:std():item() - 2) < 0.1)
+  end)
+end)
+
+describe("nn over rpc", function()
+  it("a module travels by name with its parameters and trains remotely", function()
+    local r = S.world(2, S.prelude .. [[
+      local tensor = require "tensor"
+      local nn = require "nn"
+      Net = nn.Module:extend("Net")
+      function Net:__init() self.conv = nn.Conv2d(1, 2, 3); self.bn = nn.BatchNorm2d(2); self.fc = nn.Linear(8, 3) end
+      function Net:forward(x) return self.fc(self.bn(self.conv(x)):relu():flatten(2)) end
+      function apply(m, x) return m(x), m:state_dict()["bn.running_mean"], tostring(m) end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        tensor.manual_seed(1)
+        local m = Net()
+        local x = tensor.randn(2, 1, 4, 4)
+        local y, rm, s = rpc.rpc_sync("worker1", apply, {m, x})
+        local want = m(x)
+        check("same output", y:allclose(want, 1e-5, 1e-6), tostring(y) .. " vs " .. tostring(want))
+        check("buffers travel", rm:allclose(m.bn.running_mean, 1e-5, 1e-6))
+        check("printed", s:find("(conv): Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1))", 1, true) ~= nil, s)
+        local rr = rpc.remote("worker1", nn.Linear, {4, 2})
+        local out = rr:rpc_sync():forward(tensor.ones(1, 4))
+        check("remote nn.Linear", tostring(out:size()) == "Size([1, 2])", out)
+      end
+      rpc.shutdown()
+    ]], {timeout = 60})
+    assert.are.equal(0, r.status, r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    for _, name in ipairs{"same output", "buffers travel", "printed", "remote nn.Linear"} do
+      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
+    end
+  end)
+end)
