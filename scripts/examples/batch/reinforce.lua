@@ -13,8 +13,8 @@ local rpc = require "rpc"
 local tensor = require "tensor"
 local nn = require "nn"
 local optim = require "optim"
-local shim = require "shim"
 local CartPole = require "cartpole"
+local Categorical = tensor.distributions.Categorical
 
 NUM_STEPS = 500
 AGENT_NAME, OBSERVER_NAME = "agent", "observer%d"
@@ -33,7 +33,7 @@ tensor.manual_seed(args.seed)
 Policy = nn.Module:extend("Policy")
 function Policy:init(batch)
   self.affine1 = nn.Linear(4, 128)
-  self.dropout = shim.Dropout({p = 0.6})
+  self.dropout = nn.Dropout(0.6)
   self.affine2 = nn.Linear(128, 2)
   self:add_module("affine1", self.affine1)
   self:add_module("dropout", self.dropout)
@@ -126,7 +126,7 @@ Agent.select_action_batch = rpc.functions.async_execution(function(agent_rref, o
     -- (the tutorial runs it on states.cuda(), a copy: the states fill again while
     -- the graph keeps this batch)
     local probs = self.policy(self.states:clone())
-    local m = shim.Categorical(probs)
+    local m = Categorical(probs)
     local actions = m:sample()
     self.saved_log_probs[#self.saved_log_probs + 1] = m:log_prob(actions):t()[1]
     local future_actions = self.future_actions
@@ -140,7 +140,7 @@ end)
 function Agent.select_action(agent_rref, ob_id, state)
   local self = agent_rref:local_value()
   local probs = self.policy(state)
-  local m = shim.Categorical(probs)
+  local m = Categorical(probs)
   local action = m:sample()
   table.insert(self.saved_log_probs[ob_id], m:log_prob(action))
   return action:item()

@@ -4,7 +4,8 @@
 -- 2.4 units, reward 1 per step) and CartPole-v1's limit of 500 steps. The RL
 -- examples need an environment and gym is Python: this one has its own random
 -- generator (seeded per environment, like env.seed) so that episodes do not
--- depend on other users of math.random.
+-- depend on other users of math.random. Actions are Lua indices, as
+-- Categorical's samples are: 1 pushes left, 2 pushes right (gym's 0 and 1).
 local tensor = require "tensor"
 
 local CartPole = {}
@@ -48,11 +49,10 @@ function CartPole:reset()
   return self:obs()
 end
 
--- action 0 pushes left, 1 pushes right (gym's Discrete(2)); returns
--- state, reward, done
+-- action 1 pushes left, 2 pushes right; returns state, reward, done
 function CartPole:step(action)
-  assert(action == 0 or action == 1, "CartPole: action must be 0 or 1")
-  local force = action == 1 and FORCE_MAG or -FORCE_MAG
+  assert(action == 1 or action == 2, "CartPole: action must be 1 (left) or 2 (right)")
+  local force = action == 2 and FORCE_MAG or -FORCE_MAG
   local costheta, sintheta = math.cos(self.theta), math.sin(self.theta)
   local temp = (force + POLEMASS_LENGTH * self.theta_dot ^ 2 * sintheta) / TOTAL_MASS
   local thetaacc = (GRAVITY * sintheta - costheta * temp) /

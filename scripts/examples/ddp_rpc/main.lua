@@ -7,16 +7,12 @@
 -- process group of the two trainers); dist_autograd carries the gradients to
 -- both, and a DistributedOptimizer steps the embedding on the server and the
 -- dense part on each trainer. The two DDP replicas must stay bit-identical.
-local here = arg[0]:match("^(.*)/[^/]*$") or "."
-package.path = here .. "/../common/?.lua;" .. package.path
 local rpc = require "rpc"
 local dist = require "dist"
 local tensor = require "tensor"
 local nn = require "nn"
 local optim = require "optim"
 local dist_autograd = require "dist_autograd"
--- nn.EmbeddingBag when this tree has it, else the example's own (common/shim.lua)
-local shim = require "shim"
 
 NUM_EMBEDDINGS, EMBEDDING_DIM = 100, 16
 local epochs = 100
@@ -46,15 +42,16 @@ local function get_next_batch(rank)
     i = i + 1
     if i > 10 then return nil end
     local num_indices = tensor.randint(8, 16, {1}):item()
-    local indices = tensor.randint(0, NUM_EMBEDDINGS, {num_indices})
-    local offsets, start, batch_size = {}, 0, 0
-    while start < num_indices do
+    -- (indices, offsets and classes are Lua indices: 1-based)
+    local indices = tensor.randint(1, NUM_EMBEDDINGS + 1, {num_indices})
+    local offsets, start, batch_size = {}, 1, 0
+    while start <= num_indices do
       offsets[#offsets + 1] = start
       start = start + tensor.randint(1, 10, {1}):item()
       batch_size = batch_size + 1
     end
     local offsets_tensor = tensor.tensor(offsets, {dtype = tensor.int64})
-    local target = tensor.randint(0, 8, {batch_size}) + 1 -- (class indices are 1-based in rpchost's losses)
+    local target = tensor.randint(1, 9, {batch_size})
     return indices, offsets_tensor, target
   end
 end
@@ -99,7 +96,7 @@ assert(world_size == 4, "ddp_rpc runs on 4 ranks: rpchost run --nproc-per-node 4
 if rank == 2 then
   rpc.init_rpc("master", {rank = rank, world_size = world_size})
   tensor.manual_seed(0)
-  local remote_emb_module = rpc.RemoteModule("ps", shim.EmbeddingBag, {NUM_EMBEDDINGS, EMBEDDING_DIM, {mode = "sum"}})
+  local remote_emb_module = rpc.RemoteModule("ps", nn.EmbeddingBag, {NUM_EMBEDDINGS, EMBEDDING_DIM, {mode = "sum"}})
   local futs = {}
   for trainer_rank = 0, 1 do
     futs[#futs + 1] = rpc.rpc_async("trainer" .. trainer_rank, _run_trainer, {remote_emb_module, trainer_rank})

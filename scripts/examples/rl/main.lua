@@ -11,8 +11,8 @@ local rpc = require "rpc"
 local tensor = require "tensor"
 local nn = require "nn"
 local optim = require "optim"
-local shim = require "shim"
 local CartPole = require "cartpole"
+local Categorical = tensor.distributions.Categorical
 local RRef, rpc_sync, rpc_async, remote = rpc.RRef, rpc.rpc_sync, rpc.rpc_async, rpc.remote
 
 local args = {gamma = 0.99, seed = 543, log_interval = 10, episodes = 1000, threshold = 195, quiet = false}
@@ -39,7 +39,7 @@ end
 Policy = nn.Module:extend("Policy")
 function Policy:init()
   self.affine1 = nn.Linear(4, 128)
-  self.dropout = shim.Dropout({p = 0.6})
+  self.dropout = nn.Dropout(0.6)
   self.affine2 = nn.Linear(128, 2)
   self:add_module("affine1", self.affine1)
   self:add_module("dropout", self.dropout)
@@ -99,7 +99,7 @@ end
 function Agent:select_action(ob_id, state)
   state = state:float():unsqueeze(1)
   local probs = self.policy(state)
-  local m = shim.Categorical(probs)
+  local m = Categorical(probs)
   local action = m:sample()
   table.insert(self.saved_log_probs[ob_id], m:log_prob(action))
   return action[1]:item()
