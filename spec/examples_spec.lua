@@ -56,6 +56,12 @@ describe("examples", function()
     assert.is_true(tonumber(last) < tonumber(first), out)
   end)
 
+  it("rnn: embedding and decoder on the server (RemoteModules), the LSTM on the trainer; the loss falls", function()
+    local out = example(2, "rnn/main.lua", {"--epochs", "30"})
+    local first, last = out:match("first_loss ([%d%.]+)  last_loss ([%d%.]+)")
+    assert.is_true(tonumber(last) < tonumber(first) - 0.005, out)
+  end)
+
   it("rl: the agent trains on the observers' CartPoles", function()
     local out = example(3, "rl/main.lua", {"--episodes", "5", "--quiet"})
     local eps, rr = out:match("episodes (%d+)  running_reward ([%d%.]+)")

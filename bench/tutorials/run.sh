@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 RPCHOST=${RPCHOST:-build/rpchost}
 PY=/usr/bin/python3
 quick=0; [ "${1:-}" = "--quick" ] && quick=1
-if [ $quick = 1 ]; then RL_EP=20; BR_EP=2; PS_B=10; DDP_E=10; PS_E=2; else RL_EP=1000; BR_EP=10; PS_B=60; DDP_E=100; PS_E=20; fi
+if [ $quick = 1 ]; then RL_EP=20; BR_EP=2; PS_B=10; DDP_E=10; PS_E=2; RNN_E=10; else RL_EP=1000; BR_EP=10; PS_B=60; DDP_E=100; PS_E=20; RNN_E=100; fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # run NAME SIDE COMMAND...: the summary line (last line starting with a key) and peak RSS
@@ -28,6 +28,8 @@ echo "| example | side | result | peak RSS (largest rank) |"
 echo "|---|---|---|---|"
 run parameter_server rpchost $RPCHOST run --nproc-per-node 2 scripts/examples/parameter_server/main.lua --epochs $PS_E
 run parameter_server pytorch $PY bench/tutorials/parameter_server.py --world-size 2 --epochs $PS_E
+run rnn rpchost $RPCHOST run --nproc-per-node 2 scripts/examples/rnn/main.lua --epochs $RNN_E
+run rnn pytorch $PY bench/tutorials/rnn.py --epochs $RNN_E
 run rl rpchost $RPCHOST run --nproc-per-node 3 scripts/examples/rl/main.lua --episodes $RL_EP --quiet
 run rl pytorch $PY bench/tutorials/rl.py --world-size 3 --episodes $RL_EP
 for b in "" --no-batch; do
