@@ -57,9 +57,9 @@ describe("examples", function()
   end)
 
   it("rnn: embedding and decoder on the server (RemoteModules), the LSTM on the trainer; the loss falls", function()
-    local out = example(2, "rnn/main.lua", {"--epochs", "30"})
+    local out = example(2, "rnn/main.lua", {"--epochs", "100"}) -- (a plateau first: about 1.5 s)
     local first, last = out:match("first_loss ([%d%.]+)  last_loss ([%d%.]+)")
-    assert.is_true(tonumber(last) < tonumber(first) - 0.005, out)
+    assert.is_true(tonumber(last) < tonumber(first) - 0.1, out)
   end)
 
   it("rl: the agent trains on the observers' CartPoles", function()
