@@ -62,6 +62,16 @@ describe("examples", function()
     assert.is_true(tonumber(last) < tonumber(first) - 0.1, out)
   end)
 
+  it("pipeline: a narrow ResNet50 in two shards trains on micro-batches through RRefs and rpc_async", function()
+    local out = example(3, "pipeline/main.lua", {"--batch-size", "8", "--image-size", "32", "--width", "4",
+      "--num-classes", "10", "--num-batches", "2", "--split-sizes", "8,2"})
+    assert.truthy(out:find("split_size 8  micro_batches 1 ", 1, true), out)
+    assert.truthy(out:find("split_size 2  micro_batches 4 ", 1, true), out)
+    local n = 0
+    for _ in out:gmatch("finite true") do n = n + 1 end
+    assert.are.equal(2, n, out)
+  end)
+
   it("rl: the agent trains on the observers' CartPoles", function()
     local out = example(3, "rl/main.lua", {"--episodes", "5", "--quiet"})
     local eps, rr = out:match("episodes (%d+)  running_reward ([%d%.]+)")
