@@ -62,7 +62,8 @@ for i = 2, #arg do
   end
 end
 
-dist.init_process_group{backend = "gloo"}
+-- (BENCH_BACKEND=mpi measures the mpi backend, under mpirun: bench/mpi_bench.py)
+dist.init_process_group{backend = os.getenv("BENCH_BACKEND") or "gloo"}
 local rank, world = dist.get_rank(), dist.get_world_size()
 local out = {("RESULT world_size %d"):format(world)}
 

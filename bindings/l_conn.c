@@ -527,6 +527,7 @@ static int l_sweep_sockets(lua_State *L) {
     return 1;
   }
   time_t now = time(NULL);
+  uid_t me = getuid();
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     size_t n = strlen(e->d_name);
@@ -536,7 +537,7 @@ static int l_sweep_sockets(lua_State *L) {
     a.sun_family = AF_UNIX;
     if ((size_t)snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, e->d_name) >= sizeof a.sun_path) continue;
     struct stat st;
-    if (lstat(a.sun_path, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != getuid()) continue;
+    if (lstat(a.sun_path, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != me) continue;
     if (difftime(now, st.st_mtime) < min_age) continue;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) break;

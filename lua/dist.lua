@@ -3,7 +3,8 @@
 -- and init_rpc pointed at one address share one store connection); collectives
 -- travel between the group's ranks on rpchost's own transport, through an agent
 -- of their own, so they and RPC run side by side on one rank without blocking
--- each other. The algorithms are in rpchost.collectives.
+-- each other. The algorithms are in rpchost.collectives. The "mpi" backend
+-- (rpchost.mpi_group) runs them through the host's MPI library instead.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local codec = require "rpchost.codec"
@@ -14,6 +15,7 @@ local log = require "rpchost.log"
 local agentmod = require "rpchost.agent"
 local collectives = require "rpchost.collectives"
 local nccl_group = require "rpchost.nccl_group"
+local mpi_group = require "rpchost.mpi_group"
 local Future = require "rpchost.future"
 
 local dist = {}
@@ -22,7 +24,7 @@ local state = nil -- {rank, world_size, backend, host, port, store, key, prefix,
 
 dist.ReduceOp = {SUM = "SUM", PRODUCT = "PRODUCT", MIN = "MIN", MAX = "MAX", AVG = "AVG"}
 
-local BACKENDS = {gloo = "gloo", tcp = "gloo", nccl = "nccl"}
+local BACKENDS = {gloo = "gloo", tcp = "gloo", nccl = "nccl", mpi = "mpi"}
 
 -- the process group's agent (specs and tools look at its connections)
 function dist._agent() return state and state.agent end
@@ -56,6 +58,17 @@ local function nccl_device(o)
   return (env.local_rank() or 0) % n
 end
 
+-- backend "mpi": rank and size from MPI, collectives through it (rpchost.mpi_group);
+-- no agent of its own (MPI carries the collectives)
+local function init_mpi(o)
+  local timeout = env.init_timeout(o.timeout)
+  local w = mpi_group.init_world(o, timeout)
+  state = {rank = w.rank, world_size = w.world_size, backend = "mpi", host = w.host, port = w.port,
+           store = w.store, key = w.key, prefix = w.prefix, timeout = timeout, groups = 0, group = w.group,
+           nccl_groups = {}}
+  log.debug("process group ready: rank %d of %d (mpi)", w.rank, w.world_size)
+end
+
 -- init_process_group{backend=, init_method=, rank=, world_size=, timeout=, device_id=}
 function dist.init_process_group(o, ...)
   if type(o) == "string" then o = {backend = o, init_method = (select(1, ...))} end
@@ -63,8 +76,10 @@ function dist.init_process_group(o, ...)
   if state then cfg("init_process_group: the default process group is already initialised") end
   local backend = BACKENDS[o.backend or "gloo"]
   if not backend then
-    cfg("init_process_group: unknown backend '%s' (use \"gloo\", \"tcp\" or \"nccl\")", tostring(o.backend))
+    cfg("init_process_group: unknown backend '%s' (use \"gloo\", \"tcp\", \"nccl\" or \"mpi\")",
+      tostring(o.backend))
   end
+  if backend == "mpi" then return init_mpi(o) end
   local device
   if backend == "nccl" then device = nccl_device(o) end
   local rank = o.rank
@@ -143,7 +158,12 @@ function dist.destroy_process_group(group)
   local ok, err = true, nil
   if s.group.check_leftovers then ok, err = pcall(s.group.check_leftovers, s.group) end
   for _, g in ipairs(s.nccl_groups) do g:abort() end
-  s.agent:close("the process group was destroyed")
+  if s.backend == "mpi" then
+    for _, g in ipairs(s.mpi_groups or {}) do g:free() end
+    s.group:free()
+  else
+    s.agent:close("the process group was destroyed")
+  end
   store.release(s.key)
   if not ok then error(err, 0) end
 end
@@ -194,6 +214,14 @@ function dist.new_group(ranks, opts)
   end
   table.sort(sorted)
   local timeout = opts and opts.timeout or s.timeout
+  if s.backend == "mpi" then
+    -- (MPI makes a communicator with every rank of the world taking part)
+    local g = s.group:split(s.groups, sorted, timeout)
+    if not g then return setmetatable({ranks = sorted}, NonMember) end
+    s.mpi_groups = s.mpi_groups or {}
+    s.mpi_groups[#s.mpi_groups + 1] = g
+    return g
+  end
   for i, r in ipairs(sorted) do
     if r == s.rank then return make_group(s, s.groups, sorted, i - 1, timeout) end
   end
@@ -209,7 +237,7 @@ local function group_of(opts, what)
     cfg("%s: rank %d is not a member of this group (ranks %s)", what, s.rank, table.concat(g.ranks, ", "))
   end
   local mt = getmetatable(g)
-  if mt ~= collectives.Group and mt ~= nccl_group.Group then cfg("%s: group must come from dist.new_group", what) end
+  if mt ~= collectives.Group and mt ~= nccl_group.Group and mt ~= mpi_group.Group then cfg("%s: group must come from dist.new_group", what) end
   return g
 end
 

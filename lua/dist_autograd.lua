@@ -38,9 +38,29 @@ local function my_rank()
   return a.rank
 end
 
+-- The ids released here, the last RELEASED_KEPT of them: a message that arrives
+-- for one (a call made by a task that outlived its context, one that overtook
+-- the release) is refused instead of creating the context again, which nothing
+-- would ever release. A ring, so the memory this takes is bounded.
+local RELEASED_KEPT = 65536
+local released, released_ring, released_at = {}, {}, 0
+local function mark_released(id)
+  if released[id] then return end
+  released_at = released_at % RELEASED_KEPT + 1
+  local old = released_ring[released_at]
+  if old ~= nil then released[old] = nil end
+  released_ring[released_at], released[id] = id, true
+end
+
 local function get(id, create)
   local c = contexts[id]
   if not c and create then
+    if released[id] then
+      -- (a plain string: the codec prefixes it with where in the message it was)
+      error(("autograd context %s was already released on this worker: a call or a tensor was sent in it " ..
+        "after its end (keep the work that uses a context inside dist_autograd.context, or before finish)"):format(
+        tostring(id)), 0)
+    end
     c = {id = id, sends = {}, nsend = 0, grads = {}, peers = {}}
     contexts[id] = c
   end
@@ -81,6 +101,7 @@ end
 
 -- drops the context here and tells the workers it knows (but `from`)
 local function release(id, from)
+  mark_released(id)
   local c = contexts[id]
   if not c then return false end
   contexts[id] = nil
@@ -138,7 +159,10 @@ codec.ag_register = function(id, t)
 end
 
 -- a call made inside context `id` goes to worker `dest`: the release must reach it
+-- (a call without tensors that require grad, made in a context already released
+-- here, carries nothing that needs it: the context is not made again for it)
 codec.ag_touch = function(id, dest)
+  if released[id] and not contexts[id] then return end
   local c = get(id, true)
   c.peers[dest] = true
 end

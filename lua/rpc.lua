@@ -610,14 +610,14 @@ local function until_idle(a, deadline, started)
 end
 
 -- Graceful shutdown, PyTorch's join: in rounds, each worker waits until it is
--- idle, then publishes how many calls it has made to and taken from the other
--- ranks so far. A worker is idle only when none of its calls is in flight, so
--- new work can start after a worker reported only from a worker that had not
--- reported yet, and it moves that worker's counts. When a round's counts are
--- those of the round before for every worker, nothing happened in between: all
--- may close. (Counts are compared per worker with its own earlier report, not
--- summed: a rank that restarted, or calls lost with a dead incarnation, would
--- never balance.) No time limit unless one is given.
+-- idle, then adds how many calls it has made to and taken from the other ranks
+-- so far to the round's total at the store. A worker is idle only when none of
+-- its calls is in flight, so new work can start after a worker reported only
+-- from a worker that had not reported yet, and it moves that worker's counts.
+-- Every count only grows, so when a round's total is the round before's,
+-- nothing happened in between: all may close. (Made and taken are not compared
+-- with each other: calls lost with a rank that died and restarted would never
+-- balance.) No time limit unless one is given.
 local function graceful_join(a, timeout)
   local start = sched.now()
   local deadline = timeout and start + timeout or nil
@@ -639,7 +639,12 @@ local function graceful_join(a, timeout)
       if had then rref.release_all() end
     until not had and a:idle()
     local st = a.stats
-    a.store:set(("%ssd/%d/%d"):format(P, round, a.rank), st.world_out .. "," .. st.world_in)
+    -- the world's count of calls made and taken so far is summed at the store
+    -- (each rank reading every rank's counters made shutdown's store traffic
+    -- grow with N^2); the rank's own key, set after its add, says it is here
+    local R = ("%ssd/%d/"):format(P, round)
+    a.store:add(R .. "calls", st.world_out + st.world_in)
+    a.store:set(R .. a.rank, "1")
     local keys = {}
     for r = 0, a.world_size - 1 do keys[#keys + 1] = ("%ssd/%d/%d"):format(P, round, r) end
     a.store:wait_verbose(keys, left(), nil, function(miss)
@@ -657,13 +662,9 @@ local function graceful_join(a, timeout)
         end
       end
     end)
-    local now = a.store:multi_get(keys)
-    local same = prev ~= nil
-    for i = 1, #keys do
-      if not prev or prev[i] ~= now[i] then same = false end
-    end
-    if same then break end
-    prev = now
+    local total = tonumber(a.store:get(R .. "calls"))
+    if total == prev then break end
+    prev = total
   end
   a.store:set(P .. "shutdown/" .. a.rank, "1")
 end

@@ -225,6 +225,86 @@ describe("autograd on deep graphs", function()
   end)
 end)
 
+describe("autograd gradients of pieces", function()
+  -- counts the full-size tensors (numel of x) that core entry points create while fn runs
+  local core = require "rpchost.core"
+  local function full_size_allocations(numel, fn)
+    local names, saved, count = {"t_full", "t_binary", "t_clone", "t_contiguous", "t_copy"}, {}, 0
+    for _, k in ipairs(names) do
+      local f = core[k]
+      if f then
+        saved[k] = f
+        core[k] = function(...)
+          local r = f(...)
+          -- a result that is not one of the arguments is a new tensor
+          local new = core.t_is_tensor(r)
+          for i = 1, select("#", ...) do if rawequal(r, (select(i, ...))) then new = false end end
+          if new and core.t_numel(r) == numel then count = count + 1 end
+          return r
+        end
+      end
+    end
+    local ok, err = pcall(fn)
+    for k, f in pairs(saved) do core[k] = f end
+    assert(ok, err)
+    return count
+  end
+
+  it("gathers the gradients of many slices into one buffer per input", function()
+    local x = leaf(200, 50)
+    local w = tensor.randn({200, 50}, f64)
+    local loss = nil
+    for i = 1, 200, 2 do
+      local s = (x:narrow(1, i, 1) * w:narrow(1, i, 1)):sum() + (x[i + 1] * w[i + 1]):sum()
+        + (x[{i, {1, 10}}] * 2):sum()
+      loss = loss and loss + s or s
+    end
+    local n = full_size_allocations(200 * 50, function() loss:backward() end)
+    -- one buffer, and the sink's copy of it into .grad
+    assert.is_true(n <= 2, ("%d full-size tensors allocated by backward"):format(n))
+    local expect = w:clone()
+    expect[{{}, {1, 10}}] = expect[{{}, {1, 10}}] + tensor.full({200, 10}, 2, f64)
+    for i = 2, 200, 2 do
+      expect[{i, {1, 10}}] = w[{i, {1, 10}}]
+    end
+    assert.is_true(close(x.grad, expect))
+  end)
+
+  it("does the same for index_select and gather, also into a non-leaf and with other gradients", function()
+    local x = leaf(300, 4)
+    local y = x * 3
+    local loss, yf = y:sum(), y:view(-1)
+    for i = 1, 30 do
+      loss = loss + y:index_select(1, tensor.tensor({i, i + 1, 5}):long()):sum()
+        + yf:gather(1, tensor.tensor({i * 4, 7}):long()):sum()
+    end
+    local n = full_size_allocations(300 * 4, function() loss:backward() end)
+    -- (per input, not per piece: y's and yf's buffers, view's and mul's results, .grad)
+    assert.is_true(n <= 6, ("%d full-size tensors allocated by backward"):format(n))
+    -- the same gradient through one-process autograd without pieces: numbers
+    local counts = {}
+    for r = 1, 300 do counts[r] = {1, 1, 1, 1} end
+    for i = 1, 30 do
+      for _, r in ipairs({i, i + 1, 5}) do for c = 1, 4 do counts[r][c] = counts[r][c] + 1 end end
+      for _, f in ipairs({i * 4, 7}) do
+        local r, c = math.floor((f - 1) / 4) + 1, (f - 1) % 4 + 1
+        counts[r][c] = counts[r][c] + 1
+      end
+    end
+    assert.is_true(close(x.grad, tensor.tensor(counts, f64) * 3))
+  end)
+
+  it("never writes into a gradient that a backward passed on to another input", function()
+    local x, z = leaf(4), leaf(4)
+    -- add's backward hands the same gradient to both inputs; pieces then land on x only
+    local s = x + z
+    local loss = (s * 1):sum() + x:narrow(1, 1, 2):sum() + x[4]
+    loss:backward()
+    assert.is_true(close(x.grad, vals(2, 2, 1, 2)))
+    assert.is_true(close(z.grad, vals(1, 1, 1, 1)))
+  end)
+end)
+
 describe("autograd gradient mode", function()
   local function run_tasks(fns)
     local left = #fns

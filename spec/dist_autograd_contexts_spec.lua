@@ -214,4 +214,97 @@ describe("distributed autograd contexts", function()
          "empty roots", "nested context", "nested begin", "reached worker has the context",
          "released context is unknown", "context after errors"})
   end)
+
+  it("run many RRef backwards at once on a worker with few handler slots", function()
+    run(3, [==[
+      function make_loss(x) return rpc.rpc_sync("w2", layer, {x:matmul(W)}):sum() end
+      local opts = {rank = rank, world_size = world_size}
+      -- w1 has two handler slots; six backwards at once each need one there again
+      -- (their gradients come back to w1 from w2) while they run
+      if rank == 1 then opts.rpc_backend_options = rpc.TensorPipeRpcBackendOptions{num_worker_threads = 2} end
+      rpc.init_rpc("w" .. rank, opts)
+      if rank == 0 then
+        rpc.rpc_sync("w1", make_w, {1})
+        rpc.rpc_sync("w2", make_w, {2})
+        local N = 6
+        local xs, results, left = {}, {}, N
+        for i = 1, N do xs[i] = tensor.randn(2, 3, f64g) end
+        for i = 1, N do
+          sched.spawn(function()
+            local ok, err = pcall(dist_autograd.context, function(ctx)
+              local r = rpc.remote("w1", make_loss, {xs[i]})
+              r:backward(ctx)
+              results[i] = dist_autograd.get_gradients(ctx)[xs[i]]
+            end)
+            if not ok then results[i] = message(err) end
+            left = left - 1
+          end)
+        end
+        local deadline = sched.now() + 20
+        while left > 0 and sched.now() < deadline do sched.sleep(0.01) end
+        check("all finished", left == 0, left)
+        tensor.manual_seed(1)
+        local W1 = tensor.randn(3, 3, {dtype = tensor.float64})
+        tensor.manual_seed(2)
+        local W2 = tensor.randn(3, 3, {dtype = tensor.float64})
+        local bad = {}
+        for i = 1, N do
+          local x = xs[i]:detach():clone()
+          x.requires_grad = true
+          x:matmul(W1):matmul(W2):tanh():sum():backward()
+          if left == 0 and not (tensor.is_tensor(results[i]) and close(results[i], x.grad)) then
+            bad[#bad + 1] = i .. ": " .. tostring(results[i])
+          end
+        end
+        check("gradients as in one process", left == 0 and #bad == 0, table.concat(bad, "; "))
+        if left > 0 then os.exit(1) end -- the backwards that hang would keep shutdown waiting
+      end
+      rpc.shutdown()
+    ]==], {"all finished", "gradients as in one process"})
+  end)
+
+  it("refuse a message for a context released before it arrived", function()
+    run(3, [==[
+      function contexts_here() return require("dist_autograd")._count() end
+      -- w1 opens a context, reaches w2 with it, and releases it
+      function open_and_release()
+        local id = dist_autograd.begin()
+        rpc.rpc_sync("w2", layer, {tensor.ones(1, 3, f64g)})
+        dist_autograd.finish(id)
+        return id
+      end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        rpc.rpc_sync("w1", make_w, {1})
+        rpc.rpc_sync("w2", make_w, {2})
+        local id = rpc.rpc_sync("w1", open_and_release)
+        local deadline = sched.now() + 10
+        while rpc.rpc_sync("w2", contexts_here) ~= 0 and sched.now() < deadline do sched.sleep(0.01) end
+        check("released on w2", rpc.rpc_sync("w2", contexts_here) == 0)
+        -- a late message in that context (this worker never saw its release)
+        local task = sched.current()
+        task.ag_ctx = id
+        local failed, e = raises(rpc.rpc_sync, "w2", layer, {tensor.ones(1, 3, f64g)})
+        task.ag_ctx = nil
+        check("the receiver refuses it", failed and message(e):find("already released", 1, true), message(e))
+        check("and does not make the context again", rpc.rpc_sync("w2", contexts_here) == 0,
+          rpc.rpc_sync("w2", contexts_here))
+        dist_autograd.finish(id) -- the one the send made here
+        -- a task that outlived its own context: refused where it runs
+        local mine = dist_autograd.begin()
+        rpc.rpc_sync("w1", layer, {tensor.ones(1, 3, f64g)})
+        dist_autograd.finish(mine)
+        task.ag_ctx = mine
+        failed, e = raises(rpc.rpc_sync, "w1", layer, {tensor.ones(1, 3, f64g)})
+        task.ag_ctx = nil
+        check("the sender refuses it", failed and message(e):find("already released", 1, true), message(e))
+        check("none left here", dist_autograd._count() == 0, dist_autograd._count())
+        deadline = sched.now() + 10
+        while rpc.rpc_sync("w1", contexts_here) ~= 0 and sched.now() < deadline do sched.sleep(0.01) end
+        check("none left on w1", rpc.rpc_sync("w1", contexts_here) == 0, rpc.rpc_sync("w1", contexts_here))
+      end
+      rpc.shutdown()
+    ]==], {"released on w2", "the receiver refuses it", "and does not make the context again",
+         "the sender refuses it", "none left here", "none left on w1"})
+  end)
 end)

@@ -80,7 +80,11 @@ function C:listen_local()
     log.debug("no Unix-domain socket: %s", tostring(why))
     return
   end
-  core.sweep_sockets(dir) -- (files left by killed ranks: nobody listens on them)
+  -- files left by killed ranks (nobody listens on them): swept by a world's
+  -- rank 0 (and by members without a rank), not by every rank, since a sweep
+  -- looks at every socket in the directory, all the world's among them: done
+  -- by each of N ranks it cost N^2 stat calls and connects at start-up
+  if self.rank == nil or self.rank == 0 then core.sweep_sockets(dir) end
   local path = ("%s/%d.sock"):format(dir, self.port)
   local l, err = core.listen("unix:" .. path, 0, listener_callbacks(self))
   if not l then

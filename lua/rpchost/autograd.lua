@@ -175,6 +175,14 @@ local function check_saved(node)
   end
 end
 
+-- Whether an op on a (and b) is recorded now: callers check it before building
+-- the inputs table and the backward closure, so an op that records nothing
+-- allocates nothing for autograd.
+function M.wants(a, b)
+  if slot().grad_enabled == false then return false end
+  return (a ~= nil and is_t(a) and requires(a)) or (b ~= nil and is_t(b) and requires(b)) or false
+end
+
 -- Makes `out` the result of node (name, inputs, backward) when recording applies.
 -- inputs: the op's inputs (a sequence; `n` counts it when it has holes; entries
 -- that are not tensors requiring grad get no gradient). backward(g) returns one
@@ -220,16 +228,55 @@ local function default_sink(t, g)
   end
 end
 
-local function add_into(pending, e, nr, g)
+-- A piece of a gradient. The backward of an op that reads a part of its input
+-- (narrow, select, slices, index_select, gather) returns M.piece(a, g, add)
+-- instead of a tensor of a's shape that is zero outside the part: add(buf) adds
+-- the part's gradient into buf (a's shape, owned by the engine) in place. The
+-- engine keeps one such buffer per input (node or leaf) that pieces reach,
+-- allocated and zero-filled once, so a backward through many slices of one
+-- tensor costs one full-size tensor, not one per slice.
+local Piece = {}
+Piece.__index = Piece
+function M.piece(a, g, add)
+  return setmetatable({sizes = core.t_size(a), dtype = core.t_dtype(g), device = core.t_device(g), add = add}, Piece)
+end
+local function is_piece(v) return getmetatable(v) == Piece end
+M.is_piece = is_piece
+
+-- Adds gradient g (a tensor or a piece) into tbl[k]. owned: the tensors this
+-- pass allocated that nothing else refers to yet; only those are added into in
+-- place (a gradient a backward returned may also be another input's, or the
+-- caller's).
+local function accumulate(tbl, k, g, owned)
+  local prev = tbl[k]
+  if is_piece(g) then
+    if prev == nil then
+      prev = core.t_full(g.dtype, g.sizes, 0, g.device)
+      owned[prev] = true
+    elseif not owned[prev] then
+      prev = core.t_clone(prev)
+      owned[prev] = true
+    end
+    g.add(prev)
+    tbl[k] = prev
+  elseif prev == nil then
+    tbl[k] = g
+  elseif owned[prev] and core.t_dtype(prev) == core.t_dtype(g) then
+    core.t_binary(0, prev, g, prev)
+  else
+    local r = core.t_binary(0, prev, g)
+    owned[r] = true
+    tbl[k] = r
+  end
+end
+
+local function add_into(pending, e, nr, g, owned)
   if e.nout then -- a node with several outputs gets one gradient per output
     local slots = pending[e]
     if not slots then slots = {}; pending[e] = slots end
-    local k = nr or 1
-    local prev = slots[k]
-    slots[k] = prev and core.t_binary(0, prev, g) or g
+    accumulate(slots, nr or 1, g, owned)
   else
-    local prev = pending[e]
-    pending[e] = prev and core.t_binary(0, prev, g) or g
+    accumulate(pending, e, g, owned)
   end
 end
 
@@ -312,6 +359,7 @@ function M.backward(root, grad, retain_graph, sink)
   local pass = {callbacks = {}, sink = sink}
   task.ag_pass, task.grad_enabled = pass, false
   local ok, err = pcall(function()
+    local owned, leaf_pieces = {}, {}
     local ready, rn = {fn}, 1
     while rn > 0 do
       local node = ready[rn]
@@ -319,6 +367,10 @@ function M.backward(root, grad, retain_graph, sink)
       rn = rn - 1
       local g = pending[node]
       pending[node] = nil
+      -- from here on the backward may keep or pass on g: no more writes into it
+      if g ~= nil then
+        if node.nout then for _, gk in pairs(g) do owned[gk] = nil end else owned[g] = nil end
+      end
       local edges, nrs = node.edges, node.nrs
       local grads = nil
       if g ~= nil then
@@ -334,7 +386,7 @@ function M.backward(root, grad, retain_graph, sink)
           if e then
             local gi = grads and grads[i]
             if type(e) == "table" then
-              if gi ~= nil then add_into(pending, e, nrs and nrs[i], gi) end
+              if gi ~= nil then add_into(pending, e, nrs and nrs[i], gi, owned) end
               local d = deps[e] - 1
               deps[e] = d
               if d == 0 then
@@ -342,10 +394,18 @@ function M.backward(root, grad, retain_graph, sink)
                 ready[rn] = e
               end
             else
-              if gi ~= nil then sink(e, gi) end
+              if gi ~= nil then
+                -- pieces for a leaf gather in one buffer, which the sink gets once
+                if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi) end
+              end
               local left = leaf_edges[e] - 1
               leaf_edges[e] = left
               if left == 0 then
+                local pg = leaf_pieces[e]
+                if pg ~= nil then
+                  leaf_pieces[e], owned[pg] = nil, nil
+                  sink(e, pg)
+                end
                 local ls = get_state(e)
                 local hooks = ls and ls.final_hooks
                 if hooks then for _, h in ipairs(hooks) do h(e) end end
@@ -474,15 +534,21 @@ end
 -- saves(a, b, out, ra, rb) -> the tensors the two derivatives read, given which
 -- inputs need a gradient (ra, rb): a weight used with an input that needs none
 -- is not saved, so changing it in place later (an optimizer step) is no error
+-- (the recording halves are functions of their own: a function that makes a
+-- closure is not compiled by LuaJIT, and the no-grad path must stay compiled)
+local function record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
+  return M.record(out, name, {n = 2, ra and a or nil, rb and b or nil}, function(g)
+    return ra and grad_for(dfa(g, a, b, out), a) or nil, rb and grad_for(dfb(g, a, b, out), b) or nil
+  end, saves(a, b, out, ra, rb))
+end
+
 local function install_binary(name, fwd, dfa, dfb, saves)
   local f = function(a, b, opts)
     local out = fwd(a, b, opts)
-    if not M.enabled() then return out end
+    if slot().grad_enabled == false then return out end
     local ra, rb = req(a), req(b)
     if not (ra or rb) then return out end
-    return M.record(out, name, {n = 2, ra and a or nil, rb and b or nil}, function(g)
-      return ra and grad_for(dfa(g, a, b, out), a) or nil, rb and grad_for(dfb(g, a, b, out), b) or nil
-    end, saves(a, b, out, ra, rb))
+    return record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
   end
   tensor[name] = f
   methods[name] = f
@@ -491,18 +557,22 @@ end
 -- saves(a, out): what df reads ({} when only shapes); view: the result shares
 -- a's elements (an in-place change of it is refused: it would bypass a's history)
 local NOTHING = {n = 0}
+local function record_unary(name, df, saves, view, out, a, ...)
+  local args = table.pack(...)
+  M.record(out, name, {n = 1, a}, function(g) return df(g, a, out, unpack(args, 1, args.n)) end,
+    saves and saves(a, out) or NOTHING)
+  if view then M.mark_view(out, a) end
+  return out
+end
+
 local function install_unary(name, fwd, df, saves, view)
   local f = function(a, ...)
     local out = fwd(a, ...)
     -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
     -- what was asked) returns the input itself: recording a node on it would
     -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
-    if rawequal(out, a) or not M.enabled() or not requires(a) then return out end
-    local args = table.pack(...)
-    M.record(out, name, {n = 1, a}, function(g) return df(g, a, out, unpack(args, 1, args.n)) end,
-      saves and saves(a, out) or NOTHING)
-    if view then M.mark_view(out, a) end
-    return out
+    if rawequal(out, a) or slot().grad_enabled == false or not requires(a) then return out end
+    return record_unary(name, df, saves, view, out, a, ...)
   end
   methods[name] = f
   if tensor[name] then tensor[name] = f end
@@ -588,27 +658,32 @@ function M.install(t_module)
   end, nil, true)
   install_unary("squeeze", orig.squeeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
   install_unary("unsqueeze", orig.unsqueeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
-  -- pieces of a tensor: the gradient lands in the same piece of zeros
-  local function into_zeros(a, piece_of)
+  -- pieces of a tensor: the gradient is added into the same piece of the
+  -- input's gradient buffer (M.piece: one buffer for all the pieces)
+  local function into_piece(a, piece_of)
     return function(g)
-      local z = core.t_full(core.t_dtype(g), sizes(a), 0, core.t_device(g))
-      core.t_copy_(piece_of(z), g)
-      return z
+      return M.piece(a, g, function(buf)
+        local v = piece_of(buf)
+        core.t_binary(0, v, g, v)
+      end)
     end
   end
   methods.narrow = function(a, d, start, length)
     local out = orig.narrow(a, d, start, length)
-    M.record(out, "narrow", {n = 1, a}, into_zeros(a, function(z) return orig.narrow(z, d, start, length) end), NOTHING)
+    if not M.enabled() or not requires(a) then return out end
+    M.record(out, "narrow", {n = 1, a}, into_piece(a, function(z) return orig.narrow(z, d, start, length) end), NOTHING)
     return M.mark_view(out, a)
   end
   methods.select = function(a, d, i)
     local out = orig.select(a, d, i)
-    M.record(out, "select", {n = 1, a}, into_zeros(a, function(z) return orig.select(z, d, i) end), NOTHING)
+    if not M.enabled() or not requires(a) then return out end
+    M.record(out, "select", {n = 1, a}, into_piece(a, function(z) return orig.select(z, d, i) end), NOTHING)
     return M.mark_view(out, a)
   end
   methods._slice = function(a, d0, first, stop, step)
     local out = core.t_slice(a, d0, first, stop, step)
-    M.record(out, "slice", {n = 1, a}, into_zeros(a, function(z) return core.t_slice(z, d0, first, stop, step) end),
+    if not M.enabled() or not requires(a) then return out end
+    M.record(out, "slice", {n = 1, a}, into_piece(a, function(z) return core.t_slice(z, d0, first, stop, step) end),
       NOTHING)
     return M.mark_view(out, a)
   end
@@ -762,10 +837,7 @@ function M.install(t_module)
   -- outside the piece and to v inside it
   local T = core.t_metatable()
   local plain_newindex, index = T.__newindex, T.__index
-  T.__newindex = function(t, k, v)
-    if type(k) == "string" or not M.enabled() or not (requires(t) or requires(v)) then
-      return plain_newindex(t, k, v)
-    end
+  local function record_newindex(t, k, v)
     check_inplace(t, "index assignment")
     local old = alias_of(t)
     M.no_grad(plain_newindex, t, k, v) -- bumps t's version
@@ -780,6 +852,12 @@ function M.install(t_module)
       end
       return gt, gv
     end, NOTHING)
+  end
+  T.__newindex = function(t, k, v)
+    if type(k) == "string" or slot().grad_enabled == false or not (requires(t) or requires(v)) then
+      return plain_newindex(t, k, v)
+    end
+    return record_newindex(t, k, v)
   end
 
   -- the tensor module's autograd surface

@@ -523,16 +523,35 @@ end
 
 -- backward([ctx_id], [retain_graph]): distributed backward rooted at the value
 -- (local autograd on the owner without a context id)
-function M.backward_here(r, ctx_id, retain_graph)
+local function backward_local(r, ctx_id, retain_graph)
   local v = r:local_value()
   if ctx_id then require("dist_autograd").backward(ctx_id, {v}, retain_graph)
   else v:backward(nil, retain_graph) end
   return true
 end
 
+-- The request handler for a remote caller: it answers with a Future and the
+-- backward runs in a task of its own. A distributed backward waits on other
+-- workers, whose gradients come back to this one as requests; holding a handler
+-- slot (num_worker_threads) while waiting would let many backwards at once take
+-- every slot and wait for each other (dist_autograd._propagate does the same).
+function M.backward_here(r, ctx_id, retain_graph)
+  local fut = Future.new("rref backward")
+  -- the call's dist_autograd context (a worker reached by a call made inside it has it)
+  local ctx = sched.current() and sched.current().ag_ctx
+  sched.spawn(function()
+    sched.current().ag_ctx = ctx
+    local ok, err = pcall(backward_local, r, ctx_id, retain_graph)
+    if ok then fut:set_result(true) else fut:set_error(agent:remote_error(err)) end
+  end, {name = "rref backward"})
+  return fut
+end
+
+agentmod.async_functions[M.backward_here] = true
+
 function RRef:backward(ctx_id, retain_graph)
   running("backward")
-  if self.owned then return M.backward_here(self, ctx_id, retain_graph) end
+  if self.owned then return backward_local(self, ctx_id, retain_graph) end
   check_creation(self)
   return agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
 end

@@ -30,28 +30,91 @@ local function reply(conn, id, ...)
   conn:send(proto.STORE_REPLY, 0, id, enc("reply", ...))
 end
 
-function Server:notify()
-  if #self.waiters == 0 then return end
-  local keep = {}
-  for _, w in ipairs(self.waiters) do
-    if not self:try_wait(w) then keep[#keep + 1] = w end
+-- Waits are indexed by the one key each is blocked on (the first of its keys
+-- still missing) and by their abort key, so a set wakes only the waits on that
+-- key, and each of those resumes its scan where it stopped. (A scan of every
+-- wait from its first key on every set made a world's rendezvous cost the cube
+-- of its size at the store: 1,024 ranks waiting for 1,024 keys each.)
+-- notify(k): k was written; notify() with no key: anything may have been.
+function Server:notify(k)
+  if k == nil then
+    local all = {}
+    for w in pairs(self.waiting) do all[#all + 1] = w end
+    for _, w in ipairs(all) do self:try_wait(w) end
+    return
   end
-  self.waiters = keep
+  local ab = self.aborting[k]
+  if ab then
+    self.aborting[k] = nil
+    for w in pairs(ab) do self:try_wait(w) end
+  end
+  local bl = self.blocked[k]
+  if bl then
+    self.blocked[k] = nil
+    for w in pairs(bl) do self:try_wait(w) end
+  end
 end
 
--- Completes a wait if it can: all keys present, or its abort key set.
+-- A wait leaves every index (completed, timed out, or its client gone).
+function Server:forget(w)
+  w.finished = true
+  self.waiting[w] = nil
+  if w.on then
+    local bl = self.blocked[w.on]
+    if bl then bl[w] = nil; if next(bl) == nil then self.blocked[w.on] = nil end end
+    w.on = nil
+  end
+  if w.abort then
+    local ab = self.aborting[w.abort]
+    if ab then ab[w] = nil; if next(ab) == nil then self.aborting[w.abort] = nil end end
+  end
+  local st = self.clients[w.conn]
+  if st and st.waits then st.waits[w] = nil end
+end
+
+-- Completes a wait if it can: all keys present, or its abort key set; else
+-- files it under the first key still missing. Returns whether it completed.
 function Server:try_wait(w)
+  if w.finished then return true end
   if w.abort and self.data[w.abort] ~= nil then
     sched.cancel(w.timer)
+    self:forget(w)
     reply(w.conn, w.id, true, false, self.data[w.abort])
     return true
   end
-  for _, k in ipairs(w.keys) do
-    if self.data[k] == nil then return false end
+  local keys, data, i = w.keys, self.data, w.pos or 1
+  while i <= #keys and data[keys[i]] ~= nil do i = i + 1 end
+  w.pos = i
+  if i > #keys then
+    -- (a key deleted after this wait passed it still counts: it was there)
+    sched.cancel(w.timer)
+    self:forget(w)
+    reply(w.conn, w.id, true, true)
+    return true
   end
-  sched.cancel(w.timer)
-  reply(w.conn, w.id, true, true)
-  return true
+  local k = keys[i]
+  if w.on ~= k then
+    if w.on then
+      local old = self.blocked[w.on]
+      if old then old[w] = nil end
+    end
+    w.on = k
+    local bl = self.blocked[k]
+    if not bl then bl = {}; self.blocked[k] = bl end
+    bl[w] = true
+  end
+  if w.abort and not w.abort_filed then
+    w.abort_filed = true
+    local ab = self.aborting[w.abort]
+    if not ab then ab = {}; self.aborting[w.abort] = ab end
+    ab[w] = true
+  end
+  if not self.waiting[w] then
+    self.waiting[w] = true
+    local st = self.clients[w.conn]
+    if st then st.waits = st.waits or {}; st.waits[w] = true end
+  end
+  return false
 end
 
 function Server:missing(keys)
@@ -63,19 +126,19 @@ function Server:missing(keys)
 end
 
 local ops = {}
-function ops.set(s, _, _, k, v) s.data[k] = v; s:notify(); return true end
+function ops.set(s, _, _, k, v) s.data[k] = v; s:notify(k); return true end
 function ops.get(s, _, _, k) return true, s.data[k] end
 function ops.add(s, _, _, k, n)
   local cur = (tonumber(s.data[k]) or 0) + n
   s.data[k] = tostring(cur)
-  s:notify()
+  s:notify(k)
   return true, cur
 end
 function ops.compare_set(s, _, _, k, expected, desired)
   local cur = s.data[k]
   if (cur == nil and expected == "") or cur == expected then
     s.data[k] = desired
-    s:notify()
+    s:notify(k)
     return true, desired
   end
   return true, cur == nil and expected or cur
@@ -104,13 +167,10 @@ function ops.wait(s, conn, id, keys, timeout, abort)
   if s:try_wait(w) then return end
   if timeout and timeout > 0 then
     w.timer = sched.after(timeout, function()
-      for i, x in ipairs(s.waiters) do
-        if x == w then table.remove(s.waiters, i) break end
-      end
+      s:forget(w)
       reply(conn, id, true, false)
     end)
   end
-  s.waiters[#s.waiters + 1] = w
 end
 
 function Server:on_frame(conn, ftype, _, id, body)
@@ -183,13 +243,13 @@ function Server:on_frame(conn, ftype, _, id, body)
 end
 
 function Server:on_close(conn)
+  local st = self.clients[conn]
+  for w in pairs(st and st.waits or {}) do
+    sched.cancel(w.timer)
+    self:forget(w)
+  end
   self.clients[conn] = nil
   self.nclients = self.nclients - 1
-  local keep = {}
-  for _, w in ipairs(self.waiters) do
-    if w.conn ~= conn then keep[#keep + 1] = w else sched.cancel(w.timer) end
-  end
-  self.waiters = keep
   if self.nclients == 0 and self.idle_task then sched.wake(self.idle_task) end
 end
 
@@ -211,7 +271,7 @@ function M.serve(host, port)
       log.debug("could not test %s as a local address: %s", ip, tostring(perr))
     end
   end
-  local s = setmetatable({data = {}, waiters = {}, clients = {}, nclients = 0}, Server)
+  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0}, Server)
   if bind == "0.0.0.0" and not auth.token() then
     log.warn("the store listens on every interface without a security token: anyone who can reach " ..
       "port %d can join; set RPCHOST_TOKEN on every rank", port)
@@ -464,6 +524,9 @@ function Client:wait_verbose(keys, timeout, abort, describe, on_tick)
   return self:wait_verbose_(keys, timeout, abort, describe, on_tick)
 end
 
+-- (Each round waits only for the keys still missing after the last: a world's
+-- ranks re-ask every second, and asking for all N keys each time made the store
+-- handle N^2 keys per second while a large world gathered.)
 function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
   local start = sched.now()
   local step = on_tick and math.min(1, progress_every()) or progress_every()
@@ -475,6 +538,7 @@ function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
     if aborted then error(errors.new("config", aborted), 0) end
     local elapsed = sched.now() - start
     local miss = self:missing(keys)
+    keys = miss
     if #miss == 0 then return true end
     if on_tick then on_tick(miss) end
     if elapsed >= timeout then
@@ -516,16 +580,19 @@ function M.exit_linger(secs, pump)
   for _, s in ipairs(servers) do s:close() end
 end
 
+-- (port 0 with host_it: a free port; the third value is the port it got)
 function M.acquire(host, port, host_it, timeout)
   local key = ("%s:%d"):format(host, port)
   local s = shared[key]
   if s then
     s.refs = s.refs + 1
-    return s.client, key
+    return s.client, key, port
   end
   local server
   if host_it then
     server = M.serve(host, port)
+    port = server.port
+    key = ("%s:%d"):format(host, port)
     sched.at_exit(function()
       for k, x in pairs(shared) do
         if x.server == server then x.client:close(); shared[k] = nil end
@@ -535,7 +602,19 @@ function M.acquire(host, port, host_it, timeout)
   end
   local client = M.connect(host, port, timeout)
   shared[key] = {client = client, server = server, refs = 1}
-  return client, key
+  return client, key, port
+end
+
+-- Closes every store connection this process holds to a store it does not
+-- host: a process about to block in MPI_Finalize must not keep the store's
+-- host (lingering until its clients leave) waiting for it.
+function M.close_clients()
+  for k, x in pairs(shared) do
+    if not x.server then
+      x.client:close()
+      shared[k] = nil
+    end
+  end
 end
 
 function M.release(key)

@@ -82,6 +82,7 @@ function M.install(tensor)
       if not is_tensor(a) then a = tensor.tensor(a) end
       a = tensor._float_input(a, name)
       local out = call(core.t_unary, code, a)
+      if not autograd.wants(a) then return out end
       return record(out, name, table.pack(a), function(g) return df(g, a, out) end)
     end
     def(name, f)
@@ -284,6 +285,7 @@ function M.install(tensor)
     end
     local v = call(core.t_as_strided, t, sz, st, off)
     local out = core.t_clone(v)
+    if not autograd.wants(t) then return out end
     return record(out, "flip", table.pack(t), function(g) return flip(g, dims) end)
   end
   def("flip", flip)
@@ -344,13 +346,14 @@ function M.install(tensor)
     local d0 = dim0(t, d, "index_select")
     as_long(idx, "index_select")
     local out = call(core.t_index_select, t, d0, idx, BASE)
-    -- backward needs t's shape, not its values: only the index is saved (as
-    -- PyTorch's), so an embedding stepped in place while another graph still
-    -- holds a lookup of it (trainers sharing a remote EmbeddingBag) is no error
+    -- the gradient is added into t's gradient buffer (autograd.piece): slices and
+    -- index_selects of one tensor share one full-size buffer. Backward needs t's
+    -- shape, not its values: only the index is saved (as PyTorch's), so an
+    -- embedding stepped in place while another graph still holds a lookup of it
+    -- (trainers sharing a remote EmbeddingBag) is no error
+    if not autograd.wants(t) then return out end
     return record(out, "index_select", table.pack(t), function(g)
-      local z = zeros_like(t)
-      core.t_index_put_(z, d0, idx, core.t_contiguous(g), true, BASE)
-      return z
+      return autograd.piece(t, g, function(buf) core.t_index_put_(buf, d0, idx, core.t_contiguous(g), true, BASE) end)
     end, table.pack(idx))
   end)
 
@@ -358,10 +361,9 @@ function M.install(tensor)
     local d0 = dim0(t, d, "gather")
     as_long(idx, "gather")
     local out = call(core.t_gather, t, d0, idx, BASE)
+    if not autograd.wants(t) then return out end
     return record(out, "gather", table.pack(t), function(g)
-      local z = zeros_like(t)
-      core.t_scatter_(z, d0, idx, core.t_contiguous(g), true, BASE)
-      return z
+      return autograd.piece(t, g, function(buf) core.t_scatter_(buf, d0, idx, core.t_contiguous(g), true, BASE) end)
     end)
   end)
 
@@ -467,6 +469,7 @@ function M.install(tensor)
     as_mask(mask, "masked_fill")
     local out = core.t_clone(t)
     call(core.t_masked_fill_, out, mask, scalar(v, "masked_fill", "the value"))
+    if not autograd.wants(t) then return out end
     return record(out, "masked_fill", table.pack(t), function(g)
       local r = core.t_clone(g)
       core.t_masked_fill_(r, mask, 0)
@@ -494,6 +497,7 @@ function M.install(tensor)
       t = methods.expand(t, shape)
     end
     local out = call(core.t_masked_select, t, mask)
+    if not autograd.wants(t) then return out end
     return record(out, "masked_select", table.pack(t), function(g)
       local z = zeros_like(t)
       core.t_masked_scatter_(z, mask, g)
@@ -717,6 +721,7 @@ function M.install(tensor)
       -- PyTorch's subgradient), not the NaN that sqrt's derivative at 0 would give
       local out = tensor.no_grad(function() return methods.sqrt(red(methods.mul(t, t), "sum")) end)
       local d0 = d ~= nil and dim0(t, d, "norm") or nil
+      if not autograd.wants(t) then return out end
       return record(out, "norm", table.pack(t), function(g)
         local o, gg = out, g
         if d0 ~= nil and not keepdim then o, gg = core.t_unsqueeze(o, d0), core.t_unsqueeze(g, d0) end
@@ -750,12 +755,14 @@ function M.install(tensor)
     if d == nil then error("cumsum: give the dimension, e.g. cumsum(t, 1)", 2) end
     local d0 = dim0(t, d, "cumsum")
     local out = call(core.t_scan, t, d0, false)
+    if not autograd.wants(t) then return out end
     return record(out, "cumsum", table.pack(t), function(g) return reverse_cumsum(g, d0) end)
   end)
   def("cumprod", function(t, d)
     if d == nil then error("cumprod: give the dimension, e.g. cumprod(t, 1)", 2) end
     local d0 = dim0(t, d, "cumprod")
     local out = call(core.t_scan, t, d0, true)
+    if not autograd.wants(t) then return out end
     return record(out, "cumprod", table.pack(t), function(g)
       local zeros = core.t_item(core.t_reduce(2, core.t_binary(BIN.eq, t, 0), -1, false))
       if not zeros then
@@ -963,6 +970,7 @@ function M.install(tensor)
     local a0, b0 = dim0(t, d1 or 1, "diagonal"), dim0(t, d2 or 2, "diagonal")
     if a0 == b0 then error(("diagonal: dim1 and dim2 are both dimension %d"):format(a0 + 1), 2) end
     local out = diag_view(t, off, a0, b0)
+    if not autograd.wants(t) then return out end
     return record(out, "diagonal", table.pack(t), function(g)
       local z = zeros_like(t)
       core.t_copy_(diag_view(z, off, a0, b0), g)
