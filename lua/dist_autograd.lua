@@ -186,11 +186,23 @@ codec.ag_attach = function(id, src, send, t)
   return t
 end
 
+-- one sink per context, so that a hook running in a pass can find the table it
+-- fills (M._sink_grads: DistributedDataParallel averages the context's gradients)
+local sink_grads = setmetatable({}, {__mode = "k"})
 local function sink_into(c)
-  return function(t, g)
-    local prev = c.grads[t]
-    c.grads[t] = prev and core.t_binary(0, prev, g) or core.t_clone(g)
+  if not c.sink then
+    c.sink = function(t, g)
+      local prev = c.grads[t]
+      c.grads[t] = prev and core.t_binary(0, prev, g) or core.t_clone(g)
+    end
+    sink_grads[c.sink] = c.grads
   end
+  return c.sink
+end
+
+-- the gradient table `sink` (one of sink_into's) fills, or nil for another sink
+function M._sink_grads(sink)
+  return sink ~= nil and sink_grads[sink] or nil
 end
 
 -- a gradient for send `send` of context `id` arrived: backward from that tensor

@@ -725,6 +725,9 @@ end
 -- DistributedOptimizer(optim.SGD, {param rrefs}, {lr = ...}) with :step(ctx_id)
 function rpc.DistributedOptimizer(...) return require("rpchost.dist_optim").new(...) end
 
+-- RemoteModule("worker1/cpu", nn.Linear, {4, 2}): a module living on another worker
+function rpc.RemoteModule(...) return require("rpchost.remote_module").new(...) end
+
 -- enable_tracing(path): Chrome trace events of this rank, written at exit
 function rpc.enable_tracing(path)
   if type(path) ~= "string" then error(errors.new("config", "enable_tracing: expected a file path"), 2) end

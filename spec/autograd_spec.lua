@@ -180,4 +180,19 @@ describe("nn and optim", function()
     assert.are.same({{5, 5, 5}, {5, 5, 5}}, a.grad:totable())
     assert.are.equal(tensor.float32, a.grad.dtype)
   end)
+
+  it("lets a table stepped in place keep earlier index_select lookups (only the index is saved)", function()
+    -- an embedding shared by several trainers is stepped while another's graph
+    -- still holds its lookup: index_select's backward needs no values of it
+    local w = tensor.ones(4, 2, {requires_grad = true})
+    local rows = w:index_select(1, tensor.tensor({2LL, 4LL, 2LL}))
+    tensor.no_grad(function() w:add_(1) end)
+    rows:sum():backward()
+    assert.are.same({{0, 0}, {2, 2}, {0, 0}, {1, 1}}, w.grad:totable())
+    -- the index itself is still checked
+    local idx = tensor.tensor({1LL})
+    local r2 = w:index_select(1, idx)
+    idx:fill_(2)
+    assert.has_error(function() r2:sum():backward() end)
+  end)
 end)

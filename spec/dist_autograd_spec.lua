@@ -151,6 +151,48 @@ describe("DistributedDataParallel", function()
     ]], {"same weights as one process"})
   end)
 
+  it("keeps replicas bit-identical under dist_autograd and DistributedOptimizer", function()
+    -- each rank trains on its own data; DDP must average the gradients the
+    -- context holds (what DistributedOptimizer applies), not .grad
+    run(2, [[
+      dist.init_process_group{backend = "gloo"}
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      tensor.manual_seed(rank)
+      local ddp = nn.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)),
+                                             {bucket_cap_mb = 0.0001})
+      local refs = {}
+      for i, p in ipairs(ddp:parameters()) do refs[i] = rpc.RRef(p) end
+      local opt = rpc.DistributedOptimizer(optim.SGD, refs, {lr = 0.05})
+      tensor.manual_seed(100 + rank)
+      local averaged = true
+      for step = 1, 20 do
+        local x, y = tensor.randn(16, 4), tensor.randn(16, 1)
+        dist_autograd.context(function(ctx)
+          dist_autograd.backward(ctx, {nn.MSELoss()(ddp(x), y)})
+          if step == 1 then
+            -- the context's gradient is the same on both ranks, and .grad untouched
+            local p1 = ddp:parameters()[1]
+            local g = dist_autograd.get_gradients(ctx)[p1]
+            local l = {tensor.zeros(g:size()), tensor.zeros(g:size())}
+            dist.all_gather(l, g)
+            averaged = (l[1] - l[2]):abs():max():item() == 0 and p1.grad == nil
+          end
+          opt:step(ctx)
+        end)
+      end
+      check("context gradients averaged", averaged)
+      local maxd = 0
+      for _, p in ipairs(ddp:parameters()) do
+        local l = {tensor.zeros(p:size()), tensor.zeros(p:size())}
+        dist.all_gather(l, p:detach())
+        maxd = math.max(maxd, (l[1] - l[2]):abs():max():item())
+      end
+      check("replicas bit-identical", maxd == 0, maxd)
+      rpc.shutdown()
+      dist.destroy_process_group()
+    ]], {"context gradients averaged", "replicas bit-identical"})
+  end)
+
   it("DistributedSampler splits indices disjointly and reshuffles per epoch", function()
     local dist = require "dist"
     local seen, shares = {}, {}

@@ -356,7 +356,7 @@ function M.backward(root, grad, retain_graph, sink)
   if fn.nout then pending[fn] = {[s.output_nr or 1] = grad} else pending[fn] = grad end
   local task = slot()
   local outer_pass, outer_mode = task.ag_pass, task.grad_enabled
-  local pass = {callbacks = {}}
+  local pass = {callbacks = {}, sink = sink}
   task.ag_pass, task.grad_enabled = pass, false
   local ok, err = pcall(function()
     local owned, leaf_pieces = {}, {}
@@ -432,6 +432,15 @@ function M.queue_callback(fn)
   local p = slot().ag_pass
   if p then p.callbacks[#p.callbacks + 1] = fn end
 end
+
+-- The sink the running task's current backward pass delivers leaf gradients
+-- to (nil outside a pass, default_sink for .grad): a hook that rewrites a
+-- gradient (DistributedDataParallel) must write it where the pass put it.
+function M._current_sink()
+  local p = slot().ag_pass
+  return p and p.sink
+end
+M._default_sink = default_sink
 
 -- fn(t) runs each time t's gradient is final in a backward pass.
 function M.register_final_hook(t, fn)

@@ -3,7 +3,11 @@
 -- parameters are grouped into buckets (in reverse order, like PyTorch) and each
 -- bucket's gradients are averaged with one asynchronous all_reduce as soon as all
 -- of its gradients are final, while the rest of the backward pass goes on. When
--- the pass ends, the averaged gradients are written back to .grad.
+-- the pass ends, the averaged gradients are written back where the pass put
+-- them: .grad for a local backward, the context's gradients (what
+-- DistributedOptimizer applies) for dist_autograd.backward, as PyTorch's
+-- reducer does. Averaging .grad there instead left each replica stepping with
+-- its own unaveraged gradient, and the replicas drifted apart.
 local tensor = require "tensor"
 local autograd = require "rpchost.autograd"
 local sched = require "rpchost.sched"
@@ -67,6 +71,15 @@ end
 
 local function reset(self)
   for _, b in ipairs(self.buckets) do b.ready, b.work, b.flat = 0, nil, nil end
+  -- where this pass's leaf gradients are: a dist_autograd context's table, or .grad
+  local sink = autograd._current_sink()
+  self.store = nil
+  if sink and sink ~= autograd._default_sink then self.store = require("dist_autograd")._sink_grads(sink) end
+end
+
+local function grad_of(self, p)
+  if self.store then return self.store[p] end
+  return p.grad
 end
 
 function DDP:launch(b)
@@ -76,7 +89,7 @@ function DDP:launch(b)
   local flat = tensor.zeros(n, {dtype = b.params[1].dtype, device = b.params[1].device})
   local off = 1
   for _, p in ipairs(b.params) do
-    local g = p.grad
+    local g = grad_of(self, p)
     if g then flat:narrow(1, off, p:numel()):copy_(g:reshape(-1)) end
     off = off + p:numel()
   end
@@ -101,6 +114,7 @@ end
 
 function DDP:finish()
   self.pass = false
+  local store = self.store
   -- every rank launches every bucket, in the same order, even for parameters
   -- that got no gradient in this pass
   for _, b in ipairs(self.buckets) do
@@ -115,10 +129,11 @@ function DDP:finish()
       -- back to its own parameter's device (a module may span devices)
       local g = avg:clone()
       if g.device ~= p.device then g = g:to(p.device) end
-      p.grad = g
+      if store then store[p] = g else p.grad = g end
       off = off + p:numel()
     end
   end
+  self.store = nil
 end
 
 return M

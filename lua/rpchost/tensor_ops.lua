@@ -347,11 +347,14 @@ function M.install(tensor)
     as_long(idx, "index_select")
     local out = call(core.t_index_select, t, d0, idx, BASE)
     -- the gradient is added into t's gradient buffer (autograd.piece): slices and
-    -- index_selects of one tensor share one full-size buffer
+    -- index_selects of one tensor share one full-size buffer. Backward needs t's
+    -- shape, not its values: only the index is saved (as PyTorch's), so an
+    -- embedding stepped in place while another graph still holds a lookup of it
+    -- (trainers sharing a remote EmbeddingBag) is no error
     if not autograd.wants(t) then return out end
     return record(out, "index_select", table.pack(t), function(g)
       return autograd.piece(t, g, function(buf) core.t_index_put_(buf, d0, idx, core.t_contiguous(g), true, BASE) end)
-    end)
+    end, table.pack(idx))
   end)
 
   def("gather", function(t, d, idx)

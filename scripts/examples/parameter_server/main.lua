@@ -1,0 +1,148 @@
+-- examples/parameter_server/main.lua: pytorch/examples
+-- distributed/rpc/parameter_server/rpc_parameter_server.py, in rpchost.
+--   rpchost run --nproc-per-node 2 scripts/examples/parameter_server/main.lua [--epochs 20]
+-- Rank 0 is the parameter server: it holds the CNN and answers forward calls.
+-- Every other rank is a trainer: its TrainerNet forwards each batch to the
+-- server through the server's RRef, dist_autograd carries the gradients back,
+-- and a DistributedOptimizer over the server's parameter RRefs steps them.
+-- MNIST cannot be downloaded here: the data are the 8x8 digits of Debian's
+-- python3-sklearn (../common/digits.lua), so the CNN's first Linear takes the
+-- 64 x 2 x 2 features of an 8x8 image instead of MNIST's 9216.
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+package.path = here .. "/../common/?.lua;" .. package.path
+local rpc = require "rpc"
+local tensor = require "tensor"
+local nn = require "nn"
+local F = nn.functional
+local optim = require "optim"
+local dist_autograd = require "dist_autograd"
+local digits = require "digits"
+
+local args = {epochs = 20, batch_size = 32, lr = 0.03, seed = 1}
+do
+  local i = 1
+  while arg[i] do
+    local k = arg[i]:match("^%-%-(.+)$")
+    if k and args[k:gsub("-", "_")] ~= nil then args[k:gsub("-", "_")] = tonumber(arg[i + 1]); i = i + 2
+    else error("parameter_server: unknown argument " .. tostring(arg[i]) .. " (--epochs N --batch-size B --lr L)") end
+  end
+end
+local quiet = os.getenv("QUIET") ~= nil
+
+-- the tutorial's MNIST network, sized for 8x8 inputs
+Net = nn.Module:extend("Net")
+function Net:init()
+  self.conv1 = nn.Conv2d(1, 32, 3, 1)
+  self.conv2 = nn.Conv2d(32, 64, 3, 1)
+  self.dropout1 = nn.Dropout2d(0.25)
+  self.dropout2 = nn.Dropout2d(0.5)
+  self.fc1 = nn.Linear(256, 128)
+  self.fc2 = nn.Linear(128, 10)
+  for _, name in ipairs({"conv1", "conv2", "dropout1", "dropout2", "fc1", "fc2"}) do self:add_module(name, self[name]) end
+end
+function Net:forward(x)
+  x = self.conv1(x)
+  x = F.relu(x)
+  x = self.conv2(x)
+  x = F.max_pool2d(x, 2)
+  x = self.dropout1(x)
+  x = x:flatten(2)
+  x = self.fc1(x)
+  x = F.relu(x)
+  x = self.dropout2(x)
+  x = self.fc2(x)
+  return F.log_softmax(x, 2)
+end
+
+-- call_method / remote_method: a method of the object an RRef holds, run on its owner
+function call_method(method, rref, ...) return method(rref:local_value(), ...) end
+function remote_method(method, rref, ...)
+  return rpc.rpc_sync(rref:owner(), call_method, table.pack(method, rref, ...))
+end
+
+ParameterServer = nn.Module:extend("ParameterServer")
+function ParameterServer:init()
+  tensor.manual_seed(args.seed)
+  self.model = Net()
+  self:add_module("model", self.model)
+end
+function ParameterServer:forward(inp) return self.model(inp) end
+function ParameterServer:get_dist_gradients(cid) return dist_autograd.get_gradients(cid) end
+function ParameterServer:get_param_rrefs()
+  local out = {}
+  for i, p in ipairs(self.model:parameters()) do out[i] = rpc.RRef(p) end
+  return out
+end
+function ParameterServer:train_mode(mode) self.model:train(mode) return true end
+
+-- one server per process, however many trainers ask for it
+param_server = nil
+function get_parameter_server()
+  if not param_server then param_server = ParameterServer() end
+  return param_server
+end
+
+TrainerNet = nn.Module:extend("TrainerNet")
+function TrainerNet:init()
+  self.param_server_rref = rpc.remote("parameter_server", get_parameter_server)
+end
+function TrainerNet:get_global_param_rrefs()
+  return remote_method(ParameterServer.get_param_rrefs, self.param_server_rref)
+end
+function TrainerNet:forward(x)
+  return remote_method(ParameterServer.forward, self.param_server_rref, x)
+end
+
+local function get_accuracy(test_loader, n, model)
+  remote_method(ParameterServer.train_mode, model.param_server_rref, false)
+  local correct_sum = 0
+  tensor.no_grad(function()
+    for data, target in test_loader:iter() do
+      local out = model(data)
+      local pred = out:argmax(2)
+      correct_sum = correct_sum + pred:eq(target):sum():item()
+    end
+  end)
+  remote_method(ParameterServer.train_mode, model.param_server_rref, true)
+  return correct_sum / n
+end
+
+local function run_training_loop(rank, train_loader, test_loader, n_test)
+  local net = TrainerNet()
+  local param_rrefs = net:get_global_param_rrefs()
+  local opt = rpc.DistributedOptimizer(optim.SGD, param_rrefs, {lr = args.lr})
+  local t0 = rpc.time()
+  local acc
+  for epoch = 1, args.epochs do
+    local i = 0
+    for data, target in train_loader:iter() do
+      dist_autograd.context(function(cid)
+        local model_output = net(data)
+        local loss = F.nll_loss(model_output, target)
+        if not quiet and i % 5 == 0 then print(("Rank %d training batch %d loss %.4f"):format(rank, i, loss:item())) end
+        dist_autograd.backward(cid, {loss})
+        assert(next(remote_method(ParameterServer.get_dist_gradients, net.param_server_rref, cid)) ~= nil,
+          "dist autograd gave the server no gradients")
+        opt:step(cid)
+      end)
+      i = i + 1
+    end
+  end
+  local s_per_epoch = (rpc.time() - t0) / args.epochs
+  acc = get_accuracy(test_loader, n_test, net)
+  print(("rank %d  epochs %d  accuracy %.4f  s_per_epoch %.4f"):format(rank, args.epochs, acc, s_per_epoch))
+end
+
+local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+if rank == 0 then
+  rpc.init_rpc("parameter_server", {rank = rank, world_size = world_size})
+else
+  local data = digits.load()
+  local D = tensor.data
+  local train_loader = D.DataLoader(D.TensorDataset(data.train.x, data.train.y),
+                                    {batch_size = args.batch_size, shuffle = true, seed = args.seed + rank})
+  local test_loader = D.DataLoader(D.TensorDataset(data.test.x, data.test.y), {batch_size = args.batch_size})
+  rpc.init_rpc("trainer_" .. rank, {rank = rank, world_size = world_size})
+  run_training_loop(rank, train_loader, test_loader, data.test.x:size(1))
+end
+rpc.shutdown()

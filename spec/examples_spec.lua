@@ -1,0 +1,81 @@
+-- The tutorial examples (scripts/examples/) on a reduced size, each checked
+-- for its invariant: the parameter server's CNN learns the digits; the batch-updating parameter server leaves every trainer
+-- with the server's model after every update; the batched and the unbatched
+-- RL agents compute the same returns; the ddp_rpc replicas stay bit-identical
+-- while the loss falls; the rl agent trains. The full runs are in bench/tutorials.
+local S = require "spec.support"
+
+local function run_example(n, name, args, env)
+  local a = {"run", "--nproc-per-node", tostring(n), S.root .. "/scripts/examples/" .. name}
+  for _, x in ipairs(args or {}) do a[#a + 1] = x end
+  local e = {QUIET = "1"}
+  for k, v in pairs(env or {}) do e[k] = v end
+  return S.run(a, {timeout = 120, env = e})
+end
+
+local function example(n, name, args, env)
+  local r = run_example(n, name, args, env)
+  assert.are.equal(0, r.status, r.out .. r.err)
+  return r.out
+end
+
+describe("examples", function()
+  it("parameter_server: the CNN learns the digits through the server; a missing data file names the package", function()
+    local out = example(2, "parameter_server/main.lua", {"--epochs", "2"})
+    local acc = out:match("accuracy ([%d%.]+)")
+    assert.is_true(tonumber(acc) > 0.5, out) -- chance is 0.1; the full run reaches 0.97 (bench/tutorials)
+    local r = run_example(2, "parameter_server/main.lua", {"--epochs", "1"}, {RPCHOST_DIGITS = "/nonexistent/digits.csv.gz"})
+    assert.are_not.equal(0, r.status)
+    assert.truthy(r.err:find("python3-sklearn", 1, true), r.err)
+  end)
+
+  it("batch/parameter_server: every trainer holds the server's model after each batch update", function()
+    local out = example(3, "batch/parameter_server.lua", {"--num-batches", "3"})
+    assert.truthy(out:find("updates 3  trainers_hold_ps_model true", 1, true), out)
+  end)
+
+  it("batch/reinforce: the batched and the unbatched agent compute the same returns", function()
+    -- 5 steps are too few for the pole to fall, so every step's return is known
+    -- (5, 4, ..., 1 per observer, gamma 1) whatever the actions
+    local sums = {}
+    for _, mode in ipairs({"batch", "no-batch"}) do
+      local args = {"--num-episode", "2", "--num-steps", "5"}
+      if mode == "no-batch" then args[#args + 1] = "--no-batch" end
+      local out = example(3, "batch/reinforce.lua", args)
+      sums[mode] = out:match("returns_sum ([%d%.]+)")
+      assert.truthy(out:find("Episode 1\tLast reward: 5.00", 1, true), out) -- every episode ran its 5 steps
+    end
+    assert.are.equal("30.0000", sums.batch)
+    assert.are.equal(sums.batch, sums["no-batch"])
+  end)
+
+  it("ddp_rpc: the DDP replicas stay bit-identical and the loss falls", function()
+    local out = example(4, "ddp_rpc/main.lua", {"--epochs", "8"})
+    assert.truthy(out:find("replicas_max_diff 0 ", 1, true), out)
+    local first, last = out:match("first_loss ([%d%.]+)  last_loss ([%d%.]+)")
+    assert.is_true(tonumber(last) < tonumber(first), out)
+  end)
+
+  it("rnn: embedding and decoder on the server (RemoteModules), the LSTM on the trainer; the loss falls", function()
+    local out = example(2, "rnn/main.lua", {"--epochs", "100"}) -- (a plateau first: about 1.5 s)
+    local first, last = out:match("first_loss ([%d%.]+)  last_loss ([%d%.]+)")
+    assert.is_true(tonumber(last) < tonumber(first) - 0.1, out)
+  end)
+
+  it("pipeline: a narrow ResNet50 in two shards trains on micro-batches through RRefs and rpc_async", function()
+    local out = example(3, "pipeline/main.lua", {"--batch-size", "8", "--image-size", "32", "--width", "4",
+      "--num-classes", "10", "--num-batches", "2", "--split-sizes", "8,2"})
+    assert.truthy(out:find("split_size 8  micro_batches 1 ", 1, true), out)
+    assert.truthy(out:find("split_size 2  micro_batches 4 ", 1, true), out)
+    local n = 0
+    for _ in out:gmatch("finite true") do n = n + 1 end
+    assert.are.equal(2, n, out)
+  end)
+
+  it("rl: the agent trains on the observers' CartPoles", function()
+    local out = example(3, "rl/main.lua", {"--episodes", "5", "--quiet"})
+    local eps, rr = out:match("episodes (%d+)  running_reward ([%d%.]+)")
+    assert.are.equal("5", eps, out)
+    assert.is_true(tonumber(rr) > 0, out)
+  end)
+end)
