@@ -29,35 +29,7 @@ local function assert_close(name, got, want, tol)
   assert.is_true(worst <= (tol or 1e-12), ("%s: relative difference %g > %g"):format(name, worst, tol or 1e-12))
 end
 
--- Compares the gradients of sum(f(inputs) * w) with central differences (float64).
-local function gradcheck(name, f, inputs, tol)
-  tol = tol or 1e-6
-  for _, x in ipairs(inputs) do x.requires_grad = true end
-  local out = f(unpack(inputs))
-  tensor.manual_seed(11)
-  local w = tensor.rand(out:size(), f64) + 0.5
-  local function scalar() return (f(unpack(inputs)) * w):sum() end
-  for _, x in ipairs(inputs) do x.grad = nil end
-  scalar():backward()
-  local eps = 1e-6
-  for k, x in ipairs(inputs) do
-    local analytic = x.grad
-    assert.truthy(analytic, name .. ": no gradient for input " .. k)
-    local flat = x:view(-1)
-    for i = 1, x:numel() do
-      local orig = flat[i]:item()
-      tensor.no_grad(function() flat[i] = orig + eps end)
-      local plus = tensor.no_grad(function() return scalar():item() end)
-      tensor.no_grad(function() flat[i] = orig - eps end)
-      local minus = tensor.no_grad(function() return scalar():item() end)
-      tensor.no_grad(function() flat[i] = orig end)
-      local numeric = (plus - minus) / (2 * eps)
-      local a = analytic:view(-1)[i]:item()
-      assert.is_true(math.abs(a - numeric) <= tol * math.max(1, math.abs(numeric)),
-        ("%s: input %d element %d: analytic %.10g, numeric %.10g"):format(name, k, i, a, numeric))
-    end
-  end
-end
+local gradcheck = S.gradcheck
 
 describe("the dtype rule", function()
   it("gives Lua numbers the default dtype, 5LL int64, booleans bool, index results int64", function()
