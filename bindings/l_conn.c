@@ -343,44 +343,29 @@ static int push_addr(lua_State *L, int (*which)(rh_conn_t *, char *, size_t, int
 static int l_peer(lua_State *L) { return push_addr(L, rh_conn_peer); }
 static int l_local(lua_State *L) { return push_addr(L, rh_conn_local); }
 
-static int l_is_open(lua_State *L) {
+/* conn:name() for a question about the connection (false once it is closed) */
+static int push_flag(lua_State *L, int (*ask)(rh_conn_t *)) {
   lconn_t *b = check_conn(L, 1);
-  lua_pushboolean(L, b->c && rh_conn_is_open(b->c));
+  lua_pushboolean(L, b->c && ask(b->c));
   return 1;
 }
 
+/* conn:name() for an order to the connection (nothing once it is closed) */
+static int apply(lua_State *L, void (*order)(rh_conn_t *)) {
+  lconn_t *b = check_conn(L, 1);
+  if (b->c) order(b->c);
+  return 0;
+}
+
+static int l_is_open(lua_State *L) { return push_flag(L, rh_conn_is_open); }
 /* conn:is_local() -> true for a Unix-domain socket */
-static int l_is_local(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  lua_pushboolean(L, b->c && rh_conn_is_local(b->c));
-  return 1;
-}
-
+static int l_is_local(lua_State *L) { return push_flag(L, rh_conn_is_local); }
 /* conn:prove(): the peer proved itself; every frame type is read from now on */
-static int l_prove(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  if (b->c) rh_conn_prove(b->c);
-  return 0;
-}
-
-static int l_is_proven(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  lua_pushboolean(L, b->c && rh_conn_is_proven(b->c));
-  return 1;
-}
-
+static int l_prove(lua_State *L) { return apply(L, rh_conn_prove); }
+static int l_is_proven(lua_State *L) { return push_flag(L, rh_conn_is_proven); }
 /* conn:pause() / conn:resume(): stop and restart reading (backpressure) */
-static int l_pause(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  if (b->c) rh_conn_pause(b->c);
-  return 0;
-}
-
-static int l_resume(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  if (b->c) rh_conn_resume(b->c);
-  return 0;
-}
+static int l_pause(lua_State *L) { return apply(L, rh_conn_pause); }
+static int l_resume(lua_State *L) { return apply(L, rh_conn_resume); }
 
 /* conn:peer_uid() -> uid of the process at the other end (Unix-domain only) | nil */
 static int l_peer_uid(lua_State *L) {
