@@ -526,6 +526,23 @@ describe("strided copies", function()
       end
     end
   end)
+
+  it("transpose a float32 matrix larger than the caches (streamed stores, ragged edges, unaligned rows)", function()
+    -- 1100 x 2061 float32 is 9 MB: above the size written around the caches, and
+    -- neither side a multiple of the 16 x 16 blocks. Values are their own flat index
+    -- (exact in float32), so the expected transpose is a broadcast sum, computed
+    -- without the copy engine.
+    local a, b = 1100, 2061
+    local x = tensor.arange(0, a * b):view(a, b)
+    local want = tensor.arange(0, b):view(b, 1) + tensor.arange(0, a):view(1, a) * b
+    assert.are.equal(0, (x:t():contiguous() - want):abs():max():item())
+    -- a destination whose rows do not start on 64-byte lines takes ordinary stores
+    local wide = tensor.zeros(b, a + 3)
+    local into = wide:narrow(2, 2, a)
+    into:copy_(x:t())
+    assert.are.equal(0, (into - want):abs():max():item())
+    assert.are.equal(0, wide:narrow(2, 1, 1):abs():sum():item() + wide:narrow(2, a + 2, 2):abs():sum():item())
+  end)
 end)
 
 describe("large scatters", function()
