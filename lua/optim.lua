@@ -54,7 +54,6 @@ local function groups_of(params, defaults, what)
     end
     if type(g.lr) ~= "number" then error(what .. ": lr is required ({lr = 0.01})", 4) end
     if g.lr < 0 then error(("%s: Invalid learning rate: %s"):format(what, tostring(g.lr)), 4) end
-    g.initial_lr = g.initial_lr or g.lr
   end
   return groups
 end
@@ -177,6 +176,14 @@ function Optimizer:load_state_dict(sd)
   end
 end
 
+-- an option as PyTorch prints it: a list (betas) as a tuple
+local function show_option(v)
+  if type(v) ~= "table" then return tostring(v) end
+  local parts = {}
+  for i = 1, #v do parts[i] = tostring(v[i]) end
+  return "(" .. table.concat(parts, ", ") .. ")"
+end
+
 local function class(name)
   local cls = setmetatable({}, {__index = Optimizer})
   cls.__index = cls
@@ -187,7 +194,7 @@ local function class(name)
       local keys = {}
       for k in pairs(g) do if k ~= "params" then keys[#keys + 1] = k end end
       table.sort(keys)
-      for _, k in ipairs(keys) do lines[#lines + 1] = "    " .. k .. ": " .. tostring(g[k]) end
+      for _, k in ipairs(keys) do lines[#lines + 1] = "    " .. k .. ": " .. show_option(g[k]) end
     end
     lines[#lines + 1] = ")"
     return table.concat(lines, "\n")
