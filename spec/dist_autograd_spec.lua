@@ -147,8 +147,16 @@ describe("DistributedDataParallel", function()
       local same = true
       for i, p in ipairs(ddp:parameters()) do same = same and close(p, ref:parameters()[i], 1e-6) end
       check("same weights as one process", same)
+      -- an nn.Module whose child is "module", named as PyTorch names it
+      check("a module", nn.is_module and nn.is_module(ddp) or require("rpchost.nn.module").is_module(ddp))
+      check("state_dict keys", ddp:state_dict()["module.0.weight"] ~= nil and ddp:state_dict()["0.weight"] == nil)
+      check("named_parameters", ddp:named_parameters()[1][1] == "module.0.weight", ddp:named_parameters()[1][1])
+      check("printed", tostring(ddp):find("^DistributedDataParallel%(\n  %(module%): Sequential%(") ~= nil, tostring(ddp))
+      check("children", ddp:children()[1] == ddp.module and #ddp:modules() == 5, #ddp:modules())
+      local sd = ddp.module:state_dict()
+      ddp:load_state_dict(sd) -- the bare module's keys load too
       dist.destroy_process_group()
-    ]], {"same weights as one process"})
+    ]], {"same weights as one process", "a module", "state_dict keys", "named_parameters", "printed", "children"})
   end)
 
   it("keeps replicas bit-identical under dist_autograd and DistributedOptimizer", function()

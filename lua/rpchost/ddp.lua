@@ -13,22 +13,27 @@ local autograd = require "rpchost.autograd"
 local sched = require "rpchost.sched"
 
 local M = {}
-local DDP = {}
-DDP.__index = DDP
-DDP.__call = function(self, ...) return self:forward(...) end
-DDP.__tostring = function(self) return "DistributedDataParallel(" .. tostring(self.module) .. ")" end
+-- an nn.Module whose one child is "module", as PyTorch's DDP: parameters,
+-- state_dict keys ("module.fc.weight"), modules(), to(), printing come from Module
+local DDP = require("rpchost.nn.module").Module:extend("DistributedDataParallel")
 
 function M.new(module, opts)
   local dist = require "dist"
-  opts = opts or {}
-  if type(module) ~= "table" or not module.parameters then
-    error("DistributedDataParallel: expected an nn module", 2)
+  if not require("rpchost.nn.module").is_module(module) then
+    error(("DistributedDataParallel: expected an nn.Module to wrap, got %s"):format(
+      type(module) == "table" and "a table that is not one" or type(module)), 2)
   end
   if not dist.is_initialized() then
     error("DistributedDataParallel: the process group is not initialised (dist.init_process_group)", 2)
   end
-  local self = setmetatable({module = module, group = opts.group, params = module:parameters(),
-                             cap = (opts.bucket_cap_mb or 1) * 2 ^ 20}, DDP)
+  return DDP(module, opts)
+end
+
+function DDP:__init(module, opts)
+  local dist = require "dist"
+  opts = opts or {}
+  self.module = module
+  self.group, self.params, self.cap = opts.group, module:parameters(), (opts.bucket_cap_mb or 1) * 2 ^ 20
   local root = opts.group and opts.group.ranks and opts.group.ranks[1] or 0
   tensor.no_grad(function()
     for _, p in ipairs(self.params) do dist.broadcast(p, root, {group = opts.group}) end
@@ -48,21 +53,11 @@ function M.new(module, opts)
     self.bucket_of[p] = b
     autograd.register_final_hook(p, function() self:ready(p) end)
   end
-  return self
 end
 
 function DDP:forward(...) return self.module(...) end
-function DDP:parameters() return self.module:parameters() end
-function DDP:zero_grad(opts) return self.module:zero_grad(opts) end
-function DDP:train(mode) self.module:train(mode); return self end
-function DDP:eval() self.module:eval(); return self end
--- names as PyTorch's DDP has them: the wrapped module is the child "module"
-function DDP:named_parameters()
-  local out = {}
-  for i, np in ipairs(self.module:named_parameters()) do out[i] = {"module." .. np[1], np[2]} end
-  return out
-end
-function DDP:state_dict() return self.module:state_dict({prefix = "module."}) end
+-- load_state_dict takes the keys state_dict gives ("module.fc.weight") and, for
+-- checkpoints saved from the bare module, the keys without the prefix
 function DDP:load_state_dict(sd, opts)
   local inner = {}
   for k, v in pairs(sd) do inner[(type(k) == "string" and k:gsub("^module%.", "")) or k] = v end
