@@ -441,6 +441,46 @@ describe("nn in training", function()
   end)
 end)
 
+describe("nn.utils.stateless.functional_call", function()
+  local fc = nn.utils.stateless.functional_call
+  it("runs the module on the given tensors, restores its own, and differentiates through them", function()
+    tensor.manual_seed(3)
+    local m = nn.Sequential(nn.Linear(2, 3, f64), nn.Tanh(), nn.Linear(3, 1, f64))
+    local x = tensor.randn(5, 2, f64)
+    local w0 = m[1].weight
+    local w2 = w0:detach() * 2
+    local want = (x:matmul(w2:t()) + m[1].bias):tanh():matmul(m[3].weight:t()) + m[3].bias
+    local y = fc(m, {["0.weight"] = w2}, x)
+    assert.is_true(y:allclose(want, 1e-12, 1e-12))
+    assert.are.equal(w0, m[1].weight)
+    -- a clone of the parameters: the backward reaches them, and changing them in
+    -- place after the forward (another trainer's step) is no error for this one
+    local copies = {}
+    for _, np in ipairs(m:named_parameters()) do copies[np[1]] = np[2]:clone() end
+    local out = fc(m, copies, x):sum()
+    local wbefore = m[1].weight:detach():clone()
+    tensor.no_grad(function() m[1].weight:add_(1) end)
+    out:backward()
+    local ref = nn.Sequential(nn.Linear(2, 3, f64), nn.Tanh(), nn.Linear(3, 1, f64))
+    ref:load_state_dict(m:state_dict())
+    tensor.no_grad(function() ref[1].weight:copy_(wbefore) end)
+    ref(x):sum():backward()
+    assert.is_true(m[1].weight.grad:allclose(ref[1].weight.grad, 1e-12, 1e-12))
+    assert.is_true(m[3].bias.grad:allclose(ref[3].bias.grad, 1e-12, 1e-12))
+  end)
+
+  it("names what is wrong, and restores the module when the forward raises", function()
+    local m = nn.Linear(2, 3)
+    local w = m.weight
+    local ok, e = pcall(fc, m, {["fc.nope"] = tensor.zeros(1)}, tensor.zeros(1, 2))
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find('no parameter or buffer named "fc.nope"', 1, true), tostring(e))
+    ok = pcall(fc, m, {weight = tensor.zeros(3, 5)}, tensor.zeros(1, 2))
+    assert.is_false(ok)
+    assert.are.equal(w, m.weight)
+  end)
+end)
+
 describe("optim and data behaviour", function()
   it("an optimizer prints as PyTorch's: its groups' options, betas as a tuple, no initial_lr until a scheduler", function()
     local m = nn.Linear(3, 1)

@@ -1,6 +1,6 @@
 -- rpchost.nn.utils: gradient clipping (nn.utils.clip_grad_norm_,
 -- clip_grad_value_) and parameters_to_vector / vector_to_parameters, as
--- PyTorch's torch.nn.utils.
+-- PyTorch's torch.nn.utils; nn.utils.stateless.functional_call.
 local tensor = require "tensor"
 
 local U = {}
@@ -64,5 +64,53 @@ function U.vector_to_parameters(vec, params)
     end
   end)
 end
+
+-- stateless.functional_call(module, {["fc.weight"] = t, ...}, args...): the
+-- module's forward with the given tensors in place of the parameters and
+-- buffers of those dotted names (any tensor: a non-leaf clone, a batch of
+-- weights), every one restored when the call returns or raises. Other tasks that
+-- use the module while the call is suspended (a forward that makes an RPC) see the
+-- given tensors too, as other threads do in PyTorch.
+local function owner_of(module, name)
+  local parts = {}
+  for part in name:gmatch("[^.]+") do parts[#parts + 1] = part end
+  local m = module
+  for i = 1, #parts - 1 do
+    local children = rawget(m, "_modules")
+    m = children and children[parts[i]]
+    if not m then return nil end
+  end
+  return m, parts[#parts]
+end
+
+local function functional_call(module, tensors, ...)
+  if type(module) ~= "table" or not rawget(module, "_parameters") then
+    error("functional_call: expected an nn.Module as the first argument", 2)
+  end
+  if type(tensors) ~= "table" then
+    error("functional_call: expected a table of dotted names to tensors ({[\"fc.weight\"] = t})", 2)
+  end
+  local saved = {}
+  for name, t in pairs(tensors) do
+    if type(name) ~= "string" or not tensor.is_tensor(t) then
+      error(("functional_call: entry %s must be a dotted name and a tensor"):format(tostring(name)), 2)
+    end
+    local m, leaf = owner_of(module, name)
+    local where = m and ((m._parameters[leaf] ~= nil and m._parameters) or (m._buffers[leaf] ~= nil and m._buffers))
+    if not where then
+      error(("functional_call: the module has no parameter or buffer named %q"):format(name), 2)
+    end
+    saved[#saved + 1] = {where, leaf, where[leaf]}
+    where[leaf] = t
+  end
+  local res = table.pack(pcall(module, ...))
+  for i = #saved, 1, -1 do
+    local s = saved[i]
+    s[1][s[2]] = s[3]
+  end
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+U.stateless = {functional_call = functional_call}
 
 return U
