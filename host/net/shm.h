@@ -16,7 +16,7 @@
 
 /* Refcounted: the Lua object that names a segment holds one reference, and so
  * does every tensor that lives in it, so a mapping outlives whichever goes first. */
-typedef struct {
+typedef struct rh_shm_s {
   int fd;       /* -1 for a peer's segment: the mapping is all that is kept */
   void *map;
   size_t size;
