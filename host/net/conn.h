@@ -56,7 +56,7 @@ struct rh_net_s {
   struct rh_conn_ring_s *rings; /* every connection that has one */
   uv_idle_t spin;               /* keeps the loop polling while rings are busy */
   uint64_t ring_last;           /* uv_hrtime of the last ring traffic */
-  uint64_t ring_spin_ns;        /* how long to poll after it (RPCHOST_RING_SPIN_US) */
+  uint64_t ring_spin_ns;        /* how long to poll after it (RPCHOST_SPIN_US) */
   int spinning, ring_found;
 };
 

@@ -15,7 +15,7 @@
  *
  * Polling and sleeping, in one libuv loop, no threads: every ring is read before
  * each poll (the net's prepare handle). While there was ring traffic within the
- * last RPCHOST_RING_SPIN_US, an idle handle keeps the loop from blocking, so a
+ * last RPCHOST_SPIN_US, an idle handle keeps the loop from blocking, so a
  * reply is seen microseconds after it is written (uv_hrtime: uv_now's 1 ms is too
  * coarse); a spin turn that finds nothing yields the core, since ranks may
  * outnumber cores. After the window, each ring's `sleeping` flag is set and the
@@ -111,7 +111,7 @@ static void activity(rh_net_t *net) {
 void rh__rings_init(rh_net_t *net) {
   net->rings = NULL;
   net->spinning = net->ring_found = 0;
-  if (!net->ring_spin_ns) net->ring_spin_ns = 50000;
+  if (!net->ring_spin_ns) net->ring_spin_ns = 60000; /* (RPCHOST_SPIN_US's default) */
   uv_idle_init(net->loop, &net->spin);
   net->spin.data = net;
   uv_unref((uv_handle_t *)&net->spin); /* polling alone keeps no loop alive */
@@ -373,7 +373,11 @@ int rh_conn_ring_raw(rh_conn_t *c, const void *data, size_t len) {
 
 int rh_conn_ring_poke(rh_conn_t *c, int which, uint64_t value) {
   if (!c->ring || c->closing) return RH_ECLOSED;
-  __atomic_store_n(which == 0 ? c->ring->tx.tail : c->ring->rx.head, value, __ATOMIC_RELEASE);
+  /* (our own position too: a broken peer stays broken, its next write does not
+   * put the right value back) */
+  rh_ring_t *r = which == 0 ? &c->ring->tx : &c->ring->rx;
+  r->pos = value;
+  __atomic_store_n(which == 0 ? r->tail : r->head, value, __ATOMIC_RELEASE);
   if (which == 0) {
     c->ring->wake = 1; /* make sure the peer looks */
     rh__conn_mark_dirty(c);
