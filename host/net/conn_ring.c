@@ -37,6 +37,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conn_priv.h"
 
@@ -312,7 +313,7 @@ void rh__rings_poll(rh_net_t *net) {
 /* ---- set-up and end ---- */
 
 rh_shm_t *rh_conn_ring_segment(int *err) {
-  rh_shm_t *s = rh_shm_create(rh_ring_file_size(RING_CAP), err);
+  rh_shm_t *s = rh_shm_create_sparse(rh_ring_file_size(RING_CAP), err);
   if (s) rh_ring_format(s->map, RING_CAP);
   return s;
 }
@@ -330,8 +331,17 @@ int rh_conn_ring_attach(rh_conn_t *c, rh_shm_t *seg, int creator) {
   r->c = c;
   r->seg = seg;
   rh_shm_retain(seg);
+  /* the mapping is all the connection needs: the creator's descriptor has been
+   * passed (sent as a duplicate), and a rank with many peers should not hold
+   * one per connection */
+  if (seg->fd >= 0) {
+    close(seg->fd);
+    seg->fd = -1;
+  }
   rh_net_t *net = c->net;
-  rh_reader_init(&r->reader, net->max_frame, net->version);
+  /* (a ring carries only small frames: a header in it announcing more is a
+   * corrupt ring, and nothing bigger is ever allocated for one) */
+  rh_reader_init(&r->reader, RING_FRAME_MAX, net->version);
   rh_reader_open_gate(&r->reader); /* (only proven peers get a ring) */
   if (net->seg_alloc) rh_reader_set_alloc(&r->reader, net->seg_alloc, net->seg_free, net->seg_ctx);
   r->next = net->rings;

@@ -27,6 +27,9 @@ typedef struct rh_shm_s {
 /* A new sealed segment of `size` bytes (rounded up to pages), mapped and
  * pre-faulted. NULL with *err set (a negative errno) on failure. */
 rh_shm_t *rh_shm_create(size_t size, int *err);
+/* The same, not pre-faulted: pages are made as they are first touched (the
+ * rings of a connection that carries little use a few of theirs). */
+rh_shm_t *rh_shm_create_sparse(size_t size, int *err);
 /* Maps a descriptor received from a peer, and closes it (on failure too). It
  * must be a memory file sealed against shrinking, at least `need` bytes long,
  * whose inode is `ino` (what the frame that announced it names).
