@@ -448,10 +448,11 @@ static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, co
   uint8_t hdr[RH_FRAME_HDR];
   rh_frame_encode_header(hdr, &h);
   int rc;
-  if (c->ring && c->send_fd < 0) {
+  if (c->ring) {
     /* small frames go through shared memory (copied: the caller's buffers are
-     * free at once); others leave a marker there and take the socket below */
-    rc = rh__ring_send(c, hdr, body, body_len, segs, nseg, &h);
+     * free at once); others, and one with a descriptor, leave a marker there
+     * and take the socket below */
+    rc = rh__ring_send(c, hdr, body, body_len, segs, nseg, &h, c->send_fd >= 0);
     if (rc == 1) {
       if (release) release(release_ctx);
       return 0;

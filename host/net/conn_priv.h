@@ -89,10 +89,11 @@ void rh__conn_deliver(rh_conn_t *c);
 void rh__conn_hand_out(rh_conn_t *c, const rh_frame_t *f);
 
 /* conn_ring.c, for conn.c */
-/* Sends a frame through the ring when it fits there (1), or announces it with a
- * marker so that it may go through the socket in order (0), or fails (<0). */
+/* Sends a frame through the ring when it fits there and by_socket is 0 (1), or
+ * announces it with a marker so that it may go through the socket in order (0),
+ * or fails (<0). */
 int rh__ring_send(rh_conn_t *c, const uint8_t *hdr, const void *body, uint32_t body_len, const uv_buf_t *segs,
-                  uint32_t nseg, const rh_frame_hdr_t *h);
+                  uint32_t nseg, const rh_frame_hdr_t *h, int by_socket);
 /* reads what the ring holds and hands it out */
 void rh__ring_poll(rh_conn_t *c);
 /* at a flush: the backlog into the ring, a doorbell to the peer if it sleeps */

@@ -185,10 +185,10 @@ static int drain(rh_conn_ring_t *r) {
 }
 
 int rh__ring_send(rh_conn_t *c, const uint8_t *hdr, const void *body, uint32_t body_len, const uv_buf_t *segs,
-                  uint32_t nseg, const rh_frame_hdr_t *h) {
+                  uint32_t nseg, const rh_frame_hdr_t *h, int by_socket) {
   rh_conn_ring_t *r = c->ring;
   activity(c->net);
-  if (rh_frame_total(h) > RING_FRAME_MAX) {
+  if (by_socket || rh_frame_total(h) > RING_FRAME_MAX) {
     /* the frame takes the socket; its place in the stream is kept here */
     rh_frame_hdr_t m = {.version = c->net->version, .type = RH_FRAME_RING_MARK};
     uint8_t mh[RH_FRAME_HDR];

@@ -8,8 +8,8 @@
  *
  * Under a connection (conn_ring.c) over a Unix-domain socket in one process: a
  * burst of small frames (many more than the ring holds: the backlog) interleaved
- * with big ones (which take the socket behind a marker) arrives complete and in
- * the order sent; then a corrupt tail closes the reading side with RH_ERING,
+ * with big ones and ones with a descriptor (which take the socket behind a
+ * marker) arrives complete and in the order sent; then a corrupt tail closes the reading side with RH_ERING,
  * and the loop closes cleanly. */
 #include <signal.h>
 #include <stdlib.h>
@@ -104,6 +104,8 @@ static uint8_t *payload;
 static char path[64];
 
 static uint32_t len_of(int id) { return id % 7 == 3 ? BIGLEN : (uint32_t)(id * 131) % 3000; }
+/* (small frames with a descriptor: these take the socket too) */
+static int has_fd(int id) { return id % 50 == 25; }
 
 static void on_server_frame(rh_conn_t *c, const rh_frame_t *f) {
   if (f->hdr.type == 1) { /* the "handshake": rings offered with the verdict */
@@ -118,11 +120,17 @@ static void on_server_frame(rh_conn_t *c, const rh_frame_t *f) {
     rh_shm_release(seg);
     return;
   }
-  /* frames arrive in the order sent, whole */
+  /* frames arrive in the order sent, whole, descriptors with theirs */
   uint32_t want = len_of(next_id);
   if (f->hdr.id != (uint64_t)next_id || f->hdr.body_len != want || memcmp(f->body, payload, want) != 0) bad++;
+  if (has_fd(next_id)) { /* (a frame takes a descriptor when it says it has one, as shm.lua's do) */
+    int fd = rh_conn_take_fd(c);
+    if (fd < 0) bad++;
+    else close(fd);
+  }
   next_id++;
   if (f->hdr.id == NFRAMES) {
+    CHECK(rh_conn_take_fd(c) == -1); /* every descriptor went with its frame */
     /* now a corrupt tail from the client: this side must close with RH_ERING */
     CHECK(rh_conn_ring_poke(client, 0, (uint64_t)1 << 40) == 0);
   }
@@ -140,7 +148,10 @@ static void on_client_frame(rh_conn_t *c, const rh_frame_t *f) {
   CHECK(rh_conn_ring_attach(c, seg, 0) == 0);
   rh_shm_release(seg);
   CHECK(rh_conn_has_ring(c));
-  for (int id = 1; id <= NFRAMES; id++) CHECK(rh_conn_send(c, 5, 0, (uint64_t)id, payload, len_of(id), NULL, 0, NULL, NULL) == 0);
+  for (int id = 1; id <= NFRAMES; id++) {
+    if (has_fd(id)) CHECK(rh_conn_send_fd(c, 0, 5, 0, (uint64_t)id, payload, len_of(id), NULL, 0, NULL, NULL) == 0);
+    else CHECK(rh_conn_send(c, 5, 0, (uint64_t)id, payload, len_of(id), NULL, 0, NULL, NULL) == 0);
+  }
 }
 
 static void on_close(rh_conn_t *c, int status, int peer_version) {
