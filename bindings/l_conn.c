@@ -286,12 +286,14 @@ static int l_send(lua_State *L) { return send_frame(L, -1); }
 
 /* conn:send_raw(bytes) -> true | nil, message: bytes outside any frame (for
  * specs that play a peer which does not follow the protocol) */
-static int l_send_raw(lua_State *L) {
+static int raw_bytes(lua_State *L, int (*put)(rh_conn_t *, const void *, size_t)) {
   lconn_t *b = check_conn(L, 1);
   size_t len;
   const char *s = luaL_checklstring(L, 2, &len);
-  return push_rc(L, b->c ? rh_conn_send_raw(b->c, s, len) : RH_ECLOSED);
+  return push_rc(L, b->c ? put(b->c, s, len) : RH_ECLOSED);
 }
+
+static int l_send_raw(lua_State *L) { return raw_bytes(L, rh_conn_send_raw); }
 
 /* conn:send_shm(segment, type, flags, id, body [, segments...]): send, passing
  * the shared-memory segment's descriptor to the peer with the frame */
@@ -350,12 +352,7 @@ static int l_ring_attach(lua_State *L) {
 
 /* conn:ring_raw(bytes) / conn:ring_poke(which, value): specs that play a broken
  * peer (raw bytes into our outgoing ring; a counter: 0 our tail, 1 our head) */
-static int l_ring_raw(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  size_t len;
-  const char *s = luaL_checklstring(L, 2, &len);
-  return push_rc(L, b->c ? rh_conn_ring_raw(b->c, s, len) : RH_ECLOSED);
-}
+static int l_ring_raw(lua_State *L) { return raw_bytes(L, rh_conn_ring_raw); }
 
 static int l_ring_poke(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
