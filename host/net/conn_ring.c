@@ -67,6 +67,8 @@ static void ring_fail(rh_conn_t *c, int rc) { rh__conn_end(c, rc == RH_ENOMEM ? 
 
 static void spin_cb(uv_idle_t *h) {
   rh_net_t *net = h->data;
+  /* the rings first: what arrived is handed out before this turn yields */
+  rh__rings_poll(net);
   uint64_t now = uv_hrtime();
   if (net->ring_found) {
     net->ring_found = 0;
