@@ -83,7 +83,9 @@ static void spin_cb(uv_idle_t *h) {
   int awake = 0;
   for (rh_conn_ring_t *r = net->rings, *next; r; r = next) {
     next = r->next;
-    if (r->c->closing) continue;
+    /* (a paused connection is read again when resumed, one waiting for a socket
+     * frame when the socket brings it: neither keeps this rank polling) */
+    if (r->c->closing || r->c->paused || r->marks) continue;
     int s = rh_ring_sleep(&r->rx);
     if (s < 0) {
       ring_fail(r->c, s);
