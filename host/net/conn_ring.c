@@ -106,7 +106,7 @@ static void spin_cb(uv_idle_t *h) {
 /* Ring traffic: keep the loop polling for a while. */
 static void activity(rh_net_t *net) {
   net->ring_found = 1;
-  if (net->spinning || !net->rings) return;
+  if (net->spinning || !net->rings || uv_is_closing((uv_handle_t *)&net->spin)) return;
   net->spinning = 1;
   net->ring_last = uv_hrtime();
   for (rh_conn_ring_t *r = net->rings; r; r = r->next) rh_ring_awake(&r->rx);
