@@ -9,8 +9,10 @@
  * Under a connection (conn_ring.c) over a Unix-domain socket in one process: a
  * burst of small frames (many more than the ring holds: the backlog) interleaved
  * with big ones and ones with a descriptor (which take the socket behind a
- * marker) arrives complete and in the order sent; then a corrupt tail closes the reading side with RH_ERING,
- * and the loop closes cleanly. */
+ * marker) arrives complete and in the order sent; a paused reader with frames
+ * waiting in its ring lets the loop sleep, and reads them once resumed; then a
+ * corrupt tail closes the reading side with RH_ERING, and the loop closes
+ * cleanly. */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +103,9 @@ static rh_listener_t *lis;
 static rh_conn_t *server_side, *client;
 static int next_id = 1, bad, server_status = 1, client_closed;
 static uint8_t *payload;
+static uv_timer_t pause_timer;
+#define EXTRA 10
+static void paused_cb(uv_timer_t *t);
 static char path[64];
 
 static uint32_t len_of(int id) { return id % 7 == 3 ? BIGLEN : (uint32_t)(id * 131) % 3000; }
@@ -121,7 +126,7 @@ static void on_server_frame(rh_conn_t *c, const rh_frame_t *f) {
     return;
   }
   /* frames arrive in the order sent, whole, descriptors with theirs */
-  uint32_t want = len_of(next_id);
+  uint32_t want = next_id > NFRAMES ? len_of(next_id) % 1000 : len_of(next_id);
   if (f->hdr.id != (uint64_t)next_id || f->hdr.body_len != want || memcmp(f->body, payload, want) != 0) bad++;
   if (has_fd(next_id)) { /* (a frame takes a descriptor when it says it has one, as shm.lua's do) */
     int fd = rh_conn_take_fd(c);
@@ -131,9 +136,24 @@ static void on_server_frame(rh_conn_t *c, const rh_frame_t *f) {
   next_id++;
   if (f->hdr.id == NFRAMES) {
     CHECK(rh_conn_take_fd(c) == -1); /* every descriptor went with its frame */
+    /* paused with frames waiting in its ring, this side must not keep the loop
+     * polling: it sleeps, and reads them when resumed */
+    rh_conn_pause(c);
+    for (int id = NFRAMES + 1; id <= NFRAMES + EXTRA; id++)
+      CHECK(rh_conn_send(client, 5, 0, (uint64_t)id, payload, len_of(id) % 1000, NULL, 0, NULL, NULL) == 0);
+    uv_timer_start(&pause_timer, paused_cb, 50, 0);
+  }
+  if (f->hdr.id == NFRAMES + EXTRA) {
     /* now a corrupt tail from the client: this side must close with RH_ERING */
     CHECK(rh_conn_ring_poke(client, 0, (uint64_t)1 << 40) == 0);
   }
+}
+
+static void paused_cb(uv_timer_t *t) {
+  (void)t;
+  CHECK(!net.spinning);
+  CHECK(next_id == NFRAMES + 1);
+  rh_conn_resume(server_side);
 }
 
 static void on_client_frame(rh_conn_t *c, const rh_frame_t *f) {
@@ -183,16 +203,18 @@ static void ring_under_conn(void) {
   snprintf(path, sizeof path, "/tmp/rh-test-ring-%d.sock", (int)getpid());
   CHECK(uv_loop_init(&loop) == 0);
   CHECK(rh_net_init(&net, &loop, 8u << 20, 1) == 0);
+  uv_timer_init(&loop, &pause_timer);
   lis = rh_listener_new_local(&net, &server_cbs, on_accept, NULL);
   CHECK(rh_listener_bind_local(lis, path, 8) == 0);
   client = rh_conn_new_local(&net, &client_cbs, NULL);
   CHECK(rh_conn_connect_local(client, path) == 0);
   uv_run(&loop, UV_RUN_DEFAULT);
-  CHECK(next_id == NFRAMES + 1);
+  CHECK(next_id == NFRAMES + EXTRA + 1);
   CHECK(bad == 0);
   CHECK(server_status == RH_ERING);
   CHECK(client_closed); /* (the reader's close reached the writer as EOF) */
   rh_net_close(&net);
+  uv_close((uv_handle_t *)&pause_timer, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   CHECK(uv_loop_close(&loop) == 0);
   free(payload);
