@@ -36,6 +36,8 @@ local ORDER = [[
   local t = require("tensor").ones(1024) * (rank + 1)
   dist.all_reduce(t)
   check("a small all_reduce is right", t:min():item() == 3 and t:max():item() == 3)
+  local pg = dist._agent().peers[1 - rank].conn
+  if rank == 0 then print("group ring " .. tostring(pg and pg:has_ring())) end
   dist.barrier()
   dist.destroy_process_group()
   rpc.shutdown()
@@ -48,6 +50,7 @@ describe("same-host shared-memory rings", function()
     assert_oks(r, lines, {"every call answered with its size", "arrived in the order sent",
                           "a small all_reduce is right"})
     assert.truthy(lines["ring true"], r.out)
+    assert.truthy(lines["group ring true"], r.out)
   end)
 
   it("are off with RPCHOST_SHM_RING=0, and everything still arrives in order", function()
@@ -56,6 +59,7 @@ describe("same-host shared-memory rings", function()
     assert_oks(r, lines, {"every call answered with its size", "arrived in the order sent",
                           "a small all_reduce is right"})
     assert.truthy(lines["ring false"], r.out)
+    assert.truthy(lines["group ring false"], r.out)
   end)
 
   it("a corrupt ring (impossible tail, garbage frame) closes that connection, not the rank", function()
