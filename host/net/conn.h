@@ -58,6 +58,7 @@ struct rh_net_s {
   uint64_t ring_last;           /* uv_hrtime of the last ring traffic */
   uint64_t ring_spin_ns;        /* how long to poll after it (RPCHOST_SPIN_US) */
   int spinning, ring_found;
+  int ring_yielded; /* the rings' poll gave the core away this turn (sched_yield) */
 };
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);

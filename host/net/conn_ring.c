@@ -77,6 +77,7 @@ static void spin_cb(uv_idle_t *h) {
   }
   if (now - net->ring_last < net->ring_spin_ns) {
     sched_yield(); /* nothing this turn: another rank on this core may have work */
+    net->ring_yielded = 1;
     return;
   }
   /* every ring must agree to sleep: set the flags, then look once more */
