@@ -84,15 +84,17 @@ static void spin_cb(uv_idle_t *h) {
   int awake = 0;
   for (rh_conn_ring_t *r = net->rings, *next; r; r = next) {
     next = r->next;
-    /* (a paused connection is read again when resumed, one waiting for a socket
-     * frame when the socket brings it: neither keeps this rank polling) */
-    if (r->c->closing || r->c->paused || r->marks) continue;
+    if (r->c->closing) continue;
+    /* (every open ring gets its flag, so that its peer rings when it writes;
+     * but bytes waiting in a paused connection's ring, or behind a marker whose
+     * socket frame has not come, keep nobody polling: the resume, or the socket
+     * bringing that frame, reads them) */
     int s = rh_ring_sleep(&r->rx);
     if (s < 0) {
       ring_fail(r->c, s);
       continue;
     }
-    if (s == 0) awake = 1;
+    if (s == 0 && !r->c->paused && !r->marks) awake = 1;
     if (r->blen > r->boff && !rh_ring_wait_space(&r->tx)) awake = 1;
   }
   if (awake) {
