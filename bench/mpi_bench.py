@@ -6,7 +6,9 @@ small messages while an idle rank costs nothing. For 2 and 4 ranks this prints:
 8-byte ping-pong (Open MPI, bench/mpi_peer.c) vs rpc_sync (bench/rpc_latency.lua)
 p50/p99; all_reduce 4 KiB / 1 MiB / 16 MiB / 64 MiB, broadcast 16 MiB and barrier
 (bench/collectives.lua, rpchost's own transport, and the same script on the "mpi"
-backend under mpirun, for information); idle CPU per rank while rank 0 sleeps.
+backend under mpirun, for information); idle CPU per rank while rank 0 sleeps. The
+last column repeats the small-message rows with the same-host shared-memory rings
+off (RPCHOST_SHM_RING=0: everything through the Unix-domain socket).
 Ratios are rpchost / Open MPI times (lower is better), targets from issue 20.
 Numbers from a shared 2-core VM are noisy: compare ratios from one run, not
 absolute times between runs.
@@ -62,13 +64,32 @@ def steps(cap, quick):
     return [cap] + s
 
 
+def sockets_only(fn):
+    """fn() with the same-host rings off (RPCHOST_SHM_RING=0): what the socket alone gives."""
+    old = os.environ.get("RPCHOST_SHM_RING")
+    os.environ["RPCHOST_SHM_RING"] = "0"
+    try:
+        return fn()
+    finally:
+        if old is None:
+            del os.environ["RPCHOST_SHM_RING"]
+        else:
+            os.environ["RPCHOST_SHM_RING"] = old
+
+
 def measure(exe, peer, n, cap, quick):
     calls = "2000" if quick else "10000"
+    reps = 200 if quick else 2000
+    small = [cap, f"ar:4096:{reps}", f"barrier:{reps}"]  # (only what the rings carry)
     res = {"mpi": run(MPIRUN + ["-np", str(n), peer, str(cap)]),
            "rpc": rpc_bench.rpchost_world(exe, n, "rpc_latency.lua", [calls, "500", cap], timeout=RUN_TIMEOUT)[0],
            "coll": rpc_bench.rpchost_world(exe, n, "collectives.lua", steps(cap, quick), timeout=RUN_TIMEOUT)[0],
            "mpib": run(MPIRUN + ["-x", "BENCH_BACKEND=mpi", "-np", str(n), exe,
                                  os.path.join(HERE, "collectives.lua")] + [str(x) for x in steps(cap, quick)])}
+    res["rpc0"] = sockets_only(lambda: rpc_bench.rpchost_world(exe, n, "rpc_latency.lua", [calls, "500", cap],
+                                                               timeout=RUN_TIMEOUT)[0])
+    res["coll0"] = sockets_only(lambda: rpc_bench.rpchost_world(exe, n, "collectives.lua", small,
+                                                                timeout=RUN_TIMEOUT)[0])
     return res
 
 
@@ -80,23 +101,27 @@ def fmt_t(s):
 
 def table(n, r):
     m, rpc, coll, mb = r["mpi"], r["rpc"], r["coll"], r["mpib"]
+    rpc0, coll0 = r.get("rpc0", {}), r.get("coll0", {})
     small = n == 2
-    rows = [  # label, open mpi (s), rpchost (s), rpchost mpi backend (s), op, target
-        ("8 B ping-pong / rpc_sync p50", m.get("pingpong_p50_us", 0) * 1e-6, rpc.get("p50_us", 0) * 1e-6, None,
-         "<=", 12 if small else 3),
-        ("8 B ping-pong / rpc_sync p99", m.get("pingpong_p99_us", 0) * 1e-6, rpc.get("p99_us", 0) * 1e-6, None,
-         None, None)]
+    us = lambda d, k: d.get(k, 0) * 1e-6 if d.get(k) else None
+    rows = [  # label, open mpi (s), rpchost (s), rpchost mpi backend (s), op, target, rpchost without rings (s)
+        ("8 B ping-pong / rpc_sync p50", us(m, "pingpong_p50_us"), us(rpc, "p50_us"), None,
+         "<=", 12 if small else 3, us(rpc0, "p50_us")),
+        ("8 B ping-pong / rpc_sync p99", us(m, "pingpong_p99_us"), us(rpc, "p99_us"), None,
+         None, None, us(rpc0, "p99_us"))]
     for b, label in AR:
         k = f"ar{b}_med_s"
         target = (4 if small else 3) if b == 4096 else (None if b == 1 << 20 else 1 / 1.5)
-        rows.append((f"all_reduce {label}", m.get(k), coll.get(k), mb.get(k), "<=" if target else None, target))
+        rows.append((f"all_reduce {label}", m.get(k), coll.get(k), mb.get(k), "<=" if target else None, target,
+                     coll0.get(k)))
     k = f"bc{BC}_med_s"
-    rows.append(("broadcast 16 MiB", m.get(k), coll.get(k), mb.get(k), "<=", 1 / 1.5))
+    rows.append(("broadcast 16 MiB", m.get(k), coll.get(k), mb.get(k), "<=", 1 / 1.5, None))
     rows.append(("barrier", m.get("barrier_med_s"), coll.get("barrier_med_s"), mb.get("barrier_med_s"), "<=",
-                 15 if small else 3))
-    head = ("metric", "Open MPI", "rpchost", "ratio", "target", "result", "rpchost mpi backend")
+                 15 if small else 3, coll0.get("barrier_med_s")))
+    head = ("metric", "Open MPI", "rpchost", "ratio", "target", "result", "rpchost mpi backend",
+            "rpchost, RPCHOST_SHM_RING=0")
     out, verdicts = [], []
-    for label, a, b, c, op, want in rows:
+    for label, a, b, c, op, want, z in rows:
         ratio = b / a if a and b else None
         if op is None or ratio is None:
             t, v = "-", "-" if op is None else "n/a"
@@ -104,7 +129,8 @@ def table(n, r):
             t = f"<= {want:.3g}"
             v = "PASS" if ratio <= want else "MISS"
             verdicts.append(v)
-        out.append((label, fmt_t(a), fmt_t(b), f"{ratio:.2f}" if ratio else "n/a", t, v, fmt_t(c)))
+        out.append((label, fmt_t(a), fmt_t(b), f"{ratio:.2f}" if ratio else "n/a", t, v, fmt_t(c),
+                    fmt_t(z) if z else "-"))
     # idle CPU: share of one core per rank while rank 0 sleeps idle_wall_ms
     for name, src in (("Open MPI", m), ("rpchost", coll), ("rpchost mpi backend", mb)):
         wall = src.get("idle_wall_ms")
@@ -115,7 +141,7 @@ def table(n, r):
             verdicts.append("PASS" if ok else "MISS")
         out.append((f"idle CPU per waiting rank, {name}", f"{worst:.1f}% core" if worst is not None else "n/a",
                      "", "", "< 1%" if name != "Open MPI" else "-",
-                     ("PASS" if ok else "MISS") if name != "Open MPI" else "-", ""))
+                     ("PASS" if ok else "MISS") if name != "Open MPI" else "-", "", ""))
     widths = [max(len(x[i]) for x in out + [head]) for i in range(len(head))]
     line = lambda x: "| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
                                        for i, c in enumerate(x)) + " |"

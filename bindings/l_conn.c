@@ -271,15 +271,8 @@ static int send_frame(lua_State *L, int fd) {
   return 1;
 }
 
-static int l_send(lua_State *L) { return send_frame(L, -1); }
-
-/* conn:send_raw(bytes) -> true | nil, message: bytes outside any frame (for
- * specs that play a peer which does not follow the protocol) */
-static int l_send_raw(lua_State *L) {
-  lconn_t *b = check_conn(L, 1);
-  size_t len;
-  const char *s = luaL_checklstring(L, 2, &len);
-  int rc = b->c ? rh_conn_send_raw(b->c, s, len) : RH_ECLOSED;
+/* Pushes true, or nil and the message of a failed rc. */
+static int push_rc(lua_State *L, int rc) {
   if (rc) {
     lua_pushnil(L);
     lua_pushstring(L, rh_strerror(rc));
@@ -288,6 +281,19 @@ static int l_send_raw(lua_State *L) {
   lua_pushboolean(L, 1);
   return 1;
 }
+
+static int l_send(lua_State *L) { return send_frame(L, -1); }
+
+/* conn:send_raw(bytes) -> true | nil, message: bytes outside any frame (for
+ * specs that play a peer which does not follow the protocol) */
+static int raw_bytes(lua_State *L, int (*put)(rh_conn_t *, const void *, size_t)) {
+  lconn_t *b = check_conn(L, 1);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  return push_rc(L, b->c ? put(b->c, s, len) : RH_ECLOSED);
+}
+
+static int l_send_raw(lua_State *L) { return raw_bytes(L, rh_conn_send_raw); }
 
 /* conn:send_shm(segment, type, flags, id, body [, segments...]): send, passing
  * the shared-memory segment's descriptor to the peer with the frame */
@@ -320,6 +326,39 @@ static int l_take_shm(lua_State *L) {
   }
   rh_lua_pushshm(L, s);
   return 1;
+}
+
+/* ring_segment() -> segment | nil, message: a memory file with an empty pair
+ * of same-host rings, to offer a peer (host/net/conn_ring.c) */
+static int l_ring_segment(lua_State *L) {
+  int err = 0;
+  rh_shm_t *s = rh_conn_ring_segment(&err);
+  if (!s) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot make a shared-memory ring: %s", strerror(-err));
+    return 2;
+  }
+  rh_lua_pushshm(L, s);
+  return 1;
+}
+
+/* conn:ring_attach(segment, creator) -> true | nil, message: small frames go
+ * through the segment's rings from now on (both sides attach, the creator first) */
+static int l_ring_attach(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  rh_shm_t *s = rh_lua_checkshm(L, 2);
+  return push_rc(L, b->c ? rh_conn_ring_attach(b->c, s, lua_toboolean(L, 3)) : RH_ECLOSED);
+}
+
+/* conn:ring_raw(bytes) / conn:ring_poke(which, value): specs that play a broken
+ * peer (raw bytes into our outgoing ring; a counter: 0 our tail, 1 our head) */
+static int l_ring_raw(lua_State *L) { return raw_bytes(L, rh_conn_ring_raw); }
+
+static int l_ring_poke(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  int which = (int)luaL_checkinteger(L, 2);
+  uint64_t v = (uint64_t)luaL_checknumber(L, 3);
+  return push_rc(L, b->c ? rh_conn_ring_poke(b->c, which, v) : RH_ECLOSED);
 }
 
 static int l_close(lua_State *L) {
@@ -356,6 +395,9 @@ static int apply(lua_State *L, void (*order)(rh_conn_t *)) {
   if (b->c) order(b->c);
   return 0;
 }
+
+/* conn:has_ring() -> true while small frames go through shared-memory rings */
+static int l_has_ring(lua_State *L) { return push_flag(L, rh_conn_has_ring); }
 
 static int l_is_open(lua_State *L) { return push_flag(L, rh_conn_is_open); }
 /* conn:is_local() -> true for a Unix-domain socket */
@@ -571,7 +613,9 @@ int rh_open_conn(lua_State *L) {
                                           {"send_shm", l_send_shm}, {"take_shm", l_take_shm},
                                           {"prove", l_prove},     {"is_proven", l_is_proven},
                                           {"pause", l_pause},     {"resume", l_resume},
-                                          {"peer_uid", l_peer_uid}, {"send_raw", l_send_raw}, {NULL, NULL}};
+                                          {"peer_uid", l_peer_uid}, {"send_raw", l_send_raw},
+                                          {"ring_attach", l_ring_attach}, {"has_ring", l_has_ring},
+                                          {"ring_raw", l_ring_raw}, {"ring_poke", l_ring_poke}, {NULL, NULL}};
   static const luaL_Reg listener_methods[] = {
       {"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
   rh_lua_class(L, CONN_MT, conn_methods, NULL, l_conn_tostring);
@@ -579,7 +623,8 @@ int rh_open_conn(lua_State *L) {
 
   static const luaL_Reg fns[] = {
       {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {"socket_dir", l_socket_dir},
-      {"getuid", l_getuid},   {"sweep_sockets", l_sweep_sockets}, {NULL, NULL}};
+      {"getuid", l_getuid},   {"sweep_sockets", l_sweep_sockets},
+      {"ring_segment", l_ring_segment}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -1,6 +1,7 @@
 /* l_loop.c: the event loop as the Lua scheduler sees it: run one turn, read the
  * clock, and one timer armed for the earliest deadline (the scheduler in
  * lua/rpchost/sched.lua keeps the deadline heap; C keeps only this one timer). */
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -15,6 +16,18 @@ static int l_run(lua_State *L) {
   int alive = uv_run(rh_ctx()->loop, m);
   lua_pushboolean(L, alive);
   return 1;
+}
+
+/* yield_cpu(): gives the core to another runnable process (sched_yield): a
+ * rank that polls with nothing to do steps aside for the rank it waits for,
+ * which may share its core */
+static int l_yield_cpu(lua_State *L) {
+  (void)L;
+  rh_net_t *net = &rh_ctx()->net;
+  /* (once per turn: the rings' poll may have stepped aside in this turn already) */
+  if (net->ring_yielded) net->ring_yielded = 0;
+  else sched_yield();
+  return 0;
 }
 
 /* stop(): the loop's current (or next) uv_run returns at the end of its turn
@@ -182,7 +195,7 @@ static int l_isatty(lua_State *L) {
 int rh_open_loop(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"run", l_run},           {"stop", l_stop},         {"now", l_now},           {"timer_set", l_timer_set},
-      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats}, {"net_busy", l_net_busy}, {"sleep_ms", l_sleep_ms},
+      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats}, {"net_busy", l_net_busy}, {"sleep_ms", l_sleep_ms}, {"yield_cpu", l_yield_cpu},
       {"exepath", l_exepath},   {"getpid", l_getpid},     {"hostname", l_hostname},
       {"setenv", l_setenv},     {"environ", l_environ},   {"maxrss", l_maxrss},
       {"isatty", l_isatty},     {"mkdtemp", l_mkdtemp},   {"rmdir", l_rmdir},

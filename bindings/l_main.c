@@ -156,6 +156,10 @@ int rh_lua_main(int argc, char **argv) {
   /* seconds a connection has to complete its handshake (proof included) */
   const char *hs = getenv("RPCHOST_HANDSHAKE_TIMEOUT");
   if (hs && *hs && strtod(hs, NULL) > 0) ctx->net.handshake_ms = (uint64_t)(strtod(hs, NULL) * 1000);
+  /* how long a rank keeps polling its shared-memory rings after their last
+   * traffic before it sleeps (host/net/conn_ring.c): the scheduler's spin window */
+  const char *spin = getenv("RPCHOST_SPIN_US");
+  if (spin && *spin && strtod(spin, NULL) >= 0) ctx->net.ring_spin_ns = (uint64_t)(strtod(spin, NULL) * 1000);
   ctx->net.seg_alloc = seg_alloc;
   ctx->net.seg_free = seg_free;
   lua_State *L = luaL_newstate();

@@ -23,6 +23,7 @@ enum {
   RH_EFDS = -5007,      /* a peer sent descriptors that its frames do not take */
   RH_EUNPROVEN = -5008, /* a frame other than the handshake before the peer proved itself */
   RH_EHANDSHAKE = -5009, /* the handshake did not complete within its deadline */
+  RH_ERING = -5010,     /* a shared-memory ring's header or contents are impossible */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

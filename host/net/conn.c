@@ -1,7 +1,7 @@
 /* conn.c: framed connections over TCP or Unix-domain sockets, listeners and the
  * batched writer (see conn.h). Both kinds are libuv streams; only creation,
  * connecting, binding and address queries differ. */
-#include "conn.h"
+#include "conn_priv.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -12,75 +12,6 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-/* One queued piece of output: either a span of the arena or an external segment. */
-typedef struct {
-  size_t off; /* arena offset, when ext == NULL */
-  size_t len;
-  const void *ext;
-} rh_piece_t;
-
-typedef struct {
-  rh_release_fn fn;
-  void *ctx;
-} rh_release_t;
-
-/* Everything one uv_write owns until its callback. */
-typedef struct {
-  uv_write_t req;
-  uint8_t *arena;
-  rh_release_t *rel;
-  size_t nrel;
-  uv_pipe_t *fd_handle; /* a descriptor travelling with this write, closed after */
-  uv_buf_t bufs[];
-} rh_write_t;
-
-/* Descriptors a peer may have sent us that no frame has taken yet: a peer that
- * sends more is not speaking our protocol. */
-#define MAX_HELD_FDS 64
-
-/* a TCP socket or a Unix-domain socket: both are uv_stream_t underneath */
-typedef union {
-  uv_handle_t handle;
-  uv_stream_t stream;
-  uv_tcp_t tcp;
-  uv_pipe_t pipe;
-} rh_sock_t;
-
-struct rh_conn_s {
-  rh_sock_t h;
-  int local; /* a Unix-domain socket */
-  rh_net_t *net;
-  rh_conn_cbs_t cbs;
-  void *data;
-  rh_reader_t reader;
-  /* output queued since the last flush */
-  uint8_t *arena;
-  size_t alen, acap;
-  rh_piece_t *pieces;
-  size_t npieces, cpieces;
-  rh_release_t *rel;
-  size_t nrel, crel;
-  uv_buf_t *bufs; /* iovecs for a flush, reused (the fast path allocates nothing) */
-  size_t cbufs;
-  rh_conn_t *next_dirty;
-  rh_conn_t *next_all, *prev_all;
-  int dirty;
-  int closing;   /* uv_close requested */
-  int reported;  /* on_close already called */
-  int shutting;  /* graceful close in progress */
-  uv_connect_t connect_req;
-  uv_shutdown_t shutdown_req;
-  size_t inflight; /* bytes handed to uv_write, not yet done */
-  int send_fd;     /* a descriptor to attach to the next flush (-1: none) */
-  int fds[MAX_HELD_FDS]; /* received descriptors, oldest first */
-  int nfds;
-  int end_status, end_version; /* why it ended, for a deferred report */
-  uint64_t born;   /* loop time (ms) it was made: its handshake's deadline counts from here */
-  int paused;      /* the owner asked for no frames for now (rh_conn_pause) */
-  rh_conn_t *next_resumed; /* on net->resumed: buffered frames to hand out */
-  int resumed;
-};
 
 struct rh_listener_s {
   rh_sock_t h;
@@ -107,6 +38,7 @@ static void flush_cb(uv_prepare_t *p) {
     c->resumed = 0;
     if (!c->closing) deliver(c);
   }
+  rh__rings_poll(net);
   rh_net_flush(net);
 }
 
@@ -139,6 +71,7 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
   if (rc) return rc;
   net->sweep.data = net;
   rc = uv_timer_start(&net->sweep, sweep_cb, 1000, 1000);
+  rh__rings_init(net);
   /* Neither handle alone keeps the loop alive. */
   uv_unref((uv_handle_t *)&net->flush);
   uv_unref((uv_handle_t *)&net->sweep);
@@ -148,6 +81,7 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
 void rh_net_close(rh_net_t *net) {
   if (!uv_is_closing((uv_handle_t *)&net->flush)) uv_close((uv_handle_t *)&net->flush, NULL);
   if (!uv_is_closing((uv_handle_t *)&net->sweep)) uv_close((uv_handle_t *)&net->sweep, NULL);
+  rh__rings_close(net);
 }
 
 static void release_all(rh_release_t *rel, size_t n) {
@@ -188,6 +122,7 @@ static void close_done(uv_handle_t *h) {
   else c->net->all = c->next_all;
   if (c->next_all) c->next_all->prev_all = c->prev_all;
   drop_queue(c);
+  rh__ring_free(c);
   for (int i = 0; i < c->nfds; i++) close(c->fds[i]);
   if (c->send_fd >= 0) close(c->send_fd);
   rh_reader_free(&c->reader);
@@ -246,7 +181,7 @@ void rh_conn_set_data(rh_conn_t *c, void *data) { c->data = data; }
 int rh_conn_is_open(rh_conn_t *c) { return !c->closing && !c->shutting; }
 void rh_conn_prove(rh_conn_t *c) { rh_reader_open_gate(&c->reader); }
 int rh_conn_is_proven(rh_conn_t *c) { return !c->reader.gated; }
-size_t rh_conn_queued(rh_conn_t *c) { return c->alen + c->inflight; }
+size_t rh_conn_queued(rh_conn_t *c) { return c->alen + c->inflight + rh__ring_backlog(c); }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   rh_conn_t *c = h->data;
@@ -312,35 +247,52 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     return;
   }
   if (n < 0) {
+    /* what the peer put in the ring before it closed is read first */
+    if (c->ring && n == UV_EOF) rh__ring_poll(c);
     conn_end(c, n == UV_EOF ? 0 : (int)n, 0);
     return;
   }
   rh_reader_commit(&c->reader, (size_t)n);
   c->net->bytes_in += (uint64_t)n;
   deliver(c);
+  /* (in ring mode socket frames wait for their markers: the ring says when) */
+  if (c->ring) rh__ring_poll(c);
 }
 
-/* Hands out every whole frame the reader holds, until the owner pauses. */
+void rh__conn_hand_out(rh_conn_t *c, const rh_frame_t *f) {
+  if (c->reported) {
+    /* the owner is gone (a graceful close draining the peer): drop the frame */
+    for (uint32_t i = 0; f->seg_owner && i < f->hdr.nseg; i++)
+      if (c->net->seg_free) c->net->seg_free(c->net->seg_ctx, f->seg_owner[i]);
+    return;
+  }
+  if (c->cbs.on_frame) c->cbs.on_frame(c, f);
+}
+
+/* Hands out every whole frame the reader holds, until the owner pauses. With a
+ * ring, only as many as its markers announced (conn_ring.c), and doorbells are
+ * swallowed. */
 static void deliver(rh_conn_t *c) {
   rh_frame_t f;
   for (;;) {
     /* (a stranger being refused is read no further: its refusal goes out first) */
     if (c->closing || c->paused || (c->shutting && c->reader.gated)) return;
+    if (c->ring) {
+      if (rh__ring_swallow(c)) continue;
+      if (!rh__ring_announced(c)) return;
+    }
     int rc = rh_reader_next(&c->reader, &f);
     if (rc == 0) return;
     if (rc < 0) {
       conn_end(c, rc, rc == RH_EVERSION ? f.hdr.version : 0);
       return;
     }
-    if (c->reported) {
-      /* the owner is gone (a graceful close draining the peer): drop the frame */
-      for (uint32_t i = 0; f.seg_owner && i < f.hdr.nseg; i++)
-        if (c->net->seg_free) c->net->seg_free(c->net->seg_ctx, f.seg_owner[i]);
-      continue;
-    }
-    if (c->cbs.on_frame) c->cbs.on_frame(c, &f);
+    if (c->ring) rh__ring_took(c);
+    rh__conn_hand_out(c, &f);
   }
 }
+
+void rh__conn_deliver(rh_conn_t *c) { deliver(c); }
 
 static int start_reading(rh_conn_t *c) {
   if (!c->local) uv_tcp_nodelay(&c->h.tcp, 1);
@@ -408,6 +360,11 @@ static void mark_dirty(rh_conn_t *c) {
   c->net->dirty = c;
 }
 
+static int arena_put(rh_conn_t *c, const void *src, size_t len);
+void rh__conn_mark_dirty(rh_conn_t *c) { mark_dirty(c); }
+int rh__conn_arena_put(rh_conn_t *c, const void *src, size_t len) { return arena_put(c, src, len); }
+void rh__conn_end(rh_conn_t *c, int status, int peer_version) { conn_end(c, status, peer_version); }
+
 static int arena_put(rh_conn_t *c, const void *src, size_t len) {
   if (grow((void **)&c->arena, &c->acap, c->alen + len, 1)) return RH_ENOMEM;
   if (grow((void **)&c->pieces, &c->cpieces, c->npieces + 1, sizeof(rh_piece_t))) return RH_ENOMEM;
@@ -457,11 +414,12 @@ int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t
   int rc = RH_ECLOSED;
   int own = c->closing || c->shutting ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 3);
   if (own >= 0) {
+    c->send_fd = own; /* (set first: a frame with a descriptor never takes the ring) */
     rc = conn_send(c, type, flags, id, body, body_len, segs, nseg, release, release_ctx);
     if (rc == 0) {
-      c->send_fd = own;
       conn_flush(c);
-    } else {
+    } else if (c->send_fd == own) {
+      c->send_fd = -1;
       close(own);
     }
   } else if (release) {
@@ -489,7 +447,23 @@ static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, co
   }
   uint8_t hdr[RH_FRAME_HDR];
   rh_frame_encode_header(hdr, &h);
-  int rc = arena_put(c, hdr, sizeof hdr);
+  int rc;
+  if (c->ring) {
+    /* small frames go through shared memory (copied: the caller's buffers are
+     * free at once); others, and one with a descriptor, leave a marker there
+     * and take the socket below */
+    rc = rh__ring_send(c, hdr, body, body_len, segs, nseg, &h, c->send_fd >= 0);
+    if (rc == 1) {
+      if (release) release(release_ctx);
+      return 0;
+    }
+    if (rc < 0) {
+      if (release) release(release_ctx);
+      conn_end(c, rc == RH_ENOMEM ? rc : RH_ERING, 0);
+      return rc;
+    }
+  }
+  rc = arena_put(c, hdr, sizeof hdr);
   if (!rc && body_len) rc = arena_put(c, body, body_len);
   for (uint32_t i = 0; !rc && i < nseg; i++) {
     uint8_t l[8];
@@ -566,6 +540,7 @@ static size_t write_split = (size_t)1 << 30;
 void rh__conn_set_write_split(size_t bytes) { write_split = bytes ? bytes : (size_t)1 << 30; }
 
 static void conn_flush(rh_conn_t *c) {
+  if (c->ring) rh__ring_flush(c);
   if (c->closing || c->npieces == 0) return;
   size_t nbufs = 0;
   for (size_t i = 0; i < c->npieces; i++) nbufs += (c->pieces[i].len + write_split - 1) / write_split;
@@ -677,7 +652,9 @@ void rh_net_flush(rh_net_t *net) {
     c->dirty = 0;
     c->next_dirty = NULL;
     conn_flush(c);
-    if (c->shutting && !c->closing) {
+    /* (a backlog for the ring goes in before the end: conn_ring.c marks the
+     * connection again when it has) */
+    if (c->shutting && !c->closing && rh__ring_backlog(c) == 0) {
       c->shutdown_req.data = c;
       if (uv_shutdown(&c->shutdown_req, &c->h.stream, shutdown_cb) != 0) conn_end(c, 0, 0);
     }
@@ -693,7 +670,7 @@ void rh_net_flush_now(rh_net_t *net) {
 int rh_net_busy(rh_net_t *net) {
   int n = 0;
   for (rh_conn_t *c = net->all; c; c = c->next_all)
-    if (!c->closing && (c->shutting || c->inflight > 0 || c->npieces > 0)) n++;
+    if (!c->closing && (c->shutting || c->inflight > 0 || c->npieces > 0 || rh__ring_backlog(c) > 0)) n++;
   return n;
 }
 

@@ -52,6 +52,13 @@ struct rh_net_s {
    * re-entered: a connection that fails there reports its end from libuv's
    * close callback instead of at once */
   int defer_close_reports;
+  /* same-host shared-memory rings (conn_ring.c) */
+  struct rh_conn_ring_s *rings; /* every connection that has one */
+  uv_idle_t spin;               /* keeps the loop polling while rings are busy */
+  uint64_t ring_last;           /* uv_hrtime of the last ring traffic */
+  uint64_t ring_spin_ns;        /* how long to poll after it (RPCHOST_SPIN_US) */
+  int spinning, ring_found;
+  int ring_yielded; /* the rings' poll gave the core away this turn (sched_yield) */
 };
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);
@@ -110,6 +117,20 @@ size_t rh_conn_queued(rh_conn_t *c);
 /* Tests only: the largest buffer one write is given (0: the default, 1 GiB), so
  * that the splitting of big segments can be exercised with small ones. */
 void rh__conn_set_write_split(size_t bytes);
+
+/* Same-host rings (conn_ring.c): a memory file with a pair of empty rings, made
+ * by the side that offers them (NULL with *err, a negative errno, on failure);
+ * attaching it makes small frames of a proven Unix-domain connection travel
+ * through shared memory, in order with those that still take the socket. The
+ * connection keeps a reference to seg; creator: 1 on the side that made it. */
+struct rh_shm_s;
+struct rh_shm_s *rh_conn_ring_segment(int *err);
+int rh_conn_ring_attach(rh_conn_t *c, struct rh_shm_s *seg, int creator);
+int rh_conn_has_ring(rh_conn_t *c);
+/* Specs that play a broken peer: raw bytes into our outgoing ring; a value
+ * stored in our ring's tail (which 0) or our incoming ring's head (which 1). */
+int rh_conn_ring_raw(rh_conn_t *c, const void *data, size_t len);
+int rh_conn_ring_poke(rh_conn_t *c, int which, uint64_t value);
 
 /* Listeners: accept connections and hand each one to on_accept (with cbs to use). */
 typedef void (*rh_accept_fn)(rh_listener_t *l, rh_conn_t *c);

@@ -195,6 +195,11 @@ static void fill_frame(rh_reader_t *r, rh_frame_t *f, const rh_frame_hdr_t *h, c
   (void)r;
 }
 
+int rh_reader_peek(const rh_reader_t *r, rh_frame_hdr_t *h) {
+  if (r->in_segs || r->len - r->off < RH_FRAME_HDR) return 0;
+  return decode_checked(r, r->buf + r->off, h) == 0;
+}
+
 int rh_reader_next(rh_reader_t *r, rh_frame_t *f) {
   if (r->in_segs) {
     if (r->seg_i < r->cur.nseg) return 0;

@@ -31,6 +31,11 @@
  * anything else ends the connection before its body is read or buffered, and
  * nothing larger is ever allocated for a stranger. */
 #define RH_FRAME_HANDSHAKE_MAX 4096
+/* Header-only frames of the same-host rings (conn_ring.c), never handed to an
+ * owner: a marker in a ring stands for the next frame on the socket; a doorbell
+ * on the socket wakes a peer that sleeps on its rings. */
+#define RH_FRAME_RING_MARK 30
+#define RH_FRAME_RING_WAKE 31
 
 typedef struct {
   uint8_t version;
@@ -102,6 +107,9 @@ int rh_reader_space(rh_reader_t *r, size_t want, uint8_t **p, size_t *avail);
 void rh_reader_commit(rh_reader_t *r, size_t n);
 /* Opens the gate: the peer proved itself, every frame type passes from now on. */
 void rh_reader_open_gate(rh_reader_t *r);
+/* 1 with *h set when a whole header that passes the gate starts the buffered
+ * bytes (at a frame boundary); 0 otherwise. Nothing is consumed. */
+int rh_reader_peek(const rh_reader_t *r, rh_frame_hdr_t *h);
 /* 1: *f holds a frame; 0: more bytes needed; <0: the stream is bad (close it).
  * A gated reader returns RH_EUNPROVEN for any header the gate does not pass.
  * On RH_EVERSION, f->hdr.version is the peer's version. */

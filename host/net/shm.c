@@ -38,7 +38,7 @@ static rh_shm_t *wrap(int fd, void *map, size_t size, int writable, int *err) {
   return s;
 }
 
-rh_shm_t *rh_shm_create(size_t size, int *err) {
+static rh_shm_t *create(size_t size, int populate, int *err) {
   size = page_round(size ? size : 1);
   int fd = memfd_create("rpchost-payload", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
@@ -52,7 +52,7 @@ rh_shm_t *rh_shm_create(size_t size, int *err) {
   void *map = MAP_FAILED;
   /* pre-faulted: a segment is reused for many payloads, so its pages are made
    * once here instead of one fault at a time inside the first copy */
-  if (!*err) map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (!*err) map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   if (!*err && map == MAP_FAILED) *err = -errno;
   if (*err) {
     close(fd);
@@ -60,6 +60,9 @@ rh_shm_t *rh_shm_create(size_t size, int *err) {
   }
   return wrap(fd, map, size, 1, err);
 }
+
+rh_shm_t *rh_shm_create(size_t size, int *err) { return create(size, 1, err); }
+rh_shm_t *rh_shm_create_sparse(size_t size, int *err) { return create(size, 0, err); }
 
 rh_shm_t *rh_shm_attach(int fd, size_t need, uint64_t ino, char *why, size_t whylen, int *err) {
   struct stat st;

@@ -16,7 +16,7 @@
 
 /* Refcounted: the Lua object that names a segment holds one reference, and so
  * does every tensor that lives in it, so a mapping outlives whichever goes first. */
-typedef struct {
+typedef struct rh_shm_s {
   int fd;       /* -1 for a peer's segment: the mapping is all that is kept */
   void *map;
   size_t size;
@@ -27,6 +27,9 @@ typedef struct {
 /* A new sealed segment of `size` bytes (rounded up to pages), mapped and
  * pre-faulted. NULL with *err set (a negative errno) on failure. */
 rh_shm_t *rh_shm_create(size_t size, int *err);
+/* The same, not pre-faulted: pages are made as they are first touched (the
+ * rings of a connection that carries little use a few of theirs). */
+rh_shm_t *rh_shm_create_sparse(size_t size, int *err);
 /* Maps a descriptor received from a peer, and closes it (on failure too). It
  * must be a memory file sealed against shrinking, at least `need` bytes long,
  * whose inode is `ino` (what the frame that announced it names).

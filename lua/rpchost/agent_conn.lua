@@ -17,6 +17,10 @@ local bit = require "bit"
 
 local enc, dec = codec.raw_encode, codec.raw_decode
 
+-- Same-host rings (host/net/conn_ring.c): small frames of a proven Unix-domain
+-- connection go through shared memory; RPCHOST_SHM_RING=0 keeps them on the socket.
+local RING = os.getenv("RPCHOST_SHM_RING") ~= "0"
+
 local C = {}
 
 -- listening --------------------------------------------------------------------
@@ -354,9 +358,40 @@ function C:on_auth(conn, body)
   p.reads_peer = cma.accept(a.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and a.cma.pid or nil
   st.shm = self.shm and conn:is_local() and a.shm == true
-  conn:send(auth.READY_FRAME, 0, 0, enc("ready", {ok = true, cma = cma.offer(conn, self.cma), shm = st.shm,
-                                                 inc = self.inc}))
+  -- the rings (one memory file, passed with the verdict), when both want them
+  local ring = RING and a.ring == true and conn:is_local() and self:ring_offer()
+  local ready = enc("ready", {ok = true, cma = cma.offer(conn, self.cma), shm = st.shm, inc = self.inc,
+                              ring = ring and ring:inode() or nil})
+  if not ring then
+    conn:send(auth.READY_FRAME, 0, 0, ready)
+  else
+    -- (attached right after the verdict: everything after it may take the ring)
+    local ok, err = conn:send_shm(ring, auth.READY_FRAME, 0, 0, ready)
+    if ok then ok, err = conn:ring_attach(ring, true) end
+    ring:close()
+    if not ok then
+      log.warn("closing a connection from rank %d: its shared-memory ring failed: %s", st.rank, tostring(err))
+      return conn:close()
+    end
+  end
   self:accepted(p, conn)
+end
+
+-- A new pair of rings to offer, or nil (then the socket carries everything).
+function C:ring_offer()
+  local seg, why = core.ring_segment()
+  if not seg then log.debug("no shared-memory ring: %s", tostring(why)) end
+  return seg
+end
+
+-- client: the server's rings, attached before anything else is sent; a ring
+-- offered that cannot be mapped ends the connection (the server writes to it)
+function C:ring_take(conn, ino)
+  local seg, why = conn:take_shm(type(ino) == "number" and ino or -1)
+  if not seg then return nil, why end
+  local ok, err = conn:ring_attach(seg, false)
+  seg:close()
+  return ok, err
 end
 
 -- the handshake of an incoming connection is complete (and proven)
@@ -394,7 +429,8 @@ function C:on_hello_ack(conn, body)
   st.acked = true
   conn:prove() -- (the server proved itself, or nothing can be proved in this world)
   conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof ~= true and proof or nil, inc = self.inc,
-    cma = cma.offer(conn, self.cma), shm = self.shm and conn:is_local() or nil}))
+    cma = cma.offer(conn, self.cma), shm = self.shm and conn:is_local() or nil,
+    ring = RING and conn:is_local() or nil}))
 end
 
 -- client: the server's verdict and offers
@@ -410,6 +446,14 @@ function C:on_ready(conn, body)
     self:peer_lost(p, conn, ok and type(a) == "table" and tostring(a.error) or "malformed handshake verdict", "auth")
     conn:close()
     return
+  end
+  if a.ring ~= nil then
+    local rok, why = self:ring_take(conn, a.ring)
+    if not rok then
+      self:peer_lost(p, conn, "cannot map its shared-memory ring: " .. tostring(why), "protocol")
+      conn:close()
+      return
+    end
   end
   st.ready, st.inc, p.inc = true, a.inc, a.inc
   if p.dialling == conn then p.dialling = nil end

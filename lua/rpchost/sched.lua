@@ -318,6 +318,9 @@ local function run_until(t)
     in_loop = true
     local alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
     in_loop = false
+    -- (a polling turn that found nothing gives the core away: the rank this one
+    -- waits for may share it, and a busy poll would hold it for a whole slice)
+    if spinning and rhead > rtail then core.yield_cpu() end
     if not alive and rhead > rtail and not t.done and not spinning then
       return false, "deadlock: " .. tostring(t.name) .. " waits for " .. tostring(t.waiting) ..
         " but nothing that could complete it is pending (no connection, timer or process)"

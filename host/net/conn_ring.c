@@ -1,0 +1,403 @@
+/* conn_ring.c: the same-host fast path of a connection. Once two ranks on one
+ * host have proved each other over a Unix-domain socket, the server makes a
+ * memory file holding two byte rings (ring.h), passes its descriptor with the
+ * handshake's verdict, and both map it (rh_conn_ring_attach). From then on
+ * small frames are copied into the ring and out of it, without a system call;
+ * the socket stays for the connection's lifetime and carries descriptors, the
+ * frames too big for the ring, and the doorbells.
+ *
+ * Order across the two paths: every frame that goes by the socket leaves a
+ * marker frame (RH_FRAME_RING_MARK, header only) at its place in the ring, and
+ * the reader takes exactly one socket frame for each marker it reads, at that
+ * point (socket frames that arrive before their marker wait in the socket's
+ * reader). So the peer sees frames in the order they were sent, whichever path
+ * each took.
+ *
+ * Polling and sleeping, in one libuv loop, no threads: every ring is read before
+ * each poll (the net's prepare handle). While there was ring traffic within the
+ * last RPCHOST_SPIN_US, an idle handle keeps the loop from blocking, so a
+ * reply is seen microseconds after it is written (uv_hrtime: uv_now's 1 ms is too
+ * coarse); a spin turn that finds nothing yields the core, since ranks may
+ * outnumber cores. After the window, each ring's `sleeping` flag is set and the
+ * ring checked once more (ring.h), and the loop blocks in epoll; a producer that
+ * sees the flag sends a doorbell: a header-only frame (RH_FRAME_RING_WAKE) on
+ * the socket, which wakes the loop and is swallowed here. A doorbell goes out
+ * once per sleep, with the flush that ends the loop turn, so an active world
+ * makes no system call per frame and an idle rank costs nothing.
+ *
+ * Full ring: bytes that do not fit wait in a local backlog (in order, never
+ * dropped, the loop never blocks) and go in as the peer frees space; a producer
+ * about to sleep with a backlog sets `want_space` and the consumer rings back.
+ *
+ * Bad input: the ring's counters and contents come from another process and are
+ * checked like bytes from the network (ring.c); its frames pass the socket's
+ * gate (frame.c's decode_checked, through an rh_reader_t); a violation closes
+ * the connection with RH_ERING. A dead peer is noticed by the socket's EOF, as
+ * without rings, after the ring's last frames are read. */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conn_priv.h"
+
+/* Bytes of data in each direction, and the largest frame that goes through the
+ * ring (bigger ones take the socket, which reads them straight into place). */
+#define RING_CAP (64u << 10)
+#define RING_FRAME_MAX (RING_CAP / 4)
+/* markers read whose socket frame has not arrived: an honest peer has at most
+ * one per big frame in flight */
+#define MAX_MARKS (1u << 20)
+
+typedef struct rh_conn_ring_s {
+  rh_conn_t *c;
+  struct rh_conn_ring_s *next, *prev; /* on net->rings */
+  rh_shm_t *seg;
+  rh_ring_t tx, rx;
+  rh_reader_t reader; /* frames out of rx */
+  uint8_t *backlog;   /* bytes for tx that did not fit yet */
+  size_t boff, blen, bcap;
+  uint32_t marks; /* markers read whose socket frame is not handed out yet */
+  int wake;       /* a doorbell is owed to the peer (with the next flush) */
+} rh_conn_ring_t;
+
+static void ring_fail(rh_conn_t *c, int rc) { rh__conn_end(c, rc == RH_ENOMEM ? rc : RH_ERING, 0); }
+
+/* ---- spinning and sleeping ---- */
+
+static void spin_cb(uv_idle_t *h) {
+  rh_net_t *net = h->data;
+  /* the rings first: what arrived is handed out before this turn yields */
+  rh__rings_poll(net);
+  uint64_t now = uv_hrtime();
+  if (net->ring_found) {
+    net->ring_found = 0;
+    net->ring_last = now;
+    return;
+  }
+  if (now - net->ring_last < net->ring_spin_ns) {
+    sched_yield(); /* nothing this turn: another rank on this core may have work */
+    net->ring_yielded = 1;
+    return;
+  }
+  /* every ring must agree to sleep: set the flags, then look once more */
+  int awake = 0;
+  for (rh_conn_ring_t *r = net->rings, *next; r; r = next) {
+    next = r->next;
+    if (r->c->closing) continue;
+    /* (every open ring gets its flag, so that its peer rings when it writes;
+     * but bytes waiting in a paused connection's ring, or behind a marker whose
+     * socket frame has not come, keep nobody polling: the resume, or the socket
+     * bringing that frame, reads them) */
+    int s = rh_ring_sleep(&r->rx);
+    if (s < 0) {
+      ring_fail(r->c, s);
+      continue;
+    }
+    if (s == 0 && !r->c->paused && !r->marks) awake = 1;
+    if (r->blen > r->boff && !rh_ring_wait_space(&r->tx)) awake = 1;
+  }
+  if (awake) {
+    for (rh_conn_ring_t *r = net->rings; r; r = r->next) rh_ring_awake(&r->rx);
+    net->ring_last = now;
+    return;
+  }
+  uv_idle_stop(h);
+  net->spinning = 0;
+}
+
+/* Ring traffic: keep the loop polling for a while. */
+static void activity(rh_net_t *net) {
+  net->ring_found = 1;
+  if (net->spinning || !net->rings || uv_is_closing((uv_handle_t *)&net->spin)) return;
+  net->spinning = 1;
+  net->ring_last = uv_hrtime();
+  for (rh_conn_ring_t *r = net->rings; r; r = r->next) rh_ring_awake(&r->rx);
+  uv_idle_start(&net->spin, spin_cb);
+}
+
+void rh__rings_init(rh_net_t *net) {
+  net->rings = NULL;
+  net->spinning = net->ring_found = 0;
+  if (!net->ring_spin_ns) net->ring_spin_ns = 60000; /* (RPCHOST_SPIN_US's default) */
+  uv_idle_init(net->loop, &net->spin);
+  net->spin.data = net;
+  uv_unref((uv_handle_t *)&net->spin); /* polling alone keeps no loop alive */
+}
+
+void rh__rings_close(rh_net_t *net) {
+  if (!uv_is_closing((uv_handle_t *)&net->spin)) uv_close((uv_handle_t *)&net->spin, NULL);
+}
+
+/* ---- writing ---- */
+
+static int backlog_put(rh_conn_ring_t *r, const uint8_t *p, size_t len) {
+  if (r->boff == r->blen) r->boff = r->blen = 0;
+  if (r->blen + len > r->bcap) {
+    if (r->boff > 0) {
+      memmove(r->backlog, r->backlog + r->boff, r->blen - r->boff);
+      r->blen -= r->boff;
+      r->boff = 0;
+    }
+    size_t ncap = r->bcap ? r->bcap : RING_CAP;
+    while (ncap < r->blen + len) ncap *= 2;
+    if (ncap > r->bcap) {
+      uint8_t *nb = realloc(r->backlog, ncap);
+      if (!nb) return RH_ENOMEM;
+      r->backlog = nb;
+      r->bcap = ncap;
+    }
+  }
+  memcpy(r->backlog + r->blen, p, len);
+  r->blen += len;
+  return 0;
+}
+
+/* After bytes went into the ring: a sleeping peer gets a doorbell. */
+static void published(rh_conn_ring_t *r) {
+  if (rh_ring_wake_needed(&r->tx)) {
+    r->wake = 1;
+    rh__conn_mark_dirty(r->c);
+  }
+}
+
+/* Bytes in stream order: into the ring when nothing waits before them. */
+static int emit(rh_conn_ring_t *r, const void *p, size_t len) {
+  size_t put = 0;
+  if (r->boff == r->blen) {
+    int rc = rh_ring_write(&r->tx, p, len, &put);
+    if (rc) return rc;
+  }
+  return put < len ? backlog_put(r, (const uint8_t *)p + put, len - put) : 0;
+}
+
+/* The backlog into the ring, as far as it goes. */
+static int drain(rh_conn_ring_t *r) {
+  if (r->boff == r->blen) return 0;
+  size_t put;
+  int rc = rh_ring_write(&r->tx, r->backlog + r->boff, r->blen - r->boff, &put);
+  if (rc) return rc;
+  r->boff += put;
+  if (put) published(r);
+  if (r->boff == r->blen) {
+    r->boff = r->blen = 0;
+    if (r->bcap > 4 * RING_CAP) { /* a burst's buffer is not kept */
+      free(r->backlog);
+      r->backlog = NULL;
+      r->bcap = 0;
+    }
+    if (r->c->shutting) rh__conn_mark_dirty(r->c); /* its shutdown waited for this */
+  }
+  return 0;
+}
+
+int rh__ring_send(rh_conn_t *c, const uint8_t *hdr, const void *body, uint32_t body_len, const uv_buf_t *segs,
+                  uint32_t nseg, const rh_frame_hdr_t *h, int by_socket) {
+  rh_conn_ring_t *r = c->ring;
+  activity(c->net);
+  if (by_socket || rh_frame_total(h) > RING_FRAME_MAX) {
+    /* the frame takes the socket; its place in the stream is kept here */
+    rh_frame_hdr_t m = {.version = c->net->version, .type = RH_FRAME_RING_MARK};
+    uint8_t mh[RH_FRAME_HDR];
+    rh_frame_encode_header(mh, &m);
+    int rc = emit(r, mh, sizeof mh);
+    if (!rc) published(r);
+    return rc ? rc : 0;
+  }
+  int rc = emit(r, hdr, RH_FRAME_HDR);
+  if (!rc && body_len) rc = emit(r, body, body_len);
+  for (uint32_t i = 0; !rc && i < nseg; i++) {
+    uint8_t l[8];
+    for (int k = 0; k < 8; k++) l[k] = (uint8_t)((uint64_t)segs[i].len >> (8 * k));
+    rc = emit(r, l, 8);
+  }
+  for (uint32_t i = 0; !rc && i < nseg; i++)
+    if (segs[i].len) rc = emit(r, segs[i].base, segs[i].len);
+  if (rc) return rc;
+  published(r);
+  return 1;
+}
+
+void rh__ring_flush(rh_conn_t *c) {
+  rh_conn_ring_t *r = c->ring;
+  if (!r || c->closing) return;
+  int rc = drain(r);
+  if (rc) {
+    ring_fail(c, rc);
+    return;
+  }
+  if (r->wake) {
+    r->wake = 0;
+    rh_frame_hdr_t w = {.version = c->net->version, .type = RH_FRAME_RING_WAKE};
+    uint8_t wh[RH_FRAME_HDR];
+    rh_frame_encode_header(wh, &w);
+    if (rh__conn_arena_put(c, wh, sizeof wh)) rh__conn_end(c, RH_ENOMEM, 0);
+  }
+}
+
+size_t rh__ring_backlog(const rh_conn_t *c) { return c->ring ? c->ring->blen - c->ring->boff : 0; }
+
+/* ---- reading ---- */
+
+int rh__ring_swallow(rh_conn_t *c) {
+  rh_frame_hdr_t h;
+  if (rh_reader_peek(&c->reader, &h) != 1 || h.type != RH_FRAME_RING_WAKE || h.body_len || h.nseg) return 0;
+  rh_frame_t f;
+  rh_reader_next(&c->reader, &f);
+  activity(c->net);
+  return 1;
+}
+
+int rh__ring_announced(rh_conn_t *c) { return c->ring->marks > 0; }
+void rh__ring_took(rh_conn_t *c) { c->ring->marks--; }
+
+void rh__ring_poll(rh_conn_t *c) {
+  rh_conn_ring_t *r = c->ring;
+  rh_frame_t f;
+  for (;;) {
+    if (c->closing || c->paused) return;
+    if (r->marks) {
+      /* the socket's frame comes first */
+      rh__conn_deliver(c);
+      if (c->closing || r->marks) return;
+      continue;
+    }
+    int rc = rh_reader_next(&r->reader, &f);
+    if (rc < 0) {
+      ring_fail(c, rc);
+      return;
+    }
+    if (rc == 1) {
+      if (f.hdr.type == RH_FRAME_RING_MARK || f.hdr.type == RH_FRAME_RING_WAKE) {
+        if (f.hdr.type == RH_FRAME_RING_WAKE || f.hdr.body_len || f.hdr.nseg || r->marks >= MAX_MARKS) {
+          ring_fail(c, RH_ERING);
+          return;
+        }
+        r->marks++;
+        continue;
+      }
+      c->net->ring_found = 1;
+      rh__conn_hand_out(c, &f);
+      continue;
+    }
+    int64_t n = rh_ring_avail(&r->rx);
+    if (n < 0) {
+      ring_fail(c, (int)n);
+      return;
+    }
+    if (n == 0) return;
+    uint8_t *p;
+    size_t room;
+    size_t want = n < RING_CAP ? (size_t)n : RING_CAP;
+    if (rh_reader_space(&r->reader, want, &p, &room) != 0) {
+      ring_fail(c, RH_ENOMEM);
+      return;
+    }
+    size_t k = (uint64_t)n < room ? (size_t)n : room;
+    rh_ring_read(&r->rx, p, k);
+    rh_reader_commit(&r->reader, k);
+    activity(c->net);
+    if (rh_ring_space_wanted(&r->rx)) {
+      r->wake = 1;
+      rh__conn_mark_dirty(c);
+    }
+  }
+}
+
+void rh__rings_poll(rh_net_t *net) {
+  for (rh_conn_ring_t *r = net->rings, *next; r; r = next) {
+    next = r->next;
+    if (r->c->closing) continue;
+    int rc = drain(r);
+    if (rc) {
+      ring_fail(r->c, rc);
+      continue;
+    }
+    rh__ring_poll(r->c);
+  }
+}
+
+/* ---- set-up and end ---- */
+
+rh_shm_t *rh_conn_ring_segment(int *err) {
+  rh_shm_t *s = rh_shm_create_sparse(rh_ring_file_size(RING_CAP), err);
+  if (s) rh_ring_format(s->map, RING_CAP);
+  return s;
+}
+
+int rh_conn_ring_attach(rh_conn_t *c, rh_shm_t *seg, int creator) {
+  if (c->closing || c->shutting) return RH_ECLOSED;
+  if (c->ring || !c->local) return UV_EINVAL;
+  rh_conn_ring_t *r = calloc(1, sizeof *r);
+  if (!r) return RH_ENOMEM;
+  int rc = rh_ring_open(seg->map, seg->size, creator, &r->tx, &r->rx);
+  if (rc) {
+    free(r);
+    return rc;
+  }
+  r->c = c;
+  r->seg = seg;
+  rh_shm_retain(seg);
+  /* the mapping is all the connection needs: the creator's descriptor has been
+   * passed (sent as a duplicate), and a rank with many peers should not hold
+   * one per connection */
+  if (seg->fd >= 0) {
+    close(seg->fd);
+    seg->fd = -1;
+  }
+  rh_net_t *net = c->net;
+  /* (a ring carries only small frames: a header in it announcing more is a
+   * corrupt ring, and nothing bigger is ever allocated for one) */
+  rh_reader_init(&r->reader, RING_FRAME_MAX, net->version);
+  rh_reader_open_gate(&r->reader); /* (only proven peers get a ring) */
+  if (net->seg_alloc) rh_reader_set_alloc(&r->reader, net->seg_alloc, net->seg_free, net->seg_ctx);
+  r->next = net->rings;
+  if (net->rings) net->rings->prev = r;
+  net->rings = r;
+  c->ring = r;
+  activity(net); /* the peer may have written already */
+  return 0;
+}
+
+int rh_conn_has_ring(rh_conn_t *c) { return c->ring != NULL; }
+
+void rh__ring_free(rh_conn_t *c) {
+  rh_conn_ring_t *r = c->ring;
+  if (!r) return;
+  rh_net_t *net = c->net;
+  if (r->prev) r->prev->next = r->next;
+  else net->rings = r->next;
+  if (r->next) r->next->prev = r->prev;
+  rh_reader_free(&r->reader);
+  free(r->backlog);
+  rh_shm_release(r->seg);
+  free(r);
+  c->ring = NULL;
+  if (!net->rings && net->spinning) {
+    uv_idle_stop(&net->spin);
+    net->spinning = 0;
+  }
+}
+
+/* ---- for specs that play a broken or hostile peer ---- */
+
+int rh_conn_ring_raw(rh_conn_t *c, const void *data, size_t len) {
+  if (!c->ring || c->closing) return RH_ECLOSED;
+  int rc = emit(c->ring, data, len);
+  if (!rc) published(c->ring);
+  return rc;
+}
+
+int rh_conn_ring_poke(rh_conn_t *c, int which, uint64_t value) {
+  if (!c->ring || c->closing) return RH_ECLOSED;
+  /* (our own position too: a broken peer stays broken, its next write does not
+   * put the right value back) */
+  rh_ring_t *r = which == 0 ? &c->ring->tx : &c->ring->rx;
+  r->pos = value;
+  __atomic_store_n(which == 0 ? r->tail : r->head, value, __ATOMIC_RELEASE);
+  if (which == 0) {
+    c->ring->wake = 1; /* make sure the peer looks */
+    rh__conn_mark_dirty(c);
+  }
+  return 0;
+}

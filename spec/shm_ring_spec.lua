@@ -1,0 +1,152 @@
+-- Same-host shared-memory rings (host/net/conn_ring.c): ranks on one host send
+-- small frames through a pair of rings in one memory file, offered in the
+-- handshake; big frames and descriptors still take the Unix-domain socket, in
+-- order with the ring's frames. A corrupt ring closes that connection (never the
+-- rank), a dead peer is noticed by the socket's end, an idle rank sleeps, and
+-- RPCHOST_SHM_RING=0 keeps everything on the socket.
+local S = require "spec.support"
+
+local world, assert_oks = S.checked_world, S.assert_oks
+
+-- rank 1 records the order in which calls reach it; rank 0 interleaves small
+-- calls (the ring) with 10 KiB ones (the ring) and 200 KiB ones (the socket,
+-- behind a marker) and checks that they arrived in the order sent
+local ORDER = [[
+  seen = {}
+  function record(i, s) seen[#seen + 1] = i; return #s end
+  function order() return seen end
+  rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+  if rank == 0 then
+    local sizes = {3, 10 * 1024, 200 * 1024, 1, 200 * 1024, 200 * 1024, 7, 10 * 1024}
+    local futs = {}
+    for i = 1, 120 do
+      local n = sizes[i % #sizes + 1]
+      futs[i] = {rpc.rpc_async("w1", record, {i, string.rep("x", n)}), n}
+    end
+    local sizes_ok = true
+    for _, f in ipairs(futs) do sizes_ok = sizes_ok and f[1]:wait() == f[2] end
+    check("every call answered with its size", sizes_ok)
+    local got, in_order = rpc.rpc_sync("w1", order), true
+    for i = 1, 120 do in_order = in_order and got[i] == i end
+    check("arrived in the order sent", in_order and #got == 120, table.concat(got, ","))
+    print("ring " .. tostring(rpc._agent().peers[1].conn:has_ring()))
+  end
+  -- (collectives' small steps take the same connections)
+  dist.init_process_group{backend = "gloo"}
+  local t = require("tensor").ones(1024) * (rank + 1)
+  dist.all_reduce(t)
+  check("a small all_reduce is right", t:min():item() == 3 and t:max():item() == 3)
+  local pg = dist._agent().peers[1 - rank].conn
+  if rank == 0 then print("group ring " .. tostring(pg and pg:has_ring())) end
+  dist.barrier()
+  dist.destroy_process_group()
+  rpc.shutdown()
+]]
+
+describe("same-host shared-memory rings", function()
+  it("carry small frames in the order sent, interleaved with big ones on the socket", function()
+    local r, lines = world(2, ORDER)
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"every call answered with its size", "arrived in the order sent",
+                          "a small all_reduce is right"})
+    assert.truthy(lines["ring true"], r.out)
+    assert.truthy(lines["group ring true"], r.out)
+  end)
+
+  it("are off with RPCHOST_SHM_RING=0, and everything still arrives in order", function()
+    local r, lines = world(2, ORDER, {env = {RPCHOST_SHM_RING = "0"}})
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"every call answered with its size", "arrived in the order sent",
+                          "a small all_reduce is right"})
+    assert.truthy(lines["ring false"], r.out)
+    assert.truthy(lines["group ring false"], r.out)
+  end)
+
+  it("a corrupt ring (impossible tail, garbage frame) closes that connection, not the rank", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function echo(x) return x end
+      -- rank 1 breaks its ring to rank 0, in one of two ways
+      function corrupt(how)
+        local conn = rpc._agent().peers[0].conn
+        if how == "tail" then conn:ring_poke(0, 2 ^ 40)
+        else conn:ring_raw(string.rep("garbage!", 8)) end
+        return conn:has_ring()
+      end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        for _, how in ipairs({"tail", "frame"}) do
+          check(how .. ": a call works first", rpc.rpc_sync("w1", echo, {how}) == how)
+          local conn = rpc._agent().peers[1].conn
+          check(how .. ": over a ring", conn:has_ring())
+          rpc.rpc_async("w1", corrupt, {how})
+          local deadline = sched.now() + 5
+          while conn:is_open() and sched.now() < deadline do sched.sleep(0.01) end
+          check(how .. ": the connection is closed", not conn:is_open())
+          -- (the rank goes on: the next call makes a new connection)
+          local ok, v
+          for _ = 1, 50 do
+            ok, v = pcall(rpc.rpc_sync, "w1", echo, {7})
+            if ok then break end
+            sched.sleep(0.05)
+          end
+          check(how .. ": calls work again", ok and v == 7, v)
+        end
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"tail: a call works first", "tail: over a ring", "tail: the connection is closed",
+                          "tail: calls work again", "frame: a call works first", "frame: over a ring",
+                          "frame: the connection is closed", "frame: calls work again"})
+    assert.truthy(r.err:find("corrupt shared-memory ring", 1, true), r.err)
+  end)
+
+  it("an idle rank sleeps, and a peer killed while both sleep is noticed within 2 s", function()
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      local core, sched = require "rpchost.core", require "rpchost.sched"
+      function pid() return core.getpid() end
+      function hang() sched.sleep(60) end
+      function echo(x) return x end
+      -- CPU seconds this process used so far (utime + stime, /proc/self/stat)
+      function cpu()
+        local f = io.open("/proc/self/stat")
+        local s = f:read("*a")
+        f:close()
+        local fields = {}
+        for x in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = x end
+        return (tonumber(fields[12]) + tonumber(fields[13])) / 100
+      end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        for i = 1, 3000 do rpc.rpc_sync("w1", echo, {i}) end
+        check("over a ring", rpc._agent().peers[1].conn:has_ring())
+        local c0 = rpc.rpc_sync("w1", cpu)
+        sched.sleep(1)
+        local used = rpc.rpc_sync("w1", cpu) - c0
+        check("the idle rank slept", used < 0.3, used .. " s of CPU in 1 s idle")
+        -- both ranks asleep on their rings when rank 1 dies: its socket's end wakes us
+        local pending, victim = rpc.rpc_async("w1", hang), rpc.rpc_sync("w1", pid)
+        sched.sleep(0.5)
+        local killed_at = sched.now()
+        core.kill(victim, core.SIGKILL)
+        local waited_ok, err = pcall(pending.wait, pending)
+        local noticed = sched.now() - killed_at
+        check("the pending call fails as unreachable", not waited_ok and err.kind == "unreachable", err)
+        check("within 2 s", noticed < 2, noticed)
+        os.exit(0)
+      end
+      sched.sleep(30)
+    ]])
+    local hs = {}
+    for rk = 0, 1 do
+      hs[rk] = S.start({path}, {env = {RANK = rk, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
+                                      RPCHOST_STORE_LINGER = 0}})
+    end
+    local r0 = hs[0]:wait(40)
+    hs[1]:wait(5)
+    assert_oks(r0, S.lines(r0.out), {"over a ring", "the idle rank slept", "the pending call fails as unreachable",
+                                     "within 2 s"})
+  end)
+end)
