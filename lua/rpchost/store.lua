@@ -143,6 +143,19 @@ function ops.compare_set(s, _, _, k, expected, desired)
   end
   return true, cur == nil and expected or cur
 end
+-- count_in(k, v, counter): k = v unless k is there already; the first time for
+-- k, counter counts one more. Returns the counter and whether this call counted.
+-- (How each of a world's ranks counts itself in exactly once, in one step: a
+-- restarted rank whose earlier process counted finds its key there.)
+function ops.count_in(s, _, _, k, v, counter)
+  if s.data[k] ~= nil then return true, tonumber(s.data[counter]) or 0, false end
+  s.data[k] = v
+  local n = (tonumber(s.data[counter]) or 0) + 1
+  s.data[counter] = tostring(n)
+  s:notify(k)
+  s:notify(counter)
+  return true, n, true
+end
 function ops.check(s, _, _, keys) return true, #s:missing(keys) == 0 end
 function ops.missing(s, _, _, keys) return true, s:missing(keys) end
 function ops.multi_get(s, _, _, keys)
@@ -231,7 +244,9 @@ function Server:on_frame(conn, ftype, _, id, body)
   local op = r[2]
   local f = r[1] and type(op) == "string" and ops[op]
   if not f then
-    reply(conn, id, false, "bad store request")
+    reply(conn, id, false, r[1] and type(op) == "string" and ("the store at %s has no operation '%s' " ..
+      "(does every rank run the same rpchost as the store's host?)"):format(self.addr, op:sub(1, 64)) or
+      "bad store request")
     return
   end
   local res = {pcall(f, self, conn, id, unpack(r, 3, 8))}
@@ -484,6 +499,8 @@ function Client:missing(keys) return self:call("missing", keys) end
 function Client:multi_get(keys) return self:call("multi_get", keys) end
 function Client:delete(k) return self:call("delete", k) end
 function Client:num_keys() return self:call("num_keys") end
+-- count_in(k, v, counter) -> the counter, whether this call counted (see ops.count_in)
+function Client:count_in(k, v, counter) return self:call("count_in", k, v, counter) end
 
 -- wait(keys, timeout, abort_key) -> true | false, abort_value (false, nil on timeout)
 function Client:wait(keys, timeout, abort)
@@ -513,29 +530,46 @@ end
 -- every second whether to stop waiting (it raises the error that says why: a
 -- rank that is gone, say). Raises timeout/config errors.
 function Client:wait_verbose(keys, timeout, abort, describe, on_tick)
+  return self:wait_for(keys, {timeout = timeout, abort = abort, describe = describe, on_tick = on_tick})
+end
+
+-- wait_verbose with its options in a table: timeout, abort, describe, on_tick,
+-- and two more: missing(), what to describe instead of the keys still missing
+-- (a wait for the one key that stands for many, as gather's, names the many;
+-- asked only when a note is due), and on_abort(value), which may raise another
+-- error than the config error an abort is by default.
+function Client:wait_for(keys, o)
   local trace = require "rpchost.trace"
   if trace.enabled() then
     local t0 = trace.now_us()
-    local r = table.pack(pcall(self.wait_verbose_, self, keys, timeout, abort, describe, on_tick))
+    local r = table.pack(pcall(self.wait_for_, self, keys, o))
     trace.complete("store wait", "store", t0, trace.now_us() - t0, {keys = #keys, store = self.addr})
     if not r[1] then error(r[2], 0) end
     return unpack(r, 2, r.n)
   end
-  return self:wait_verbose_(keys, timeout, abort, describe, on_tick)
+  return self:wait_for_(keys, o)
 end
 
 -- (Each round waits only for the keys still missing after the last: a world's
 -- ranks re-ask every second, and asking for all N keys each time made the store
 -- handle N^2 keys per second while a large world gathered.)
-function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
+function Client:wait_for_(keys, o)
+  local timeout, abort, describe, on_tick = o.timeout, o.abort, o.describe, o.on_tick
   local start = sched.now()
   local step = on_tick and math.min(1, progress_every()) or progress_every()
   local next_note = start + progress_every()
+  local function named(miss)
+    local many = o.missing and o.missing()
+    return many and #many > 0 and many or miss
+  end
   while true do
     local left = timeout - (sched.now() - start)
     local ok, aborted = self:wait(keys, math.max(math.min(step, left), 0.001), abort)
     if ok then return true end
-    if aborted then error(errors.new("config", aborted), 0) end
+    if aborted then
+      if o.on_abort then o.on_abort(aborted) end
+      error(errors.new("config", aborted), 0)
+    end
     local elapsed = sched.now() - start
     local miss = self:missing(keys)
     keys = miss
@@ -543,14 +577,67 @@ function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
     if on_tick then on_tick(miss) end
     if elapsed >= timeout then
       error(errors.new("timeout", ("gave up after %g s waiting for %s at the store %s"):format(
-        timeout, describe(miss), self.addr)), 0)
+        timeout, describe(named(miss)), self.addr)), 0)
     end
     if sched.now() >= next_note then
       next_note = sched.now() + progress_every()
-      log.info("waiting for %s at the store %s (%d s%s)", describe(miss), self.addr, elapsed,
+      log.info("waiting for %s at the store %s (%d s%s)", describe(named(miss)), self.addr, elapsed,
         timeout == math.huge and ", no time limit" or (" of %g s"):format(timeout))
     end
   end
+end
+
+-- The rendezvous of a world of n ranks (rpc's and the process group's). Each
+-- rank records itself under prefix..rank and counts itself in (count_in, once
+-- per rank); the rank that completes the count reads every record and
+-- publishes what o.build(records) makes of them (the world's directory) under
+-- prefix.."all", which every rank waits for and reads. Each rank makes a few
+-- requests whatever n is, and the store's work grows with n: every rank
+-- waiting for n keys and reading n records made it grow with n^2 (a world of
+-- 1,024: a million keys looked up and 100 MB of records sent at start-up).
+-- o: wait_for's options (timeout, abort, describe, on_tick), and
+--   build(records) -> the directory (a string), or nil and why the world
+--   cannot form (the abort key then says so to every rank);
+--   restarted: this rank's earlier process was counted in and this one takes
+--   its place: it records itself anew, waits for every record and reads them
+--   (fresh: other ranks may have been restarted too), publishing the
+--   directory if nobody did (its earlier process may have died uncounted).
+-- Returns the directory.
+function Client:gather(prefix, n, rank, record, o)
+  local all = prefix .. "all"
+  local function keys()
+    local k = {}
+    for r = 0, n - 1 do k[r + 1] = prefix .. r end
+    return k
+  end
+  local function build()
+    local recs = self:multi_get(keys())
+    for r = 1, n do
+      if not recs[r] then
+        error(errors.new("protocol", ("the store lost rank %d's record (%s%d) while the world formed"):format(
+          r - 1, prefix, r - 1)), 0)
+      end
+    end
+    local dir, why = o.build(recs)
+    if not dir then
+      if o.abort then self:set(o.abort, why) end
+      error(errors.new("config", why), 0)
+    end
+    return dir
+  end
+  if o.restarted then
+    self:set(prefix .. rank, record)
+    self:wait_for(keys(), o)
+    local dir = build()
+    self:compare_set(all, "", dir)
+    return dir
+  end
+  local count = self:count_in(prefix .. rank, record, prefix .. "count")
+  if count >= n then self:compare_set(all, "", build()) end
+  local w = {missing = function() return self:missing(keys()) end}
+  for k, v in pairs(o) do w[k] = v end
+  self:wait_for({all}, w)
+  return self:get(all)
 end
 
 -- Shared stores: one client per address in this process ---------------------------
