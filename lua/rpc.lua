@@ -315,14 +315,16 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     client:set(abort, msg)
     error(errors.new("config", msg), 0)
   end
-  -- world sizes must agree
-  local same, ows, orank = client:agree(P .. "world_size", world_size, rank)
+  -- world sizes must agree, names must be unique (a rejoining rank holds its
+  -- own already): one round trip
+  local r = client:batch{{"compare_set", P .. "world_size", "", store.agreement(world_size, rank)},
+                         {"compare_set", P .. "name/" .. name, "", tostring(rank)}}
+  local same, ows, orank = store.agreed(r[1][1], world_size, rank)
   if not same then
     fail(("world_size mismatch: rank %d was started with world_size %d, rank %s with world_size %s"):format(
       rank, world_size, tostring(orank), tostring(ows)))
   end
-  -- names must be unique (a rejoining rank holds its own already)
-  local holder = client:compare_set(P .. "name/" .. name, "", tostring(rank))
+  local holder = r[2][1]
   if holder ~= tostring(rank) then
     local other = tonumber(holder)
     fail(("RPC worker name %s is not unique. Workers %d and %d share the same name"):format(
@@ -664,12 +666,15 @@ local function graceful_join(a, timeout)
     -- (each rank reading every rank's counters made shutdown's store traffic
     -- grow with N^2); the rank counts itself in after its add, so the sum is
     -- complete once every rank is counted
+    -- (in one round trip; the rank that completes the count publishes the sum,
+    -- once: every rank must decide on the same one)
     local R = ("%ssd/%d/"):format(P, round)
-    a.store:add(R .. "calls", st.world_out + st.world_in)
-    if a.store:count_in(R .. a.rank, a.inc, R .. "count") >= N then a.store:set(R .. "all", "1") end
+    local r = a.store:batch{{"add", R .. "calls", st.world_out + st.world_in},
+                            {"count_in", R .. a.rank, a.inc, R .. "count"}}
+    if r[2][1] >= N then a.store:compare_set(R .. "all", "", a.store:get(R .. "calls")) end
     local watch = (a.rank + 1) % N -- the first rank after this one not seen here yet
-    a.store:wait_for({R .. "all"}, {
-      timeout = left(), abort = abort,
+    local _, total = a.store:wait_for({R .. "all"}, {
+      timeout = left(), abort = abort, fetch = true,
       describe = function(miss)
         local names = {}
         for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
@@ -717,7 +722,7 @@ local function graceful_join(a, timeout)
         end
       end,
     })
-    local total = tonumber(a.store:get(R .. "calls"))
+    total = tonumber(total or a.store:get(R .. "all"))
     if total == prev then break end
     prev = total
   end

@@ -89,7 +89,7 @@ function Server:try_wait(w)
     -- (a key deleted after this wait passed it still counts: it was there)
     sched.cancel(w.timer)
     self:forget(w)
-    reply(w.conn, w.id, true, true)
+    reply(w.conn, w.id, true, true, w.fetch and data[keys[1]] or nil)
     return true
   end
   local k = keys[i]
@@ -173,10 +173,11 @@ function ops.num_keys(s)
   for _ in pairs(s.data) do n = n + 1 end
   return true, n
 end
--- wait(keys, timeout, abort_key): replies (true, true) when all keys exist,
--- (true, false, abort_value) when abort_key is set, (true, false) on timeout.
-function ops.wait(s, conn, id, keys, timeout, abort)
-  local w = {conn = conn, id = id, keys = keys, abort = abort}
+-- wait(keys, timeout, abort_key, fetch): replies (true, true) when all keys
+-- exist (with fetch: and the first key's value, saving a get), (true, false,
+-- abort_value) when abort_key is set, (true, false) on timeout.
+function ops.wait(s, conn, id, keys, timeout, abort, fetch)
+  local w = {conn = conn, id = id, keys = keys, abort = abort, fetch = fetch == true}
   if s:try_wait(w) then return end
   if timeout and timeout > 0 then
     w.timer = sched.after(timeout, function()
@@ -460,19 +461,40 @@ end
 
 -- Sends one frame and waits for its reply body (raw). Raises on loss/timeout.
 function Client:request(ftype, body, timeout)
+  return self:requests({{ftype, body}}, timeout)[1]
+end
+
+-- Sends frames ({ftype, body} each) one after another, then waits for every
+-- reply (raw bodies, in order): the store answers in order, mostly in one
+-- read, so a few requests cost one round trip. timeout: seconds for all (0
+-- or nil: none). Raises on loss/timeout.
+function Client:requests(frames, timeout)
   if self.closed or not self.conn then
     error(errors.new("unreachable", ("the store at %s is gone: %s"):format(self.addr,
       tostring(self.close_reason or "not connected"))), 0)
   end
-  self.next_id = self.next_id + 1
-  local id = self.next_id
-  local p = {task = sched.current()}
-  self.pending[id] = p
-  self.conn:send(ftype, 0, id, body)
-  local woke = sched.suspend_until("a reply from the store at " .. self.addr, timeout)
-  self.pending[id] = nil
-  if p.body then return p.body end
-  if not woke then
+  local task, ps = sched.current(), {}
+  for i, f in ipairs(frames) do
+    self.next_id = self.next_id + 1
+    local p = {task = task, id = self.next_id}
+    self.pending[p.id] = p
+    ps[i] = p
+    self.conn:send(f[1], 0, p.id, f[2])
+  end
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local out, timed_out = {}, false
+  for i, p in ipairs(ps) do
+    -- (each reply wakes the task; replies that came together wake it once)
+    while not p.body and not self.closed and not timed_out do
+      local left = deadline and deadline - sched.now()
+      if left and left <= 0 then timed_out = true; break end
+      timed_out = not sched.suspend_until("a reply from the store at " .. self.addr, left)
+    end
+    out[i] = p.body
+  end
+  for _, p in ipairs(ps) do self.pending[p.id] = nil end
+  if out[#ps] then return out end
+  if timed_out then
     error(errors.new("timeout", ("the store at %s did not answer within %g s"):format(self.addr, timeout)), 0)
   end
   error(errors.new("unreachable", ("lost the store at %s: %s"):format(self.addr,
@@ -490,6 +512,18 @@ function Client:call(op, ...)
   return unwrap(dec(body))
 end
 
+-- batch{{op, args...}, ...}: several ops in one round trip; a list of each
+-- op's results (packed). The store runs them in order, nothing between.
+function Client:batch(calls)
+  local frames = {}
+  for i, c in ipairs(calls) do frames[i] = {proto.STORE, enc("store", unpack(c, 1, c.n or #c))} end
+  local out = {}
+  for i, body in ipairs(self:requests(frames, self.op_timeout or 600)) do
+    out[i] = table.pack(unwrap(dec(body)))
+  end
+  return out
+end
+
 function Client:set(k, v) return self:call("set", k, v) end
 function Client:get(k) return self:call("get", k) end
 function Client:add(k, n) return self:call("add", k, n or 1) end
@@ -502,9 +536,10 @@ function Client:num_keys() return self:call("num_keys") end
 -- count_in(k, v, counter) -> the counter, whether this call counted (see ops.count_in)
 function Client:count_in(k, v, counter) return self:call("count_in", k, v, counter) end
 
--- wait(keys, timeout, abort_key) -> true | false, abort_value (false, nil on timeout)
-function Client:wait(keys, timeout, abort)
-  local body = self:request(proto.STORE, enc("store", "wait", keys, timeout or 0, abort),
+-- wait(keys, timeout, abort_key, fetch) -> true (with fetch: and keys[1]'s
+-- value) | false, abort_value (false, nil on timeout)
+function Client:wait(keys, timeout, abort, fetch)
+  local body = self:request(proto.STORE, enc("store", "wait", keys, timeout or 0, abort, fetch or nil),
                             (timeout and timeout > 0) and timeout + 30 or 0)
   return unwrap(dec(body))
 end
@@ -512,9 +547,14 @@ end
 -- Records "value@rank" under key unless another rank recorded a different value
 -- first. Returns true, or false, other_value, other_rank.
 function Client:agree(key, value, rank)
-  local mine = ("%s@%d"):format(value, rank)
-  local cur = self:compare_set(key, "", mine)
-  if cur == mine then return true end
+  return M.agreed(self:compare_set(key, "", M.agreement(value, rank)), value, rank)
+end
+
+-- agree in two steps, for a batch: the compare_set's desired value, and what
+-- its result means
+function M.agreement(value, rank) return ("%s@%d"):format(value, rank) end
+function M.agreed(cur, value, rank)
+  if cur == M.agreement(value, rank) then return true end
   local v, r = cur:match("^(.*)@(%d+)$")
   if v == tostring(value) then return true end
   return false, v, tonumber(r)
@@ -537,7 +577,8 @@ end
 -- and two more: missing(), what to describe instead of the keys still missing
 -- (a wait for the one key that stands for many, as gather's, names the many;
 -- asked only when a note is due), and on_abort(value), which may raise another
--- error than the config error an abort is by default.
+-- error than the config error an abort is by default. With fetch (a wait for
+-- one key), returns true and that key's value (nil: read it yourself).
 function Client:wait_for(keys, o)
   local trace = require "rpchost.trace"
   if trace.enabled() then
@@ -564,8 +605,8 @@ function Client:wait_for_(keys, o)
   end
   while true do
     local left = timeout - (sched.now() - start)
-    local ok, aborted = self:wait(keys, math.max(math.min(step, left), 0.001), abort)
-    if ok then return true end
+    local ok, aborted = self:wait(keys, math.max(math.min(step, left), 0.001), abort, o.fetch)
+    if ok then return true, aborted end
     if aborted then
       if o.on_abort then o.on_abort(aborted) end
       error(errors.new("config", aborted), 0)
@@ -634,10 +675,10 @@ function Client:gather(prefix, n, rank, record, o)
   end
   local count = self:count_in(prefix .. rank, record, prefix .. "count")
   if count >= n then self:compare_set(all, "", build()) end
-  local w = {missing = function() return self:missing(keys()) end}
+  local w = {missing = function() return self:missing(keys()) end, fetch = true}
   for k, v in pairs(o) do w[k] = v end
-  self:wait_for({all}, w)
-  return self:get(all)
+  local _, dir = self:wait_for({all}, w)
+  return dir or self:get(all)
 end
 
 -- Shared stores: one client per address in this process ---------------------------
