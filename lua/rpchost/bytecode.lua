@@ -14,6 +14,13 @@
 -- turns the cache off.
 local M = {}
 
+local version = jit and (jit.version .. " " .. jit.arch) or _VERSION
+
+-- Where the bytecode of `path`, whose source is `src`, is kept in `dir`.
+function M.cache_file(dir, path, src)
+  return ("%s/%s.luac"):format(dir, require("rpchost.core").sha256_hex(version .. "\0" .. path .. "\0" .. src))
+end
+
 -- Installs the loader in front of the Lua file loader; lib_dir: the library's
 -- directory (modules under it are cached). Returns whether it is installed.
 function M.install(lib_dir)
@@ -23,7 +30,6 @@ function M.install(lib_dir)
   if not ok or not dir then return false end
   local loaders = package.loaders
   local prefix = lib_dir .. "/"
-  local version = jit and (jit.version .. " " .. jit.arch) or _VERSION
   local function read(path)
     local f = io.open(path, "rb")
     if not f then return nil end
@@ -36,7 +42,7 @@ function M.install(lib_dir)
     if not path or path:sub(1, #prefix) ~= prefix then return nil end
     local src = read(path)
     if not src then return nil end
-    local cached = ("%s/%s.luac"):format(dir, core.sha256_hex(version .. "\0" .. path .. "\0" .. src))
+    local cached = M.cache_file(dir, path, src)
     local bc = read(cached)
     local chunk = bc and loadstring(bc)
     if not chunk then
