@@ -10,6 +10,7 @@ local store = require "rpchost.store"
 local sched = require "rpchost.sched"
 local codec = require "rpchost.codec"
 local agentmod = require "rpchost.agent"
+local core = require "rpchost.core"
 
 local function record(r)
   return codec.encode("info", {name = "w" .. r, rank = r, ip = "127.0.0.1", port = 40000 + r})
@@ -184,5 +185,31 @@ describe("graceful shutdown in a bigger world", function()
           out[rk].err))
       end
     end
+  end)
+end)
+
+describe("the launcher that hosts the store", function()
+  it("runs at a raised priority where it may, and its ranks at the one it had", function()
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int getpriority(int which, unsigned int who);")
+    local base = ffi.C.getpriority(0, 0)
+    local script = S.write([[
+      local ffi = require "ffi"
+      pcall(ffi.cdef, "int getpriority(int which, unsigned int who); int getppid(void);")
+      print(("nice %d %d"):format(ffi.C.getpriority(0, ffi.C.getppid()), ffi.C.getpriority(0, 0)))
+    ]])
+    local function nices(env)
+      local r = S.run({"run", "--nproc-per-node", "2", script}, {env = env, timeout = 30})
+      assert.are.equal(0, r.status, r.err)
+      local launcher, rank = r.out:match("nice (%-?%d+) (%-?%d+)")
+      return tonumber(launcher), tonumber(rank)
+    end
+    local launcher, rank = nices()
+    assert.are.equal(base, rank)
+    -- (root may raise it; another user only as far as RLIMIT_NICE allows, else it stays)
+    if core.getuid() == 0 and base > -10 then assert.are.equal(-10, launcher) else assert.is_true(launcher <= base) end
+    launcher, rank = nices({RPCHOST_STORE_NICE = 0})
+    assert.are.equal(base, launcher)
+    assert.are.equal(base, rank)
   end)
 end)

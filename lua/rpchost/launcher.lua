@@ -115,6 +115,9 @@ local function run(o)
     server = s
     port = s.port
   end
+  -- (the store answers every rank: it must not wait for the CPU behind them)
+  local priority = require "rpchost.priority"
+  local rank_nice = server and priority.raise()
   local world = o.nproc * o.nnodes
   local script, cwd, shipped = o.script, nil, nil
   local ship = require "rpchost.ship"
@@ -263,6 +266,7 @@ local function run(o)
       end,
     }
     if not p then return false, err end
+    priority.give(p:pid(), rank_nice)
     r.pid = p:pid()
     r.proc = p
     return true
