@@ -726,7 +726,9 @@ local function graceful_join(a, timeout)
     if total == prev then break end
     prev = total
   end
-  a.store:set(P .. "shutdown/" .. a.rank, "1")
+  -- (said, not asked: nothing here depends on the answer, and in a big world
+  -- the store answers a thousand ranks leaving at once slowly)
+  a.store:tell("set", P .. "shutdown/" .. a.rank, "1")
 end
 
 -- graceful (default): wait for this worker's outstanding calls, then for every

@@ -512,6 +512,17 @@ function Client:call(op, ...)
   return unwrap(dec(body))
 end
 
+-- tell(op, ...): the op, sent without waiting for its answer (which is
+-- dropped): for what a rank says last before it leaves, so that it does not
+-- wait on a store that a thousand ranks leaving at once keep busy. The bytes
+-- still go out if the connection is closed right after (gracefully).
+function Client:tell(op, ...)
+  if self.closed or not self.conn then return false end
+  self.next_id = self.next_id + 1
+  self.conn:send(proto.STORE, 0, self.next_id, enc("store", op, ...))
+  return true
+end
+
 -- batch{{op, args...}, ...}: several ops in one round trip; a list of each
 -- op's results (packed). The store runs them in order, nothing between.
 function Client:batch(calls)
