@@ -153,8 +153,13 @@ describe("a world's peers", function()
       local t = require("tensor").ones(2)
       dist.all_reduce(t)
       check("all_reduce", t[1]:item() == world_size)
-      -- recursive doubling in a world of 8: three partners (and itself)
-      check("the process group's tables: its partners", tables(dist._agent()) <= 4, tables(dist._agent()))
+      -- recursive doubling in a world of 8: three partners (and itself), one
+      -- connection each (the lower of two partners dials; not both)
+      local pg = dist._agent()
+      check("the process group's tables: its partners", tables(pg) <= 4, tables(pg))
+      local conns = 0
+      for _ in pairs(pg.conns) do conns = conns + 1 end
+      check("one connection per partner", conns == 3, conns)
       check("every worker listed", #rpc.workers() == world_size)
       rpc.shutdown()
       dist.destroy_process_group()
@@ -162,7 +167,7 @@ describe("a world's peers", function()
     assert.are.equal(0, r.status, r.out .. r.err)
     S.assert_oks(r, lines, {"no table yet but the callers'", "a call by name", "tables for the callee and callers",
       "a worker never met, by name", "an unknown name lists every worker", "all_reduce",
-      "the process group's tables: its partners", "every worker listed"})
+      "the process group's tables: its partners", "one connection per partner", "every worker listed"})
   end)
 end)
 

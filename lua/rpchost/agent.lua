@@ -267,7 +267,7 @@ function Agent:drain_queues(timeout)
   while sched.now() < deadline do
     local waiting = false
     for _, p in pairs(self.peers) do
-      if #p.queue > 0 and p.state == "connecting" then waiting = true end
+      if #p.queue > 0 and (p.state == "connecting" or p.state == "awaiting") then waiting = true end
     end
     if not waiting then return end
     sched.sleep(0.005)

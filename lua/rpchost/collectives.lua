@@ -203,6 +203,8 @@ local function recursive_doubling(g, c, flat, redop)
   local mask = 1
   while mask < p2 do
     local partner = bit.bxor(me, mask)
+    -- (both send at once: the lower one's connection carries both)
+    g.agent:await_dial(g:global(partner), 1)
     g:send(c, partner, "d" .. mask, snapshot(flat))
     local x = g:recv(c, partner, "d" .. mask)
     -- the lower rank's operand first, so both partners compute the same bits
