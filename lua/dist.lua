@@ -123,7 +123,7 @@ function dist.init_process_group(o, ...)
       describe = function(miss)
         local ranks = {}
         for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
-        return ("process group rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+        return ("process group rank%s %s to join"):format(#ranks > 1 and "s" or "", store.some(ranks))
       end}))
     a:set_ready()
     local ranks = {}

@@ -354,7 +354,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
       describe = function(miss)
         local ranks = {}
         for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
-        local what = ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+        local what = ("rank%s %s to join"):format(#ranks > 1 and "s" or "", store.some(ranks))
         -- ranks that wait here for others still running the previous world: say
         -- so, rather than that rank 0 has not joined while rank 0 is alive
         local prev, still = ("rpc/%d/"):format(gen - 1), {}
@@ -678,7 +678,7 @@ local function graceful_join(a, timeout)
       describe = function(miss)
         local names = {}
         for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
-        return table.concat(names, ", ") .. " to shut down"
+        return store.some(names) .. " to shut down"
       end,
       missing = function()
         local keys = {}

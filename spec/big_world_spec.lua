@@ -134,6 +134,16 @@ describe("store gather", function()
   end)
 end)
 
+describe("notes about many ranks", function()
+  it("name the first twenty and count the rest", function()
+    local ranks = {}
+    for r = 1, 1000 do ranks[r] = tostring(r) end
+    assert.are.equal("1, 2, 3", store.some({"1", "2", "3"}))
+    local s = store.some(ranks)
+    assert.truthy(s:find("^1, 2, 3, .*, 20 and 980 more$"), s)
+  end)
+end)
+
 describe("a world's peers", function()
   it("are made when first looked up: a rank that called one neighbour holds a few, yet knows every name", function()
     local r, lines = S.checked_world(8, [[

@@ -346,6 +346,14 @@ local function progress_every()
 end
 M.progress_every = progress_every
 
+-- items joined with ", ", the first `max` (default 20) of them and how many
+-- more: a note about the ranks a world of thousands waits for stays a line
+function M.some(items, max)
+  max = max or 20
+  if #items <= max then return table.concat(items, ", ") end
+  return table.concat(items, ", ", 1, max) .. (" and %d more"):format(#items - max)
+end
+
 -- seconds a store has to answer the handshake of a connection it accepted
 M.HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT")) or 10
 
