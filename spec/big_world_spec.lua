@@ -18,16 +18,19 @@ end
 
 describe("store gather", function()
   local server, client
+  before_each(function() server, client = S.store() end)
+  after_each(function() client:close(); server:close() end)
 
-  before_each(function()
-    server = store.serve("127.0.0.1", 0)
-    client = store.connect("127.0.0.1", server.port, 5)
-  end)
-
-  after_each(function()
-    client:close()
-    server:close()
-  end)
+  -- runs fn(r) for ranks 0..n-1, each in a task of its own, until all return
+  -- (bounded); their results by rank
+  local function ranks(n, fn)
+    local out, done = {}, 0
+    for r = 0, n - 1 do sched.spawn(function() out[r] = fn(r); done = done + 1 end) end
+    local deadline = S.now() + 20
+    while done < n and S.now() < deadline do S.sleep(0.01) end
+    assert.are.equal(n, done)
+    return out
+  end
 
   -- counts the requests the server is sent, by operation, and every read of its data
   local function count_work()
@@ -69,17 +72,10 @@ describe("store gather", function()
   it("gathers N ranks with a few requests each, and store work that grows with N, not N^2", function()
     local N = 300
     local work = count_work()
-    local dirs, done = {}, 0
-    for r = 0, N - 1 do
-      sched.spawn(function()
-        dirs[r] = client:gather("rpc/1/worker/", N, r, record(r), {timeout = 20, abort = "rpc/1/abort",
-          build = agentmod.directory, describe = function(miss) return #miss .. " ranks" end})
-        done = done + 1
-      end)
-    end
-    local deadline = S.now() + 20
-    while done < N and S.now() < deadline do S.sleep(0.01) end
-    assert.are.equal(N, done)
+    local dirs = ranks(N, function(r)
+      return client:gather("rpc/1/worker/", N, r, record(r), {timeout = 20, abort = "rpc/1/abort",
+        build = agentmod.directory, describe = function(miss) return #miss .. " ranks" end})
+    end)
     for r = 1, N - 1 do assert.are.equal(dirs[0], dirs[r]) end
     local d = codec.raw_decode(dirs[0])
     assert.are.equal(N, #d.names)
@@ -96,23 +92,17 @@ describe("store gather", function()
   end)
 
   it("fails every rank, naming why, when the rank that completes the count finds a bad record", function()
-    local N, errs, done = 20, {}, 0
-    for r = 0, N - 1 do
-      sched.spawn(function()
-        local ok, e = pcall(client.gather, client, "pg/1/rank/", N, r, record(r), {timeout = 20,
-          abort = "pg/1/abort", describe = function(miss) return #miss .. " ranks" end,
-          build = function(recs)
-            return agentmod.directory(recs, function(w)
-              if w.rank == 7 then return "rank 7 runs rpchost 0.0 (a test's mismatch)" end
-            end)
-          end})
-        errs[r] = not ok and e
-        done = done + 1
-      end)
-    end
-    local deadline = S.now() + 20
-    while done < N and S.now() < deadline do S.sleep(0.01) end
-    assert.are.equal(N, done)
+    local N = 20
+    local errs = ranks(N, function(r)
+      local ok, e = pcall(client.gather, client, "pg/1/rank/", N, r, record(r), {timeout = 20,
+        abort = "pg/1/abort", describe = function(miss) return #miss .. " ranks" end,
+        build = function(recs)
+          return agentmod.directory(recs, function(w)
+            if w.rank == 7 then return "rank 7 runs rpchost 0.0 (a test's mismatch)" end
+          end)
+        end})
+      return not ok and e
+    end)
     for r = 0, N - 1 do
       assert.truthy(errs[r], "rank " .. r .. " joined a world that could not form")
       assert.are.equal("config", errs[r].kind)

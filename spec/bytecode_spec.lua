@@ -7,13 +7,7 @@ local S = require "spec.support"
 local core = require "rpchost.core"
 local bytecode = require "rpchost.bytecode"
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = bytecode.read_file
 
 local function write(path, s)
   local f = assert(io.open(path, "wb"))

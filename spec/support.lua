@@ -123,6 +123,13 @@ function S.by_hand(n, body, extra_env, timeout)
   return out
 end
 
+-- A store server on a free loopback port and a client of it.
+function S.store()
+  local store = require "rpchost.store"
+  local server = store.serve("127.0.0.1", 0)
+  return server, store.connect("127.0.0.1", server.port, 5)
+end
+
 -- Lines of text as a set-like table: has[line] = true
 function S.lines(text)
   local t = {}

@@ -16,6 +16,15 @@ local M = {}
 
 local version = jit and (jit.version .. " " .. jit.arch) or _VERSION
 
+-- The whole of a file, or nil (for the library's other readers too).
+function M.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
 -- Where the bytecode of `path`, whose source is `src`, is kept in `dir`.
 function M.cache_file(dir, path, src)
   return ("%s/%s.luac"):format(dir, require("rpchost.core").sha256_hex(version .. "\0" .. path .. "\0" .. src))
@@ -30,13 +39,7 @@ function M.install(lib_dir)
   if not ok or not dir then return false end
   local loaders = package.loaders
   local prefix = lib_dir .. "/"
-  local function read(path)
-    local f = io.open(path, "rb")
-    if not f then return nil end
-    local s = f:read("*a")
-    f:close()
-    return s
-  end
+  local read = M.read_file
   local function loader(name)
     local path = package.searchpath(name, package.path)
     if not path or path:sub(1, #prefix) ~= prefix then return nil end

@@ -95,13 +95,7 @@ local function tmpdir()
   return assert(core.mkdtemp(base .. "/rpchost-run-XXXXXX"))
 end
 
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_file = require("rpchost.bytecode").read_file
 
 local function run(o)
   local server
