@@ -5,9 +5,10 @@
 -- under 1 ms. A world of 1,024 ranks spent 11 s of CPU parsing the same files,
 -- and while many ranks were busy doing so the launcher's next spawn waited for
 -- the CPU behind them. Compiled chunks are kept per user, in the private
--- directory that holds the Unix sockets (mode 0700, checked), named by the
--- SHA-256 of the source, its file name and the LuaJIT that compiled it: an
--- edited file is compiled anew, and nothing stale or foreign is ever loaded.
+-- directory that holds the Unix sockets (mode 0700, checked), one file per
+-- module (named by the SHA-256 of its path and the LuaJIT that compiles it),
+-- which starts with the SHA-256 of the source it was compiled from: an edited
+-- file is compiled anew in its place, and nothing stale is ever loaded.
 -- Debug information is kept (tracebacks and function names are the source's).
 -- Anything that fails falls back to the source. Only the library's own
 -- directory is cached (a user's modules load as always). RPCHOST_BYTECODE=0
@@ -25,9 +26,9 @@ function M.read_file(path)
   return s
 end
 
--- Where the bytecode of `path`, whose source is `src`, is kept in `dir`.
-function M.cache_file(dir, path, src)
-  return ("%s/%s.luac"):format(dir, require("rpchost.core").sha256_hex(version .. "\0" .. path .. "\0" .. src))
+-- Where the bytecode of the module at `path` is kept in `dir`.
+function M.cache_file(dir, path)
+  return ("%s/%s.luac"):format(dir, require("rpchost.core").sha256_hex(version .. "\0" .. path))
 end
 
 -- Installs the loader in front of the Lua file loader; lib_dir: the library's
@@ -45,9 +46,9 @@ function M.install(lib_dir)
     if not path or path:sub(1, #prefix) ~= prefix then return nil end
     local src = read(path)
     if not src then return nil end
-    local cached = M.cache_file(dir, path, src)
+    local cached, sum = M.cache_file(dir, path), core.sha256_hex(src)
     local bc = read(cached)
-    local chunk = bc and loadstring(bc)
+    local chunk = bc and bc:sub(1, #sum + 1) == sum .. "\n" and loadstring(bc:sub(#sum + 2))
     if not chunk then
       local err
       chunk, err = loadstring(src, "@" .. path)
@@ -57,7 +58,7 @@ function M.install(lib_dir)
       local tmp = ("%s.%d.tmp"):format(cached, core.getpid())
       local f = io.open(tmp, "wb")
       if f then
-        local wrote = f:write(string.dump(chunk))
+        local wrote = f:write(sum, "\n", string.dump(chunk))
         f:close()
         if not (wrote and os.rename(tmp, cached)) then os.remove(tmp) end
       end
