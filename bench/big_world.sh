@@ -52,7 +52,7 @@ echo "$per_rank" | awk '{
   for (i = 1; i <= NF; i++) { split($i, a, ":"); n[i] = a[1]; v[i] = a[2]; if (a[1] == 64) base = a[2] }
   if (base == "") exit
   s = ""
-  for (i = 1; i <= NF; i++) if (n[i] != 64) s = s sprintf("%s per-rank(%d)/per-rank(64) = %.2f", s == "" ? "" : ";", n[i], v[i] / base)
+  for (i = 1; i <= NF; i++) if (n[i] != 64) s = s sprintf("%sper-rank(%d)/per-rank(64) = %.2f", s == "" ? "" : "; ", n[i], v[i] / base)
   if (s != "") print s " (goal for 1,024: <= 1.3)"
 }'
 printf 'load after: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
