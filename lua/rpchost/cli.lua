@@ -7,6 +7,7 @@ do -- (the rest of the library loads from compiled bytecode: rpchost.bytecode)
   local here = package.searchpath("rpchost.cli", package.path)
   require("rpchost.bytecode").install(here and here:match("^(.*)/rpchost/cli%.lua$"))
 end
+require("rpchost.priority").adopt() -- (a rank of a launcher that raised its own priority)
 require "rpchost.compat"
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"

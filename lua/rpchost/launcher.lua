@@ -233,6 +233,7 @@ local function run(o)
     e.MASTER_PORT = tostring(port)
     e.RPCHOST_ERROR_FILE = r.errfile
     e.RPCHOST_RESTART_COUNT = tostring(r.restarts) -- (torchrun's TORCHELASTIC_RESTART_COUNT)
+    e.RPCHOST_RANK_NICE = priority.env(rank_nice)
     if o.trace then e.RPCHOST_TRACE = ("%s.rank%d"):format(o.trace, rank) end
     if server then e.RPCHOST_STORE_HOSTED = ("%s:%d"):format(o.addr, port) end
     local envl = {}
@@ -260,7 +261,6 @@ local function run(o)
       end,
     }
     if not p then return false, err end
-    priority.give(p:pid(), rank_nice)
     r.pid = p:pid()
     r.proc = p
     return true

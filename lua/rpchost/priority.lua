@@ -7,7 +7,8 @@
 -- shutdown 7 s after the first instead of 1 s; start-up likewise). So the
 -- launcher raises its own priority where it may (RPCHOST_STORE_NICE, default
 -- -10: it takes CAP_SYS_NICE or an RLIMIT_NICE that allows it; otherwise it
--- stays as it was) and gives each rank it starts the priority it had itself.
+-- stays as it was); each rank it starts takes back, first thing, the priority
+-- the launcher had itself (RPCHOST_RANK_NICE).
 local ffi = require "ffi"
 pcall(ffi.cdef, "int getpriority(int which, unsigned int who); int setpriority(int which, unsigned int who, int prio);")
 
@@ -24,9 +25,15 @@ function M.raise()
   return base
 end
 
--- Gives process pid (started after raise) the niceness `base` back.
-function M.give(pid, base)
-  if base and pid then ffi.C.setpriority(PRIO_PROCESS, pid, base) end
+-- The environment a rank started by a raised launcher gets: the niceness to
+-- take back first thing (a child inherits its parent's; only raising the
+-- value needs no privilege, so a rank can always take its own back).
+function M.env(base) return base and tostring(base) or nil end
+
+-- In a rank: takes back the niceness RPCHOST_RANK_NICE names, if any.
+function M.adopt()
+  local base = tonumber(os.getenv("RPCHOST_RANK_NICE"))
+  if base then ffi.C.setpriority(PRIO_PROCESS, 0, base) end
 end
 
 return M
