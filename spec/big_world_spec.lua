@@ -171,6 +171,27 @@ describe("a world's peers", function()
   end)
 end)
 
+describe("a big group's small all_reduce", function()
+  it("goes up and down one binomial tree: N - 1 connections in all", function()
+    local r = S.world(8, S.prelude .. [[
+      local tensor = require "tensor"
+      dist.init_process_group{backend = "gloo"}
+      local t = tensor.ones(2) * (rank + 1)
+      dist.all_reduce(t)
+      check("sum", t[1]:item() == 36)
+      local conns = 0
+      for _ in pairs(dist._agent().conns) do conns = conns + 1 end
+      print("connections " .. conns)
+      dist.destroy_process_group()
+    ]], {env = {RPCHOST_TREE_RANKS = 8}, timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local total = 0
+    for c in r.out:gmatch("connections (%d+)") do total = total + tonumber(c) end
+    assert.are.equal(2 * 7, total, r.out) -- (each edge of the tree, counted at both ends)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+  end)
+end)
+
 describe("graceful shutdown in a bigger world", function()
   it("names a rank that exited without shutting down to every rank, watched or told", function()
     -- (12 ranks: rank 3 is in the watch of the 8 ranks before it; 4, 5 and 6 learn it through the store)
