@@ -169,10 +169,8 @@ describe("a world's peers", function()
       "a worker never met, by name", "an unknown name lists every worker", "all_reduce",
       "the process group's tables: its partners", "one connection per partner", "every worker listed"})
   end)
-end)
 
-describe("a big group's small all_reduce", function()
-  it("goes up and down one binomial tree: N - 1 connections in all", function()
+  it("of a big group's small all_reduce are its binomial tree's: N - 1 connections in all", function()
     local r = S.world(8, S.prelude .. [[
       local tensor = require "tensor"
       dist.init_process_group{backend = "gloo"}
