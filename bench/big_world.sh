@@ -2,22 +2,38 @@
 # bench/big_world.sh [N...]: time worlds of N ranks on this machine, from launch to
 # exit (`rpchost run --nproc-per-node N bench/big_world.lua`: process group, RPC,
 # one all_reduce, a call to the next rank, shutdown), and the time per rank; then,
-# per phase, the time from the previous phase's last rank to this phase's last.
-# Default 16 64 256; 1024 only when asked (it takes most of a minute on 2 cores).
-# The flat-cost goal: time per rank at 1,024 within 1.3x of that at 64.
+# per phase, the time from the previous phase's last rank to this phase's last;
+# then the CPU time of the whole world (every rank and the launcher) per rank.
+# Default 16 64 256 1024 (1,024 ranks take the whole machine for 10-30 s: on a
+# shared machine everyone else's timings suffer meanwhile, and ours move with
+# theirs). The flat-cost goal: time per rank at 1,024 within 1.3x of that at 64,
+# printed last as per-rank(N)/per-rank(64) for every N measured.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${RPCHOST:-$root/build/rpchost}
-[ $# -gt 0 ] || set -- 16 64 256
+[ $# -gt 0 ] || set -- 16 64 256 1024
 ulimit -n 65536 2>/dev/null || true
-printf '| ranks | launch to exit | per rank | pg | rpc | all_reduce | call | shutdown |\n|---|---|---|---|---|---|---|---|\n'
+err=$(mktemp)
+times=$(mktemp)
+trap 'rm -f "$err" "$times"' EXIT
+printf 'load before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf '| ranks | launch to exit | per rank | pg | rpc | all_reduce | call | shutdown | CPU per rank |\n'
+printf '|---|---|---|---|---|---|---|---|---|\n'
+per_rank=""
 for n in "$@"; do
   t0=$(date +%s.%N)
-  out=$(RPCHOST_INIT_TIMEOUT=300 "$bin" run --nproc-per-node "$n" "$root/bench/big_world.lua" 2>/tmp/big_world_err.$$) || {
-    echo "world of $n failed:" >&2; tail -20 /tmp/big_world_err.$$ >&2; rm -f /tmp/big_world_err.$$; exit 1; }
+  # (/usr/bin/time -f, where there is one, adds the CPU time of the world)
+  if [ -x /usr/bin/time ]; then
+    out=$(RPCHOST_INIT_TIMEOUT=300 /usr/bin/time -o "$times" -f "%U %S" "$bin" run --nproc-per-node "$n" \
+      "$root/bench/big_world.lua" 2>"$err") || { echo "world of $n failed:" >&2; tail -20 "$err" >&2; exit 1; }
+    cpu=$(awk '{print $1 + $2}' "$times")
+  else
+    out=$(RPCHOST_INIT_TIMEOUT=300 "$bin" run --nproc-per-node "$n" "$root/bench/big_world.lua" 2>"$err") || {
+      echo "world of $n failed:" >&2; tail -20 "$err" >&2; exit 1; }
+    cpu=""
+  fi
   t1=$(date +%s.%N)
-  rm -f /tmp/big_world_err.$$
-  echo "$out" | awk -v n="$n" -v t0="$t0" -v t1="$t1" '
+  line=$(echo "$out" | awk -v n="$n" -v t0="$t0" -v t1="$t1" -v cpu="$cpu" '
     $1 == "RESULT" { split($2, a, "_rank"); p = a[1]; if (!(p in last) || $3 > last[p]) last[p] = $3
                      if (!(p in first) || $3 < first[p]) first[p] = $3 }
     END {
@@ -26,6 +42,17 @@ for n in "$@"; do
       split("pg rpc all_reduce call shutdown", ph, " ")
       s = ""
       for (i = 1; i <= 5; i++) { s = s sprintf(" %.3f s |", last[ph[i]] - prev); prev = last[ph[i]] }
-      printf "| %d | %.2f s | %.1f ms |%s\n", n, total, total / n * 1000, s
-    }'
+      c = cpu == "" ? "?" : sprintf("%.1f ms", cpu / n * 1000)
+      printf "| %d | %.2f s | %.1f ms |%s %s |\n", n, total, total / n * 1000, s, c
+    }')
+  echo "$line"
+  per_rank="$per_rank $n:$(echo "$line" | awk -F'|' '{gsub(/ ms/, "", $4); print $4 + 0}')"
 done
+echo "$per_rank" | awk '{
+  for (i = 1; i <= NF; i++) { split($i, a, ":"); n[i] = a[1]; v[i] = a[2]; if (a[1] == 64) base = a[2] }
+  if (base == "") exit
+  s = ""
+  for (i = 1; i <= NF; i++) if (n[i] != 64) s = s sprintf("%sper-rank(%d)/per-rank(64) = %.2f", s == "" ? "" : "; ", n[i], v[i] / base)
+  if (s != "") print s " (goal for 1,024: <= 1.3)"
+}'
+printf 'load after: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"

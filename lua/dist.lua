@@ -116,17 +116,15 @@ function dist.init_process_group(o, ...)
     a = agentmod.new{name = "pg" .. rank, rank = rank, world_size = world_size, timeout = timeout,
                      world = key .. "/" .. P, allow_bytecode = false}
     local advertise = a:listen_near(client, loopback)
-    client:set(P .. "rank/" .. rank, codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise,
-                                                        port = a.port, unix = a.unix_path}))
-    local keys = {}
-    for r = 0, world_size - 1 do keys[#keys + 1] = P .. "rank/" .. r end
-    client:wait_verbose(keys, timeout, P .. "abort", function(miss)
-      local ranks = {}
-      for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
-      return ("process group rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
-    end)
-    local infos = client:multi_get(keys)
-    for r = 0, world_size - 1 do a:add_peer(codec.decode(infos[r + 1])) end
+    local record = codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise, port = a.port,
+                                         unix = a.unix_path})
+    a:use_directory(client:gather(P .. "rank/", world_size, rank, record, {
+      timeout = timeout, abort = P .. "abort", build = agentmod.directory,
+      describe = function(miss)
+        local ranks = {}
+        for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
+        return ("process group rank%s %s to join"):format(#ranks > 1 and "s" or "", store.some(ranks))
+      end}))
     a:set_ready()
     local ranks = {}
     for r = 0, world_size - 1 do ranks[r + 1] = r end

@@ -315,14 +315,16 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     client:set(abort, msg)
     error(errors.new("config", msg), 0)
   end
-  -- world sizes must agree
-  local same, ows, orank = client:agree(P .. "world_size", world_size, rank)
+  -- world sizes must agree, names must be unique (a rejoining rank holds its
+  -- own already): one round trip
+  local r = client:batch{{"compare_set", P .. "world_size", "", store.agreement(world_size, rank)},
+                         {"compare_set", P .. "name/" .. name, "", tostring(rank)}}
+  local same, ows, orank = store.agreed(r[1][1], world_size, rank)
   if not same then
     fail(("world_size mismatch: rank %d was started with world_size %d, rank %s with world_size %s"):format(
       rank, world_size, tostring(orank), tostring(ows)))
   end
-  -- names must be unique (a rejoining rank holds its own already)
-  local holder = client:compare_set(P .. "name/" .. name, "", tostring(rank))
+  local holder = r[2][1]
   if holder ~= tostring(rank) then
     local other = tonumber(holder)
     fail(("RPC worker name %s is not unique. Workers %d and %d share the same name"):format(
@@ -343,39 +345,45 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   local incarnation = rejoined and client:add(P .. "incarnation/" .. rank, 1) or 0
   a.incarnation = incarnation
   local ok, err = pcall(function()
-    client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
+    local record = codec.encode("info", {name = name, rank = rank, ip = advertise,
       port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version,
-      incarnation = incarnation}))
-    local keys = {}
-    for r = 0, world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
-    client:wait_verbose(keys, timeout, abort, function(miss)
-      local ranks = {}
-      for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
-      local what = ("rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
-      -- ranks that wait here for others still running the previous world: say
-      -- so, rather than that rank 0 has not joined while rank 0 is alive
-      local prev, still = ("rpc/%d/"):format(gen - 1), {}
-      for _, r in ipairs(gen > 1 and ranks or {}) do
-        if client:get(prev .. "worker/" .. r) and not client:get(prev .. "shutdown/" .. r) then still[#still + 1] = r end
-      end
-      if #still == 0 then return what end
-      return ("%s; rank%s %s still run%s the previous world (%s), which this rank was not let into: " ..
-        "a restarted rank rejoins it only once its earlier process is gone, so end that process if it " ..
-        "still runs (stopped or hung), or restart every rank together"):format(what, #still > 1 and "s" or "",
-        table.concat(still, ", "), #still > 1 and "" or "s", prev)
-    end, check_duplicate) -- (the other may register after we first looked)
-    local infos = client:multi_get(keys)
-    local by_name = {}
-    for r = 0, world_size - 1 do
-      local w = codec.decode(infos[r + 1])
-      if w.version ~= core.version then
-        fail(("rpchost version mismatch: %s (rank %d) runs rpchost %s, %s (rank %d) runs rpchost %s"):format(
-          w.name, r, tostring(w.version), name, rank, core.version))
-      end
-      a:add_peer(w)
-      by_name[w.name] = r
+      incarnation = incarnation})
+    local dir = client:gather(P .. "worker/", world_size, rank, record, {
+      timeout = timeout, abort = abort, restarted = rejoined and true or nil,
+      on_tick = check_duplicate, -- (the other may register after we first looked)
+      describe = function(miss)
+        local ranks = {}
+        for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
+        local what = ("rank%s %s to join"):format(#ranks > 1 and "s" or "", store.some(ranks))
+        -- ranks that wait here for others still running the previous world: say
+        -- so, rather than that rank 0 has not joined while rank 0 is alive
+        local prev, still = ("rpc/%d/"):format(gen - 1), {}
+        for _, r in ipairs(gen > 1 and ranks or {}) do
+          if client:get(prev .. "worker/" .. r) and not client:get(prev .. "shutdown/" .. r) then still[#still + 1] = r end
+        end
+        if #still == 0 then return what end
+        return ("%s; rank%s %s still run%s the previous world (%s), which this rank was not let into: " ..
+          "a restarted rank rejoins it only once its earlier process is gone, so end that process if it " ..
+          "still runs (stopped or hung), or restart every rank together"):format(what, #still > 1 and "s" or "",
+          table.concat(still, ", "), #still > 1 and "" or "s", prev)
+      end,
+      -- (the rank that completes the rendezvous looks at every record once)
+      build = function(recs)
+        return agentmod.directory(recs, function(w)
+          if w.version ~= core.version then
+            return ("rpchost version mismatch: %s (rank %d) runs rpchost %s, %s (rank %d) runs rpchost %s"):format(
+              tostring(w.name), w.rank, tostring(w.version), name, rank, core.version)
+          end
+        end)
+      end,
+    })
+    a:use_directory(dir)
+    if opts.devmaps then
+      a.device_maps = device_maps.resolve(opts.devmaps, setmetatable({}, {__index = function(_, n)
+        local p = a.by_name[n]
+        return p and p.rank
+      end}))
     end
-    if opts.devmaps then a.device_maps = device_maps.resolve(opts.devmaps, by_name) end
   end)
   if not ok then
     a:close()
@@ -390,7 +398,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     -- this one is (a peer that cannot be reached now learns it when it comes)
     local me = {name = name, rank = rank, ip = advertise, port = a.port, unix = a.unix_path,
                 incarnation = incarnation}
-    for r, p in pairs(a.peers) do
+    for r = 0, world_size - 1 do
       if r ~= rank then pcall(a.post, a, r, "!reborn", me) end
     end
   end
@@ -618,16 +626,31 @@ end
 -- nothing happened in between: all may close. (Made and taken are not compared
 -- with each other: calls lost with a rank that died and restarted would never
 -- balance.) No time limit unless one is given.
+--
+-- A round costs each rank a few store requests whatever the world's size: it
+-- counts itself in (once, even when restarted), the rank that completes the
+-- count says so in one key, which the others wait for. Waiting, each rank
+-- looks every second at the few ranks after it (in rank order, from the first
+-- not yet there) and probes those still missing: a rank that exited without
+-- shutting down is found by the ranks just before it, which tell the others
+-- through the store. (Every rank waiting for, and probing, every rank still
+-- missing made a world's shutdown cost the square of its size.)
+local WATCHED = 8 -- ranks each waiting rank looks at per second
+
 local function graceful_join(a, timeout)
   local start = sched.now()
   local deadline = timeout and start + timeout or nil
   local function left() return deadline and math.max(deadline - sched.now(), 0.001) or math.huge end
-  local P = a.prefix
+  local P, N = a.prefix, a.world_size
   local function name_of(r) return ("%s (rank %d)"):format(a.peers[r] and a.peers[r].name or "?", r) end
   local function rank_of(k) return tonumber(k:match("(%d+)$")) end
   local function gave_up(what)
     error(errors.new("timeout", ("shutdown gave up after %g s waiting for %s"):format(timeout, what)), 0)
   end
+  local function dead(r, why)
+    return ("%s exited without calling rpc.shutdown(): %s"):format(name_of(r), why)
+  end
+  local abort = P .. "sd/abort"
   local round, prev = 0, nil
   while true do
     round = round + 1
@@ -641,32 +664,71 @@ local function graceful_join(a, timeout)
     local st = a.stats
     -- the world's count of calls made and taken so far is summed at the store
     -- (each rank reading every rank's counters made shutdown's store traffic
-    -- grow with N^2); the rank's own key, set after its add, says it is here
+    -- grow with N^2); the rank counts itself in after its add, so the sum is
+    -- complete once every rank is counted
+    -- (in one round trip; the rank that completes the count publishes the sum,
+    -- once: every rank must decide on the same one)
     local R = ("%ssd/%d/"):format(P, round)
-    a.store:add(R .. "calls", st.world_out + st.world_in)
-    a.store:set(R .. a.rank, "1")
-    local keys = {}
-    for r = 0, a.world_size - 1 do keys[#keys + 1] = ("%ssd/%d/%d"):format(P, round, r) end
-    a.store:wait_verbose(keys, left(), nil, function(miss)
-      local names = {}
-      for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
-      return table.concat(names, ", ") .. " to shut down"
-    end, function(miss)
-      -- a rank that exited without shutting down never comes: say so now
-      for _, k in ipairs(miss) do
-        local r = rank_of(k)
-        local why = a:gone(r)
-        if why then
-          error(errors.new("unreachable", ("%s exited without calling rpc.shutdown(): %s"):format(
-            name_of(r), why), {worker = a.peers[r].name, rank = r}), 0)
+    local r = a.store:batch{{"add", R .. "calls", st.world_out + st.world_in},
+                            {"count_in", R .. a.rank, a.inc, R .. "count"}}
+    if r[2][1] >= N then a.store:compare_set(R .. "all", "", a.store:get(R .. "calls")) end
+    local watch = (a.rank + 1) % N -- the first rank after this one not seen here yet
+    local _, total = a.store:wait_for({R .. "all"}, {
+      timeout = left(), abort = abort, fetch = true,
+      describe = function(miss)
+        local names = {}
+        for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
+        return store.some(names) .. " to shut down"
+      end,
+      missing = function()
+        local keys = {}
+        for r = 0, N - 1 do keys[#keys + 1] = R .. r end
+        return a.store:missing(keys)
+      end,
+      on_tick = function()
+        -- a rank that exited without shutting down never comes: say so now,
+        -- here and (through the store) to every rank
+        local keys = {}
+        for i = 0, math.min(WATCHED, N - 1) - 1 do
+          local r = (watch + i) % N
+          if r == a.rank then break end
+          keys[#keys + 1] = R .. r
         end
-      end
-    end)
-    local total = tonumber(a.store:get(R .. "calls"))
+        if #keys == 0 then return end
+        local missing = {}
+        for _, k in ipairs(a.store:missing(keys)) do missing[k] = true end
+        local moving = true
+        for _, k in ipairs(keys) do
+          local r = rank_of(k)
+          if not missing[k] then
+            if moving then watch = (r + 1) % N end
+          else
+            moving = false
+            local why = a:gone(r)
+            if why then
+              local msg = dead(r, why)
+              pcall(a.store.set, a.store, abort, codec.encode("sd", {message = msg, rank = r}))
+              error(errors.new("unreachable", msg, {worker = a.peers[r].name, rank = r}), 0)
+            end
+          end
+        end
+      end,
+      on_abort = function(raw)
+        -- another rank found one that exited without shutting down
+        local ok, v = pcall(codec.decode, raw)
+        if ok and type(v) == "table" and type(v.message) == "string" then
+          local r = tonumber(v.rank)
+          error(errors.new("unreachable", v.message, {worker = r and a.peers[r] and a.peers[r].name, rank = r}), 0)
+        end
+      end,
+    })
+    total = tonumber(total or a.store:get(R .. "all"))
     if total == prev then break end
     prev = total
   end
-  a.store:set(P .. "shutdown/" .. a.rank, "1")
+  -- (said, not asked: nothing here depends on the answer, and in a big world
+  -- the store answers a thousand ranks leaving at once slowly)
+  a.store:tell("set", P .. "shutdown/" .. a.rank, "1")
 end
 
 -- graceful (default): wait for this worker's outstanding calls, then for every

@@ -32,6 +32,13 @@ describe("collectives", function()
     end)
   end
 
+  for _, n in ipairs({2, 3, 5}) do
+    it(("give exact results with small all_reduces on the binomial tree in a world of %d"):format(n), function()
+      local r = run_world(n, every, {timeout = 120, env = {RPCHOST_TREE_RANKS = 2}})
+      assert_clean(r, n * 100)
+    end)
+  end
+
   for _, n in ipairs({2, 3, 4}) do
     it(("read peers' tensors directly on one host, exactly, in a world of %d"):format(n), function()
       local r = run_world(n, every, {timeout = 120, env = {RPCHOST_RING_BYTES = 64, RPCHOST_DIRECT_BYTES = 64}})

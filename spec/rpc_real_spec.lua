@@ -6,19 +6,7 @@
 local S = require "spec.support"
 
 -- a world started by hand, not under the launcher (which stops the world when a rank dies)
-local function by_hand(n, body, extra_env)
-  local port = S.free_port()
-  local path = S.write(S.prelude .. body)
-  local hs = {}
-  for rk = 0, n - 1 do
-    local env = {RANK = rk, WORLD_SIZE = n, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
-    for k, v in pairs(extra_env or {}) do env[k] = v end
-    hs[rk] = S.start({path}, {env = env})
-  end
-  local out = {}
-  for rk = 0, n - 1 do out[rk] = hs[rk]:wait(40) end
-  return out
-end
+local by_hand = S.by_hand
 
 local function world(n, body, names, opts)
   local r, lines = S.checked_world(n, [[

@@ -106,6 +106,30 @@ function S.world(n, script_text, opts)
   return S.run(args, opts)
 end
 
+-- Runs S.prelude .. body as a world of n ranks started by hand (each its own
+-- process with RANK and WORLD_SIZE, rank 0 hosting the store), not under the
+-- launcher, which stops the world when a rank fails: results by rank.
+function S.by_hand(n, body, extra_env, timeout)
+  local port = S.free_port()
+  local path = S.write(S.prelude .. body)
+  local hs = {}
+  for rk = 0, n - 1 do
+    local env = {RANK = rk, WORLD_SIZE = n, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+    for k, v in pairs(extra_env or {}) do env[k] = v end
+    hs[rk] = S.start({path}, {env = env})
+  end
+  local out = {}
+  for rk = 0, n - 1 do out[rk] = hs[rk]:wait(timeout or 40) end
+  return out
+end
+
+-- A store server on a free loopback port and a client of it.
+function S.store()
+  local store = require "rpchost.store"
+  local server = store.serve("127.0.0.1", 0)
+  return server, store.connect("127.0.0.1", server.port, 5)
+end
+
 -- Lines of text as a set-like table: has[line] = true
 function S.lines(text)
   local t = {}

@@ -176,7 +176,29 @@ function C:send(p, ftype, flags, id, body, segs)
     p.conn = nil
   end
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
-  if p.state == "none" then self:dial(p) end
+  if p.state == "none" then
+    local wait = p.await_until and p.await_until - sched.now()
+    p.await_until = nil
+    if wait and wait > 0 then
+      -- (the peer is dialling us: its connection will carry this too)
+      p.state = "awaiting"
+      sched.after(wait, function()
+        if p.state == "awaiting" then p.state = "none"; self:dial(p) end
+      end)
+    else
+      self:dial(p)
+    end
+  end
+end
+
+-- The peer of `rank` sends to this rank in the same exchange as this rank to
+-- it (partners of a collective's step): when there is no connection yet, the
+-- one it dials carries what this rank sends, and this rank dials only if none
+-- came within `secs`. Two partners dialling each other made two connections,
+-- each with its handshake: twice the work of a big world's first collective.
+function C:await_dial(rank, secs)
+  local p = self.peers[rank]
+  if p and p.state == "none" and rank < self.rank then p.await_until = sched.now() + secs end
 end
 
 -- Through shared memory, when this connection agreed to it and the payload is

@@ -3,6 +3,11 @@
 -- (-e, -l, -i, -v, -, the `arg` table, exit codes, errors with tracebacks), so
 -- that `busted --lua=rpchost` runs specs inside the host. Whatever runs does so
 -- as the main task of the scheduler, so it may make blocking calls.
+do -- (the rest of the library loads from compiled bytecode: rpchost.bytecode)
+  local here = package.searchpath("rpchost.cli", package.path)
+  require("rpchost.bytecode").install(here and here:match("^(.*)/rpchost/cli%.lua$"))
+end
+require("rpchost.priority").adopt() -- (a rank of a launcher that raised its own priority)
 require "rpchost.compat"
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"

@@ -95,13 +95,7 @@ local function tmpdir()
   return assert(core.mkdtemp(base .. "/rpchost-run-XXXXXX"))
 end
 
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_file = require("rpchost.bytecode").read_file
 
 local function run(o)
   local server
@@ -115,6 +109,9 @@ local function run(o)
     server = s
     port = s.port
   end
+  -- (the store answers every rank: it must not wait for the CPU behind them)
+  local priority = require "rpchost.priority"
+  local rank_nice = server and priority.raise()
   local world = o.nproc * o.nnodes
   local script, cwd, shipped = o.script, nil, nil
   local ship = require "rpchost.ship"
@@ -236,6 +233,7 @@ local function run(o)
     e.MASTER_PORT = tostring(port)
     e.RPCHOST_ERROR_FILE = r.errfile
     e.RPCHOST_RESTART_COUNT = tostring(r.restarts) -- (torchrun's TORCHELASTIC_RESTART_COUNT)
+    e.RPCHOST_RANK_NICE = priority.env(rank_nice)
     if o.trace then e.RPCHOST_TRACE = ("%s.rank%d"):format(o.trace, rank) end
     if server then e.RPCHOST_STORE_HOSTED = ("%s:%d"):format(o.addr, port) end
     local envl = {}

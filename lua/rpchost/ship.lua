@@ -9,13 +9,7 @@ local errors = require "rpchost.errors"
 local M = {}
 local MAX_BYTES = 64 * 1024 * 1024
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = require("rpchost.bytecode").read_file
 
 local function dir_and_base(path)
   local dir, base = path:match("^(.*)/([^/]+)$")

@@ -89,7 +89,7 @@ function Server:try_wait(w)
     -- (a key deleted after this wait passed it still counts: it was there)
     sched.cancel(w.timer)
     self:forget(w)
-    reply(w.conn, w.id, true, true)
+    reply(w.conn, w.id, true, true, w.fetch and data[keys[1]] or nil)
     return true
   end
   local k = keys[i]
@@ -143,6 +143,19 @@ function ops.compare_set(s, _, _, k, expected, desired)
   end
   return true, cur == nil and expected or cur
 end
+-- count_in(k, v, counter): k = v unless k is there already; the first time for
+-- k, counter counts one more. Returns the counter and whether this call counted.
+-- (How each of a world's ranks counts itself in exactly once, in one step: a
+-- restarted rank whose earlier process counted finds its key there.)
+function ops.count_in(s, _, _, k, v, counter)
+  if s.data[k] ~= nil then return true, tonumber(s.data[counter]) or 0, false end
+  s.data[k] = v
+  local n = (tonumber(s.data[counter]) or 0) + 1
+  s.data[counter] = tostring(n)
+  s:notify(k)
+  s:notify(counter)
+  return true, n, true
+end
 function ops.check(s, _, _, keys) return true, #s:missing(keys) == 0 end
 function ops.missing(s, _, _, keys) return true, s:missing(keys) end
 function ops.multi_get(s, _, _, keys)
@@ -160,10 +173,11 @@ function ops.num_keys(s)
   for _ in pairs(s.data) do n = n + 1 end
   return true, n
 end
--- wait(keys, timeout, abort_key): replies (true, true) when all keys exist,
--- (true, false, abort_value) when abort_key is set, (true, false) on timeout.
-function ops.wait(s, conn, id, keys, timeout, abort)
-  local w = {conn = conn, id = id, keys = keys, abort = abort}
+-- wait(keys, timeout, abort_key, fetch): replies (true, true) when all keys
+-- exist (with fetch: and the first key's value, saving a get), (true, false,
+-- abort_value) when abort_key is set, (true, false) on timeout.
+function ops.wait(s, conn, id, keys, timeout, abort, fetch)
+  local w = {conn = conn, id = id, keys = keys, abort = abort, fetch = fetch == true}
   if s:try_wait(w) then return end
   if timeout and timeout > 0 then
     w.timer = sched.after(timeout, function()
@@ -231,7 +245,9 @@ function Server:on_frame(conn, ftype, _, id, body)
   local op = r[2]
   local f = r[1] and type(op) == "string" and ops[op]
   if not f then
-    reply(conn, id, false, "bad store request")
+    reply(conn, id, false, r[1] and type(op) == "string" and ("the store at %s has no operation '%s' " ..
+      "(does every rank run the same rpchost as the store's host?)"):format(self.addr, op:sub(1, 64)) or
+      "bad store request")
     return
   end
   local res = {pcall(f, self, conn, id, unpack(r, 3, 8))}
@@ -329,6 +345,14 @@ local function progress_every()
   return tonumber(os.getenv("RPCHOST_PROGRESS_INTERVAL")) or 10
 end
 M.progress_every = progress_every
+
+-- items joined with ", ", the first `max` (default 20) of them and how many
+-- more: a note about the ranks a world of thousands waits for stays a line
+function M.some(items, max)
+  max = max or 20
+  if #items <= max then return table.concat(items, ", ") end
+  return table.concat(items, ", ", 1, max) .. (" and %d more"):format(#items - max)
+end
 
 -- seconds a store has to answer the handshake of a connection it accepted
 M.HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT")) or 10
@@ -445,19 +469,40 @@ end
 
 -- Sends one frame and waits for its reply body (raw). Raises on loss/timeout.
 function Client:request(ftype, body, timeout)
+  return self:requests({{ftype, body}}, timeout)[1]
+end
+
+-- Sends frames ({ftype, body} each) one after another, then waits for every
+-- reply (raw bodies, in order): the store answers in order, mostly in one
+-- read, so a few requests cost one round trip. timeout: seconds for all (0
+-- or nil: none). Raises on loss/timeout.
+function Client:requests(frames, timeout)
   if self.closed or not self.conn then
     error(errors.new("unreachable", ("the store at %s is gone: %s"):format(self.addr,
       tostring(self.close_reason or "not connected"))), 0)
   end
-  self.next_id = self.next_id + 1
-  local id = self.next_id
-  local p = {task = sched.current()}
-  self.pending[id] = p
-  self.conn:send(ftype, 0, id, body)
-  local woke = sched.suspend_until("a reply from the store at " .. self.addr, timeout)
-  self.pending[id] = nil
-  if p.body then return p.body end
-  if not woke then
+  local task, ps = sched.current(), {}
+  for i, f in ipairs(frames) do
+    self.next_id = self.next_id + 1
+    local p = {task = task, id = self.next_id}
+    self.pending[p.id] = p
+    ps[i] = p
+    self.conn:send(f[1], 0, p.id, f[2])
+  end
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local out, timed_out = {}, false
+  for i, p in ipairs(ps) do
+    -- (each reply wakes the task; replies that came together wake it once)
+    while not p.body and not self.closed and not timed_out do
+      local left = deadline and deadline - sched.now()
+      if left and left <= 0 then timed_out = true; break end
+      timed_out = not sched.suspend_until("a reply from the store at " .. self.addr, left)
+    end
+    out[i] = p.body
+  end
+  for _, p in ipairs(ps) do self.pending[p.id] = nil end
+  if out[#ps] then return out end
+  if timed_out then
     error(errors.new("timeout", ("the store at %s did not answer within %g s"):format(self.addr, timeout)), 0)
   end
   error(errors.new("unreachable", ("lost the store at %s: %s"):format(self.addr,
@@ -475,6 +520,29 @@ function Client:call(op, ...)
   return unwrap(dec(body))
 end
 
+-- tell(op, ...): the op, sent without waiting for its answer (which is
+-- dropped): for what a rank says last before it leaves, so that it does not
+-- wait on a store that a thousand ranks leaving at once keep busy. The bytes
+-- still go out if the connection is closed right after (gracefully).
+function Client:tell(op, ...)
+  if self.closed or not self.conn then return false end
+  self.next_id = self.next_id + 1
+  self.conn:send(proto.STORE, 0, self.next_id, enc("store", op, ...))
+  return true
+end
+
+-- batch{{op, args...}, ...}: several ops in one round trip; a list of each
+-- op's results (packed). The store runs them in order, nothing between.
+function Client:batch(calls)
+  local frames = {}
+  for i, c in ipairs(calls) do frames[i] = {proto.STORE, enc("store", unpack(c, 1, c.n or #c))} end
+  local out = {}
+  for i, body in ipairs(self:requests(frames, self.op_timeout or 600)) do
+    out[i] = table.pack(unwrap(dec(body)))
+  end
+  return out
+end
+
 function Client:set(k, v) return self:call("set", k, v) end
 function Client:get(k) return self:call("get", k) end
 function Client:add(k, n) return self:call("add", k, n or 1) end
@@ -484,10 +552,13 @@ function Client:missing(keys) return self:call("missing", keys) end
 function Client:multi_get(keys) return self:call("multi_get", keys) end
 function Client:delete(k) return self:call("delete", k) end
 function Client:num_keys() return self:call("num_keys") end
+-- count_in(k, v, counter) -> the counter, whether this call counted (see ops.count_in)
+function Client:count_in(k, v, counter) return self:call("count_in", k, v, counter) end
 
--- wait(keys, timeout, abort_key) -> true | false, abort_value (false, nil on timeout)
-function Client:wait(keys, timeout, abort)
-  local body = self:request(proto.STORE, enc("store", "wait", keys, timeout or 0, abort),
+-- wait(keys, timeout, abort_key, fetch) -> true (with fetch: and keys[1]'s
+-- value) | false, abort_value (false, nil on timeout)
+function Client:wait(keys, timeout, abort, fetch)
+  local body = self:request(proto.STORE, enc("store", "wait", keys, timeout or 0, abort, fetch or nil),
                             (timeout and timeout > 0) and timeout + 30 or 0)
   return unwrap(dec(body))
 end
@@ -495,9 +566,14 @@ end
 -- Records "value@rank" under key unless another rank recorded a different value
 -- first. Returns true, or false, other_value, other_rank.
 function Client:agree(key, value, rank)
-  local mine = ("%s@%d"):format(value, rank)
-  local cur = self:compare_set(key, "", mine)
-  if cur == mine then return true end
+  return M.agreed(self:compare_set(key, "", M.agreement(value, rank)), value, rank)
+end
+
+-- agree in two steps, for a batch: the compare_set's desired value, and what
+-- its result means
+function M.agreement(value, rank) return ("%s@%d"):format(value, rank) end
+function M.agreed(cur, value, rank)
+  if cur == M.agreement(value, rank) then return true end
   local v, r = cur:match("^(.*)@(%d+)$")
   if v == tostring(value) then return true end
   return false, v, tonumber(r)
@@ -513,29 +589,47 @@ end
 -- every second whether to stop waiting (it raises the error that says why: a
 -- rank that is gone, say). Raises timeout/config errors.
 function Client:wait_verbose(keys, timeout, abort, describe, on_tick)
+  return self:wait_for(keys, {timeout = timeout, abort = abort, describe = describe, on_tick = on_tick})
+end
+
+-- wait_verbose with its options in a table: timeout, abort, describe, on_tick,
+-- and two more: missing(), what to describe instead of the keys still missing
+-- (a wait for the one key that stands for many, as gather's, names the many;
+-- asked only when a note is due), and on_abort(value), which may raise another
+-- error than the config error an abort is by default. With fetch (a wait for
+-- one key), returns true and that key's value (nil: read it yourself).
+function Client:wait_for(keys, o)
   local trace = require "rpchost.trace"
   if trace.enabled() then
     local t0 = trace.now_us()
-    local r = table.pack(pcall(self.wait_verbose_, self, keys, timeout, abort, describe, on_tick))
+    local r = table.pack(pcall(self.wait_for_, self, keys, o))
     trace.complete("store wait", "store", t0, trace.now_us() - t0, {keys = #keys, store = self.addr})
     if not r[1] then error(r[2], 0) end
     return unpack(r, 2, r.n)
   end
-  return self:wait_verbose_(keys, timeout, abort, describe, on_tick)
+  return self:wait_for_(keys, o)
 end
 
 -- (Each round waits only for the keys still missing after the last: a world's
 -- ranks re-ask every second, and asking for all N keys each time made the store
 -- handle N^2 keys per second while a large world gathered.)
-function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
+function Client:wait_for_(keys, o)
+  local timeout, abort, describe, on_tick = o.timeout, o.abort, o.describe, o.on_tick
   local start = sched.now()
   local step = on_tick and math.min(1, progress_every()) or progress_every()
   local next_note = start + progress_every()
+  local function named(miss)
+    local many = o.missing and o.missing()
+    return many and #many > 0 and many or miss
+  end
   while true do
     local left = timeout - (sched.now() - start)
-    local ok, aborted = self:wait(keys, math.max(math.min(step, left), 0.001), abort)
-    if ok then return true end
-    if aborted then error(errors.new("config", aborted), 0) end
+    local ok, aborted = self:wait(keys, math.max(math.min(step, left), 0.001), abort, o.fetch)
+    if ok then return true, aborted end
+    if aborted then
+      if o.on_abort then o.on_abort(aborted) end
+      error(errors.new("config", aborted), 0)
+    end
     local elapsed = sched.now() - start
     local miss = self:missing(keys)
     keys = miss
@@ -543,14 +637,67 @@ function Client:wait_verbose_(keys, timeout, abort, describe, on_tick)
     if on_tick then on_tick(miss) end
     if elapsed >= timeout then
       error(errors.new("timeout", ("gave up after %g s waiting for %s at the store %s"):format(
-        timeout, describe(miss), self.addr)), 0)
+        timeout, describe(named(miss)), self.addr)), 0)
     end
     if sched.now() >= next_note then
       next_note = sched.now() + progress_every()
-      log.info("waiting for %s at the store %s (%d s%s)", describe(miss), self.addr, elapsed,
+      log.info("waiting for %s at the store %s (%d s%s)", describe(named(miss)), self.addr, elapsed,
         timeout == math.huge and ", no time limit" or (" of %g s"):format(timeout))
     end
   end
+end
+
+-- The rendezvous of a world of n ranks (rpc's and the process group's). Each
+-- rank records itself under prefix..rank and counts itself in (count_in, once
+-- per rank); the rank that completes the count reads every record and
+-- publishes what o.build(records) makes of them (the world's directory) under
+-- prefix.."all", which every rank waits for and reads. Each rank makes a few
+-- requests whatever n is, and the store's work grows with n: every rank
+-- waiting for n keys and reading n records made it grow with n^2 (a world of
+-- 1,024: a million keys looked up and 100 MB of records sent at start-up).
+-- o: wait_for's options (timeout, abort, describe, on_tick), and
+--   build(records) -> the directory (a string), or nil and why the world
+--   cannot form (the abort key then says so to every rank);
+--   restarted: this rank's earlier process was counted in and this one takes
+--   its place: it records itself anew, waits for every record and reads them
+--   (fresh: other ranks may have been restarted too), publishing the
+--   directory if nobody did (its earlier process may have died uncounted).
+-- Returns the directory.
+function Client:gather(prefix, n, rank, record, o)
+  local all = prefix .. "all"
+  local function keys()
+    local k = {}
+    for r = 0, n - 1 do k[r + 1] = prefix .. r end
+    return k
+  end
+  local function build()
+    local recs = self:multi_get(keys())
+    for r = 1, n do
+      if not recs[r] then
+        error(errors.new("protocol", ("the store lost rank %d's record (%s%d) while the world formed"):format(
+          r - 1, prefix, r - 1)), 0)
+      end
+    end
+    local dir, why = o.build(recs)
+    if not dir then
+      if o.abort then self:set(o.abort, why) end
+      error(errors.new("config", why), 0)
+    end
+    return dir
+  end
+  if o.restarted then
+    self:set(prefix .. rank, record)
+    self:wait_for(keys(), o)
+    local dir = build()
+    self:compare_set(all, "", dir)
+    return dir
+  end
+  local count = self:count_in(prefix .. rank, record, prefix .. "count")
+  if count >= n then self:compare_set(all, "", build()) end
+  local w = {missing = function() return self:missing(keys()) end, fetch = true}
+  for k, v in pairs(o) do w[k] = v end
+  local _, dir = self:wait_for({all}, w)
+  return dir or self:get(all)
 end
 
 -- Shared stores: one client per address in this process ---------------------------

@@ -1,0 +1,239 @@
+-- Worlds at scale (issue 20): what a world costs each rank must not grow with
+-- the world. The rendezvous is a store gather (each rank counts itself in once;
+-- the rank that completes the count publishes one directory, which every rank
+-- reads with its wait); peer tables are made on first lookup; a graceful
+-- shutdown round is counted the same way, and a rank that exits without
+-- shutting down is found by the ranks watching it, who tell all the others.
+-- (The timings are bench/big_world.sh's; here, the counts that make them flat.)
+local S = require "spec.support"
+local store = require "rpchost.store"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.codec"
+local agentmod = require "rpchost.agent"
+local core = require "rpchost.core"
+
+local function record(r)
+  return codec.encode("info", {name = "w" .. r, rank = r, ip = "127.0.0.1", port = 40000 + r})
+end
+
+describe("store gather", function()
+  local server, client
+  before_each(function() server, client = S.store() end)
+  after_each(function() client:close(); server:close() end)
+
+  -- runs fn(r) for ranks 0..n-1, each in a task of its own, until all return
+  -- (bounded); their results by rank
+  local function ranks(n, fn)
+    local out, done = {}, 0
+    for r = 0, n - 1 do sched.spawn(function() out[r] = fn(r); done = done + 1 end) end
+    local deadline = S.now() + 20
+    while done < n and S.now() < deadline do S.sleep(0.01) end
+    assert.are.equal(n, done)
+    return out
+  end
+
+  -- counts the requests the server is sent, by operation, and every read of its data
+  local function count_work()
+    local real, work = server.data, {reads = 0, requests = 0, ops = {}}
+    server.data = setmetatable({}, {
+      __index = function(_, k) work.reads = work.reads + 1; return real[k] end,
+      __newindex = function(_, k, v) real[k] = v end})
+    local on_frame = server.on_frame
+    server.on_frame = function(self, conn, ftype, flags, id, body)
+      local ok, op = pcall(codec.raw_decode, body)
+      if ok and type(op) == "string" then
+        work.requests = work.requests + 1
+        work.ops[op] = (work.ops[op] or 0) + 1
+      end
+      return on_frame(self, conn, ftype, flags, id, body)
+    end
+    return work
+  end
+
+  it("count_in records a key once and counts it once", function()
+    assert.are.same({1, true}, {client:count_in("rank/0", "a", "count")})
+    assert.are.same({1, false}, {client:count_in("rank/0", "b", "count")})
+    assert.are.equal("a", client:get("rank/0"))
+    assert.are.same({2, true}, {client:count_in("rank/1", "c", "count")})
+    assert.are.equal("2", client:get("count"))
+  end)
+
+  it("batches ops into one round trip, answered in order, and waits that fetch their key", function()
+    local r = client:batch{{"set", "a", "1"}, {"get", "a"}, {"add", "n", 2}, {"add", "n", 3}, {"get", "none"}}
+    assert.are.equal(5, #r)
+    assert.are.equal("1", r[2][1])
+    assert.are.equal(5, r[4][1])
+    assert.is_nil(r[5][1])
+    assert.are.same({true, "1"}, {client:wait({"a"}, 1, nil, true)})
+    sched.spawn(function() sched.sleep(0.05); client:set("late", "here") end)
+    assert.are.same({true, "here"}, {client:wait_for({"late"}, {timeout = 5, fetch = true, describe = tostring})})
+  end)
+
+  it("gathers N ranks with a few requests each, and store work that grows with N, not N^2", function()
+    local N = 300
+    local work = count_work()
+    local dirs = ranks(N, function(r)
+      return client:gather("rpc/1/worker/", N, r, record(r), {timeout = 20, abort = "rpc/1/abort",
+        build = agentmod.directory, describe = function(miss) return #miss .. " ranks" end})
+    end)
+    for r = 1, N - 1 do assert.are.equal(dirs[0], dirs[r]) end
+    local d = codec.raw_decode(dirs[0])
+    assert.are.equal(N, #d.names)
+    assert.are.equal("w299", d.names[300])
+    assert.are.equal(40007, d.ports[8])
+    -- per rank: count_in and one wait (which brings the directory); one rank
+    -- also reads the records to build it and publishes it
+    assert.is_true(work.requests <= 2 * N + 3, ("%d requests for %d ranks: %s"):format(work.requests, N,
+      require("rpchost.codec").encode("ops", work.ops)))
+    assert.are.equal(N, work.ops.count_in)
+    assert.are.equal(1, work.ops.multi_get)
+    -- N waits for N keys each, and N reads of N records, were N^2 reads (90,000)
+    assert.is_true(work.reads < 20 * N, ("%d reads of the store's data for %d ranks"):format(work.reads, N))
+  end)
+
+  it("fails every rank, naming why, when the rank that completes the count finds a bad record", function()
+    local N = 20
+    local errs = ranks(N, function(r)
+      local ok, e = pcall(client.gather, client, "pg/1/rank/", N, r, record(r), {timeout = 20,
+        abort = "pg/1/abort", describe = function(miss) return #miss .. " ranks" end,
+        build = function(recs)
+          return agentmod.directory(recs, function(w)
+            if w.rank == 7 then return "rank 7 runs rpchost 0.0 (a test's mismatch)" end
+          end)
+        end})
+      return not ok and e
+    end)
+    for r = 0, N - 1 do
+      assert.truthy(errs[r], "rank " .. r .. " joined a world that could not form")
+      assert.are.equal("config", errs[r].kind)
+      assert.truthy(tostring(errs[r].message):find("rank 7 runs rpchost 0.0", 1, true), tostring(errs[r].message))
+    end
+  end)
+
+  it("names the ranks still missing when it gives up", function()
+    client:set("rpc/3/worker/1", record(1)) -- (there, but not counted in: not how ranks join)
+    local ok, e = pcall(client.gather, client, "rpc/3/worker/", 4, 0, record(0), {timeout = 0.3,
+      abort = "rpc/3/abort", build = agentmod.directory, describe = function(miss)
+        local ranks = {}
+        for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
+        return "ranks " .. table.concat(ranks, ", ") .. " to join"
+      end})
+    assert.is_false(ok)
+    assert.are.equal("timeout", e.kind)
+    assert.truthy(tostring(e.message):find("waiting for ranks 2, 3 to join", 1, true), tostring(e.message))
+  end)
+end)
+
+describe("notes about many ranks", function()
+  it("name the first twenty and count the rest", function()
+    local ranks = {}
+    for r = 1, 1000 do ranks[r] = tostring(r) end
+    assert.are.equal("1, 2, 3", store.some({"1", "2", "3"}))
+    local s = store.some(ranks)
+    assert.truthy(s:find("^1, 2, 3, .*, 20 and 980 more$"), s)
+  end)
+end)
+
+describe("a world's peers", function()
+  it("are made when first looked up: a rank that called one neighbour holds a few, yet knows every name", function()
+    local r, lines = S.checked_world(8, [[
+      local function tables(a) local n = 0 for _ in pairs(a.peers) do n = n + 1 end return n end
+      function echo(x) return x end
+      dist.init_process_group{backend = "gloo"}
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      local a = rpc._agent()
+      check("no table yet but the callers'", tables(a) <= 2, tables(a))
+      check("a call by name", rpc.rpc_sync("w" .. (rank + 1) % world_size, echo, {rank}) == rank)
+      check("tables for the callee and callers", tables(a) <= 3, tables(a))
+      local far = (rank + 4) % world_size
+      check("a worker never met, by name", rpc.get_worker_info("w" .. far).id == far)
+      local ok, e = pcall(rpc.rpc_sync, "nobody", echo, {1})
+      check("an unknown name lists every worker", not ok and tostring(e.message):find(
+        "the workers are w0, w1, w2, w3, w4, w5, w6, w7", 1, true), e)
+      local t = require("tensor").ones(2)
+      dist.all_reduce(t)
+      check("all_reduce", t[1]:item() == world_size)
+      -- recursive doubling in a world of 8: three partners (and itself), one
+      -- connection each (the lower of two partners dials; not both)
+      local pg = dist._agent()
+      check("the process group's tables: its partners", tables(pg) <= 4, tables(pg))
+      local conns = 0
+      for _ in pairs(pg.conns) do conns = conns + 1 end
+      check("one connection per partner", conns == 3, conns)
+      check("every worker listed", #rpc.workers() == world_size)
+      rpc.shutdown()
+      dist.destroy_process_group()
+    ]], {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_oks(r, lines, {"no table yet but the callers'", "a call by name", "tables for the callee and callers",
+      "a worker never met, by name", "an unknown name lists every worker", "all_reduce",
+      "the process group's tables: its partners", "one connection per partner", "every worker listed"})
+  end)
+
+  it("of a big group's small all_reduce are its binomial tree's: N - 1 connections in all", function()
+    local r = S.world(8, S.prelude .. [[
+      local tensor = require "tensor"
+      dist.init_process_group{backend = "gloo"}
+      local t = tensor.ones(2) * (rank + 1)
+      dist.all_reduce(t)
+      check("sum", t[1]:item() == 36)
+      local conns = 0
+      for _ in pairs(dist._agent().conns) do conns = conns + 1 end
+      print("connections " .. conns)
+      dist.destroy_process_group()
+    ]], {env = {RPCHOST_TREE_RANKS = 8}, timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local total = 0
+    for c in r.out:gmatch("connections (%d+)") do total = total + tonumber(c) end
+    assert.are.equal(2 * 7, total, r.out) -- (each edge of the tree, counted at both ends)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+  end)
+end)
+
+describe("graceful shutdown in a bigger world", function()
+  it("names a rank that exited without shutting down to every rank, watched or told", function()
+    -- (12 ranks: rank 3 is in the watch of the 8 ranks before it; 4, 5 and 6 learn it through the store)
+    local out = S.by_hand(12, [[
+      local sched = require "rpchost.sched"
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 3 then return end
+      local t0 = sched.now()
+      local ok, e = pcall(rpc.shutdown)
+      check("named " .. rank, not ok and e.kind == "unreachable" and
+        tostring(e.message):find("w3 (rank 3) exited without calling rpc.shutdown()", 1, true) and
+        e.rank == 3 and sched.now() - t0 < 15, e)
+    ]], nil, 60)
+    for rk = 0, 11 do
+      if rk ~= 3 then
+        assert.truthy(out[rk].out:find("ok named " .. rk, 1, true), ("rank %d:\n%s\n%s"):format(rk, out[rk].out,
+          out[rk].err))
+      end
+    end
+  end)
+end)
+
+describe("the launcher that hosts the store", function()
+  it("runs at a raised priority where it may, and its ranks at the one it had", function()
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int getpriority(int which, unsigned int who);")
+    local base = ffi.C.getpriority(0, 0)
+    local script = S.write([[
+      local ffi = require "ffi"
+      pcall(ffi.cdef, "int getpriority(int which, unsigned int who); int getppid(void);")
+      print(("nice %d %d"):format(ffi.C.getpriority(0, ffi.C.getppid()), ffi.C.getpriority(0, 0)))
+    ]])
+    local function nices(env)
+      local r = S.run({"run", "--nproc-per-node", "2", script}, {env = env, timeout = 30})
+      assert.are.equal(0, r.status, r.err)
+      local launcher, rank = r.out:match("nice (%-?%d+) (%-?%d+)")
+      return tonumber(launcher), tonumber(rank)
+    end
+    local launcher, rank = nices()
+    assert.are.equal(base, rank)
+    -- (root may raise it; another user only as far as RLIMIT_NICE allows, else it stays)
+    if core.getuid() == 0 and base > -10 then assert.are.equal(-10, launcher) else assert.is_true(launcher <= base) end
+    launcher, rank = nices({RPCHOST_STORE_NICE = 0})
+    assert.are.equal(base, launcher)
+    assert.are.equal(base, rank)
+  end)
+end)
