@@ -186,23 +186,26 @@ codec.ag_attach = function(id, src, send, t)
   return t
 end
 
--- one sink per context, so that a hook running in a pass can find the table it
--- fills (M._sink_grads: DistributedDataParallel averages the context's gradients)
-local sink_grads = setmetatable({}, {__mode = "k"})
+-- One sink per context: a callable object that carries the table it fills, so
+-- that a hook running in a pass can find it (M._sink_grads: DistributedDataParallel
+-- averages the context's gradients). Not a weak-keyed side table from sink to
+-- table: LuaJIT has no ephemerons, and the sink refers to its context, so such an
+-- entry would keep every context's graph alive forever.
+local Sink = {}
+Sink.__index = Sink
+function Sink.__call(sink, t, g)
+  local grads = sink.grads
+  local prev = grads[t]
+  grads[t] = prev and core.t_binary(0, prev, g) or core.t_clone(g)
+end
 local function sink_into(c)
-  if not c.sink then
-    c.sink = function(t, g)
-      local prev = c.grads[t]
-      c.grads[t] = prev and core.t_binary(0, prev, g) or core.t_clone(g)
-    end
-    sink_grads[c.sink] = c.grads
-  end
+  if not c.sink then c.sink = setmetatable({grads = c.grads}, Sink) end
   return c.sink
 end
 
 -- the gradient table `sink` (one of sink_into's) fills, or nil for another sink
 function M._sink_grads(sink)
-  return sink ~= nil and sink_grads[sink] or nil
+  return getmetatable(sink) == Sink and sink.grads or nil
 end
 
 -- a gradient for send `send` of context `id` arrived: backward from that tensor

@@ -110,4 +110,63 @@ describe("autograd memory", function()
     assert.are.equal(0, r.status, r.out .. r.err)
     S.assert_oks(r, lines, {"no contexts left", "live bytes flat on w1", "live bytes flat on w2"})
   end)
+
+  it("frees a released context's graph on the workers it ran on (nothing but the weights left)", function()
+    -- a pipeline's shape: micro-batches through RRefs on w1, then rpc_async to
+    -- w2; each step leaves saved activations there. Once the context is
+    -- released they are garbage: after a full collection each worker holds what
+    -- it held before the first step (a sink that kept its context alive kept them)
+    local r = S.world(3, S.prelude .. [==[
+      local tensor = require "tensor"
+      local dist_autograd = require "dist_autograd"
+      W = nil
+      function make_w()
+        tensor.manual_seed(rank)
+        W = tensor.randn(256, 256, {requires_grad = true})
+        return true
+      end
+      function forward(x) return x:matmul(W):tanh():matmul(W):tanh() end
+      function stage1(x_rref) return forward(x_rref:to_here()) end
+      function stage2(y_rref) return forward(y_rref:to_here()) end
+      function usage()
+        collectgarbage(); collectgarbage()
+        return tensor.live_bytes(), dist_autograd._count()
+      end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        for _, w in ipairs({"w1", "w2"}) do rpc.rpc_sync(w, make_w) end
+        local before = {rpc.rpc_sync("w1", usage), rpc.rpc_sync("w2", usage)}
+        local x = tensor.randn(1024, 256)
+        for _ = 1, 3 do
+          dist_autograd.context(function(ctx)
+            local futs = {}
+            for _, xi in ipairs(x:split(256, 1)) do
+              local y_rref = rpc.remote("w1", stage1, {rpc.RRef(xi)})
+              futs[#futs + 1] = rpc.rpc_async("w2", stage2, {y_rref})
+            end
+            dist_autograd.backward(ctx, {tensor.cat(rpc.wait_all(futs)):sum()})
+          end)
+        end
+        -- the RRefs of the micro-batches are garbage here: collected, their
+        -- owners (w1) drop the values they hold (deletes are batched and sent
+        -- within a loop turn or two)
+        collectgarbage(); collectgarbage()
+        for i, w in ipairs({"w1", "w2"}) do
+          local deadline, live, n = os.time() + 20
+          repeat
+            live, n = rpc.rpc_sync(w, usage)
+            local settled = n == 0 and live - before[i] <= 65536
+            if not settled then require("rpchost.sched").sleep(0.02) end
+          until settled or os.time() > deadline
+          check("no contexts left on " .. w, n == 0, n)
+          check(w .. " holds what it held before", live - before[i] <= 65536, before[i] .. " -> " .. live)
+        end
+      end
+      rpc.shutdown()
+    ]==], {timeout = 120})
+    local lines = S.lines(r.out)
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_oks(r, lines, {"no contexts left on w1", "w1 holds what it held before", "no contexts left on w2",
+      "w2 holds what it held before"})
+  end)
 end)
