@@ -281,7 +281,11 @@ local function add_into(pending, e, nr, g, owned)
 end
 
 local function run_node(node, g)
-  if not node.nout then return pack(node.backward(g)) end
+  if not node.nout then
+    local apply = node.apply
+    if apply then return pack(apply(node, g)) end
+    return pack(node.backward(g))
+  end
   local args = {}
   for k = 1, node.nout do
     local gk = g[k]
@@ -295,6 +299,7 @@ end
 
 local function free(node)
   node.backward, node.saved, node.edges, node.nrs, node.out_meta = nil, nil, nil, nil, nil
+  node.apply, node.a, node.b, node.out, node.args = nil, nil, nil, nil, nil
   node.freed = true
 end
 
@@ -528,51 +533,120 @@ local function req(x) return is_t(x) and requires(x) end
 -- a value with the shape of `like` (numbers stay numbers)
 local function grad_for(g, x)
   if not is_t(x) then return nil end
+  -- g has the broadcast shape, of which x's is a part: the same number of
+  -- dimensions and elements (none zero) means the same shape, nothing to sum
+  local n = core.t_numel(x)
+  if n > 0 and n == core.t_numel(g) and core.t_ndim(x) == core.t_ndim(g) then return g end
   return M.sum_to(g, sizes(x))
 end
 
--- saves(a, b, out, ra, rb) -> the tensors the two derivatives read, given which
--- inputs need a gradient (ra, rb): a weight used with an input that needs none
--- is not saved, so changing it in place later (an optimizer step) is no error
--- (the recording halves are functions of their own: a function that makes a
--- closure is not compiled by LuaJIT, and the no-grad path must stay compiled)
-local function record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
-  return M.record(out, name, {n = 2, ra and a or nil, rb and b or nil}, function(g)
-    return ra and grad_for(dfa(g, a, b, out), a) or nil, rb and grad_for(dfb(g, a, b, out), b) or nil
-  end, saves(a, b, out, ra, rb))
+-- Recording the element-wise ops installed below. Their nodes are "static":
+-- node.apply(node, g) is one function per kind of op, reading the op's inputs,
+-- result and extra arguments from the node (fields a, b, out, args) and its
+-- derivatives from node.op, instead of a closure made per call. So recording one
+-- allocates the node, its edges, its saved versions and the result's state and
+-- nothing else, reads each input's state once, and stays compiled (LuaJIT does
+-- not compile a function that makes a closure; the recording halves are still
+-- functions of their own so that the no-grad path stays small).
+
+-- the flat saved-versions list (see save_versions) of up to three tensors
+local function save3(node, out, x1, x2, x3)
+  local sv, k = nil, 0
+  for i = 1, 3 do
+    local x = i == 1 and x1 or i == 2 and x2 or x3
+    if x ~= nil and is_t(x) then
+      local origin, nr = false, 1
+      if rawequal(x, out) then origin = node
+      else
+        local st = get_state(x)
+        if st and st.grad_fn then origin, nr = st.grad_fn, st.output_nr or 1 end
+      end
+      sv = sv or {}
+      sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
+      k = k + 4
+    end
+  end
+  return sv
+end
+
+-- the edge of an input whose state is st (nil: none), and which output it is
+local function edge_from(x, st)
+  if st == nil or not st.requires_grad then return false, nil end
+  if st.grad_fn then return st.grad_fn, st.output_nr end
+  return x, nil
+end
+
+local function binary_apply(node, g)
+  local a, b, out, op = node.a, node.b, node.out, node.op
+  return node.ra and grad_for(op.dfa(g, a, b, out), a) or nil, node.rb and grad_for(op.dfb(g, a, b, out), b) or nil
+end
+
+-- op: {name, dfa, dfb, saves}; saves(a, b, out, ra, rb) -> the (up to three)
+-- tensors the two derivatives read, given which inputs need a gradient: a
+-- weight used with an input that needs none is not saved, so changing it in
+-- place later (an optimizer step) is no error
+local function record_binary(op, out, a, b, sa, sb)
+  if core.t_dtype(out) > 1 then return out end -- only float results carry gradients
+  local ra, rb = sa ~= nil and sa.requires_grad == true, sb ~= nil and sb.requires_grad == true
+  local ea, na = edge_from(a, sa)
+  local eb, nb = edge_from(b, sb)
+  local nrs = nil
+  if na or nb then nrs = {na, nb} end
+  local node = setmetatable({name = op.name, apply = binary_apply, op = op, a = a, b = b, out = out, ra = ra, rb = rb,
+    edges = {ea, eb}, nrs = nrs, n = 2}, Node)
+  node.saved = save3(node, out, op.saves(a, b, out, ra, rb))
+  set_state(out, {requires_grad = true, grad_fn = node})
+  return out
 end
 
 local function install_binary(name, fwd, dfa, dfb, saves)
+  local op = {name = name, dfa = dfa, dfb = dfb, saves = saves}
   local f = function(a, b, opts)
     local out = fwd(a, b, opts)
     if slot().grad_enabled == false then return out end
-    local ra, rb = req(a), req(b)
-    if not (ra or rb) then return out end
-    return record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
+    -- (get_state is nil for a number, and for a tensor without autograd state)
+    local sa, sb = get_state(a), get_state(b)
+    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
+    return record_binary(op, out, a, b, sa, sb)
   end
   tensor[name] = f
   methods[name] = f
 end
 
--- saves(a, out): what df reads ({} when only shapes); view: the result shares
--- a's elements (an in-place change of it is refused: it would bypass a's history)
-local NOTHING = {n = 0}
-local function record_unary(name, df, saves, view, out, a, ...)
-  local args = table.pack(...)
-  M.record(out, name, {n = 1, a}, function(g) return df(g, a, out, unpack(args, 1, args.n)) end,
-    saves and saves(a, out) or NOTHING)
-  if view then M.mark_view(out, a) end
+local function unary_apply(node, g)
+  local args = node.args
+  if args == nil then return node.op.df(g, node.a, node.out) end
+  return node.op.df(g, node.a, node.out, unpack(args, 1, args.n))
+end
+
+-- op: {name, df, saves, view}; saves(a, out): the tensor df reads (nil when
+-- only shapes); view: the result shares a's elements (an in-place change of it
+-- is refused: it would bypass a's history)
+local function record_unary(op, out, a, sa, ...)
+  if core.t_dtype(out) > 1 then return out end
+  local args = nil
+  if select("#", ...) > 0 then args = pack(...) end
+  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = a, out = out, args = args,
+    edges = {sa.grad_fn or a}, n = 1}, Node)
+  if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
+  local saves = op.saves
+  if saves then node.saved = save3(node, out, saves(a, out)) end
+  set_state(out, {requires_grad = true, grad_fn = node})
+  if op.view then M.mark_view(out, a) end
   return out
 end
 
 local function install_unary(name, fwd, df, saves, view)
+  local op = {name = name, df = df, saves = saves, view = view}
   local f = function(a, ...)
     local out = fwd(a, ...)
     -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
     -- what was asked) returns the input itself: recording a node on it would
     -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
-    if rawequal(out, a) or slot().grad_enabled == false or not requires(a) then return out end
-    return record_unary(name, df, saves, view, out, a, ...)
+    if rawequal(out, a) or slot().grad_enabled == false then return out end
+    local sa = get_state(a)
+    if sa == nil or not sa.requires_grad then return out end
+    return record_unary(op, out, a, sa, ...)
   end
   methods[name] = f
   if tensor[name] then tensor[name] = f end
@@ -585,8 +659,9 @@ function M.mark_view(out, a)
   return out
 end
 
-local function save_a(a) return {n = 1, a} end
-local function save_out(_, out) return {n = 1, out} end
+local NOTHING = {n = 0}
+local function save_a(a) return a end
+local function save_out(_, out) return out end
 
 function M.install(t_module)
   tensor = t_module
@@ -599,23 +674,23 @@ function M.install(t_module)
   local function div(a, b) return core.t_binary(3, a, b) end
   local function neg(a) return core.t_unary(0, a) end
 
-  local function no_saves() return NOTHING end
-  -- a is read for b's gradient and b for a's (mul, matmul)
-  local function cross(a, b, _, ra, rb) return {n = 2, rb and a or nil, ra and b or nil} end
-  local function both(a, b) return {n = 2, a, b} end
+  local function no_saves() return nil end
+  -- a is read for b's gradient and b for a's (mul)
+  local function cross(a, b, _, ra, rb) return rb and a or nil, ra and b or nil end
+  local function both(a, b) return a, b end
   install_binary("add", orig.add, function(g) return g end, function(g, _, _, _) return g end, no_saves)
   install_binary("sub", orig.sub, function(g) return g end, function(g) return neg(g) end, no_saves)
   install_binary("mul", orig.mul, function(g, _, b) return mul(g, b) end, function(g, a) return mul(g, a) end, cross)
   install_binary("div", orig.div, function(g, _, b) return div(g, b) end,
     function(g, a, b) return neg(div(mul(g, a), mul(b, b))) end,
-    function(a, b, _, _, rb) return {n = 2, rb and a or nil, b} end)
+    function(a, b, _, _, rb) return rb and a or nil, b end)
   install_binary("pow", orig.pow,
     function(g, a, b)
       local bm1 = is_t(b) and core.t_binary(1, b, 1) or b - 1
       return mul(mul(g, b), core.t_binary(4, a, bm1))
     end,
     function(g, a, _, out) return mul(mul(g, out), core.t_unary(2, a)) end,
-    function(a, b, out, _, rb) return {n = 3, a, b, rb and out or nil} end)
+    function(a, b, out, _, rb) return a, b, rb and out or nil end)
   install_binary("maximum", orig.maximum,
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(12, a, b), core.t_dtype(g))) end,
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(9, a, b), core.t_dtype(g))) end, both)
