@@ -75,14 +75,16 @@ end
 
 -- Runs fn(...) with the task's gradient mode set to `mode`, restored afterwards
 -- (also on error, and whatever other tasks do while fn waits).
+local function restore_mode(s, old, ok, ...)
+  s.grad_enabled = old
+  if not ok then error((...), 0) end
+  return ...
+end
 local function with_mode(mode, fn, ...)
   local s = slot()
   local old = s.grad_enabled
   s.grad_enabled = mode
-  local r = pack(pcall(fn, ...))
-  s.grad_enabled = old
-  if not r[1] then error(r[2], 0) end
-  return unpack(r, 2, r.n)
+  return restore_mode(s, old, pcall(fn, ...))
 end
 
 function M.no_grad(fn, ...) return with_mode(false, fn, ...) end
@@ -581,7 +583,8 @@ local function binary_apply(node, g)
   return node.ra and grad_for(op.dfa(g, a, b, out), a) or nil, node.rb and grad_for(op.dfb(g, a, b, out), b) or nil
 end
 
--- op: {name, dfa, dfb, saves}; saves(a, b, out, ra, rb) -> the (up to three)
+-- op: {name, dfa, dfb, saves} (or {name, apply, saves} for an op whose two
+-- gradients come from one function); saves(a, b, out, ra, rb) -> the (up to three)
 -- tensors the two derivatives read, given which inputs need a gradient: a
 -- weight used with an input that needs none is not saved, so changing it in
 -- place later (an optimizer step) is no error
@@ -592,7 +595,7 @@ local function record_binary(op, out, a, b, sa, sb)
   local eb, nb = edge_from(b, sb)
   local nrs = nil
   if na or nb then nrs = {na, nb} end
-  local node = setmetatable({name = op.name, apply = binary_apply, op = op, a = a, b = b, out = out, ra = ra, rb = rb,
+  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = a, b = b, out = out, ra = ra, rb = rb,
     edges = {ea, eb}, nrs = nrs, n = 2}, Node)
   node.saved = save3(node, out, op.saves(a, b, out, ra, rb))
   set_state(out, {requires_grad = true, grad_fn = node})
@@ -856,28 +859,33 @@ function M.install(t_module)
   end
   tensor.softmax, tensor.log_softmax = methods.softmax, methods.log_softmax
 
+  -- matmul records a static node (see record_binary): its backward reads a, b
+  -- and which of them need a gradient from the node
+  local function tr(x) local n = core.t_ndim(x) return core.t_transpose(x, n - 2, n - 1) end
+  local function matmul_apply(node, g)
+    local a, b, ra, rb = node.a, node.b, node.ra, node.rb
+    local A, B, G = a, b, g
+    local na, nb = core.t_ndim(a), core.t_ndim(b)
+    if na == 1 then A = core.t_unsqueeze(a, 0); G = core.t_unsqueeze(G, core.t_ndim(G) - (nb == 1 and 0 or 1)) end
+    if nb == 1 then B = core.t_unsqueeze(b, 1); G = core.t_unsqueeze(G, core.t_ndim(G)) end
+    local ga, gb
+    if ra then
+      ga = grad_for(core.t_matmul(G, tr(B)), A)
+      if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
+    end
+    if rb then
+      gb = grad_for(core.t_matmul(tr(A), G), B)
+      if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
+    end
+    return ga, gb
+  end
+  local matmul_op = {name = "matmul", apply = matmul_apply, saves = cross}
   methods.matmul = function(a, b)
     local out = orig.matmul(a, b)
-    if not M.enabled() then return out end
-    local ra, rb = requires(a), requires(b)
-    if not (ra or rb) then return out end
-    return M.record(out, "matmul", {n = 2, a, b}, function(g)
-      local A, B, G = a, b, g
-      local na, nb = core.t_ndim(a), core.t_ndim(b)
-      if na == 1 then A = core.t_unsqueeze(a, 0); G = core.t_unsqueeze(G, core.t_ndim(G) - (nb == 1 and 0 or 1)) end
-      if nb == 1 then B = core.t_unsqueeze(b, 1); G = core.t_unsqueeze(G, core.t_ndim(G)) end
-      local function tr(x) local n = core.t_ndim(x) return core.t_transpose(x, n - 2, n - 1) end
-      local ga, gb
-      if ra then
-        ga = M.sum_to(core.t_matmul(G, tr(B)), sizes(A))
-        if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
-      end
-      if rb then
-        gb = M.sum_to(core.t_matmul(tr(A), G), sizes(B))
-        if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
-      end
-      return ga, gb
-    end, {n = 2, rb and a or nil, ra and b or nil})
+    if slot().grad_enabled == false then return out end
+    local sa, sb = get_state(a), get_state(b)
+    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
+    return record_binary(matmul_op, out, a, b, sa, sb)
   end
   methods.mm = methods.matmul
   tensor.matmul, tensor.mm = methods.matmul, methods.matmul
