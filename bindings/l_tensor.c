@@ -4,9 +4,9 @@
  *
  * The Lua GC does not see tensor memory (a userdata is a pointer box), so the
  * host's count of live tensor bytes drives it: a full collection runs when that
- * count has grown by a quarter of what survived the last one (at least
- * RH_GC_MIN), as Lua's own pause does for its heap. Garbage tensors, small ones
- * included, cannot pile up unseen: a quarter of the live set (or RH_GC_MIN)
+ * count has grown by an eighth of what survived the last one (at least
+ * RH_GC_MIN, and 4x the Lua heap), as Lua's own pause does for its heap. Garbage tensors, small ones
+ * included, cannot pile up unseen: an eighth of the live set (or RH_GC_MIN)
  * waits for the GC at most. (Torch7 fed its heap size to the GC for the same
  * reason; counting only large allocations let a pipeline's many small
  * activations reach several times the live set.)
@@ -28,7 +28,7 @@
 
 #define TENSOR_MT "rpchost.Tensor"
 #define RH_GC_MIN (16ll << 20)
-#define RH_GC_GROWTH 4 /* a quarter of the live bytes */
+#define RH_GC_GROWTH 8 /* an eighth of the live bytes */
 
 typedef struct {
   rh_tensor_t *t;
@@ -68,8 +68,14 @@ int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
   if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
   if (rh_storage_live_bytes() > gc_at) {
     lua_gc(L, LUA_GCCOLLECT, 0);
+    /* the next one after an eighth of the live bytes, RH_GC_MIN, or 4x the Lua
+     * heap (what a collection walks), whichever is most: collections stay a
+     * small part of the work that allocates */
     int64_t live = rh_storage_live_bytes(), grow = live / RH_GC_GROWTH;
-    gc_at = live + (grow > RH_GC_MIN ? grow : RH_GC_MIN);
+    int64_t heap = 4 * ((int64_t)lua_gc(L, LUA_GCCOUNT, 0) << 10);
+    if (grow < RH_GC_MIN) grow = RH_GC_MIN;
+    if (grow < heap) grow = heap;
+    gc_at = live + grow;
   }
   ltensor_t *b = lua_newuserdata(L, sizeof *b);
   b->t = t;

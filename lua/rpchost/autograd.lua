@@ -544,8 +544,9 @@ end
 
 -- Recording the element-wise ops installed below. Their nodes are "static":
 -- node.apply(node, g) is one function per kind of op, reading the op's inputs,
--- result and extra arguments from the node (fields a, b, out, args) and its
--- derivatives from node.op, instead of a closure made per call. So recording one
+-- result (kept only when saved) and extra arguments from the node (fields a,
+-- b, out, args) and its derivatives from node.op, instead of a closure made per
+-- call. So recording one
 -- allocates the node, its edges, its saved versions and the result's state and
 -- nothing else, reads each input's state once, and stays compiled (LuaJIT does
 -- not compile a function that makes a closure; the recording halves are still
@@ -558,7 +559,9 @@ local function save3(node, out, x1, x2, x3)
     local x = i == 1 and x1 or i == 2 and x2 or x3
     if x ~= nil and is_t(x) then
       local origin, nr = false, 1
-      if rawequal(x, out) then origin = node
+      if rawequal(x, out) then
+        origin = node
+        node.out = out -- (a node keeps its result only when its backward reads it)
       else
         local st = get_state(x)
         if st and st.grad_fn then origin, nr = st.grad_fn, st.output_nr or 1 end
@@ -595,7 +598,7 @@ local function record_binary(op, out, a, b, sa, sb)
   local eb, nb = edge_from(b, sb)
   local nrs = nil
   if na or nb then nrs = {na, nb} end
-  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = a, b = b, out = out, ra = ra, rb = rb,
+  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = a, b = b, ra = ra, rb = rb,
     edges = {ea, eb}, nrs = nrs, n = 2}, Node)
   node.saved = save3(node, out, op.saves(a, b, out, ra, rb))
   set_state(out, {requires_grad = true, grad_fn = node})
@@ -629,7 +632,7 @@ local function record_unary(op, out, a, sa, ...)
   if core.t_dtype(out) > 1 then return out end
   local args = nil
   if select("#", ...) > 0 then args = pack(...) end
-  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = a, out = out, args = args,
+  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = a, args = args,
     edges = {sa.grad_fn or a}, n = 1}, Node)
   if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
   local saves = op.saves
