@@ -4,6 +4,23 @@
 -- (bench/autograd_memory.lua prints the whole curve.)
 local S = require "spec.support"
 
+-- the workers of the distributed specs: a weight W (make_w(n): n x n, an RRef
+-- of it back) and usage() -> live tensor bytes after a full collection, contexts
+local WORKER = [==[
+      local tensor = require "tensor"
+      local dist_autograd = require "dist_autograd"
+      W = nil
+      function make_w(n)
+        tensor.manual_seed(rank)
+        W = tensor.randn(n, n, {requires_grad = true})
+        return rpc.RRef(W)
+      end
+      function usage()
+        collectgarbage(); collectgarbage()
+        return tensor.live_bytes(), dist_autograd._count()
+      end
+]==]
+
 describe("autograd memory", function()
   it("stays flat over 100,000 training steps of a small MLP", function()
     local path = S.write([==[
@@ -75,25 +92,13 @@ describe("autograd memory", function()
   end)
 
   it("stays flat over many distributed autograd contexts on every worker", function()
-    local r = S.world(3, S.prelude .. [==[
-      local tensor = require "tensor"
-      local dist_autograd = require "dist_autograd"
+    local r = S.world(3, S.prelude .. WORKER .. [==[
       local optim = require "optim"
-      W = nil
-      function make_w()
-        tensor.manual_seed(rank)
-        W = tensor.randn(16, 16, {requires_grad = true})
-        return rpc.RRef(W)
-      end
       function forward(x) return x:matmul(W):tanh() end
       function relay(x) return rpc.rpc_sync("w2", forward, {forward(x)}) end
-      function usage()
-        collectgarbage(); collectgarbage()
-        return tensor.live_bytes(), dist_autograd._count()
-      end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
-        local refs = {rpc.rpc_sync("w1", make_w), rpc.rpc_sync("w2", make_w)}
+        local refs = {rpc.rpc_sync("w1", make_w, {16}), rpc.rpc_sync("w2", make_w, {16})}
         local opt = rpc.DistributedOptimizer(optim.SGD, refs, {lr = 1e-4})
         local x = tensor.randn(8, 16, {requires_grad = true})
         local function steps(n)
@@ -138,25 +143,13 @@ describe("autograd memory", function()
     -- released they are garbage: after a full collection each worker holds what
     -- it held before the first step (a sink that kept its context alive kept
     -- 6 to 16 MiB of them)
-    local r = S.world(3, S.prelude .. [==[
-      local tensor = require "tensor"
-      local dist_autograd = require "dist_autograd"
-      W = nil
-      function make_w()
-        tensor.manual_seed(rank)
-        W = tensor.randn(256, 256, {requires_grad = true})
-        return true
-      end
+    local r = S.world(3, S.prelude .. WORKER .. [==[
       function forward(x) return x:matmul(W):tanh():matmul(W):tanh() end
       function stage1(x_rref) return forward(x_rref:to_here()) end
       function stage2(y_rref) return forward(y_rref:to_here()) end
-      function usage()
-        collectgarbage(); collectgarbage()
-        return tensor.live_bytes(), dist_autograd._count()
-      end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
-        for _, w in ipairs({"w1", "w2"}) do rpc.rpc_sync(w, make_w) end
+        for _, w in ipairs({"w1", "w2"}) do rpc.rpc_sync(w, make_w, {256}) end
         local before = {rpc.rpc_sync("w1", usage), rpc.rpc_sync("w2", usage)}
         local x = tensor.randn(1024, 256)
         for _ = 1, 8 do
