@@ -18,8 +18,10 @@
 -- Backward is iterative: a pass counts, for each node reachable from the root,
 -- the edges that lead into it, then runs nodes whose consumers have all
 -- delivered, summing incoming gradients, and frees each node as it goes unless
--- the graph is retained. Leaf gradients go to a sink: `.grad` for local
--- autograd, a context's table for distributed autograd.
+-- the graph is retained. A pass may also wait for gradients that other tasks
+-- deliver into it while it runs (M._run_pass: distributed autograd's sends).
+-- Leaf gradients go to a sink: `.grad` for local autograd, a context's table
+-- for distributed autograd.
 --
 -- Gradient mode (no_grad, set_grad_enabled, backward's own switching) is a field
 -- of the running task (rpchost.sched), inherited by the tasks it spawns: a
@@ -308,32 +310,68 @@ end
 local SECOND_TIME = "Trying to backward through the graph a second time (or directly access saved tensors " ..
   "after they have already been freed): pass retain_graph = true the first time"
 
--- Runs the backward pass from root with gradient `grad` (nil: 1 for a scalar).
--- sink(tensor, grad) receives leaf gradients (default: accumulate into .grad).
-function M.backward(root, grad, retain_graph, sink)
-  sink = sink or default_sink
+-- retain_graph = M._KEEP_UNSAVED: free what each node saved as the pass goes
+-- (PyTorch releases a node's saved variables), but leave the nodes that saved
+-- nothing (a recv, an add, a view) runnable: in distributed autograd a worker
+-- other than the root may be reached again through another send, and PyTorch
+-- runs such a node again too.
+M._KEEP_UNSAVED = setmetatable({}, {__tostring = function() return "autograd._KEEP_UNSAVED" end})
+local KEEP_UNSAVED = M._KEEP_UNSAVED
+
+-- the gradient a root starts with: grad, or 1 for a scalar
+local function seed_grad(root, grad)
   local s = get_state(root)
   if not s or not s.requires_grad then
     error("element 0 of tensors does not require grad and does not have a grad_fn " ..
-          "(create the inputs with {requires_grad = true})", 3)
+          "(create the inputs with {requires_grad = true})", 4)
   end
-  if grad == nil then
-    if core.t_numel(root) ~= 1 then
-      error(("grad can be implicitly created only for scalar outputs (this one has %d elements); " ..
-        "pass a gradient: t:backward(g)"):format(core.t_numel(root)), 3)
+  if grad ~= nil then return grad end
+  if core.t_numel(root) ~= 1 then
+    error(("grad can be implicitly created only for scalar outputs (this one has %d elements); " ..
+      "pass a gradient: t:backward(g)"):format(core.t_numel(root)), 4)
+  end
+  return core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
+end
+
+-- One backward pass. roots[i] starts with grads[i]; late[j] (optional) are
+-- tensors whose gradients may arrive while the pass runs, through
+-- pass.deliver(j, g) from another task (distributed autograd's sends on the
+-- root worker, as PyTorch's engine counts a context's send functions in the
+-- root's graph task): a node waits for them as for any other consumer, so it
+-- runs once with every gradient summed. When nothing is left to run, the late
+-- gradients still missing will not come (the pass's own RPCs, which lead to
+-- them, have returned): the nodes waiting for them run with what they have.
+-- on_pass(pass), when given, sees the pass before it starts.
+function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
+  sink = sink or default_sink
+  late = late or {}
+  -- an entry (a root or a late tensor) reaches its node, or its leaf
+  local entries = {}
+  for i, r in ipairs(roots) do entries[i] = r end
+  local nroots = #roots
+  for j, t in ipairs(late) do entries[nroots + j] = t end
+  -- how many edges (and entries) lead into each node reachable from the
+  -- entries, and into each leaf (when all of a leaf's have delivered, its
+  -- gradient is final and its hooks run: DistributedDataParallel starts
+  -- communication then)
+  local deps, leaf_edges = {}, {}
+  local stack, sp = {}, 0
+  local entry_edge, entry_nr = {}, {}
+  for k, t in ipairs(entries) do
+    local e, nr = edge_of(t)
+    entry_edge[k], entry_nr[k] = e, nr
+    if type(e) == "table" then
+      if deps[e] == nil then
+        deps[e] = 1
+        sp = sp + 1
+        stack[sp] = e
+      else
+        deps[e] = deps[e] + 1
+      end
+    elseif e then
+      leaf_edges[e] = (leaf_edges[e] or 0) + 1
     end
-    grad = core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
   end
-  local fn = s.grad_fn
-  if not fn then
-    sink(root, grad)
-    return
-  end
-  -- how many edges lead into each node reachable from the root, and into each leaf
-  -- (when all of a leaf's have delivered, its gradient is final and its hooks run:
-  -- DistributedDataParallel starts communication then)
-  local deps, leaf_edges = {[fn] = 0}, {}
-  local stack, sp = {fn}, 1
   while sp > 0 do
     local node = stack[sp]
     stack[sp] = nil
@@ -359,16 +397,72 @@ function M.backward(root, grad, retain_graph, sink)
       end
     end
   end
-  local pending = {}
-  if fn.nout then pending[fn] = {[s.output_nr or 1] = grad} else pending[fn] = grad end
   local task = slot()
   local outer_pass, outer_mode = task.ag_pass, task.grad_enabled
-  local pass = {callbacks = {}, sink = sink}
+  local inbox, waiting = {}, {}
+  for j = 1, #late do waiting[j] = true end
+  local pass = {callbacks = {}, sink = sink, retain = retain_graph ~= nil and retain_graph ~= false and
+    retain_graph ~= KEEP_UNSAVED, running = true}
+  -- (from another task) whether late gradient j can still join this pass
+  function pass.accepts(j) return pass.running and waiting[j] == true end
+  function pass.deliver(j, g)
+    waiting[j] = false
+    inbox[#inbox + 1] = {j, g}
+  end
+  if on_pass then on_pass(pass) end
   task.ag_pass, task.grad_enabled = pass, false
   local ok, err = pcall(function()
-    local owned, leaf_pieces = {}, {}
-    local ready, rn = {fn}, 1
-    while rn > 0 do
+    local pending, owned, leaf_pieces = {}, {}, {}
+    local ready, rn = {}, 0
+    -- gradient gi (nil: none) reaches edge e (output nr of a node, or a leaf)
+    local function arrive(e, nr, gi)
+      if type(e) == "table" then
+        if gi ~= nil then add_into(pending, e, nr, gi, owned) end
+        local d = deps[e] - 1
+        deps[e] = d
+        if d == 0 then
+          rn = rn + 1
+          ready[rn] = e
+        end
+      elseif e then
+        if gi ~= nil then
+          -- pieces for a leaf gather in one buffer, which the sink gets once
+          if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi) end
+        end
+        local left = leaf_edges[e] - 1
+        leaf_edges[e] = left
+        if left == 0 then
+          local pg = leaf_pieces[e]
+          if pg ~= nil then
+            leaf_pieces[e], owned[pg] = nil, nil
+            sink(e, pg)
+          end
+          local ls = get_state(e)
+          local hooks = ls and ls.final_hooks
+          if hooks then for _, h in ipairs(hooks) do h(e) end end
+        end
+      end
+    end
+    for i = 1, nroots do arrive(entry_edge[i], entry_nr[i], grads[i]) end
+    while true do
+      if #inbox > 0 then
+        local box = inbox
+        inbox = {}
+        for _, d in ipairs(box) do
+          local k = nroots + d[1]
+          arrive(entry_edge[k], entry_nr[k], d[2])
+        end
+      end
+      if rn == 0 then
+        -- nothing to run: the late gradients still missing will not come
+        for j = 1, #late do
+          if waiting[j] then
+            waiting[j] = false
+            arrive(entry_edge[nroots + j], entry_nr[nroots + j], nil)
+          end
+        end
+        if rn == 0 then break end
+      end
       local node = ready[rn]
       ready[rn] = nil
       rn = rn - 1
@@ -379,50 +473,23 @@ function M.backward(root, grad, retain_graph, sink)
         if node.nout then for _, gk in pairs(g) do owned[gk] = nil end else owned[g] = nil end
       end
       local edges, nrs = node.edges, node.nrs
-      local grads = nil
+      local grads_out = nil
       if g ~= nil then
         if node.freed then error(SECOND_TIME, 0) end
         check_saved(node)
-        grads = run_node(node, g)
+        grads_out = run_node(node, g)
         g = nil
-        if not retain_graph then free(node) end
+        if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
       end
       if edges then
         for i = 1, node.n do
           local e = edges[i]
-          if e then
-            local gi = grads and grads[i]
-            if type(e) == "table" then
-              if gi ~= nil then add_into(pending, e, nrs and nrs[i], gi, owned) end
-              local d = deps[e] - 1
-              deps[e] = d
-              if d == 0 then
-                rn = rn + 1
-                ready[rn] = e
-              end
-            else
-              if gi ~= nil then
-                -- pieces for a leaf gather in one buffer, which the sink gets once
-                if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi) end
-              end
-              local left = leaf_edges[e] - 1
-              leaf_edges[e] = left
-              if left == 0 then
-                local pg = leaf_pieces[e]
-                if pg ~= nil then
-                  leaf_pieces[e], owned[pg] = nil, nil
-                  sink(e, pg)
-                end
-                local ls = get_state(e)
-                local hooks = ls and ls.final_hooks
-                if hooks then for _, h in ipairs(hooks) do h(e) end end
-              end
-            end
-          end
+          if e then arrive(e, nrs and nrs[i], grads_out and grads_out[i]) end
         end
       end
     end
   end)
+  pass.running = false
   -- callbacks queued during this pass run once it is over (even when it failed,
   -- so communication started by hooks is never left half done)
   task.ag_pass = outer_pass
@@ -432,6 +499,31 @@ function M.backward(root, grad, retain_graph, sink)
   end
   task.grad_enabled = outer_mode
   if not ok then error(err, 0) end
+end
+
+-- Runs the backward pass from root with gradient `grad` (nil: 1 for a scalar).
+-- sink(tensor, grad) receives leaf gradients (default: accumulate into .grad).
+function M.backward(root, grad, retain_graph, sink)
+  grad = seed_grad(root, grad)
+  M._run_pass({root}, {grad}, retain_graph, sink)
+end
+
+-- The same from several roots at once (each node runs once, with the sum of
+-- what every root sends it); grads[i] nil: 1 for a scalar root. late, on_pass:
+-- see M._run_pass.
+function M._backward_many(roots, grads, retain_graph, sink, late, on_pass)
+  local gs = {}
+  for i, r in ipairs(roots) do gs[i] = seed_grad(r, grads and grads[i]) end
+  M._run_pass(roots, gs, retain_graph, sink, late, on_pass)
+end
+
+-- Whether the running task's current backward pass keeps the graph (nil
+-- outside a pass): a distributed backward passes it on to the workers it
+-- reaches.
+function M._current_retain()
+  local p = slot().ag_pass
+  if p then return p.retain end
+  return nil
 end
 
 -- Runs fn when the running task's current backward pass ends (from a hook).
