@@ -13,6 +13,17 @@ local function run(n, body, names, opts)
     local function close(a, b, tol)
       return a ~= nil and b ~= nil and tensor.abs(a - b):max():item() <= (tol or 1e-9)
     end
+    -- the n x n weights make_w(1) and make_w(2) give the workers, and a leaf copy
+    -- of x: the same model in this process
+    local function one_process(n, x)
+      tensor.manual_seed(1)
+      local W1 = tensor.randn(n, n, {dtype = tensor.float64, requires_grad = true})
+      tensor.manual_seed(2)
+      local W2 = tensor.randn(n, n, {dtype = tensor.float64, requires_grad = true})
+      local x2 = x:detach():clone()
+      x2.requires_grad = true
+      return W1, W2, x2
+    end
   ]] .. body, opts)
   assert.are.equal(0, r.status, r.out .. r.err)
   assert.is_nil(r.out:find("FAIL", 1, true), r.out)
@@ -54,12 +65,7 @@ describe("distributed autograd", function()
           check("second backward refused", not ok and tostring(e.message):find("retain_graph", 1, true), e)
         end)
         -- the same model in one process
-        tensor.manual_seed(1)
-        local W1 = tensor.randn(3, 3, {dtype = tensor.float64, requires_grad = true})
-        tensor.manual_seed(2)
-        local W2 = tensor.randn(3, 3, {dtype = tensor.float64, requires_grad = true})
-        local x2 = x:detach():clone()
-        x2.requires_grad = true
+        local W1, W2, x2 = one_process(3, x)
         local h = x2:matmul(W1):tanh()
         local y = (h * 2):matmul(W2):tanh()
         local z = y:matmul(W1):tanh()
@@ -156,12 +162,7 @@ describe("distributed autograd", function()
         check("w2's part ran once", rpc.rpc_sync("w2", backward_calls) == 1, rpc.rpc_sync("w2", backward_calls))
         check("w1 freed its saved tensors", before - after >= 3 * 2 ^ 20, before .. " -> " .. after)
         -- the same in one process
-        tensor.manual_seed(1)
-        local W1 = tensor.randn(64, 64, {dtype = tensor.float64, requires_grad = true})
-        tensor.manual_seed(2)
-        local W2 = tensor.randn(64, 64, {dtype = tensor.float64, requires_grad = true})
-        local x2 = x:detach():clone()
-        x2.requires_grad = true
+        local W1, W2, x2 = one_process(64, x)
         local y = x2:matmul(W2):tanh()
         local z = y:matmul(W1):tanh():matmul(W1):tanh()
         ;((z * z):sum() + y:sum()):backward()
