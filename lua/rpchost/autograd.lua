@@ -644,26 +644,30 @@ end
 -- not compile a function that makes a closure; the recording halves are still
 -- functions of their own so that the no-grad path stays small).
 
--- the flat saved-versions list (see save_versions) of up to three tensors
-local function save3(node, out, x1, x2, x3)
-  local sv, k = nil, 0
-  for i = 1, 3 do
-    local x = i == 1 and x1 or i == 2 and x2 or x3
-    if x ~= nil and is_t(x) then
-      local origin, nr = false, 1
-      if rawequal(x, out) then
-        origin = node
-        node.out = out -- (a node keeps its result only when its backward reads it)
-      else
-        local st = get_state(x)
-        if st and st.grad_fn then origin, nr = st.grad_fn, st.output_nr or 1 end
-      end
-      sv = sv or {}
-      sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
-      k = k + 4
-    end
-  end
+-- the flat saved-versions list (see save_versions) of up to three tensors;
+-- a, sa and b, sb: the op's inputs and their states, read once by the caller
+local function save_one(sv, node, out, x, a, sa, b, sb)
+  if x == nil then return sv end
+  local st
+  if rawequal(x, out) then
+    node.out = out -- (a node keeps its result only when its backward reads it)
+  elseif rawequal(x, a) then st = sa
+  elseif rawequal(x, b) then st = sb
+  else st = get_state(x) end
+  -- (a state means a tensor; else ask)
+  if st == nil and not rawequal(x, out) and not is_t(x) then return sv end
+  local origin, nr = false, 1
+  if rawequal(x, out) then origin = node
+  elseif st and st.grad_fn then origin, nr = st.grad_fn, st.output_nr or 1 end
+  sv = sv or {}
+  local k = #sv
+  sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
   return sv
+end
+local function save3(node, out, a, sa, b, sb, x1, x2, x3)
+  local sv = save_one(nil, node, out, x1, a, sa, b, sb)
+  sv = save_one(sv, node, out, x2, a, sa, b, sb)
+  return save_one(sv, node, out, x3, a, sa, b, sb)
 end
 
 -- the edge of an input whose state is st (nil: none), and which output it is
@@ -692,7 +696,7 @@ local function record_binary(op, out, a, b, sa, sb)
   if na or nb then nrs = {na, nb} end
   local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = a, b = b, ra = ra, rb = rb,
     edges = {ea, eb}, nrs = nrs, n = 2}, Node)
-  node.saved = save3(node, out, op.saves(a, b, out, ra, rb))
+  node.saved = save3(node, out, a, sa, b, sb, op.saves(a, b, out, ra, rb))
   set_state(out, {requires_grad = true, grad_fn = node})
   return out
 end
@@ -728,7 +732,7 @@ local function record_unary(op, out, a, sa, ...)
     edges = {sa.grad_fn or a}, n = 1}, Node)
   if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
   local saves = op.saves
-  if saves then node.saved = save3(node, out, saves(a, out)) end
+  if saves then node.saved = save3(node, out, a, sa, nil, nil, saves(a, out)) end
   set_state(out, {requires_grad = true, grad_fn = node})
   if op.view then M.mark_view(out, a) end
   return out
