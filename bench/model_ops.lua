@@ -81,12 +81,17 @@ do
 end
 collectgarbage()
 
--- per-op overhead: add of 16 elements
+-- per-op overhead: add of 16 elements, and mul of 16 recorded by autograd
 do
   local a, b = tensor.rand(16), tensor.rand(16)
   local n = 20000
   local t = best(function() for _ = 1, n do local _ = a + b end end, 3)
   result("add16_us", "%.3f", t / n * 1e6)
+  -- a recorded op: the same with a weight that requires grad (the graph node it
+  -- builds, freed with the result)
+  local w = tensor.rand(16, {requires_grad = true})
+  t = best(function() for _ = 1, n do local _ = w * b end end, 3)
+  result("mul16_grad_us", "%.3f", t / n * 1e6)
 end
 
 -- memcpy and contiguous() of a permuted 64 MiB tensor

@@ -35,6 +35,7 @@ def run(cmd, timeout=300):
 
 ROWS = [  # key, label, better, fmt
     ("add16_us", "add of 16 float32 (us per op)", "lower", "{:.2f}"),
+    ("mul16_grad_us", "mul of 16 float32, recorded by autograd (us per op)", "lower", "{:.2f}"),
     ("memcpy_gbs", "memcpy 64 MiB (GB/s)", "higher", "{:.1f}"),
     ("transpose64_gbs", "contiguous() of a transposed 64 MiB f32 (GB/s)", "higher", "{:.1f}"),
     ("permute64_gbs", "contiguous() of a permuted 3-d 64 MiB f32 (GB/s)", "higher", "{:.1f}"),

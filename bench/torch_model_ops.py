@@ -75,6 +75,12 @@ def main(argv):
         for _ in range(n):
             a + b
     result("add16_us", f"{best(adds, 3) / n * 1e6:.3f}")
+    w = torch.rand(16, requires_grad=True)
+
+    def recorded():
+        for _ in range(n):
+            w * b
+    result("mul16_grad_us", f"{best(recorded, 3) / n * 1e6:.3f}")
 
     mb64 = 64 * 1024 * 1024
     src, dst = ctypes.create_string_buffer(b"\1" * mb64, mb64), ctypes.create_string_buffer(mb64)

@@ -2,9 +2,14 @@
  * one reference to a C tensor and drops it in __gc. These are the raw entry points
  * (0-based dimensions, dtype ids); lua/tensor.lua shapes the user API on top.
  *
- * The Lua GC does not see tensor memory, so large allocations are counted and a
- * full collection runs after every RH_GC_BYTES of them: garbage tensors cannot
- * pile up unseen (Torch7 fed its heap size to the GC for the same reason).
+ * The Lua GC does not see tensor memory (a userdata is a pointer box), so the
+ * host's count of live tensor bytes drives it: a full collection runs when that
+ * count has grown by an eighth of what survived the last one (at least
+ * RH_GC_MIN, and 4x the Lua heap), as Lua's own pause does for its heap. Garbage tensors, small ones
+ * included, cannot pile up unseen: an eighth of the live set (or RH_GC_MIN)
+ * waits for the GC at most. (Torch7 fed its heap size to the GC for the same
+ * reason; counting only large allocations let a pipeline's many small
+ * activations reach several times the live set.)
  *
  * A tensor's autograd state (requires_grad, grad_fn, grad, hooks) is a Lua table
  * kept as the userdata's environment, so the tensor owns it: the graph behind a
@@ -22,13 +27,14 @@
 #include "tensor/tensor.h"
 
 #define TENSOR_MT "rpchost.Tensor"
-#define RH_GC_BYTES (64ll << 20)
+#define RH_GC_MIN (16ll << 20)
+#define RH_GC_GROWTH 8 /* an eighth of the live bytes */
 
 typedef struct {
   rh_tensor_t *t;
 } ltensor_t;
 
-static int64_t allocated_since_gc;
+static int64_t gc_at = RH_GC_MIN; /* live tensor bytes at which the next collection runs */
 static int no_state_ref = LUA_NOREF; /* the shared environment of tensors without autograd state */
 
 rh_tensor_t *rh_lua_checktensor(lua_State *L, int i) {
@@ -60,13 +66,16 @@ rh_tensor_t *rh_lua_totensor(lua_State *L, int i) {
 /* Pushes a new userdata owning the reference t (NULL raises the core's message). */
 int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
   if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
-  int64_t bytes = (int64_t)t->storage->nbytes;
-  if (bytes >= (1 << 20)) {
-    allocated_since_gc += bytes;
-    if (allocated_since_gc > RH_GC_BYTES) {
-      allocated_since_gc = 0;
-      lua_gc(L, LUA_GCCOLLECT, 0);
-    }
+  if (rh_storage_live_bytes() > gc_at) {
+    lua_gc(L, LUA_GCCOLLECT, 0);
+    /* the next one after an eighth of the live bytes, RH_GC_MIN, or 4x the Lua
+     * heap (what a collection walks), whichever is most: collections stay a
+     * small part of the work that allocates */
+    int64_t live = rh_storage_live_bytes(), grow = live / RH_GC_GROWTH;
+    int64_t heap = 4 * ((int64_t)lua_gc(L, LUA_GCCOUNT, 0) << 10);
+    if (grow < RH_GC_MIN) grow = RH_GC_MIN;
+    if (grow < heap) grow = heap;
+    gc_at = live + grow;
   }
   ltensor_t *b = lua_newuserdata(L, sizeof *b);
   b->t = t;

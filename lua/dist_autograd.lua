@@ -3,10 +3,13 @@
 -- Inside a context, an RPC that carries a tensor requiring gradients records a
 -- "send" on the sender (the tensor, under a send id) and a "recv" node on the
 -- receiver (a graph node whose backward sends the gradient back). backward(ctx,
--- roots) runs local autograd from the roots; reaching a recv node makes an RPC
+-- roots) runs one local pass from the roots; reaching a recv node makes an RPC
 -- to the sender, which runs its own local backward from the recorded tensor, and
--- so on across workers. Leaf gradients go to the context (get_gradients), never
--- into .grad. A context exists on every worker it reaches under the same id.
+-- so on across workers; gradients that come back to the root through its own
+-- sends join its pass (PyTorch's root graph task counts its send functions).
+-- Without retain_graph every worker frees what its graph saved as it goes.
+-- Leaf gradients go to the context (get_gradients), never into .grad. A
+-- context exists on every worker it reaches under the same id.
 --
 -- A context is the running task's (rpchost.sched), as PyTorch's is the thread's:
 -- one task holds at most one, and the tasks that handle calls made inside it
@@ -180,43 +183,58 @@ codec.ag_attach = function(id, src, send, t)
       -- puts it on its own tensor's device (_propagate). CUDA tensors travel as
       -- host bytes anyway, so this costs no extra transfer.
       if core.t_device(g) >= 0 then g = core.t_to_device(g, -1) end
-      a:call(src, M._propagate, {id, send, g}, nil, 0):wait()
+      -- (the sender frees what its part of the graph saved unless this pass keeps its own)
+      a:call(src, M._propagate, {id, send, g, autograd._current_retain() ~= false}, nil, 0):wait()
     end,
   }, autograd.Node)})
   return t
 end
 
--- one sink per context, so that a hook running in a pass can find the table it
--- fills (M._sink_grads: DistributedDataParallel averages the context's gradients)
-local sink_grads = setmetatable({}, {__mode = "k"})
+-- One sink per context: a callable object that carries the table it fills, so
+-- that a hook running in a pass can find it (M._sink_grads: DistributedDataParallel
+-- averages the context's gradients). Not a weak-keyed side table from sink to
+-- table: LuaJIT has no ephemerons, and the sink refers to its context, so such an
+-- entry would keep every context's graph alive forever.
+local Sink = {}
+Sink.__index = Sink
+function Sink.__call(sink, t, g)
+  local grads = sink.grads
+  local prev = grads[t]
+  grads[t] = prev and core.t_binary(0, prev, g) or core.t_clone(g)
+end
 local function sink_into(c)
-  if not c.sink then
-    c.sink = function(t, g)
-      local prev = c.grads[t]
-      c.grads[t] = prev and core.t_binary(0, prev, g) or core.t_clone(g)
-    end
-    sink_grads[c.sink] = c.grads
-  end
+  if not c.sink then c.sink = setmetatable({grads = c.grads}, Sink) end
   return c.sink
 end
 
 -- the gradient table `sink` (one of sink_into's) fills, or nil for another sink
 function M._sink_grads(sink)
-  return sink ~= nil and sink_grads[sink] or nil
+  return getmetatable(sink) == Sink and sink.grads or nil
 end
 
--- a gradient for send `send` of context `id` arrived: backward from that tensor
-local function propagate(id, send, g)
+-- A gradient for send `send` of context `id` arrived. On the worker running the
+-- context's backward (the root) it joins that pass, which counted the send
+-- among the consumers of its tensor (as PyTorch's root graph task counts the
+-- send functions): every node there runs once, with all its gradients. Else
+-- (FAST mode, as PyTorch's other workers) a backward from that tensor runs
+-- now, freeing what the graph saved as it goes unless the backward that sent
+-- the gradient keeps its own (retain_graph, which PyTorch passes on too).
+local function propagate(id, send, g, retain)
   local c = contexts[id]
   if not c then error(not_found(id), 0) end
   local t = c.sends[send]
   if not t then error(("unknown send %s in context %s"):format(tostring(send), tostring(id)), 0) end
   -- the gradient of a tensor lives on that tensor's device
   if core.t_is_tensor(g) and core.t_device(g) ~= core.t_device(t) then g = core.t_to_device(g, core.t_device(t)) end
+  local root = c.root_pass
+  if root and root.accepts(send) then
+    root.deliver(send, g)
+    return true
+  end
   local task = sched.current()
   local outer = task.ag_ctx
   task.ag_ctx = id
-  local ok, err = pcall(autograd.backward, t, g, true, sink_into(c))
+  local ok, err = pcall(autograd.backward, t, g, retain == false and autograd._KEEP_UNSAVED or true, sink_into(c))
   task.ag_ctx = outer
   if not ok then error(err, 0) end
   return true
@@ -226,10 +244,10 @@ end
 -- its own: a backward waits on other workers' backwards (which may wait on this
 -- worker again), so holding a handler slot (num_worker_threads) while waiting
 -- would let many concurrent contexts take every slot and wait for each other.
-function M._propagate(id, send, g)
+function M._propagate(id, send, g, retain)
   local fut = Future.new("distributed backward")
   sched.spawn(function()
-    local ok, err = pcall(propagate, id, send, g)
+    local ok, err = pcall(propagate, id, send, g, retain)
     if ok then fut:set_result(true) else fut:set_error(err) end
   end, {name = "distributed backward"})
   return fut
@@ -259,15 +277,16 @@ function M.backward(id, roots, retain_graph)
   local task = sched.current()
   local outer = task and task.ag_ctx
   if task then task.ag_ctx = id end
-  local ok, err = pcall(function()
-    for _, r in ipairs(roots) do
-      -- graphs may be entered again through other workers: keep them for the context
-      autograd.backward(r, nil, true, sink_into(c))
-    end
-  end)
+  -- one pass from every root, which the gradients for this worker's sends join
+  -- (see propagate); it frees the graph as it goes unless retain_graph, and
+  -- tells the workers it reaches to free theirs
+  local late = {}
+  for j = 1, c.nsend do late[j] = c.sends[j] end
+  local ok, err = pcall(autograd._backward_many, roots, nil, retain_graph and true or false, sink_into(c), late,
+    function(pass) c.root_pass = pass end)
+  c.root_pass = nil
   if task then task.ag_ctx = outer end
   if not ok then error(err, 0) end
-  -- (the graph itself is kept for the context: other workers may enter it again)
   if not retain_graph then c.graph_freed = true end
 end
 

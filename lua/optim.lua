@@ -88,6 +88,23 @@ function Optimizer:zero_grad(opts)
   end
 end
 
+-- every parameter's update, under no_grad (a function of its own: one made per
+-- step would keep LuaJIT from compiling step)
+local function update_all(self, grads)
+  for _, g in ipairs(self.param_groups) do
+    for _, p in ipairs(g.params) do
+      local gr
+      if grads then gr = grads[p] else gr = p.grad end
+      if gr ~= nil then
+        local st = self.state[p]
+        if not st then st = {}; self.state[p] = st end
+        if g.maximize then gr = -gr end
+        self:update(p, gr, g, st)
+      end
+    end
+  end
+end
+
 -- step([grads | closure]): grads maps parameter -> gradient (default: each p.grad)
 function Optimizer:step(arg)
   local loss
@@ -98,20 +115,7 @@ function Optimizer:step(arg)
   else
     grads = arg
   end
-  tensor.no_grad(function()
-    for _, g in ipairs(self.param_groups) do
-      for _, p in ipairs(g.params) do
-        local gr
-        if grads then gr = grads[p] else gr = p.grad end
-        if gr ~= nil then
-          local st = self.state[p]
-          if not st then st = {}; self.state[p] = st end
-          if g.maximize then gr = -gr end
-          self:update(p, gr, g, st)
-        end
-      end
-    end
-  end)
+  tensor.no_grad(update_all, self, grads)
   return loss
 end
 

@@ -6,17 +6,26 @@
 # process of each run (a rank; GNU time's %M over the process tree).
 #   bench/tutorials/run.sh            # full sizes, a few minutes on 2 cores
 #   bench/tutorials/run.sh --quick    # small sizes, under a minute
+#   bench/tutorials/run.sh --only pipeline,batch/parameter_server   # just those rows
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RPCHOST=${RPCHOST:-build/rpchost}
 PY=/usr/bin/python3
-quick=0; [ "${1:-}" = "--quick" ] && quick=1
+quick=0; only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; shift ;;
+    --only) only=",${2:?--only takes a list of example names},"; shift 2 ;;
+    *) echo "run.sh: unknown argument $1 (--quick, --only NAME,...)" >&2; exit 2 ;;
+  esac
+done
 if [ $quick = 1 ]; then RL_EP=20; BR_EP=2; PS_B=10; DDP_E=10; PS_E=2; RNN_E=10; PIPE="--batch-size 16 --image-size 32 --width 8 --num-classes 10 --split-sizes 4"; else RL_EP=1000; BR_EP=10; PS_B=60; DDP_E=100; PS_E=20; RNN_E=100; PIPE="--batch-size 32 --image-size 64 --width 16 --num-classes 100 --split-sizes 8"; fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # run NAME SIDE COMMAND...: the summary line (last line starting with a key) and peak RSS
 run() {
   local name=$1 side=$2; shift 2
+  if [ -n "$only" ] && [[ "$only" != *",${name%% *},"* ]]; then return; fi
   if ! QUIET=1 /usr/bin/time -f "%M" -o "$tmp/rss" "$@" >"$tmp/out" 2>"$tmp/err"; then
     echo "| $name | $side | failed: $(tail -1 "$tmp/err") |"; return
   fi

@@ -18,8 +18,10 @@
 -- Backward is iterative: a pass counts, for each node reachable from the root,
 -- the edges that lead into it, then runs nodes whose consumers have all
 -- delivered, summing incoming gradients, and frees each node as it goes unless
--- the graph is retained. Leaf gradients go to a sink: `.grad` for local
--- autograd, a context's table for distributed autograd.
+-- the graph is retained. A pass may also wait for gradients that other tasks
+-- deliver into it while it runs (M._run_pass: distributed autograd's sends).
+-- Leaf gradients go to a sink: `.grad` for local autograd, a context's table
+-- for distributed autograd.
 --
 -- Gradient mode (no_grad, set_grad_enabled, backward's own switching) is a field
 -- of the running task (rpchost.sched), inherited by the tasks it spawns: a
@@ -75,14 +77,16 @@ end
 
 -- Runs fn(...) with the task's gradient mode set to `mode`, restored afterwards
 -- (also on error, and whatever other tasks do while fn waits).
+local function restore_mode(s, old, ok, ...)
+  s.grad_enabled = old
+  if not ok then error((...), 0) end
+  return ...
+end
 local function with_mode(mode, fn, ...)
   local s = slot()
   local old = s.grad_enabled
   s.grad_enabled = mode
-  local r = pack(pcall(fn, ...))
-  s.grad_enabled = old
-  if not r[1] then error(r[2], 0) end
-  return unpack(r, 2, r.n)
+  return restore_mode(s, old, pcall(fn, ...))
 end
 
 function M.no_grad(fn, ...) return with_mode(false, fn, ...) end
@@ -281,7 +285,11 @@ local function add_into(pending, e, nr, g, owned)
 end
 
 local function run_node(node, g)
-  if not node.nout then return pack(node.backward(g)) end
+  if not node.nout then
+    local apply = node.apply
+    if apply then return pack(apply(node, g)) end
+    return pack(node.backward(g))
+  end
   local args = {}
   for k = 1, node.nout do
     local gk = g[k]
@@ -295,38 +303,75 @@ end
 
 local function free(node)
   node.backward, node.saved, node.edges, node.nrs, node.out_meta = nil, nil, nil, nil, nil
+  node.apply, node.a, node.b, node.out, node.args = nil, nil, nil, nil, nil
   node.freed = true
 end
 
 local SECOND_TIME = "Trying to backward through the graph a second time (or directly access saved tensors " ..
   "after they have already been freed): pass retain_graph = true the first time"
 
--- Runs the backward pass from root with gradient `grad` (nil: 1 for a scalar).
--- sink(tensor, grad) receives leaf gradients (default: accumulate into .grad).
-function M.backward(root, grad, retain_graph, sink)
-  sink = sink or default_sink
+-- retain_graph = M._KEEP_UNSAVED: free what each node saved as the pass goes
+-- (PyTorch releases a node's saved variables), but leave the nodes that saved
+-- nothing (a recv, an add, a view) runnable: in distributed autograd a worker
+-- other than the root may be reached again through another send, and PyTorch
+-- runs such a node again too.
+M._KEEP_UNSAVED = setmetatable({}, {__tostring = function() return "autograd._KEEP_UNSAVED" end})
+local KEEP_UNSAVED = M._KEEP_UNSAVED
+
+-- the gradient a root starts with: grad, or 1 for a scalar
+local function seed_grad(root, grad)
   local s = get_state(root)
   if not s or not s.requires_grad then
     error("element 0 of tensors does not require grad and does not have a grad_fn " ..
-          "(create the inputs with {requires_grad = true})", 3)
+          "(create the inputs with {requires_grad = true})", 4)
   end
-  if grad == nil then
-    if core.t_numel(root) ~= 1 then
-      error(("grad can be implicitly created only for scalar outputs (this one has %d elements); " ..
-        "pass a gradient: t:backward(g)"):format(core.t_numel(root)), 3)
+  if grad ~= nil then return grad end
+  if core.t_numel(root) ~= 1 then
+    error(("grad can be implicitly created only for scalar outputs (this one has %d elements); " ..
+      "pass a gradient: t:backward(g)"):format(core.t_numel(root)), 4)
+  end
+  return core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
+end
+
+-- One backward pass. roots[i] starts with grads[i]; late[j] (optional) are
+-- tensors whose gradients may arrive while the pass runs, through
+-- pass.deliver(j, g) from another task (distributed autograd's sends on the
+-- root worker, as PyTorch's engine counts a context's send functions in the
+-- root's graph task): a node waits for them as for any other consumer, so it
+-- runs once with every gradient summed. When nothing is left to run, the late
+-- gradients still missing will not come (the pass's own RPCs, which lead to
+-- them, have returned): the nodes waiting for them run with what they have.
+-- on_pass(pass), when given, sees the pass before it starts.
+function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
+  sink = sink or default_sink
+  late = late or {}
+  -- an entry (a root or a late tensor) reaches its node, or its leaf
+  local entries = {}
+  for i, r in ipairs(roots) do entries[i] = r end
+  local nroots = #roots
+  for j, t in ipairs(late) do entries[nroots + j] = t end
+  -- how many edges (and entries) lead into each node reachable from the
+  -- entries, and into each leaf (when all of a leaf's have delivered, its
+  -- gradient is final and its hooks run: DistributedDataParallel starts
+  -- communication then)
+  local deps, leaf_edges = {}, {}
+  local stack, sp = {}, 0
+  local entry_edge, entry_nr = {}, {}
+  for k, t in ipairs(entries) do
+    local e, nr = edge_of(t)
+    entry_edge[k], entry_nr[k] = e, nr
+    if type(e) == "table" then
+      if deps[e] == nil then
+        deps[e] = 1
+        sp = sp + 1
+        stack[sp] = e
+      else
+        deps[e] = deps[e] + 1
+      end
+    elseif e then
+      leaf_edges[e] = (leaf_edges[e] or 0) + 1
     end
-    grad = core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
   end
-  local fn = s.grad_fn
-  if not fn then
-    sink(root, grad)
-    return
-  end
-  -- how many edges lead into each node reachable from the root, and into each leaf
-  -- (when all of a leaf's have delivered, its gradient is final and its hooks run:
-  -- DistributedDataParallel starts communication then)
-  local deps, leaf_edges = {[fn] = 0}, {}
-  local stack, sp = {fn}, 1
   while sp > 0 do
     local node = stack[sp]
     stack[sp] = nil
@@ -352,16 +397,72 @@ function M.backward(root, grad, retain_graph, sink)
       end
     end
   end
-  local pending = {}
-  if fn.nout then pending[fn] = {[s.output_nr or 1] = grad} else pending[fn] = grad end
   local task = slot()
   local outer_pass, outer_mode = task.ag_pass, task.grad_enabled
-  local pass = {callbacks = {}, sink = sink}
+  local inbox, waiting = {}, {}
+  for j = 1, #late do waiting[j] = true end
+  local pass = {callbacks = {}, sink = sink, retain = retain_graph ~= nil and retain_graph ~= false and
+    retain_graph ~= KEEP_UNSAVED, running = true}
+  -- (from another task) whether late gradient j can still join this pass
+  function pass.accepts(j) return pass.running and waiting[j] == true end
+  function pass.deliver(j, g)
+    waiting[j] = false
+    inbox[#inbox + 1] = {j, g}
+  end
+  if on_pass then on_pass(pass) end
   task.ag_pass, task.grad_enabled = pass, false
   local ok, err = pcall(function()
-    local owned, leaf_pieces = {}, {}
-    local ready, rn = {fn}, 1
-    while rn > 0 do
+    local pending, owned, leaf_pieces = {}, {}, {}
+    local ready, rn = {}, 0
+    -- gradient gi (nil: none) reaches edge e (output nr of a node, or a leaf)
+    local function arrive(e, nr, gi)
+      if type(e) == "table" then
+        if gi ~= nil then add_into(pending, e, nr, gi, owned) end
+        local d = deps[e] - 1
+        deps[e] = d
+        if d == 0 then
+          rn = rn + 1
+          ready[rn] = e
+        end
+      elseif e then
+        if gi ~= nil then
+          -- pieces for a leaf gather in one buffer, which the sink gets once
+          if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi) end
+        end
+        local left = leaf_edges[e] - 1
+        leaf_edges[e] = left
+        if left == 0 then
+          local pg = leaf_pieces[e]
+          if pg ~= nil then
+            leaf_pieces[e], owned[pg] = nil, nil
+            sink(e, pg)
+          end
+          local ls = get_state(e)
+          local hooks = ls and ls.final_hooks
+          if hooks then for _, h in ipairs(hooks) do h(e) end end
+        end
+      end
+    end
+    for i = 1, nroots do arrive(entry_edge[i], entry_nr[i], grads[i]) end
+    while true do
+      if #inbox > 0 then
+        local box = inbox
+        inbox = {}
+        for _, d in ipairs(box) do
+          local k = nroots + d[1]
+          arrive(entry_edge[k], entry_nr[k], d[2])
+        end
+      end
+      if rn == 0 then
+        -- nothing to run: the late gradients still missing will not come
+        for j = 1, #late do
+          if waiting[j] then
+            waiting[j] = false
+            arrive(entry_edge[nroots + j], entry_nr[nroots + j], nil)
+          end
+        end
+        if rn == 0 then break end
+      end
       local node = ready[rn]
       ready[rn] = nil
       rn = rn - 1
@@ -372,50 +473,23 @@ function M.backward(root, grad, retain_graph, sink)
         if node.nout then for _, gk in pairs(g) do owned[gk] = nil end else owned[g] = nil end
       end
       local edges, nrs = node.edges, node.nrs
-      local grads = nil
+      local grads_out = nil
       if g ~= nil then
         if node.freed then error(SECOND_TIME, 0) end
         check_saved(node)
-        grads = run_node(node, g)
+        grads_out = run_node(node, g)
         g = nil
-        if not retain_graph then free(node) end
+        if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
       end
       if edges then
         for i = 1, node.n do
           local e = edges[i]
-          if e then
-            local gi = grads and grads[i]
-            if type(e) == "table" then
-              if gi ~= nil then add_into(pending, e, nrs and nrs[i], gi, owned) end
-              local d = deps[e] - 1
-              deps[e] = d
-              if d == 0 then
-                rn = rn + 1
-                ready[rn] = e
-              end
-            else
-              if gi ~= nil then
-                -- pieces for a leaf gather in one buffer, which the sink gets once
-                if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi) end
-              end
-              local left = leaf_edges[e] - 1
-              leaf_edges[e] = left
-              if left == 0 then
-                local pg = leaf_pieces[e]
-                if pg ~= nil then
-                  leaf_pieces[e], owned[pg] = nil, nil
-                  sink(e, pg)
-                end
-                local ls = get_state(e)
-                local hooks = ls and ls.final_hooks
-                if hooks then for _, h in ipairs(hooks) do h(e) end end
-              end
-            end
-          end
+          if e then arrive(e, nrs and nrs[i], grads_out and grads_out[i]) end
         end
       end
     end
   end)
+  pass.running = false
   -- callbacks queued during this pass run once it is over (even when it failed,
   -- so communication started by hooks is never left half done)
   task.ag_pass = outer_pass
@@ -425,6 +499,31 @@ function M.backward(root, grad, retain_graph, sink)
   end
   task.grad_enabled = outer_mode
   if not ok then error(err, 0) end
+end
+
+-- Runs the backward pass from root with gradient `grad` (nil: 1 for a scalar).
+-- sink(tensor, grad) receives leaf gradients (default: accumulate into .grad).
+function M.backward(root, grad, retain_graph, sink)
+  grad = seed_grad(root, grad)
+  M._run_pass({root}, {grad}, retain_graph, sink)
+end
+
+-- The same from several roots at once (each node runs once, with the sum of
+-- what every root sends it); grads[i] nil: 1 for a scalar root. late, on_pass:
+-- see M._run_pass.
+function M._backward_many(roots, grads, retain_graph, sink, late, on_pass)
+  local gs = {}
+  for i, r in ipairs(roots) do gs[i] = seed_grad(r, grads and grads[i]) end
+  M._run_pass(roots, gs, retain_graph, sink, late, on_pass)
+end
+
+-- Whether the running task's current backward pass keeps the graph (nil
+-- outside a pass): a distributed backward passes it on to the workers it
+-- reaches.
+function M._current_retain()
+  local p = slot().ag_pass
+  if p then return p.retain end
+  return nil
 end
 
 -- Runs fn when the running task's current backward pass ends (from a hook).
@@ -528,51 +627,128 @@ local function req(x) return is_t(x) and requires(x) end
 -- a value with the shape of `like` (numbers stay numbers)
 local function grad_for(g, x)
   if not is_t(x) then return nil end
+  -- g has the broadcast shape, of which x's is a part: the same number of
+  -- dimensions and elements (none zero) means the same shape, nothing to sum
+  local n = core.t_numel(x)
+  if n > 0 and n == core.t_numel(g) and core.t_ndim(x) == core.t_ndim(g) then return g end
   return M.sum_to(g, sizes(x))
 end
 
--- saves(a, b, out, ra, rb) -> the tensors the two derivatives read, given which
--- inputs need a gradient (ra, rb): a weight used with an input that needs none
--- is not saved, so changing it in place later (an optimizer step) is no error
--- (the recording halves are functions of their own: a function that makes a
--- closure is not compiled by LuaJIT, and the no-grad path must stay compiled)
-local function record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
-  return M.record(out, name, {n = 2, ra and a or nil, rb and b or nil}, function(g)
-    return ra and grad_for(dfa(g, a, b, out), a) or nil, rb and grad_for(dfb(g, a, b, out), b) or nil
-  end, saves(a, b, out, ra, rb))
+-- Recording the element-wise ops installed below. Their nodes are "static":
+-- node.apply(node, g) is one function per kind of op, reading the op's inputs,
+-- result (kept only when saved) and extra arguments from the node (fields a,
+-- b, out, args) and its derivatives from node.op, instead of a closure made per
+-- call. So recording one
+-- allocates the node, its edges, its saved versions and the result's state and
+-- nothing else, reads each input's state once, and stays compiled (LuaJIT does
+-- not compile a function that makes a closure; the recording halves are still
+-- functions of their own so that the no-grad path stays small).
+
+-- the flat saved-versions list (see save_versions) of up to three tensors;
+-- a, sa and b, sb: the op's inputs and their states, read once by the caller
+local function save_one(sv, node, out, x, a, sa, b, sb)
+  if x == nil then return sv end
+  local st
+  if rawequal(x, out) then
+    node.out = out -- (a node keeps its result only when its backward reads it)
+  elseif rawequal(x, a) then st = sa
+  elseif rawequal(x, b) then st = sb
+  else st = get_state(x) end
+  -- (a state means a tensor; else ask)
+  if st == nil and not rawequal(x, out) and not is_t(x) then return sv end
+  local origin, nr = false, 1
+  if rawequal(x, out) then origin = node
+  elseif st and st.grad_fn then origin, nr = st.grad_fn, st.output_nr or 1 end
+  sv = sv or {}
+  local k = #sv
+  sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
+  return sv
+end
+local function save3(node, out, a, sa, b, sb, x1, x2, x3)
+  local sv = save_one(nil, node, out, x1, a, sa, b, sb)
+  sv = save_one(sv, node, out, x2, a, sa, b, sb)
+  return save_one(sv, node, out, x3, a, sa, b, sb)
+end
+
+-- the edge of an input whose state is st (nil: none), and which output it is
+local function edge_from(x, st)
+  if st == nil or not st.requires_grad then return false, nil end
+  if st.grad_fn then return st.grad_fn, st.output_nr end
+  return x, nil
+end
+
+local function binary_apply(node, g)
+  local a, b, out, op = node.a, node.b, node.out, node.op
+  return node.ra and grad_for(op.dfa(g, a, b, out), a) or nil, node.rb and grad_for(op.dfb(g, a, b, out), b) or nil
+end
+
+-- op: {name, dfa, dfb, saves} (or {name, apply, saves} for an op whose two
+-- gradients come from one function); saves(a, b, out, ra, rb) -> the (up to three)
+-- tensors the two derivatives read, given which inputs need a gradient: a
+-- weight used with an input that needs none is not saved, so changing it in
+-- place later (an optimizer step) is no error
+local function record_binary(op, out, a, b, sa, sb)
+  if core.t_dtype(out) > 1 then return out end -- only float results carry gradients
+  local ra, rb = sa ~= nil and sa.requires_grad == true, sb ~= nil and sb.requires_grad == true
+  local ea, na = edge_from(a, sa)
+  local eb, nb = edge_from(b, sb)
+  local nrs = nil
+  if na or nb then nrs = {na, nb} end
+  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = a, b = b, ra = ra, rb = rb,
+    edges = {ea, eb}, nrs = nrs, n = 2}, Node)
+  node.saved = save3(node, out, a, sa, b, sb, op.saves(a, b, out, ra, rb))
+  set_state(out, {requires_grad = true, grad_fn = node})
+  return out
 end
 
 local function install_binary(name, fwd, dfa, dfb, saves)
+  local op = {name = name, dfa = dfa, dfb = dfb, saves = saves}
   local f = function(a, b, opts)
     local out = fwd(a, b, opts)
     if slot().grad_enabled == false then return out end
-    local ra, rb = req(a), req(b)
-    if not (ra or rb) then return out end
-    return record_binary(name, dfa, dfb, saves, out, a, b, ra, rb)
+    -- (get_state is nil for a number, and for a tensor without autograd state)
+    local sa, sb = get_state(a), get_state(b)
+    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
+    return record_binary(op, out, a, b, sa, sb)
   end
   tensor[name] = f
   methods[name] = f
 end
 
--- saves(a, out): what df reads ({} when only shapes); view: the result shares
--- a's elements (an in-place change of it is refused: it would bypass a's history)
-local NOTHING = {n = 0}
-local function record_unary(name, df, saves, view, out, a, ...)
-  local args = table.pack(...)
-  M.record(out, name, {n = 1, a}, function(g) return df(g, a, out, unpack(args, 1, args.n)) end,
-    saves and saves(a, out) or NOTHING)
-  if view then M.mark_view(out, a) end
+local function unary_apply(node, g)
+  local args = node.args
+  if args == nil then return node.op.df(g, node.a, node.out) end
+  return node.op.df(g, node.a, node.out, unpack(args, 1, args.n))
+end
+
+-- op: {name, df, saves, view}; saves(a, out): the tensor df reads (nil when
+-- only shapes); view: the result shares a's elements (an in-place change of it
+-- is refused: it would bypass a's history)
+local function record_unary(op, out, a, sa, ...)
+  if core.t_dtype(out) > 1 then return out end
+  local args = nil
+  if select("#", ...) > 0 then args = pack(...) end
+  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = a, args = args,
+    edges = {sa.grad_fn or a}, n = 1}, Node)
+  if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
+  local saves = op.saves
+  if saves then node.saved = save3(node, out, a, sa, nil, nil, saves(a, out)) end
+  set_state(out, {requires_grad = true, grad_fn = node})
+  if op.view then M.mark_view(out, a) end
   return out
 end
 
 local function install_unary(name, fwd, df, saves, view)
+  local op = {name = name, df = df, saves = saves, view = view}
   local f = function(a, ...)
     local out = fwd(a, ...)
     -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
     -- what was asked) returns the input itself: recording a node on it would
     -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
-    if rawequal(out, a) or slot().grad_enabled == false or not requires(a) then return out end
-    return record_unary(name, df, saves, view, out, a, ...)
+    if rawequal(out, a) or slot().grad_enabled == false then return out end
+    local sa = get_state(a)
+    if sa == nil or not sa.requires_grad then return out end
+    return record_unary(op, out, a, sa, ...)
   end
   methods[name] = f
   if tensor[name] then tensor[name] = f end
@@ -585,8 +761,9 @@ function M.mark_view(out, a)
   return out
 end
 
-local function save_a(a) return {n = 1, a} end
-local function save_out(_, out) return {n = 1, out} end
+local NOTHING = {n = 0}
+local function save_a(a) return a end
+local function save_out(_, out) return out end
 
 function M.install(t_module)
   tensor = t_module
@@ -599,23 +776,23 @@ function M.install(t_module)
   local function div(a, b) return core.t_binary(3, a, b) end
   local function neg(a) return core.t_unary(0, a) end
 
-  local function no_saves() return NOTHING end
-  -- a is read for b's gradient and b for a's (mul, matmul)
-  local function cross(a, b, _, ra, rb) return {n = 2, rb and a or nil, ra and b or nil} end
-  local function both(a, b) return {n = 2, a, b} end
+  local function no_saves() return nil end
+  -- a is read for b's gradient and b for a's (mul)
+  local function cross(a, b, _, ra, rb) return rb and a or nil, ra and b or nil end
+  local function both(a, b) return a, b end
   install_binary("add", orig.add, function(g) return g end, function(g, _, _, _) return g end, no_saves)
   install_binary("sub", orig.sub, function(g) return g end, function(g) return neg(g) end, no_saves)
   install_binary("mul", orig.mul, function(g, _, b) return mul(g, b) end, function(g, a) return mul(g, a) end, cross)
   install_binary("div", orig.div, function(g, _, b) return div(g, b) end,
     function(g, a, b) return neg(div(mul(g, a), mul(b, b))) end,
-    function(a, b, _, _, rb) return {n = 2, rb and a or nil, b} end)
+    function(a, b, _, _, rb) return rb and a or nil, b end)
   install_binary("pow", orig.pow,
     function(g, a, b)
       local bm1 = is_t(b) and core.t_binary(1, b, 1) or b - 1
       return mul(mul(g, b), core.t_binary(4, a, bm1))
     end,
     function(g, a, _, out) return mul(mul(g, out), core.t_unary(2, a)) end,
-    function(a, b, out, _, rb) return {n = 3, a, b, rb and out or nil} end)
+    function(a, b, out, _, rb) return a, b, rb and out or nil end)
   install_binary("maximum", orig.maximum,
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(12, a, b), core.t_dtype(g))) end,
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(9, a, b), core.t_dtype(g))) end, both)
@@ -781,28 +958,33 @@ function M.install(t_module)
   end
   tensor.softmax, tensor.log_softmax = methods.softmax, methods.log_softmax
 
+  -- matmul records a static node (see record_binary): its backward reads a, b
+  -- and which of them need a gradient from the node
+  local function tr(x) local n = core.t_ndim(x) return core.t_transpose(x, n - 2, n - 1) end
+  local function matmul_apply(node, g)
+    local a, b, ra, rb = node.a, node.b, node.ra, node.rb
+    local A, B, G = a, b, g
+    local na, nb = core.t_ndim(a), core.t_ndim(b)
+    if na == 1 then A = core.t_unsqueeze(a, 0); G = core.t_unsqueeze(G, core.t_ndim(G) - (nb == 1 and 0 or 1)) end
+    if nb == 1 then B = core.t_unsqueeze(b, 1); G = core.t_unsqueeze(G, core.t_ndim(G)) end
+    local ga, gb
+    if ra then
+      ga = grad_for(core.t_matmul(G, tr(B)), A)
+      if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
+    end
+    if rb then
+      gb = grad_for(core.t_matmul(tr(A), G), B)
+      if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
+    end
+    return ga, gb
+  end
+  local matmul_op = {name = "matmul", apply = matmul_apply, saves = cross}
   methods.matmul = function(a, b)
     local out = orig.matmul(a, b)
-    if not M.enabled() then return out end
-    local ra, rb = requires(a), requires(b)
-    if not (ra or rb) then return out end
-    return M.record(out, "matmul", {n = 2, a, b}, function(g)
-      local A, B, G = a, b, g
-      local na, nb = core.t_ndim(a), core.t_ndim(b)
-      if na == 1 then A = core.t_unsqueeze(a, 0); G = core.t_unsqueeze(G, core.t_ndim(G) - (nb == 1 and 0 or 1)) end
-      if nb == 1 then B = core.t_unsqueeze(b, 1); G = core.t_unsqueeze(G, core.t_ndim(G)) end
-      local function tr(x) local n = core.t_ndim(x) return core.t_transpose(x, n - 2, n - 1) end
-      local ga, gb
-      if ra then
-        ga = M.sum_to(core.t_matmul(G, tr(B)), sizes(A))
-        if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
-      end
-      if rb then
-        gb = M.sum_to(core.t_matmul(tr(A), G), sizes(B))
-        if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
-      end
-      return ga, gb
-    end, {n = 2, rb and a or nil, ra and b or nil})
+    if slot().grad_enabled == false then return out end
+    local sa, sb = get_state(a), get_state(b)
+    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
+    return record_binary(matmul_op, out, a, b, sa, sb)
   end
   methods.mm = methods.matmul
   tensor.matmul, tensor.mm = methods.matmul, methods.matmul
