@@ -14,15 +14,22 @@
  * itself: for an MLP's 32 x 64 x 256 layers it took half the step's time, and
  * far more when the cores are shared. (The process calls BLAS from one thread.) */
 #define RH_BLAS_SMALL (1ll << 23) /* multiply-adds */
-static void blas_threads_for(int64_t m, int64_t n, int64_t k) {
+
+/* OpenBLAS's thread count is one process-wide setting, so every change goes
+ * through here (the cached value must stay true): want <= 0 is all of them,
+ * 1 is what callers that split work over rh_parallel_for themselves set, so
+ * each pool thread runs its own single-threaded GEMM (nn_conv.c). */
+void rh__blas_threads(int want) {
   static int all = 0, now = 0;
   if (!all) all = now = openblas_get_num_threads();
-  int want = m * n * k < RH_BLAS_SMALL ? 1 : all;
+  if (want <= 0 || want > all) want = all;
   if (want != now) {
     openblas_set_num_threads(want);
     now = want;
   }
 }
+
+void rh__blas_threads_for(int64_t m, int64_t n, int64_t k) { rh__blas_threads(m * n * k < RH_BLAS_SMALL ? 1 : 0); }
 
 /* C[m,n] = A[m,k] @ B[k,n], all contiguous row-major, one dtype */
 static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b, void *c) {
@@ -31,7 +38,7 @@ static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, 
     memset(c, 0, (size_t)(m * n) * rh_dtype_size(dt));
     return;
   }
-  if (dt == RH_F32 || dt == RH_F64) blas_threads_for(m, n, k);
+  if (dt == RH_F32 || dt == RH_F64) rh__blas_threads_for(m, n, k);
   if (dt == RH_F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b, (int)n,
                 0.0f, c, (int)n);
@@ -111,7 +118,7 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
                                             rh_tensor_data(B), ldb, 0, rh_tensor_data(out), 0, 1)))
         goto done;
     } else {
-      blas_threads_for(m, n, k);
+      rh__blas_threads_for(m, n, k);
       if (a->dtype == RH_F32)
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
                     (int)k, 1.0f, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0f, rh_tensor_data(out), (int)n);
