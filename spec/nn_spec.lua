@@ -301,6 +301,14 @@ describe("nn gradients against finite differences (float64)", function()
     x1.requires_grad = true
     gradcheck("Conv1d", function() return c1(x1) end, params_and(c1, x1))
   end)
+  it("convolution over a batch that is split across threads and GEMM blocks", function()
+    -- 7 samples of 3x3 outputs: parts of 4 and 3 samples, each one block
+    tensor.manual_seed(11)
+    local c = nn.Conv2d(4, 6, 3, {stride = 2, padding = 1, groups = 2, dtype = tensor.float64})
+    local x = tensor.randn(7, 4, 5, 5, f64)
+    x.requires_grad = true
+    gradcheck("Conv2d batch of 7", function() return c(x) end, params_and(c, x))
+  end)
   it("pooling", function()
     tensor.manual_seed(2)
     local x = tensor.randn(2, 3, 7, 6, f64)
@@ -360,6 +368,56 @@ describe("nn gradients against finite differences (float64)", function()
     gradcheck("SmoothL1Loss", function() return nn.SmoothL1Loss{beta = 0.5}(x, y) end, {x})
     gradcheck("KLDivLoss", function() return nn.KLDivLoss{reduction = "batchmean"}(x:log_softmax(2), y) end, {x})
   end)
+end)
+
+-- The C kernels split a batch over the thread pool and run several samples'
+-- columns through one GEMM (host/tensor/nn_conv.c); a batch of one takes
+-- neither path, so each sample alone is the reference for the batch.
+describe("nn kernels over a batch equal them sample by sample", function()
+  local function close(what, got, want)
+    local err = (got - want):abs():max():item()
+    local scale = math.max(1, want:abs():max():item())
+    assert.is_true(err <= 1e-5 * scale, ("%s: max difference %g"):format(what, err))
+  end
+  local function per_sample(m, x)
+    local ys, gxs = {}, {}
+    local gw, gb
+    for i = 1, x:size(1) do
+      m:zero_grad()
+      local xi = x:narrow(1, i, 1):detach()
+      xi.requires_grad = true
+      local y = m(xi)
+      y:sum():backward()
+      ys[i], gxs[i] = y:detach(), xi.grad
+      gw = gw and gw + m.weight.grad or m.weight.grad:clone()
+      if m.bias ~= nil then gb = gb and gb + m.bias.grad or m.bias.grad:clone() end
+    end
+    return tensor.cat(ys, 1), tensor.cat(gxs, 1), gw, gb
+  end
+  for _, case in ipairs{
+    {"3x3 padded, maps of 36", function() return nn.Conv2d(8, 5, 3, {padding = 1}) end, {9, 8, 6, 6}},
+    {"grouped, strided", function() return nn.Conv2d(6, 4, 3, {stride = 2, groups = 2}) end, {5, 6, 9, 9}},
+    {"1x1 (the input is its own columns)", function() return nn.Conv2d(8, 6, 1, {bias = false}) end, {6, 8, 3, 3}},
+    {"1x1 stride 2", function() return nn.Conv2d(4, 6, 1, {stride = 2}) end, {3, 4, 7, 7}},
+    {"wide maps, one sample per GEMM", function() return nn.Conv2d(3, 4, 3, {padding = 2, dilation = 2}) end,
+     {4, 3, 40, 40}},
+  } do
+    it("Conv2d " .. case[1], function()
+      tensor.manual_seed(12)
+      local m = case[2]()
+      local x = tensor.randn(case[3])
+      x.requires_grad = true
+      m:zero_grad()
+      local y = m(x)
+      y:sum():backward()
+      local gw, gb = m.weight.grad, m.bias ~= nil and m.bias.grad or nil
+      local ry, rgx, rgw, rgb = per_sample(m, x:detach())
+      close("output", y:detach(), ry)
+      close("input gradient", x.grad, rgx)
+      close("weight gradient", gw, rgw)
+      if rgb then close("bias gradient", gb, rgb) end
+    end)
+  end
 end)
 
 describe("nn in training", function()
