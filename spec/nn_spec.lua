@@ -420,6 +420,24 @@ describe("nn kernels over a batch equal them sample by sample", function()
   end
 end)
 
+describe("batched matmul reads attention's transposed heads in place", function()
+  -- small products go one per pool task, large ones to OpenBLAS's threads
+  for _, sz in ipairs{{12, 9, 7, 5}, {2, 256, 128, 256}} do
+    local b, m, k, n = sz[1], sz[2], sz[3], sz[4]
+    it(("bmm of %d [%d x %d] @ [%d x %d] transposed views equals the products one by one"):format(b, m, k, k, n),
+      function()
+        tensor.manual_seed(13)
+        local a = tensor.randn(m, b, k):transpose(1, 2) -- [b, m, k], batch stride k
+        local c = tensor.randn(b, n, k):transpose(2, 3) -- [b, k, n], each matrix transposed
+        local y = a:bmm(c)
+        local want = {}
+        for i = 1, b do want[i] = a:select(1, i):contiguous():matmul(c:select(1, i):contiguous()):unsqueeze(1) end
+        local err = (y - tensor.cat(want, 1)):abs():max():item()
+        assert.is_true(err <= 1e-4, "max difference " .. err)
+      end)
+  end
+end)
+
 describe("nn in training", function()
   it("dropout scales kept values in training and is the identity in eval", function()
     tensor.manual_seed(8)

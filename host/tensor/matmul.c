@@ -31,14 +31,16 @@ void rh__blas_threads(int want) {
 
 void rh__blas_threads_for(int64_t m, int64_t n, int64_t k) { rh__blas_threads(m * n * k < RH_BLAS_SMALL ? 1 : 0); }
 
-/* C[m,n] = A[m,k] @ B[k,n], all contiguous row-major, one dtype */
-static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b, void *c) {
+/* C[m,n] = A[m,k] @ B[k,n], all contiguous row-major, one dtype. threads_set:
+ * the caller chose OpenBLAS's threads (a pool task must not change them) */
+static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b, void *c,
+                 int threads_set) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     memset(c, 0, (size_t)(m * n) * rh_dtype_size(dt));
     return;
   }
-  if (dt == RH_F32 || dt == RH_F64) rh__blas_threads_for(m, n, k);
+  if ((dt == RH_F32 || dt == RH_F64) && !threads_set) rh__blas_threads_for(m, n, k);
   if (dt == RH_F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b, (int)n,
                 0.0f, c, (int)n);
@@ -58,15 +60,63 @@ static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, 
   }
 }
 
+/* C[m,n] = op(A) op(B) through BLAS (float32/float64), row-major */
+static void blas_gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int lda,
+                      const void *b, int ldb, void *c) {
+  if (dt == RH_F32)
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
+                1.0f, a, lda, b, ldb, 0.0f, c, (int)n);
+  else
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
+                1.0, a, lda, b, ldb, 0.0, c, (int)n);
+}
+
+/* a batch of products: operand i at a + i * sa elements (sa, sb: the batch
+ * strides), read as BLAS may (ta/lda, tb/ldb; 0 and k / n when contiguous) */
+typedef struct {
+  rh_dtype_t dt;
+  int64_t m, n, k, sa, sb;
+  int ta, tb, lda, ldb, threads_set;
+  const char *a, *b;
+  char *c;
+} batch_job_t;
+
+static void batch_gemms(void *ctx, int64_t lo, int64_t hi) {
+  batch_job_t *j = ctx;
+  size_t es = rh_dtype_size(j->dt);
+  for (int64_t i = lo; i < hi; i++) {
+    const char *a = j->a + (size_t)(i * j->sa) * es, *b = j->b + (size_t)(i * j->sb) * es;
+    char *c = j->c + (size_t)(i * j->m * j->n) * es;
+    if (j->ta || j->tb || j->lda != j->k || j->ldb != j->n) {
+      if (!j->threads_set) rh__blas_threads_for(j->m, j->n, j->k);
+      blas_gemm(j->dt, j->ta, j->tb, j->m, j->n, j->k, a, j->lda, b, j->ldb, c);
+    } else {
+      gemm(j->dt, j->m, j->n, j->k, a, b, c, j->threads_set);
+    }
+  }
+}
+
+/* runs the batch: products too small for OpenBLAS's threads (attention's
+ * per-head ones) go over the pool instead, one single-threaded product per task */
+static void run_batch(batch_job_t *j, int64_t nbatch) {
+  if (nbatch > 1 && j->m * j->n * j->k < RH_BLAS_SMALL && rh_parallel_threads() > 1) {
+    rh__blas_threads(1);
+    j->threads_set = 1;
+    rh_parallel_for(nbatch, 1, batch_gemms, j);
+  } else {
+    batch_gemms(j, 0, nbatch);
+  }
+}
+
 /* How BLAS can read a rows x cols matrix in place: row-major as is, or as the
  * transpose of a row-major matrix. 0 when it needs a copy. */
-static int gemm_layout(const rh_tensor_t *t, int64_t rows, int64_t cols, int *trans, int *ld) {
-  if (t->stride[1] == 1 && (t->stride[0] == cols || rows == 1)) {
+static int gemm_layout(const int64_t *st, int64_t rows, int64_t cols, int *trans, int *ld) {
+  if (st[1] == 1 && (st[0] == cols || rows == 1)) {
     *trans = 0;
     *ld = (int)(cols > 0 ? cols : 1);
     return 1;
   }
-  if (t->stride[0] == 1 && (t->stride[1] == rows || cols == 1)) {
+  if (st[0] == 1 && (st[1] == rows || cols == 1)) {
     *trans = 1;
     *ld = (int)(rows > 0 ? rows : 1);
     return 1;
@@ -109,7 +159,7 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
    * contiguous matrix (x:matmul(w:t())): BLAS reads it transposed, no copy */
   int ta, tb, lda, ldb, dev = rh_tensor_device(a);
   if (A->ndim == 2 && B->ndim == 2 && rh_dtype_is_float(a->dtype) && k > 0 && m > 0 && n > 0 &&
-      gemm_layout(A, m, k, &ta, &lda) && gemm_layout(B, k, n, &tb, &ldb)) {
+      gemm_layout(A->stride, m, k, &ta, &lda) && gemm_layout(B->stride, k, n, &tb, &ldb)) {
     int64_t osz2[2] = {m, n};
     out = rh_tensor_empty_on(dev, a->dtype, 2, osz2);
     if (!out) goto done;
@@ -119,13 +169,20 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
         goto done;
     } else {
       rh__blas_threads_for(m, n, k);
-      if (a->dtype == RH_F32)
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
-                    (int)k, 1.0f, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0f, rh_tensor_data(out), (int)n);
-      else
-        cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
-                    (int)k, 1.0, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0, rh_tensor_data(out), (int)n);
+      blas_gemm(a->dtype, ta, tb, m, n, k, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, rh_tensor_data(out));
     }
+    goto finish;
+  }
+  /* a 3-D batch of host float products (attention's bmm), each operand's
+   * matrices readable in place (a transposed view of heads): no copies */
+  if (dev < 0 && A->ndim == 3 && B->ndim == 3 && A->size[0] == B->size[0] && rh_dtype_is_float(a->dtype) &&
+      k > 0 && m > 0 && n > 0 && gemm_layout(A->stride + 1, m, k, &ta, &lda) &&
+      gemm_layout(B->stride + 1, k, n, &tb, &ldb)) {
+    out = rh_tensor_empty(a->dtype, 3, (int64_t[]){A->size[0], m, n});
+    if (!out) goto done;
+    batch_job_t job = {a->dtype, m, n, k, A->stride[0], B->stride[0], ta, tb, lda, ldb, 0,
+                       rh_tensor_data(A), rh_tensor_data(B), rh_tensor_data(out)};
+    run_batch(&job, A->size[0]);
     goto finish;
   }
   /* broadcast the batch dimensions */
@@ -160,11 +217,9 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
     if (rc) goto done;
     goto finish;
   }
-  size_t es = rh_dtype_size(a->dtype);
-  const char *pa = rh_tensor_data(Ac), *pb = rh_tensor_data(Bc);
-  char *po = rh_tensor_data(out);
-  for (int64_t i = 0; i < nbatch; i++)
-    gemm(a->dtype, m, n, k, pa + (size_t)(i * m * k) * es, pb + (size_t)(i * k * n) * es, po + (size_t)(i * m * n) * es);
+  batch_job_t job = {a->dtype, m, n, k, m * k, k * n, 0, 0, (int)k, (int)n, 0,
+                     rh_tensor_data(Ac), rh_tensor_data(Bc), rh_tensor_data(out)};
+  run_batch(&job, nbatch);
 finish:
   /* drop the dims that came from vectors */
   if (drop_m || drop_n) {
