@@ -1,11 +1,15 @@
-/* nn_norm.c: batch normalisation (forward and backward) for nn.BatchNorm1d/2d
- * in one pass per channel instead of a dozen whole-tensor ops: x is
- * [N, C, *] (contiguous here), statistics are per channel over N and the
- * trailing dims, channels are split over the thread pool. Training mode uses
- * the batch's mean and biased variance and updates the running statistics
- * (unbiased variance, PyTorch's momentum rule); eval mode uses the running ones.
- * The forward returns the per-channel mean and 1/sqrt(var + eps) it used, which
- * the backward takes back. */
+/* nn_norm.c: batch normalisation (nn.BatchNorm1d/2d) and layer normalisation
+ * (nn.LayerNorm), forward and backward, each in two passes over the data
+ * instead of a dozen whole-tensor ops (and their saved intermediates).
+ * Batch norm: x is [N, C, *] (contiguous here), statistics are per channel over
+ * N and the trailing dims, channels are split over the thread pool. Training
+ * mode uses the batch's mean and biased variance and updates the running
+ * statistics (unbiased variance, PyTorch's momentum rule); eval mode uses the
+ * running ones. The forward returns the per-channel mean and 1/sqrt(var + eps)
+ * it used, which the backward takes back. Layer norm: x is [M, D] rows
+ * normalised each over its D elements, rows split over the pool; the
+ * per-row mean and 1/sqrt(var + eps) go to the backward likewise. Sums are in
+ * double, in eight independent chains (one chain is bound by the add latency). */
 #include <math.h>
 
 #include "nn.h"
@@ -35,25 +39,82 @@ static void st(rh_dtype_t dt, char *p, int64_t i, double v) {
   else ((double *)p)[i] = v;
 }
 
+/* sum of (x[i] - k) and of its square over n contiguous elements */
+#define SHIFTED_SUMS(T)                                                                                \
+  do {                                                                                                 \
+    const T *x = (const T *)base;                                                                      \
+    double a[8] = {0}, q[8] = {0};                                                                     \
+    int64_t i = 0;                                                                                     \
+    for (; i + 8 <= n; i += 8)                                                                         \
+      for (int u = 0; u < 8; u++) {                                                                    \
+        double d = (double)x[i + u] - k;                                                               \
+        a[u] += d, q[u] += d * d;                                                                      \
+      }                                                                                                \
+    for (; i < n; i++) {                                                                               \
+      double d = (double)x[i] - k;                                                                     \
+      a[0] += d, q[0] += d * d;                                                                        \
+    }                                                                                                  \
+    for (int u = 0; u < 8; u++) *s += a[u], *ss += q[u];                                               \
+  } while (0)
+static void shifted_sums(rh_dtype_t dt, const char *base, int64_t n, double k, double *s, double *ss) {
+  if (dt == RH_F32) SHIFTED_SUMS(float);
+  else SHIFTED_SUMS(double);
+}
+
+/* sum of g[i] and of g[i] * (x[i] - mean) over n contiguous elements */
+#define GRAD_SUMS(T)                                                                                   \
+  do {                                                                                                 \
+    const T *g = (const T *)gp, *x = (const T *)xp;                                                    \
+    double a[8] = {0}, q[8] = {0};                                                                     \
+    int64_t i = 0;                                                                                     \
+    for (; i + 8 <= n; i += 8)                                                                         \
+      for (int u = 0; u < 8; u++) {                                                                    \
+        double gv = (double)g[i + u];                                                                  \
+        a[u] += gv, q[u] += gv * ((double)x[i + u] - mean);                                            \
+      }                                                                                                \
+    for (; i < n; i++) {                                                                               \
+      double gv = (double)g[i];                                                                        \
+      a[0] += gv, q[0] += gv * ((double)x[i] - mean);                                                  \
+    }                                                                                                  \
+    for (int u = 0; u < 8; u++) *sg += a[u], *sgx += q[u];                                             \
+  } while (0)
+static void grad_sums(rh_dtype_t dt, const char *gp, const char *xp, int64_t n, double mean, double *sg,
+                      double *sgx) {
+  if (dt == RH_F32) GRAD_SUMS(float);
+  else GRAD_SUMS(double);
+}
+
+/* out[i] = a * u[i] + b * v[i] + c over n contiguous elements (v may be NULL);
+ * float32 in float32 arithmetic, which vectorises */
+#define AXPBY(T)                                                                                       \
+  do {                                                                                                 \
+    T *o = (T *)op;                                                                                    \
+    const T *u = (const T *)up, *v = (const T *)vp;                                                    \
+    T ta = (T)a, tb = (T)b, tc = (T)c;                                                                 \
+    if (v)                                                                                             \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tb * v[i] + tc;                               \
+    else                                                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tc;                                           \
+  } while (0)
+static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64_t n, double a, double b, double c) {
+  if (dt == RH_F32) AXPBY(float);
+  else AXPBY(double);
+}
+
 static void bn_forward_channels(void *ctx, int64_t lo, int64_t hi) {
   bn_job_t *j = ctx;
   int64_t m = j->n * j->inner;
   for (int64_t ch = lo; ch < hi; ch++) {
     double mean, invstd;
+    size_t es = rh_dtype_size(j->dt);
     if (j->training) {
-      double s = 0, ss = 0;
-      for (int64_t k = 0; k < j->n; k++) {
-        int64_t base = (k * j->c + ch) * j->inner;
-        for (int64_t i = 0; i < j->inner; i++) s += ld(j->dt, j->x, base + i);
-      }
-      mean = s / (double)m;
-      for (int64_t k = 0; k < j->n; k++) {
-        int64_t base = (k * j->c + ch) * j->inner;
-        for (int64_t i = 0; i < j->inner; i++) {
-          double d = ld(j->dt, j->x, base + i) - mean;
-          ss += d * d;
-        }
-      }
+      /* shifted by the channel's first element: no cancellation in ss - s*s/m */
+      double k = ld(j->dt, j->x, ch * j->inner), s = 0, ss = 0;
+      for (int64_t n = 0; n < j->n; n++)
+        shifted_sums(j->dt, j->x + (size_t)((n * j->c + ch) * j->inner) * es, j->inner, k, &s, &ss);
+      mean = k + s / (double)m;
+      ss -= s * s / (double)m;
+      if (ss < 0) ss = 0;
       double var = ss / (double)m;
       invstd = 1.0 / sqrt(var + j->eps);
       if (j->rm) {
@@ -69,17 +130,9 @@ static void bn_forward_channels(void *ctx, int64_t lo, int64_t hi) {
     j->invstd[ch] = invstd;
     double w = j->w ? ld(j->dt, j->w, ch) : 1, b = j->b ? ld(j->dt, j->b, ch) : 0;
     double scale = w * invstd, shift = b - mean * scale;
-    for (int64_t k = 0; k < j->n; k++) {
-      int64_t base = (k * j->c + ch) * j->inner;
-      if (j->dt == RH_F32) {
-        const float *xs = (const float *)j->x + base;
-        float *ys = (float *)j->y + base;
-        for (int64_t i = 0; i < j->inner; i++) ys[i] = (float)(xs[i] * scale + shift);
-      } else {
-        const double *xs = (const double *)j->x + base;
-        double *ys = (double *)j->y + base;
-        for (int64_t i = 0; i < j->inner; i++) ys[i] = xs[i] * scale + shift;
-      }
+    for (int64_t n = 0; n < j->n; n++) {
+      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
+      axpby(j->dt, j->y + base, j->x + base, NULL, j->inner, scale, 0, shift);
     }
   }
 }
@@ -139,34 +192,27 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
 static void bn_backward_channels(void *ctx, int64_t lo, int64_t hi) {
   bn_job_t *j = ctx;
   int64_t m = j->n * j->inner;
+  size_t es = rh_dtype_size(j->dt);
   for (int64_t ch = lo; ch < hi; ch++) {
     double mean = j->mean[ch], invstd = j->invstd[ch];
     double w = j->w ? ld(j->dt, j->w, ch) : 1;
-    double sg = 0, sgx = 0; /* sum gy, sum gy * xhat */
-    for (int64_t k = 0; k < j->n; k++) {
-      int64_t base = (k * j->c + ch) * j->inner;
-      for (int64_t i = 0; i < j->inner; i++) {
-        double g = ld(j->dt, j->gy, base + i);
-        sg += g;
-        sgx += g * (ld(j->dt, j->x, base + i) - mean) * invstd;
-      }
+    double sg = 0, sgx = 0; /* sum gy, sum gy * (x - mean) */
+    for (int64_t n = 0; n < j->n; n++) {
+      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
+      grad_sums(j->dt, j->gy + base, j->x + base, j->inner, mean, &sg, &sgx);
     }
-    if (j->gw) j->gw[ch] = sgx;
+    if (j->gw) j->gw[ch] = sgx * invstd;
     if (j->gb) j->gb[ch] = sg;
     if (!j->gx) continue;
-    for (int64_t k = 0; k < j->n; k++) {
-      int64_t base = (k * j->c + ch) * j->inner;
-      for (int64_t i = 0; i < j->inner; i++) {
-        double g = ld(j->dt, j->gy, base + i);
-        double v;
-        if (j->training) {
-          double xhat = (ld(j->dt, j->x, base + i) - mean) * invstd;
-          v = w * invstd * (g - sg / (double)m - xhat * sgx / (double)m);
-        } else {
-          v = w * invstd * g;
-        }
-        st(j->dt, j->gx, base + i, v);
-      }
+    /* gx = w*invstd * (g - sg/m - xhat * sum(g*xhat)/m), as a*g + b*x + c */
+    double a = w * invstd, b = 0, c = 0;
+    if (j->training) {
+      b = -a * invstd * invstd * sgx / (double)m;
+      c = -a * sg / (double)m - b * mean;
+    }
+    for (int64_t n = 0; n < j->n; n++) {
+      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
+      axpby(j->dt, j->gx + base, j->gy + base, j->training ? j->x + base : NULL, j->inner, a, b, c);
     }
   }
 }
