@@ -1,4 +1,4 @@
-/* nn.h: the C kernels behind lua/rpchost/nn (convolution, pooling, batch norm), with no
+/* nn.h: the C kernels behind lua/rpchost/nn (convolution, pooling, batch and layer norm), with no
  * Lua in them. Inputs are float32 or float64 tensors on the host in NCHW layout
  * (made contiguous here); every function checks shapes first and returns NULL /
  * a negative code with the message in rh_tensor_errmsg(). Returned tensors are
@@ -46,6 +46,14 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
 int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *mean,
                               rh_tensor_t *invstd, int training, rh_tensor_t **gx, rh_tensor_t **gw,
                               rh_tensor_t **gb);
+
+/* layer norm over rows of d elements (x's last dims): y and the float64
+ * per-row mean and 1/sqrt(var + eps); w and b (d elements each) may be NULL */
+int rh_nn_layer_norm(rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *b, double eps, rh_tensor_t **y,
+                     rh_tensor_t **mean, rh_tensor_t **rstd);
+/* gradients of rh_nn_layer_norm (gw, gb: d elements); out pointers may be NULL */
+int rh_nn_layer_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *mean,
+                              rh_tensor_t *rstd, rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb);
 
 /* the output length of a window sweep (ceil_mode as PyTorch's pooling) */
 int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode);
