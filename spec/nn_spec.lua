@@ -422,8 +422,22 @@ describe("nn kernels over a batch equal them sample by sample", function()
   end
 end)
 
-describe("batched matmul reads attention's transposed heads in place", function()
-  -- small products go one per pool task, large ones to OpenBLAS's threads
+describe("matrix products split over the thread pool", function()
+  -- products of 2^23 multiply-adds or more are cut into row or column blocks;
+  -- ten rows at a time stay whole, so they are the reference
+  for _, sz in ipairs{{320, 150, 200, "rows"}, {20, 640, 800, "columns"}} do
+    local m, k, n = sz[1], sz[2], sz[3]
+    it(("[%d x %d] @ [%d x %d] of transposed views, split by %s"):format(m, k, k, n, sz[4]), function()
+      tensor.manual_seed(14)
+      local a = tensor.randn(k, m, f64):t()
+      local b = tensor.randn(n, k, f64):t()
+      local want = {}
+      for i = 1, m, 10 do want[#want + 1] = a:narrow(1, i, math.min(10, m - i + 1)):matmul(b) end
+      local err = (a:matmul(b) - tensor.cat(want, 1)):abs():max():item()
+      assert.is_true(err <= 1e-10, "max difference " .. err)
+    end)
+  end
+  -- small products go one per pool task, large ones are split
   for _, sz in ipairs{{12, 9, 7, 5}, {2, 256, 128, 256}} do
     local b, m, k, n = sz[1], sz[2], sz[3], sz[4]
     it(("bmm of %d [%d x %d] @ [%d x %d] transposed views equals the products one by one"):format(b, m, k, k, n),

@@ -1,10 +1,9 @@
 /* nn_conv.c: 2-d convolution (forward and backward) for nn.Conv1d/Conv2d, as
- * im2col + one OpenBLAS GEMM per sample and group (what PyTorch's CPU
- * slow_conv2d does): the column buffer is one sample's worth, so memory stays
- * at the size of the output, and im2col/col2im are split over the thread pool
- * while GEMM uses OpenBLAS's own threads. A 1x1 kernel with stride 1 and no
- * padding reads the input itself as its columns. */
-#include <cblas.h>
+ * im2col + OpenBLAS GEMMs per group (what PyTorch's CPU
+ * slow_conv2d does), the batch split over the thread pool (see plan()). A
+ * part's column buffer holds a few samples' worth at most, so memory stays near
+ * the size of the output. A 1x1 kernel with stride 1 and no padding reads the
+ * input itself as its columns. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,18 +17,6 @@ int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64
   /* as PyTorch: with ceil_mode the last window must start inside the input or the left padding */
   if (ceil_mode && (o - 1) * stride >= in + pad) o--;
   return o;
-}
-
-/* C[m,n] (+)= op(A) op(B), row-major, float or double */
-static void gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                 const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (dt == RH_F32)
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
-                1.0f, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
-  else
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
-                1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
 /* the output positions o in [0, nout) whose input index o * s + off falls in
@@ -178,8 +165,8 @@ static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, c
  * while ours did im2col, and ours while it did GEMM, wasted both cores). Within
  * a range, `nb` samples at a time share one GEMM ([og, kg] x [kg, nb*L]): small
  * feature maps (ResNet's later stages, L = 4..64) make one sample's product
- * too thin for BLAS to run well. One part (a batch of one, or one thread) lets
- * OpenBLAS use its threads for each product instead. */
+ * too thin for BLAS to run well. One part (a batch of one, or one thread)
+ * splits each product over the pool instead (rh__gemm). */
 #define CONV_BLOCK_COLS 1024         /* nb*L this wide is enough for GEMM */
 #define CONV_BLOCK_BYTES (8ll << 20) /* a part's column buffer beyond one sample */
 
@@ -209,9 +196,6 @@ static void plan(conv_job_t *j) {
   if (nb > fit) nb = fit;
   if (nb > j->per) nb = j->per;
   j->nb = nb < 1 ? 1 : nb;
-  /* rh__blas_threads_for sizes a product that OpenBLAS may split */
-  if (j->parts > 1) rh__blas_threads(1);
-  else rh__blas_threads_for(g->og, j->nb * g->l, g->kg);
 }
 
 /* between a block [O, nb*L] (row o: the block's samples side by side) and the
@@ -268,7 +252,7 @@ static void forward_parts(void *ctx, int64_t lo, int64_t hi) {
       const char *cn = block_cols(j, n0, nbk, cols);
       char *yn = j->y + (size_t)(n0 * g->o * g->l) * es, *out = nbk > 1 ? blk : yn;
       for (int64_t gi = 0; gi < g->g; gi++)
-        gemm(j->dt, 0, 0, g->og, ld, g->kg, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
+        rh__gemm(j->dt, 0, 0, g->og, ld, g->kg, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
              cn + (size_t)(gi * g->kg * ld) * es, ld, 0.0, out + (size_t)(gi * g->og * ld) * es, ld);
       for (int64_t o = 0; j->b && o < g->o; o++) {
         double bv = rh__load(j->dt, j->b + (size_t)o * es);
@@ -332,7 +316,7 @@ static void backward_parts(void *ctx, int64_t lo, int64_t hi) {
         /* gW_g += gY_g [og, ld] @ cols_g^T [ld, kg] */
         const char *cn = block_cols(j, n0, nbk, cols);
         for (int64_t gi = 0; gi < g->g; gi++)
-          gemm(j->dt, 0, 1, g->og, g->kg, ld, gyb + (size_t)(gi * g->og * ld) * es, ld,
+          rh__gemm(j->dt, 0, 1, g->og, g->kg, ld, gyb + (size_t)(gi * g->og * ld) * es, ld,
                cn + (size_t)(gi * g->kg * ld) * es, ld, 1.0, gw + (size_t)(gi * g->og * g->kg) * es, g->kg);
       }
       for (int64_t o = 0; gb && o < g->o; o++) {
@@ -353,7 +337,7 @@ static void backward_parts(void *ctx, int64_t lo, int64_t hi) {
         int direct = g->direct && nbk == 1;
         char *dst = direct ? gxn : cols;
         for (int64_t gi = 0; gi < g->g; gi++)
-          gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
+          rh__gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
                gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
         if (!direct) {
           memset(gxn, 0, (size_t)(nbk * g->c * g->h * g->w) * es);
