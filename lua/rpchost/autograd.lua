@@ -219,10 +219,12 @@ function M.sum_to(g, sizes)
 end
 
 -- backward ----------------------------------------------------------------------------
-local function default_sink(t, g)
+-- owned: g is the engine's own buffer that nothing else refers to (pieces'
+-- sum), which becomes .grad as it is instead of being copied
+local function default_sink(t, g, owned)
   local s = get_state(t)
   if s.grad == nil then
-    s.grad = core.t_clone(g)
+    s.grad = owned and g or core.t_clone(g)
   else
     s.grad = core.t_binary(0, s.grad, g)
   end
@@ -404,7 +406,7 @@ function M.backward(root, grad, retain_graph, sink)
                 local pg = leaf_pieces[e]
                 if pg ~= nil then
                   leaf_pieces[e], owned[pg] = nil, nil
-                  sink(e, pg)
+                  sink(e, pg, true)
                 end
                 local ls = get_state(e)
                 local hooks = ls and ls.final_hooks

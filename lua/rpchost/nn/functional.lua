@@ -543,6 +543,14 @@ function EmbeddingFn.backward(ctx, g)
   return gw
 end
 
+-- rows of w: index_select's own backward adds into the engine's one gradient
+-- buffer per weight (a piece), which becomes .grad without a copy; the node
+-- above is for a padding row, which gets no gradient
+local function rows_of(w, idx, padding_idx)
+  if padding_idx == nil then return w:index_select(1, idx) end
+  return EmbeddingFn.apply(w, idx, padding_idx)
+end
+
 local function check_range(idx, n, what)
   if idx:numel() == 0 then return end
   local lo, hi = idx:min():item(), idx:max():item()
@@ -558,7 +566,7 @@ function F.embedding(idx, w, ...)
   as_index(idx, "embedding")
   check_range(idx, w:size(1), "embedding")
   local flat = idx:reshape(-1)
-  local out = EmbeddingFn.apply(w, flat, a.padding_idx)
+  local out = rows_of(w, flat, a.padding_idx)
   local s = shape_of(idx)
   s[#s + 1] = w:size(2)
   return out:view(s)
@@ -605,7 +613,7 @@ function F.embedding_bag(input, w, ...)
   end
   local keep = nil
   if a.padding_idx ~= nil then keep = flat:ne(a.padding_idx) end
-  local rows = EmbeddingFn.apply(w, flat, a.padding_idx)
+  local rows = rows_of(w, flat, a.padding_idx)
   if a.per_sample_weights ~= nil then
     if mode ~= "sum" then error("embedding_bag: per_sample_weights only works with mode='sum'", 2) end
     rows = rows * a.per_sample_weights:reshape(-1, 1)
