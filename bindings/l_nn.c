@@ -1,6 +1,7 @@
 /* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn_conv.c,
- * nn_pool.c, nn_norm.c: batch and layer norm) for the lua/rpchost/nn files. Geometry arrives as flat numbers
- * (0-based nothing: these are sizes); the Lua side checks shapes and names the
+ * nn_pool.c, nn_norm.c: batch and layer norm, nn_rnn.c: the LSTM cell) for the
+ * lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
+ * these are sizes); the Lua side checks shapes and names the
  * layer in its errors, the core's message is raised for anything it refuses. */
 #include "rh_lua.h"
 #include "tensor/nn.h"
@@ -150,6 +151,26 @@ static int l_layer_norm_backward(lua_State *L) {
   return push_grads(L, gx, gw, gb);
 }
 
+/* lstm_cell(gates, c_prev) -> h, c, ws */
+static int l_lstm_cell(lua_State *L) {
+  rh_tensor_t *h, *c, *ws;
+  check_rc(L, rh_nn_lstm_cell(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), &h, &c, &ws));
+  rh_lua_pushtensor(L, h);
+  rh_lua_pushtensor(L, c);
+  rh_lua_pushtensor(L, ws);
+  return 3;
+}
+
+/* lstm_cell_backward(gh|nil, gc|nil, c_prev, ws) -> ggates, gc_prev */
+static int l_lstm_cell_backward(lua_State *L) {
+  rh_tensor_t *gg, *gp;
+  check_rc(L, rh_nn_lstm_cell_backward(rh_lua_totensor(L, 1), rh_lua_totensor(L, 2), rh_lua_checktensor(L, 3),
+                                       rh_lua_checktensor(L, 4), &gg, &gp));
+  rh_lua_pushtensor(L, gg);
+  rh_lua_pushtensor(L, gp);
+  return 2;
+}
+
 /* out_size(in, k, stride, pad, dil, ceil_mode) */
 static int l_out_size(lua_State *L) {
   lua_pushnumber(L, (lua_Number)rh_nn_out_size((int64_t)luaL_checknumber(L, 1), (int64_t)luaL_checknumber(L, 2),
@@ -172,6 +193,8 @@ int rh_open_nn(lua_State *L) {
                                  {"nn_batch_norm_backward", l_batch_norm_backward},
                                  {"nn_layer_norm", l_layer_norm},
                                  {"nn_layer_norm_backward", l_layer_norm_backward},
+                                 {"nn_lstm_cell", l_lstm_cell},
+                                 {"nn_lstm_cell_backward", l_lstm_cell_backward},
                                  {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);

@@ -339,6 +339,21 @@ describe("nn gradients against finite differences (float64)", function()
                        nn.RNN(3, 4, {dtype = tensor.float64})} do
       gradcheck(m.name, function() return (m(x)) end, params_and(m, x))
     end
+    -- the whole-layer LSTM node: both directions, a given state, the final
+    -- state's gradients flowing back too, and one step (the cell)
+    local h0, c0 = tensor.randn(2, 2, 4, f64), tensor.randn(2, 2, 4, f64)
+    h0.requires_grad, c0.requires_grad = true, true
+    local bi = nn.LSTM(3, 4, {bidirectional = true, dtype = tensor.float64})
+    gradcheck("bidirectional LSTM with a state", function()
+      local y, hc = bi(x, {h0, c0})
+      return tensor.cat({y:reshape(-1), hc[1]:reshape(-1), hc[2]:reshape(-1)})
+    end, params_and(bi, x, h0, c0))
+    local cell = nn.LSTMCell(3, 4, {dtype = tensor.float64})
+    local x1, ch, cc = x:select(1, 1), h0:select(1, 1), c0:select(1, 1)
+    gradcheck("LSTMCell", function()
+      local hc = cell(x1, {ch, cc})
+      return tensor.cat({hc[1]:reshape(-1), hc[2]:reshape(-1)})
+    end, params_and(cell, x, h0, c0))
   end)
   it("attention, embeddings and activations", function()
     tensor.manual_seed(5)
