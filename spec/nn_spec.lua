@@ -452,6 +452,13 @@ describe("matrix products split over the thread pool", function()
       assert.is_true(err <= 1e-10, "max difference " .. err)
     end)
   end
+  it("reads a slice of wider rows, and its transpose, in place", function()
+    tensor.manual_seed(15)
+    local a = tensor.randn(33, 50, f64):narrow(2, 4, 40)  -- rows 50 apart
+    local b = tensor.randn(27, 60, f64):narrow(2, 11, 40):t() -- [40, 27], transposed rows 60 apart
+    local err = (a:matmul(b) - a:contiguous():matmul(b:contiguous())):abs():max():item()
+    assert.is_true(err <= 1e-12, "max difference " .. err)
+  end)
   -- small products go one per pool task, large ones are split
   for _, sz in ipairs{{12, 9, 7, 5}, {2, 256, 128, 256}} do
     local b, m, k, n = sz[1], sz[2], sz[3], sz[4]

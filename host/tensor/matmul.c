@@ -4,6 +4,7 @@
  * a plain loop (BLAS has no integer GEMM). On a CUDA device: cuBLAS through the
  * kernels library (device.c). */
 #include <cblas.h>
+#include <limits.h>
 #include <string.h>
 
 #include "tensor_internal.h"
@@ -137,17 +138,18 @@ static void run_batch(batch_job_t *j, int64_t nbatch) {
   else batch_gemms(j, 0, nbatch);
 }
 
-/* How BLAS can read a rows x cols matrix in place: row-major as is, or as the
- * transpose of a row-major matrix. 0 when it needs a copy. */
+/* How BLAS can read a rows x cols matrix in place: row-major with rows st[0]
+ * apart (a slice of a wider matrix, or one head of [T, N*h, hd]), or the
+ * transpose of such a matrix. 0 when it needs a copy. */
 static int gemm_layout(const int64_t *st, int64_t rows, int64_t cols, int *trans, int *ld) {
-  if (st[1] == 1 && (st[0] == cols || rows == 1)) {
+  if (st[1] == 1 && (rows == 1 || (st[0] >= cols && st[0] <= INT_MAX))) {
     *trans = 0;
-    *ld = (int)(cols > 0 ? cols : 1);
+    *ld = (int)(rows == 1 ? (cols > 0 ? cols : 1) : st[0]);
     return 1;
   }
-  if (st[0] == 1 && (st[1] == rows || cols == 1)) {
+  if (st[0] == 1 && (cols == 1 || (st[1] >= rows && st[1] <= INT_MAX))) {
     *trans = 1;
-    *ld = (int)(rows > 0 ? rows : 1);
+    *ld = (int)(cols == 1 ? (rows > 0 ? rows : 1) : st[1]);
     return 1;
   }
   return 0;
