@@ -367,8 +367,17 @@ describe("nn gradients against finite differences (float64)", function()
     local x = tensor.randn(3, 5, f64)
     x.requires_grad = true
     for _, m in ipairs{nn.GELU(), nn.GELU{approximate = "tanh"}, nn.ELU(), nn.SiLU(), nn.LeakyReLU(0.1),
-                       nn.Softplus(), nn.LogSoftmax{dim = 2}} do
+                       nn.Softplus(), nn.LogSoftmax{dim = 2}, nn.Softmax{dim = 2}, nn.Softmax{dim = 1}} do
       gradcheck(m.name, function() return m(x) end, {x}, 1e-5)
+    end
+    -- the C kernel (last dimension) against the tensor method, on a strided input with masked entries
+    local s = tensor.randn(4, 6, 7):transpose(2, 3):masked_fill(tensor.rand(4, 7, 6):lt(0.3), -math.huge)
+    for _, fn in ipairs{"softmax", "log_softmax"} do
+      local got, want = nn.functional[fn](s, 3), s[fn](s, 3)
+      local masked = want:eq(-math.huge)
+      assert.is_true(got:eq(-math.huge):eq(masked):all():item(), fn .. ": the same entries are -inf")
+      local err = (got:masked_fill(masked, 0) - want:masked_fill(masked, 0)):abs():max():item()
+      assert.is_true(err <= 1e-5, fn .. ": max difference " .. err)
     end
   end)
   it("losses", function()

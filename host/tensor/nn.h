@@ -1,5 +1,5 @@
 /* nn.h: the C kernels behind lua/rpchost/nn (convolution, pooling, batch and layer
- * norm, the LSTM cell), with no
+ * norm, the LSTM cell, last-dimension softmax), with no
  * Lua in them. Inputs are float32 or float64 tensors on the host in NCHW layout
  * (made contiguous here); every function checks shapes first and returns NULL /
  * a negative code with the message in rh_tensor_errmsg(). Returned tensors are
@@ -62,6 +62,11 @@ int rh_nn_lstm_cell(rh_tensor_t *gates, rh_tensor_t *c_prev, rh_tensor_t **h, rh
 /* its gradients: gh, gc (either may be NULL: zero) to ggates [B, 4H] and gc_prev [B, H] */
 int rh_nn_lstm_cell_backward(rh_tensor_t *gh, rh_tensor_t *gc, rh_tensor_t *c_prev, rh_tensor_t *ws,
                              rh_tensor_t **ggates, rh_tensor_t **gc_prev);
+
+/* softmax (log_: log-softmax) over the last dimension, in x's dtype; its
+ * backward from the forward's result y and the gradient g */
+rh_tensor_t *rh_nn_softmax(rh_tensor_t *x, int log_);
+rh_tensor_t *rh_nn_softmax_backward(rh_tensor_t *y, rh_tensor_t *g, int log_);
 
 /* the output length of a window sweep (ceil_mode as PyTorch's pooling) */
 int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode);

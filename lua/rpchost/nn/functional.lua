@@ -149,8 +149,25 @@ local function dim_arg(x, dim, what)
   if dim < 0 then dim = x:dim() + 1 + dim end
   return dim
 end
-function F.softmax(x, dim) return x:softmax(dim_arg(x, dim)) end
-function F.log_softmax(x, dim) return x:log_softmax(dim_arg(x, dim)) end
+-- over the last dimension of a host float tensor: one C node each way
+-- (host/tensor/nn_softmax.c) in the tensor's dtype; else the tensor methods
+local SoftmaxFn = autograd.Function:extend("NativeSoftmax")
+function SoftmaxFn.forward(ctx, x, log_)
+  local y = core.nn_softmax(x, log_)
+  ctx.y, ctx.log = y, log_
+  return y
+end
+function SoftmaxFn.backward(ctx, g) return core.nn_softmax_backward(ctx.y, g, ctx.log) end
+local function softmax_of(x, dim, log_)
+  if dim == x:dim() and x:dim() > 0 and x:size(dim) > 0 and x.device == "cpu" and
+      (x.dtype == tensor.float32 or x.dtype == tensor.float64) then
+    return SoftmaxFn.apply(x, log_)
+  end
+  if log_ then return x:log_softmax(dim) end
+  return x:softmax(dim)
+end
+function F.softmax(x, dim) return softmax_of(x, dim_arg(x, dim), false) end
+function F.log_softmax(x, dim) return softmax_of(x, dim_arg(x, dim), true) end
 
 -- linear(x, w, b): x [*, in] is one [rows, in] GEMM whatever its leading dims
 -- (a batched matmul against a broadcast weight would be one small GEMM per row block)
