@@ -170,7 +170,11 @@ static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, c
 #define CONV_BLOCK_COLS 1024         /* nb*L this wide is enough for GEMM */
 #define CONV_BLOCK_BYTES (8ll << 20) /* a part's column buffer beyond one sample */
 
-typedef struct {
+typedef struct conv_job conv_job_t;
+/* one GEMM block of a part: samples [n0, n0 + nbk), with the part's scratch */
+typedef void (*conv_block_fn)(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk, char *cols, char *blk);
+
+struct conv_job {
   geom_t g;
   const rh_nn_conv_t *p;
   rh_dtype_t dt;
@@ -181,7 +185,8 @@ typedef struct {
   char *gw;      /* [parts][O * kg] accumulators (part 0 is the result tensor's data) */
   double *gb;    /* [parts][O] */
   int failed;    /* a part's buffer could not be allocated */
-} conv_job_t;
+  conv_block_fn block;
+};
 
 static void plan(conv_job_t *j) {
   const geom_t *g = &j->g;
@@ -239,36 +244,42 @@ static const char *block_cols(conv_job_t *j, int64_t n0, int64_t nbk, char *cols
   return cols;
 }
 
-static void forward_parts(void *ctx, int64_t lo, int64_t hi) {
+/* the batch's parts, each with its own scratch, block by block through j->block */
+static void run_parts(void *ctx, int64_t lo, int64_t hi) {
   conv_job_t *j = ctx;
-  const geom_t *g = &j->g;
-  size_t es = j->es;
   for (int64_t part = lo; part < hi; part++) {
     char *cols, *blk;
     if (part_buffers(j, &cols, &blk)) return;
-    int64_t end = (part + 1) * j->per < g->n ? (part + 1) * j->per : g->n;
-    for (int64_t n0 = part * j->per; n0 < end; n0 += j->nb) {
-      int64_t nbk = end - n0 < j->nb ? end - n0 : j->nb, ld = nbk * g->l;
-      const char *cn = block_cols(j, n0, nbk, cols);
-      char *yn = j->y + (size_t)(n0 * g->o * g->l) * es, *out = nbk > 1 ? blk : yn;
-      for (int64_t gi = 0; gi < g->g; gi++)
-        rh__gemm(j->dt, 0, 0, g->og, ld, g->kg, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
-             cn + (size_t)(gi * g->kg * ld) * es, ld, 0.0, out + (size_t)(gi * g->og * ld) * es, ld);
-      for (int64_t o = 0; j->b && o < g->o; o++) {
-        double bv = rh__load(j->dt, j->b + (size_t)o * es);
-        if (j->dt == RH_F32) {
-          float *r = (float *)out + o * ld;
-          for (int64_t i = 0; i < ld; i++) r[i] += (float)bv;
-        } else {
-          double *r = (double *)out + o * ld;
-          for (int64_t i = 0; i < ld; i++) r[i] += bv;
-        }
-      }
-      if (nbk > 1) block_copy(j, blk, yn, nbk, 0);
-    }
+    int64_t end = (part + 1) * j->per < j->g.n ? (part + 1) * j->per : j->g.n;
+    for (int64_t n0 = part * j->per; n0 < end; n0 += j->nb)
+      j->block(j, part, n0, end - n0 < j->nb ? end - n0 : j->nb, cols, blk);
     free(cols);
     free(blk);
   }
+}
+
+/* y of samples [n0, n0 + nbk) */
+static void forward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk, char *cols, char *blk) {
+  const geom_t *g = &j->g;
+  size_t es = j->es;
+  int64_t ld = nbk * g->l;
+  (void)part;
+  const char *cn = block_cols(j, n0, nbk, cols);
+  char *yn = j->y + (size_t)(n0 * g->o * g->l) * es, *out = nbk > 1 ? blk : yn;
+  for (int64_t gi = 0; gi < g->g; gi++)
+    rh__gemm(j->dt, 0, 0, g->og, ld, g->kg, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
+             cn + (size_t)(gi * g->kg * ld) * es, ld, 0.0, out + (size_t)(gi * g->og * ld) * es, ld);
+  for (int64_t o = 0; j->b && o < g->o; o++) {
+    double bv = rh__load(j->dt, j->b + (size_t)o * es);
+    if (j->dt == RH_F32) {
+      float *r = (float *)out + o * ld;
+      for (int64_t i = 0; i < ld; i++) r[i] += (float)bv;
+    } else {
+      double *r = (double *)out + o * ld;
+      for (int64_t i = 0; i < ld; i++) r[i] += bv;
+    }
+  }
+  if (nbk > 1) block_copy(j, blk, yn, nbk, 0);
 }
 
 rh_tensor_t *rh_nn_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p) {
@@ -281,7 +292,8 @@ rh_tensor_t *rh_nn_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const 
     j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.b = bc ? rh_tensor_data(bc) : NULL;
     j.y = rh_tensor_data(y);
     plan(&j);
-    rh_parallel_for(j.parts, 1, forward_parts, &j);
+    j.block = forward_block;
+    rh_parallel_for(j.parts, 1, run_parts, &j);
   }
   int failed = !xc || !wc || !y || (b && !bc) || j.failed;
   rh_tensor_release(xc);
@@ -295,60 +307,51 @@ rh_tensor_t *rh_nn_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const 
   return y;
 }
 
-static void backward_parts(void *ctx, int64_t lo, int64_t hi) {
-  conv_job_t *j = ctx;
+/* the gradients from samples [n0, n0 + nbk): gx written, the part's gw and gb added to */
+static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk, char *cols, char *blk) {
   const geom_t *g = &j->g;
   size_t es = j->es;
-  for (int64_t part = lo; part < hi; part++) {
-    char *cols, *blk;
-    if (part_buffers(j, &cols, &blk)) return;
-    char *gw = j->gw ? j->gw + (size_t)(part * g->o * g->kg) * es : NULL;
-    double *gb = j->gb ? j->gb + part * g->o : NULL;
-    int64_t end = (part + 1) * j->per < g->n ? (part + 1) * j->per : g->n;
-    for (int64_t n0 = part * j->per; n0 < end; n0 += j->nb) {
-      int64_t nbk = end - n0 < j->nb ? end - n0 : j->nb, ld = nbk * g->l;
-      char *gyn = (char *)j->gy + (size_t)(n0 * g->o * g->l) * es, *gyb = gyn;
-      if (nbk > 1) {
-        block_copy(j, blk, gyn, nbk, 1);
-        gyb = blk;
-      }
-      if (gw) {
-        /* gW_g += gY_g [og, ld] @ cols_g^T [ld, kg] */
-        const char *cn = block_cols(j, n0, nbk, cols);
-        for (int64_t gi = 0; gi < g->g; gi++)
-          rh__gemm(j->dt, 0, 1, g->og, g->kg, ld, gyb + (size_t)(gi * g->og * ld) * es, ld,
+  int64_t ld = nbk * g->l;
+  char *gw = j->gw ? j->gw + (size_t)(part * g->o * g->kg) * es : NULL;
+  double *gb = j->gb ? j->gb + part * g->o : NULL;
+  char *gyn = (char *)j->gy + (size_t)(n0 * g->o * g->l) * es, *gyb = gyn;
+  if (nbk > 1) {
+    block_copy(j, blk, gyn, nbk, 1);
+    gyb = blk;
+  }
+  if (gw) {
+    /* gW_g += gY_g [og, ld] @ cols_g^T [ld, kg] */
+    const char *cn = block_cols(j, n0, nbk, cols);
+    for (int64_t gi = 0; gi < g->g; gi++)
+      rh__gemm(j->dt, 0, 1, g->og, g->kg, ld, gyb + (size_t)(gi * g->og * ld) * es, ld,
                cn + (size_t)(gi * g->kg * ld) * es, ld, 1.0, gw + (size_t)(gi * g->og * g->kg) * es, g->kg);
-      }
-      for (int64_t o = 0; gb && o < g->o; o++) {
-        double sum = 0;
-        if (j->dt == RH_F32) {
-          const float *r = (const float *)gyb + o * ld;
-          for (int64_t i = 0; i < ld; i++) sum += r[i];
-        } else {
-          const double *r = (const double *)gyb + o * ld;
-          for (int64_t i = 0; i < ld; i++) sum += r[i];
-        }
-        gb[o] += sum;
-      }
-      if (j->gx) {
-        /* gcols_g = W_g^T [kg, og] @ gY_g [og, ld], added back into each image
-         * (the direct case's columns are the image: the product writes it) */
-        char *gxn = j->gx + (size_t)(n0 * g->c * g->h * g->w) * es;
-        int direct = g->direct && nbk == 1;
-        char *dst = direct ? gxn : cols;
-        for (int64_t gi = 0; gi < g->g; gi++)
-          rh__gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
-               gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
-        if (!direct) {
-          memset(gxn, 0, (size_t)(nbk * g->c * g->h * g->w) * es);
-          for (int64_t s = 0; s < nbk; s++)
-            sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, cols + (size_t)(s * g->l) * es,
-                        ld, 1);
-        }
-      }
+  }
+  for (int64_t o = 0; gb && o < g->o; o++) {
+    double sum = 0;
+    if (j->dt == RH_F32) {
+      const float *r = (const float *)gyb + o * ld;
+      for (int64_t i = 0; i < ld; i++) sum += r[i];
+    } else {
+      const double *r = (const double *)gyb + o * ld;
+      for (int64_t i = 0; i < ld; i++) sum += r[i];
     }
-    free(cols);
-    free(blk);
+    gb[o] += sum;
+  }
+  if (j->gx) {
+    /* gcols_g = W_g^T [kg, og] @ gY_g [og, ld], added back into each image
+     * (the direct case's columns are the image: the product writes it) */
+    char *gxn = j->gx + (size_t)(n0 * g->c * g->h * g->w) * es;
+    int direct = g->direct && nbk == 1;
+    char *dst = direct ? gxn : cols;
+    for (int64_t gi = 0; gi < g->g; gi++)
+      rh__gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
+               gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
+    if (!direct) {
+      memset(gxn, 0, (size_t)(nbk * g->c * g->h * g->w) * es);
+      for (int64_t s = 0; s < nbk; s++)
+        sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, cols + (size_t)(s * g->l) * es,
+                    ld, 1);
+    }
   }
 }
 
@@ -381,7 +384,8 @@ int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const
     j.gw = tw ? (j.parts == 1 ? rh_tensor_data(tw) : calloc((size_t)j.parts, (size_t)(g->o * g->kg) * j.es)) : NULL;
     j.gb = tb ? calloc((size_t)(j.parts * g->o), sizeof(double)) : NULL;
     ok = (!tw || j.gw) && (!tb || j.gb);
-    if (ok) rh_parallel_for(j.parts, 1, backward_parts, &j);
+    j.block = backward_block;
+    if (ok) rh_parallel_for(j.parts, 1, run_parts, &j);
     ok = ok && !j.failed;
   }
   if (ok && tw && j.parts > 1) {
