@@ -1,6 +1,6 @@
 /* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn_conv.c,
  * nn_pool.c, nn_norm.c: batch and layer norm, nn_rnn.c: the LSTM cell,
- * nn_softmax.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
+ * nn_softmax.c, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
  * these are sizes); the Lua side checks shapes and names the
  * layer in its errors, the core's message is raised for anything it refuses. */
 #include "rh_lua.h"
@@ -177,6 +177,11 @@ static int l_softmax_backward(lua_State *L) {
   return push(L, rh_nn_softmax_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), lua_toboolean(L, 3)));
 }
 
+/* linear(x, w, b|nil) -> x @ w^T + b */
+static int l_linear(lua_State *L) {
+  return push(L, rh_nn_linear(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3)));
+}
+
 /* out_size(in, k, stride, pad, dil, ceil_mode) */
 static int l_out_size(lua_State *L) {
   lua_pushnumber(L, (lua_Number)rh_nn_out_size((int64_t)luaL_checknumber(L, 1), (int64_t)luaL_checknumber(L, 2),
@@ -203,6 +208,7 @@ int rh_open_nn(lua_State *L) {
                                  {"nn_lstm_cell_backward", l_lstm_cell_backward},
                                  {"nn_softmax", l_softmax},
                                  {"nn_softmax_backward", l_softmax_backward},
+                                 {"nn_linear", l_linear},
                                  {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);

@@ -359,6 +359,12 @@ describe("nn gradients against finite differences (float64)", function()
     tensor.manual_seed(5)
     local q = tensor.randn(3, 2, 8, f64)
     q.requires_grad = true
+    local lin, nob = nn.Linear(5, 3, {dtype = tensor.float64}), nn.Linear(5, 3, {bias = false, dtype = tensor.float64})
+    local xl = tensor.randn(5, 4, f64)
+    xl.requires_grad = true
+    -- the input a transposed view, which the kernel reads in place
+    gradcheck("Linear", function() return lin(xl:t()) end, params_and(lin, xl))
+    gradcheck("Linear without bias", function() return nob(xl:t()) end, params_and(nob, xl))
     local mha = nn.MultiheadAttention(8, 2, {dtype = tensor.float64})
     gradcheck("MultiheadAttention", function() return (mha(q, q, q)) end, params_and(mha, q))
     local eb = nn.EmbeddingBag(6, 3, {mode = "mean", dtype = tensor.float64})

@@ -1,5 +1,5 @@
 /* nn.h: the C kernels behind lua/rpchost/nn (convolution, pooling, batch and layer
- * norm, the LSTM cell, last-dimension softmax), with no
+ * norm, the LSTM cell, last-dimension softmax, linear), with no
  * Lua in them. Inputs are float32 or float64 tensors on the host in NCHW layout
  * (made contiguous here); every function checks shapes first and returns NULL /
  * a negative code with the message in rh_tensor_errmsg(). Returned tensors are
@@ -67,6 +67,9 @@ int rh_nn_lstm_cell_backward(rh_tensor_t *gh, rh_tensor_t *gc, rh_tensor_t *c_pr
  * backward from the forward's result y and the gradient g */
 rh_tensor_t *rh_nn_softmax(rh_tensor_t *x, int log_);
 rh_tensor_t *rh_nn_softmax_backward(rh_tensor_t *y, rh_tensor_t *g, int log_);
+
+/* y [m, n] = x [m, k] @ w [n, k]^T + b (b [n] may be NULL), the bias under one GEMM */
+rh_tensor_t *rh_nn_linear(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b);
 
 /* the output length of a window sweep (ceil_mode as PyTorch's pooling) */
 int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode);

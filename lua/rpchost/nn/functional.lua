@@ -171,11 +171,29 @@ function F.log_softmax(x, dim) return softmax_of(x, dim_arg(x, dim), true) end
 
 -- linear(x, w, b): x [*, in] is one [rows, in] GEMM whatever its leading dims
 -- (a batched matmul against a broadcast weight would be one small GEMM per row block)
+-- On host floats one C node (host/tensor/nn_linear.c: the bias under the GEMM,
+-- as PyTorch's addmm); its backward gets the weight's gradient in the weight's
+-- own layout (g^T x), not as the transpose of x^T g.
+local LinearFn = autograd.Function:extend("NativeLinear")
+function LinearFn.forward(ctx, x, w, b)
+  ctx.x, ctx.w = x, w
+  return core.nn_linear(x, w, b)
+end
+function LinearFn.backward(ctx, g)
+  local n = ctx.needs_input_grad
+  return n[1] and g:matmul(ctx.w) or nil, n[2] and g:t():matmul(ctx.x) or nil, n[3] and g:sum(1) or nil
+end
+
 function F.linear(x, w, b)
   if x:dim() > 2 then
     local s = shape_of(x)
     s[#s] = w:size(1)
     return F.linear(x:reshape(-1, x:size(x:dim())), w, b):view(s)
+  end
+  if x:dim() == 2 and w:dim() == 2 and x.device == "cpu" and (x.dtype == tensor.float32 or x.dtype == tensor.float64)
+      and w.dtype == x.dtype and w.device == "cpu" and (b == nil or (b.dtype == x.dtype and b.device == "cpu" and
+      b:dim() == 1)) and x:size(2) == w:size(2) then
+    return LinearFn.apply(x, w, b)
   end
   local y = x:matmul(w:t())
   if b ~= nil then y = y + b end
