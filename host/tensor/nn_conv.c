@@ -182,7 +182,8 @@ struct conv_job {
   int64_t parts, per, nb; /* parts of `per` samples, GEMM blocks of nb */
   const char *x, *w, *b, *gy;
   char *y, *gx;
-  char *gw;      /* [parts][O * kg] accumulators (part 0 is the result tensor's data) */
+  char *gw;      /* part 0's weight-gradient sum: the result tensor's data */
+  char *gw_more; /* [parts - 1][O * kg]: the other parts' sums, added to it after */
   double *gb;    /* [parts][O] */
   int failed;    /* a part's buffer could not be allocated */
   conv_block_fn block;
@@ -312,7 +313,8 @@ static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk,
   const geom_t *g = &j->g;
   size_t es = j->es;
   int64_t ld = nbk * g->l;
-  char *gw = j->gw ? j->gw + (size_t)(part * g->o * g->kg) * es : NULL;
+  char *gw = part == 0 ? j->gw : j->gw_more ? j->gw_more + (size_t)((part - 1) * g->o * g->kg) * es : NULL;
+  double beta = n0 == part * j->per ? 0.0 : 1.0; /* a part's first block writes its sum, the rest add */
   double *gb = j->gb ? j->gb + part * g->o : NULL;
   char *gyn = (char *)j->gy + (size_t)(n0 * g->o * g->l) * es, *gyb = gyn;
   if (nbk > 1) {
@@ -324,7 +326,7 @@ static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk,
     const char *cn = block_cols(j, n0, nbk, cols);
     for (int64_t gi = 0; gi < g->g; gi++)
       rh__gemm(j->dt, 0, 1, g->og, g->kg, ld, gyb + (size_t)(gi * g->og * ld) * es, ld,
-               cn + (size_t)(gi * g->kg * ld) * es, ld, 1.0, gw + (size_t)(gi * g->og * g->kg) * es, g->kg);
+               cn + (size_t)(gi * g->kg * ld) * es, ld, beta, gw + (size_t)(gi * g->og * g->kg) * es, g->kg);
   }
   for (int64_t o = 0; gb && o < g->o; o++) {
     double sum = 0;
@@ -370,31 +372,36 @@ int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const
                           rh_dtype_name(x->dtype));
   j.p = p, j.dt = x->dtype, j.es = rh_dtype_size(x->dtype);
   rh_tensor_t *xc = rh_tensor_contiguous(x), *wc = rh_tensor_contiguous(w), *gyc = rh_tensor_contiguous(gy);
-  /* gx is written whole (each part zeroes its samples): no calloc'd fresh pages */
+  /* every output is written whole (gx: each part zeroes its samples first; gw:
+   * the first block's GEMM overwrites), so none is calloc'd fresh pages */
   rh_tensor_t *tx = gx ? rh_tensor_empty(j.dt, 4, x->size) : NULL;
-  rh_tensor_t *tw = gw ? rh_tensor_full(j.dt, 4, w->size, 0) : NULL;
+  rh_tensor_t *tw = gw ? rh_tensor_empty(j.dt, 4, w->size) : NULL;
   rh_tensor_t *tb = gb ? rh_tensor_empty(j.dt, 1, (int64_t[]){g->o}) : NULL;
+  rh_tensor_t *more = NULL;
   int ok = xc && wc && gyc && (!gx || tx) && (!gw || tw) && (!gb || tb);
   if (ok) {
     j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.gy = rh_tensor_data(gyc);
     j.gx = tx ? rh_tensor_data(tx) : NULL;
     plan(&j);
-    /* one part accumulates into the result; several each into their own
-     * zeroed slot, added in part order after (the sum does not depend on timing) */
-    j.gw = tw ? (j.parts == 1 ? rh_tensor_data(tw) : calloc((size_t)j.parts, (size_t)(g->o * g->kg) * j.es)) : NULL;
+    /* part 0 sums into the result, the others each into their own slot, added
+     * in part order after (the sum does not depend on timing) */
+    if (tw && j.parts > 1) more = rh_tensor_empty(j.dt, 1, (int64_t[]){(j.parts - 1) * g->o * g->kg});
+    j.gw = tw ? rh_tensor_data(tw) : NULL;
+    j.gw_more = more ? rh_tensor_data(more) : NULL;
     j.gb = tb ? calloc((size_t)(j.parts * g->o), sizeof(double)) : NULL;
-    ok = (!tw || j.gw) && (!tb || j.gb);
+    ok = (!tw || j.parts == 1 || more) && (!tb || j.gb);
     j.block = backward_block;
     if (ok) rh_parallel_for(j.parts, 1, run_parts, &j);
     ok = ok && !j.failed;
   }
-  if (ok && tw && j.parts > 1) {
+  if (ok && tw && g->n == 0) ok = rh_tensor_fill_(tw, 0) == 0; /* an empty batch: no block wrote it */
+  if (ok && more) {
     int64_t nw = g->o * g->kg;
     char *dst = rh_tensor_data(tw);
-    for (int64_t part = 0; part < j.parts; part++)
+    for (int64_t part = 1; part < j.parts; part++)
       for (int64_t i = 0; i < nw; i++) {
-        if (j.dt == RH_F32) ((float *)dst)[i] += ((float *)j.gw)[part * nw + i];
-        else ((double *)dst)[i] += ((double *)j.gw)[part * nw + i];
+        if (j.dt == RH_F32) ((float *)dst)[i] += ((float *)j.gw_more)[(part - 1) * nw + i];
+        else ((double *)dst)[i] += ((double *)j.gw_more)[(part - 1) * nw + i];
       }
   }
   if (ok && tb) {
@@ -404,7 +411,7 @@ int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const
       rh__store(j.dt, (char *)rh_tensor_data(tb) + (size_t)o * j.es, sum);
     }
   }
-  if (tw && j.parts > 1) free(j.gw);
+  rh_tensor_release(more);
   free(j.gb);
   rh_tensor_release(xc);
   rh_tensor_release(wc);
