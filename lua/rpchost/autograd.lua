@@ -387,6 +387,10 @@ function M.backward(root, grad, retain_graph, sink)
           local e = edges[i]
           if e then
             local gi = grads and grads[i]
+            -- a node whose backward returns new tensors of its own (node.fresh:
+            -- autograd.Function's fresh_grads) hands them over: added into in
+            -- place downstream, taken as .grad without a copy
+            if node.fresh and gi ~= nil and not is_piece(gi) then owned[gi] = true end
             if type(e) == "table" then
               if gi ~= nil then add_into(pending, e, nrs and nrs[i], gi, owned) end
               local d = deps[e] - 1
@@ -398,7 +402,7 @@ function M.backward(root, grad, retain_graph, sink)
             else
               if gi ~= nil then
                 -- pieces for a leaf gather in one buffer, which the sink gets once
-                if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi) end
+                if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi, owned[gi]) end
               end
               local left = leaf_edges[e] - 1
               leaf_edges[e] = left

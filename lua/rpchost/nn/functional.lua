@@ -152,6 +152,7 @@ end
 -- over the last dimension of a host float tensor: one C node each way
 -- (host/tensor/nn_softmax.c) in the tensor's dtype; else the tensor methods
 local SoftmaxFn = autograd.Function:extend("NativeSoftmax")
+SoftmaxFn.fresh_grads = true -- its backward returns new tensors (C results, GEMMs)
 function SoftmaxFn.forward(ctx, x, log_)
   local y = core.nn_softmax(x, log_)
   ctx.y, ctx.log = y, log_
@@ -175,6 +176,7 @@ function F.log_softmax(x, dim) return softmax_of(x, dim_arg(x, dim), true) end
 -- as PyTorch's addmm); its backward gets the weight's gradient in the weight's
 -- own layout (g^T x), not as the transpose of x^T g.
 local LinearFn = autograd.Function:extend("NativeLinear")
+LinearFn.fresh_grads = true
 function LinearFn.forward(ctx, x, w, b)
   ctx.x, ctx.w = x, w
   return core.nn_linear(x, w, b)
@@ -241,6 +243,7 @@ end
 
 -- convolution ---------------------------------------------------------------------------
 local Conv = autograd.Function:extend("Convolution")
+Conv.fresh_grads = true
 function Conv.forward(ctx, x, w, b, p)
   ctx.p = p
   ctx:save_for_backward(x, w)
@@ -310,6 +313,7 @@ end
 
 -- pooling -------------------------------------------------------------------------------
 local MaxPool = autograd.Function:extend("MaxPool2DWithIndices")
+MaxPool.fresh_grads = true
 function MaxPool.forward(ctx, x, p)
   local y, idx = core.nn_max_pool2d(x, unpack(p))
   ctx.idx, ctx.h, ctx.w = idx, x:size(3), x:size(4)
@@ -360,6 +364,7 @@ function F.max_pool2d(x, ...)
 end
 
 local AvgPool = autograd.Function:extend("AvgPool2D")
+AvgPool.fresh_grads = true
 function AvgPool.forward(ctx, x, p)
   ctx.p, ctx.h, ctx.w = p, x:size(3), x:size(4)
   return core.nn_avg_pool2d(x, unpack(p))
@@ -382,6 +387,7 @@ function F.avg_pool2d(x, ...)
 end
 
 local Adaptive = autograd.Function:extend("AdaptiveAvgPool2D")
+Adaptive.fresh_grads = true
 function Adaptive.forward(ctx, x, oh, ow)
   ctx.h, ctx.w = x:size(3), x:size(4)
   return core.nn_adaptive_avg_pool2d(x, oh, ow)
@@ -418,6 +424,7 @@ end
 -- normalisation -----------------------------------------------------------------------
 -- one pass per channel in C (host/tensor/nn_norm.c) for host tensors
 local BatchNormFn = autograd.Function:extend("NativeBatchNorm")
+BatchNormFn.fresh_grads = true
 function BatchNormFn.forward(ctx, x, w, b, rm, rv, training, momentum, eps)
   local y, mean, invstd = core.nn_batch_norm(x, w, b, rm, rv, training, momentum, eps)
   ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training = x, w, mean, invstd, training
@@ -490,6 +497,7 @@ end
 -- one C node for host tensors (host/tensor/nn_norm.c): two passes over x
 -- forward and backward, where the composition below saves five tensors of x's size
 local LayerNormFn = autograd.Function:extend("NativeLayerNorm")
+LayerNormFn.fresh_grads = true
 function LayerNormFn.forward(ctx, x, w, b, d, eps)
   local y, mean, rstd = core.nn_layer_norm(x, d, w, b, eps)
   ctx.x, ctx.w, ctx.d, ctx.mean, ctx.rstd = x, w, d, mean, rstd

@@ -70,6 +70,7 @@ end
 local core = require "rpchost.core"
 local autograd = require "rpchost.autograd"
 local LSTMCellFn = autograd.Function:extend("LSTMCell")
+LSTMCellFn.fresh_grads = true
 function LSTMCellFn.forward(ctx, gates, c_prev)
   local h, c, ws = core.nn_lstm_cell(gates, c_prev)
   ctx.c_prev, ctx.ws = c_prev, ws
@@ -105,6 +106,7 @@ end
 -- gets the weights' and the input's gradients as one GEMM each over all steps
 -- (not 2 x T thin per-step products and T accumulations of a [4H, H] gradient).
 local LSTMLayerFn = autograd.Function:extend("LSTMLayer")
+LSTMLayerFn.fresh_grads = true
 function LSTMLayerFn.forward(ctx, x, wih, whh, bih, bhh, h0, c0, reverse)
   local T, B, H = x:size(1), x:size(2), whh:size(2)
   local xi = x:reshape(T * B, x:size(3)):matmul(wih:t())
