@@ -309,6 +309,23 @@ describe("nn gradients against finite differences (float64)", function()
     x.requires_grad = true
     gradcheck("Conv2d batch of 7", function() return c(x) end, params_and(c, x))
   end)
+  it("max pooling keeps PyTorch's argmax: the first of equal maxima, the first NaN", function()
+    local F = nn.functional
+    local opts = {kernel_size = 3, stride = 2, padding = 1, return_indices = true}
+    local _, ties = F.max_pool2d(tensor.zeros(1, 1, 8, 8), opts)
+    for oy = 1, 4 do
+      for ox = 1, 4 do
+        local want = math.max(0, (oy - 1) * 2 - 1) * 8 + math.max(0, (ox - 1) * 2 - 1) + 1
+        assert.are.equal(want, ties[1][1][oy][ox]:item())
+      end
+    end
+    -- PyTorch 1.13's answer for this input (its 0-based indices + 1)
+    local x = tensor.arange(0, 64):view(1, 1, 8, 8):float()
+    x[1][1][3][4], x[1][1][6][6] = 0 / 0, 0 / 0
+    local y, idx = F.max_pool2d(x, opts)
+    assert.are.same({{10, 12, 14, 16}, {26, 20, 20, 32}, {42, 44, 46, 46}, {58, 60, 46, 46}}, idx[1][1]:totable())
+    assert.is_true(y[1][1][2][2]:item() ~= y[1][1][2][2]:item())
+  end)
   it("pooling", function()
     tensor.manual_seed(2)
     local x = tensor.randn(2, 3, 7, 6, f64)

@@ -72,8 +72,9 @@ static void taps(int64_t o, int64_t s, int64_t pad, int64_t d, int64_t kn, int64
 
 /* One pass per plane that keeps the argmax beside the value; the first of
  * equal maxima wins, and the first NaN beats everything (as PyTorch). Where
- * the whole row of a window is inside the input, the taps are the outer loop
- * and the outputs of the row the inner, branch-free one. */
+ * the whole row of a window is inside the input, each output runs its taps
+ * in registers, branch-free (the maximum's place is random: a branch on it
+ * mispredicts). */
 #define MAX_PLANES(T)                                                                                  \
   do {                                                                                                 \
     int64_t sy = p->stride[0], sx = p->stride[1], kw = p->k[1], dx = p->dil[1];                        \
@@ -89,28 +90,50 @@ static void taps(int64_t o, int64_t s, int64_t pad, int64_t d, int64_t kn, int64
         taps(oy, sy, p->pad[0], p->dil[0], p->k[0], j->h, &k0, &k1);                                   \
         for (int64_t ox = 0; ox < a; ox++) MAX_ONE(T, ox);                                             \
         for (int64_t ox = b; ox < j->ow; ox++) MAX_ONE(T, ox);                                         \
-        if (k0 == k1) /* a window of padding only (then -inf, index -1) */                             \
+        if (k0 == k1) { /* a window of padding only (then -inf, index -1) */                           \
           for (int64_t ox = a; ox < b; ox++) MAX_ONE(T, ox);                                           \
-        for (int64_t ki = k0; ki < k1; ki++) {                                                         \
-          int64_t iy = oy * sy - p->pad[0] + ki * p->dil[0];                                           \
-          for (int64_t kj = 0; kj < kw; kj++) {                                                        \
-            int64_t first = ki == k0 && kj == 0, off = iy * j->w - p->pad[1] + kj * dx;                \
-            const T *src = x + off;                                                                    \
-            for (int64_t ox = a; ox < b; ox++) {                                                       \
-              T v = src[ox * sx], cur = yr[ox];                                                        \
-              int take = first || v > cur || (v != v && cur == cur);                                   \
-              yr[ox] = take ? v : cur;                                                                 \
-              ir[ox] = take ? off + ox * sx : ir[ox];                                                  \
-            }                                                                                          \
-          }                                                                                            \
+          continue;                                                                                    \
+        }                                                                                              \
+        for (int64_t o0 = a; o0 < b; o0 += ROW_CHUNK) { /* ib holds ROW_CHUNK */                         \
+          int64_t row0 = (oy * sy - p->pad[0] + k0 * p->dil[0]) * j->w - p->pad[1] + o0 * sx;           \
+          max_row_##T(x + row0, yr + o0, ir + o0, ib, b - o0 < ROW_CHUNK ? b - o0 : ROW_CHUNK, sx, k1 - k0, \
+                      p->dil[0] * j->w, kw, dx, row0);                                                 \
         }                                                                                              \
       }                                                                                                \
     }                                                                                                  \
   } while (0)
 
+/* n outputs of a row whose windows are all inside the input: window o starts
+ * at x + o * sx, its taps rows ky (dy apart) by kx (dx apart). The taps are the
+ * outer loop and the outputs the inner one, with no branch on the data, so it
+ * vectorises: the maximum's place is random, and a branch on it mispredicts.
+ * ib holds the running argmax as int32 (the width of a float32 lane). */
+#define MAX_ROW(T)                                                                                     \
+  static void max_row_##T(const T *restrict x, T *restrict y, int64_t *restrict idx, int32_t *restrict ib,     \
+                          int64_t n, int64_t sx, int64_t ky, int64_t dy, int64_t kx, int64_t dx, int64_t at) { \
+    for (int64_t o = 0; o < n; o++) y[o] = x[o * sx], ib[o] = 0;                                       \
+    for (int64_t r = 0; r < ky; r++)                                                                   \
+      for (int64_t c = 0; c < kx; c++) {                                                               \
+        if (r == 0 && c == 0) continue;                                                                \
+        const T *src = x + r * dy + c * dx;                                                            \
+        int32_t off = (int32_t)(r * dy + c * dx);                                                      \
+        for (int64_t o = 0; o < n; o++) {                                                              \
+          T v = src[o * sx], b = y[o];                                                                 \
+          int take = (v > b) | ((v != v) & (b == b));                                                  \
+          y[o] = take ? v : b;                                                                         \
+          ib[o] = take ? off : ib[o];                                                                  \
+        }                                                                                              \
+      }                                                                                                \
+    for (int64_t o = 0; o < n; o++) idx[o] = at + o * sx + ib[o];                                      \
+  }
+MAX_ROW(float)
+MAX_ROW(double)
+#define ROW_CHUNK 1024
+
 static void max_planes(void *ctx, int64_t lo, int64_t hi) {
   pool_job_t *j = ctx;
   const rh_nn_pool_t *p = j->p;
+  int32_t ib[ROW_CHUNK];
   if (j->dt == RH_F32) MAX_PLANES(float);
   else MAX_PLANES(double);
 }
