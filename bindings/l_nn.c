@@ -16,9 +16,9 @@ static int push(lua_State *L, rh_tensor_t *t) {
   return rh_lua_pushtensor(L, t);
 }
 
-/* three gradients, nil for those not asked for */
-static int push_grads(lua_State *L, rh_tensor_t *gx, rh_tensor_t *gw, rh_tensor_t *gb) {
-  rh_tensor_t *out[3] = {gx, gw, gb};
+/* three results (gradients: nil for those not asked for) */
+static int push3(lua_State *L, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *c) {
+  rh_tensor_t *out[3] = {a, b, c};
   for (int i = 0; i < 3; i++) {
     if (out[i]) rh_lua_pushtensor(L, out[i]);
     else lua_pushnil(L);
@@ -51,7 +51,7 @@ static int l_conv2d_backward(lua_State *L) {
   check_rc(L, rh_nn_conv2d_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3), &p,
                                     lua_toboolean(L, 11) ? &gx : NULL, lua_toboolean(L, 12) ? &gw : NULL,
                                     lua_toboolean(L, 13) ? &gb : NULL));
-  return push_grads(L, gx, gw, gb);
+  return push3(L, gx, gw, gb);
 }
 
 /* pool params from slots i..: kh, kw, sh, sw, ph, pw, dh, dw, ceil_mode, count_include_pad, divisor */
@@ -113,10 +113,7 @@ static int l_batch_norm(lua_State *L) {
   check_rc(L, rh_nn_batch_norm(rh_lua_checktensor(L, 1), rh_lua_totensor(L, 2), rh_lua_totensor(L, 3),
                                rh_lua_totensor(L, 4), rh_lua_totensor(L, 5), lua_toboolean(L, 6),
                                luaL_checknumber(L, 7), luaL_checknumber(L, 8), &y, &m, &s));
-  rh_lua_pushtensor(L, y);
-  rh_lua_pushtensor(L, m);
-  rh_lua_pushtensor(L, s);
-  return 3;
+  return push3(L, y, m, s);
 }
 
 /* batch_norm_backward(gy, x, w|nil, mean, invstd, training, want_x, want_w, want_b) -> gx, gw, gb */
@@ -126,7 +123,7 @@ static int l_batch_norm_backward(lua_State *L) {
                                         rh_lua_checktensor(L, 4), rh_lua_checktensor(L, 5), lua_toboolean(L, 6),
                                         lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
                                         lua_toboolean(L, 9) ? &gb : NULL));
-  return push_grads(L, gx, gw, gb);
+  return push3(L, gx, gw, gb);
 }
 
 /* layer_norm(x, d, w|nil, b|nil, eps) -> y, mean, rstd */
@@ -134,10 +131,7 @@ static int l_layer_norm(lua_State *L) {
   rh_tensor_t *y, *m, *s;
   check_rc(L, rh_nn_layer_norm(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), rh_lua_totensor(L, 3),
                                rh_lua_totensor(L, 4), luaL_checknumber(L, 5), &y, &m, &s));
-  rh_lua_pushtensor(L, y);
-  rh_lua_pushtensor(L, m);
-  rh_lua_pushtensor(L, s);
-  return 3;
+  return push3(L, y, m, s);
 }
 
 /* layer_norm_backward(gy, x, d, w|nil, mean, rstd, want_x, want_w, want_b) -> gx, gw, gb */
@@ -148,17 +142,14 @@ static int l_layer_norm_backward(lua_State *L) {
                                         rh_lua_checktensor(L, 5), rh_lua_checktensor(L, 6),
                                         lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
                                         lua_toboolean(L, 9) ? &gb : NULL));
-  return push_grads(L, gx, gw, gb);
+  return push3(L, gx, gw, gb);
 }
 
 /* lstm_cell(gates, c_prev) -> h, c, ws */
 static int l_lstm_cell(lua_State *L) {
   rh_tensor_t *h, *c, *ws;
   check_rc(L, rh_nn_lstm_cell(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), &h, &c, &ws));
-  rh_lua_pushtensor(L, h);
-  rh_lua_pushtensor(L, c);
-  rh_lua_pushtensor(L, ws);
-  return 3;
+  return push3(L, h, c, ws);
 }
 
 /* lstm_cell_backward(gh|nil, gc|nil, c_prev, ws) -> ggates, gc_prev */
