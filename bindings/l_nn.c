@@ -1,6 +1,7 @@
 /* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn_conv.c,
- * nn_pool.c, nn_norm.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers
- * (0-based nothing: these are sizes); the Lua side checks shapes and names the
+ * nn_pool.c, nn_norm.c: batch and layer norm, nn_rnn.c: the LSTM cell,
+ * nn_softmax.c, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
+ * these are sizes); the Lua side checks shapes and names the
  * layer in its errors, the core's message is raised for anything it refuses. */
 #include "rh_lua.h"
 #include "tensor/nn.h"
@@ -13,6 +14,16 @@ static int check_rc(lua_State *L, int rc) {
 static int push(lua_State *L, rh_tensor_t *t) {
   if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
   return rh_lua_pushtensor(L, t);
+}
+
+/* three results (gradients: nil for those not asked for) */
+static int push3(lua_State *L, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *c) {
+  rh_tensor_t *out[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    if (out[i]) rh_lua_pushtensor(L, out[i]);
+    else lua_pushnil(L);
+  }
+  return 3;
 }
 
 /* reads stride, padding, dilation (pairs) and groups from stack slots i.. */
@@ -40,12 +51,7 @@ static int l_conv2d_backward(lua_State *L) {
   check_rc(L, rh_nn_conv2d_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3), &p,
                                     lua_toboolean(L, 11) ? &gx : NULL, lua_toboolean(L, 12) ? &gw : NULL,
                                     lua_toboolean(L, 13) ? &gb : NULL));
-  rh_tensor_t *out[3] = {gx, gw, gb};
-  for (int i = 0; i < 3; i++) {
-    if (out[i]) rh_lua_pushtensor(L, out[i]);
-    else lua_pushnil(L);
-  }
-  return 3;
+  return push3(L, gx, gw, gb);
 }
 
 /* pool params from slots i..: kh, kw, sh, sw, ph, pw, dh, dw, ceil_mode, count_include_pad, divisor */
@@ -107,10 +113,7 @@ static int l_batch_norm(lua_State *L) {
   check_rc(L, rh_nn_batch_norm(rh_lua_checktensor(L, 1), rh_lua_totensor(L, 2), rh_lua_totensor(L, 3),
                                rh_lua_totensor(L, 4), rh_lua_totensor(L, 5), lua_toboolean(L, 6),
                                luaL_checknumber(L, 7), luaL_checknumber(L, 8), &y, &m, &s));
-  rh_lua_pushtensor(L, y);
-  rh_lua_pushtensor(L, m);
-  rh_lua_pushtensor(L, s);
-  return 3;
+  return push3(L, y, m, s);
 }
 
 /* batch_norm_backward(gy, x, w|nil, mean, invstd, training, want_x, want_w, want_b) -> gx, gw, gb */
@@ -120,12 +123,54 @@ static int l_batch_norm_backward(lua_State *L) {
                                         rh_lua_checktensor(L, 4), rh_lua_checktensor(L, 5), lua_toboolean(L, 6),
                                         lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
                                         lua_toboolean(L, 9) ? &gb : NULL));
-  rh_tensor_t *out[3] = {gx, gw, gb};
-  for (int i = 0; i < 3; i++) {
-    if (out[i]) rh_lua_pushtensor(L, out[i]);
-    else lua_pushnil(L);
-  }
-  return 3;
+  return push3(L, gx, gw, gb);
+}
+
+/* layer_norm(x, d, w|nil, b|nil, eps) -> y, mean, rstd */
+static int l_layer_norm(lua_State *L) {
+  rh_tensor_t *y, *m, *s;
+  check_rc(L, rh_nn_layer_norm(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), rh_lua_totensor(L, 3),
+                               rh_lua_totensor(L, 4), luaL_checknumber(L, 5), &y, &m, &s));
+  return push3(L, y, m, s);
+}
+
+/* layer_norm_backward(gy, x, d, w|nil, mean, rstd, want_x, want_w, want_b) -> gx, gw, gb */
+static int l_layer_norm_backward(lua_State *L) {
+  rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
+  check_rc(L, rh_nn_layer_norm_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
+                                        (int64_t)luaL_checknumber(L, 3), rh_lua_totensor(L, 4),
+                                        rh_lua_checktensor(L, 5), rh_lua_checktensor(L, 6),
+                                        lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
+                                        lua_toboolean(L, 9) ? &gb : NULL));
+  return push3(L, gx, gw, gb);
+}
+
+/* lstm_cell(gates, c_prev) -> h, c, ws */
+static int l_lstm_cell(lua_State *L) {
+  rh_tensor_t *h, *c, *ws;
+  check_rc(L, rh_nn_lstm_cell(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), &h, &c, &ws));
+  return push3(L, h, c, ws);
+}
+
+/* lstm_cell_backward(gh|nil, gc|nil, c_prev, ws) -> ggates, gc_prev */
+static int l_lstm_cell_backward(lua_State *L) {
+  rh_tensor_t *gg, *gp;
+  check_rc(L, rh_nn_lstm_cell_backward(rh_lua_totensor(L, 1), rh_lua_totensor(L, 2), rh_lua_checktensor(L, 3),
+                                       rh_lua_checktensor(L, 4), &gg, &gp));
+  rh_lua_pushtensor(L, gg);
+  rh_lua_pushtensor(L, gp);
+  return 2;
+}
+
+/* softmax(x, log) -> y; softmax_backward(y, g, log) -> gx (over the last dimension) */
+static int l_softmax(lua_State *L) { return push(L, rh_nn_softmax(rh_lua_checktensor(L, 1), lua_toboolean(L, 2))); }
+static int l_softmax_backward(lua_State *L) {
+  return push(L, rh_nn_softmax_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), lua_toboolean(L, 3)));
+}
+
+/* linear(x, w, b|nil) -> x @ w^T + b */
+static int l_linear(lua_State *L) {
+  return push(L, rh_nn_linear(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3)));
 }
 
 /* out_size(in, k, stride, pad, dil, ceil_mode) */
@@ -148,6 +193,13 @@ int rh_open_nn(lua_State *L) {
                                  {"nn_out_size", l_out_size},
                                  {"nn_batch_norm", l_batch_norm},
                                  {"nn_batch_norm_backward", l_batch_norm_backward},
+                                 {"nn_layer_norm", l_layer_norm},
+                                 {"nn_layer_norm_backward", l_layer_norm_backward},
+                                 {"nn_lstm_cell", l_lstm_cell},
+                                 {"nn_lstm_cell_backward", l_lstm_cell_backward},
+                                 {"nn_softmax", l_softmax},
+                                 {"nn_softmax_backward", l_softmax_backward},
+                                 {"nn_linear", l_linear},
                                  {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);

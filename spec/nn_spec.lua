@@ -301,6 +301,31 @@ describe("nn gradients against finite differences (float64)", function()
     x1.requires_grad = true
     gradcheck("Conv1d", function() return c1(x1) end, params_and(c1, x1))
   end)
+  it("convolution over a batch that is split across threads and GEMM blocks", function()
+    -- 7 samples of 3x3 outputs: parts of 4 and 3 samples, each one block
+    tensor.manual_seed(11)
+    local c = nn.Conv2d(4, 6, 3, {stride = 2, padding = 1, groups = 2, dtype = tensor.float64})
+    local x = tensor.randn(7, 4, 5, 5, f64)
+    x.requires_grad = true
+    gradcheck("Conv2d batch of 7", function() return c(x) end, params_and(c, x))
+  end)
+  it("max pooling keeps PyTorch's argmax: the first of equal maxima, the first NaN", function()
+    local F = nn.functional
+    local opts = {kernel_size = 3, stride = 2, padding = 1, return_indices = true}
+    local _, ties = F.max_pool2d(tensor.zeros(1, 1, 8, 8), opts)
+    for oy = 1, 4 do
+      for ox = 1, 4 do
+        local want = math.max(0, (oy - 1) * 2 - 1) * 8 + math.max(0, (ox - 1) * 2 - 1) + 1
+        assert.are.equal(want, ties[1][1][oy][ox]:item())
+      end
+    end
+    -- PyTorch 1.13's answer for this input (its 0-based indices + 1)
+    local x = tensor.arange(0, 64):view(1, 1, 8, 8):float()
+    x[1][1][3][4], x[1][1][6][6] = 0 / 0, 0 / 0
+    local y, idx = F.max_pool2d(x, opts)
+    assert.are.same({{10, 12, 14, 16}, {26, 20, 20, 32}, {42, 44, 46, 46}, {58, 60, 46, 46}}, idx[1][1]:totable())
+    assert.is_true(y[1][1][2][2]:item() ~= y[1][1][2][2]:item())
+  end)
   it("pooling", function()
     tensor.manual_seed(2)
     local x = tensor.randn(2, 3, 7, 6, f64)
@@ -317,6 +342,8 @@ describe("nn gradients against finite differences (float64)", function()
     gradcheck("BatchNorm2d", function() return bn(x) end, params_and(bn, x), 1e-5)
     local ln = nn.LayerNorm({3, 3}, {dtype = tensor.float64})
     gradcheck("LayerNorm", function() return ln(x) end, params_and(ln, x), 1e-5)
+    local bare = nn.LayerNorm(4, {elementwise_affine = false, dtype = tensor.float64})
+    gradcheck("LayerNorm without affine, strided input", function() return bare(x:transpose(1, 4)) end, {x}, 1e-5)
     local gn = nn.GroupNorm(3, 6, {dtype = tensor.float64})
     gradcheck("GroupNorm", function() return gn(x) end, params_and(gn, x), 1e-5)
   end)
@@ -329,11 +356,32 @@ describe("nn gradients against finite differences (float64)", function()
                        nn.RNN(3, 4, {dtype = tensor.float64})} do
       gradcheck(m.name, function() return (m(x)) end, params_and(m, x))
     end
+    -- the whole-layer LSTM node: both directions, a given state, the final
+    -- state's gradients flowing back too, and one step (the cell)
+    local h0, c0 = tensor.randn(2, 2, 4, f64), tensor.randn(2, 2, 4, f64)
+    h0.requires_grad, c0.requires_grad = true, true
+    local bi = nn.LSTM(3, 4, {bidirectional = true, dtype = tensor.float64})
+    gradcheck("bidirectional LSTM with a state", function()
+      local y, hc = bi(x, {h0, c0})
+      return tensor.cat({y:reshape(-1), hc[1]:reshape(-1), hc[2]:reshape(-1)})
+    end, params_and(bi, x, h0, c0))
+    local cell = nn.LSTMCell(3, 4, {dtype = tensor.float64})
+    local x1, ch, cc = x:select(1, 1), h0:select(1, 1), c0:select(1, 1)
+    gradcheck("LSTMCell", function()
+      local hc = cell(x1, {ch, cc})
+      return tensor.cat({hc[1]:reshape(-1), hc[2]:reshape(-1)})
+    end, params_and(cell, x, h0, c0))
   end)
   it("attention, embeddings and activations", function()
     tensor.manual_seed(5)
     local q = tensor.randn(3, 2, 8, f64)
     q.requires_grad = true
+    local lin, nob = nn.Linear(5, 3, {dtype = tensor.float64}), nn.Linear(5, 3, {bias = false, dtype = tensor.float64})
+    local xl = tensor.randn(5, 4, f64)
+    xl.requires_grad = true
+    -- the input a transposed view, which the kernel reads in place
+    gradcheck("Linear", function() return lin(xl:t()) end, params_and(lin, xl))
+    gradcheck("Linear without bias", function() return nob(xl:t()) end, params_and(nob, xl))
     local mha = nn.MultiheadAttention(8, 2, {dtype = tensor.float64})
     gradcheck("MultiheadAttention", function() return (mha(q, q, q)) end, params_and(mha, q))
     local eb = nn.EmbeddingBag(6, 3, {mode = "mean", dtype = tensor.float64})
@@ -342,8 +390,17 @@ describe("nn gradients against finite differences (float64)", function()
     local x = tensor.randn(3, 5, f64)
     x.requires_grad = true
     for _, m in ipairs{nn.GELU(), nn.GELU{approximate = "tanh"}, nn.ELU(), nn.SiLU(), nn.LeakyReLU(0.1),
-                       nn.Softplus(), nn.LogSoftmax{dim = 2}} do
+                       nn.Softplus(), nn.LogSoftmax{dim = 2}, nn.Softmax{dim = 2}, nn.Softmax{dim = 1}} do
       gradcheck(m.name, function() return m(x) end, {x}, 1e-5)
+    end
+    -- the C kernel (last dimension) against the tensor method, on a strided input with masked entries
+    local s = tensor.randn(4, 6, 7):transpose(2, 3):masked_fill(tensor.rand(4, 7, 6):lt(0.3), -math.huge)
+    for _, fn in ipairs{"softmax", "log_softmax"} do
+      local got, want = nn.functional[fn](s, 3), s[fn](s, 3)
+      local masked = want:eq(-math.huge)
+      assert.is_true(got:eq(-math.huge):eq(masked):all():item(), fn .. ": the same entries are -inf")
+      local err = (got:masked_fill(masked, 0) - want:masked_fill(masked, 0)):abs():max():item()
+      assert.is_true(err <= 1e-5, fn .. ": max difference " .. err)
     end
   end)
   it("losses", function()
@@ -360,6 +417,95 @@ describe("nn gradients against finite differences (float64)", function()
     gradcheck("SmoothL1Loss", function() return nn.SmoothL1Loss{beta = 0.5}(x, y) end, {x})
     gradcheck("KLDivLoss", function() return nn.KLDivLoss{reduction = "batchmean"}(x:log_softmax(2), y) end, {x})
   end)
+end)
+
+-- The C kernels split a batch over the thread pool and run several samples'
+-- columns through one GEMM (host/tensor/nn_conv.c); a batch of one takes
+-- neither path, so each sample alone is the reference for the batch.
+describe("nn kernels over a batch equal them sample by sample", function()
+  local function close(what, got, want)
+    local err = (got - want):abs():max():item()
+    local scale = math.max(1, want:abs():max():item())
+    assert.is_true(err <= 1e-5 * scale, ("%s: max difference %g"):format(what, err))
+  end
+  local function per_sample(m, x)
+    local ys, gxs = {}, {}
+    local gw, gb
+    for i = 1, x:size(1) do
+      m:zero_grad()
+      local xi = x:narrow(1, i, 1):detach()
+      xi.requires_grad = true
+      local y = m(xi)
+      y:sum():backward()
+      ys[i], gxs[i] = y:detach(), xi.grad
+      gw = gw and gw + m.weight.grad or m.weight.grad:clone()
+      if m.bias ~= nil then gb = gb and gb + m.bias.grad or m.bias.grad:clone() end
+    end
+    return tensor.cat(ys, 1), tensor.cat(gxs, 1), gw, gb
+  end
+  for _, case in ipairs{
+    {"3x3 padded, maps of 36", function() return nn.Conv2d(8, 5, 3, {padding = 1}) end, {9, 8, 6, 6}},
+    {"grouped, strided", function() return nn.Conv2d(6, 4, 3, {stride = 2, groups = 2}) end, {5, 6, 9, 9}},
+    {"1x1 (the input is its own columns)", function() return nn.Conv2d(8, 6, 1, {bias = false}) end, {6, 8, 3, 3}},
+    {"1x1 stride 2", function() return nn.Conv2d(4, 6, 1, {stride = 2}) end, {3, 4, 7, 7}},
+    {"wide maps, one sample per GEMM", function() return nn.Conv2d(3, 4, 3, {padding = 2, dilation = 2}) end,
+     {4, 3, 40, 40}},
+  } do
+    it("Conv2d " .. case[1], function()
+      tensor.manual_seed(12)
+      local m = case[2]()
+      local x = tensor.randn(case[3])
+      x.requires_grad = true
+      m:zero_grad()
+      local y = m(x)
+      y:sum():backward()
+      local gw, gb = m.weight.grad, m.bias ~= nil and m.bias.grad or nil
+      local ry, rgx, rgw, rgb = per_sample(m, x:detach())
+      close("output", y:detach(), ry)
+      close("input gradient", x.grad, rgx)
+      close("weight gradient", gw, rgw)
+      if rgb then close("bias gradient", gb, rgb) end
+    end)
+  end
+end)
+
+describe("matrix products split over the thread pool", function()
+  -- products of 2^23 multiply-adds or more are cut into row or column blocks;
+  -- ten rows at a time stay whole, so they are the reference
+  for _, sz in ipairs{{320, 150, 200, "rows"}, {20, 640, 800, "columns"}} do
+    local m, k, n = sz[1], sz[2], sz[3]
+    it(("[%d x %d] @ [%d x %d] of transposed views, split by %s"):format(m, k, k, n, sz[4]), function()
+      tensor.manual_seed(14)
+      local a = tensor.randn(k, m, f64):t()
+      local b = tensor.randn(n, k, f64):t()
+      local want = {}
+      for i = 1, m, 10 do want[#want + 1] = a:narrow(1, i, math.min(10, m - i + 1)):matmul(b) end
+      local err = (a:matmul(b) - tensor.cat(want, 1)):abs():max():item()
+      assert.is_true(err <= 1e-10, "max difference " .. err)
+    end)
+  end
+  it("reads a slice of wider rows, and its transpose, in place", function()
+    tensor.manual_seed(15)
+    local a = tensor.randn(33, 50, f64):narrow(2, 4, 40)  -- rows 50 apart
+    local b = tensor.randn(27, 60, f64):narrow(2, 11, 40):t() -- [40, 27], transposed rows 60 apart
+    local err = (a:matmul(b) - a:contiguous():matmul(b:contiguous())):abs():max():item()
+    assert.is_true(err <= 1e-12, "max difference " .. err)
+  end)
+  -- small products go one per pool task, large ones are split
+  for _, sz in ipairs{{12, 9, 7, 5}, {2, 256, 128, 256}} do
+    local b, m, k, n = sz[1], sz[2], sz[3], sz[4]
+    it(("bmm of %d [%d x %d] @ [%d x %d] transposed views equals the products one by one"):format(b, m, k, k, n),
+      function()
+        tensor.manual_seed(13)
+        local a = tensor.randn(m, b, k):transpose(1, 2) -- [b, m, k], batch stride k
+        local c = tensor.randn(b, n, k):transpose(2, 3) -- [b, k, n], each matrix transposed
+        local y = a:bmm(c)
+        local want = {}
+        for i = 1, b do want[i] = a:select(1, i):contiguous():matmul(c:select(1, i):contiguous()):unsqueeze(1) end
+        local err = (y - tensor.cat(want, 1)):abs():max():item()
+        assert.is_true(err <= 1e-4, "max difference " .. err)
+      end)
+  end
 end)
 
 describe("nn in training", function()

@@ -4,24 +4,87 @@
  * a plain loop (BLAS has no integer GEMM). On a CUDA device: cuBLAS through the
  * kernels library (device.c). */
 #include <cblas.h>
+#include <limits.h>
 #include <string.h>
 
 #include "tensor_internal.h"
 
-/* OpenBLAS's threads for one product: all of them for large ones, one for small
- * ones. OpenBLAS splits a product of more than 2^18 multiply-adds across its
- * threads, whose waiting (sched_yield spinning) then costs more than the product
- * itself: for an MLP's 32 x 64 x 256 layers it took half the step's time, and
- * far more when the cores are shared. (The process calls BLAS from one thread.) */
-#define RH_BLAS_SMALL (1ll << 23) /* multiply-adds */
-static void blas_threads_for(int64_t m, int64_t n, int64_t k) {
-  static int all = 0, now = 0;
-  if (!all) all = now = openblas_get_num_threads();
-  int want = m * n * k < RH_BLAS_SMALL ? 1 : all;
-  if (want != now) {
-    openblas_set_num_threads(want);
-    now = want;
+/* One pool of threads in the process. OpenBLAS runs single-threaded; a
+ * product of at least RH_BLAS_SPLIT multiply-adds is cut into one block of
+ * rows (or columns) per rh_parallel_for thread instead. With OpenBLAS's own
+ * threads the two pools took turns: its threads spin-yield (sched_yield)
+ * between products while the pool runs im2col or elementwise work, and the
+ * pool's threads wait while OpenBLAS runs, so each wasted the other's cores
+ * (17% of a convolution's time in sched_yield); and OpenBLAS split products of
+ * 2^18 multiply-adds, whose waiting cost more than the product. A product
+ * called from inside a pool task (a convolution's part, a batch of small
+ * products) runs whole in that task. */
+#define RH_BLAS_SPLIT (1ll << 23) /* multiply-adds */
+
+static void blas_single_threaded(void) {
+  static int done = 0;
+  if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+    openblas_set_num_threads(1);
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
   }
+}
+
+static void blas_call(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+  if (dt == RH_F32)
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
+                1.0f, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
+                1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+typedef struct {
+  rh_dtype_t dt;
+  int ta, tb, by_rows;
+  int64_t m, n, k, lda, ldb, ldc, block;
+  const char *a, *b;
+  char *c;
+  double beta;
+} split_job_t;
+
+static void split_blocks(void *ctx, int64_t lo, int64_t hi) {
+  split_job_t *j = ctx;
+  size_t es = rh_dtype_size(j->dt);
+  for (int64_t i = lo; i < hi; i++) {
+    int64_t s = i * j->block, len = j->block;
+    if (j->by_rows) {
+      if (s + len > j->m) len = j->m - s;
+      if (len <= 0) continue;
+      /* rows s.. of op(A) and of C */
+      const char *a = j->a + (size_t)(j->ta ? s : s * j->lda) * es;
+      blas_call(j->dt, j->ta, j->tb, len, j->n, j->k, a, j->lda, j->b, j->ldb, j->beta,
+                j->c + (size_t)(s * j->ldc) * es, j->ldc);
+    } else {
+      if (s + len > j->n) len = j->n - s;
+      if (len <= 0) continue;
+      /* columns s.. of op(B) and of C */
+      const char *b = j->b + (size_t)(j->tb ? s * j->ldb : s) * es;
+      blas_call(j->dt, j->ta, j->tb, j->m, len, j->k, j->a, j->lda, b, j->ldb, j->beta, j->c + (size_t)s * es,
+                j->ldc);
+    }
+  }
+}
+
+void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+              const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  blas_single_threaded();
+  int64_t parts = m * n * k < RH_BLAS_SPLIT ? 1 : rh_parallel_threads();
+  if (parts <= 1) {
+    blas_call(dt, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  /* blocks a multiple of 16 (whole register tiles) along the longer side */
+  split_job_t j = {dt, ta, tb, m >= n, m, n, k, lda, ldb, ldc, 0, a, b, c, beta};
+  int64_t len = j.by_rows ? m : n;
+  j.block = ((len + parts - 1) / parts + 15) / 16 * 16;
+  rh_parallel_for((len + j.block - 1) / j.block, 1, split_blocks, &j);
 }
 
 /* C[m,n] = A[m,k] @ B[k,n], all contiguous row-major, one dtype */
@@ -31,13 +94,8 @@ static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, 
     memset(c, 0, (size_t)(m * n) * rh_dtype_size(dt));
     return;
   }
-  if (dt == RH_F32 || dt == RH_F64) blas_threads_for(m, n, k);
-  if (dt == RH_F32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, a, (int)k, b, (int)n,
-                0.0f, c, (int)n);
-  } else if (dt == RH_F64) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0, a, (int)k, b, (int)n,
-                0.0, c, (int)n);
+  if (dt == RH_F32 || dt == RH_F64) {
+    rh__gemm(dt, 0, 0, m, n, k, a, k, b, n, 0.0, c, n);
   } else {
     size_t es = rh_dtype_size(dt);
     for (int64_t i = 0; i < m; i++)
@@ -51,17 +109,47 @@ static void gemm(rh_dtype_t dt, int64_t m, int64_t n, int64_t k, const void *a, 
   }
 }
 
-/* How BLAS can read a rows x cols matrix in place: row-major as is, or as the
- * transpose of a row-major matrix. 0 when it needs a copy. */
-static int gemm_layout(const rh_tensor_t *t, int64_t rows, int64_t cols, int *trans, int *ld) {
-  if (t->stride[1] == 1 && (t->stride[0] == cols || rows == 1)) {
+/* a batch of products: operand i at a + i * sa elements (sa, sb: the batch
+ * strides), read as BLAS may (ta/lda, tb/ldb; 0 and k / n when contiguous) */
+typedef struct {
+  rh_dtype_t dt;
+  int64_t m, n, k, sa, sb;
+  int ta, tb, lda, ldb;
+  const char *a, *b;
+  char *c;
+} batch_job_t;
+
+static void batch_gemms(void *ctx, int64_t lo, int64_t hi) {
+  batch_job_t *j = ctx;
+  size_t es = rh_dtype_size(j->dt);
+  for (int64_t i = lo; i < hi; i++) {
+    const char *a = j->a + (size_t)(i * j->sa) * es, *b = j->b + (size_t)(i * j->sb) * es;
+    char *c = j->c + (size_t)(i * j->m * j->n) * es;
+    if (j->ta || j->tb || j->lda != j->k || j->ldb != j->n)
+      rh__gemm(j->dt, j->ta, j->tb, j->m, j->n, j->k, a, j->lda, b, j->ldb, 0.0, c, j->n);
+    else
+      gemm(j->dt, j->m, j->n, j->k, a, b, c);
+  }
+}
+
+/* runs the batch: products too small to split go one per pool task */
+static void run_batch(batch_job_t *j, int64_t nbatch) {
+  if (nbatch > 1 && j->m * j->n * j->k < RH_BLAS_SPLIT) rh_parallel_for(nbatch, 1, batch_gemms, j);
+  else batch_gemms(j, 0, nbatch);
+}
+
+/* How BLAS can read a rows x cols matrix in place: row-major with rows st[0]
+ * apart (a slice of a wider matrix, or one head of [T, N*h, hd]), or the
+ * transpose of such a matrix. 0 when it needs a copy. */
+static int gemm_layout(const int64_t *st, int64_t rows, int64_t cols, int *trans, int *ld) {
+  if (st[1] == 1 && (rows == 1 || (st[0] >= cols && st[0] <= INT_MAX))) {
     *trans = 0;
-    *ld = (int)(cols > 0 ? cols : 1);
+    *ld = (int)(rows == 1 ? (cols > 0 ? cols : 1) : st[0]);
     return 1;
   }
-  if (t->stride[0] == 1 && (t->stride[1] == rows || cols == 1)) {
+  if (st[0] == 1 && (cols == 1 || (st[1] >= rows && st[1] <= INT_MAX))) {
     *trans = 1;
-    *ld = (int)(rows > 0 ? rows : 1);
+    *ld = (int)(cols == 1 ? (rows > 0 ? rows : 1) : st[1]);
     return 1;
   }
   return 0;
@@ -102,7 +190,7 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
    * contiguous matrix (x:matmul(w:t())): BLAS reads it transposed, no copy */
   int ta, tb, lda, ldb, dev = rh_tensor_device(a);
   if (A->ndim == 2 && B->ndim == 2 && rh_dtype_is_float(a->dtype) && k > 0 && m > 0 && n > 0 &&
-      gemm_layout(A, m, k, &ta, &lda) && gemm_layout(B, k, n, &tb, &ldb)) {
+      gemm_layout(A->stride, m, k, &ta, &lda) && gemm_layout(B->stride, k, n, &tb, &ldb)) {
     int64_t osz2[2] = {m, n};
     out = rh_tensor_empty_on(dev, a->dtype, 2, osz2);
     if (!out) goto done;
@@ -111,14 +199,20 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
                                             rh_tensor_data(B), ldb, 0, rh_tensor_data(out), 0, 1)))
         goto done;
     } else {
-      blas_threads_for(m, n, k);
-      if (a->dtype == RH_F32)
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
-                    (int)k, 1.0f, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0f, rh_tensor_data(out), (int)n);
-      else
-        cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n,
-                    (int)k, 1.0, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0, rh_tensor_data(out), (int)n);
+      rh__gemm(a->dtype, ta, tb, m, n, k, rh_tensor_data(A), lda, rh_tensor_data(B), ldb, 0.0, rh_tensor_data(out), n);
     }
+    goto finish;
+  }
+  /* a 3-D batch of host float products (attention's bmm), each operand's
+   * matrices readable in place (a transposed view of heads): no copies */
+  if (dev < 0 && A->ndim == 3 && B->ndim == 3 && A->size[0] == B->size[0] && rh_dtype_is_float(a->dtype) &&
+      k > 0 && m > 0 && n > 0 && gemm_layout(A->stride + 1, m, k, &ta, &lda) &&
+      gemm_layout(B->stride + 1, k, n, &tb, &ldb)) {
+    out = rh_tensor_empty(a->dtype, 3, (int64_t[]){A->size[0], m, n});
+    if (!out) goto done;
+    batch_job_t job = {a->dtype, m, n, k, A->stride[0], B->stride[0], ta, tb, lda, ldb,
+                       rh_tensor_data(A), rh_tensor_data(B), rh_tensor_data(out)};
+    run_batch(&job, A->size[0]);
     goto finish;
   }
   /* broadcast the batch dimensions */
@@ -153,11 +247,9 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
     if (rc) goto done;
     goto finish;
   }
-  size_t es = rh_dtype_size(a->dtype);
-  const char *pa = rh_tensor_data(Ac), *pb = rh_tensor_data(Bc);
-  char *po = rh_tensor_data(out);
-  for (int64_t i = 0; i < nbatch; i++)
-    gemm(a->dtype, m, n, k, pa + (size_t)(i * m * k) * es, pb + (size_t)(i * k * n) * es, po + (size_t)(i * m * n) * es);
+  batch_job_t job = {a->dtype, m, n, k, m * k, k * n, 0, 0, (int)k, (int)n,
+                     rh_tensor_data(Ac), rh_tensor_data(Bc), rh_tensor_data(out)};
+  run_batch(&job, nbatch);
 finish:
   /* drop the dims that came from vectors */
   if (drop_m || drop_n) {

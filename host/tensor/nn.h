@@ -1,4 +1,5 @@
-/* nn.h: the C kernels behind lua/rpchost/nn (convolution, pooling, batch norm), with no
+/* nn.h: the C kernels behind lua/rpchost/nn (convolution, pooling, batch and layer
+ * norm, the LSTM cell, last-dimension softmax, linear), with no
  * Lua in them. Inputs are float32 or float64 tensors on the host in NCHW layout
  * (made contiguous here); every function checks shapes first and returns NULL /
  * a negative code with the message in rh_tensor_errmsg(). Returned tensors are
@@ -46,6 +47,29 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
 int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *mean,
                               rh_tensor_t *invstd, int training, rh_tensor_t **gx, rh_tensor_t **gw,
                               rh_tensor_t **gb);
+
+/* layer norm over rows of d elements (x's last dims): y and the float64
+ * per-row mean and 1/sqrt(var + eps); w and b (d elements each) may be NULL */
+int rh_nn_layer_norm(rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *b, double eps, rh_tensor_t **y,
+                     rh_tensor_t **mean, rh_tensor_t **rstd);
+/* gradients of rh_nn_layer_norm (gw, gb: d elements); out pointers may be NULL */
+int rh_nn_layer_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *mean,
+                              rh_tensor_t *rstd, rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb);
+
+/* an LSTM cell's pointwise part: gates [B, 4H] (i, f, g, o pre-activations) and
+ * c_prev [B, H] to h, c [B, H] and ws [B, 5H] for the backward */
+int rh_nn_lstm_cell(rh_tensor_t *gates, rh_tensor_t *c_prev, rh_tensor_t **h, rh_tensor_t **c, rh_tensor_t **ws);
+/* its gradients: gh, gc (either may be NULL: zero) to ggates [B, 4H] and gc_prev [B, H] */
+int rh_nn_lstm_cell_backward(rh_tensor_t *gh, rh_tensor_t *gc, rh_tensor_t *c_prev, rh_tensor_t *ws,
+                             rh_tensor_t **ggates, rh_tensor_t **gc_prev);
+
+/* softmax (log_: log-softmax) over the last dimension, in x's dtype; its
+ * backward from the forward's result y and the gradient g */
+rh_tensor_t *rh_nn_softmax(rh_tensor_t *x, int log_);
+rh_tensor_t *rh_nn_softmax_backward(rh_tensor_t *y, rh_tensor_t *g, int log_);
+
+/* y [m, n] = x [m, k] @ w [n, k]^T + b (b [n] may be NULL), the bias under one GEMM */
+rh_tensor_t *rh_nn_linear(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b);
 
 /* the output length of a window sweep (ceil_mode as PyTorch's pooling) */
 int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode);

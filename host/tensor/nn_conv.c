@@ -1,10 +1,9 @@
 /* nn_conv.c: 2-d convolution (forward and backward) for nn.Conv1d/Conv2d, as
- * im2col + one OpenBLAS GEMM per sample and group (what PyTorch's CPU
- * slow_conv2d does): the column buffer is one sample's worth, so memory stays
- * at the size of the output, and im2col/col2im are split over the thread pool
- * while GEMM uses OpenBLAS's own threads. A 1x1 kernel with stride 1 and no
- * padding reads the input itself as its columns. */
-#include <cblas.h>
+ * im2col + OpenBLAS GEMMs per group (what PyTorch's CPU
+ * slow_conv2d does), the batch split over the thread pool (see plan()). A
+ * part's column buffer holds a few samples' worth at most, so memory stays near
+ * the size of the output. A 1x1 kernel with stride 1 and no padding reads the
+ * input itself as its columns. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,47 +19,50 @@ int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64
   return o;
 }
 
-/* C[m,n] (+)= op(A) op(B), row-major, float or double */
-static void gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                 const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (dt == RH_F32)
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
-                1.0f, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
-  else
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
-                1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+/* the output positions o in [0, nout) whose input index o * s + off falls in
+ * [0, nin): [*lo, *hi). Outside it a window reads padding. */
+static void valid_range(int64_t nin, int64_t nout, int64_t s, int64_t off, int64_t *lo, int64_t *hi) {
+  int64_t a = off >= 0 ? 0 : (-off + s - 1) / s;
+  int64_t b = nin - 1 - off < 0 ? 0 : (nin - 1 - off) / s + 1;
+  if (b > nout) b = nout;
+  if (a > b) a = b;
+  *lo = a, *hi = b;
 }
 
 typedef struct {
   rh_dtype_t dt;
-  const char *x; /* one sample [C,H,W] */
-  char *cols;    /* [C*kh*kw, oh*ow] */
+  const char *x; /* one sample [C,H,W] (col2im: written) */
+  char *cols;    /* this sample's columns: row r at cols + r * ld elements, oh*ow of them */
+  int64_t ld;
   int64_t c, h, w, kh, kw, oh, ow;
   const rh_nn_conv_t *p;
 } cols_job_t;
 
+/* row r = (channel, ki, kj) of the column matrix: the rows of the padded input
+ * the kernel tap reads; only the edges are padding, the middle is one copy */
 #define IM2COL_ROW(T)                                                                                  \
   do {                                                                                                 \
     const T *x = (const T *)j->x;                                                                      \
     T *col = (T *)j->cols;                                                                             \
+    int64_t sy = p->stride[0], sx = p->stride[1];                                                      \
     for (int64_t r = lo; r < hi; r++) {                                                                \
       int64_t ci = r / (j->kh * j->kw), ki = (r / j->kw) % j->kh, kj = r % j->kw;                      \
+      int64_t offy = ki * p->dil[0] - p->pad[0], offx = kj * p->dil[1] - p->pad[1], y0, y1, x0, x1;    \
+      valid_range(j->h, j->oh, sy, offy, &y0, &y1);                                                    \
+      valid_range(j->w, j->ow, sx, offx, &x0, &x1);                                                    \
       const T *plane = x + ci * j->h * j->w;                                                           \
-      T *dst = col + r * j->oh * j->ow;                                                                \
-      for (int64_t oy = 0; oy < j->oh; oy++) {                                                         \
-        int64_t iy = oy * p->stride[0] - p->pad[0] + ki * p->dil[0];                                   \
+      T *dst = col + r * j->ld;                                                                        \
+      if (y0 > 0) memset(dst, 0, sizeof(T) * (size_t)(y0 * j->ow));                                    \
+      for (int64_t oy = y0; oy < y1; oy++) {                                                           \
         T *d = dst + oy * j->ow;                                                                       \
-        if (iy < 0 || iy >= j->h) {                                                                    \
-          memset(d, 0, sizeof(T) * (size_t)j->ow);                                                     \
-          continue;                                                                                    \
-        }                                                                                              \
-        const T *srow = plane + iy * j->w;                                                             \
-        for (int64_t ox = 0; ox < j->ow; ox++) {                                                       \
-          int64_t ix = ox * p->stride[1] - p->pad[1] + kj * p->dil[1];                                 \
-          d[ox] = (ix >= 0 && ix < j->w) ? srow[ix] : (T)0;                                            \
-        }                                                                                              \
+        const T *srow = plane + (oy * sy + offy) * j->w + offx;                                        \
+        for (int64_t ox = 0; ox < x0; ox++) d[ox] = 0;                                                 \
+        if (sx == 1) memcpy(d + x0, srow + x0, sizeof(T) * (size_t)(x1 - x0));                         \
+        else                                                                                           \
+          for (int64_t ox = x0; ox < x1; ox++) d[ox] = srow[ox * sx];                                  \
+        for (int64_t ox = x1; ox < j->ow; ox++) d[ox] = 0;                                             \
       }                                                                                                \
+      if (y1 < j->oh) memset(dst + y1 * j->ow, 0, sizeof(T) * (size_t)((j->oh - y1) * j->ow));          \
     }                                                                                                  \
   } while (0)
 
@@ -77,20 +79,22 @@ static void im2col_rows(void *ctx, int64_t lo, int64_t hi) {
   do {                                                                                                 \
     T *x = (T *)j->x;                                                                                  \
     const T *col = (const T *)j->cols;                                                                 \
+    int64_t sy = p->stride[0], sx = p->stride[1];                                                      \
     for (int64_t ci = lo; ci < hi; ci++) {                                                             \
       T *plane = x + ci * j->h * j->w;                                                                 \
       for (int64_t ki = 0; ki < j->kh; ki++)                                                           \
         for (int64_t kj = 0; kj < j->kw; kj++) {                                                       \
-          const T *src = col + ((ci * j->kh + ki) * j->kw + kj) * j->oh * j->ow;                       \
-          for (int64_t oy = 0; oy < j->oh; oy++) {                                                     \
-            int64_t iy = oy * p->stride[0] - p->pad[0] + ki * p->dil[0];                               \
-            if (iy < 0 || iy >= j->h) continue;                                                        \
-            T *drow = plane + iy * j->w;                                                               \
+          const T *src = col + ((ci * j->kh + ki) * j->kw + kj) * j->ld;                               \
+          int64_t offy = ki * p->dil[0] - p->pad[0], offx = kj * p->dil[1] - p->pad[1], y0, y1, x0, x1; \
+          valid_range(j->h, j->oh, sy, offy, &y0, &y1);                                                \
+          valid_range(j->w, j->ow, sx, offx, &x0, &x1);                                                \
+          for (int64_t oy = y0; oy < y1; oy++) {                                                       \
+            T *drow = plane + (oy * sy + offy) * j->w + offx;                                          \
             const T *s = src + oy * j->ow;                                                             \
-            for (int64_t ox = 0; ox < j->ow; ox++) {                                                   \
-              int64_t ix = ox * p->stride[1] - p->pad[1] + kj * p->dil[1];                             \
-              if (ix >= 0 && ix < j->w) drow[ix] += s[ox];                                             \
-            }                                                                                          \
+            if (sx == 1)                                                                               \
+              for (int64_t ox = x0; ox < x1; ox++) drow[ox] += s[ox];                                  \
+            else                                                                                       \
+              for (int64_t ox = x0; ox < x1; ox++) drow[ox * sx] += s[ox];                             \
           }                                                                                            \
         }                                                                                              \
     }                                                                                                  \
@@ -145,133 +149,279 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
   return 0;
 }
 
-static void make_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, char *cols) {
-  cols_job_t j = {dt, xn, cols, g->c, g->h, g->w, g->kh, g->kw, g->oh, g->ow, p};
-  rh_parallel_for(g->c * g->kh * g->kw, 4, im2col_rows, &j);
+/* one sample's columns (or its image, for col2im) at column offset `at` of a block
+ * whose rows are ld long; rows (channels) split over the pool, which runs them
+ * inline when this is already inside a pool job */
+static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, char *cols, int64_t ld,
+                        int to_image) {
+  cols_job_t j = {dt, xn, cols, ld, g->c, g->h, g->w, g->kh, g->kw, g->oh, g->ow, p};
+  if (to_image) rh_parallel_for(g->c, 1, col2im_channels, &j);
+  else rh_parallel_for(g->c * g->kh * g->kw, 4, im2col_rows, &j);
+}
+
+/* How the batch is split. The samples go to `parts` contiguous ranges, one per
+ * pool thread, each running im2col and single-threaded GEMMs on its own
+ * buffers: nothing waits on another pool (OpenBLAS's threads spin-yielding
+ * while ours did im2col, and ours while it did GEMM, wasted both cores). Within
+ * a range, `nb` samples at a time share one GEMM ([og, kg] x [kg, nb*L]): small
+ * feature maps (ResNet's later stages, L = 4..64) make one sample's product
+ * too thin for BLAS to run well. One part (a batch of one, or one thread)
+ * splits each product over the pool instead (rh__gemm). */
+#define CONV_BLOCK_COLS 1024         /* nb*L this wide is enough for GEMM */
+#define CONV_BLOCK_BYTES (8ll << 20) /* a part's column buffer beyond one sample */
+
+typedef struct conv_job conv_job_t;
+/* one GEMM block of a part: samples [n0, n0 + nbk), with the part's scratch */
+typedef void (*conv_block_fn)(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk, char *cols, char *blk);
+
+struct conv_job {
+  geom_t g;
+  const rh_nn_conv_t *p;
+  rh_dtype_t dt;
+  size_t es;
+  int64_t parts, per, nb; /* parts of `per` samples, GEMM blocks of nb */
+  const char *x, *w, *b, *gy;
+  char *y, *gx;
+  char *gw;      /* part 0's weight-gradient sum: the result tensor's data */
+  char *gw_more; /* [parts - 1][O * kg]: the other parts' sums, added to it after */
+  double *gb;    /* [parts][O] */
+  int failed;    /* a part's buffer could not be allocated */
+  conv_block_fn block;
+};
+
+static void plan(conv_job_t *j) {
+  const geom_t *g = &j->g;
+  int64_t threads = rh_parallel_threads();
+  j->parts = g->n < threads ? g->n : threads;
+  if (j->parts < 1) j->parts = 1;
+  j->per = (g->n + j->parts - 1) / j->parts;
+  if (j->per < 1) j->per = 1; /* an empty batch: one part with nothing to do */
+  j->parts = g->n ? (g->n + j->per - 1) / j->per : 1;
+  int64_t nb = (CONV_BLOCK_COLS + g->l - 1) / g->l;
+  int64_t fit = CONV_BLOCK_BYTES / ((g->c * g->kh * g->kw + g->o + 1) * g->l * (int64_t)j->es);
+  if (nb > fit) nb = fit;
+  if (nb > j->per) nb = j->per;
+  j->nb = nb < 1 ? 1 : nb;
+}
+
+/* between a block [O, nb*L] (row o: the block's samples side by side) and the
+ * samples [n][O][L] */
+static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t nbk, int to_block) {
+  int64_t l = j->g.l, ld = nbk * l;
+  size_t row = (size_t)l * j->es;
+  for (int64_t s = 0; s < nbk; s++)
+    for (int64_t o = 0; o < j->g.o; o++) {
+      char *bp = block + (size_t)(o * ld + s * l) * j->es, *sp = samples + (size_t)((s * j->g.o + o) * l) * j->es;
+      if (to_block) memcpy(bp, sp, row);
+      else memcpy(sp, bp, row);
+    }
+}
+
+/* a part's scratch: columns for nb samples, and a block of outputs / output
+ * gradients when nb > 1 (one sample's GEMM reads and writes it in place) */
+static int part_buffers(conv_job_t *j, char **cols, char **blk) {
+  const geom_t *g = &j->g;
+  int64_t ld = j->nb * g->l;
+  int in_place = g->direct && j->nb == 1;
+  *cols = in_place ? NULL : malloc((size_t)(g->c * g->kh * g->kw * ld) * j->es);
+  *blk = j->nb > 1 ? malloc((size_t)(g->o * ld) * j->es) : NULL;
+  if ((!in_place && !*cols) || (j->nb > 1 && !*blk)) {
+    free(*cols);
+    free(*blk);
+    __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    return -1;
+  }
+  return 0;
+}
+
+/* the columns of samples [n0, n0 + nbk) side by side, or the input itself */
+static const char *block_cols(conv_job_t *j, int64_t n0, int64_t nbk, char *cols) {
+  const geom_t *g = &j->g;
+  const char *x0 = j->x + (size_t)(n0 * g->c * g->h * g->w) * j->es;
+  if (g->direct && nbk == 1) return x0;
+  for (int64_t s = 0; s < nbk; s++)
+    sample_cols(g, j->p, j->dt, x0 + (size_t)(s * g->c * g->h * g->w) * j->es, cols + (size_t)(s * g->l) * j->es,
+                nbk * g->l, 0);
+  return cols;
+}
+
+/* the batch's parts, each with its own scratch, block by block through j->block */
+static void run_parts(void *ctx, int64_t lo, int64_t hi) {
+  conv_job_t *j = ctx;
+  for (int64_t part = lo; part < hi; part++) {
+    char *cols, *blk;
+    if (part_buffers(j, &cols, &blk)) return;
+    int64_t end = (part + 1) * j->per < j->g.n ? (part + 1) * j->per : j->g.n;
+    for (int64_t n0 = part * j->per; n0 < end; n0 += j->nb)
+      j->block(j, part, n0, end - n0 < j->nb ? end - n0 : j->nb, cols, blk);
+    free(cols);
+    free(blk);
+  }
+}
+
+/* y of samples [n0, n0 + nbk) */
+static void forward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk, char *cols, char *blk) {
+  const geom_t *g = &j->g;
+  size_t es = j->es;
+  int64_t ld = nbk * g->l;
+  (void)part;
+  const char *cn = block_cols(j, n0, nbk, cols);
+  char *yn = j->y + (size_t)(n0 * g->o * g->l) * es, *out = nbk > 1 ? blk : yn;
+  for (int64_t gi = 0; gi < g->g; gi++)
+    rh__gemm(j->dt, 0, 0, g->og, ld, g->kg, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
+             cn + (size_t)(gi * g->kg * ld) * es, ld, 0.0, out + (size_t)(gi * g->og * ld) * es, ld);
+  for (int64_t o = 0; j->b && o < g->o; o++) {
+    double bv = rh__load(j->dt, j->b + (size_t)o * es);
+    if (j->dt == RH_F32) {
+      float *r = (float *)out + o * ld;
+      for (int64_t i = 0; i < ld; i++) r[i] += (float)bv;
+    } else {
+      double *r = (double *)out + o * ld;
+      for (int64_t i = 0; i < ld; i++) r[i] += bv;
+    }
+  }
+  if (nbk > 1) block_copy(j, blk, yn, nbk, 0);
 }
 
 rh_tensor_t *rh_nn_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p) {
-  geom_t g = {0};
-  if (check(x, w, b, p, &g)) return NULL;
-  rh_dtype_t dt = x->dtype;
-  size_t es = rh_dtype_size(dt);
-  rh_tensor_t *xc = rh_tensor_contiguous(x), *wc = rh_tensor_contiguous(w);
-  rh_tensor_t *y = rh_tensor_empty(dt, 4, (int64_t[]){g.n, g.o, g.oh, g.ow});
-  char *cols = g.direct ? NULL : malloc((size_t)(g.c * g.kh * g.kw * g.l) * es);
-  if (!xc || !wc || !y || (!g.direct && !cols)) {
-    free(cols);
-    if (xc) rh_tensor_release(xc);
-    if (wc) rh_tensor_release(wc);
-    if (y) rh_tensor_release(y);
+  conv_job_t j = {0};
+  if (check(x, w, b, p, &j.g)) return NULL;
+  j.p = p, j.dt = x->dtype, j.es = rh_dtype_size(x->dtype);
+  rh_tensor_t *xc = rh_tensor_contiguous(x), *wc = rh_tensor_contiguous(w), *bc = b ? rh_tensor_contiguous(b) : NULL;
+  rh_tensor_t *y = rh_tensor_empty(j.dt, 4, (int64_t[]){j.g.n, j.g.o, j.g.oh, j.g.ow});
+  if (xc && wc && y && (!b || bc)) {
+    j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.b = bc ? rh_tensor_data(bc) : NULL;
+    j.y = rh_tensor_data(y);
+    plan(&j);
+    j.block = forward_block;
+    rh_parallel_for(j.parts, 1, run_parts, &j);
+  }
+  int failed = !xc || !wc || !y || (b && !bc) || j.failed;
+  rh_tensor_release(xc);
+  rh_tensor_release(wc);
+  rh_tensor_release(bc);
+  if (failed) {
+    rh_tensor_release(y);
     rh_tensor_fail("conv2d: out of memory");
     return NULL;
   }
-  const char *xd = rh_tensor_data(xc), *wd = rh_tensor_data(wc);
-  char *yd = rh_tensor_data(y);
-  for (int64_t n = 0; n < g.n; n++) {
-    const char *xn = xd + (size_t)(n * g.c * g.h * g.w) * es;
-    const char *cn = xn;
-    if (!g.direct) {
-      make_cols(&g, p, dt, xn, cols);
-      cn = cols;
+  return y;
+}
+
+/* the gradients from samples [n0, n0 + nbk): gx written, the part's gw and gb added to */
+static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk, char *cols, char *blk) {
+  const geom_t *g = &j->g;
+  size_t es = j->es;
+  int64_t ld = nbk * g->l;
+  char *gw = part == 0 ? j->gw : j->gw_more ? j->gw_more + (size_t)((part - 1) * g->o * g->kg) * es : NULL;
+  double beta = n0 == part * j->per ? 0.0 : 1.0; /* a part's first block writes its sum, the rest add */
+  double *gb = j->gb ? j->gb + part * g->o : NULL;
+  char *gyn = (char *)j->gy + (size_t)(n0 * g->o * g->l) * es, *gyb = gyn;
+  if (nbk > 1) {
+    block_copy(j, blk, gyn, nbk, 1);
+    gyb = blk;
+  }
+  if (gw) {
+    /* gW_g += gY_g [og, ld] @ cols_g^T [ld, kg] */
+    const char *cn = block_cols(j, n0, nbk, cols);
+    for (int64_t gi = 0; gi < g->g; gi++)
+      rh__gemm(j->dt, 0, 1, g->og, g->kg, ld, gyb + (size_t)(gi * g->og * ld) * es, ld,
+               cn + (size_t)(gi * g->kg * ld) * es, ld, beta, gw + (size_t)(gi * g->og * g->kg) * es, g->kg);
+  }
+  for (int64_t o = 0; gb && o < g->o; o++) {
+    double sum = 0;
+    if (j->dt == RH_F32) {
+      const float *r = (const float *)gyb + o * ld;
+      for (int64_t i = 0; i < ld; i++) sum += r[i];
+    } else {
+      const double *r = (const double *)gyb + o * ld;
+      for (int64_t i = 0; i < ld; i++) sum += r[i];
     }
-    char *yn = yd + (size_t)(n * g.o * g.l) * es;
-    for (int64_t gi = 0; gi < g.g; gi++)
-      gemm(dt, 0, 0, g.og, g.l, g.kg, wd + (size_t)(gi * g.og * g.kg) * es, g.kg, cn + (size_t)(gi * g.kg * g.l) * es,
-           g.l, 0.0, yn + (size_t)(gi * g.og * g.l) * es, g.l);
-    if (b) {
-      for (int64_t o = 0; o < g.o; o++) {
-        double bv = rh__load(dt, (const char *)rh_tensor_data(b) + (size_t)o * (size_t)b->stride[0] * es);
-        if (dt == RH_F32) {
-          float *r = (float *)yn + o * g.l;
-          for (int64_t i = 0; i < g.l; i++) r[i] += (float)bv;
-        } else {
-          double *r = (double *)yn + o * g.l;
-          for (int64_t i = 0; i < g.l; i++) r[i] += bv;
-        }
-      }
+    gb[o] += sum;
+  }
+  if (j->gx) {
+    /* gcols_g = W_g^T [kg, og] @ gY_g [og, ld], added back into each image
+     * (the direct case's columns are the image: the product writes it) */
+    char *gxn = j->gx + (size_t)(n0 * g->c * g->h * g->w) * es;
+    int direct = g->direct && nbk == 1;
+    char *dst = direct ? gxn : cols;
+    for (int64_t gi = 0; gi < g->g; gi++)
+      rh__gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
+               gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
+    if (!direct) {
+      memset(gxn, 0, (size_t)(nbk * g->c * g->h * g->w) * es);
+      for (int64_t s = 0; s < nbk; s++)
+        sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, cols + (size_t)(s * g->l) * es,
+                    ld, 1);
     }
   }
-  free(cols);
-  rh_tensor_release(xc);
-  rh_tensor_release(wc);
-  return y;
 }
 
 int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const rh_nn_conv_t *p, rh_tensor_t **gx,
                           rh_tensor_t **gw, rh_tensor_t **gb) {
-  geom_t g = {0};
+  conv_job_t j = {0};
+  geom_t *g = &j.g;
   if (gx) *gx = NULL;
   if (gw) *gw = NULL;
   if (gb) *gb = NULL;
-  if (check(x, w, NULL, p, &g)) return -1;
-  if (gy->dtype != x->dtype || gy->ndim != 4 || gy->size[0] != g.n || gy->size[1] != g.o || gy->size[2] != g.oh ||
-      gy->size[3] != g.ow || RH_ON_DEVICE(gy))
+  if (check(x, w, NULL, p, g)) return -1;
+  if (gy->dtype != x->dtype || gy->ndim != 4 || gy->size[0] != g->n || gy->size[1] != g->o || gy->size[2] != g->oh ||
+      gy->size[3] != g->ow || RH_ON_DEVICE(gy))
     return rh_tensor_fail("conv2d backward: the gradient must be [%lld, %lld, %lld, %lld] %s on the host",
-                          (long long)g.n, (long long)g.o, (long long)g.oh, (long long)g.ow, rh_dtype_name(x->dtype));
-  rh_dtype_t dt = x->dtype;
-  size_t es = rh_dtype_size(dt);
-  int64_t kk = g.c * g.kh * g.kw;
+                          (long long)g->n, (long long)g->o, (long long)g->oh, (long long)g->ow,
+                          rh_dtype_name(x->dtype));
+  j.p = p, j.dt = x->dtype, j.es = rh_dtype_size(x->dtype);
   rh_tensor_t *xc = rh_tensor_contiguous(x), *wc = rh_tensor_contiguous(w), *gyc = rh_tensor_contiguous(gy);
-  rh_tensor_t *tx = gx ? rh_tensor_full(dt, 4, x->size, 0) : NULL;
-  rh_tensor_t *tw = gw ? rh_tensor_full(dt, 4, w->size, 0) : NULL;
-  rh_tensor_t *tb = gb ? rh_tensor_full(dt, 1, (int64_t[]){g.o}, 0) : NULL;
-  char *cols = malloc((size_t)(kk * g.l) * es + 1);
-  if (!xc || !wc || !gyc || (gx && !tx) || (gw && !tw) || (gb && !tb) || !cols) {
-    free(cols);
-    rh_tensor_t *all[] = {xc, wc, gyc, tx, tw, tb};
-    for (int i = 0; i < 6; i++)
-      if (all[i]) rh_tensor_release(all[i]);
-    return rh_tensor_fail("conv2d backward: out of memory");
+  /* every output is written whole (gx: each part zeroes its samples first; gw:
+   * the first block's GEMM overwrites), so none is calloc'd fresh pages */
+  rh_tensor_t *tx = gx ? rh_tensor_empty(j.dt, 4, x->size) : NULL;
+  rh_tensor_t *tw = gw ? rh_tensor_empty(j.dt, 4, w->size) : NULL;
+  rh_tensor_t *tb = gb ? rh_tensor_empty(j.dt, 1, (int64_t[]){g->o}) : NULL;
+  rh_tensor_t *more = NULL;
+  int ok = xc && wc && gyc && (!gx || tx) && (!gw || tw) && (!gb || tb);
+  if (ok) {
+    j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.gy = rh_tensor_data(gyc);
+    j.gx = tx ? rh_tensor_data(tx) : NULL;
+    plan(&j);
+    /* part 0 sums into the result, the others each into their own slot, added
+     * in part order after (the sum does not depend on timing) */
+    if (tw && j.parts > 1) more = rh_tensor_empty(j.dt, 1, (int64_t[]){(j.parts - 1) * g->o * g->kg});
+    j.gw = tw ? rh_tensor_data(tw) : NULL;
+    j.gw_more = more ? rh_tensor_data(more) : NULL;
+    j.gb = tb ? calloc((size_t)(j.parts * g->o), sizeof(double)) : NULL;
+    ok = (!tw || j.parts == 1 || more) && (!tb || j.gb);
+    j.block = backward_block;
+    if (ok) rh_parallel_for(j.parts, 1, run_parts, &j);
+    ok = ok && !j.failed;
   }
-  const char *xd = rh_tensor_data(xc), *wd = rh_tensor_data(wc), *gyd = rh_tensor_data(gyc);
-  for (int64_t n = 0; n < g.n; n++) {
-    const char *gyn = gyd + (size_t)(n * g.o * g.l) * es;
-    if (tw) {
-      const char *xn = xd + (size_t)(n * g.c * g.h * g.w) * es;
-      const char *cn = xn;
-      if (!g.direct) {
-        make_cols(&g, p, dt, xn, cols);
-        cn = cols;
+  if (ok && tw && g->n == 0) ok = rh_tensor_fill_(tw, 0) == 0; /* an empty batch: no block wrote it */
+  if (ok && more) {
+    int64_t nw = g->o * g->kg;
+    char *dst = rh_tensor_data(tw);
+    for (int64_t part = 1; part < j.parts; part++)
+      for (int64_t i = 0; i < nw; i++) {
+        if (j.dt == RH_F32) ((float *)dst)[i] += ((float *)j.gw_more)[(part - 1) * nw + i];
+        else ((double *)dst)[i] += ((double *)j.gw_more)[(part - 1) * nw + i];
       }
-      /* gW_g += gY_g [og, l] @ cols_g^T [l, kg] */
-      for (int64_t gi = 0; gi < g.g; gi++)
-        gemm(dt, 0, 1, g.og, g.kg, g.l, gyn + (size_t)(gi * g.og * g.l) * es, g.l,
-             cn + (size_t)(gi * g.kg * g.l) * es, g.l, 1.0, (char *)rh_tensor_data(tw) + (size_t)(gi * g.og * g.kg) * es,
-             g.kg);
-    }
-    if (tx) {
-      char *gxn = (char *)rh_tensor_data(tx) + (size_t)(n * g.c * g.h * g.w) * es;
-      /* gcols_g = W_g^T [kg, og] @ gY_g [og, l]; the direct case writes the image */
-      char *dst = g.direct ? gxn : cols;
-      for (int64_t gi = 0; gi < g.g; gi++)
-        gemm(dt, 1, 0, g.kg, g.l, g.og, wd + (size_t)(gi * g.og * g.kg) * es, g.kg,
-             gyn + (size_t)(gi * g.og * g.l) * es, g.l, 0.0, dst + (size_t)(gi * g.kg * g.l) * es, g.l);
-      if (!g.direct) {
-        cols_job_t j = {dt, gxn, cols, g.c, g.h, g.w, g.kh, g.kw, g.oh, g.ow, p};
-        rh_parallel_for(g.c, 1, col2im_channels, &j);
-      }
-    }
-    if (tb) {
-      char *bd = rh_tensor_data(tb);
-      for (int64_t o = 0; o < g.o; o++) {
-        double s = 0;
-        if (dt == RH_F32) {
-          const float *r = (const float *)gyn + o * g.l;
-          for (int64_t i = 0; i < g.l; i++) s += r[i];
-          ((float *)bd)[o] += (float)s;
-        } else {
-          const double *r = (const double *)gyn + o * g.l;
-          for (int64_t i = 0; i < g.l; i++) s += r[i];
-          ((double *)bd)[o] += s;
-        }
-      }
+  }
+  if (ok && tb) {
+    for (int64_t o = 0; o < g->o; o++) {
+      double sum = 0;
+      for (int64_t part = 0; part < j.parts; part++) sum += j.gb[part * g->o + o];
+      rh__store(j.dt, (char *)rh_tensor_data(tb) + (size_t)o * j.es, sum);
     }
   }
-  free(cols);
+  rh_tensor_release(more);
+  free(j.gb);
   rh_tensor_release(xc);
   rh_tensor_release(wc);
   rh_tensor_release(gyc);
+  if (!ok) {
+    rh_tensor_release(tx);
+    rh_tensor_release(tw);
+    rh_tensor_release(tb);
+    return rh_tensor_fail("conv2d backward: out of memory");
+  }
   if (gx) *gx = tx;
   if (gw) *gw = tw;
   if (gb) *gb = tb;

@@ -1,12 +1,17 @@
-/* nn_norm.c: batch normalisation (forward and backward) for nn.BatchNorm1d/2d
- * in one pass per channel instead of a dozen whole-tensor ops: x is
- * [N, C, *] (contiguous here), statistics are per channel over N and the
- * trailing dims, channels are split over the thread pool. Training mode uses
- * the batch's mean and biased variance and updates the running statistics
- * (unbiased variance, PyTorch's momentum rule); eval mode uses the running ones.
- * The forward returns the per-channel mean and 1/sqrt(var + eps) it used, which
- * the backward takes back. */
+/* nn_norm.c: batch normalisation (nn.BatchNorm1d/2d) and layer normalisation
+ * (nn.LayerNorm), forward and backward, each in two passes over the data
+ * instead of a dozen whole-tensor ops (and their saved intermediates).
+ * Batch norm: x is [N, C, *] (contiguous here), statistics are per channel over
+ * N and the trailing dims, channels are split over the thread pool. Training
+ * mode uses the batch's mean and biased variance and updates the running
+ * statistics (unbiased variance, PyTorch's momentum rule); eval mode uses the
+ * running ones. The forward returns the per-channel mean and 1/sqrt(var + eps)
+ * it used, which the backward takes back. Layer norm: x is [M, D] rows
+ * normalised each over its D elements, rows split over the pool; the
+ * per-row mean and 1/sqrt(var + eps) go to the backward likewise. Sums are in
+ * double, in eight independent chains (one chain is bound by the add latency). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "nn.h"
 #include "tensor_internal.h"
@@ -35,25 +40,82 @@ static void st(rh_dtype_t dt, char *p, int64_t i, double v) {
   else ((double *)p)[i] = v;
 }
 
+/* sum of (x[i] - k) and of its square over n contiguous elements */
+#define SHIFTED_SUMS(T)                                                                                \
+  do {                                                                                                 \
+    const T *x = (const T *)base;                                                                      \
+    double a[8] = {0}, q[8] = {0};                                                                     \
+    int64_t i = 0;                                                                                     \
+    for (; i + 8 <= n; i += 8)                                                                         \
+      for (int u = 0; u < 8; u++) {                                                                    \
+        double d = (double)x[i + u] - k;                                                               \
+        a[u] += d, q[u] += d * d;                                                                      \
+      }                                                                                                \
+    for (; i < n; i++) {                                                                               \
+      double d = (double)x[i] - k;                                                                     \
+      a[0] += d, q[0] += d * d;                                                                        \
+    }                                                                                                  \
+    for (int u = 0; u < 8; u++) *s += a[u], *ss += q[u];                                               \
+  } while (0)
+static void shifted_sums(rh_dtype_t dt, const char *base, int64_t n, double k, double *s, double *ss) {
+  if (dt == RH_F32) SHIFTED_SUMS(float);
+  else SHIFTED_SUMS(double);
+}
+
+/* sum of g[i] and of g[i] * (x[i] - mean) over n contiguous elements */
+#define GRAD_SUMS(T)                                                                                   \
+  do {                                                                                                 \
+    const T *g = (const T *)gp, *x = (const T *)xp;                                                    \
+    double a[8] = {0}, q[8] = {0};                                                                     \
+    int64_t i = 0;                                                                                     \
+    for (; i + 8 <= n; i += 8)                                                                         \
+      for (int u = 0; u < 8; u++) {                                                                    \
+        double gv = (double)g[i + u];                                                                  \
+        a[u] += gv, q[u] += gv * ((double)x[i + u] - mean);                                            \
+      }                                                                                                \
+    for (; i < n; i++) {                                                                               \
+      double gv = (double)g[i];                                                                        \
+      a[0] += gv, q[0] += gv * ((double)x[i] - mean);                                                  \
+    }                                                                                                  \
+    for (int u = 0; u < 8; u++) *sg += a[u], *sgx += q[u];                                             \
+  } while (0)
+static void grad_sums(rh_dtype_t dt, const char *gp, const char *xp, int64_t n, double mean, double *sg,
+                      double *sgx) {
+  if (dt == RH_F32) GRAD_SUMS(float);
+  else GRAD_SUMS(double);
+}
+
+/* out[i] = a * u[i] + b * v[i] + c over n contiguous elements (v may be NULL);
+ * float32 in float32 arithmetic, which vectorises */
+#define AXPBY(T)                                                                                       \
+  do {                                                                                                 \
+    T *o = (T *)op;                                                                                    \
+    const T *u = (const T *)up, *v = (const T *)vp;                                                    \
+    T ta = (T)a, tb = (T)b, tc = (T)c;                                                                 \
+    if (v)                                                                                             \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tb * v[i] + tc;                               \
+    else                                                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tc;                                           \
+  } while (0)
+static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64_t n, double a, double b, double c) {
+  if (dt == RH_F32) AXPBY(float);
+  else AXPBY(double);
+}
+
 static void bn_forward_channels(void *ctx, int64_t lo, int64_t hi) {
   bn_job_t *j = ctx;
   int64_t m = j->n * j->inner;
   for (int64_t ch = lo; ch < hi; ch++) {
     double mean, invstd;
+    size_t es = rh_dtype_size(j->dt);
     if (j->training) {
-      double s = 0, ss = 0;
-      for (int64_t k = 0; k < j->n; k++) {
-        int64_t base = (k * j->c + ch) * j->inner;
-        for (int64_t i = 0; i < j->inner; i++) s += ld(j->dt, j->x, base + i);
-      }
-      mean = s / (double)m;
-      for (int64_t k = 0; k < j->n; k++) {
-        int64_t base = (k * j->c + ch) * j->inner;
-        for (int64_t i = 0; i < j->inner; i++) {
-          double d = ld(j->dt, j->x, base + i) - mean;
-          ss += d * d;
-        }
-      }
+      /* shifted by the channel's first element: no cancellation in ss - s*s/m */
+      double k = ld(j->dt, j->x, ch * j->inner), s = 0, ss = 0;
+      for (int64_t n = 0; n < j->n; n++)
+        shifted_sums(j->dt, j->x + (size_t)((n * j->c + ch) * j->inner) * es, j->inner, k, &s, &ss);
+      mean = k + s / (double)m;
+      ss -= s * s / (double)m;
+      if (ss < 0) ss = 0;
       double var = ss / (double)m;
       invstd = 1.0 / sqrt(var + j->eps);
       if (j->rm) {
@@ -69,17 +131,9 @@ static void bn_forward_channels(void *ctx, int64_t lo, int64_t hi) {
     j->invstd[ch] = invstd;
     double w = j->w ? ld(j->dt, j->w, ch) : 1, b = j->b ? ld(j->dt, j->b, ch) : 0;
     double scale = w * invstd, shift = b - mean * scale;
-    for (int64_t k = 0; k < j->n; k++) {
-      int64_t base = (k * j->c + ch) * j->inner;
-      if (j->dt == RH_F32) {
-        const float *xs = (const float *)j->x + base;
-        float *ys = (float *)j->y + base;
-        for (int64_t i = 0; i < j->inner; i++) ys[i] = (float)(xs[i] * scale + shift);
-      } else {
-        const double *xs = (const double *)j->x + base;
-        double *ys = (double *)j->y + base;
-        for (int64_t i = 0; i < j->inner; i++) ys[i] = xs[i] * scale + shift;
-      }
+    for (int64_t n = 0; n < j->n; n++) {
+      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
+      axpby(j->dt, j->y + base, j->x + base, NULL, j->inner, scale, 0, shift);
     }
   }
 }
@@ -139,34 +193,27 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
 static void bn_backward_channels(void *ctx, int64_t lo, int64_t hi) {
   bn_job_t *j = ctx;
   int64_t m = j->n * j->inner;
+  size_t es = rh_dtype_size(j->dt);
   for (int64_t ch = lo; ch < hi; ch++) {
     double mean = j->mean[ch], invstd = j->invstd[ch];
     double w = j->w ? ld(j->dt, j->w, ch) : 1;
-    double sg = 0, sgx = 0; /* sum gy, sum gy * xhat */
-    for (int64_t k = 0; k < j->n; k++) {
-      int64_t base = (k * j->c + ch) * j->inner;
-      for (int64_t i = 0; i < j->inner; i++) {
-        double g = ld(j->dt, j->gy, base + i);
-        sg += g;
-        sgx += g * (ld(j->dt, j->x, base + i) - mean) * invstd;
-      }
+    double sg = 0, sgx = 0; /* sum gy, sum gy * (x - mean) */
+    for (int64_t n = 0; n < j->n; n++) {
+      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
+      grad_sums(j->dt, j->gy + base, j->x + base, j->inner, mean, &sg, &sgx);
     }
-    if (j->gw) j->gw[ch] = sgx;
+    if (j->gw) j->gw[ch] = sgx * invstd;
     if (j->gb) j->gb[ch] = sg;
     if (!j->gx) continue;
-    for (int64_t k = 0; k < j->n; k++) {
-      int64_t base = (k * j->c + ch) * j->inner;
-      for (int64_t i = 0; i < j->inner; i++) {
-        double g = ld(j->dt, j->gy, base + i);
-        double v;
-        if (j->training) {
-          double xhat = (ld(j->dt, j->x, base + i) - mean) * invstd;
-          v = w * invstd * (g - sg / (double)m - xhat * sgx / (double)m);
-        } else {
-          v = w * invstd * g;
-        }
-        st(j->dt, j->gx, base + i, v);
-      }
+    /* gx = w*invstd * (g - sg/m - xhat * sum(g*xhat)/m), as a*g + b*x + c */
+    double a = w * invstd, b = 0, c = 0;
+    if (j->training) {
+      b = -a * invstd * invstd * sgx / (double)m;
+      c = -a * sg / (double)m - b * mean;
+    }
+    for (int64_t n = 0; n < j->n; n++) {
+      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
+      axpby(j->dt, j->gx + base, j->gy + base, j->training ? j->x + base : NULL, j->inner, a, b, c);
     }
   }
 }
@@ -212,5 +259,171 @@ int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, r
     rh_tensor_release(tb);
   }
   if (gx) *gx = tx;
+  return 0;
+}
+
+/* ---- layer norm */
+
+typedef struct {
+  rh_dtype_t dt;
+  const char *x, *w, *b, *gy; /* w, b: d elements or NULL */
+  char *y, *gx;
+  double *mean, *rstd;
+  double *gw, *gb; /* backward: [parts][d] accumulators, NULL when not wanted */
+  int64_t m, d, per;
+  double eps;
+} ln_job_t;
+
+#define LN_FORWARD_ROW(T)                                                                              \
+  do {                                                                                                 \
+    const T *x = (const T *)j->x + r * j->d, *w = (const T *)j->w, *b = (const T *)j->b;               \
+    T *y = (T *)j->y + r * j->d;                                                                       \
+    T tm = (T)mean, tr = (T)rstd;                                                                      \
+    for (int64_t i = 0; i < j->d; i++) {                                                               \
+      T v = (x[i] - tm) * tr;                                                                          \
+      if (w) v *= w[i];                                                                                \
+      if (b) v += b[i];                                                                                \
+      y[i] = v;                                                                                        \
+    }                                                                                                  \
+  } while (0)
+
+static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
+  ln_job_t *j = ctx;
+  size_t es = rh_dtype_size(j->dt);
+  for (int64_t r = lo; r < hi; r++) {
+    const char *row = j->x + (size_t)(r * j->d) * es;
+    double k = ld(j->dt, row, 0), s = 0, ss = 0;
+    shifted_sums(j->dt, row, j->d, k, &s, &ss);
+    double mean = k + s / (double)j->d, var = (ss - s * s / (double)j->d) / (double)j->d;
+    double rstd = 1.0 / sqrt((var > 0 ? var : 0) + j->eps);
+    j->mean[r] = mean;
+    j->rstd[r] = rstd;
+    if (j->dt == RH_F32) LN_FORWARD_ROW(float);
+    else LN_FORWARD_ROW(double);
+  }
+}
+
+static int ln_check(const char *what, rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *b) {
+  if (x->dtype != RH_F32 && x->dtype != RH_F64)
+    return rh_tensor_fail("%s: expected a float32 or float64 input, got %s", what, rh_dtype_name(x->dtype));
+  if (RH_ON_DEVICE(x)) return rh_tensor_fail("%s: the C kernel takes host tensors", what);
+  int64_t n = rh_tensor_numel(x);
+  if (d < 1 || n % d) return rh_tensor_fail("%s: %lld elements are not rows of %lld", what, (long long)n, (long long)d);
+  rh_tensor_t *v[2] = {w, b};
+  for (int i = 0; i < 2; i++)
+    if (v[i] && (rh_tensor_numel(v[i]) != d || v[i]->dtype != x->dtype || !rh_tensor_is_contiguous(v[i]) ||
+                 RH_ON_DEVICE(v[i])))
+      return rh_tensor_fail("%s: %s must be a contiguous host %s tensor of %lld elements", what,
+                            i ? "bias" : "weight", rh_dtype_name(x->dtype), (long long)d);
+  return 0;
+}
+
+int rh_nn_layer_norm(rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *b, double eps, rh_tensor_t **y,
+                     rh_tensor_t **mean, rh_tensor_t **rstd) {
+  *y = *mean = *rstd = NULL;
+  if (ln_check("layer_norm", x, d, w, b)) return -1;
+  int64_t m = rh_tensor_numel(x) / d;
+  rh_tensor_t *xc = rh_tensor_contiguous(x);
+  rh_tensor_t *ty = rh_tensor_empty(x->dtype, x->ndim, x->size);
+  rh_tensor_t *tm = rh_tensor_empty(RH_F64, 1, &m), *tr = rh_tensor_empty(RH_F64, 1, &m);
+  if (!xc || !ty || !tm || !tr) {
+    rh_tensor_t *all[] = {xc, ty, tm, tr};
+    for (int i = 0; i < 4; i++) rh_tensor_release(all[i]);
+    return rh_tensor_fail("layer_norm: out of memory");
+  }
+  ln_job_t j = {x->dtype, rh_tensor_data(xc), w ? rh_tensor_data(w) : NULL, b ? rh_tensor_data(b) : NULL, NULL,
+                rh_tensor_data(ty), NULL, rh_tensor_data(tm), rh_tensor_data(tr), NULL, NULL, m, d, 0, eps};
+  rh_parallel_for(m, 16, ln_forward_rows, &j);
+  rh_tensor_release(xc);
+  *y = ty;
+  *mean = tm;
+  *rstd = tr;
+  return 0;
+}
+
+/* per row: gxhat = g*w, gx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat*xhat));
+ * the part's gw += g*xhat, gb += g */
+#define LN_BACKWARD_ROW(T)                                                                             \
+  do {                                                                                                 \
+    const T *x = (const T *)j->x + r * j->d, *g = (const T *)j->gy + r * j->d, *w = (const T *)j->w;   \
+    double mean = j->mean[r], rstd = j->rstd[r], sa = 0, sb = 0;                                       \
+    for (int64_t i = 0; i < j->d; i++) {                                                               \
+      double xh = ((double)x[i] - mean) * rstd, gh = (double)g[i] * (w ? (double)w[i] : 1.0);           \
+      sa += gh, sb += gh * xh;                                                                         \
+      if (gw) gw[i] += (double)g[i] * xh;                                                              \
+      if (gb) gb[i] += (double)g[i];                                                                   \
+    }                                                                                                  \
+    if (j->gx) {                                                                                       \
+      T *o = (T *)j->gx + r * j->d;                                                                    \
+      double ma = sa / (double)j->d, mb = sb / (double)j->d;                                           \
+      for (int64_t i = 0; i < j->d; i++) {                                                             \
+        double xh = ((double)x[i] - mean) * rstd, gh = (double)g[i] * (w ? (double)w[i] : 1.0);         \
+        o[i] = (T)(rstd * (gh - ma - xh * mb));                                                        \
+      }                                                                                                \
+    }                                                                                                  \
+  } while (0)
+
+static void ln_backward_parts(void *ctx, int64_t lo, int64_t hi) {
+  ln_job_t *j = ctx;
+  for (int64_t part = lo; part < hi; part++) {
+    double *gw = j->gw ? j->gw + part * j->d : NULL, *gb = j->gb ? j->gb + part * j->d : NULL;
+    int64_t end = (part + 1) * j->per < j->m ? (part + 1) * j->per : j->m;
+    for (int64_t r = part * j->per; r < end; r++) {
+      if (j->dt == RH_F32) LN_BACKWARD_ROW(float);
+      else LN_BACKWARD_ROW(double);
+    }
+  }
+}
+
+int rh_nn_layer_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *mean,
+                              rh_tensor_t *rstd, rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb) {
+  if (gx) *gx = NULL;
+  if (gw) *gw = NULL;
+  if (gb) *gb = NULL;
+  if (ln_check("layer_norm backward", x, d, w, NULL)) return -1;
+  int64_t m = rh_tensor_numel(x) / d;
+  if (gy->dtype != x->dtype || rh_tensor_numel(gy) != m * d || RH_ON_DEVICE(gy))
+    return rh_tensor_fail("layer_norm backward: the gradient must match the input");
+  if (mean->dtype != RH_F64 || rstd->dtype != RH_F64 || rh_tensor_numel(mean) != m || rh_tensor_numel(rstd) != m ||
+      !rh_tensor_is_contiguous(mean) || !rh_tensor_is_contiguous(rstd))
+    return rh_tensor_fail("layer_norm backward: the saved statistics do not match the input");
+  /* rows split in one contiguous range per thread, each with its own
+   * parameter-gradient sums, added in part order after (timing-independent) */
+  int64_t parts = rh_parallel_threads();
+  if (parts > m) parts = m > 0 ? m : 1;
+  int64_t per = m > 0 ? (m + parts - 1) / parts : 1;
+  parts = m > 0 ? (m + per - 1) / per : 1;
+  rh_tensor_t *xc = rh_tensor_contiguous(x), *gc = rh_tensor_contiguous(gy);
+  rh_tensor_t *tx = gx ? rh_tensor_empty(x->dtype, x->ndim, x->size) : NULL;
+  rh_tensor_t *tw = gw ? rh_tensor_empty(x->dtype, 1, &d) : NULL, *tb = gb ? rh_tensor_empty(x->dtype, 1, &d) : NULL;
+  double *aw = gw ? calloc((size_t)(parts * d), sizeof(double)) : NULL;
+  double *ab = gb ? calloc((size_t)(parts * d), sizeof(double)) : NULL;
+  if (!xc || !gc || (gx && !tx) || (gw && (!tw || !aw)) || (gb && (!tb || !ab))) {
+    rh_tensor_t *all[] = {xc, gc, tx, tw, tb};
+    for (int i = 0; i < 5; i++) rh_tensor_release(all[i]);
+    free(aw);
+    free(ab);
+    return rh_tensor_fail("layer_norm backward: out of memory");
+  }
+  ln_job_t j = {x->dtype, rh_tensor_data(xc), w ? rh_tensor_data(w) : NULL, NULL, rh_tensor_data(gc), NULL,
+                tx ? rh_tensor_data(tx) : NULL, rh_tensor_data(mean), rh_tensor_data(rstd), aw, ab, m, d, per, 0};
+  rh_parallel_for(parts, 1, ln_backward_parts, &j);
+  rh_tensor_t *outs[2] = {tw, tb};
+  double *acc[2] = {aw, ab};
+  for (int o = 0; o < 2; o++) {
+    if (!outs[o]) continue;
+    for (int64_t i = 0; i < d; i++) {
+      double sum = 0;
+      for (int64_t part = 0; part < parts; part++) sum += acc[o][part * d + i];
+      st(x->dtype, rh_tensor_data(outs[o]), i, sum);
+    }
+  }
+  free(aw);
+  free(ab);
+  rh_tensor_release(xc);
+  rh_tensor_release(gc);
+  if (gx) *gx = tx;
+  if (gw) *gw = tw;
+  if (gb) *gb = tb;
   return 0;
 }

@@ -38,36 +38,104 @@ static void add(rh_dtype_t dt, char *base, int64_t i, double v) {
   else ((double *)base)[i] += v;
 }
 
+/* the taps k in [0, kn) of output o whose input o * s - pad + k * d lies in
+ * [0, n): [*lo, *hi) (the rest of the window is padding) */
+static void taps(int64_t o, int64_t s, int64_t pad, int64_t d, int64_t kn, int64_t n, int64_t *lo, int64_t *hi) {
+  int64_t start = o * s - pad;
+  int64_t a = start >= 0 ? 0 : (-start + d - 1) / d;
+  int64_t b = n - 1 - start < 0 ? 0 : (n - 1 - start) / d + 1;
+  if (b > kn) b = kn;
+  *lo = a, *hi = a > b ? a : b;
+}
+
+/* output ox of row oy by scanning its window (the edges, where part of it is padding) */
+#define MAX_ONE(T, ox)                                                                                 \
+  do {                                                                                                 \
+    int64_t l0, l1, bi = -1;                                                                           \
+    taps(ox, sx, p->pad[1], p->dil[1], p->k[1], j->w, &l0, &l1);                                       \
+    T best = (T)-INFINITY;                                                                             \
+    for (int64_t ki = k0; ki < k1 && best == best; ki++) {                                             \
+      int64_t iy = oy * sy - p->pad[0] + ki * p->dil[0];                                               \
+      for (int64_t kj = l0; kj < l1; kj++) {                                                           \
+        int64_t ix = (ox) * sx - p->pad[1] + kj * p->dil[1];                                           \
+        T v = x[iy * j->w + ix];                                                                       \
+        if (bi < 0 || v > best || v != v) {                                                            \
+          best = v;                                                                                    \
+          bi = iy * j->w + ix;                                                                         \
+          if (v != v) break;                                                                           \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+    yr[ox] = best;                                                                                     \
+    ir[ox] = bi;                                                                                       \
+  } while (0)
+
+/* One pass per plane that keeps the argmax beside the value; the first of
+ * equal maxima wins, and the first NaN beats everything (as PyTorch). Where
+ * the whole row of a window is inside the input, each output runs its taps
+ * in registers, branch-free (the maximum's place is random: a branch on it
+ * mispredicts). */
+#define MAX_PLANES(T)                                                                                  \
+  do {                                                                                                 \
+    int64_t sy = p->stride[0], sx = p->stride[1], kw = p->k[1], dx = p->dil[1];                        \
+    int64_t a = (p->pad[1] + sx - 1) / sx, b = j->w - 1 - (kw - 1) * dx + p->pad[1];                   \
+    b = b < 0 ? 0 : b / sx + 1;                                                                        \
+    if (b > j->ow) b = j->ow;                                                                          \
+    if (a > b) a = b;                                                                                  \
+    for (int64_t pl = lo; pl < hi; pl++) {                                                             \
+      const T *x = (const T *)j->x + pl * j->h * j->w;                                                 \
+      for (int64_t oy = 0; oy < j->oh; oy++) {                                                         \
+        T *yr = (T *)j->y + (pl * j->oh + oy) * j->ow;                                                 \
+        int64_t *ir = j->idx + (pl * j->oh + oy) * j->ow, k0, k1;                                      \
+        taps(oy, sy, p->pad[0], p->dil[0], p->k[0], j->h, &k0, &k1);                                   \
+        for (int64_t ox = 0; ox < a; ox++) MAX_ONE(T, ox);                                             \
+        for (int64_t ox = b; ox < j->ow; ox++) MAX_ONE(T, ox);                                         \
+        if (k0 == k1) { /* a window of padding only (then -inf, index -1) */                           \
+          for (int64_t ox = a; ox < b; ox++) MAX_ONE(T, ox);                                           \
+          continue;                                                                                    \
+        }                                                                                              \
+        for (int64_t o0 = a; o0 < b; o0 += ROW_CHUNK) { /* ib holds ROW_CHUNK */                         \
+          int64_t row0 = (oy * sy - p->pad[0] + k0 * p->dil[0]) * j->w - p->pad[1] + o0 * sx;           \
+          max_row_##T(x + row0, yr + o0, ir + o0, ib, b - o0 < ROW_CHUNK ? b - o0 : ROW_CHUNK, sx, k1 - k0, \
+                      p->dil[0] * j->w, kw, dx, row0);                                                 \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+  } while (0)
+
+/* n outputs of a row whose windows are all inside the input: window o starts
+ * at x + o * sx, its taps rows ky (dy apart) by kx (dx apart). The taps are the
+ * outer loop and the outputs the inner one, with no branch on the data, so it
+ * vectorises: the maximum's place is random, and a branch on it mispredicts.
+ * ib holds the running argmax as int32 (the width of a float32 lane). */
+#define MAX_ROW(T)                                                                                     \
+  static void max_row_##T(const T *restrict x, T *restrict y, int64_t *restrict idx, int32_t *restrict ib,     \
+                          int64_t n, int64_t sx, int64_t ky, int64_t dy, int64_t kx, int64_t dx, int64_t at) { \
+    for (int64_t o = 0; o < n; o++) y[o] = x[o * sx], ib[o] = 0;                                       \
+    for (int64_t r = 0; r < ky; r++)                                                                   \
+      for (int64_t c = 0; c < kx; c++) {                                                               \
+        if (r == 0 && c == 0) continue;                                                                \
+        const T *src = x + r * dy + c * dx;                                                            \
+        int32_t off = (int32_t)(r * dy + c * dx);                                                      \
+        for (int64_t o = 0; o < n; o++) {                                                              \
+          T v = src[o * sx], b = y[o];                                                                 \
+          int take = (v > b) | ((v != v) & (b == b));                                                  \
+          y[o] = take ? v : b;                                                                         \
+          ib[o] = take ? off : ib[o];                                                                  \
+        }                                                                                              \
+      }                                                                                                \
+    for (int64_t o = 0; o < n; o++) idx[o] = at + o * sx + ib[o];                                      \
+  }
+MAX_ROW(float)
+MAX_ROW(double)
+#define ROW_CHUNK 1024
+
 static void max_planes(void *ctx, int64_t lo, int64_t hi) {
   pool_job_t *j = ctx;
   const rh_nn_pool_t *p = j->p;
-  for (int64_t pl = lo; pl < hi; pl++) {
-    const char *x = j->x + (size_t)(pl * j->h * j->w) * rh_dtype_size(j->dt);
-    for (int64_t oy = 0; oy < j->oh; oy++)
-      for (int64_t ox = 0; ox < j->ow; ox++) {
-        double best = -INFINITY;
-        int64_t bi = -1;
-        for (int64_t ki = 0; ki < p->k[0]; ki++) {
-          int64_t iy = oy * p->stride[0] - p->pad[0] + ki * p->dil[0];
-          if (iy < 0 || iy >= j->h) continue;
-          for (int64_t kj = 0; kj < p->k[1]; kj++) {
-            int64_t ix = ox * p->stride[1] - p->pad[1] + kj * p->dil[1];
-            if (ix < 0 || ix >= j->w) continue;
-            double v = ld(j->dt, x, iy * j->w + ix);
-            if (bi < 0 || v > best || isnan(v)) {
-              best = v;
-              bi = iy * j->w + ix;
-              if (isnan(v)) goto done;
-            }
-          }
-        }
-      done : {
-        int64_t o = (pl * j->oh + oy) * j->ow + ox;
-        st(j->dt, j->y, o, best);
-        j->idx[o] = bi;
-      }
-      }
-  }
+  int32_t ib[ROW_CHUNK];
+  if (j->dt == RH_F32) MAX_PLANES(float);
+  else MAX_PLANES(double);
 }
 
 static int geometry(const char *what, rh_tensor_t *x, const rh_nn_pool_t *p, int64_t *oh, int64_t *ow) {
@@ -115,13 +183,24 @@ typedef struct {
   int64_t per, hw;
 } max_back_job_t;
 
+/* each plane's indices point into its own plane of gx, which its task zeroes
+ * first (warm in cache, and no calloc'd fresh pages for the whole tensor) */
+#define MAX_BACK_PLANES(T)                                                                             \
+  do {                                                                                                 \
+    for (int64_t pl = lo; pl < hi; pl++) {                                                             \
+      const T *g = (const T *)j->g + pl * j->per;                                                      \
+      const int64_t *ix = j->ix + pl * j->per;                                                         \
+      T *d = (T *)j->d + pl * j->hw;                                                                   \
+      memset(d, 0, sizeof(T) * (size_t)j->hw);                                                         \
+      for (int64_t i = 0; i < j->per; i++)                                                             \
+        if (ix[i] >= 0 && ix[i] < j->hw) d[ix[i]] += g[i];                                             \
+    }                                                                                                  \
+  } while (0)
+
 static void max_back_planes(void *ctx, int64_t lo, int64_t hi) {
   max_back_job_t *j = ctx;
-  for (int64_t pl = lo; pl < hi; pl++)
-    for (int64_t i = 0; i < j->per; i++) {
-      int64_t k = j->ix[pl * j->per + i];
-      if (k >= 0 && k < j->hw) add(j->dt, j->d, pl * j->hw + k, ld(j->dt, j->g, pl * j->per + i));
-    }
+  if (j->dt == RH_F32) MAX_BACK_PLANES(float);
+  else MAX_BACK_PLANES(double);
 }
 
 rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_t h, int64_t w) {
@@ -131,7 +210,7 @@ rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_
     return NULL;
   }
   rh_tensor_t *gc = rh_tensor_contiguous(gy), *ic = rh_tensor_contiguous(idx);
-  rh_tensor_t *gx = rh_tensor_full(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w}, 0);
+  rh_tensor_t *gx = rh_tensor_empty(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w});
   if (!gc || !ic || !gx) {
     rh_tensor_t *all[] = {gc, ic, gx};
     for (int i = 0; i < 3; i++)
@@ -141,7 +220,6 @@ rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_
   }
   max_back_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(ic), rh_tensor_data(gx),
                       gy->size[2] * gy->size[3], h * w};
-  /* each plane's indices point into its own plane of gx: planes run in parallel */
   rh_parallel_for(gy->size[0] * gy->size[1], 1, max_back_planes, &j);
   rh_tensor_release(gc);
   rh_tensor_release(ic);

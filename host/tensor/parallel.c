@@ -64,12 +64,21 @@ static void start_pool(void) {
   __atomic_store_n(&pool.started, 1, __ATOMIC_RELEASE);
 }
 
-void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *, int64_t, int64_t), void *ctx) {
+static void ensure_started(void) {
   if (!__atomic_load_n(&pool.started, __ATOMIC_ACQUIRE)) {
     pthread_mutex_lock(&submit_mu);
     if (!pool.started) start_pool();
     pthread_mutex_unlock(&submit_mu);
   }
+}
+
+int rh_parallel_threads(void) {
+  ensure_started();
+  return pool.nthreads + 1;
+}
+
+void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *, int64_t, int64_t), void *ctx) {
+  ensure_started();
   int parts = pool.nthreads + 1;
   if (pool.nthreads == 0 || n < 2 * grain) {
     fn(ctx, 0, n);

@@ -186,5 +186,7 @@ rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, i
 
 /* a pool of threads for large elementwise work */
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
+/* how many threads a rh_parallel_for job runs on (the workers and the caller) */
+int rh_parallel_threads(void);
 
 #endif

@@ -38,6 +38,10 @@ const rhc_api_t *rh_cuda_api(void);           /* NULL when unavailable */
 int rh__check_device(int device);             /* -1 with the message when it can't be used */
 int rh__cuda_call(int rc);                    /* rc != 0: copies the library's message, -1 */
 int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b);
+/* C[m,n] = op(A) op(B) + beta C, row-major float32/float64 through OpenBLAS
+ * (matmul.c): large products split over the thread pool, whole inside a pool task */
+void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+              const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 #define RH_ON_DEVICE(t) (rh_tensor_device(t) >= 0)
 
 #endif

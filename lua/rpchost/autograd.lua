@@ -223,10 +223,12 @@ function M.sum_to(g, sizes)
 end
 
 -- backward ----------------------------------------------------------------------------
-local function default_sink(t, g)
+-- owned: g is the engine's own buffer that nothing else refers to (pieces'
+-- sum), which becomes .grad as it is instead of being copied
+local function default_sink(t, g, owned)
   local s = get_state(t)
   if s.grad == nil then
-    s.grad = core.t_clone(g)
+    s.grad = owned and g or core.t_clone(g)
   else
     s.grad = core.t_binary(0, s.grad, g)
   end
@@ -427,7 +429,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
       elseif e then
         if gi ~= nil then
           -- pieces for a leaf gather in one buffer, which the sink gets once
-          if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi) end
+          if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi, owned[gi]) end
         end
         local left = leaf_edges[e] - 1
         leaf_edges[e] = left
@@ -435,7 +437,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
           local pg = leaf_pieces[e]
           if pg ~= nil then
             leaf_pieces[e], owned[pg] = nil, nil
-            sink(e, pg)
+            sink(e, pg, true)
           end
           local ls = get_state(e)
           local hooks = ls and ls.final_hooks
@@ -484,7 +486,14 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
       if edges then
         for i = 1, node.n do
           local e = edges[i]
-          if e then arrive(e, nrs and nrs[i], grads_out and grads_out[i]) end
+          if e then
+            local gi = grads_out and grads_out[i]
+            -- a node whose backward returns new tensors of its own (node.fresh:
+            -- autograd.Function's fresh_grads) hands them over: added into in
+            -- place downstream, taken as .grad without a copy
+            if node.fresh and gi ~= nil and not is_piece(gi) then owned[gi] = true end
+            arrive(e, nrs and nrs[i], gi)
+          end
         end
       end
     end

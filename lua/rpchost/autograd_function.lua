@@ -11,6 +11,9 @@
 -- gradient per output (zeros for an output no gradient reached) and returns one
 -- per input of apply (nil for inputs that need none; ctx.needs_input_grad[i]
 -- says which do). Tensors saved with ctx:save_for_backward are version-checked.
+-- A class with fresh_grads = true promises that its backward returns tensors
+-- nothing else refers to, each gradient its own (C kernels' results): the
+-- engine then adds into them in place and takes them as .grad without a copy.
 
 local core = require "rpchost.core"
 
@@ -52,7 +55,8 @@ local function apply(cls, ...)
   if not any then return unpack(outs, 1, outs.n) end
   local edges, nrs = AG._edges_of(args, args.n)
   local label = cls.name .. "Backward"
-  local node = setmetatable({name = cls.name, label = label, edges = edges, nrs = nrs, n = args.n}, AG.Node)
+  local node = setmetatable({name = cls.name, label = label, edges = edges, nrs = nrs, n = args.n,
+                             fresh = rawget(cls, "fresh_grads")}, AG.Node)
   if outs.n > 1 then node.nout, node.out_meta = outs.n, {} end
   local in_sizes = {}
   for i = 1, args.n do if needs[i] then in_sizes[i] = core.t_size(args[i]) end end

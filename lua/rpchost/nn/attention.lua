@@ -79,7 +79,7 @@ function A.MultiheadAttention:forward(q, k, v, o)
     local m4 = kpm:view(n, 1, 1, s)
     scores = mask_scores(scores:view(n, h, tl, s), m4):view(n * h, tl, s)
   end
-  local attn = scores:softmax(3)
+  local attn = F.softmax(scores, 3)
   if self.dropout > 0 and self.training then attn = F.dropout(attn, self.dropout, true) end
   local out = attn:bmm(vh):transpose(1, 2):reshape(tl, n, e)
   out = self.out_proj(out)

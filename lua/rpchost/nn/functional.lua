@@ -149,16 +149,53 @@ local function dim_arg(x, dim, what)
   if dim < 0 then dim = x:dim() + 1 + dim end
   return dim
 end
-function F.softmax(x, dim) return x:softmax(dim_arg(x, dim)) end
-function F.log_softmax(x, dim) return x:log_softmax(dim_arg(x, dim)) end
+-- over the last dimension of a host float tensor: one C node each way
+-- (host/tensor/nn_softmax.c) in the tensor's dtype; else the tensor methods
+local SoftmaxFn = autograd.Function:extend("NativeSoftmax")
+SoftmaxFn.fresh_grads = true -- its backward returns new tensors (C results, GEMMs)
+function SoftmaxFn.forward(ctx, x, log_)
+  local y = core.nn_softmax(x, log_)
+  ctx.y, ctx.log = y, log_
+  return y
+end
+function SoftmaxFn.backward(ctx, g) return core.nn_softmax_backward(ctx.y, g, ctx.log) end
+local function softmax_of(x, dim, log_)
+  if dim == x:dim() and x:dim() > 0 and x:size(dim) > 0 and x.device == "cpu" and
+      (x.dtype == tensor.float32 or x.dtype == tensor.float64) then
+    return SoftmaxFn.apply(x, log_)
+  end
+  if log_ then return x:log_softmax(dim) end
+  return x:softmax(dim)
+end
+function F.softmax(x, dim) return softmax_of(x, dim_arg(x, dim), false) end
+function F.log_softmax(x, dim) return softmax_of(x, dim_arg(x, dim), true) end
 
 -- linear(x, w, b): x [*, in] is one [rows, in] GEMM whatever its leading dims
 -- (a batched matmul against a broadcast weight would be one small GEMM per row block)
+-- On host floats one C node (host/tensor/nn_linear.c: the bias under the GEMM,
+-- as PyTorch's addmm); its backward gets the weight's gradient in the weight's
+-- own layout (g^T x), not as the transpose of x^T g.
+local LinearFn = autograd.Function:extend("NativeLinear")
+LinearFn.fresh_grads = true
+function LinearFn.forward(ctx, x, w, b)
+  ctx.x, ctx.w = x, w
+  return core.nn_linear(x, w, b)
+end
+function LinearFn.backward(ctx, g)
+  local n = ctx.needs_input_grad
+  return n[1] and g:matmul(ctx.w) or nil, n[2] and g:t():matmul(ctx.x) or nil, n[3] and g:sum(1) or nil
+end
+
 function F.linear(x, w, b)
   if x:dim() > 2 then
     local s = shape_of(x)
     s[#s] = w:size(1)
     return F.linear(x:reshape(-1, x:size(x:dim())), w, b):view(s)
+  end
+  if x:dim() == 2 and w:dim() == 2 and x.device == "cpu" and (x.dtype == tensor.float32 or x.dtype == tensor.float64)
+      and w.dtype == x.dtype and w.device == "cpu" and (b == nil or (b.dtype == x.dtype and b.device == "cpu" and
+      b:dim() == 1)) and x:size(2) == w:size(2) then
+    return LinearFn.apply(x, w, b)
   end
   local y = x:matmul(w:t())
   if b ~= nil then y = y + b end
@@ -206,6 +243,7 @@ end
 
 -- convolution ---------------------------------------------------------------------------
 local Conv = autograd.Function:extend("Convolution")
+Conv.fresh_grads = true
 function Conv.forward(ctx, x, w, b, p)
   ctx.p = p
   ctx:save_for_backward(x, w)
@@ -275,6 +313,7 @@ end
 
 -- pooling -------------------------------------------------------------------------------
 local MaxPool = autograd.Function:extend("MaxPool2DWithIndices")
+MaxPool.fresh_grads = true
 function MaxPool.forward(ctx, x, p)
   local y, idx = core.nn_max_pool2d(x, unpack(p))
   ctx.idx, ctx.h, ctx.w = idx, x:size(3), x:size(4)
@@ -325,6 +364,7 @@ function F.max_pool2d(x, ...)
 end
 
 local AvgPool = autograd.Function:extend("AvgPool2D")
+AvgPool.fresh_grads = true
 function AvgPool.forward(ctx, x, p)
   ctx.p, ctx.h, ctx.w = p, x:size(3), x:size(4)
   return core.nn_avg_pool2d(x, unpack(p))
@@ -347,6 +387,7 @@ function F.avg_pool2d(x, ...)
 end
 
 local Adaptive = autograd.Function:extend("AdaptiveAvgPool2D")
+Adaptive.fresh_grads = true
 function Adaptive.forward(ctx, x, oh, ow)
   ctx.h, ctx.w = x:size(3), x:size(4)
   return core.nn_adaptive_avg_pool2d(x, oh, ow)
@@ -383,6 +424,7 @@ end
 -- normalisation -----------------------------------------------------------------------
 -- one pass per channel in C (host/tensor/nn_norm.c) for host tensors
 local BatchNormFn = autograd.Function:extend("NativeBatchNorm")
+BatchNormFn.fresh_grads = true
 function BatchNormFn.forward(ctx, x, w, b, rm, rv, training, momentum, eps)
   local y, mean, invstd = core.nn_batch_norm(x, w, b, rm, rv, training, momentum, eps)
   ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training = x, w, mean, invstd, training
@@ -452,17 +494,40 @@ function F.batch_norm(x, running_mean, running_var, ...)
 end
 
 -- layer_norm(x, normalized_shape, weight, bias, eps)
+-- one C node for host tensors (host/tensor/nn_norm.c): two passes over x
+-- forward and backward, where the composition below saves five tensors of x's size
+local LayerNormFn = autograd.Function:extend("NativeLayerNorm")
+LayerNormFn.fresh_grads = true
+function LayerNormFn.forward(ctx, x, w, b, d, eps)
+  local y, mean, rstd = core.nn_layer_norm(x, d, w, b, eps)
+  ctx.x, ctx.w, ctx.d, ctx.mean, ctx.rstd = x, w, d, mean, rstd
+  return y
+end
+function LayerNormFn.backward(ctx, g)
+  local n = ctx.needs_input_grad
+  local gx, gw, gb = core.nn_layer_norm_backward(g, ctx.x, ctx.d, ctx.w, ctx.mean, ctx.rstd, n[1], n[2], n[3])
+  if gw ~= nil then gw = gw:view(ctx.w:size()) end
+  if gb ~= nil then gb = gb:view(ctx.w:size()) end
+  return gx, gw, gb
+end
+
 function F.layer_norm(x, normalized_shape, ...)
   local a = args({"weight", "bias", "eps"}, ...)
   local ns = type(normalized_shape) == "number" and {normalized_shape} or normalized_shape
   local nd = x:dim()
   local dims = {}
+  local d = 1
   for i = 1, #ns do
     if x:size(nd - #ns + i) ~= ns[i] then
       error(("layer_norm: expected input with shape [*, %s], but got input of size %s"):format(
         table.concat(ns, ", "), shape_str(x)), 2)
     end
     dims[i] = nd - #ns + i
+    d = d * ns[i]
+  end
+  local shaped = function(v) return v == nil or v:numel() == d end
+  if d > 0 and native_ok(x, a.weight, a.bias) and shaped(a.weight) and shaped(a.bias) then
+    return LayerNormFn.apply(x, a.weight, a.bias, d, a.eps or 1e-5)
   end
   local mean = mean_dims(x, dims, true)
   local d = x - mean
@@ -521,6 +586,14 @@ function EmbeddingFn.backward(ctx, g)
   return gw
 end
 
+-- rows of w: index_select's own backward adds into the engine's one gradient
+-- buffer per weight (a piece), which becomes .grad without a copy; the node
+-- above is for a padding row, which gets no gradient
+local function rows_of(w, idx, padding_idx)
+  if padding_idx == nil then return w:index_select(1, idx) end
+  return EmbeddingFn.apply(w, idx, padding_idx)
+end
+
 local function check_range(idx, n, what)
   if idx:numel() == 0 then return end
   local lo, hi = idx:min():item(), idx:max():item()
@@ -536,7 +609,7 @@ function F.embedding(idx, w, ...)
   as_index(idx, "embedding")
   check_range(idx, w:size(1), "embedding")
   local flat = idx:reshape(-1)
-  local out = EmbeddingFn.apply(w, flat, a.padding_idx)
+  local out = rows_of(w, flat, a.padding_idx)
   local s = shape_of(idx)
   s[#s + 1] = w:size(2)
   return out:view(s)
@@ -583,7 +656,7 @@ function F.embedding_bag(input, w, ...)
   end
   local keep = nil
   if a.padding_idx ~= nil then keep = flat:ne(a.padding_idx) end
-  local rows = EmbeddingFn.apply(w, flat, a.padding_idx)
+  local rows = rows_of(w, flat, a.padding_idx)
   if a.per_sample_weights ~= nil then
     if mode ~= "sum" then error("embedding_bag: per_sample_weights only works with mode='sum'", 2) end
     rows = rows * a.per_sample_weights:reshape(-1, 1)

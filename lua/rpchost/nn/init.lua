@@ -52,14 +52,16 @@ function I.uniform_(t, a, b)
   local o = kw(a)
   if o then a, b = o.a, o.b end
   a, b = a or 0, b or 1
-  return fill(t, tensor.rand(sizes(t), opts_like(t)) * (b - a) + a)
+  -- in place: one temporary of t's size, not three (an embedding table's init
+  -- was most of its layer's peak memory)
+  return fill(t, tensor.rand(sizes(t), opts_like(t)):mul_(b - a):add_(a))
 end
 -- normal_(t, mean = 0, std = 1)
 function I.normal_(t, mean, std)
   local o = kw(mean)
   if o then mean, std = o.mean, o.std end
   mean, std = mean or 0, std or 1
-  return fill(t, tensor.randn(sizes(t), opts_like(t)) * std + mean)
+  return fill(t, tensor.randn(sizes(t), opts_like(t)):mul_(std):add_(mean))
 end
 -- trunc_normal_(t, mean, std, a = -2, b = 2): redraws values outside [a, b]
 function I.trunc_normal_(t, mean, std, a, b)

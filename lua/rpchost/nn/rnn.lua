@@ -64,30 +64,101 @@ local function repr(self)
 end
 
 -- The LSTM cell's pointwise part as one autograd node: from the pre-activation
--- gates [B, 4H] and c_prev to (h, c). Its backward writes the four gate
--- gradients into one [B, 4H] tensor, instead of four narrow/sigmoid/tanh/mul
--- nodes each scattering a full-size gradient.
+-- gates [B, 4H] and c_prev to (h, c), one pass in C each way
+-- (host/tensor/nn_rnn.c) that saves one [B, 5H] block for the backward, instead
+-- of narrow/sigmoid/tanh/mul nodes each saving and scattering tensors of their own.
+local core = require "rpchost.core"
 local autograd = require "rpchost.autograd"
 local LSTMCellFn = autograd.Function:extend("LSTMCell")
+LSTMCellFn.fresh_grads = true
 function LSTMCellFn.forward(ctx, gates, c_prev)
+  local h, c, ws = core.nn_lstm_cell(gates, c_prev)
+  ctx.c_prev, ctx.ws = c_prev, ws
+  return h, c
+end
+function LSTMCellFn.backward(ctx, gh, gc)
+  return core.nn_lstm_cell_backward(gh, gc, ctx.c_prev, ctx.ws)
+end
+
+-- the cell on a device, where there is no C kernel: the same arithmetic in tensor ops
+local function lstm_cell_ops(gates, c_prev)
   local H = c_prev:size(2)
   local i = gates:narrow(2, 1, H):sigmoid()
   local f = gates:narrow(2, H + 1, H):sigmoid()
   local g = gates:narrow(2, 2 * H + 1, H):tanh()
   local o = gates:narrow(2, 3 * H + 1, H):sigmoid()
   local c = f * c_prev + i * g
-  local tc = c:tanh()
-  ctx.i, ctx.f, ctx.g, ctx.o, ctx.c_prev, ctx.tc = i, f, g, o, c_prev, tc
-  return o * tc, c
+  return o * c:tanh(), c
 end
-function LSTMCellFn.backward(ctx, gh, gc)
-  local i, f, g, o, tc = ctx.i, ctx.f, ctx.g, ctx.o, ctx.tc
-  local gct = gc + gh * o * (1 - tc * tc)
-  local gi = gct * g * i * (1 - i)
-  local gf = gct * ctx.c_prev * f * (1 - f)
-  local gg = gct * i * (1 - g * g)
-  local go = gh * tc * o * (1 - o)
-  return tensor.cat({gi, gf, gg, go}, 2), gct * f
+
+local function lstm_cell(gates, c_prev)
+  if gates.device == "cpu" and (gates.dtype == tensor.float32 or gates.dtype == tensor.float64) then
+    return LSTMCellFn.apply(gates, c_prev)
+  end
+  return lstm_cell_ops(gates, c_prev)
+end
+
+-- A whole LSTM layer (one direction) as one autograd node on host float
+-- tensors: the forward saves, per step, the cell's [B, 5H] block and c_prev (and
+-- the outputs, which are the next steps' h_prev) instead of a graph of nodes
+-- per step; the backward runs the steps back with one [B, 4H] x [4H, H] product
+-- each, keeps every step's gate gradients in one [T, B, 4H] tensor, and then
+-- gets the weights' and the input's gradients as one GEMM each over all steps
+-- (not 2 x T thin per-step products and T accumulations of a [4H, H] gradient).
+local LSTMLayerFn = autograd.Function:extend("LSTMLayer")
+LSTMLayerFn.fresh_grads = true
+function LSTMLayerFn.forward(ctx, x, wih, whh, bih, bhh, h0, c0, reverse)
+  local T, B, H = x:size(1), x:size(2), whh:size(2)
+  local xi = x:reshape(T * B, x:size(3)):matmul(wih:t())
+  if bih ~= nil then xi:add_(bih + bhh) end
+  xi = xi:view(T, B, 4 * H)
+  local whh_t = whh:t()
+  local out = tensor.empty({T, B, H}, {dtype = x.dtype})
+  local ws, cs = {}, {}
+  local h, c = h0, c0
+  for s = 1, T do
+    local t = reverse and (T - s + 1) or s
+    local gates = h:matmul(whh_t):add_(xi:select(1, t))
+    local hn, cn, w = core.nn_lstm_cell(gates, c)
+    ws[t], cs[t] = w, c
+    out:select(1, t):copy_(hn)
+    h, c = hn, cn
+  end
+  ctx.x, ctx.wih, ctx.whh, ctx.h0, ctx.out, ctx.ws, ctx.cs, ctx.reverse = x, wih, whh, h0, out, ws, cs, reverse
+  return out, h, c
+end
+function LSTMLayerFn.backward(ctx, gout, ghn, gcn)
+  local x, whh, out = ctx.x, ctx.whh, ctx.out
+  local T, B, H = x:size(1), x:size(2), whh:size(2)
+  local n = ctx.needs_input_grad
+  local G = tensor.empty({T, B, 4 * H}, {dtype = x.dtype})
+  local dh, dc = ghn, gcn
+  for s = T, 1, -1 do
+    local t = ctx.reverse and (T - s + 1) or s
+    local gh = gout ~= nil and gout:select(1, t) or nil
+    if dh ~= nil then gh = gh ~= nil and gh + dh or dh end
+    local gg, gcp = core.nn_lstm_cell_backward(gh, dc, ctx.cs[t], ctx.ws[t])
+    G:select(1, t):copy_(gg)
+    dh, dc = gg:matmul(whh), gcp
+  end
+  local G2 = G:view(T * B, 4 * H)
+  local gx, gwih, gwhh, gb
+  if n[1] then gx = G2:matmul(ctx.wih):view(T, B, x:size(3)) end
+  if n[2] then gwih = G2:t():matmul(x:reshape(T * B, x:size(3))) end
+  if n[3] then
+    -- h_prev of every step: the outputs shifted by one, h0 where the sweep starts
+    local h0 = ctx.h0:unsqueeze(1)
+    local hp = T == 1 and h0 or (ctx.reverse and tensor.cat({out:narrow(1, 2, T - 1), h0}, 1)
+      or tensor.cat({h0, out:narrow(1, 1, T - 1)}, 1))
+    gwhh = G2:t():matmul(hp:view(T * B, H))
+  end
+  if n[4] or n[5] then gb = G2:sum(1) end
+  return gx, gwih, gwhh, n[4] and gb or nil, n[5] and (n[4] and gb:clone() or gb) or nil, dh, dc
+end
+
+local function native_lstm(x, wih, whh, bih)
+  local ok = x.device == "cpu" and (x.dtype == tensor.float32 or x.dtype == tensor.float64)
+  return ok and wih.dtype == x.dtype and whh.dtype == x.dtype and (bih == nil or bih.dtype == x.dtype)
 end
 
 -- one layer, one direction over x [T, B, in]: outputs [T, B, H] and the final state
@@ -97,6 +168,9 @@ local function run_direction(self, x, sfx, h, c, reverse)
   local g = GATES[self.mode]
   local wih, whh = self["weight_ih" .. sfx], self["weight_hh" .. sfx]
   local bih, bhh = self["bias_ih" .. sfx], self["bias_hh" .. sfx]
+  if self.mode == "LSTM" and native_lstm(x, wih, whh, bih) and h.dtype == x.dtype and c.dtype == x.dtype then
+    return LSTMLayerFn.apply(x, wih, whh, bih, bhh, h, c, reverse and true or false)
+  end
   -- all time steps' input products at once: [T*B, in] x [in, gH]
   local xi = x:reshape(T * B, x:size(3)):matmul(wih:t())
   if bih ~= nil then
@@ -113,7 +187,7 @@ local function run_direction(self, x, sfx, h, c, reverse)
     local t = reverse and (T - s + 1) or s
     local gi = steps[t]
     if self.mode == "LSTM" then
-      h, c = LSTMCellFn.apply(gi + h:matmul(whh_t), c)
+      h, c = lstm_cell(gi + h:matmul(whh_t), c)
     elseif self.mode == "GRU" then
       local gh = h:matmul(whh_t)
       if bhh ~= nil then gh = gh + bhh end
