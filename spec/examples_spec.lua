@@ -29,6 +29,14 @@ describe("examples", function()
     assert.truthy(r.err:find("python3-sklearn", 1, true), r.err)
   end)
 
+  it("parameter_server: two trainers train one server's model at once (no in-place version error)", function()
+    local out = example(3, "parameter_server/main.lua", {"--epochs", "1"})
+    for _, rank in ipairs({1, 2}) do
+      local acc = out:match("rank " .. rank .. "  epochs 1  accuracy ([%d%.]+)")
+      assert.is_true(acc ~= nil and tonumber(acc) > 0.3, out)
+    end
+  end)
+
   it("batch/parameter_server: every trainer holds the server's model after each batch update", function()
     local out = example(3, "batch/parameter_server.lua", {"--num-batches", "3"})
     assert.truthy(out:find("updates 3  trainers_hold_ps_model true", 1, true), out)

@@ -9,6 +9,7 @@ import time
 from threading import Lock
 
 import torch
+from torch.nn.utils.stateless import functional_call
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
@@ -57,9 +58,17 @@ class ParameterServer(nn.Module):
         super().__init__()
         torch.manual_seed(1)
         self.model = Net()
+        self.forward_lock = Lock()
 
     def forward(self, inp):
-        return self.model(inp)
+        # each forward on clones of the weights, as the rpchost program does: with
+        # several trainers, another trainer's step would otherwise change in place
+        # what this trainer's backward needs (pytorch/tutorials#2095)
+        # (functional_call swaps the module's attributes: one forward at a time, as
+        # rpchost's single Lua state runs them)
+        with self.forward_lock:
+            now = {n: p.clone() for n, p in self.model.named_parameters()}
+            return functional_call(self.model, now, (inp,))
 
     def get_dist_gradients(self, cid):
         return dist_autograd.get_gradients(cid)

@@ -66,7 +66,18 @@ function ParameterServer:init()
   self.model = Net()
   self:add_module("model", self.model)
 end
-function ParameterServer:forward(inp) return self.model(inp) end
+-- With several trainers, one trainer's optimizer step changes the weights in
+-- place while another trainer's backward still needs the values its forward used:
+-- the tutorial as written then fails with "modified by an inplace operation", in
+-- PyTorch as here (pytorch/tutorials#2095). So each forward runs on clones of the
+-- weights taken as it starts: the gradients still reach the weights (a clone is
+-- differentiable), and each backward sees its own forward's values, which is the
+-- asynchronous SGD a parameter server means. The twin does the same.
+function ParameterServer:forward(inp)
+  local now = {}
+  for _, np in ipairs(self.model:named_parameters()) do now[np[1]] = np[2]:clone() end
+  return nn.utils.stateless.functional_call(self.model, now, inp)
+end
 function ParameterServer:get_dist_gradients(cid) return dist_autograd.get_gradients(cid) end
 function ParameterServer:get_param_rrefs()
   local out = {}
