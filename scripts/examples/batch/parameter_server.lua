@@ -6,9 +6,11 @@
 -- of the model that it completes only when batch_update_size trainers have
 -- reported, after one optimizer step on their mean gradient. So every trainer
 -- waits for the others and all of them continue from the same model.
--- The tutorial's model is torchvision's resnet50 on random 64x64 images; this
--- tree has no Conv2d yet, so the model here is an MLP over random 3x16x16
--- images (the RPC pattern is the same).
+-- The tutorial's model is torchvision's resnet50 on random 64x64 images; here,
+-- and in the PyTorch twin (bench/tutorials/batch_parameter_server.py), it is an
+-- MLP over random 3x16x16 images, so that a run measures the tutorial's subject,
+-- batching updates through a Future, rather than convolutions (the pipeline
+-- example trains a ResNet50).
 local rpc = require "rpc"
 local dist = require "dist"
 local tensor = require "tensor"
