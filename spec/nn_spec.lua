@@ -372,6 +372,29 @@ describe("nn gradients against finite differences (float64)", function()
       return tensor.cat({hc[1]:reshape(-1), hc[2]:reshape(-1)})
     end, params_and(cell, x, h0, c0))
   end)
+  it("cells take one unbatched step as PyTorch's do ([in] and [H] in, [H] out)", function()
+    tensor.manual_seed(6)
+    for _, name in ipairs({"RNNCell", "LSTMCell", "GRUCell"}) do
+      local c = nn[name](4, 3, {dtype = tensor.float64})
+      local x = tensor.randn(4, f64)
+      local lstm = name == "LSTMCell"
+      local h = lstm and {tensor.randn(3, f64), tensor.randn(3, f64)} or tensor.randn(3, f64)
+      local got = c(x, h)
+      local want = c(x:unsqueeze(1), lstm and {h[1]:unsqueeze(1), h[2]:unsqueeze(1)} or h:unsqueeze(1))
+      if lstm then
+        assert.is_true(got[1]:dim() == 1 and got[1]:size(1) == 3 and got[2]:dim() == 1)
+        assert.is_true(got[1]:equal(want[1]:squeeze(1)) and got[2]:equal(want[2]:squeeze(1)), name)
+      else
+        assert.is_true(got:dim() == 1 and got:size(1) == 3)
+        assert.is_true(got:equal(want:squeeze(1)), name)
+      end
+      local ok, e = pcall(c, x, lstm and {tensor.zeros(1, 3, f64), tensor.zeros(3, f64)} or tensor.zeros(2, 3, f64))
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("an unbatched input [4] takes an unbatched", 1, true), tostring(e))
+      ok, e = pcall(c, tensor.zeros(5, f64))
+      assert.truthy(not ok and tostring(e):find("expected input [N, 4] or [4], got [5]", 1, true), tostring(e))
+    end
+  end)
   it("attention, embeddings and activations", function()
     tensor.manual_seed(5)
     local q = tensor.randn(3, 2, 8, f64)

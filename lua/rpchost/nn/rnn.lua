@@ -289,7 +289,7 @@ for _, c in ipairs{R.RNN, R.LSTM, R.GRU} do
   c.reset_parameters, c.forward, c.extra_repr = reset, forward, repr
 end
 
--- cells: one step; forward(x [B, in], hx) -> h' (or {h', c'} for LSTMCell)
+-- cells: one step; forward(x [B, in] or [in], hx) -> h' (or {h', c'} for LSTMCell)
 local function cell(name, kind)
   local cls = Module:extend(name)
   function cls:__init(i, h, ...)
@@ -307,8 +307,29 @@ local function cell(name, kind)
     reset(self)
   end
   function cls:forward(x, hx)
-    if not tensor.is_tensor(x) or x:dim() ~= 2 or x:size(2) ~= self.input_size then
-      self:shape_error(("[N, %d]"):format(self.input_size), x)
+    local want = ("[N, %d] or [%d]"):format(self.input_size, self.input_size)
+    if not tensor.is_tensor(x) or (x:dim() ~= 2 and x:dim() ~= 1) or x:size(x:dim()) ~= self.input_size then
+      self:shape_error(want, x)
+    end
+    if x:dim() == 1 then
+      -- one unbatched step, as PyTorch's cells take it: the state is [H] too
+      local function batched(t, what)
+        if t == nil then return nil end
+        if not tensor.is_tensor(t) or t:dim() ~= 1 or t:size(1) ~= self.hidden_size then
+          error(("%s: an unbatched input [%d] takes an unbatched %s [%d], got %s"):format(name,
+            self.input_size, what, self.hidden_size, tensor.is_tensor(t) and tostring(t:size()) or type(t)), 3)
+        end
+        return t:unsqueeze(1)
+      end
+      local h1
+      if self.mode == "LSTM" then
+        h1 = hx and {batched(hx[1], "h_0"), batched(hx[2], "c_0")}
+      else
+        h1 = batched(hx, "hx")
+      end
+      local out = self:forward(x:unsqueeze(1), h1)
+      if self.mode == "LSTM" then return {out[1]:squeeze(1), out[2]:squeeze(1)} end
+      return out:squeeze(1)
     end
     local B = x:size(1)
     local z = function() return tensor.zeros(B, self.hidden_size, {dtype = x.dtype}) end
