@@ -122,6 +122,8 @@ describe("nn layers match PyTorch", function()
     function(m, ins) return m(ins[1], ins[2], ins[3]) end)
   layer_case("mha_batch_first_mask", function() return nn.MultiheadAttention(8, 4, {batch_first = true}) end,
     function(m, ins) return m(ins[1], ins[2], ins[3]) end)
+  layer_case("mha_kdim_vdim", function() return nn.MultiheadAttention(8, 2, {kdim = 5, vdim = 3}) end,
+    function(m, ins) return m(ins[1], ins[2], ins[3]) end)
   layer_case("transformer_encoder_layer", function()
     return nn.TransformerEncoderLayer(8, 2, {dim_feedforward = 16, dropout = 0})
   end, one)

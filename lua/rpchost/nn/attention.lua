@@ -11,25 +11,39 @@ local L = require "rpchost.nn.layers"
 local Module = mod.Module
 local A = {}
 
--- MultiheadAttention(embed_dim, num_heads, {dropout = 0, bias = true, batch_first = false})
+-- MultiheadAttention(embed_dim, num_heads, {dropout = 0, bias = true, batch_first = false,
+-- kdim = embed_dim, vdim = embed_dim})
 A.MultiheadAttention = Module:extend("MultiheadAttention")
 function A.MultiheadAttention:__init(e, heads, ...)
   local o = F._opts_of(...)
   if type(e) ~= "number" or type(heads) ~= "number" then
     error("MultiheadAttention(embed_dim, num_heads): expected two numbers", 3)
   end
-  if (o.kdim and o.kdim ~= e) or (o.vdim and o.vdim ~= e) then
-    error("MultiheadAttention: kdim and vdim other than embed_dim are not supported", 3)
-  end
   mod.refuse("MultiheadAttention", o, {"add_bias_kv", "add_zero_attn"})
   if e % heads ~= 0 then error("MultiheadAttention: embed_dim must be divisible by num_heads", 3) end
   self.embed_dim, self.num_heads, self.head_dim = e, heads, e / heads
   self.dropout, self.batch_first = o.dropout or 0, o.batch_first and true or false
   local dt = {dtype = o.dtype or tensor.get_default_dtype()}
-  self:register_parameter("in_proj_weight", tensor.empty({3 * e, e}, dt))
+  -- keys and values of other widths (kdim, vdim) get their own projections,
+  -- under PyTorch's names, instead of the one packed in_proj_weight
+  self.kdim, self.vdim = o.kdim or e, o.vdim or e
+  self._qkv_same_embed_dim = self.kdim == e and self.vdim == e
+  if self._qkv_same_embed_dim then
+    self:register_parameter("in_proj_weight", tensor.empty({3 * e, e}, dt))
+  else
+    self:register_parameter("q_proj_weight", tensor.empty({e, e}, dt))
+    self:register_parameter("k_proj_weight", tensor.empty({e, self.kdim}, dt))
+    self:register_parameter("v_proj_weight", tensor.empty({e, self.vdim}, dt))
+  end
   if o.bias ~= false then self:register_parameter("in_proj_bias", tensor.zeros(3 * e, dt)) end
   self.out_proj = L.Linear(e, e, {bias = o.bias ~= false, dtype = dt.dtype})
-  init.xavier_uniform_(self.in_proj_weight)
+  if self._qkv_same_embed_dim then
+    init.xavier_uniform_(self.in_proj_weight)
+  else
+    init.xavier_uniform_(self.q_proj_weight)
+    init.xavier_uniform_(self.k_proj_weight)
+    init.xavier_uniform_(self.v_proj_weight)
+  end
   if self.in_proj_bias ~= nil then
     init.constant_(self.in_proj_bias, 0)
     init.constant_(self.out_proj.bias, 0)
@@ -52,6 +66,13 @@ function A.MultiheadAttention:forward(q, k, v, o)
   if not tensor.is_tensor(q) or (q:dim() ~= 3 and q:dim() ~= 2) or q:size(q:dim()) ~= e then
     self:shape_error(self.batch_first and ("[N, L, %d]"):format(e) or ("[L, N, %d]"):format(e), q)
   end
+  for _, kv in ipairs({{k, self.kdim, "key"}, {v, self.vdim, "value"}}) do
+    local t, width = kv[1], kv[2]
+    if not tensor.is_tensor(t) or t:dim() ~= q:dim() or t:size(t:dim()) ~= width then
+      error(("MultiheadAttention: expected the %s to be %d-d with %d features (kdim/vdim), got %s"):format(kv[3],
+        q:dim(), width, tensor.is_tensor(t) and tostring(t:size()) or type(t)), 2)
+    end
+  end
   local unbatched = q:dim() == 2
   if unbatched then
     q, k, v = q:unsqueeze(2), k:unsqueeze(2), v:unsqueeze(2)
@@ -60,8 +81,9 @@ function A.MultiheadAttention:forward(q, k, v, o)
   end
   local tl, n, s = q:size(1), q:size(2), k:size(1)
   local w, b = self.in_proj_weight, self.in_proj_bias
+  local sep = not self._qkv_same_embed_dim and {self.q_proj_weight, self.k_proj_weight, self.v_proj_weight}
   local function proj(x, i)
-    return F.linear(x, w:narrow(1, i * e + 1, e), b and b:narrow(1, i * e + 1, e))
+    return F.linear(x, sep and sep[i + 1] or w:narrow(1, i * e + 1, e), b and b:narrow(1, i * e + 1, e))
   end
   -- [T, N, E] -> [N*h, T, hd]
   local function heads_of(x, t) return x:reshape(t, n * h, hd):transpose(1, 2) end
