@@ -19,6 +19,8 @@ local PRIO_PROCESS = 0
 -- children), or nil when nothing changed.
 function M.raise()
   local want = tonumber(os.getenv("RPCHOST_STORE_NICE")) or -10
+  -- (0 is "off", as documented: a launcher started under nice stays there too)
+  if want == 0 then return nil end
   local ok, base = pcall(function() return ffi.C.getpriority(PRIO_PROCESS, 0) end)
   if not ok or want >= base then return nil end
   if ffi.C.setpriority(PRIO_PROCESS, 0, want) ~= 0 then return nil end
