@@ -49,6 +49,7 @@ describe("rpchost as a Lua interpreter", function()
     assert.are.equal(1, r.status)
     assert.truthy(r.err:find("deadlock: ", 1, true), r.err)
     assert.truthy(r.err:find("nothing that could complete it is pending", 1, true), r.err)
+    assert.truthy(r.err:find("waits for a Future(pending)", 1, true), r.err)
   end)
 
   it("reports an error raised after init_rpc at once, not after the store's linger", function()
