@@ -78,7 +78,11 @@ function C:on_message(src, body, segs)
   end
   local box = self.mail[src]
   if not box then box = {}; self.mail[src] = box end
-  local values = pack(unpack(r, 3, r.n))
+  -- the values are r[3..n]: shifted down in place (no second table per message)
+  local n = r.n
+  for i = 3, n do r[i - 2] = r[i] end
+  r[n - 1], r[n], r.n = nil, nil, n - 2
+  local values = r
   local w = self.mail_waiters[src] and self.mail_waiters[src][key]
   if w then
     self.mail_waiters[src][key] = nil
