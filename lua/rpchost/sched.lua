@@ -174,6 +174,12 @@ local function down(i)
     hswap(i, m); i = m
   end
 end
+-- The C timer is armed at armed_at, never later than the earliest deadline
+-- (while there is one). It may be earlier: a deadline cancelled or one that
+-- became later leaves it as it is, and it then fires early and is set again.
+-- So a call that sets a deadline and cancels it at its reply (every rpc_sync)
+-- touches the C timer only when its deadline is the earliest ever armed; an
+-- idle loop stops it (run_until) so that it keeps no empty loop alive.
 local armed_at = nil
 local function rearm()
   if hn == 0 then
@@ -208,16 +214,12 @@ end
 function M.after_into(e, delay, fn, arg)
   e.at, e.cb, e.arg = now() + delay, fn, arg
   hn = hn + 1; heap[hn] = e; e.i = hn; up(hn)
-  if heap[1] == e then rearm() end
+  if heap[1] == e and not (armed_at and armed_at <= e.at) then rearm() end
   return e
 end
 
 function M.cancel(e)
-  if e and e.i then
-    local top = heap[1] == e
-    hremove(e)
-    if top then rearm() end
-  end
+  if e and e.i then hremove(e) end -- (the timer may now fire early: see armed_at)
 end
 
 on_timer = function()
@@ -349,6 +351,9 @@ local function run_until(t)
     drain()
     if t.done then break end
     local spinning = rhead > rtail and spin_until > 0 and now() < spin_until
+    -- (no deadline left: the timer armed for a cancelled one goes, or it would
+    -- keep an otherwise finished loop alive)
+    if hn == 0 and armed_at then core.timer_stop(); armed_at = nil end
     M.turn = M.turn + 1
     in_loop = true
     local alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
