@@ -54,6 +54,13 @@ local function describe(m)
   return s .. ")"
 end
 
+-- The prefix of every key of this group's collectives (made once).
+function Group:prefix()
+  local p = self.key_prefix
+  if not p then p = "g" .. tostring(self.id) .. ":"; self.key_prefix = p end
+  return p
+end
+
 -- A call's signature: the one string each of its messages carries and the
 -- receiver compares whole (made once per call, where a description table would
 -- be encoded and decoded again with every message).
@@ -86,7 +93,10 @@ function Group:begin(op, t, extra)
   -- (the last few calls, to name one that a late message shows did not match)
   self.recent = self.recent or {}
   self.recent[self.seq % 16] = {seq = self.seq, meta = m}
-  return {key = "g" .. self.id .. ":" .. self.seq .. ":", meta = m, sig = signature(m), seq = self.seq}
+  -- (what: the call by its own number, as its waits name it; with async Works
+  -- the group may have started later ones)
+  return {key = self:prefix() .. self.seq .. ":", meta = m, sig = signature(m), seq = self.seq,
+          what = op .. " #" .. self.seq}
 end
 
 -- A message of one of this group's collectives that already ended here means
@@ -100,7 +110,7 @@ function Group:check_leftovers()
   local a = self.agent
   -- (a group that already stopped has said what went wrong)
   if (self.async_running or 0) > 0 or self.seq == 0 or a.aborted then return end
-  local prefix = ("g%s:"):format(self.id)
+  local prefix = self:prefix()
   for _, r in ipairs(self.ranks) do
     for k, v in pairs(a.mail[r] or {}) do
       if k:sub(1, #prefix) == prefix then
@@ -170,15 +180,18 @@ function Group:mismatch(m, src, meta, late)
     late and "; that collective has already returned here, and its result is wrong" or ""), {rank = src}))
 end
 
+-- Another message of collective c from the rank it is receiving from (c.from):
+-- it must describe the same call. (One function for all: no closure per receive.)
+local function other_message(values, c)
+  if not same_call(values[1], c) then c.group:mismatch(c.meta, c.from, values[1]) end
+end
+
 function Group:recv(c, i, step)
   local src = self:global(i)
   local m = c.meta
+  c.group, c.from = self, src
   local ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout,
-    -- (the call's own number: with async Works the group may have started later ones)
-    ("%s #%d"):format(m.op, c.seq), c.key, function(values)
-      -- another message of this collective from src: it must describe the same call
-      if not same_call(values[1], c) then self:mismatch(m, src, values[1]) end
-    end)
+    c.what, c.key, other_message, c)
   if not ok then
     -- a lost or silent peer, or a mismatch: stop the whole group with the reason
     if errors.is(meta) and not self.agent.aborted then self:abort(meta) end
