@@ -444,6 +444,9 @@ describe("rpc", function()
         if fail then error("handler failed on purpose") end
         return seen.n, fresh
       end
+      local weak = setmetatable({}, {__mode = "v"})
+      function keep_weak(x) weak[1] = x end
+      function collected() collectgarbage(); collectgarbage(); return weak[1] == nil end
       rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
         local all_fresh, n = true, 0
@@ -457,11 +460,14 @@ describe("rpc", function()
         check("a failing handler still answers", not ok and e.kind == "remote")
         check("concurrent requests still run at once", #rpc.wait_all({rpc.rpc_async("worker1", where),
           rpc.rpc_async("worker1", where), rpc.rpc_async("worker1", where)}) == 3)
+        rpc.rpc_sync("worker1", keep_weak, {{}})
+        check("a finished handler's arguments can be collected", rpc.rpc_sync("worker1", collected))
       end
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
     assert_oks(r, lines, {"coroutines reused", "each task starts clean", "a failing handler still answers",
-      "concurrent requests still run at once"})
+      "concurrent requests still run at once",
+      "a finished handler's arguments can be collected"})
   end)
 end)

@@ -86,10 +86,16 @@ local function finish(t, ok, ...)
   if t.keep_result then t.result = pack(ok, ...) end
 end
 
--- The body of every task's coroutine: runs one task, then parks for the next
--- (the tail call reuses the frame: no stack growth from task to task).
+-- The body of every task's coroutine: runs one task, then parks for the next.
+-- Tail calls each way: no stack growth from task to task, and a parked
+-- coroutine's frame holds nothing of the task it ran (its function, arguments
+-- and results would otherwise stay reachable: tensors, RRefs).
+local park
 local function task_main(t, fn, ...)
   finish(t, xpcall(fn, M.traceback, ...))
+  return park()
+end
+park = function()
   if npool >= POOL_MAX then return end
   npool = npool + 1
   pool[npool] = raw_running()
