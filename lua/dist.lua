@@ -293,45 +293,30 @@ local trace = require "rpchost.trace"
 -- the collectives running now on this rank (entry -> true; `rpchost top` shows them)
 local active = {}
 dist._active = active
-local function run(g, opts, what, fn)
-  local body = fn
-  fn = function()
-    local e = {what = what, since = core.now(), async = opts and opts.async_op or false}
-    active[e] = true
-    local ok, err = pcall(body)
-    active[e] = nil
-    if not ok then error(err, 0) end
-  end
-  if trace.enabled() then
-    local inner = fn
-    fn = function()
-      local t0 = trace.now_us()
-      inner()
-      trace.complete(what, "collective", t0, trace.now_us() - t0, {async = opts and opts.async_op or nil})
-    end
-  end
-  if opts and opts.async_op then
-    local fut = Future.new(what)
-    -- (while it runs, its messages are not a finished call's leftovers)
-    g.async_running = (g.async_running or 0) + 1
-    sched.spawn(function()
-      local ok, e = pcall(fn)
-      g.async_running = g.async_running - 1
-      if ok then fut:set_result(true) else fut:set_error(e) end
-    end, {name = what})
-    return setmetatable({fut = fut}, Work)
-  end
-  fn()
-end
-
 -- g:method(...) for a gloo group given CUDA tensors: they go through host copies
 -- (rpchost's transport carries host memory), copied back after the call, as
 -- PyTorch's gloo does. nccl groups take the tensors as they are.
+local function on_device(v) return core.t_is_tensor(v) and core.t_device(v) >= 0 end
+
+-- Whether any of the arguments is a device tensor or a list (that may hold one).
+local function needs_staging(...)
+  for i = 1, select("#", ...) do
+    local v = select(i, ...)
+    if type(v) == "table" and getmetatable(v) == nil or on_device(v) then return true end
+  end
+  return false
+end
+
+local call_staged
 local function call(g, method, ...)
-  if getmetatable(g) == nccl_group.Group then return g[method](g, ...) end
+  if getmetatable(g) == nccl_group.Group or not needs_staging(...) then return g[method](g, ...) end
+  return call_staged(g, method, ...)
+end
+
+function call_staged(g, method, ...)
   local args, staged = {...}, {}
   local function host(t)
-    if core.t_is_tensor(t) and core.t_device(t) >= 0 then
+    if on_device(t) then
       local h = core.t_to_device(t, -1)
       staged[#staged + 1] = {t, h}
       return h
@@ -353,12 +338,41 @@ local function call(g, method, ...)
   return r
 end
 
+-- g:what(...) now, listed in `active` while it runs (and traced when tracing).
+-- (No closure per call: a collective is a hot path for small tensors.)
+local function run_now(g, what, async, ...)
+  local e = {what = what, since = core.now(), async = async}
+  active[e] = true
+  local t0 = trace.enabled() and trace.now_us()
+  local ok, err = pcall(call, g, what, ...)
+  active[e] = nil
+  if not ok then error(err, 0) end
+  if t0 then trace.complete(what, "collective", t0, trace.now_us() - t0, {async = async or nil}) end
+end
+
+local function run_async(g, what, fut, args)
+  local ok, e = pcall(run_now, g, what, true, unpack(args, 1, args.n))
+  g.async_running = g.async_running - 1
+  if ok then fut:set_result(true) else fut:set_error(e) end
+end
+
+local function run(g, opts, what, ...)
+  if opts and opts.async_op then
+    local fut = Future.new(what)
+    -- (while it runs, its messages are not a finished call's leftovers)
+    g.async_running = (g.async_running or 0) + 1
+    sched.spawn(run_async, {name = what}, g, what, fut, {n = select("#", ...), ...})
+    return setmetatable({fut = fut}, Work)
+  end
+  run_now(g, what, false, ...)
+end
+
 -- all_reduce(t [, op] [, {group=, async_op=}])
 function dist.all_reduce(t, op, opts)
   if is_opts(op) then op, opts = nil, op end
   check_tensor(t, "all_reduce")
   local g = group_of(opts, "all_reduce")
-  return run(g, opts, "all_reduce", function() call(g, "all_reduce", t, op or "SUM") end)
+  return run(g, opts, "all_reduce", t, op or "SUM")
 end
 
 -- reduce(t, dst [, op] [, opts])
@@ -367,21 +381,21 @@ function dist.reduce(t, dst, op, opts)
   check_tensor(t, "reduce")
   local g = group_of(opts, "reduce")
   local root = global_to_group(g, dst, "reduce", "dst")
-  return run(g, opts, "reduce", function() call(g, "reduce", t, root, op or "SUM") end)
+  return run(g, opts, "reduce", t, root, op or "SUM")
 end
 
 function dist.broadcast(t, src, opts)
   check_tensor(t, "broadcast")
   local g = group_of(opts, "broadcast")
   local root = global_to_group(g, src, "broadcast", "src")
-  return run(g, opts, "broadcast", function() call(g, "broadcast", t, root) end)
+  return run(g, opts, "broadcast", t, root)
 end
 
 function dist.all_gather(list, t, opts)
   check_tensor(t, "all_gather")
   local g = group_of(opts, "all_gather")
   check_list(list, t, g, "all_gather", "the output list")
-  return run(g, opts, "all_gather", function() call(g, "all_gather", list, t) end)
+  return run(g, opts, "all_gather", list, t)
 end
 
 -- gather(t, list_on_dst_or_nil, dst [, opts])
@@ -389,14 +403,14 @@ function dist.gather(t, list, dst, opts)
   check_tensor(t, "gather")
   local g = group_of(opts, "gather")
   local root = global_to_group(g, dst or 0, "gather", "dst")
-  return run(g, opts, "gather", function() call(g, "gather", t, list, root) end)
+  return run(g, opts, "gather", t, list, root)
 end
 
 function dist.scatter(t, list, src, opts)
   check_tensor(t, "scatter")
   local g = group_of(opts, "scatter")
   local root = global_to_group(g, src or 0, "scatter", "src")
-  return run(g, opts, "scatter", function() call(g, "scatter", t, list, root) end)
+  return run(g, opts, "scatter", t, list, root)
 end
 
 function dist.reduce_scatter(t, list, op, opts)
@@ -404,12 +418,12 @@ function dist.reduce_scatter(t, list, op, opts)
   check_tensor(t, "reduce_scatter")
   local g = group_of(opts, "reduce_scatter")
   check_list(list, t, g, "reduce_scatter", "the input list")
-  return run(g, opts, "reduce_scatter", function() call(g, "reduce_scatter", t, list, op or "SUM") end)
+  return run(g, opts, "reduce_scatter", t, list, op or "SUM")
 end
 
 function dist.barrier(opts)
   local g = group_of(opts, "barrier")
-  return run(g, opts, "barrier", function() g:barrier() end)
+  return run(g, opts, "barrier")
 end
 
 function dist.send(t, dst, opts)

@@ -184,6 +184,20 @@ describe("collectives", function()
       dist.destroy_process_group()
     ]], {timeout = 40})
     assert_clean(r, 2)
+    -- a barrier is its own call (a dissemination barrier), not an all_reduce of
+    -- one element: against an all_reduce it is named as what it is, on 3 ranks
+    -- (two rounds, one of them across the rank that differs)
+    r = run_world(3, [[
+      dist.init_process_group{backend = "gloo", timeout = 20}
+      local ok, e
+      if rank == 1 then ok, e = pcall(dist.all_reduce, tensor.ones(1, {dtype = tensor.int64}))
+      else ok, e = pcall(dist.barrier) end
+      check("barrier mismatch fails", not ok and tostring(e.message):find("barrier()", 1, true) and
+        tostring(e.message):find("all_reduce(int64, 1 element", 1, true), e)
+      dist.destroy_process_group()
+    ]], {timeout = 40})
+    assert_clean(r, 3)
+    assert.is_true(r.elapsed < 15)
     -- every rank naming itself the root: nothing is received, so it can only be
     -- caught afterwards, at the next collective
     r = run_world(2, [[

@@ -49,6 +49,33 @@ describe("rpchost as a Lua interpreter", function()
     assert.are.equal(1, r.status)
     assert.truthy(r.err:find("deadlock: ", 1, true), r.err)
     assert.truthy(r.err:find("nothing that could complete it is pending", 1, true), r.err)
+    assert.truthy(r.err:find("waits for a Future(pending)", 1, true), r.err)
+  end)
+
+  it("keeps deadlines on time and reports a deadlock at once after cancelled deadlines", function()
+    -- a cancelled deadline leaves the loop's timer armed for it (no timer call per
+    -- rpc_sync): an earlier deadline must still fire on time, a later one when due,
+    -- and a loop with nothing left must not be kept alive by the stale timer
+    local r = S.run({"-e", [[
+      local sched = require "rpchost.sched"
+      local t0, fired = sched.now(), {}
+      sched.cancel(sched.after(30, function() end))
+      sched.after(0.05, function() fired.early = sched.now() - t0 end)
+      local c = sched.after(0.1, function() end)
+      sched.cancel(c)
+      sched.after(0.3, function() fired.late = sched.now() - t0 end)
+      sched.sleep(0.5)
+      print(("early %.3f late %.3f"):format(fired.early or -1, fired.late or -1))
+      sched.cancel(sched.after(30, function() end))
+      require('rpchost.future').new():wait()
+    ]]})
+    assert.are.equal(1, r.status, r.err)
+    local early, late = r.out:match("early ([%d.%-]+) late ([%d.%-]+)")
+    assert.truthy(early, r.out)
+    assert.is_true(tonumber(early) >= 0.045 and tonumber(early) < 0.25, r.out)
+    assert.is_true(tonumber(late) >= 0.295 and tonumber(late) < 0.5, r.out)
+    assert.truthy(r.err:find("deadlock: ", 1, true), r.err)
+    assert.is_true(r.elapsed < 10, "the deadlock took " .. tostring(r.elapsed) .. " s to be reported")
   end)
 
   it("reports an error raised after init_rpc at once, not after the store's linger", function()

@@ -431,4 +431,43 @@ describe("rpc", function()
     assert.are.equal(0, r.status, r.err)
     assert_oks(r, lines, {"pending unreachable", "fast", "new call unreachable", "others still serve"})
   end)
+  it("runs requests in reused coroutines that start clean, even after a handler failed", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      seen = {} -- (holds every handler's coroutine: none is collected and its address reused)
+      function where(fail)
+        local co = coroutine.running()
+        local t = sched.current()
+        local fresh = t.marked == nil
+        t.marked = true
+        if not seen[co] then seen[co] = true; seen.n = (seen.n or 0) + 1 end
+        if fail then error("handler failed on purpose") end
+        return seen.n, fresh
+      end
+      local weak = setmetatable({}, {__mode = "v"})
+      function keep_weak(x) weak[1] = x end
+      function collected() collectgarbage(); collectgarbage(); return weak[1] == nil end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local all_fresh, n = true, 0
+        for i = 1, 50 do
+          local ok, got, fresh = pcall(rpc.rpc_sync, "worker1", where, {i % 7 == 0})
+          if ok then n, all_fresh = got, all_fresh and fresh end
+        end
+        check("coroutines reused", n <= 5, n)
+        check("each task starts clean", all_fresh)
+        local ok, e = pcall(rpc.rpc_sync, "worker1", where, {true})
+        check("a failing handler still answers", not ok and e.kind == "remote")
+        check("concurrent requests still run at once", #rpc.wait_all({rpc.rpc_async("worker1", where),
+          rpc.rpc_async("worker1", where), rpc.rpc_async("worker1", where)}) == 3)
+        rpc.rpc_sync("worker1", keep_weak, {{}})
+        check("a finished handler's arguments can be collected", rpc.rpc_sync("worker1", collected))
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"coroutines reused", "each task starts clean", "a failing handler still answers",
+      "concurrent requests still run at once",
+      "a finished handler's arguments can be collected"})
+  end)
 end)

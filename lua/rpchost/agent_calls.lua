@@ -119,6 +119,14 @@ local function call_timed_out(call)
   end
 end
 
+-- A call to oneself, run as its own task. (Closures live in small functions
+-- like this one, off the hot path: a function that makes one cannot be
+-- compiled by LuaJIT, which aborts its traces on closure bytecodes.)
+local SELF_CALL = {name = "self call"}
+local function self_call(self, id, body, segs)
+  self:on_request(function(flags, rbody, rsegs) self:on_response(id, flags, rbody, rsegs) end, id, body, segs)
+end
+
 -- Starts a call; returns its Future. Serialisation errors raise here, at once.
 function C:call(to, fn, args, kwargs, timeout)
   self:check_running()
@@ -173,9 +181,7 @@ function C:call(to, fn, args, kwargs, timeout)
   end
   if p.rank == self.rank then
     -- a call to oneself: same semantics (arguments are copies), no socket
-    sched.spawn(function()
-      self:on_request(function(flags, rbody, rsegs) self:on_response(id, flags, rbody, rsegs) end, id, body, segs)
-    end, {name = "self call"})
+    sched.spawn(self_call, SELF_CALL, self, id, body, segs)
   else
     -- (a frame the transport refuses fails this call alone, at once)
     local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs)
@@ -271,10 +277,10 @@ end
 
 -- incoming calls ------------------------------------------------------------------------
 local function reply(self, to, id, flags, body, segs)
-  if type(to) == "function" then return to(flags, body, segs or {}) end
+  segs = segs or codec.EMPTY -- (shared, read-only)
+  if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
-  segs = segs or {}
   if p then
     trace.frame_bytes(p.name, true, body, segs)
     if self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then return sched.expect_soon() end
@@ -366,6 +372,21 @@ function C:send_reply(to, id, r, rmap)
   reply(self, to, id, proto.FLAG_ERROR, body)
 end
 
+-- An async_execution function returned fut: the reply goes when it completes.
+local function reply_when_done(self, to, id, fut, rmap)
+  if not Future.is(fut) then
+    self:send_reply(to, id, {false, "an async_execution function must return a Future, got " ..
+      type(fut), n = 2})
+  elseif fut.state == "done" then
+    self:send_reply(to, id, pack(true, unpack(fut.values, 1, fut.values.n)), rmap)
+  else
+    fut:add_done_callback(function(f)
+      if f.state == "error" then self:send_reply(to, id, {false, f.err, n = 2})
+      else self:send_reply(to, id, pack(true, unpack(f.values, 1, f.values.n)), rmap) end
+    end)
+  end
+end
+
 local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   -- a request runs in its caller's autograd context, with gradient mode on
   -- (the caller's no_grad does not travel, as in PyTorch)
@@ -385,18 +406,7 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
     r = pack(xpcall(fn, sched.traceback, unpack(args, 1, n)))
   end
   if r[1] and async_functions[fn] then
-    local fut = r[2]
-    if not Future.is(fut) then
-      self:send_reply(to, id, {false, "an async_execution function must return a Future, got " ..
-        type(fut), n = 2})
-    elseif fut.state == "done" then
-      self:send_reply(to, id, pack(true, unpack(fut.values, 1, fut.values.n)), rmap)
-    else
-      fut:add_done_callback(function(f)
-        if f.state == "error" then self:send_reply(to, id, {false, f.err, n = 2})
-        else self:send_reply(to, id, pack(true, unpack(f.values, 1, f.values.n)), rmap) end
-      end)
-    end
+    reply_when_done(self, to, id, r[2], rmap)
   else
     self:send_reply(to, id, r, rmap)
   end
@@ -480,6 +490,13 @@ end
 -- Where the queue limit comes from, for the error a full queue answers with.
 local QUEUE_SOURCE = "set rpc_backend_options max_queued_requests on that worker, or RPCHOST_MAX_QUEUED"
 
+local AWAITING_RREFS = {name = "request awaiting its RRefs"}
+local function dispatch_confirmed(self, unconfirmed, to, id, ...)
+  local ok, err = pcall(codec.await_confirmed, unconfirmed, self.timeout)
+  if not ok then return self:send_reply(to, id, {false, err, n = 2}) end
+  self:dispatch(to, id, ...)
+end
+
 function C:on_request(to, id, body, segs)
   if not self.ready then
     self.early[#self.early + 1] = {to, 0, 0, id, body, segs}
@@ -508,14 +525,13 @@ function C:on_request(to, id, body, segs)
   if unconfirmed then
     -- UserRRefs among the arguments are confirmed by their owners before the
     -- function runs (as in PyTorch): then it may use them at once
-    return sched.spawn(function()
-      local ok, err = pcall(codec.await_confirmed, unconfirmed, self.timeout)
-      if not ok then return self:send_reply(to, id, {false, err, n = 2}) end
-      self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
-    end, {name = "request awaiting its RRefs"})
+    return sched.spawn(dispatch_confirmed, AWAITING_RREFS, self, unconfirmed, to, id, fn, args, kwargs, ctx,
+                       queued_at, rmap, deadline)
   end
   return self:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
 end
+
+local REQUEST_TASK = {name = "request"}
 
 -- Runs a decoded request now, or queues it while num_worker_threads run.
 function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
@@ -554,7 +570,7 @@ function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
     return
   end
   self.running = self.running + 1
-  sched.spawn(handler_task, {name = "request"}, self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
+  sched.spawn(handler_task, REQUEST_TASK, self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
 end
 
 C.error_text = error_text

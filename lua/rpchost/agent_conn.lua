@@ -201,17 +201,19 @@ function C:await_dial(rank, secs)
   if p and p.state == "none" and rank < self.rank then p.await_until = sched.now() + secs end
 end
 
+-- How segments dropped from the pool are announced to p: made once per peer
+-- (apart from send_shm, which a closure would keep LuaJIT from compiling).
+local function shm_drop_of(self, p)
+  p.shm_drop = function(sid) pcall(self.post, self, p.rank, "!shm_drop", sid) end
+  return p.shm_drop
+end
+
 -- Through shared memory, when this connection agreed to it and the payload is
 -- big enough; true when sent.
 function C:send_shm(p, conn, ftype, flags, id, body, segs)
   local st = segs[1] and self.conns[conn]
   if not (st and st.shm) then return false end
-  -- (how segments dropped from the pool are announced: made once per peer)
-  local drop = p.shm_drop
-  if not drop then
-    drop = function(sid) pcall(self.post, self, p.rank, "!shm_drop", sid) end
-    p.shm_drop = drop
-  end
+  local drop = p.shm_drop or shm_drop_of(self, p)
   local ok, sent = pcall(shm.send, p, conn, ftype, flags, id, body, segs, drop)
   if ok then return sent end
   -- (the socket still takes it, and if it cannot either, that error is the one to see)

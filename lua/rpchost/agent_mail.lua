@@ -15,6 +15,7 @@ local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local pack = function(...) return {n = select("#", ...), ...} end
 
 local C = {}
+local NO_MAIL = {} -- (an empty mailbox, never written)
 
 -- one-way keyed messages ----------------------------------------------------------------
 -- post(rank, key, ...): send values to rank's mailbox under key (no reply).
@@ -78,7 +79,11 @@ function C:on_message(src, body, segs)
   end
   local box = self.mail[src]
   if not box then box = {}; self.mail[src] = box end
-  local values = pack(unpack(r, 3, r.n))
+  -- the values are r[3..n]: shifted down in place (no second table per message)
+  local n = r.n
+  for i = 3, n do r[i - 2] = r[i] end
+  r[n - 1], r[n], r.n = nil, nil, n - 2
+  local values = r
   local w = self.mail_waiters[src] and self.mail_waiters[src][key]
   if w then
     self.mail_waiters[src][key] = nil
@@ -119,12 +124,12 @@ end
 
 -- With `prefix` and `on_other`, a message from the same rank under another key
 -- with that prefix (already there, or arriving while waiting) is shown to
--- on_other(values), which may raise; otherwise the wait goes on.
-function C:receive(rank, key, timeout, what, prefix, on_other)
+-- on_other(values, ctx), which may raise; otherwise the wait goes on.
+function C:receive(rank, key, timeout, what, prefix, on_other, ctx)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   if prefix then
-    for k, v in pairs(self.mail[rank] or {}) do
-      if k ~= key and k:sub(1, #prefix) == prefix then on_other(v) end
+    for k, v in pairs(self.mail[rank] or NO_MAIL) do
+      if k ~= key and k:sub(1, #prefix) == prefix then on_other(v, ctx) end
     end
   end
   while true do
@@ -156,7 +161,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other)
     end
     if errors.is(got) then error(got, 0) end
     if type(got) == "table" and got.other then
-      on_other(got.values)
+      on_other(got.values, ctx)
     else
       return unpack(got, 1, got.n)
     end

@@ -47,11 +47,37 @@ function Group:index_of(global_rank)
 end
 
 local function describe(m)
+  if m.dtype == -1 and m.numel == 0 and not m.root and not m.redop then
+    return m.op .. "()" -- a call without a tensor (barrier)
+  end
   local dtype = ({"float32", "float64", "int32", "int64", "uint8", "bool"})[(m.dtype or -1) + 1] or "?"
   local s = ("%s(%s, %d element%s"):format(m.op, dtype, m.numel or 0, m.numel == 1 and "" or "s")
   if m.root then s = s .. ", root " .. m.root end
   if m.redop then s = s .. ", " .. m.redop end
   return s .. ")"
+end
+
+-- The prefix of every key of this group's collectives (made once).
+function Group:prefix()
+  local p = self.key_prefix
+  if not p then p = "g" .. tostring(self.id) .. ":"; self.key_prefix = p end
+  return p
+end
+
+-- A call's signature: the one string each of its messages carries and the
+-- receiver compares whole (made once per call, where a description table would
+-- be encoded and decoded again with every message).
+local function signature(m)
+  return ("%s|%d|%d|%s|%s"):format(m.op, m.dtype, m.numel, m.root or "", m.redop or "")
+end
+
+-- The description a received signature stands for (nil for anything else).
+local function parse_signature(sig)
+  if type(sig) ~= "string" then return nil end
+  local op, dtype, numel, root, redop = sig:match("^([^|]*)|(%-?%d+)|(%d+)|([^|]*)|([^|]*)$")
+  if not op then return nil end
+  return {op = op, dtype = tonumber(dtype), numel = tonumber(numel), root = tonumber(root),
+          redop = redop ~= "" and redop or nil}
 end
 
 -- A collective in progress: its key prefix and description.
@@ -70,7 +96,10 @@ function Group:begin(op, t, extra)
   -- (the last few calls, to name one that a late message shows did not match)
   self.recent = self.recent or {}
   self.recent[self.seq % 16] = {seq = self.seq, meta = m}
-  return {key = ("g%s:%d:"):format(self.id, self.seq), meta = m, seq = self.seq}
+  -- (what: the call by its own number, as its waits name it; with async Works
+  -- the group may have started later ones)
+  return {key = self:prefix() .. self.seq .. ":", meta = m, sig = signature(m), seq = self.seq,
+          what = op .. " #" .. self.seq}
 end
 
 -- A message of one of this group's collectives that already ended here means
@@ -84,7 +113,7 @@ function Group:check_leftovers()
   local a = self.agent
   -- (a group that already stopped has said what went wrong)
   if (self.async_running or 0) > 0 or self.seq == 0 or a.aborted then return end
-  local prefix = ("g%s:"):format(self.id)
+  local prefix = self:prefix()
   for _, r in ipairs(self.ranks) do
     for k, v in pairs(a.mail[r] or {}) do
       if k:sub(1, #prefix) == prefix then
@@ -100,12 +129,19 @@ function Group:check_leftovers()
   end
 end
 
+-- Sends t, which the caller may change afterwards: a small piece is copied into
+-- the message body anyway (see send), only a larger one is cloned first.
+function Group:send_copy(c, i, step, t)
+  if core.t_dtype(t) ~= c.meta.dtype or core.t_nbytes(t) > M.INLINE_BYTES then t = core.t_clone(t) end
+  return self:send(c, i, step, t)
+end
+
 function Group:send(c, i, step, t)
   -- (only pieces of the call's own dtype: recv rebuilds them with it)
   if t and core.t_dtype(t) == c.meta.dtype and core.t_nbytes(t) <= M.INLINE_BYTES then
     t = core.t_bytes(t)
   end
-  self.agent:post(self:global(i), c.key .. step, c.meta, t)
+  self.agent:post(self:global(i), c.key .. step, c.sig, t)
   -- out now: the peer is usually waiting for exactly this step, and this rank
   -- may go on to reduce or copy for a long while before the loop's next turn
   core.flush()
@@ -134,10 +170,8 @@ function Group:abort(err)
   error(err, 0)
 end
 
-local function same_call(a, b)
-  return type(a) == "table" and a.op == b.op and a.dtype == b.dtype and a.numel == b.numel
-    and a.root == b.root and a.redop == b.redop
-end
+-- sig: a received signature; c: this rank's call
+local function same_call(sig, c) return sig == c.sig end
 
 -- late: the number of a collective that already returned here (its result on
 -- this rank is wrong)
@@ -145,25 +179,28 @@ function Group:mismatch(m, src, meta, late)
   self:abort(errors.new("protocol", ("collective mismatch%s: rank %d called %s but rank %d called %s " ..
     "(every rank of a group must make the same collective calls, with the same sizes, dtypes and " ..
     "roots, in the same order)%s"):format(late and (" in collective #" .. late) or "", self.agent.rank,
-    describe(m), src, type(meta) == "table" and describe(meta) or "something else",
+    describe(m), src, parse_signature(meta) and describe(parse_signature(meta)) or "something else",
     late and "; that collective has already returned here, and its result is wrong" or ""), {rank = src}))
+end
+
+-- Another message of collective c from the rank it is receiving from (c.from):
+-- it must describe the same call. (One function for all: no closure per receive.)
+local function other_message(values, c)
+  if not same_call(values[1], c) then c.group:mismatch(c.meta, c.from, values[1]) end
 end
 
 function Group:recv(c, i, step)
   local src = self:global(i)
   local m = c.meta
+  c.group, c.from = self, src
   local ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout,
-    -- (the call's own number: with async Works the group may have started later ones)
-    ("%s #%d"):format(m.op, c.seq), c.key, function(values)
-      -- another message of this collective from src: it must describe the same call
-      if not same_call(values[1], m) then self:mismatch(m, src, values[1]) end
-    end)
+    c.what, c.key, other_message, c)
   if not ok then
     -- a lost or silent peer, or a mismatch: stop the whole group with the reason
     if errors.is(meta) and not self.agent.aborted then self:abort(meta) end
     error(meta, 0)
   end
-  if not same_call(meta, m) then self:mismatch(m, src, meta) end
+  if not same_call(meta, c) then self:mismatch(m, src, meta) end
   if type(t) == "string" then
     -- an inlined piece: the call's dtype (checked above) and its own length
     local esize = core.dtype_size(m.dtype) -- m is this rank's own call
@@ -198,7 +235,7 @@ local function recursive_doubling(g, c, flat, redop)
   while p2 * 2 <= n do p2 = p2 * 2 end
   if me >= p2 then
     -- fold the ranks beyond the largest power of two into their partners
-    g:send(c, me - p2, "f", snapshot(flat))
+    g:send_copy(c, me - p2, "f", flat)
     core.t_copy_(flat, g:recv(c, me - p2, "b"))
     return
   end
@@ -208,7 +245,7 @@ local function recursive_doubling(g, c, flat, redop)
     local partner = bit.bxor(me, mask)
     -- (both send at once: the lower one's connection carries both)
     g.agent:await_dial(g:global(partner), 1)
-    g:send(c, partner, "d" .. mask, snapshot(flat))
+    g:send_copy(c, partner, "d" .. mask, flat)
     local x = g:recv(c, partner, "d" .. mask)
     -- the lower rank's operand first, so both partners compute the same bits
     if partner < me then
@@ -219,7 +256,7 @@ local function recursive_doubling(g, c, flat, redop)
     end
     mask = mask * 2
   end
-  if me < n - p2 then g:send(c, me + p2, "b", snapshot(flat)) end
+  if me < n - p2 then g:send_copy(c, me + p2, "b", flat) end
 end
 
 -- Small tensors in a big group: reduced up a binomial tree to group rank 0,
@@ -240,7 +277,7 @@ local function tree(g, c, flat, redop)
     mask = mask * 2
   end
   if v ~= 0 then
-    g:send(c, v - low, "tu" .. low, snapshot(flat))
+    g:send_copy(c, v - low, "tu" .. low, flat)
     core.t_copy_(flat, g:recv(c, v - low, "td"))
   end
   local snap = nil
@@ -269,10 +306,11 @@ end
 
 -- Runs fn(flat) on a flat contiguous view of t (a copy when t is not
 -- contiguous, written back afterwards: collectives are in place).
-local function in_place(t, fn)
-  if core.t_is_contiguous(t) then return fn(core.t_view(t, {-1}, false)) end
+local FLAT = {-1}
+local function in_place(t, fn, ...)
+  if core.t_is_contiguous(t) then return fn(core.t_view(t, FLAT, false), ...) end
   local work = core.t_clone(t)
-  fn(core.t_view(work, {-1}, false))
+  fn(core.t_view(work, FLAT, false), ...)
   core.t_copy_(t, work)
 end
 
@@ -365,19 +403,21 @@ local function direct_allreduce(g, flat, redop, peers)
   g:barrier() -- nobody changes its tensor while others may still read it
 end
 
+local function all_reduce_flat(flat, g, c, redop)
+  local bytes, numel = core.t_nbytes(flat), core.t_numel(flat)
+  local peers = bytes >= M.DIRECT_BYTES and numel >= g.size and g:direct_peers(c, flat)
+  if peers then direct_allreduce(g, flat, redop, peers)
+  elseif bytes >= M.RING_BYTES and numel >= g.size then ring(g, c, flat, redop)
+  elseif g.size >= M.TREE_RANKS then tree(g, c, flat, redop)
+  else recursive_doubling(g, c, flat, redop) end
+  if redop == "AVG" then core.t_binary(3, flat, g.size, flat) end
+end
+
 function Group:all_reduce(t, redop)
   check_redop(redop, t)
   local c = self:begin("all_reduce", t, {redop = redop})
   if self.size == 1 then return end
-  local bytes = core.t_nbytes(t)
-  in_place(t, function(flat)
-    local peers = bytes >= M.DIRECT_BYTES and core.t_numel(t) >= self.size and self:direct_peers(c, flat)
-    if peers then direct_allreduce(self, flat, redop, peers)
-    elseif bytes >= M.RING_BYTES and core.t_numel(t) >= self.size then ring(self, c, flat, redop)
-    elseif self.size >= M.TREE_RANKS then tree(self, c, flat, redop)
-    else recursive_doubling(self, c, flat, redop) end
-    if redop == "AVG" then core.t_binary(3, flat, self.size, flat) end
-  end)
+  in_place(t, all_reduce_flat, self, c, redop)
 end
 
 -- broadcast / reduce: binomial trees rooted at `root` (a group index) ----------------------
@@ -498,9 +538,19 @@ function Group:reduce_scatter(t, list, redop)
   core.t_copy_(t, acc)
 end
 
+-- A dissemination barrier: in round k each rank tells rank me + 2^k and hears
+-- from rank me - 2^k; after ceil(log2 n) rounds every rank has heard, through
+-- some path, from all. Its messages carry nothing but the call's signature
+-- (no tensor to make, encode or reduce).
 function Group:barrier()
-  local t = core.t_full(3, {1}, 0)
-  self:all_reduce(t, "SUM")
+  local c = self:begin("barrier")
+  local n, me = self.size, self.rank
+  local d = 1
+  while d < n do
+    self:send(c, (me + d) % n, "b" .. d)
+    self:recv(c, (me - d) % n, "b" .. d)
+    d = d * 2
+  end
 end
 
 -- point to point: the n-th send from a to b with a tag meets the n-th recv -------------------

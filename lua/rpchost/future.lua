@@ -17,9 +17,12 @@ function Future.new(what)
   return setmetatable({state = "pending", what = what}, Future)
 end
 
+-- Waiters: the first in f.waiter (the usual case, one task waiting: no list),
+-- any others in the list f.waiters.
 local function settle(f)
-  local waiters, callbacks = f.waiters, f.callbacks
-  f.waiters, f.callbacks = nil, nil
+  local waiter, waiters, callbacks = f.waiter, f.waiters, f.callbacks
+  f.waiter, f.waiters, f.callbacks = nil, nil, nil
+  if waiter then sched.wake(waiter) end
   if waiters then
     for _, t in ipairs(waiters) do sched.wake(t) end
   end
@@ -74,10 +77,15 @@ function Future:wait(timeout)
     if not t then
       error("Future:wait() called outside a task (from a __gc metamethod or a C callback)", 2)
     end
-    self.waiters = self.waiters or {}
-    table.insert(self.waiters, t)
-    local woke = sched.suspend_until("a " .. tostring(self), timeout)
+    if self.waiter == nil then self.waiter = t
+    else
+      self.waiters = self.waiters or {}
+      table.insert(self.waiters, t)
+    end
+    -- (the future itself says what the task waits for: no string per wait)
+    local woke = sched.suspend_until(self, timeout)
     if not woke and self.state == "pending" then
+      if self.waiter == t then self.waiter = nil end
       for i, w in ipairs(self.waiters or {}) do
         if w == t then table.remove(self.waiters, i) break end
       end

@@ -33,7 +33,8 @@ function M.traceback(e)
 end
 
 -- ready queue ---------------------------------------------------------------
-local ready, rhead, rtail = {}, 1, 0
+-- (two parallel arrays, task and its resume values: no table per wake)
+local ready, ready_args, rhead, rtail = {}, {}, 1, 0
 local current = nil -- the task being resumed
 -- true while core.run is in progress and no callback has yet made a task runnable
 local in_loop = false
@@ -44,9 +45,9 @@ local in_loop = false
 -- while tasks ran) and prepare hooks *before* it polls, and in "once" mode it then
 -- blocks in the poll until some unrelated I/O or the next deadline. Without the
 -- stop, a task woken there waits that long (or forever) in the ready queue.
-local function enqueue(item)
+local function enqueue(t, args)
   rtail = rtail + 1
-  ready[rtail] = item
+  ready[rtail], ready_args[rtail] = t, args
   if in_loop then
     in_loop = false
     core.stop()
@@ -66,6 +67,41 @@ function M.inherit(field)
   inherited[#inherited + 1] = field
 end
 
+-- Finished tasks' coroutines wait here for the next task (at most POOL_MAX):
+-- a request or a callback reuses one instead of creating a coroutine (and its
+-- stack) every time. A pooled coroutine yields POOLED; the next spawn resumes it
+-- with (task, fn, args...).
+local pool, npool, POOL_MAX = {}, 0, 64
+local POOLED = setmetatable({}, {__tostring = function() return "rpchost.pooled" end})
+local raw_running = coroutine.running
+
+local function finish(t, ok, ...)
+  t.done = true
+  if not ok then
+    local err = ...
+    if t.on_error then t.on_error(err)
+    else io.stderr:write("rpchost: error in ", t.name or "task", ": ", tostring(err), "\n") end
+  end
+  -- (only a task whose results someone reads keeps them: M.run's)
+  if t.keep_result then t.result = pack(ok, ...) end
+end
+
+-- The body of every task's coroutine: runs one task, then parks for the next.
+-- Tail calls each way: no stack growth from task to task, and a parked
+-- coroutine's frame holds nothing of the task it ran (its function, arguments
+-- and results would otherwise stay reachable: tensors, RRefs).
+local park
+local function task_main(t, fn, ...)
+  finish(t, xpcall(fn, M.traceback, ...))
+  return park()
+end
+park = function()
+  if npool >= POOL_MAX then return end
+  npool = npool + 1
+  pool[npool] = raw_running()
+  return task_main(raw_yield(POOLED))
+end
+
 -- Runs fn(...) as a new task. opts.name describes it; opts.on_error(err, tb) gets
 -- an error the function did not handle (default: print it).
 function M.spawn(fn, opts, ...)
@@ -78,21 +114,20 @@ function M.spawn(fn, opts, ...)
       t[k] = parent[k]
     end
   end
-  local args = pack(...)
-  t.co = raw_create(function()
-    local res = pack(xpcall(fn, M.traceback, unpack(args, 1, args.n)))
-    t.done = true
-    if not res[1] then
-      if t.on_error then t.on_error(res[2])
-      else io.stderr:write("rpchost: error in ", t.name or "task", ": ", tostring(res[2]), "\n") end
-    end
-    t.result = res
-  end)
-  enqueue({t})
+  local co = pool[npool]
+  if co then pool[npool] = nil; npool = npool - 1
+  else co = raw_create(task_main) end
+  t.co = co
+  enqueue(t, {n = select("#", ...) + 2, t, fn, ...})
   return t
 end
 
 function M.current() return current end
+
+local function resumed(first, ...)
+  if first == INTERRUPT then error((...), 0) end
+  return first, ...
+end
 
 -- Suspends the running task until `wake`; returns wake's extra values.
 -- `what` says what it waits for (used in deadlock reports).
@@ -104,9 +139,7 @@ function M.suspend(what)
           "run by rpchost may wait", 2)
   end
   t.waiting = what or "something"
-  local r = pack(raw_yield(SUSPEND))
-  if r[1] == INTERRUPT then error(r[2], 0) end
-  return unpack(r, 1, r.n)
+  return resumed(raw_yield(SUSPEND))
 end
 
 -- Makes a waiting task's wait raise err instead (Ctrl-C at the REPL). The task
@@ -114,7 +147,7 @@ end
 function M.interrupt(t, err)
   if not t or t.waiting == nil or t.done then return false end
   t.waiting = nil
-  enqueue({t, pack(INTERRUPT, err)})
+  enqueue(t, {n = 2, INTERRUPT, err})
   return true
 end
 
@@ -122,7 +155,7 @@ end
 function M.wake(t, ...)
   if not t or t.waiting == nil or t.done then return false end
   t.waiting = nil
-  enqueue({t, pack(...)})
+  enqueue(t, select("#", ...) > 0 and {n = select("#", ...), ...} or nil)
   return true
 end
 
@@ -147,6 +180,12 @@ local function down(i)
     hswap(i, m); i = m
   end
 end
+-- The C timer is armed at armed_at, never later than the earliest deadline
+-- (while there is one). It may be earlier: a deadline cancelled or one that
+-- became later leaves it as it is, and it then fires early and is set again.
+-- So a call that sets a deadline and cancels it at its reply (every rpc_sync)
+-- touches the C timer only when its deadline is the earliest ever armed; an
+-- idle loop stops it (run_until) so that it keeps no empty loop alive.
 local armed_at = nil
 local function rearm()
   if hn == 0 then
@@ -181,16 +220,12 @@ end
 function M.after_into(e, delay, fn, arg)
   e.at, e.cb, e.arg = now() + delay, fn, arg
   hn = hn + 1; heap[hn] = e; e.i = hn; up(hn)
-  if heap[1] == e then rearm() end
+  if heap[1] == e and not (armed_at and armed_at <= e.at) then rearm() end
   return e
 end
 
 function M.cancel(e)
-  if e and e.i then
-    local top = heap[1] == e
-    hremove(e)
-    if top then rearm() end
-  end
+  if e and e.i then hremove(e) end -- (the timer may now fire early: see armed_at)
 end
 
 on_timer = function()
@@ -205,26 +240,29 @@ on_timer = function()
   rearm()
 end
 
+-- (deadline callbacks shared by every sleep and timed wait: no closure per wait)
+local function wake_task(t) M.wake(t) end
+local function wake_timed_out(t) M.wake(t, SUSPEND) end
+
 -- Waits `s` seconds (the task yields; the loop keeps running).
 function M.sleep(s)
-  local t = current
-  local e = M.after(s or 0, function() M.wake(t) end)
+  local e = M.after(s or 0, wake_task, current)
   M.suspend(("sleep(%g)"):format(s or 0))
   M.cancel(e)
+end
+
+local function woke_or_timed_out(e, first, ...)
+  if e then M.cancel(e) end
+  if first == SUSPEND then return false end
+  return true, first, ...
 end
 
 -- Suspends with a deadline: returns true, ... if woken, false on timeout.
 -- timeout nil or 0: no deadline.
 function M.suspend_until(what, timeout)
-  local t = current
   local e
-  if timeout and timeout > 0 then
-    e = M.after(timeout, function() M.wake(t, SUSPEND) end)
-  end
-  local r = pack(M.suspend(what))
-  if e then M.cancel(e) end
-  if r[1] == SUSPEND then return false end
-  return true, unpack(r, 1, r.n)
+  if timeout and timeout > 0 then e = M.after(timeout, wake_timed_out, current) end
+  return woke_or_timed_out(e, M.suspend(what))
 end
 
 -- user coroutines: pass rpchost suspensions through them ----------------------
@@ -248,10 +286,9 @@ end
 -- driving ----------------------------------------------------------------------
 local function drain()
   while rhead <= rtail do
-    local item = ready[rhead]
-    ready[rhead] = nil
+    local t, args = ready[rhead], ready_args[rhead]
+    ready[rhead], ready_args[rhead] = nil, nil
     rhead = rhead + 1
-    local t, args = item[1], item[2]
     if not t.done then
       current = t
       local ok, err
@@ -261,7 +298,7 @@ local function drain()
       if not ok then
         t.done = true
         io.stderr:write("rpchost: task ", tostring(t.name), " failed: ", tostring(err), "\n")
-      elseif err ~= SUSPEND and raw_status(t.co) == "suspended" then
+      elseif err ~= SUSPEND and err ~= POOLED and raw_status(t.co) == "suspended" then
         -- a bare coroutine.yield() at the top of a task: nothing will resume it
         t.done = true
         io.stderr:write("rpchost: coroutine.yield() called outside any coroutine in ",
@@ -307,6 +344,12 @@ function M.at_exit(fn) exit_hooks[#exit_hooks + 1] = fn end
 local turn_hooks = {}
 function M.on_turn(fn) turn_hooks[#turn_hooks + 1] = fn end
 
+-- What a task waits for, in words: a string, or an object (a Future) that says.
+local function waiting_text(w)
+  if type(w) == "string" then return w end
+  return "a " .. tostring(w)
+end
+
 local function run_until(t)
   while not t.done do
     drain()
@@ -314,6 +357,9 @@ local function run_until(t)
     drain()
     if t.done then break end
     local spinning = rhead > rtail and spin_until > 0 and now() < spin_until
+    -- (no deadline left: the timer armed for a cancelled one goes, or it would
+    -- keep an otherwise finished loop alive)
+    if hn == 0 and armed_at then core.timer_stop(); armed_at = nil end
     M.turn = M.turn + 1
     in_loop = true
     local alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
@@ -322,7 +368,7 @@ local function run_until(t)
     -- waits for may share it, and a busy poll would hold it for a whole slice)
     if spinning and rhead > rtail then core.yield_cpu() end
     if not alive and rhead > rtail and not t.done and not spinning then
-      return false, "deadlock: " .. tostring(t.name) .. " waits for " .. tostring(t.waiting) ..
+      return false, "deadlock: " .. tostring(t.name) .. " waits for " .. waiting_text(t.waiting) ..
         " but nothing that could complete it is pending (no connection, timer or process)"
     end
   end
@@ -336,6 +382,7 @@ end
 -- exit hooks (which may wait a while: a store host lingers for its clients).
 function M.run(fn, name, on_error, ...)
   local t = M.spawn(fn, {name = name or "main", on_error = on_error or function() end}, ...)
+  t.keep_result = true
   local ok, err = run_until(t)
   if not ok then return false, err end
   local res = t.result
