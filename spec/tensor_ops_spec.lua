@@ -545,6 +545,25 @@ describe("strided copies", function()
   end)
 end)
 
+describe("large gathers", function()
+  it("checked in every thread: the same values as the int32 path, the first bad index named", function()
+    tensor.manual_seed(9)
+    local n = 200000
+    local src = tensor.randn(n)
+    local idx = tensor.randint(1, n + 1, {n})
+    idx[5] = -1 -- from the end, as PyTorch
+    local got = src:gather(1, idx)
+    assert.is_true(got:equal(src:gather(1, idx:int())))
+    assert.are.equal(src[n]:item(), got[5]:item())
+    -- two bad indices far apart (different threads' blocks): the first is named
+    idx[150001], idx[70001] = n + 7, 0
+    local ok, e = pcall(src.gather, src, 1, idx)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("gather: index 0 is out of bounds for dimension 1 with size 200000", 1, true),
+      tostring(e))
+  end)
+end)
+
 describe("large scatters", function()
   it("split across threads give the serial answer (last store wins, every add counted)", function()
     tensor.manual_seed(8)

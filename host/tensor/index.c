@@ -166,6 +166,7 @@ typedef struct {
   int64_t ast[RH_MAXDIM];  /* indexed tensor, bytes */
   int64_t ost[RH_MAXDIM];  /* other tensor (out for gather, src for scatter), bytes */
   const int64_t *idx;
+  int64_t idx_off; /* idx[w - idx_off] is position w's index */
   char *abase, *obase;
   char value[8];
 } gs_t;
@@ -174,7 +175,7 @@ typedef struct {
 #define GS_MOVE(T)                                                                   \
   do {                                                                               \
     for (int64_t k = k0; k < k1; k++, w++) {                                         \
-      char *pa = abase + j->idx[w] * j->ast[j->dim] + (last == j->dim ? 0 : k * j->ast[last]); \
+      char *pa = abase + j->idx[w - j->idx_off] * j->ast[j->dim] + (last == j->dim ? 0 : k * j->ast[last]); \
       char *po = obase + k * j->ost[last];                                           \
       if (j->mode == 0) *(T *)po = *(const T *)pa;                                   \
       else if (j->mode == 1) *(T *)pa = *(const T *)po;                              \
@@ -211,12 +212,76 @@ static void gs_range(gs_t *j, int64_t lo, int64_t hi) {
 
 static void gs_chunk(void *vj, int64_t lo, int64_t hi) { gs_range(vj, lo, hi); }
 
+/* gather straight from a contiguous int64 index: each thread checks and rebases
+ * its indices a block at a time into a buffer on its stack, then moves that
+ * block, instead of one thread first copying the whole index (for 16M indices,
+ * a 128 MB copy as long as the gather itself). A bad index stops its thread
+ * before it is used; the lowest bad position is reported. (out is new: what was
+ * written before the error is thrown away with it.) */
+typedef struct {
+  gs_t g;
+  const int64_t *raw;
+  int64_t n, base;
+  int64_t bad; /* lowest position holding a bad index, INT64_MAX when none */
+} gather_t;
+
+#define GATHER_BLOCK 1024
+
+static void gather_chunk(void *vj, int64_t lo, int64_t hi) {
+  gather_t *j = vj;
+  int64_t buf[GATHER_BLOCK];
+  for (int64_t b = lo; b < hi; b += GATHER_BLOCK) {
+    int64_t e = hi - b < GATHER_BLOCK ? hi : b + GATHER_BLOCK;
+    for (int64_t w = b; w < e; w++) {
+      int64_t r = j->raw[w], v = r < 0 ? r + j->n : r - j->base;
+      if (v < 0 || v >= j->n || (r >= 0 && r < j->base)) {
+        int64_t seen = __atomic_load_n(&j->bad, __ATOMIC_RELAXED);
+        while (w < seen && !__atomic_compare_exchange_n(&j->bad, &seen, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
+        return;
+      }
+      buf[w - b] = v;
+    }
+    gs_t g = j->g;
+    g.idx = buf;
+    g.idx_off = b;
+    gs_range(&g, b, e);
+  }
+}
+
 static void strides_bytes(const rh_tensor_t *t, int64_t *out) {
   for (int d = 0; d < t->ndim; d++) out[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
 }
 
+static rh_tensor_t *gather_direct(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
+  rh_tensor_t *out = rh_tensor_empty(a->dtype, idx->ndim, idx->size);
+  if (!out) return NULL;
+  int nd = idx->ndim, d0 = a->ndim ? dim : 0;
+  gather_t j;
+  memset(&j, 0, sizeof j);
+  j.g = (gs_t){nd ? nd : 1, d0, 0, a->dtype, {1}, {0}, {0}, NULL, 0, rh_tensor_data(a), rh_tensor_data(out), {0}};
+  int64_t ast[RH_MAXDIM] = {0}, ost[RH_MAXDIM] = {0};
+  strides_bytes(a, ast);
+  strides_bytes(out, ost);
+  for (int d = 0; d < nd; d++) j.g.size[d] = idx->size[d], j.g.ast[d] = ast[d], j.g.ost[d] = ost[d];
+  j.raw = rh_tensor_data(idx);
+  j.n = a->ndim ? a->size[dim] : 1;
+  j.base = base;
+  j.bad = INT64_MAX;
+  rh_parallel_for(rh_tensor_numel(idx), 1 << 14, gather_chunk, &j);
+  if (j.bad != INT64_MAX) {
+    rh_tensor_release(out);
+    rh_tensor_fail("gather: index %lld is out of bounds for dimension %d with size %lld", (long long)j.raw[j.bad],
+                   dim + 1, (long long)j.n);
+    return NULL;
+  }
+  return out;
+}
+
 rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
   if (check_dim("gather", a, dim) || check_gather_shape("gather", a, idx, NULL, dim)) return NULL;
+  if (!RH_ON_DEVICE(a) && !RH_ON_DEVICE(idx) && idx->dtype == RH_I64 && rh_tensor_is_contiguous(idx))
+    return gather_direct(a, dim, idx, base);
   rh_tensor_t *ci = checked_index("gather", idx, a->ndim ? a->size[dim] : 1, dim, base);
   if (!ci) return NULL;
   rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), a->dtype, idx->ndim, idx->size);
@@ -237,7 +302,7 @@ rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t
             : -1;
     rh_tensor_release(di);
   } else {
-    gs_t j = {nd ? nd : 1, d0, 0, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a), rh_tensor_data(out), {0}};
+    gs_t j = {nd ? nd : 1, d0, 0, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), 0, rh_tensor_data(a), rh_tensor_data(out), {0}};
     for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
     rh_parallel_for(rh_tensor_numel(ci), 1 << 14, gs_chunk, &j);
   }
@@ -329,7 +394,7 @@ int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *s
             : -1;
     rh_tensor_release(di);
   } else {
-    gs_t j = {nd ? nd : 1, d0, mode, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), rh_tensor_data(a),
+    gs_t j = {nd ? nd : 1, d0, mode, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), 0, rh_tensor_data(a),
               src ? rh_tensor_data(src) : NULL, {0}};
     for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
     rh__store(a->dtype, j.value, value);
