@@ -2,9 +2,12 @@
  * nn_pool.c, nn_norm.c: batch and layer norm, nn_rnn.c: the LSTM cell,
  * nn_softmax.c, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
  * these are sizes); the Lua side checks shapes and names the
- * layer in its errors, the core's message is raised for anything it refuses. */
+ * layer in its errors, the core's message is raised for anything it refuses.
+ * Convolution and pooling of a tensor on a CUDA device go to the device's
+ * kernels (host/tensor/nn_cuda.c): on_dev() picks them by the first tensor. */
 #include "rh_lua.h"
 #include "tensor/nn.h"
+#include "tensor/nn_cuda.h"
 
 static int check_rc(lua_State *L, int rc) {
   if (rc) return luaL_error(L, "%s", rh_tensor_errmsg());
@@ -26,6 +29,8 @@ static int push3(lua_State *L, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *c) {
   return 3;
 }
 
+static int on_dev(lua_State *L, int i) { return rh_tensor_device(rh_lua_checktensor(L, i)) >= 0; }
+
 /* reads stride, padding, dilation (pairs) and groups from stack slots i.. */
 static void conv_params(lua_State *L, int i, rh_nn_conv_t *p) {
   for (int k = 0; k < 2; k++) {
@@ -40,7 +45,8 @@ static void conv_params(lua_State *L, int i, rh_nn_conv_t *p) {
 static int l_conv2d(lua_State *L) {
   rh_nn_conv_t p;
   conv_params(L, 4, &p);
-  return push(L, rh_nn_conv2d(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3), &p));
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_conv2d : rh_nn_conv2d)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
+                                                                   rh_lua_totensor(L, 3), &p));
 }
 
 /* conv2d_backward(x, w, gy, sh, sw, ph, pw, dh, dw, groups, want_x, want_w, want_b) -> gx, gw, gb */
@@ -48,7 +54,7 @@ static int l_conv2d_backward(lua_State *L) {
   rh_nn_conv_t p;
   conv_params(L, 4, &p);
   rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
-  check_rc(L, rh_nn_conv2d_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3), &p,
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_conv2d_backward : rh_nn_conv2d_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3), &p,
                                     lua_toboolean(L, 11) ? &gx : NULL, lua_toboolean(L, 12) ? &gw : NULL,
                                     lua_toboolean(L, 13) ? &gb : NULL));
   return push3(L, gx, gw, gb);
@@ -71,7 +77,7 @@ static int l_max_pool2d(lua_State *L) {
   rh_nn_pool_t p;
   pool_params(L, 2, &p);
   rh_tensor_t *y, *idx;
-  check_rc(L, rh_nn_max_pool2d(rh_lua_checktensor(L, 1), &p, &y, &idx));
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_max_pool2d : rh_nn_max_pool2d)(rh_lua_checktensor(L, 1), &p, &y, &idx));
   rh_lua_pushtensor(L, y);
   rh_lua_pushtensor(L, idx);
   return 2;
@@ -79,31 +85,32 @@ static int l_max_pool2d(lua_State *L) {
 
 /* max_pool2d_backward(gy, idx, h, w) */
 static int l_max_pool2d_backward(lua_State *L) {
-  return push(L, rh_nn_max_pool2d_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_max_pool2d_backward : rh_nn_max_pool2d_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
                                            (int64_t)luaL_checknumber(L, 3), (int64_t)luaL_checknumber(L, 4)));
 }
 
 static int l_avg_pool2d(lua_State *L) {
   rh_nn_pool_t p;
   pool_params(L, 2, &p);
-  return push(L, rh_nn_avg_pool2d(rh_lua_checktensor(L, 1), &p));
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_avg_pool2d : rh_nn_avg_pool2d)(rh_lua_checktensor(L, 1), &p));
 }
 
 /* avg_pool2d_backward(gy, params..., h, w) with h, w after the 11 params */
 static int l_avg_pool2d_backward(lua_State *L) {
   rh_nn_pool_t p;
   pool_params(L, 2, &p);
-  return push(L, rh_nn_avg_pool2d_backward(rh_lua_checktensor(L, 1), &p, (int64_t)luaL_checknumber(L, 13),
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_avg_pool2d_backward : rh_nn_avg_pool2d_backward)(rh_lua_checktensor(L, 1), &p, (int64_t)luaL_checknumber(L, 13),
                                            (int64_t)luaL_checknumber(L, 14)));
 }
 
 static int l_adaptive_avg_pool2d(lua_State *L) {
-  return push(L, rh_nn_adaptive_avg_pool2d(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2),
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_adaptive_avg_pool2d : rh_nn_adaptive_avg_pool2d)(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2),
                                            (int64_t)luaL_checknumber(L, 3)));
 }
 
 static int l_adaptive_avg_pool2d_backward(lua_State *L) {
-  return push(L, rh_nn_adaptive_avg_pool2d_backward(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2),
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_adaptive_avg_pool2d_backward : rh_nn_adaptive_avg_pool2d_backward)(
+                     rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2),
                                                     (int64_t)luaL_checknumber(L, 3)));
 }
 

@@ -48,6 +48,8 @@ int rhc_mask_expand(int, int, int64_t, const void *, const int64_t *, const void
 int rhc_nonzero_write(int, int64_t, int, const int64_t *, const void *, const int64_t *, int64_t *, int64_t);
 int rhc_sort_rows(int, int, int, int64_t, int64_t, const void *, void *, int64_t *, int64_t);
 int rhc_scan_rows(int, int, int, int, int64_t, int64_t, const void *, void *);
+int rhc_nn_im2col(int, int, const rhc_window_t *, int64_t, void *, void *, int);
+int rhc_nn_pool(int, int, int, const rhc_window_t *, const void *, void *, int64_t *);
 int rhc_bench_cublas_gemm(int dev, int n, int iters, double *ms);
 
 static const char *api_last_error(void) { return rhc::last_error(); }
@@ -100,6 +102,8 @@ static const rhc_api_t api = {
     rhc_nonzero_write,
     rhc_sort_rows,
     rhc_scan_rows,
+    rhc_nn_im2col,
+    rhc_nn_pool,
     rhc_bench_cublas_gemm,
 };
 
