@@ -217,7 +217,8 @@ end
 if not NN_ONLY then tensor_checks() end
 
 -- the nn kernels (kernels/nn.cu through host/tensor/nn_cuda.c: im2col/col2im
--- with cuBLAS GEMMs, the poolings) forward and backward through autograd
+-- with cuBLAS GEMMs, the poolings; kernels/norm.cu through nn_cuda_norm.c:
+-- batch and layer norm, softmax, the LSTM cell) forward and backward through autograd
 print("# nn kernels against the CPU")
 tensor.manual_seed(9)
 local F = nn.functional
@@ -236,7 +237,9 @@ local function with_grads(f)
     local up = (tensor.arange(y:numel()) % 7 - 3):to(y.dtype):view(y:size()):to(y.device)
     ;(y * up):sum():backward()
     local parts = {y:detach():reshape(-1)}
-    for _, l in ipairs(leaves) do parts[#parts + 1] = l.grad:reshape(-1) end
+    for _, l in ipairs(leaves) do
+      if l.grad ~= nil then parts[#parts + 1] = l.grad:reshape(-1) end -- (nil: not used)
+    end
     return tensor.cat(parts, 1)
   end
 end
@@ -286,6 +289,30 @@ for _, dt in ipairs({tensor.float32, tensor.float64}) do
   versus_tol("adaptive_avg_pool2d to 1 " .. n, tol, with_grads(function(a) return F.adaptive_avg_pool2d(a, 1) end), x)
   versus_tol("adaptive_avg_pool2d upsampling 9x10 " .. n, tol,
     with_grads(function(a) return F.adaptive_avg_pool2d(a, {9, 10}) end), x)
+  -- kernels/norm.cu: batch norm (the running statistics are compared too), layer norm, softmax
+  local function bn(training, affine)
+    return function(a, w, b, rm0, rv0)
+      local rm, rv = rm0:clone(), rv0:clone()
+      local out = with_grads(function(z, ww, bb)
+        return F.batch_norm(z, rm, rv, affine and ww or nil, affine and bb or nil, training, 0.1, 1e-5)
+      end)(a, w, b)
+      return tensor.cat({out, rm, rv}, 1)
+    end
+  end
+  local rm0, rv0 = u(3), tensor.rand(3):to(dt) + 0.5
+  versus_tol("batch_norm training, running stats " .. n, tol, bn(true, true), x, u(3), u(3), rm0, rv0)
+  versus_tol("batch_norm training, no affine " .. n, tol, bn(true, false), x, u(3), u(3), rm0, rv0)
+  versus_tol("batch_norm eval " .. n, tol, bn(false, true), x, u(3), u(3), rm0, rv0)
+  versus_tol("batch_norm 1d [N, C] " .. n, tol, bn(true, true), u(9, 3), u(3), u(3), rm0, rv0)
+  versus_tol("batch_norm without running stats " .. n, tol, with_grads(function(a, w, b)
+    return F.batch_norm(a, nil, nil, w, b, true)
+  end), x, u(3), u(3))
+  versus_tol("layer_norm " .. n, tol, with_grads(function(a, w, b) return F.layer_norm(a, {7, 9}, w, b) end),
+    x, u(7, 9), u(7, 9))
+  versus_tol("layer_norm no affine, rows of 129 " .. n, tol, with_grads(function(a) return F.layer_norm(a, 129) end),
+    u(5, 129))
+  versus_tol("softmax last dim " .. n, tol, with_grads(function(a) return F.softmax(a, -1) end), u(4, 6, 33))
+  versus_tol("log_softmax last dim " .. n, tol, with_grads(function(a) return F.log_softmax(a, -1) end), u(7, 300))
 end
 versus("conv2d of an int64 input", function(a, w) return F.conv2d(a, w) end,
   tensor.ones(1, 1, 3, 3):to(tensor.int64), tensor.ones(1, 1, 2, 2):to(tensor.int64))
@@ -320,6 +347,27 @@ do
   for i = 2, #c do
     local ok, why = same(c[i], g[i], 1e-9)
     check("CNN gradient " .. (i - 1) .. " on the GPU", ok, why)
+  end
+end
+-- an LSTM's step: its cell's pointwise part is kernels/norm.cu's on the device
+do
+  local function step(device)
+    tensor.manual_seed(12)
+    local model = nn.LSTM(5, 7, {num_layers = 2}):to(tensor.float64)
+    if device ~= "cpu" then model:to(device) end
+    local x = tensor.randn(6, 3, 5, {dtype = tensor.float64, device = device})
+    local y, state = model(x)
+    local loss = (y * y):mean() + state[2]:sum()
+    loss:backward()
+    local out = {loss:item()}
+    for _, p in ipairs(model:parameters()) do out[#out + 1] = p.grad:cpu() end
+    return out
+  end
+  local c, g = step("cpu"), step(DEV)
+  check("LSTM loss on the GPU", math.abs(c[1] - g[1]) < 1e-10, c[1] .. " vs " .. g[1])
+  for i = 2, #c do
+    local ok, why = same(c[i], g[i], 1e-9)
+    check("LSTM gradient " .. (i - 1) .. " on the GPU", ok, why)
   end
 end
 if NN_ONLY then

@@ -3,8 +3,9 @@
  * nn_softmax.c, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
  * these are sizes); the Lua side checks shapes and names the
  * layer in its errors, the core's message is raised for anything it refuses.
- * Convolution and pooling of a tensor on a CUDA device go to the device's
- * kernels (host/tensor/nn_cuda.c): on_dev() picks them by the first tensor. */
+ * Each entry point but linear sends a tensor on a CUDA device to the device's
+ * kernels (host/tensor/nn_cuda.c, nn_cuda_norm.c): on_dev() picks them by the
+ * first tensor argument. */
 #include "rh_lua.h"
 #include "tensor/nn.h"
 #include "tensor/nn_cuda.h"
@@ -117,7 +118,7 @@ static int l_adaptive_avg_pool2d_backward(lua_State *L) {
 /* batch_norm(x, w|nil, b|nil, rm|nil, rv|nil, training, momentum, eps) -> y, mean, invstd */
 static int l_batch_norm(lua_State *L) {
   rh_tensor_t *y, *m, *s;
-  check_rc(L, rh_nn_batch_norm(rh_lua_checktensor(L, 1), rh_lua_totensor(L, 2), rh_lua_totensor(L, 3),
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_batch_norm : rh_nn_batch_norm)(rh_lua_checktensor(L, 1), rh_lua_totensor(L, 2), rh_lua_totensor(L, 3),
                                rh_lua_totensor(L, 4), rh_lua_totensor(L, 5), lua_toboolean(L, 6),
                                luaL_checknumber(L, 7), luaL_checknumber(L, 8), &y, &m, &s));
   return push3(L, y, m, s);
@@ -126,7 +127,7 @@ static int l_batch_norm(lua_State *L) {
 /* batch_norm_backward(gy, x, w|nil, mean, invstd, training, want_x, want_w, want_b) -> gx, gw, gb */
 static int l_batch_norm_backward(lua_State *L) {
   rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
-  check_rc(L, rh_nn_batch_norm_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3),
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_batch_norm_backward : rh_nn_batch_norm_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3),
                                         rh_lua_checktensor(L, 4), rh_lua_checktensor(L, 5), lua_toboolean(L, 6),
                                         lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
                                         lua_toboolean(L, 9) ? &gb : NULL));
@@ -136,7 +137,7 @@ static int l_batch_norm_backward(lua_State *L) {
 /* layer_norm(x, d, w|nil, b|nil, eps) -> y, mean, rstd */
 static int l_layer_norm(lua_State *L) {
   rh_tensor_t *y, *m, *s;
-  check_rc(L, rh_nn_layer_norm(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), rh_lua_totensor(L, 3),
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_layer_norm : rh_nn_layer_norm)(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), rh_lua_totensor(L, 3),
                                rh_lua_totensor(L, 4), luaL_checknumber(L, 5), &y, &m, &s));
   return push3(L, y, m, s);
 }
@@ -144,7 +145,7 @@ static int l_layer_norm(lua_State *L) {
 /* layer_norm_backward(gy, x, d, w|nil, mean, rstd, want_x, want_w, want_b) -> gx, gw, gb */
 static int l_layer_norm_backward(lua_State *L) {
   rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
-  check_rc(L, rh_nn_layer_norm_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_layer_norm_backward : rh_nn_layer_norm_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
                                         (int64_t)luaL_checknumber(L, 3), rh_lua_totensor(L, 4),
                                         rh_lua_checktensor(L, 5), rh_lua_checktensor(L, 6),
                                         lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
@@ -155,14 +156,14 @@ static int l_layer_norm_backward(lua_State *L) {
 /* lstm_cell(gates, c_prev) -> h, c, ws */
 static int l_lstm_cell(lua_State *L) {
   rh_tensor_t *h, *c, *ws;
-  check_rc(L, rh_nn_lstm_cell(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), &h, &c, &ws));
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_lstm_cell : rh_nn_lstm_cell)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), &h, &c, &ws));
   return push3(L, h, c, ws);
 }
 
 /* lstm_cell_backward(gh|nil, gc|nil, c_prev, ws) -> ggates, gc_prev */
 static int l_lstm_cell_backward(lua_State *L) {
   rh_tensor_t *gg, *gp;
-  check_rc(L, rh_nn_lstm_cell_backward(rh_lua_totensor(L, 1), rh_lua_totensor(L, 2), rh_lua_checktensor(L, 3),
+  check_rc(L, (on_dev(L, 3) ? rh_nn_cuda_lstm_cell_backward : rh_nn_lstm_cell_backward)(rh_lua_totensor(L, 1), rh_lua_totensor(L, 2), rh_lua_checktensor(L, 3),
                                        rh_lua_checktensor(L, 4), &gg, &gp));
   rh_lua_pushtensor(L, gg);
   rh_lua_pushtensor(L, gp);
@@ -170,9 +171,11 @@ static int l_lstm_cell_backward(lua_State *L) {
 }
 
 /* softmax(x, log) -> y; softmax_backward(y, g, log) -> gx (over the last dimension) */
-static int l_softmax(lua_State *L) { return push(L, rh_nn_softmax(rh_lua_checktensor(L, 1), lua_toboolean(L, 2))); }
+static int l_softmax(lua_State *L) {
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_softmax : rh_nn_softmax)(rh_lua_checktensor(L, 1), lua_toboolean(L, 2)));
+}
 static int l_softmax_backward(lua_State *L) {
-  return push(L, rh_nn_softmax_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), lua_toboolean(L, 3)));
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_softmax_backward : rh_nn_softmax_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), lua_toboolean(L, 3)));
 }
 
 /* linear(x, w, b|nil) -> x @ w^T + b */

@@ -19,6 +19,8 @@ struct rhc_dim3 {
 static const rhc_dim3 blockIdx = {0}, threadIdx = {0}, gridDim = {1}, blockDim = {1};
 #define __global__ static
 #define __device__ static
+#define __shared__ static
+static inline void __syncthreads() {}
 template <class T>
 static T atomicAdd(T *p, T v) {
   T old = *p;
@@ -26,6 +28,7 @@ static T atomicAdd(T *p, T v) {
   return old;
 }
 #include "nn_kernels.cuh"
+#include "norm_kernels.cuh"
 
 using namespace rhc;
 
@@ -191,6 +194,92 @@ static int e_nn_pool(int, int dt, int op, const rhc_window_t *g, const void *in,
   return dt == 0 ? pooling<float>(op, g, in, out, idx) : pooling<double>(op, g, in, out, idx);
 }
 
+// kernels/norm.cu's entries, the same kernels on a one-thread grid
+static int e_nn_batch_norm(int, int dt, int64_t n, int64_t c, int64_t inner, const void *x, const void *w,
+                           const void *b, void *rm, void *rv, int training, double momentum, double eps, void *y,
+                           double *mean, double *invstd) {
+  if (dt > 1) return fail("integer batch norm");
+  if (dt == 0) {
+    k_bn_stats<float>(n, c, inner, (const float *)x, (float *)rm, (float *)rv, training, momentum, eps, mean, invstd);
+    k_bn_apply<float>(n * c * inner, c, inner, (const float *)x, (const float *)w, (const float *)b, mean, invstd, (float *)y);
+  } else {
+    k_bn_stats<double>(n, c, inner, (const double *)x, (double *)rm, (double *)rv, training, momentum, eps, mean, invstd);
+    k_bn_apply<double>(n * c * inner, c, inner, (const double *)x, (const double *)w, (const double *)b, mean, invstd,
+                       (double *)y);
+  }
+  return 0;
+}
+template <typename T>
+static int bn_back(int64_t n, int64_t c, int64_t inner, const void *gy, const void *x, const void *w,
+                   const double *mean, const double *invstd, int training, void *gx, void *gw, void *gb) {
+  double *sums = (double *)malloc((size_t)(2 * c + 1) * sizeof(double));
+  if (!sums) return fail("memory left");
+  k_bn_grad_sums<T>(n, c, inner, (const T *)gy, (const T *)x, mean, invstd, sums, (T *)gw, (T *)gb);
+  if (gx)
+    k_bn_grad_x<T>(n * c * inner, c, inner, n * inner, training, (const T *)gy, (const T *)x, (const T *)w, mean,
+                   invstd, sums, (T *)gx);
+  free(sums);
+  return 0;
+}
+static int e_nn_batch_norm_backward(int, int dt, int64_t n, int64_t c, int64_t inner, const void *gy, const void *x,
+                                    const void *w, const double *mean, const double *invstd, int training, void *gx,
+                                    void *gw, void *gb) {
+  if (dt > 1) return fail("integer batch norm");
+  return dt == 0 ? bn_back<float>(n, c, inner, gy, x, w, mean, invstd, training, gx, gw, gb)
+                 : bn_back<double>(n, c, inner, gy, x, w, mean, invstd, training, gx, gw, gb);
+}
+static int e_nn_layer_norm(int, int dt, int64_t rows, int64_t d, const void *x, const void *w, const void *b,
+                           double eps, void *y, double *mean, double *rstd) {
+  if (dt == 0) k_ln_forward<float>(rows, d, (const float *)x, (const float *)w, (const float *)b, eps, (float *)y, mean, rstd);
+  else if (dt == 1) k_ln_forward<double>(rows, d, (const double *)x, (const double *)w, (const double *)b, eps, (double *)y, mean, rstd);
+  else return fail("integer layer norm");
+  return 0;
+}
+template <typename T>
+static int ln_back(int64_t rows, int64_t d, const void *gy, const void *x, const void *w, const double *mean,
+                   const double *rstd, void *gx, void *gw, void *gb) {
+  if (gx) k_ln_grad_x<T>(rows, d, (const T *)gy, (const T *)x, (const T *)w, mean, rstd, (T *)gx);
+  if (gw || gb) k_ln_grad_wb<T>(rows, d, (const T *)gy, (const T *)x, mean, rstd, (T *)gw, (T *)gb);
+  return 0;
+}
+static int e_nn_layer_norm_backward(int, int dt, int64_t rows, int64_t d, const void *gy, const void *x, const void *w,
+                                    const double *mean, const double *rstd, void *gx, void *gw, void *gb) {
+  if (dt > 1) return fail("integer layer norm");
+  return dt == 0 ? ln_back<float>(rows, d, gy, x, w, mean, rstd, gx, gw, gb)
+                 : ln_back<double>(rows, d, gy, x, w, mean, rstd, gx, gw, gb);
+}
+template <typename T>
+static int sm_back(int log_, int64_t rows, int64_t len, const void *y, const void *g, void *gx) {
+  k_softmax_back<T>(log_, rows, len, (const T *)y, (const T *)g, (T *)gx);
+  return 0;
+}
+static int e_nn_softmax_backward(int, int dt, int log_, int64_t rows, int64_t len, const void *y, const void *g,
+                                 void *gx) {
+  if (dt > 1) return fail("integer softmax");
+  return dt == 0 ? sm_back<float>(log_, rows, len, y, g, gx) : sm_back<double>(log_, rows, len, y, g, gx);
+}
+template <typename T>
+static int lstm(int64_t b, int64_t hs, const void *gates, const void *cp, void *h, void *c, void *ws) {
+  k_lstm_cell<T>(b * hs, hs, (const T *)gates, (const T *)cp, (T *)h, (T *)c, (T *)ws);
+  return 0;
+}
+static int e_nn_lstm_cell(int, int dt, int64_t b, int64_t hs, const void *gates, const void *cp, void *h, void *c,
+                          void *ws) {
+  if (dt > 1) return fail("integer LSTM cell");
+  return dt == 0 ? lstm<float>(b, hs, gates, cp, h, c, ws) : lstm<double>(b, hs, gates, cp, h, c, ws);
+}
+template <typename T>
+static int lstm_back(int64_t b, int64_t hs, const void *gh, const void *gc, const void *cp, const void *ws, void *gg,
+                     void *gp) {
+  k_lstm_cell_back<T>(b * hs, hs, (const T *)gh, (const T *)gc, (const T *)cp, (const T *)ws, (T *)gg, (T *)gp);
+  return 0;
+}
+static int e_nn_lstm_cell_backward(int, int dt, int64_t b, int64_t hs, const void *gh, const void *gc, const void *cp,
+                                   const void *ws, void *gg, void *gp) {
+  if (dt > 1) return fail("integer LSTM cell");
+  return dt == 0 ? lstm_back<float>(b, hs, gh, gc, cp, ws, gg, gp) : lstm_back<double>(b, hs, gh, gc, cp, ws, gg, gp);
+}
+
 static rhc_api_t api;
 
 extern "C" __attribute__((visibility("default"))) const rhc_api_t *rhc_get_api(int abi_version) {
@@ -214,5 +303,12 @@ extern "C" __attribute__((visibility("default"))) const rhc_api_t *rhc_get_api(i
   api.gemm = e_gemm;
   api.nn_im2col = e_nn_im2col;
   api.nn_pool = e_nn_pool;
+  api.nn_batch_norm = e_nn_batch_norm;
+  api.nn_batch_norm_backward = e_nn_batch_norm_backward;
+  api.nn_layer_norm = e_nn_layer_norm;
+  api.nn_layer_norm_backward = e_nn_layer_norm_backward;
+  api.nn_softmax_backward = e_nn_softmax_backward;
+  api.nn_lstm_cell = e_nn_lstm_cell;
+  api.nn_lstm_cell_backward = e_nn_lstm_cell_backward;
   return &api;
 }

@@ -164,6 +164,31 @@ typedef struct rhc_api_s {
    * (or, backward, the output's gradient), `out` its result; idx int64 or NULL */
   int (*nn_pool)(int dev, int dtype, int op, const rhc_window_t *w, const void *in, void *out, int64_t *idx);
 
+  /* normalisation and friends (kernels/norm.cu), float32/float64, contiguous
+   * operands; statistics in float64. batch norm over x [n][c][inner]: training
+   * uses the batch's mean and biased variance and updates rm/rv (when given) with
+   * the unbiased one; eval uses rm/rv. w, b may be NULL; so may gx, gw, gb. */
+  int (*nn_batch_norm)(int dev, int dtype, int64_t n, int64_t c, int64_t inner, const void *x, const void *w,
+                       const void *b, void *rm, void *rv, int training, double momentum, double eps, void *y,
+                       double *mean, double *invstd);
+  int (*nn_batch_norm_backward)(int dev, int dtype, int64_t n, int64_t c, int64_t inner, const void *gy,
+                                const void *x, const void *w, const double *mean, const double *invstd, int training,
+                                void *gx, void *gw, void *gb);
+  /* layer norm over `rows` rows of d: y, and each row's mean and 1/sqrt(var + eps) */
+  int (*nn_layer_norm)(int dev, int dtype, int64_t rows, int64_t d, const void *x, const void *w, const void *b,
+                       double eps, void *y, double *mean, double *rstd);
+  int (*nn_layer_norm_backward)(int dev, int dtype, int64_t rows, int64_t d, const void *gy, const void *x,
+                                const void *w, const double *mean, const double *rstd, void *gx, void *gw, void *gb);
+  /* (log-)softmax's gradient over rows from its output y and the gradient g */
+  int (*nn_softmax_backward)(int dev, int dtype, int log_, int64_t rows, int64_t len, const void *y, const void *g,
+                             void *gx);
+  /* the LSTM cell's pointwise part (host/tensor/nn.h): gates [b, 4h], c_prev [b, h]
+   * to h, c [b, h] and ws [b, 5h]; backward: gh, gc (NULL: zero) to ggates, gc_prev */
+  int (*nn_lstm_cell)(int dev, int dtype, int64_t b, int64_t h, const void *gates, const void *c_prev, void *h_out,
+                      void *c_out, void *ws);
+  int (*nn_lstm_cell_backward)(int dev, int dtype, int64_t b, int64_t h, const void *gh, const void *gc,
+                               const void *c_prev, const void *ws, void *ggates, void *gc_prev);
+
   /* benchmark support for bench/gpu: time `iters` raw cuBLAS GEMMs of n x n
    * (float32) and return the milliseconds per GEMM */
   int (*bench_cublas_gemm)(int dev, int n, int iters, double *ms);

@@ -27,7 +27,7 @@ static char *at(rh_tensor_t *t, int64_t elems) {
 }
 
 /* a float tensor on a usable device, and b (when given) beside it in its dtype */
-static int on_device(const char *what, rh_tensor_t *x, rh_tensor_t *b) {
+int rh__nn_on_device(const char *what, rh_tensor_t *x, rh_tensor_t *b) {
   if (x->dtype != RH_F32 && x->dtype != RH_F64)
     return rh_tensor_fail("%s: expected a float32 or float64 tensor, got %s", what, rh_dtype_name(x->dtype));
   if (!RH_ON_DEVICE(x)) return rh_tensor_fail("%s: the CUDA kernel takes device tensors", what);
@@ -49,7 +49,7 @@ typedef struct {
 } conv_t;
 
 static int conv_geom(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p, conv_t *g) {
-  if (on_device("conv2d", x, w) || (b && on_device("conv2d", x, b))) return -1;
+  if (rh__nn_on_device("conv2d", x, w) || (b && rh__nn_on_device("conv2d", x, b))) return -1;
   if (x->ndim != 4 || w->ndim != 4) return rh_tensor_fail("conv2d: expected 4-d input and weight");
   if (p->groups < 1) return rh_tensor_fail("conv2d: groups must be positive, got %lld", (long long)p->groups);
   memset(g, 0, sizeof *g);
@@ -153,7 +153,7 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
   if (gx) *gx = NULL;
   if (gw) *gw = NULL;
   if (gb) *gb = NULL;
-  if (conv_geom(x, w, NULL, p, &g) || on_device("conv2d backward", x, gy)) return -1;
+  if (conv_geom(x, w, NULL, p, &g) || rh__nn_on_device("conv2d backward", x, gy)) return -1;
   if (gy->ndim != 4 || gy->size[0] != g.n || gy->size[1] != g.o || gy->size[2] != g.win.oh ||
       gy->size[3] != g.win.ow)
     return rh_tensor_fail("conv2d backward: the gradient must be [%lld, %lld, %lld, %lld]", (long long)g.n,
@@ -238,7 +238,7 @@ static int pool_geom(const char *what, const int64_t *size, const rh_nn_pool_t *
 
 /* a pooling's 4-d float input on a device */
 static int pool_input(const char *what, rh_tensor_t *x) {
-  if (on_device(what, x, NULL)) return -1;
+  if (rh__nn_on_device(what, x, NULL)) return -1;
   if (x->ndim != 4) return rh_tensor_fail("%s: expected a 4-d tensor [N, C, H, W]", what);
   return 0;
 }

@@ -143,8 +143,9 @@ local function dim_arg(x, dim, what)
   if dim < 0 then dim = x:dim() + 1 + dim end
   return dim
 end
--- over the last dimension of a host float tensor: one C node each way
--- (host/tensor/nn_softmax.c) in the tensor's dtype; else the tensor methods
+-- over the last dimension of a float tensor: one C node each way
+-- (host/tensor/nn_softmax.c; on a device nn_cuda_norm.c) in the tensor's
+-- dtype; else the tensor methods
 local SoftmaxFn = autograd.Function:extend("NativeSoftmax")
 SoftmaxFn.fresh_grads = true -- its backward returns new tensors (C results, GEMMs)
 function SoftmaxFn.forward(ctx, x, log_)
@@ -154,7 +155,7 @@ function SoftmaxFn.forward(ctx, x, log_)
 end
 function SoftmaxFn.backward(ctx, g) return core.nn_softmax_backward(ctx.y, g, ctx.log) end
 local function softmax_of(x, dim, log_)
-  if dim == x:dim() and x:dim() > 0 and x:size(dim) > 0 and x.device == "cpu" and
+  if dim == x:dim() and x:dim() > 0 and x:size(dim) > 0 and
       (x.dtype == tensor.float32 or x.dtype == tensor.float64) then
     return SoftmaxFn.apply(x, log_)
   end
@@ -403,7 +404,7 @@ function F.avg_pool1d(x, ...)
 end
 
 -- normalisation -----------------------------------------------------------------------
--- one pass per channel in C (host/tensor/nn_norm.c) for host tensors
+-- one pass per channel in C (host/tensor/nn_norm.c; kernels/norm.cu on a device)
 local BatchNormFn = autograd.Function:extend("NativeBatchNorm")
 BatchNormFn.fresh_grads = true
 function BatchNormFn.forward(ctx, x, w, b, rm, rv, training, momentum, eps)
@@ -416,11 +417,12 @@ function BatchNormFn.backward(ctx, g)
   return core.nn_batch_norm_backward(g, ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training, n[1], n[2], n[3])
 end
 
+-- (on a CUDA device host/tensor/nn_cuda_norm.c's kernels: every operand on x's device)
 local function native_ok(x, ...)
-  if x.device ~= "cpu" or not mod.is_float(x) then return false end
+  if not mod.is_float(x) then return false end
   for i = 1, select("#", ...) do
     local v = select(i, ...)
-    if v ~= nil and (v.device ~= "cpu" or v.dtype ~= x.dtype or not v:is_contiguous()) then return false end
+    if v ~= nil and (v.device ~= x.device or v.dtype ~= x.dtype or not v:is_contiguous()) then return false end
   end
   return true
 end
