@@ -326,50 +326,37 @@ if DEV ~= "cpu" then
   check("conv2d of a CUDA input and a CPU weight is refused, naming both", not ok and
     tostring(e):find("cpu", 1, true) and tostring(e):find("cuda:0", 1, true), e)
 end
--- a small CNN's step: nn modules on the device run these kernels end to end
-do
+-- a model's training step on the CPU and on the device: its loss and every
+-- parameter's gradient (float64, so the two agree to 1e-9)
+local function model_step(name, seed, build, input, loss_of)
   local function step(device)
-    tensor.manual_seed(11)
-    local model = nn.Sequential(nn.Conv2d(3, 8, 3, {padding = 1}), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-      nn.Conv2d(8, 8, 3, {stride = 2, groups = 2}), nn.AvgPool2d(2, {ceil_mode = true}), nn.AdaptiveAvgPool2d(1),
-      nn.Flatten(), nn.Linear(8, 3)):to(tensor.float64)
+    tensor.manual_seed(seed)
+    local model = build():to(tensor.float64)
     if device ~= "cpu" then model:to(device) end
-    local x = tensor.randn(4, 3, 16, 16, {dtype = tensor.float64, device = device})
-    local y = model(x)
-    local loss = (y * y):mean()
+    local loss = loss_of(model(input(device)))
     loss:backward()
     local out = {loss:item()}
     for _, p in ipairs(model:parameters()) do out[#out + 1] = p.grad:cpu() end
     return out
   end
   local c, g = step("cpu"), step(DEV)
-  check("CNN loss on the GPU", math.abs(c[1] - g[1]) < 1e-10, c[1] .. " vs " .. g[1])
+  check(name .. " loss on the GPU", math.abs(c[1] - g[1]) < 1e-10, c[1] .. " vs " .. g[1])
   for i = 2, #c do
     local ok, why = same(c[i], g[i], 1e-9)
-    check("CNN gradient " .. (i - 1) .. " on the GPU", ok, why)
+    check(name .. " gradient " .. (i - 1) .. " on the GPU", ok, why)
   end
 end
--- an LSTM's step: its cell's pointwise part is kernels/norm.cu's on the device
-do
-  local function step(device)
-    tensor.manual_seed(12)
-    local model = nn.LSTM(5, 7, {num_layers = 2}):to(tensor.float64)
-    if device ~= "cpu" then model:to(device) end
-    local x = tensor.randn(6, 3, 5, {dtype = tensor.float64, device = device})
-    local y, state = model(x)
-    local loss = (y * y):mean() + state[2]:sum()
-    loss:backward()
-    local out = {loss:item()}
-    for _, p in ipairs(model:parameters()) do out[#out + 1] = p.grad:cpu() end
-    return out
-  end
-  local c, g = step("cpu"), step(DEV)
-  check("LSTM loss on the GPU", math.abs(c[1] - g[1]) < 1e-10, c[1] .. " vs " .. g[1])
-  for i = 2, #c do
-    local ok, why = same(c[i], g[i], 1e-9)
-    check("LSTM gradient " .. (i - 1) .. " on the GPU", ok, why)
-  end
-end
+-- a small CNN: nn modules on the device run these kernels end to end
+model_step("CNN", 11, function()
+  return nn.Sequential(nn.Conv2d(3, 8, 3, {padding = 1}), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Conv2d(8, 8, 3, {stride = 2, groups = 2}), nn.AvgPool2d(2, {ceil_mode = true}), nn.AdaptiveAvgPool2d(1),
+    nn.Flatten(), nn.Linear(8, 3))
+end, function(device) return tensor.randn(4, 3, 16, 16, {dtype = tensor.float64, device = device}) end,
+  function(y) return (y * y):mean() end)
+-- an LSTM: its cell's pointwise part is kernels/norm.cu's on the device
+model_step("LSTM", 12, function() return nn.LSTM(5, 7, {num_layers = 2}) end,
+  function(device) return tensor.randn(6, 3, 5, {dtype = tensor.float64, device = device}) end,
+  function(y, state) return (y * y):mean() + state[2]:sum() end)
 if NN_ONLY then
   print(("gpu_check --nn: %d passed, %d failed"):format(passed, failed))
   os.exit(failed == 0 and 0 or 1)

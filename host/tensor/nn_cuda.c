@@ -109,7 +109,7 @@ rh_tensor_t *rh_nn_cuda_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, c
                                    g.o * g.L, nbk));
   }
   if (rc == 0 && b) {
-    rh_tensor_t *bv = rh_tensor_view(b, 4, (int64_t[]){1, g.o, 1, 1});
+    rh_tensor_t *bv = rh_tensor_reshape(b, 4, (int64_t[]){1, g.o, 1, 1}); /* (a strided bias is copied) */
     rh_tensor_t *r = bv ? rh_tensor_binary(RH_OP_ADD, y, bv, y) : NULL;
     if (bv) rh_tensor_release(bv);
     if (r) rh_tensor_release(r);

@@ -46,6 +46,31 @@ static int64_t inner_of(const rh_tensor_t *x) {
   return inner;
 }
 
+/* a norm backward's buffers: t[0], t[1] gy and x made contiguous, t[2..4] the
+ * wanted gradients gx (x's shape) and gw, gb (n elements); 0 when all are there */
+static int grad_buffers(rh_tensor_t **t, rh_tensor_t *gy, rh_tensor_t *x, int64_t n, int want_x, int want_w,
+                        int want_b) {
+  int dev = rh_tensor_device(x);
+  t[0] = rh_tensor_contiguous(gy), t[1] = rh_tensor_contiguous(x);
+  t[2] = want_x ? rh_tensor_empty_on(dev, x->dtype, x->ndim, x->size) : NULL;
+  t[3] = want_w ? rh_tensor_empty_on(dev, x->dtype, 1, &n) : NULL;
+  t[4] = want_b ? rh_tensor_empty_on(dev, x->dtype, 1, &n) : NULL;
+  return t[0] && t[1] && (!want_x || t[2]) && (!want_w || t[3]) && (!want_b || t[4]) ? 0 : -1;
+}
+
+/* hands t[2..4] to the wanted outputs after the kernel's rc, releases the rest */
+static int grads_out(rh_tensor_t **t, int rc, rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb) {
+  if (rc) {
+    drop(t, 5);
+    return -1;
+  }
+  if (gx) *gx = t[2];
+  if (gw) *gw = t[3];
+  if (gb) *gb = t[4];
+  drop(t, 2);
+  return 0;
+}
+
 /* ---- batch norm */
 int rh_nn_cuda_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t *rm, rh_tensor_t *rv,
                           int training, double momentum, double eps, rh_tensor_t **y, rh_tensor_t **mean,
@@ -93,26 +118,14 @@ int rh_nn_cuda_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t 
   if (x->ndim < 2) return rh_tensor_fail("%s: expected a tensor [N, C, *]", what);
   int64_t c = x->size[1];
   if (vec(what, "weight", w, x, c) || stats(what, mean, x, c) || stats(what, invstd, x, c)) return -1;
-  int dev = rh_tensor_device(x);
-  rh_tensor_t *t[5] = {rh_tensor_contiguous(gy), rh_tensor_contiguous(x),
-                       gx ? rh_tensor_empty_on(dev, x->dtype, x->ndim, x->size) : NULL,
-                       gw ? rh_tensor_empty_on(dev, x->dtype, 1, &c) : NULL,
-                       gb ? rh_tensor_empty_on(dev, x->dtype, 1, &c) : NULL};
-  int rc = t[0] && t[1] && (!gx || t[2]) && (!gw || t[3]) && (!gb || t[4]) ? 0 : -1;
+  rh_tensor_t *t[5];
+  int rc = grad_buffers(t, gy, x, c, gx != NULL, gw != NULL, gb != NULL);
   if (rc == 0)
     rc = rh__cuda_call(rh_cuda_api()->nn_batch_norm_backward(
-        dev, x->dtype, x->size[0], c, inner_of(x), rh_tensor_data(t[0]), rh_tensor_data(t[1]), data_or_null(w),
-        rh_tensor_data(mean), rh_tensor_data(invstd), training, data_or_null(t[2]), data_or_null(t[3]),
-        data_or_null(t[4])));
-  if (rc) {
-    drop(t, 5);
-    return -1;
-  }
-  if (gx) *gx = t[2];
-  if (gw) *gw = t[3];
-  if (gb) *gb = t[4];
-  drop(t, 2);
-  return 0;
+        rh_tensor_device(x), x->dtype, x->size[0], c, inner_of(x), rh_tensor_data(t[0]), rh_tensor_data(t[1]),
+        data_or_null(w), rh_tensor_data(mean), rh_tensor_data(invstd), training, data_or_null(t[2]),
+        data_or_null(t[3]), data_or_null(t[4])));
+  return grads_out(t, rc, gx, gw, gb);
 }
 
 /* ---- layer norm */
@@ -158,25 +171,13 @@ int rh_nn_cuda_layer_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, int64_t d, r
   if (same_shape(what, x, gy) || rows_of(what, x, d, &rows) || vec(what, "weight", w, x, d) ||
       stats(what, mean, x, rows) || stats(what, rstd, x, rows))
     return -1;
-  int dev = rh_tensor_device(x);
-  rh_tensor_t *t[5] = {rh_tensor_contiguous(gy), rh_tensor_contiguous(x),
-                       gx ? rh_tensor_empty_on(dev, x->dtype, x->ndim, x->size) : NULL,
-                       gw ? rh_tensor_empty_on(dev, x->dtype, 1, &d) : NULL,
-                       gb ? rh_tensor_empty_on(dev, x->dtype, 1, &d) : NULL};
-  int rc = t[0] && t[1] && (!gx || t[2]) && (!gw || t[3]) && (!gb || t[4]) ? 0 : -1;
+  rh_tensor_t *t[5];
+  int rc = grad_buffers(t, gy, x, d, gx != NULL, gw != NULL, gb != NULL);
   if (rc == 0)
     rc = rh__cuda_call(rh_cuda_api()->nn_layer_norm_backward(
-        dev, x->dtype, rows, d, rh_tensor_data(t[0]), rh_tensor_data(t[1]), data_or_null(w), rh_tensor_data(mean),
-        rh_tensor_data(rstd), data_or_null(t[2]), data_or_null(t[3]), data_or_null(t[4])));
-  if (rc) {
-    drop(t, 5);
-    return -1;
-  }
-  if (gx) *gx = t[2];
-  if (gw) *gw = t[3];
-  if (gb) *gb = t[4];
-  drop(t, 2);
-  return 0;
+        rh_tensor_device(x), x->dtype, rows, d, rh_tensor_data(t[0]), rh_tensor_data(t[1]), data_or_null(w),
+        rh_tensor_data(mean), rh_tensor_data(rstd), data_or_null(t[2]), data_or_null(t[3]), data_or_null(t[4])));
+  return grads_out(t, rc, gx, gw, gb);
 }
 
 /* ---- softmax over the last dimension */
