@@ -48,6 +48,20 @@ int rhc_mask_expand(int, int, int64_t, const void *, const int64_t *, const void
 int rhc_nonzero_write(int, int64_t, int, const int64_t *, const void *, const int64_t *, int64_t *, int64_t);
 int rhc_sort_rows(int, int, int, int64_t, int64_t, const void *, void *, int64_t *, int64_t);
 int rhc_scan_rows(int, int, int, int, int64_t, int64_t, const void *, void *);
+int rhc_nn_im2col(int, int, const rhc_window_t *, int64_t, void *, void *, int);
+int rhc_nn_pool(int, int, int, const rhc_window_t *, const void *, void *, int64_t *);
+int rhc_nn_batch_norm(int, int, int64_t, int64_t, int64_t, const void *, const void *, const void *, void *, void *,
+                      int, double, double, void *, double *, double *);
+int rhc_nn_batch_norm_backward(int, int, int64_t, int64_t, int64_t, const void *, const void *, const void *,
+                               const double *, const double *, int, void *, void *, void *);
+int rhc_nn_layer_norm(int, int, int64_t, int64_t, const void *, const void *, const void *, double, void *, double *,
+                      double *);
+int rhc_nn_layer_norm_backward(int, int, int64_t, int64_t, const void *, const void *, const void *, const double *,
+                               const double *, void *, void *, void *);
+int rhc_nn_softmax_backward(int, int, int, int64_t, int64_t, const void *, const void *, void *);
+int rhc_nn_lstm_cell(int, int, int64_t, int64_t, const void *, const void *, void *, void *, void *);
+int rhc_nn_lstm_cell_backward(int, int, int64_t, int64_t, const void *, const void *, const void *, const void *,
+                              void *, void *);
 int rhc_bench_cublas_gemm(int dev, int n, int iters, double *ms);
 
 static const char *api_last_error(void) { return rhc::last_error(); }
@@ -100,6 +114,15 @@ static const rhc_api_t api = {
     rhc_nonzero_write,
     rhc_sort_rows,
     rhc_scan_rows,
+    rhc_nn_im2col,
+    rhc_nn_pool,
+    rhc_nn_batch_norm,
+    rhc_nn_batch_norm_backward,
+    rhc_nn_layer_norm,
+    rhc_nn_layer_norm_backward,
+    rhc_nn_softmax_backward,
+    rhc_nn_lstm_cell,
+    rhc_nn_lstm_cell_backward,
     rhc_bench_cublas_gemm,
 };
 

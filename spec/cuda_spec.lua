@@ -157,4 +157,22 @@ describe("bench/gpu's kernel check", function()
     assert.are.equal("0", failed, r.out)
     assert.is_true(tonumber(passed) > 850, r.out) -- with the tensor_ops checks
   end)
+
+  -- kernels/emulated.cpp keeps "device" memory on the host and runs the real nn
+  -- kernels (kernels/nn_kernels.cuh) one thread at a time: conv and pooling of
+  -- cuda:0 tensors go through host/tensor/nn_cuda.c's im2col + GEMM glue and
+  -- autograd exactly as on a GPU, checked against the CPU kernels
+  it("runs its nn checks on the emulated device (--nn)", function()
+    local lib = S.bin:match("^(.*)/[^/]*$") .. "/librpchost_emulated.so"
+    local f = io.open(lib)
+    if not f then return pending("librpchost_emulated.so was not built (no C++ compiler): " .. lib) end
+    f:close()
+    local r = S.run({"bench/gpu_check.lua", "--nn"}, {timeout = 120, env = {RPCHOST_CUDA_LIB = lib}})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local passed, failed = r.out:match("gpu_check %-%-nn: (%d+) passed, (%d+) failed")
+    assert.are.equal("0", failed, r.out)
+    assert.is_true(tonumber(passed) >= 40, r.out)
+    assert.truthy(r.out:find("ok conv2d groups 2 float64", 1, true), r.out)
+    assert.truthy(r.out:find("ok conv2d of a CUDA input and a CPU weight is refused", 1, true), r.out)
+  end)
 end)

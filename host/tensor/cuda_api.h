@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RHC_ABI_VERSION 2
+#define RHC_ABI_VERSION 3
 #define RHC_MAXDIM 16
 
 typedef struct {
@@ -31,6 +31,26 @@ typedef struct {
 /* the NCCL reduction ops the process group uses (same order as rh_redop_t's
  * first ones is not assumed: mapped in the library) */
 typedef enum { RHC_SUM = 0, RHC_PROD, RHC_MIN, RHC_MAX, RHC_AVG } rhc_redop_t;
+
+/* the geometry of a 2-d window sweep over `planes` contiguous [h, w] planes
+ * (kernels/nn.cu): convolution's im2col/col2im and pooling. Sizes checked by
+ * the host (host/tensor/nn_cuda.c) before they get here. */
+typedef struct {
+  int64_t planes, h, w, oh, ow;
+  int64_t k[2], stride[2], pad[2], dil[2];
+  int count_include_pad; /* avg pooling */
+  int64_t divisor;       /* avg pooling: 0 = the window's count */
+} rhc_window_t;
+
+/* the pooling kernels' ops (kernels/nn.cu) */
+typedef enum {
+  RHC_POOL_MAX = 0,      /* out, idx (int64 into each plane, -1 for a window of padding) */
+  RHC_POOL_AVG,          /* out */
+  RHC_POOL_ADAPTIVE,     /* out (PyTorch's start/end windows; k, stride, pad unused) */
+  RHC_POOL_MAX_BACK,     /* in: the output's gradient, idx; out: the input's, zeroed first */
+  RHC_POOL_AVG_BACK,
+  RHC_POOL_ADAPTIVE_BACK
+} rhc_pool_op_t;
 
 typedef struct rhc_api_s {
   int abi_version;
@@ -134,6 +154,40 @@ typedef struct rhc_api_s {
                    int64_t *idx, int64_t base);
   int (*scan_rows)(int dev, int in_dtype, int out_dtype, int prod, int64_t rows, int64_t len, const void *in,
                    void *out);
+
+  /* nn (kernels/nn.cu), float32/float64. im2col: n samples x [c, h, w] (w->planes
+   * is c) to columns [n][c * k0 * k1][oh * ow]; to_image: the reverse, each image
+   * element the sum of the columns that read it (written whole, no atomics). The
+   * GEMMs around it are the host's, through gemm. */
+  int (*nn_im2col)(int dev, int dtype, const rhc_window_t *w, int64_t n, void *image, void *cols, int to_image);
+  /* pooling over w->planes planes [h, w] <-> [oh, ow]; `in` the forward's input
+   * (or, backward, the output's gradient), `out` its result; idx int64 or NULL */
+  int (*nn_pool)(int dev, int dtype, int op, const rhc_window_t *w, const void *in, void *out, int64_t *idx);
+
+  /* normalisation and friends (kernels/norm.cu), float32/float64, contiguous
+   * operands; statistics in float64. batch norm over x [n][c][inner]: training
+   * uses the batch's mean and biased variance and updates rm/rv (when given) with
+   * the unbiased one; eval uses rm/rv. w, b may be NULL; so may gx, gw, gb. */
+  int (*nn_batch_norm)(int dev, int dtype, int64_t n, int64_t c, int64_t inner, const void *x, const void *w,
+                       const void *b, void *rm, void *rv, int training, double momentum, double eps, void *y,
+                       double *mean, double *invstd);
+  int (*nn_batch_norm_backward)(int dev, int dtype, int64_t n, int64_t c, int64_t inner, const void *gy,
+                                const void *x, const void *w, const double *mean, const double *invstd, int training,
+                                void *gx, void *gw, void *gb);
+  /* layer norm over `rows` rows of d: y, and each row's mean and 1/sqrt(var + eps) */
+  int (*nn_layer_norm)(int dev, int dtype, int64_t rows, int64_t d, const void *x, const void *w, const void *b,
+                       double eps, void *y, double *mean, double *rstd);
+  int (*nn_layer_norm_backward)(int dev, int dtype, int64_t rows, int64_t d, const void *gy, const void *x,
+                                const void *w, const double *mean, const double *rstd, void *gx, void *gw, void *gb);
+  /* (log-)softmax's gradient over rows from its output y and the gradient g */
+  int (*nn_softmax_backward)(int dev, int dtype, int log_, int64_t rows, int64_t len, const void *y, const void *g,
+                             void *gx);
+  /* the LSTM cell's pointwise part (host/tensor/nn.h): gates [b, 4h], c_prev [b, h]
+   * to h, c [b, h] and ws [b, 5h]; backward: gh, gc (NULL: zero) to ggates, gc_prev */
+  int (*nn_lstm_cell)(int dev, int dtype, int64_t b, int64_t h, const void *gates, const void *c_prev, void *h_out,
+                      void *c_out, void *ws);
+  int (*nn_lstm_cell_backward)(int dev, int dtype, int64_t b, int64_t h, const void *gh, const void *gc,
+                               const void *c_prev, const void *ws, void *ggates, void *gc_prev);
 
   /* benchmark support for bench/gpu: time `iters` raw cuBLAS GEMMs of n x n
    * (float32) and return the milliseconds per GEMM */

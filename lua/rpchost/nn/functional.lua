@@ -1,7 +1,8 @@
 -- rpchost.nn.functional: PyTorch's torch.nn.functional, the stateless forms the
 -- layers are built on (F.conv2d, F.max_pool2d, F.dropout, F.nll_loss ...).
 -- Convolution and pooling run the C kernels (host/tensor/nn_conv.c,
--- nn_pool.c) under tensor.autograd.Function; the rest is composed of tensor
+-- nn_pool.c; on a CUDA device nn_cuda.c and kernels/nn.cu, with no copy through
+-- the host) under tensor.autograd.Function; the rest is composed of tensor
 -- ops, whose gradients autograd already knows. Class indices are 1-based
 -- (Lua's convention, as everywhere in rpchost); optional arguments are
 -- positional as in PyTorch or a trailing table with PyTorch's keyword names.
@@ -64,13 +65,6 @@ local function mean_dims(x, dims, keepdim)
   return sum_dims(x, dims, keepdim) / n
 end
 F._mean_dims = mean_dims
-
--- runs a host-only kernel on a tensor of any device: CUDA operands go through
--- the host (differentiably) and the result comes back to their device
-local function on_host(x, fn)
-  if x.device == "cpu" then return fn(false) end
-  return fn(true)
-end
 
 -- activations -------------------------------------------------------------------------
 function F.relu(x) return x:relu() end
@@ -149,8 +143,9 @@ local function dim_arg(x, dim, what)
   if dim < 0 then dim = x:dim() + 1 + dim end
   return dim
 end
--- over the last dimension of a host float tensor: one C node each way
--- (host/tensor/nn_softmax.c) in the tensor's dtype; else the tensor methods
+-- over the last dimension of a float tensor: one C node each way
+-- (host/tensor/nn_softmax.c; on a device nn_cuda_norm.c) in the tensor's
+-- dtype; else the tensor methods
 local SoftmaxFn = autograd.Function:extend("NativeSoftmax")
 SoftmaxFn.fresh_grads = true -- its backward returns new tensors (C results, GEMMs)
 function SoftmaxFn.forward(ctx, x, log_)
@@ -160,7 +155,7 @@ function SoftmaxFn.forward(ctx, x, log_)
 end
 function SoftmaxFn.backward(ctx, g) return core.nn_softmax_backward(ctx.y, g, ctx.log) end
 local function softmax_of(x, dim, log_)
-  if dim == x:dim() and x:dim() > 0 and x:size(dim) > 0 and x.device == "cpu" and
+  if dim == x:dim() and x:dim() > 0 and x:size(dim) > 0 and
       (x.dtype == tensor.float32 or x.dtype == tensor.float64) then
     return SoftmaxFn.apply(x, log_)
   end
@@ -289,10 +284,6 @@ function F.conv2d(x, w, ...)
       shape_str(x), w:size(2) * groups, x:size(2)), 2)
   end
   local p = {stride[1], stride[2], pad[1], pad[2], dil[1], dil[2], groups}
-  if x.device ~= "cpu" then
-    local dev = x.device
-    return Conv.apply(x:cpu(), w:cpu(), a.bias and a.bias:cpu(), p):to(dev)
-  end
   return Conv.apply(x, w, a.bias, p)
 end
 
@@ -351,14 +342,7 @@ function F.max_pool2d(x, ...)
     return y:squeeze(1)
   end
   local p = pool_params(a, "max_pool2d", true)
-  local y, idx
-  if x.device ~= "cpu" then
-    local dev = x.device
-    y, idx = MaxPool.apply(x:cpu(), p)
-    y, idx = y:to(dev), idx:to(dev)
-  else
-    y, idx = MaxPool.apply(x, p)
-  end
+  local y, idx = MaxPool.apply(x, p)
   if a.return_indices then return y, idx + 1LL end
   return y
 end
@@ -382,7 +366,6 @@ function F.avg_pool2d(x, ...)
   batched4(x, "avg_pool2d")
   if x:dim() == 3 then return F.avg_pool2d(x:unsqueeze(1), a):squeeze(1) end
   local p = pool_params(a, "avg_pool2d", false)
-  if x.device ~= "cpu" then return AvgPool.apply(x:cpu(), p):to(x.device) end
   return AvgPool.apply(x, p)
 end
 
@@ -404,7 +387,6 @@ function F.adaptive_avg_pool2d(x, size)
   if type(s) ~= "table" then error("adaptive_avg_pool2d: output_size must be a number or a pair", 2) end
   local oh = (s[1] == nil or s[1] == false or s[1] == 0) and x:size(3) or s[1]
   local ow = (s[2] == nil or s[2] == false or s[2] == 0) and x:size(4) or s[2]
-  if x.device ~= "cpu" then return Adaptive.apply(x:cpu(), oh, ow):to(x.device) end
   return Adaptive.apply(x, oh, ow)
 end
 
@@ -422,7 +404,7 @@ function F.avg_pool1d(x, ...)
 end
 
 -- normalisation -----------------------------------------------------------------------
--- one pass per channel in C (host/tensor/nn_norm.c) for host tensors
+-- one pass per channel in C (host/tensor/nn_norm.c; kernels/norm.cu on a device)
 local BatchNormFn = autograd.Function:extend("NativeBatchNorm")
 BatchNormFn.fresh_grads = true
 function BatchNormFn.forward(ctx, x, w, b, rm, rv, training, momentum, eps)
@@ -435,11 +417,12 @@ function BatchNormFn.backward(ctx, g)
   return core.nn_batch_norm_backward(g, ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training, n[1], n[2], n[3])
 end
 
+-- (on a CUDA device host/tensor/nn_cuda_norm.c's kernels: every operand on x's device)
 local function native_ok(x, ...)
-  if x.device ~= "cpu" or not mod.is_float(x) then return false end
+  if not mod.is_float(x) then return false end
   for i = 1, select("#", ...) do
     local v = select(i, ...)
-    if v ~= nil and (v.device ~= "cpu" or v.dtype ~= x.dtype or not v:is_contiguous()) then return false end
+    if v ~= nil and (v.device ~= x.device or v.dtype ~= x.dtype or not v:is_contiguous()) then return false end
   end
   return true
 end

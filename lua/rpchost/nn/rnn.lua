@@ -80,7 +80,7 @@ function LSTMCellFn.backward(ctx, gh, gc)
   return core.nn_lstm_cell_backward(gh, gc, ctx.c_prev, ctx.ws)
 end
 
--- the cell on a device, where there is no C kernel: the same arithmetic in tensor ops
+-- the cell in tensor ops, for dtypes the kernels do not take
 local function lstm_cell_ops(gates, c_prev)
   local H = c_prev:size(2)
   local i = gates:narrow(2, 1, H):sigmoid()
@@ -92,7 +92,8 @@ local function lstm_cell_ops(gates, c_prev)
 end
 
 local function lstm_cell(gates, c_prev)
-  if gates.device == "cpu" and (gates.dtype == tensor.float32 or gates.dtype == tensor.float64) then
+  -- host/tensor/nn_rnn.c on the host, nn_cuda_norm.c (kernels/norm.cu) on a device
+  if (gates.dtype == tensor.float32 or gates.dtype == tensor.float64) and c_prev.device == gates.device then
     return LSTMCellFn.apply(gates, c_prev)
   end
   return lstm_cell_ops(gates, c_prev)
