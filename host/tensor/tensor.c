@@ -397,31 +397,7 @@ void rh_random_seed(uint64_t seed) {
 }
 
 double rh__uniform01(void) { return (double)(rh__random_u64() >> 11) * 0x1.0p-53; }
-#define uniform01 rh__uniform01
-
-rh_tensor_t *rh_tensor_rand(rh_dtype_t dt, int ndim, const int64_t *size, int normal) {
-  if (!rh_dtype_is_float(dt)) {
-    rh_tensor_fail("%s: expected a floating point dtype, got %s", normal ? "randn" : "rand", rh_dtype_name(dt));
-    return NULL;
-  }
-  rh_tensor_t *t = rh_tensor_empty(dt, ndim, size);
-  if (!t) return NULL;
-  int64_t n = rh_tensor_numel(t);
-  char *p = rh_tensor_data(t);
-  size_t es = rh_dtype_size(dt);
-  for (int64_t i = 0; i < n; i++) {
-    double v;
-    if (normal) {
-      /* Box-Muller; u1 in (0, 1] so log is finite */
-      double u1 = 1.0 - uniform01(), u2 = uniform01();
-      v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    } else {
-      v = uniform01();
-    }
-    rh__store(dt, p + (size_t)i * es, v);
-  }
-  return t;
-}
+/* rand and randn live in random.c with the other random tensors */
 
 /* ---- views */
 static int wrapdim(int dim, int ndim, const char *what) {
