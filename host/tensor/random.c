@@ -1,7 +1,8 @@
 /* random.c: random tensors: rand, randn, randint, randperm, bernoulli and
- * multinomial, all from the one generator in tensor.c (so manual_seed makes
- * every one of them repeat). Drawn on the host, in order, then moved where the
- * caller wants them: a seed gives the same numbers on every device.
+ * multinomial, and the one generator they all draw from (xoshiro256**;
+ * manual_seed seeds it, so every one of them repeats). Drawn on the host, in
+ * order, then moved where the caller wants them: a seed gives the same numbers
+ * on every device.
  * randn is Box-Muller over blocks of pairs, both the cosine and the sine of each
  * pair kept, with its own log and sincos: straight-line polynomials the compiler
  * can vectorise, accurate to about an ulp (so the samples are as exactly normal
@@ -12,16 +13,46 @@
 
 #include "tensor_internal.h"
 
+/* xoshiro256** with splitmix64 seeding: fast, good, seedable */
+static uint64_t rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull, 42};
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* inline here (randn and rand draw in loops), a function for the other files */
+static inline uint64_t next_u64(void) {
+  uint64_t r = rotl(rng[1] * 5, 7) * 9, t = rng[1] << 17;
+  rng[2] ^= rng[0];
+  rng[3] ^= rng[1];
+  rng[1] ^= rng[2];
+  rng[0] ^= rng[3];
+  rng[2] ^= t;
+  rng[3] = rotl(rng[3], 45);
+  return r;
+}
+
+void rh_random_seed(uint64_t seed) {
+  for (int i = 0; i < 4; i++) {
+    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    rng[i] = z ^ (z >> 31);
+  }
+}
+
+uint64_t rh__random_u64(void) { return next_u64(); }
+static inline double uniform01(void) { return (double)(next_u64() >> 11) * 0x1.0p-53; }
+double rh__uniform01(void) { return uniform01(); }
+
 /* uniform in [0, n) without modulo bias (Lemire's method) */
 static uint64_t below(uint64_t n) {
   if (n == 0) return 0;
-  uint64_t x = rh__random_u64();
+  uint64_t x = next_u64();
   __uint128_t m = (__uint128_t)x * n;
   uint64_t l = (uint64_t)m;
   if (l < n) {
     uint64_t t = -n % n;
     while (l < t) {
-      x = rh__random_u64();
+      x = next_u64();
       m = (__uint128_t)x * n;
       l = (uint64_t)m;
     }
@@ -109,8 +140,8 @@ static void fill_normal(rh_dtype_t dt, char *out, int64_t n) {
   size_t es = rh_dtype_size(dt);
   for (int64_t at = 0; at < n; at += 2 * PAIRS) {
     for (int i = 0; i < PAIRS; i++) {
-      u1[i] = 1.0 - rh__uniform01(); /* (0, 1]: the log is finite */
-      u2[i] = rh__uniform01();
+      u1[i] = 1.0 - uniform01(); /* (0, 1]: the log is finite */
+      u2[i] = uniform01();
     }
     for (int i = 0; i < PAIRS; i++) {
       double rad = sqrt(-2.0 * log_unit(u1[i])), c, s;
@@ -147,9 +178,9 @@ rh_tensor_t *rh_tensor_rand(rh_dtype_t dt, int ndim, const int64_t *size, int no
   size_t es = rh_dtype_size(dt);
   if (dt == RH_F32) {
     /* 24 bits: a 53-bit draw rounded to float could round up to 1 */
-    for (int64_t i = 0; i < n; i++) ((float *)p)[i] = (float)(rh__random_u64() >> 40) * 0x1.0p-24f;
+    for (int64_t i = 0; i < n; i++) ((float *)p)[i] = (float)(next_u64() >> 40) * 0x1.0p-24f;
   } else {
-    for (int64_t i = 0; i < n; i++) rh__store(dt, p + (size_t)i * es, rh__uniform01());
+    for (int64_t i = 0; i < n; i++) rh__store(dt, p + (size_t)i * es, uniform01());
   }
   return t;
 }
@@ -223,7 +254,7 @@ rh_tensor_t *rh_tensor_bernoulli(rh_tensor_t *p) {
       out = NULL;
       break;
     }
-    rh__store(p->dtype, (char *)rh_tensor_data(out) + i * es, rh__uniform01() < q ? 1 : 0);
+    rh__store(p->dtype, (char *)rh_tensor_data(out) + i * es, uniform01() < q ? 1 : 0);
   }
   rh_tensor_release(c);
   if (out && RH_ON_DEVICE(p)) {
@@ -282,7 +313,7 @@ rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, i
     for (int64_t s = 0; ok && s < k; s++) {
       double total = 0;
       for (int64_t i = 0; i < n; i++) cum[i] = (total += wr[i]);
-      double u = rh__uniform01() * total;
+      double u = uniform01() * total;
       int64_t lo = 0, hi = n - 1;
       while (lo < hi) { /* the first category whose running total exceeds u */
         int64_t mid = (lo + hi) / 2;
