@@ -29,7 +29,11 @@ M.last_id = 0
 
 M.FLAG = 4     -- frame flag: the segments are one shared-memory descriptor
 M.FD_FLAG = 8  -- ... and the segment's file descriptor travels with this frame
-M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 512 * 1024
+-- from 128 KiB a segment beats the socket, whose buffer takes a payload this
+-- size in several writes, each a wakeup of the reader (bench/tensor_rpc.lua:
+-- 2 ranks break even at about 128 KiB; the batch parameter server's 400 KB
+-- gradients and models spend half the system time of the socket's)
+M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 128 * 1024
 M.POOL_BYTES = tonumber(os.getenv("RPCHOST_SHM_POOL")) or 512 * 1024 * 1024
 M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
 -- loans a receiver holds per peer at most, in segments and bytes (the sender's
