@@ -11,7 +11,9 @@ local nn = require "nn"
 local optim = require "optim"
 
 local N, DIM, BATCH = 512, 16, 32
-local epochs = tonumber((...)) or 8
+-- (12: how fast the loss falls depends on the seeded data; after 8 epochs it
+-- was under a fifth of the first for some seeds only, after 12 for every one tried)
+local epochs = tonumber((...)) or 12
 
 dist.init_process_group{backend = "gloo"}
 local rank, world = dist.get_rank(), dist.get_world_size()

@@ -15,7 +15,7 @@ describe("example scripts", function()
   end)
 
   it("data_parallel.lua: four ranks average gradients and end with identical weights", function()
-    local r = S.run({"run", "--nproc-per-node", "4", S.root .. "/scripts/data_parallel.lua", "8"})
+    local r = S.run({"run", "--nproc-per-node", "4", S.root .. "/scripts/data_parallel.lua", "12"})
     assert.are.equal(0, r.status, r.err)
     assert.truthy(r.out:find("all ranks hold identical weights", 1, true), r.out)
     assert.truthy(r.out:find("loss fell", 1, true), r.out)

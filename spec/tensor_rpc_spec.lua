@@ -94,6 +94,34 @@ describe("tensors over rpc", function()
     end)
   end
 
+  -- the thresholds: a parameter server's gradients of a 768-128-30 MLP (about 400
+  -- KB in four tensors) go through a segment and live in it on the receiver (no
+  -- copy out); a 64 KiB tensor goes through the socket
+  it("sends payloads from 128 KiB through shared memory and lends them to the receiver", function()
+    local r = S.world(2, S.prelude .. [[
+      local tensor = require "tensor"
+      function sum_all(ts) local s = 0 for _, t in ipairs(ts) do s = s + t:sum():item() end return s end
+      function received() local p = rpc._agent().peers[0] return (p.shm_adopted or 0) .. " " .. (p.shm_copied or 0) end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local grads = {tensor.ones(128, 768), tensor.ones(128), tensor.ones(30, 128), tensor.ones(30)}
+        check("none before", rpc.rpc_sync("worker1", received) == "0 0")
+        check("gradients intact", rpc.rpc_sync("worker1", sum_all, {grads}) == 128 * 768 + 128 + 30 * 128 + 30)
+        local got = rpc.rpc_sync("worker1", received)
+        check("gradients lent through a segment", got == "1 0", got)
+        check("64 KiB intact", rpc.rpc_sync("worker1", sum_all, {{tensor.ones(16384)}}) == 16384)
+        got = rpc.rpc_sync("worker1", received)
+        check("64 KiB through the socket", got == "1 0", got)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    for _, name in ipairs({"none before", "gradients intact", "gradients lent through a segment", "64 KiB intact",
+                           "64 KiB through the socket"}) do
+      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
+    end
+  end)
+
   -- what goes through the segments: several tensors per message (sizes that are
   -- not multiples of the 64-byte alignment), many messages in flight at once (a
   -- pool of several segments), replies as well as requests; with the pool capped

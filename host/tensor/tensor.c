@@ -371,57 +371,7 @@ rh_tensor_t *rh_tensor_arange(rh_dtype_t dt, double start, double end, double st
   return t;
 }
 
-/* xoshiro256** with splitmix64 seeding: fast, good, seedable */
-static uint64_t rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull, 42};
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t rh__random_u64(void) {
-  uint64_t r = rotl(rng[1] * 5, 7) * 9, t = rng[1] << 17;
-  rng[2] ^= rng[0];
-  rng[3] ^= rng[1];
-  rng[1] ^= rng[2];
-  rng[0] ^= rng[3];
-  rng[2] ^= t;
-  rng[3] = rotl(rng[3], 45);
-  return r;
-}
-
-void rh_random_seed(uint64_t seed) {
-  for (int i = 0; i < 4; i++) {
-    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    rng[i] = z ^ (z >> 31);
-  }
-}
-
-double rh__uniform01(void) { return (double)(rh__random_u64() >> 11) * 0x1.0p-53; }
-#define uniform01 rh__uniform01
-
-rh_tensor_t *rh_tensor_rand(rh_dtype_t dt, int ndim, const int64_t *size, int normal) {
-  if (!rh_dtype_is_float(dt)) {
-    rh_tensor_fail("%s: expected a floating point dtype, got %s", normal ? "randn" : "rand", rh_dtype_name(dt));
-    return NULL;
-  }
-  rh_tensor_t *t = rh_tensor_empty(dt, ndim, size);
-  if (!t) return NULL;
-  int64_t n = rh_tensor_numel(t);
-  char *p = rh_tensor_data(t);
-  size_t es = rh_dtype_size(dt);
-  for (int64_t i = 0; i < n; i++) {
-    double v;
-    if (normal) {
-      /* Box-Muller; u1 in (0, 1] so log is finite */
-      double u1 = 1.0 - uniform01(), u2 = uniform01();
-      v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    } else {
-      v = uniform01();
-    }
-    rh__store(dt, p + (size_t)i * es, v);
-  }
-  return t;
-}
+/* the random generator, rand and randn live in random.c with the other random tensors */
 
 /* ---- views */
 static int wrapdim(int dim, int ndim, const char *what) {

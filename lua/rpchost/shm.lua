@@ -29,16 +29,21 @@ M.last_id = 0
 
 M.FLAG = 4     -- frame flag: the segments are one shared-memory descriptor
 M.FD_FLAG = 8  -- ... and the segment's file descriptor travels with this frame
-M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 512 * 1024
+-- from 128 KiB a segment beats the socket, whose buffer takes a payload this
+-- size in several writes, each a wakeup of the reader (bench/tensor_rpc.lua:
+-- 2 ranks break even at about 128 KiB; the batch parameter server's 400 KB
+-- gradients and models spend half the system time of the socket's)
+M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 128 * 1024
 M.POOL_BYTES = tonumber(os.getenv("RPCHOST_SHM_POOL")) or 512 * 1024 * 1024
 M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
 -- loans a receiver holds per peer at most, in segments and bytes (the sender's
 -- pool is bigger, so there are always segments left for copied payloads)
 M.LOAN_SEGMENTS = 8
 M.LOAN_BYTES = 128 * 1024 * 1024
--- smaller payloads are copied out: their segment, handed back at once, is
--- reused while still in cache, which beats a copy saved
-M.ADOPT_MIN = tonumber(os.getenv("RPCHOST_SHM_ADOPT_MIN")) or 2 * 1024 * 1024
+-- smaller payloads are copied out (and their segment handed back at once); from
+-- MIN_BYTES up the copy saved wins (bench/tensor_rpc.lua echo: 400 KB 155 -> 143
+-- us, 1 MiB 394 -> 340 us; the batch parameter server about 10% less CPU)
+M.ADOPT_MIN = tonumber(os.getenv("RPCHOST_SHM_ADOPT_MIN")) or M.MIN_BYTES
 -- adopted bytes after which the GC runs a full cycle: Lua does not see the size
 -- of what a tensor holds, and a loan ends only when its tensors are collected
 local GC_EVERY = 64 * 1024 * 1024

@@ -56,15 +56,15 @@ function BatchUpdateParameterServer:get_model() return self.model end
 BatchUpdateParameterServer.update_and_fetch_model = rpc.functions.async_execution(function(ps_rref, grads)
   local self = ps_rref:local_value()
   timed_log(("PS got %d/%d updates"):format(self.curr_update_size, self.batch_update_size))
-  for i, p in ipairs(self.model:parameters()) do p.grad = p.grad + grads[i] end
+  for i, p in ipairs(self.model:parameters()) do p.grad:add_(grads[i]) end
   -- (one Lua state: no lock; nothing below yields)
   self.curr_update_size = self.curr_update_size + 1
   local fut = self.future_model
   if self.curr_update_size >= self.batch_update_size then
-    for _, p in ipairs(self.model:parameters()) do p.grad = p.grad / self.batch_update_size end
+    for _, p in ipairs(self.model:parameters()) do p.grad:div_(self.batch_update_size) end
     self.curr_update_size = 0
     self.optimizer:step()
-    for _, p in ipairs(self.model:parameters()) do p.grad = tensor.zeros_like(p) end -- zero_grad(set_to_none=False)
+    self.optimizer:zero_grad({set_to_none = false})
     self.updates = self.updates + 1
     fut:set_result(self.model)
     timed_log("PS updated model")
@@ -87,7 +87,7 @@ function Trainer:get_next_batch()
     i = i + 1
     if i > num_batches then return nil end
     local inputs = tensor.randn(batch_size, 3 * image_w * image_h)
-    local labels = tensor.zeros(batch_size, num_classes):scatter(2, self.one_hot_indices + 1, 1)
+    local labels = tensor.zeros(batch_size, num_classes):scatter_(2, self.one_hot_indices + 1, 1)
     return inputs, labels
   end
 end
