@@ -155,8 +155,8 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
 static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, char *cols, int64_t ld,
                         int to_image) {
   cols_job_t j = {dt, xn, cols, ld, g->c, g->h, g->w, g->kh, g->kw, g->oh, g->ow, p};
-  if (to_image) rh_parallel_for(g->c, 1, col2im_channels, &j);
-  else rh_parallel_for(g->c * g->kh * g->kw, 4, im2col_rows, &j);
+  if (to_image) rh_parallel_for(g->c, rh_parallel_grain(g->kh * g->kw * g->l), col2im_channels, &j);
+  else rh_parallel_for(g->c * g->kh * g->kw, rh_parallel_grain(g->l), im2col_rows, &j);
 }
 
 /* How the batch is split. The samples go to `parts` contiguous ranges, one per

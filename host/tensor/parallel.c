@@ -106,6 +106,11 @@ int rh_parallel_threads(void) {
   return pool.nthreads + 1;
 }
 
+int64_t rh_parallel_grain(int64_t item_work) {
+  if (item_work < 1) item_work = 1;
+  return item_work >= RH_PARALLEL_MIN_WORK ? 1 : (RH_PARALLEL_MIN_WORK + item_work - 1) / item_work;
+}
+
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *, int64_t, int64_t), void *ctx) {
   ensure_started();
   if (grain < 1) grain = 1;
