@@ -490,6 +490,28 @@ describe("nn kernels over a batch equal them sample by sample", function()
       if rgb then close("bias gradient", gb, rgb) end
     end)
   end
+  -- kernels of up to 64 taps read their padding ranges from a table made per
+  -- sample, larger ones compute them per row: a 9x9 kernel that is zero outside
+  -- its middle 3x3 is that 3x3 kernel with 3 less padding
+  it("Conv2d of 81 taps equals the 3x3 kernel inside it", function()
+    tensor.manual_seed(13)
+    local w3 = tensor.randn(4, 3, 3, 3)
+    local w9 = tensor.zeros(4, 3, 9, 9)
+    w9:narrow(3, 4, 3):narrow(4, 4, 3):copy_(w3)
+    local x = tensor.randn(5, 3, 7, 6)
+    local function run(w, pad)
+      local xi = x:clone()
+      xi.requires_grad = true
+      local y = nn.functional.conv2d(xi, w, {padding = pad, stride = 2})
+      local loss = (y * y):sum()
+      loss:backward()
+      return y:detach(), xi.grad
+    end
+    local y9, g9 = run(w9, 4)
+    local y3, g3 = run(w3, 1)
+    close("output", y9, y3)
+    close("input gradient", g9, g3)
+  end)
 end)
 
 describe("matrix products split over the thread pool", function()
