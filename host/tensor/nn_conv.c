@@ -64,11 +64,12 @@ static void tap_range(const cols_job_t *j, int64_t tap, int64_t offy, int64_t of
   do {                                                                                                 \
     const T *x = (const T *)j->x;                                                                      \
     T *col = (T *)j->cols;                                                                             \
-    int64_t sy = p->stride[0], sx = p->stride[1];                                                      \
+    int64_t sy = p->stride[0], sx = p->stride[1], taps = j->kh * j->kw;                                \
+    int64_t ci = lo / taps, tap = lo % taps; /* advanced per row: no divisions in the loop */          \
     for (int64_t r = lo; r < hi; r++) {                                                                \
-      int64_t ci = r / (j->kh * j->kw), ki = (r / j->kw) % j->kh, kj = r % j->kw;                      \
+      int64_t ki = tap / j->kw, kj = tap - ki * j->kw;                                                 \
       int64_t offy = ki * p->dil[0] - p->pad[0], offx = kj * p->dil[1] - p->pad[1], y0, y1, x0, x1;    \
-      tap_range(j, ki * j->kw + kj, offy, offx, &y0, &y1, &x0, &x1);                                   \
+      tap_range(j, tap, offy, offx, &y0, &y1, &x0, &x1);                                               \
       const T *plane = x + ci * j->h * j->w;                                                           \
       T *dst = col + r * j->ld;                                                                        \
       if (y0 > 0) memset(dst, 0, sizeof(T) * (size_t)(y0 * j->ow));                                    \
@@ -76,12 +77,16 @@ static void tap_range(const cols_job_t *j, int64_t tap, int64_t offy, int64_t of
         T *d = dst + oy * j->ow;                                                                       \
         const T *srow = plane + (oy * sy + offy) * j->w + offx;                                        \
         for (int64_t ox = 0; ox < x0; ox++) d[ox] = 0;                                                 \
-        if (sx == 1) memcpy(d + x0, srow + x0, sizeof(T) * (size_t)(x1 - x0));                         \
+        /* small maps (ResNet's late stages: rows of 2..8) copy in the loop, not a call */            \
+        if (sx == 1 && x1 - x0 >= 16) memcpy(d + x0, srow + x0, sizeof(T) * (size_t)(x1 - x0));       \
+        else if (sx == 1)                                                                              \
+          for (int64_t ox = x0; ox < x1; ox++) d[ox] = srow[ox];                                       \
         else                                                                                           \
           for (int64_t ox = x0; ox < x1; ox++) d[ox] = srow[ox * sx];                                  \
         for (int64_t ox = x1; ox < j->ow; ox++) d[ox] = 0;                                             \
       }                                                                                                \
       if (y1 < j->oh) memset(dst + y1 * j->ow, 0, sizeof(T) * (size_t)((j->oh - y1) * j->ow));          \
+      if (++tap == taps) tap = 0, ci++;                                                                \
     }                                                                                                  \
   } while (0)
 
