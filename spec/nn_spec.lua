@@ -514,6 +514,37 @@ describe("nn kernels over a batch equal them sample by sample", function()
   end)
 end)
 
+-- ReLU's backward is one C pass (host/tensor/nn_act.c) for contiguous host
+-- floats and the composition g * (a > 0) otherwise; both must agree, and
+-- where a <= 0 the gradient is 0 even when g is not finite (PyTorch's
+-- threshold_backward), where g * 0 made NaN of an infinite or NaN gradient.
+describe("ReLU backward", function()
+  for _, dt in ipairs{tensor.float32, tensor.float64} do
+    it("equals g * (a > 0) for contiguous and strided gradients, " .. tostring(dt), function()
+      tensor.manual_seed(21)
+      local a = tensor.randn(6, 7, {dtype = dt})
+      a.requires_grad = true
+      local g = tensor.randn(7, 6, {dtype = dt})
+      for _, gi in ipairs{g:t():contiguous(), g:t()} do
+        a.grad = nil
+        a:relu():backward(gi)
+        local want = gi * (a:detach():gt(0)):to(dt)
+        assert.are.equal(0, (a.grad - want):abs():max():item())
+      end
+    end)
+  end
+  it("gives 0 where the input is not positive, whatever the gradient", function()
+    local a = tensor.tensor({-1, 0, 2, 3})
+    a.requires_grad = true
+    a:relu():backward(tensor.tensor({0 / 0, math.huge, 0 / 0, 5}))
+    local got = a.grad
+    assert.are.equal(0, got[1]:item())
+    assert.are.equal(0, got[2]:item())
+    assert.is_true(got[3]:item() ~= got[3]:item())
+    assert.are.equal(5, got[4]:item())
+  end)
+end)
+
 describe("matrix products split over the thread pool", function()
   -- products of 2^23 multiply-adds or more are cut into row or column blocks;
   -- ten rows at a time stay whole, so they are the reference
