@@ -1,6 +1,6 @@
 /* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn_conv.c,
  * nn_pool.c, nn_norm.c: batch and layer norm, nn_rnn.c: the LSTM cell,
- * nn_softmax.c, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
+ * nn_softmax.c, nn_act.c: ReLU's backward, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
  * these are sizes); the Lua side checks shapes and names the
  * layer in its errors, the core's message is raised for anything it refuses.
  * Each entry point but linear sends a tensor on a CUDA device to the device's
@@ -178,6 +178,15 @@ static int l_softmax_backward(lua_State *L) {
   return push(L, (on_dev(L, 1) ? rh_nn_cuda_softmax_backward : rh_nn_softmax_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), lua_toboolean(L, 3)));
 }
 
+/* relu_backward(g, a) -> a > 0 ? g : 0, or nil where the kernel does not take
+ * these tensors (the caller composes the gradient then) */
+static int l_relu_backward(lua_State *L) {
+  rh_tensor_t *out;
+  check_rc(L, rh_nn_relu_backward(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), &out));
+  if (!out) return 0;
+  return rh_lua_pushtensor(L, out);
+}
+
 /* linear(x, w, b|nil) -> x @ w^T + b */
 static int l_linear(lua_State *L) {
   return push(L, rh_nn_linear(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3)));
@@ -208,6 +217,7 @@ int rh_open_nn(lua_State *L) {
                                  {"nn_lstm_cell", l_lstm_cell},
                                  {"nn_lstm_cell_backward", l_lstm_cell_backward},
                                  {"nn_softmax", l_softmax},
+                                 {"nn_relu_backward", l_relu_backward},
                                  {"nn_softmax_backward", l_softmax_backward},
                                  {"nn_linear", l_linear},
                                  {NULL, NULL}};

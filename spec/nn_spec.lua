@@ -490,6 +490,59 @@ describe("nn kernels over a batch equal them sample by sample", function()
       if rgb then close("bias gradient", gb, rgb) end
     end)
   end
+  -- kernels of up to 64 taps read their padding ranges from a table made per
+  -- sample, larger ones compute them per row: a 9x9 kernel that is zero outside
+  -- its middle 3x3 is that 3x3 kernel with 3 less padding
+  it("Conv2d of 81 taps equals the 3x3 kernel inside it", function()
+    tensor.manual_seed(13)
+    local w3 = tensor.randn(4, 3, 3, 3)
+    local w9 = tensor.zeros(4, 3, 9, 9)
+    w9:narrow(3, 4, 3):narrow(4, 4, 3):copy_(w3)
+    local x = tensor.randn(5, 3, 7, 6)
+    local function run(w, pad)
+      local xi = x:clone()
+      xi.requires_grad = true
+      local y = nn.functional.conv2d(xi, w, {padding = pad, stride = 2})
+      local loss = (y * y):sum()
+      loss:backward()
+      return y:detach(), xi.grad
+    end
+    local y9, g9 = run(w9, 4)
+    local y3, g3 = run(w3, 1)
+    close("output", y9, y3)
+    close("input gradient", g9, g3)
+  end)
+end)
+
+-- ReLU's backward is one C pass (host/tensor/nn_act.c) for contiguous host
+-- floats and the composition g * (a > 0) otherwise; both must agree, and
+-- where a <= 0 the gradient is 0 even when g is not finite (PyTorch's
+-- threshold_backward), where g * 0 made NaN of an infinite or NaN gradient.
+describe("ReLU backward", function()
+  for _, dt in ipairs{tensor.float32, tensor.float64} do
+    it("equals g * (a > 0) for contiguous and strided gradients, " .. tostring(dt), function()
+      tensor.manual_seed(21)
+      local a = tensor.randn(6, 7, {dtype = dt})
+      a.requires_grad = true
+      local g = tensor.randn(7, 6, {dtype = dt})
+      for _, gi in ipairs{g:t():contiguous(), g:t()} do
+        a.grad = nil
+        a:relu():backward(gi)
+        local want = gi * (a:detach():gt(0)):to(dt)
+        assert.are.equal(0, (a.grad - want):abs():max():item())
+      end
+    end)
+  end
+  it("gives 0 where the input is not positive, whatever the gradient", function()
+    local a = tensor.tensor({-1, 0, 2, 3})
+    a.requires_grad = true
+    a:relu():backward(tensor.tensor({0 / 0, math.huge, 0 / 0, 5}))
+    local got = a.grad
+    assert.are.equal(0, got[1]:item())
+    assert.are.equal(0, got[2]:item())
+    assert.is_true(got[3]:item() ~= got[3]:item())
+    assert.are.equal(5, got[4]:item())
+  end)
 end)
 
 describe("matrix products split over the thread pool", function()

@@ -65,6 +65,11 @@ int rh_nn_lstm_cell_backward(rh_tensor_t *gh, rh_tensor_t *gc, rh_tensor_t *c_pr
 
 /* softmax (log_: log-softmax) over the last dimension, in x's dtype; its
  * backward from the forward's result y and the gradient g */
+/* nn_act.c: ReLU's input gradient (a > 0 ? g : 0) into *out, a new tensor; *out
+ * stays NULL (and 0 is returned) when g and a are not contiguous host tensors
+ * of one float dtype and shape, for the caller to compose instead */
+int rh_nn_relu_backward(rh_tensor_t *g, rh_tensor_t *a, rh_tensor_t **out);
+
 rh_tensor_t *rh_nn_softmax(rh_tensor_t *x, int log_);
 rh_tensor_t *rh_nn_softmax_backward(rh_tensor_t *y, rh_tensor_t *g, int log_);
 

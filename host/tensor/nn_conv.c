@@ -29,14 +29,34 @@ static void valid_range(int64_t nin, int64_t nout, int64_t s, int64_t off, int64
   *lo = a, *hi = b;
 }
 
+/* a kernel tap's output positions that read the input (not padding): rows
+ * [y0, y1), columns [x0, x1); the same for every channel, so computed once per
+ * sample rather than per column-matrix row (small maps made that the cost) */
+typedef struct {
+  int64_t y0, y1, x0, x1;
+} tap_t;
+#define CONV_TAPS 64 /* taps kept in a table; larger kernels compute them per row */
+
 typedef struct {
   rh_dtype_t dt;
-  const char *x; /* one sample [C,H,W] (col2im: written) */
+  const tap_t *taps; /* [kh * kw], or NULL */
+  const char *x;     /* one sample [C,H,W] (col2im: written) */
   char *cols;    /* this sample's columns: row r at cols + r * ld elements, oh*ow of them */
   int64_t ld;
   int64_t c, h, w, kh, kw, oh, ow;
   const rh_nn_conv_t *p;
 } cols_job_t;
+
+static void tap_range(const cols_job_t *j, int64_t tap, int64_t offy, int64_t offx, int64_t *y0, int64_t *y1,
+                      int64_t *x0, int64_t *x1) {
+  if (j->taps) {
+    const tap_t *t = &j->taps[tap];
+    *y0 = t->y0, *y1 = t->y1, *x0 = t->x0, *x1 = t->x1;
+    return;
+  }
+  valid_range(j->h, j->oh, j->p->stride[0], offy, y0, y1);
+  valid_range(j->w, j->ow, j->p->stride[1], offx, x0, x1);
+}
 
 /* row r = (channel, ki, kj) of the column matrix: the rows of the padded input
  * the kernel tap reads; only the edges are padding, the middle is one copy */
@@ -44,12 +64,12 @@ typedef struct {
   do {                                                                                                 \
     const T *x = (const T *)j->x;                                                                      \
     T *col = (T *)j->cols;                                                                             \
-    int64_t sy = p->stride[0], sx = p->stride[1];                                                      \
+    int64_t sy = p->stride[0], sx = p->stride[1], taps = j->kh * j->kw;                                \
+    int64_t ci = lo / taps, tap = lo % taps; /* advanced per row: no divisions in the loop */          \
     for (int64_t r = lo; r < hi; r++) {                                                                \
-      int64_t ci = r / (j->kh * j->kw), ki = (r / j->kw) % j->kh, kj = r % j->kw;                      \
+      int64_t ki = tap / j->kw, kj = tap - ki * j->kw;                                                 \
       int64_t offy = ki * p->dil[0] - p->pad[0], offx = kj * p->dil[1] - p->pad[1], y0, y1, x0, x1;    \
-      valid_range(j->h, j->oh, sy, offy, &y0, &y1);                                                    \
-      valid_range(j->w, j->ow, sx, offx, &x0, &x1);                                                    \
+      tap_range(j, tap, offy, offx, &y0, &y1, &x0, &x1);                                               \
       const T *plane = x + ci * j->h * j->w;                                                           \
       T *dst = col + r * j->ld;                                                                        \
       if (y0 > 0) memset(dst, 0, sizeof(T) * (size_t)(y0 * j->ow));                                    \
@@ -57,12 +77,16 @@ typedef struct {
         T *d = dst + oy * j->ow;                                                                       \
         const T *srow = plane + (oy * sy + offy) * j->w + offx;                                        \
         for (int64_t ox = 0; ox < x0; ox++) d[ox] = 0;                                                 \
-        if (sx == 1) memcpy(d + x0, srow + x0, sizeof(T) * (size_t)(x1 - x0));                         \
+        /* small maps (ResNet's late stages: rows of 2..8) copy in the loop, not a call */            \
+        if (sx == 1 && x1 - x0 >= 16) memcpy(d + x0, srow + x0, sizeof(T) * (size_t)(x1 - x0));       \
+        else if (sx == 1)                                                                              \
+          for (int64_t ox = x0; ox < x1; ox++) d[ox] = srow[ox];                                       \
         else                                                                                           \
           for (int64_t ox = x0; ox < x1; ox++) d[ox] = srow[ox * sx];                                  \
         for (int64_t ox = x1; ox < j->ow; ox++) d[ox] = 0;                                             \
       }                                                                                                \
       if (y1 < j->oh) memset(dst + y1 * j->ow, 0, sizeof(T) * (size_t)((j->oh - y1) * j->ow));          \
+      if (++tap == taps) tap = 0, ci++;                                                                \
     }                                                                                                  \
   } while (0)
 
@@ -86,8 +110,7 @@ static void im2col_rows(void *ctx, int64_t lo, int64_t hi) {
         for (int64_t kj = 0; kj < j->kw; kj++) {                                                       \
           const T *src = col + ((ci * j->kh + ki) * j->kw + kj) * j->ld;                               \
           int64_t offy = ki * p->dil[0] - p->pad[0], offx = kj * p->dil[1] - p->pad[1], y0, y1, x0, x1; \
-          valid_range(j->h, j->oh, sy, offy, &y0, &y1);                                                \
-          valid_range(j->w, j->ow, sx, offx, &x0, &x1);                                                \
+          tap_range(j, ki * j->kw + kj, offy, offx, &y0, &y1, &x0, &x1);                               \
           for (int64_t oy = y0; oy < y1; oy++) {                                                       \
             T *drow = plane + (oy * sy + offy) * j->w + offx;                                          \
             const T *s = src + oy * j->ow;                                                             \
@@ -154,9 +177,16 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
  * inline when this is already inside a pool job */
 static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, char *cols, int64_t ld,
                         int to_image) {
-  cols_job_t j = {dt, xn, cols, ld, g->c, g->h, g->w, g->kh, g->kw, g->oh, g->ow, p};
-  if (to_image) rh_parallel_for(g->c, 1, col2im_channels, &j);
-  else rh_parallel_for(g->c * g->kh * g->kw, 4, im2col_rows, &j);
+  tap_t taps[CONV_TAPS];
+  int tabled = g->kh * g->kw <= CONV_TAPS;
+  for (int64_t t = 0; tabled && t < g->kh * g->kw; t++) {
+    int64_t offy = (t / g->kw) * p->dil[0] - p->pad[0], offx = (t % g->kw) * p->dil[1] - p->pad[1];
+    valid_range(g->h, g->oh, p->stride[0], offy, &taps[t].y0, &taps[t].y1);
+    valid_range(g->w, g->ow, p->stride[1], offx, &taps[t].x0, &taps[t].x1);
+  }
+  cols_job_t j = {dt, tabled ? taps : NULL, xn, cols, ld, g->c, g->h, g->w, g->kh, g->kw, g->oh, g->ow, p};
+  if (to_image) rh_parallel_for(g->c, rh_parallel_grain(g->kh * g->kw * g->l), col2im_channels, &j);
+  else rh_parallel_for(g->c * g->kh * g->kw, rh_parallel_grain(g->l), im2col_rows, &j);
 }
 
 /* How the batch is split. The samples go to `parts` contiguous ranges, one per
@@ -204,14 +234,15 @@ static void plan(conv_job_t *j) {
   j->nb = nb < 1 ? 1 : nb;
 }
 
-/* between a block [O, nb*L] (row o: the block's samples side by side) and the
- * samples [n][O][L] */
-static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t nbk, int to_block) {
+/* between a block [rows, nb*L] (row o: the block's samples side by side) and
+ * the samples [n][rows][L]: outputs (rows = O), or a direct convolution's
+ * inputs (rows = C, where the columns are the image) */
+static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t nbk, int64_t rows, int to_block) {
   int64_t l = j->g.l, ld = nbk * l;
   size_t row = (size_t)l * j->es;
   for (int64_t s = 0; s < nbk; s++)
-    for (int64_t o = 0; o < j->g.o; o++) {
-      char *bp = block + (size_t)(o * ld + s * l) * j->es, *sp = samples + (size_t)((s * j->g.o + o) * l) * j->es;
+    for (int64_t o = 0; o < rows; o++) {
+      char *bp = block + (size_t)(o * ld + s * l) * j->es, *sp = samples + (size_t)((s * rows + o) * l) * j->es;
       if (to_block) memcpy(bp, sp, row);
       else memcpy(sp, bp, row);
     }
@@ -239,6 +270,10 @@ static const char *block_cols(conv_job_t *j, int64_t n0, int64_t nbk, char *cols
   const geom_t *g = &j->g;
   const char *x0 = j->x + (size_t)(n0 * g->c * g->h * g->w) * j->es;
   if (g->direct && nbk == 1) return x0;
+  if (g->direct) { /* the columns are the samples' channels side by side */
+    block_copy(j, cols, (char *)x0, nbk, g->c, 1);
+    return cols;
+  }
   for (int64_t s = 0; s < nbk; s++)
     sample_cols(g, j->p, j->dt, x0 + (size_t)(s * g->c * g->h * g->w) * j->es, cols + (size_t)(s * g->l) * j->es,
                 nbk * g->l, 0);
@@ -280,7 +315,7 @@ static void forward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk, 
       for (int64_t i = 0; i < ld; i++) r[i] += bv;
     }
   }
-  if (nbk > 1) block_copy(j, blk, yn, nbk, 0);
+  if (nbk > 1) block_copy(j, blk, yn, nbk, g->o, 0);
 }
 
 rh_tensor_t *rh_nn_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p) {
@@ -318,7 +353,7 @@ static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk,
   double *gb = j->gb ? j->gb + part * g->o : NULL;
   char *gyn = (char *)j->gy + (size_t)(n0 * g->o * g->l) * es, *gyb = gyn;
   if (nbk > 1) {
-    block_copy(j, blk, gyn, nbk, 1);
+    block_copy(j, blk, gyn, nbk, g->o, 1);
     gyb = blk;
   }
   if (gw) {
@@ -348,7 +383,8 @@ static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk,
     for (int64_t gi = 0; gi < g->g; gi++)
       rh__gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
                gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
-    if (!direct) {
+    if (g->direct && nbk > 1) block_copy(j, cols, gxn, nbk, g->c, 0); /* each pixel has one column entry */
+    else if (!direct) {
       memset(gxn, 0, (size_t)(nbk * g->c * g->h * g->w) * es);
       for (int64_t s = 0; s < nbk; s++)
         sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, cols + (size_t)(s * g->l) * es,

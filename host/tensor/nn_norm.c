@@ -178,7 +178,7 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
                 b ? rh_tensor_data(b) : NULL, rm ? rh_tensor_data(rm) : NULL, rv ? rh_tensor_data(rv) : NULL,
                 rh_tensor_data(tm), rh_tensor_data(ti), x->size[0], c, inner_of(x), training, momentum, eps,
                 NULL, NULL, NULL, NULL};
-  rh_parallel_for(c, 1, bn_forward_channels, &j);
+  rh_parallel_for(c, rh_parallel_grain(2 * x->size[0] * j.inner), bn_forward_channels, &j);
   if (training && rm) {
     rh_tensor_bump_version(rm);
     rh_tensor_bump_version(rv);
@@ -246,7 +246,7 @@ int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, r
                 rh_tensor_data(mean), rh_tensor_data(invstd), x->size[0], c, inner_of(x), training, 0, 0,
                 rh_tensor_data(gc), tx ? rh_tensor_data(tx) : NULL, tw ? rh_tensor_data(tw) : NULL,
                 tb ? rh_tensor_data(tb) : NULL};
-  rh_parallel_for(c, 1, bn_backward_channels, &j);
+  rh_parallel_for(c, rh_parallel_grain(2 * x->size[0] * j.inner), bn_backward_channels, &j);
   rh_tensor_release(xc);
   rh_tensor_release(gc);
   /* parameter gradients in the input's dtype */
@@ -333,7 +333,7 @@ int rh_nn_layer_norm(rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *b, 
   }
   ln_job_t j = {x->dtype, rh_tensor_data(xc), w ? rh_tensor_data(w) : NULL, b ? rh_tensor_data(b) : NULL, NULL,
                 rh_tensor_data(ty), NULL, rh_tensor_data(tm), rh_tensor_data(tr), NULL, NULL, m, d, 0, eps};
-  rh_parallel_for(m, 16, ln_forward_rows, &j);
+  rh_parallel_for(m, rh_parallel_grain(2 * d), ln_forward_rows, &j);
   rh_tensor_release(xc);
   *y = ty;
   *mean = tm;

@@ -168,7 +168,7 @@ int rh_nn_max_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p, rh_tensor_t **y, rh_
     return rh_tensor_fail("max_pool2d: out of memory");
   }
   pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(ty), rh_tensor_data(ti), x->size[2], x->size[3], oh, ow, p};
-  rh_parallel_for(x->size[0] * x->size[1], 1, max_planes, &j);
+  rh_parallel_for(x->size[0] * x->size[1], rh_parallel_grain(oh * ow * p->k[0] * p->k[1]), max_planes, &j);
   rh_tensor_release(xc);
   *y = ty;
   *idx = ti;
@@ -220,7 +220,7 @@ rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_
   }
   max_back_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(ic), rh_tensor_data(gx),
                       gy->size[2] * gy->size[3], h * w};
-  rh_parallel_for(gy->size[0] * gy->size[1], 1, max_back_planes, &j);
+  rh_parallel_for(gy->size[0] * gy->size[1], rh_parallel_grain(h * w), max_back_planes, &j);
   rh_tensor_release(gc);
   rh_tensor_release(ic);
   return gx;
@@ -286,7 +286,7 @@ rh_tensor_t *rh_nn_avg_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p) {
     return NULL;
   }
   pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(y), NULL, x->size[2], x->size[3], oh, ow, &q};
-  rh_parallel_for(x->size[0] * x->size[1], 1, avg_planes, &j);
+  rh_parallel_for(x->size[0] * x->size[1], rh_parallel_grain(oh * ow * q.k[0] * q.k[1]), avg_planes, &j);
   rh_tensor_release(xc);
   return y;
 }
@@ -304,7 +304,7 @@ rh_tensor_t *rh_nn_avg_pool2d_backward(rh_tensor_t *gy, const rh_nn_pool_t *p, i
     return NULL;
   }
   pool_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(gx), NULL, h, w, gy->size[2], gy->size[3], &q};
-  rh_parallel_for(gy->size[0] * gy->size[1], 1, avg_back_planes, &j);
+  rh_parallel_for(gy->size[0] * gy->size[1], rh_parallel_grain(h * w * q.k[0] * q.k[1]), avg_back_planes, &j);
   rh_tensor_release(gc);
   return gx;
 }
@@ -359,7 +359,7 @@ rh_tensor_t *rh_nn_adaptive_avg_pool2d(rh_tensor_t *x, int64_t oh, int64_t ow) {
     return NULL;
   }
   pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(y), NULL, x->size[2], x->size[3], oh, ow, NULL};
-  rh_parallel_for(x->size[0] * x->size[1], 1, adaptive_planes, &j);
+  rh_parallel_for(x->size[0] * x->size[1], rh_parallel_grain(x->size[2] * x->size[3]), adaptive_planes, &j);
   rh_tensor_release(xc);
   return y;
 }
@@ -375,7 +375,7 @@ rh_tensor_t *rh_nn_adaptive_avg_pool2d_backward(rh_tensor_t *gy, int64_t h, int6
     return NULL;
   }
   pool_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(gx), NULL, h, w, gy->size[2], gy->size[3], NULL};
-  rh_parallel_for(gy->size[0] * gy->size[1], 1, adaptive_back_planes, &j);
+  rh_parallel_for(gy->size[0] * gy->size[1], rh_parallel_grain(h * w), adaptive_back_planes, &j);
   rh_tensor_release(gc);
   return gx;
 }

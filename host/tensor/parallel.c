@@ -1,6 +1,19 @@
-/* parallel.c: a small pool of threads for large elementwise work. The caller
- * takes a share too and waits for the rest; jobs smaller than two grains run
- * inline. Threads start on first use; RPCHOST_NUM_THREADS caps them. */
+/* parallel.c: a small pool of threads for large elementwise work. Threads start
+ * on first use; RPCHOST_NUM_THREADS caps them.
+ *
+ * A job is cut into pieces of at least `grain` items, a few per thread, and the
+ * caller and the workers claim pieces from one atomic counter until none is
+ * left. Nobody owns a fixed share: a worker the scheduler has parked (several
+ * ranks share the cores) is not waited for, the caller or an awake worker takes
+ * its pieces, and a worker that wakes after the job was drained finds nothing
+ * and sleeps again. Jobs smaller than two grains run inline and wake nobody.
+ *
+ * Job lifetime: the job (fn, ctx, counter) lives on the caller's stack. A worker
+ * joins a job only under pool.mu while pool.job points at it, and the caller,
+ * once every piece is claimed, clears pool.job under pool.mu and then waits for
+ * the joined workers to leave: no worker touches a job after its caller returns.
+ * Which thread runs a piece never changes a result: each piece's output depends
+ * only on its range, so callers that sum do so over fixed parts. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -8,6 +21,14 @@
 #include "tensor.h"
 
 #define MAX_THREADS 16
+#define PIECES_PER_THREAD 4 /* enough to even out a slow thread, few enough to stay cheap */
+
+typedef struct {
+  void (*fn)(void *, int64_t, int64_t);
+  void *ctx;
+  int64_t n, piece, pieces;
+  int64_t next; /* the next piece to claim (atomic) */
+} job_t;
 
 static struct {
   pthread_mutex_t mu;
@@ -15,31 +36,39 @@ static struct {
   pthread_t th[MAX_THREADS];
   int nthreads; /* workers, not counting the caller */
   int started;
-  uint64_t gen;
-  int pending;
-  void (*fn)(void *, int64_t, int64_t);
-  void *ctx;
-  int64_t n, chunk;
+  uint64_t gen;  /* bumped per job, so a worker joins each job at most once */
+  job_t *job;    /* the job open for joining, or NULL */
+  int joined;    /* workers inside the current job */
 } pool;
 
 static pthread_mutex_t submit_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void *worker(void *arg) {
-  int id = (int)(intptr_t)arg;
-  uint64_t seen = 0;
+/* runs pieces of j until the counter passes the end */
+static void drain(job_t *j) {
   for (;;) {
-    pthread_mutex_lock(&pool.mu);
-    while (pool.gen == seen) pthread_cond_wait(&pool.go, &pool.mu);
+    int64_t k = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    if (k >= j->pieces) return;
+    int64_t lo = k * j->piece, hi = lo + j->piece;
+    j->fn(j->ctx, lo, hi < j->n ? hi : j->n);
+  }
+}
+
+static void *worker(void *arg) {
+  (void)arg;
+  uint64_t seen = 0;
+  pthread_mutex_lock(&pool.mu);
+  for (;;) {
+    while (pool.gen == seen || !pool.job) {
+      seen = pool.gen; /* a job closed before this worker woke: skip it */
+      pthread_cond_wait(&pool.go, &pool.mu);
+    }
     seen = pool.gen;
-    int64_t lo = (id + 1) * pool.chunk, hi = lo + pool.chunk;
-    if (hi > pool.n) hi = pool.n;
-    void (*fn)(void *, int64_t, int64_t) = pool.fn;
-    void *ctx = pool.ctx;
+    job_t *j = pool.job;
+    pool.joined++;
     pthread_mutex_unlock(&pool.mu);
-    if (lo < hi) fn(ctx, lo, hi);
+    drain(j);
     pthread_mutex_lock(&pool.mu);
-    if (--pool.pending == 0) pthread_cond_signal(&pool.done);
-    pthread_mutex_unlock(&pool.mu);
+    if (--pool.joined == 0 && !pool.job) pthread_cond_signal(&pool.done);
   }
   return NULL;
 }
@@ -77,9 +106,14 @@ int rh_parallel_threads(void) {
   return pool.nthreads + 1;
 }
 
+int64_t rh_parallel_grain(int64_t item_work) {
+  if (item_work < 1) item_work = 1;
+  return item_work >= RH_PARALLEL_MIN_WORK ? 1 : (RH_PARALLEL_MIN_WORK + item_work - 1) / item_work;
+}
+
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *, int64_t, int64_t), void *ctx) {
   ensure_started();
-  int parts = pool.nthreads + 1;
+  if (grain < 1) grain = 1;
   if (pool.nthreads == 0 || n < 2 * grain) {
     fn(ctx, 0, n);
     return;
@@ -89,19 +123,22 @@ void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *, int64_t, int64
     fn(ctx, 0, n);
     return;
   }
-  int64_t chunk = (n + parts - 1) / parts;
+  int64_t parts = pool.nthreads + 1, piece = (n + parts * PIECES_PER_THREAD - 1) / (parts * PIECES_PER_THREAD);
+  if (piece < grain) piece = grain;
+  job_t j = {fn, ctx, n, piece, (n + piece - 1) / piece, 0};
+  /* wake only as many workers as there are pieces beyond the caller's first */
+  int64_t helpers = j.pieces - 1 < pool.nthreads ? j.pieces - 1 : pool.nthreads;
   pthread_mutex_lock(&pool.mu);
-  pool.fn = fn;
-  pool.ctx = ctx;
-  pool.n = n;
-  pool.chunk = chunk;
-  pool.pending = pool.nthreads;
+  pool.job = &j;
   pool.gen++;
-  pthread_cond_broadcast(&pool.go);
+  if (helpers >= pool.nthreads) pthread_cond_broadcast(&pool.go);
+  else
+    for (int64_t i = 0; i < helpers; i++) pthread_cond_signal(&pool.go);
   pthread_mutex_unlock(&pool.mu);
-  fn(ctx, 0, chunk < n ? chunk : n);
+  drain(&j);
   pthread_mutex_lock(&pool.mu);
-  while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
+  pool.job = NULL; /* every piece is claimed: late workers must not join */
+  while (pool.joined > 0) pthread_cond_wait(&pool.done, &pool.mu);
   pthread_mutex_unlock(&pool.mu);
   pthread_mutex_unlock(&submit_mu);
 }

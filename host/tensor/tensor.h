@@ -188,5 +188,9 @@ rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, i
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 /* how many threads a rh_parallel_for job runs on (the workers and the caller) */
 int rh_parallel_threads(void);
+/* a grain in items for items of `item_work` elements each: enough items that a
+ * piece is worth waking a thread for (RH_PARALLEL_MIN_WORK elements) */
+#define RH_PARALLEL_MIN_WORK (1 << 15)
+int64_t rh_parallel_grain(int64_t item_work);
 
 #endif
