@@ -49,7 +49,20 @@ rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b) {
 }
 
 /* ---- storage */
-static int64_t live_bytes;
+static int64_t live_bytes, peak_bytes, max_alloc;
+
+static void raise_to(int64_t *mark, int64_t v) {
+  int64_t m = __atomic_load_n(mark, __ATOMIC_RELAXED);
+  while (v > m && !__atomic_compare_exchange_n(mark, &m, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+/* live_bytes += n, raising the high-water mark (what tensor.max_live_bytes() reports)
+ * and the largest allocation since the GC trigger last looked (rh_storage_max_alloc) */
+static void live_add(int64_t n) {
+  raise_to(&max_alloc, n);
+  raise_to(&peak_bytes, __atomic_add_fetch(&live_bytes, n, __ATOMIC_RELAXED));
+}
 
 /* Large buffers that are about to be written whole (received payloads, op
  * results) start on 2 MiB boundaries and ask for transparent huge pages: 512x
@@ -132,7 +145,7 @@ static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
   s->device = -1;
   s->uninit = !zero;
   s->version = 0;
-  __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
+  live_add((int64_t)nbytes);
   return s;
 }
 
@@ -155,7 +168,7 @@ rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*
   s->device = device;
   s->uninit = 0;
   s->version = 0;
-  if (device < 0) __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
+  if (device < 0) live_add((int64_t)nbytes);
   return s;
 }
 
@@ -171,6 +184,17 @@ void rh_storage_release(rh_storage_t *s) {
 }
 
 int64_t rh_storage_live_bytes(void) { return __atomic_load_n(&live_bytes, __ATOMIC_RELAXED); }
+int64_t rh_storage_max_alloc(int reset) {
+  return reset ? __atomic_exchange_n(&max_alloc, 0, __ATOMIC_RELAXED) : __atomic_load_n(&max_alloc, __ATOMIC_RELAXED);
+}
+int64_t rh_storage_peak_bytes(void) { return __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED); }
+void rh_storage_reset_peak(void) { __atomic_store_n(&peak_bytes, rh_storage_live_bytes(), __ATOMIC_RELAXED); }
+int64_t rh_storage_cached_bytes(void) {
+  pthread_mutex_lock(&huge.mu);
+  int64_t n = (int64_t)huge.total;
+  pthread_mutex_unlock(&huge.mu);
+  return n;
+}
 
 /* ---- tensors */
 int64_t rh_tensor_numel(const rh_tensor_t *t) {
