@@ -11,7 +11,11 @@
 -- usage: rpchost bench/nn.lua [quick|full] [REPS] [WARMUP] [MAX_SECONDS] [CASE]
 --   quick: conv [4, 64, 56, 56]; full: the issue's [32, 64, 56, 56]
 --   CASE: run only the case whose name starts with it (conv2d, lstm, resnet18 ...)
--- output: lines "RESULT <case>_med_s <seconds>" and "RSS <case> <peak MiB> <case MiB>"
+-- output: lines "RESULT <case>_med_s <seconds>", "RSS <case> <peak MiB> <case MiB>" and
+--   "LIVE <case> <peak live tensor MiB> <cached MiB> <Lua heap MiB>": the high-water mark of
+--   live tensor bytes over the case (less those live before it; uncollected garbage counts),
+--   the freed buffers the allocator keeps for reuse and the Lua heap at the end; RSS case
+--   MiB above the first is allocator slack, libraries' buffers and workspaces
 local tensor = require "tensor"
 local nn = require "nn"
 local now = require("rpchost.sched").now
@@ -37,6 +41,8 @@ local function case(name, setup)
   local f = io.open("/proc/self/clear_refs", "w")
   if f then f:write("5"); f:close() end
   local rss0 = status_kb("VmRSS")
+  local live0 = tensor.live_bytes()
+  tensor.reset_max_live_bytes()
   local fn = setup()
   for _ = 1, warmup do fn() end
   collectgarbage()
@@ -52,6 +58,8 @@ local function case(name, setup)
   print(("RESULT %s_med_s %.6f"):format(name, ts[math.floor((#ts + 1) / 2)]))
   local hwm = status_kb("VmHWM")
   print(("RSS %s %.1f %.1f"):format(name, hwm / 1024, (hwm - rss0) / 1024))
+  print(("LIVE %s %.1f %.1f %.1f"):format(name, (tensor.max_live_bytes() - live0) / 2^20, tensor.cached_bytes() / 2^20,
+    collectgarbage("count") / 1024))
 end
 
 local function fwd_bwd(m, ...)

@@ -131,9 +131,11 @@ static int open_core(lua_State *L) {
 int rh_lua_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
-  /* Tensors up to 512 MiB come from the heap and freed ones stay mapped for the
-   * next: a fresh mmap per message costs a page fault per 4 KiB, which dominated
-   * large transfers. RPCHOST_MALLOC_TUNE=0 keeps glibc's defaults. */
+  /* Buffers up to 512 MiB (zeroed tensors, workspaces, tensors under 4 MiB)
+   * come from the heap and freed ones stay mapped for the next: a fresh mmap per
+   * message costs a page fault per 4 KiB, which dominated large transfers.
+   * (Uninitialised tensors of 4 MiB and more are mappings of their own with a
+   * bounded cache: host/tensor/tensor.c.) RPCHOST_MALLOC_TUNE=0 keeps glibc's defaults. */
   const char *tune = getenv("RPCHOST_MALLOC_TUNE");
   if (!tune || strcmp(tune, "0") != 0) {
     mallopt(M_MMAP_THRESHOLD, 512 << 20);

@@ -9,7 +9,16 @@
  * included, cannot pile up unseen: an eighth of the live set (or RH_GC_MIN)
  * waits for the GC at most. (Torch7 fed its heap size to the GC for the same
  * reason; counting only large allocations let a pipeline's many small
- * activations reach several times the live set.)
+ * activations reach several times the live set.) The check looks one
+ * allocation ahead: it collects when another allocation as large as the largest
+ * since the last collection would cross the mark, so the garbage at a step's peak stays within the
+ * allowance instead of the allowance plus the largest tensor (a 25 MiB
+ * activation over a 16 MiB floor doubled what BatchNorm2d's step held). The
+ * floor is small (4 MiB) because a collection walks only the Lua heap, which
+ * the 4x term already pays for; a large floor was pure waiting garbage in every
+ * model whose live set is tens of MiB (LSTM, embeddings, a transformer layer).
+ * (A full collection of an nn program's 1 MiB heap takes about 0.2 ms; a 2 MiB
+ * floor cost a transformer layer's step some 8% CPU, 4 MiB about 3%.)
  *
  * A tensor's autograd state (requires_grad, grad_fn, grad, hooks) is a Lua table
  * kept as the userdata's environment, so the tensor owns it: the graph behind a
@@ -18,6 +27,8 @@
  * would keep both alive forever). Tensors without state share one empty
  * sentinel environment. In-place entry points bump the storage's version. */
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <math.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -27,7 +38,7 @@
 #include "tensor/tensor.h"
 
 #define TENSOR_MT "rpchost.Tensor"
-#define RH_GC_MIN (16ll << 20)
+#define RH_GC_MIN (4ll << 20)
 #define RH_GC_GROWTH 8 /* an eighth of the live bytes */
 
 typedef struct {
@@ -66,8 +77,9 @@ rh_tensor_t *rh_lua_totensor(lua_State *L, int i) {
 /* Pushes a new userdata owning the reference t (NULL raises the core's message). */
 int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
   if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
-  if (rh_storage_live_bytes() > gc_at) {
+  if (rh_storage_live_bytes() + rh_storage_max_alloc(0) > gc_at) {
     lua_gc(L, LUA_GCCOLLECT, 0);
+    rh_storage_max_alloc(1);
     /* the next one after an eighth of the live bytes, RH_GC_MIN, or 4x the Lua
      * heap (what a collection walks), whichever is most: collections stay a
      * small part of the work that allocates */
@@ -683,6 +695,16 @@ static int l_to_device(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_to_device(t, (int)luaL_checkinteger(L, 2)));
 }
 
+/* t_memstats(reset) -> live bytes, their high-water mark (then reset to live when
+ * reset is true), bytes of freed buffers the allocator keeps for reuse */
+static int l_memstats(lua_State *L) {
+  lua_pushnumber(L, (double)rh_storage_live_bytes());
+  lua_pushnumber(L, (double)rh_storage_peak_bytes());
+  lua_pushnumber(L, (double)rh_storage_cached_bytes());
+  if (lua_toboolean(L, 1)) rh_storage_reset_peak();
+  return 3;
+}
+
 static int l_live_bytes(lua_State *L) {
   lua_pushnumber(L, (double)rh_storage_live_bytes());
   return 1;
@@ -721,7 +743,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_unsqueeze", l_unsqueeze}, {"t_contiguous", l_contiguous}, {"t_clone", l_clone},
       {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
-      {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_reinterpret", l_reinterpret},
+      {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_memstats", l_memstats}, {"t_reinterpret", l_reinterpret},
       {"t_address", l_address}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
       {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
       {"t_same_storage", l_same_storage},

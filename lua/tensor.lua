@@ -865,6 +865,12 @@ end
 -- bookkeeping -----------------------------------------------------------------------------------
 -- Bytes held by live tensor storages in this process (for leak checks).
 function tensor.live_bytes() return core.t_live_bytes() end
+-- The high-water mark of live_bytes() since the process began or the last
+-- reset_max_live_bytes() (as torch.cuda.max_memory_allocated for host memory).
+function tensor.max_live_bytes() return select(2, core.t_memstats(false)) end
+function tensor.reset_max_live_bytes() core.t_memstats(true) end
+-- Bytes of freed tensor buffers the allocator keeps mapped for reuse.
+function tensor.cached_bytes() return select(3, core.t_memstats(false)) end
 
 function methods._slice(t, d0, first, stop, step) return call(core.t_slice, t, d0, first, stop, step) end
 

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,47 +50,101 @@ rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b) {
 }
 
 /* ---- storage */
-static int64_t live_bytes;
+static int64_t live_bytes, peak_bytes, max_alloc;
+
+static void raise_to(int64_t *mark, int64_t v) {
+  int64_t m = __atomic_load_n(mark, __ATOMIC_RELAXED);
+  while (v > m && !__atomic_compare_exchange_n(mark, &m, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+/* live_bytes += n, raising the high-water mark (what tensor.max_live_bytes() reports)
+ * and the largest allocation since the GC trigger last looked (rh_storage_max_alloc) */
+static void live_add(int64_t n) {
+  raise_to(&max_alloc, n);
+  raise_to(&peak_bytes, __atomic_add_fetch(&live_bytes, n, __ATOMIC_RELAXED));
+}
 
 /* Large buffers that are about to be written whole (received payloads, op
- * results) start on 2 MiB boundaries and ask for transparent huge pages: 512x
- * fewer page faults, and a peer's cross-memory read walks and pins 512x fewer
- * pages (16 MiB tensor round trips 8 -> 11 GiB/s). Freed ones are kept for
- * reuse, up to HUGE_CACHE bytes: a fresh huge page can be very slow to fault
- * where a hypervisor reclaims free guest memory (10x slower round trips after
- * an idle pause were seen here), and tensors of one shape come and go in a
- * loop. (Zeroed buffers keep calloc, which gets fresh zero pages for free.) */
+ * results) are mappings of their own on 2 MiB boundaries that ask for
+ * transparent huge pages: 512x fewer page faults, and a peer's cross-memory
+ * read walks and pins 512x fewer pages (16 MiB tensor round trips 8 -> 11
+ * GiB/s). Their own mappings, not malloc's heap: a freed one goes back to the
+ * system whole, where 2 MiB-aligned blocks freed into the heap fragmented it
+ * (a BatchNorm2d loop grew to 6x its live set without the cache below).
+ *
+ * Freed ones are kept for reuse by size, up to HUGE_CACHE bytes: a fresh huge
+ * page can be very slow to fault where a hypervisor reclaims free guest memory
+ * (10x slower round trips after an idle pause were seen here), and tensors of
+ * one shape come and go in a loop. The cache never raises the high-water mark:
+ * a request it cannot serve first unmaps cached blocks until what is mapped
+ * (in use + cached) plus the request fits under the most that was ever in use
+ * at once, so a loop's peak is its live peak, as with PyTorch's munmap on free,
+ * and its steady state still reuses what it freed. (Zeroed buffers keep calloc.) */
 #define HUGE_MIN ((size_t)4 << 20)
 #define HUGE_ALIGN ((size_t)2 << 20)
 #define HUGE_CACHE ((size_t)256 << 20)
-#define HUGE_SLOTS 16
+#define HUGE_SLOTS 32
 
 static struct {
   pthread_mutex_t mu;
   void *ptr[HUGE_SLOTS];
   size_t len[HUGE_SLOTS];
-  size_t total;
-} huge = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0};
+  size_t total;   /* bytes cached */
+  size_t used;    /* bytes of big blocks handed out and not yet freed */
+  size_t hwm;     /* the most that was ever in use at once */
+} huge = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0, 0, 0};
 
 static size_t huge_round(size_t n) { return (n + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1); }
+
+/* a fresh mapping of len bytes on a HUGE_ALIGN boundary (len is a multiple of it) */
+static void *map_big(size_t len) {
+  size_t span = len + HUGE_ALIGN;
+  char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  char *a = (char *)(((uintptr_t)p + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+  if (a > p) munmap(p, (size_t)(a - p));
+  if (p + span > a + len) munmap(a + len, (size_t)(p + span - (a + len)));
+  madvise(a, len, MADV_HUGEPAGE); /* a hint: failure is harmless */
+  return a;
+}
 
 static void *alloc_uninit(size_t nbytes) {
   if (nbytes < HUGE_MIN) return malloc(nbytes ? nbytes : 1);
   size_t len = huge_round(nbytes);
+  void *drop[HUGE_SLOTS];
+  size_t drop_len[HUGE_SLOTS];
+  int ndrop = 0;
   pthread_mutex_lock(&huge.mu);
   for (int i = 0; i < HUGE_SLOTS; i++) {
     if (huge.ptr[i] && huge.len[i] == len) {
       void *p = huge.ptr[i];
       huge.ptr[i] = NULL;
       huge.total -= len;
+      huge.used += len;
       pthread_mutex_unlock(&huge.mu);
       return p;
     }
   }
+  /* a miss: make room under the high-water mark by unmapping cached blocks */
+  for (int i = 0; i < HUGE_SLOTS && huge.used + huge.total + len > huge.hwm; i++) {
+    if (huge.ptr[i]) {
+      drop[ndrop] = huge.ptr[i];
+      drop_len[ndrop++] = huge.len[i];
+      huge.total -= huge.len[i];
+      huge.ptr[i] = NULL;
+    }
+  }
+  huge.used += len;
+  if (huge.used > huge.hwm) huge.hwm = huge.used;
   pthread_mutex_unlock(&huge.mu);
-  void *p = NULL;
-  if (posix_memalign(&p, HUGE_ALIGN, len) != 0) return NULL;
-  madvise(p, len, MADV_HUGEPAGE); /* a hint: failure is harmless */
+  for (int i = 0; i < ndrop; i++) munmap(drop[i], drop_len[i]);
+  void *p = map_big(len);
+  if (!p) {
+    pthread_mutex_lock(&huge.mu);
+    huge.used -= len;
+    pthread_mutex_unlock(&huge.mu);
+  }
   return p;
 }
 
@@ -100,6 +155,7 @@ static void free_data(void *p, size_t nbytes) {
   }
   size_t len = huge_round(nbytes);
   pthread_mutex_lock(&huge.mu);
+  huge.used -= len;
   if (huge.total + len <= HUGE_CACHE) {
     for (int i = 0; i < HUGE_SLOTS; i++) {
       if (!huge.ptr[i]) {
@@ -112,7 +168,7 @@ static void free_data(void *p, size_t nbytes) {
     }
   }
   pthread_mutex_unlock(&huge.mu);
-  free(p);
+  munmap(p, len);
 }
 
 static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
@@ -132,7 +188,7 @@ static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
   s->device = -1;
   s->uninit = !zero;
   s->version = 0;
-  __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
+  live_add((int64_t)nbytes);
   return s;
 }
 
@@ -155,7 +211,7 @@ rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*
   s->device = device;
   s->uninit = 0;
   s->version = 0;
-  if (device < 0) __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
+  if (device < 0) live_add((int64_t)nbytes);
   return s;
 }
 
@@ -171,6 +227,17 @@ void rh_storage_release(rh_storage_t *s) {
 }
 
 int64_t rh_storage_live_bytes(void) { return __atomic_load_n(&live_bytes, __ATOMIC_RELAXED); }
+int64_t rh_storage_max_alloc(int reset) {
+  return reset ? __atomic_exchange_n(&max_alloc, 0, __ATOMIC_RELAXED) : __atomic_load_n(&max_alloc, __ATOMIC_RELAXED);
+}
+int64_t rh_storage_peak_bytes(void) { return __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED); }
+void rh_storage_reset_peak(void) { __atomic_store_n(&peak_bytes, rh_storage_live_bytes(), __ATOMIC_RELAXED); }
+int64_t rh_storage_cached_bytes(void) {
+  pthread_mutex_lock(&huge.mu);
+  int64_t n = (int64_t)huge.total;
+  pthread_mutex_unlock(&huge.mu);
+  return n;
+}
 
 /* ---- tensors */
 int64_t rh_tensor_numel(const rh_tensor_t *t) {

@@ -87,6 +87,11 @@ rh_storage_t *rh_storage_new_on(int device, size_t nbytes); /* uninitialised; de
 void rh_storage_retain(rh_storage_t *s);
 void rh_storage_release(rh_storage_t *s);
 int64_t rh_storage_live_bytes(void); /* host memory only */
+/* the largest host storage allocation since the last call with reset set */
+int64_t rh_storage_max_alloc(int reset);
+int64_t rh_storage_peak_bytes(void);  /* live bytes' high-water mark since the last reset */
+void rh_storage_reset_peak(void);     /* the high-water mark := the live bytes now */
+int64_t rh_storage_cached_bytes(void); /* freed big buffers kept for reuse */
 
 /* devices (device.c): -1 is the CPU, n >= 0 CUDA device n. Every op runs where
  * its operands are; operands on different devices are an error naming both. */
