@@ -1,7 +1,7 @@
 """bench/tutorials/rnn.py: the PyTorch twin of scripts/examples/rnn/main.lua
 (pytorch/examples distributed/rpc/rnn: embedding and decoder on "ps" as
 RemoteModules, the LSTM on the trainer), on the same fixed batches and sizes.
-  /usr/bin/python3 bench/tutorials/rnn.py [--epochs 100]"""
+  /usr/bin/python3 bench/tutorials/rnn.py [--epochs 200]"""
 import argparse
 import os
 import time
@@ -17,7 +17,7 @@ from torch.distributed.optim import DistributedOptimizer
 from torch.distributed.rpc import RRef
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--epochs", type=int, default=100)
+parser.add_argument("--epochs", type=int, default=200)
 parser.add_argument("--port", type=int, default=29581)
 args = parser.parse_args()
 

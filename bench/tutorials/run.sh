@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
     *) echo "run.sh: unknown argument $1 (--quick, --only NAME,...)" >&2; exit 2 ;;
   esac
 done
-if [ $quick = 1 ]; then RL_EP=20; BR_EP=2; PS_B=10; DDP_E=10; PS_E=2; RNN_E=10; PIPE="--batch-size 16 --image-size 32 --width 8 --num-classes 10 --split-sizes 4"; else RL_EP=1000; BR_EP=10; PS_B=60; DDP_E=100; PS_E=20; RNN_E=100; PIPE="--batch-size 32 --image-size 64 --width 16 --num-classes 100 --split-sizes 8"; fi
+if [ $quick = 1 ]; then RL_EP=20; BR_EP=2; PS_B=10; DDP_E=10; PS_E=2; RNN_E=10; PIPE="--batch-size 16 --image-size 32 --width 8 --num-classes 10 --split-sizes 4"; else RL_EP=1000; BR_EP=10; PS_B=60; DDP_E=100; PS_E=20; RNN_E=200; PIPE="--batch-size 32 --image-size 64 --width 16 --num-classes 100 --split-sizes 8"; fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # run NAME SIDE COMMAND...: the summary line (last line starting with a key) and peak RSS

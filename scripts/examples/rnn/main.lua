@@ -1,5 +1,5 @@
 -- examples/rnn/main.lua: pytorch/examples distributed/rpc/rnn (main.py and rnn.py), in rpchost.
---   rpchost run --nproc-per-node 2 scripts/examples/rnn/main.lua [--epochs 100]
+--   rpchost run --nproc-per-node 2 scripts/examples/rnn/main.lua [--epochs 200]
 -- Rank 0 is the parameter server "ps", rank 1 the trainer. The trainer's
 -- RNNModel keeps the LSTM and puts the embedding table and the decoder on the
 -- server (as RemoteModules); its forward looks tokens up remotely, runs the
@@ -16,7 +16,7 @@ local nn = require "nn"
 local optim = require "optim"
 local dist_autograd = require "dist_autograd"
 
-local epochs = 100
+local epochs = 200
 do
   local i = 1
   while arg[i] do
