@@ -11,6 +11,8 @@
 -- MLP over random 3x16x16 images, so that a run measures the tutorial's subject,
 -- batching updates through a Future, rather than convolutions (the pipeline
 -- example trains a ResNet50).
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+package.path = here .. "/../common/?.lua;" .. package.path
 local rpc = require "rpc"
 local dist = require "dist"
 local tensor = require "tensor"
@@ -19,13 +21,7 @@ local optim = require "optim"
 
 batch_size, image_w, image_h, num_classes = 20, 16, 16, 30
 batch_update_size, num_batches = nil, 6
-do
-  local i = 1
-  while arg[i] do
-    if arg[i] == "--num-batches" then num_batches = tonumber(arg[i + 1]); i = i + 2
-    else error("parameter_server: unknown argument " .. tostring(arg[i]) .. " (--num-batches N)") end
-  end
-end
+num_batches = require("args").parse("parameter_server", {num_batches = num_batches}).num_batches
 local quiet = os.getenv("QUIET") ~= nil
 
 function timed_log(text)

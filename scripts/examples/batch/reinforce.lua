@@ -18,16 +18,8 @@ local Categorical = tensor.distributions.Categorical
 
 NUM_STEPS = 500
 AGENT_NAME, OBSERVER_NAME = "agent", "observer%d"
-args = {gamma = 1.0, seed = 543, num_episode = 10, batch = true, num_steps = NUM_STEPS}
-do
-  local i = 1
-  while arg[i] do
-    local k = arg[i]:match("^%-%-(.+)$")
-    if k == "no-batch" then args.batch = false; i = i + 1
-    elseif k and args[k:gsub("-", "_")] ~= nil then args[k:gsub("-", "_")] = tonumber(arg[i + 1]); i = i + 2
-    else error("reinforce: unknown argument " .. tostring(arg[i]) .. " (--num-episode E --num-steps N --seed S --gamma G --no-batch)") end
-  end
-end
+args = require("args").parse("reinforce", {gamma = 1.0, seed = 543, num_episode = 10, batch = true,
+  num_steps = NUM_STEPS})
 tensor.manual_seed(args.seed)
 
 Policy = nn.Module:extend("Policy")
@@ -35,9 +27,6 @@ function Policy:init(batch)
   self.affine1 = nn.Linear(4, 128)
   self.dropout = nn.Dropout(0.6)
   self.affine2 = nn.Linear(128, 2)
-  self:add_module("affine1", self.affine1)
-  self:add_module("dropout", self.dropout)
-  self:add_module("affine2", self.affine2)
   self.dim = batch and 3 or 2 -- (1-based) the action dim of a batch (obs, 1, 4) or of one (1, 4)
 end
 function Policy:forward(x)

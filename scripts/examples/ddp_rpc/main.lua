@@ -7,6 +7,8 @@
 -- process group of the two trainers); dist_autograd carries the gradients to
 -- both, and a DistributedOptimizer steps the embedding on the server and the
 -- dense part on each trainer. The two DDP replicas must stay bit-identical.
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+package.path = here .. "/../common/?.lua;" .. package.path
 local rpc = require "rpc"
 local dist = require "dist"
 local tensor = require "tensor"
@@ -15,14 +17,7 @@ local optim = require "optim"
 local dist_autograd = require "dist_autograd"
 
 NUM_EMBEDDINGS, EMBEDDING_DIM = 100, 16
-local epochs = 100
-do
-  local i = 1
-  while arg[i] do
-    if arg[i] == "--epochs" then epochs = tonumber(arg[i + 1]); i = i + 2
-    else error("ddp_rpc: unknown argument " .. tostring(arg[i]) .. " (--epochs N)") end
-  end
-end
+local epochs = require("args").parse("ddp_rpc", {epochs = 100}).epochs
 local quiet = os.getenv("QUIET") ~= nil
 
 HybridModel = nn.Module:extend("HybridModel")

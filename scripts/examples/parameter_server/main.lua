@@ -18,15 +18,7 @@ local optim = require "optim"
 local dist_autograd = require "dist_autograd"
 local digits = require "digits"
 
-local args = {epochs = 20, batch_size = 32, lr = 0.03, seed = 1}
-do
-  local i = 1
-  while arg[i] do
-    local k = arg[i]:match("^%-%-(.+)$")
-    if k and args[k:gsub("-", "_")] ~= nil then args[k:gsub("-", "_")] = tonumber(arg[i + 1]); i = i + 2
-    else error("parameter_server: unknown argument " .. tostring(arg[i]) .. " (--epochs N --batch-size B --lr L)") end
-  end
-end
+local args = require("args").parse("parameter_server", {epochs = 20, batch_size = 32, lr = 0.03, seed = 1})
 local quiet = os.getenv("QUIET") ~= nil
 
 -- the tutorial's MNIST network, sized for 8x8 inputs
@@ -38,7 +30,6 @@ function Net:init()
   self.dropout2 = nn.Dropout2d(0.5)
   self.fc1 = nn.Linear(256, 128)
   self.fc2 = nn.Linear(128, 10)
-  for _, name in ipairs({"conv1", "conv2", "dropout1", "dropout2", "fc1", "fc2"}) do self:add_module(name, self[name]) end
 end
 function Net:forward(x)
   x = self.conv1(x)
@@ -64,7 +55,6 @@ ParameterServer = nn.Module:extend("ParameterServer")
 function ParameterServer:init()
   tensor.manual_seed(args.seed)
   self.model = Net()
-  self:add_module("model", self.model)
 end
 -- With several trainers, one trainer's optimizer step changes the weights in
 -- place while another trainer's backward still needs the values its forward used:

@@ -9,24 +9,16 @@
 -- Training is on random data with dist_autograd and a DistributedOptimizer.
 -- The defaults are the tutorial's sizes; --width scales every layer (the spec
 -- runs a narrow one on small images).
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+package.path = here .. "/../common/?.lua;" .. package.path
 local rpc = require "rpc"
 local tensor = require "tensor"
 local nn = require "nn"
 local optim = require "optim"
 local dist_autograd = require "dist_autograd"
 
-args = {batch_size = 120, image_size = 128, width = 64, num_classes = 1000, num_batches = 3, split_sizes = "1,2,4,8"}
-do
-  local i = 1
-  while arg[i] do
-    local k = arg[i]:match("^%-%-(.+)$")
-    k = k and k:gsub("-", "_")
-    if k and args[k] ~= nil then
-      args[k] = k == "split_sizes" and arg[i + 1] or tonumber(arg[i + 1]); i = i + 2
-    else error("pipeline: unknown argument " .. tostring(arg[i]) .. " (--split-sizes 1,2 --batch-size N " ..
-      "--image-size N --width N --num-classes N --num-batches N)") end
-  end
-end
+args = require("args").parse("pipeline", {batch_size = 120, image_size = 128, width = 64, num_classes = 1000,
+  num_batches = 3, split_sizes = "1,2,4,8"})
 
 local function conv1x1(cin, cout, stride) return nn.Conv2d(cin, cout, 1, {stride = stride or 1, bias = false}) end
 local function conv3x3(cin, cout, stride)
@@ -41,8 +33,7 @@ function Bottleneck:init(inplanes, planes, stride, downsample)
   self.conv2, self.bn2 = conv3x3(planes, planes, stride), nn.BatchNorm2d(planes)
   self.conv3, self.bn3 = conv1x1(planes, planes * 4), nn.BatchNorm2d(planes * 4)
   self.relu = nn.ReLU()
-  for _, n in ipairs({"conv1", "bn1", "conv2", "bn2", "conv3", "bn3"}) do self:add_module(n, self[n]) end
-  if downsample then self.downsample = downsample; self:add_module("downsample", downsample) end
+  if downsample then self.downsample = downsample end
 end
 function Bottleneck:forward(x)
   local identity = x
@@ -81,7 +72,6 @@ function ResNetShard1:init(w)
   self.inplanes = w
   self.seq = nn.Sequential(nn.Conv2d(3, w, 7, {stride = 2, padding = 3, bias = false}), nn.BatchNorm2d(w),
     nn.ReLU(), nn.MaxPool2d(3, {stride = 2, padding = 1}), self:make_layer(w, 3))
-  self:add_module("seq", self.seq)
 end
 function ResNetShard1:forward(x_rref)
   return self.seq(x_rref:to_here())
@@ -94,8 +84,6 @@ function ResNetShard2:init(w, num_classes)
   self.seq = nn.Sequential(self:make_layer(w * 2, 4, 2), self:make_layer(w * 4, 6, 2), self:make_layer(w * 8, 3, 2),
     nn.AdaptiveAvgPool2d({1, 1}))
   self.fc = nn.Linear(w * 8 * 4, num_classes)
-  self:add_module("seq", self.seq)
-  self:add_module("fc", self.fc)
 end
 function ResNetShard2:forward(x_rref)
   local out = self.seq(x_rref:to_here())

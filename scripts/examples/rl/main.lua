@@ -15,16 +15,8 @@ local CartPole = require "cartpole"
 local Categorical = tensor.distributions.Categorical
 local RRef, rpc_sync, rpc_async, remote = rpc.RRef, rpc.rpc_sync, rpc.rpc_async, rpc.remote
 
-local args = {gamma = 0.99, seed = 543, log_interval = 10, episodes = 1000, threshold = 195, quiet = false}
-do
-  local i = 1
-  while arg[i] do
-    local k = arg[i]:match("^%-%-(.+)$")
-    if k == "quiet" then args.quiet = true; i = i + 1
-    elseif k and args[k:gsub("-", "_")] ~= nil then args[k:gsub("-", "_")] = tonumber(arg[i + 1]); i = i + 2
-    else error("rl: unknown argument " .. tostring(arg[i]) .. " (--episodes N --seed S --gamma G --quiet)") end
-  end
-end
+local args = require("args").parse("rl", {gamma = 0.99, seed = 543, log_interval = 10, episodes = 1000,
+  threshold = 195, quiet = false})
 TOTAL_EPISODE_STEP = 5000
 AGENT_NAME, OBSERVER_NAME = "agent", "observer%d"
 
@@ -41,9 +33,6 @@ function Policy:init()
   self.affine1 = nn.Linear(4, 128)
   self.dropout = nn.Dropout(0.6)
   self.affine2 = nn.Linear(128, 2)
-  self:add_module("affine1", self.affine1)
-  self:add_module("dropout", self.dropout)
-  self:add_module("affine2", self.affine2)
 end
 function Policy:forward(x)
   x = self.affine1(x)

@@ -10,20 +10,15 @@
 -- sequences (computed the same way in the twin, bench/tutorials/rnn.py) and
 -- the loss is word_language_model's: each position predicts the next token,
 -- so the loss can be seen to fall.
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+package.path = here .. "/../common/?.lua;" .. package.path
 local rpc = require "rpc"
 local tensor = require "tensor"
 local nn = require "nn"
 local optim = require "optim"
 local dist_autograd = require "dist_autograd"
 
-local epochs = 200
-do
-  local i = 1
-  while arg[i] do
-    if arg[i] == "--epochs" then epochs = tonumber(arg[i + 1]); i = i + 2
-    else error("rnn: unknown argument " .. tostring(arg[i]) .. " (--epochs N)") end
-  end
-end
+local epochs = require("args").parse("rnn", {epochs = 200}).epochs
 local quiet = os.getenv("QUIET") ~= nil
 
 -- on the server: the encoding table with its dropout
@@ -31,8 +26,6 @@ EmbeddingTable = nn.Module:extend("EmbeddingTable")
 function EmbeddingTable:init(ntoken, ninp, dropout)
   self.drop = nn.Dropout(dropout)
   self.encoder = nn.Embedding(ntoken, ninp)
-  self:add_module("drop", self.drop)
-  self:add_module("encoder", self.encoder)
   nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
 end
 function EmbeddingTable:forward(input) return self.drop(self.encoder(input)) end
@@ -42,8 +35,6 @@ Decoder = nn.Module:extend("Decoder")
 function Decoder:init(ntoken, nhid, dropout)
   self.drop = nn.Dropout(dropout)
   self.decoder = nn.Linear(nhid, ntoken)
-  self:add_module("drop", self.drop)
-  self:add_module("decoder", self.decoder)
   tensor.no_grad(function()
     nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
     self.decoder.bias:zero_()
@@ -57,7 +48,6 @@ function RNNModel:init(ps, ntoken, ninp, nhid, nlayers, dropout)
   dropout = dropout or 0.5
   self.emb_table = rpc.RemoteModule(ps, EmbeddingTable, {ntoken, ninp, dropout})
   self.rnn = nn.LSTM(ninp, nhid, {num_layers = nlayers, dropout = dropout})
-  self:add_module("rnn", self.rnn)
   self.decoder = rpc.RemoteModule(ps, Decoder, {ntoken, nhid, dropout})
 end
 function RNNModel:forward(input, hidden)
