@@ -7,11 +7,13 @@
  * handed to Lua in chunks as it arrives (the launcher splits lines). */
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #endif
 
 #include "rh_lua.h"
@@ -357,6 +359,18 @@ static int l_signal_close(lua_State *L) {
   return 0;
 }
 
+/* file_stamp(path) -> "size:inode:mtime" of a regular file, or nil: what the
+ * bytecode cache compares instead of hashing every source at every start */
+static int l_file_stamp(lua_State *L) {
+  struct stat st;
+  if (stat(luaL_checkstring(L, 1), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  char buf[96];
+  snprintf(buf, sizeof buf, "%lld:%llu:%lld.%09ld", (long long)st.st_size, (unsigned long long)st.st_ino,
+           (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
+  lua_pushstring(L, buf);
+  return 1;
+}
+
 int rh_open_proc(lua_State *L) {
   static const luaL_Reg proc_methods[] = {{"pid", l_proc_pid}, {NULL, NULL}};
   static const luaL_Reg signal_methods[] = {{"close", l_signal_close}, {NULL, NULL}};
@@ -365,7 +379,7 @@ int rh_open_proc(lua_State *L) {
 
   static const luaL_Reg fns[] = {
       {"spawn", l_spawn}, {"kill", l_kill}, {"signal", l_signal}, {"die_with_parent", l_die_with_parent},
-      {NULL, NULL}};
+      {"file_stamp", l_file_stamp}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   static const struct {
