@@ -19,7 +19,6 @@
 -- agent were a few ms of each rank's start-up in a world of 1,024).
 local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"
-local log = require "rpchost.log"
 local WorkerInfo = require "rpchost.workerinfo"
 local cma = require "rpchost.cma"
 local shm = require "rpchost.shm"

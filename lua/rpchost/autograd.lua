@@ -641,7 +641,6 @@ M.Function = require("rpchost.autograd_function").make(M)
 
 -- wrapping the tensor methods ---------------------------------------------------------------
 local function sizes(t) return core.t_size(t) end
-local function req(x) return is_t(x) and requires(x) end
 
 -- a value with the shape of `like` (numbers stay numbers)
 local function grad_for(g, x)
