@@ -8,10 +8,11 @@
  * running ones. The forward returns the per-channel mean and 1/sqrt(var + eps)
  * it used, which the backward takes back. Layer norm: x is [M, D] rows
  * normalised each over its D elements, rows split over the pool; the
- * per-row mean and 1/sqrt(var + eps) go to the backward likewise. Sums are in
- * double, in eight independent chains (one chain is bound by the add latency). */
+ * per-row mean and 1/sqrt(var + eps) go to the backward likewise. Sums run
+ * in vector lanes of the input's dtype, folded into double per block (below). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "nn.h"
 #include "tensor_internal.h"
@@ -40,51 +41,6 @@ static void st(rh_dtype_t dt, char *p, int64_t i, double v) {
   else ((double *)p)[i] = v;
 }
 
-/* sum of (x[i] - k) and of its square over n contiguous elements */
-#define SHIFTED_SUMS(T)                                                                                \
-  do {                                                                                                 \
-    const T *x = (const T *)base;                                                                      \
-    double a[8] = {0}, q[8] = {0};                                                                     \
-    int64_t i = 0;                                                                                     \
-    for (; i + 8 <= n; i += 8)                                                                         \
-      for (int u = 0; u < 8; u++) {                                                                    \
-        double d = (double)x[i + u] - k;                                                               \
-        a[u] += d, q[u] += d * d;                                                                      \
-      }                                                                                                \
-    for (; i < n; i++) {                                                                               \
-      double d = (double)x[i] - k;                                                                     \
-      a[0] += d, q[0] += d * d;                                                                        \
-    }                                                                                                  \
-    for (int u = 0; u < 8; u++) *s += a[u], *ss += q[u];                                               \
-  } while (0)
-static void shifted_sums(rh_dtype_t dt, const char *base, int64_t n, double k, double *s, double *ss) {
-  if (dt == RH_F32) SHIFTED_SUMS(float);
-  else SHIFTED_SUMS(double);
-}
-
-/* sum of g[i] and of g[i] * (x[i] - mean) over n contiguous elements */
-#define GRAD_SUMS(T)                                                                                   \
-  do {                                                                                                 \
-    const T *g = (const T *)gp, *x = (const T *)xp;                                                    \
-    double a[8] = {0}, q[8] = {0};                                                                     \
-    int64_t i = 0;                                                                                     \
-    for (; i + 8 <= n; i += 8)                                                                         \
-      for (int u = 0; u < 8; u++) {                                                                    \
-        double gv = (double)g[i + u];                                                                  \
-        a[u] += gv, q[u] += gv * ((double)x[i + u] - mean);                                            \
-      }                                                                                                \
-    for (; i < n; i++) {                                                                               \
-      double gv = (double)g[i];                                                                        \
-      a[0] += gv, q[0] += gv * ((double)x[i] - mean);                                                  \
-    }                                                                                                  \
-    for (int u = 0; u < 8; u++) *sg += a[u], *sgx += q[u];                                             \
-  } while (0)
-static void grad_sums(rh_dtype_t dt, const char *gp, const char *xp, int64_t n, double mean, double *sg,
-                      double *sgx) {
-  if (dt == RH_F32) GRAD_SUMS(float);
-  else GRAD_SUMS(double);
-}
-
 /* out[i] = a * u[i] + b * v[i] + c over n contiguous elements (v may be NULL);
  * float32 in float32 arithmetic, which vectorises */
 #define AXPBY(T)                                                                                       \
@@ -102,39 +58,221 @@ static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64
   else AXPBY(double);
 }
 
+/* Channel sums. For each channel: s1 = sum(u - ku), s2 = sum((u - ku) * (v - kv))
+ * over its N segments of `inner` elements (forward: u = v = x shifted by the
+ * channel's first element; backward: u = g, v = x shifted by the mean). In the
+ * input's dtype, in 16 independent lanes that vectorize, folded into double
+ * every BN_BLOCK elements (a float lane sums at most BN_BLOCK / 16 terms), so
+ * float32 statistics keep double accuracy at the block level. A channel whose
+ * segments are short (ResNet's late stages: 2x2..8x8 maps) was per-call
+ * overhead; there a chunk of channels is summed a whole row of the batch at a
+ * time instead, lane j being element j of the chunk (rows: samples). */
+#define BN_BLOCK 256
+#define BN_ROW_INNER 16 /* segments shorter than this are summed by rows */
+#define BN_ROW_WIDTH 512 /* elements of a row chunk */
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BN_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BN_TARGETS
+#endif
+
+/* the segment form: nseg segments of len elements `stride` apart, summed in
+ * lanes (GCC vectors of 64 bytes: explicit, since the compiler leaves a lane
+ * array in scalar registers) that run on across segments (a short segment is
+ * not a fold of its own) */
+typedef float bn_vf __attribute__((vector_size(64)));
+typedef double bn_vd __attribute__((vector_size(64)));
+#define SEG_SUMS_FN(NAME, T, VT)                                                                         \
+  BN_TARGETS static void NAME(const T *u, const T *v, int64_t nseg, int64_t len, int64_t stride, T ku,  \
+                              T kv, double *s1, double *s2) {                                          \
+    enum { NL = sizeof(VT) / sizeof(T) };                                                              \
+    VT a = {0}, q = {0}, vku = a + ku, vkv = a + kv;                                                   \
+    T ta = 0, tq = 0;                                                                                  \
+    int64_t held = 0; /* terms in the lanes since the last fold */                                     \
+    double sa = 0, sq = 0;                                                                             \
+    for (int64_t sg = 0; sg < nseg; sg++) {                                                            \
+      const T *us = u + sg * stride, *vs = v + sg * stride;                                            \
+      for (int64_t i0 = 0; i0 < len; i0 += BN_BLOCK) {                                                 \
+        int64_t e = len - i0 < BN_BLOCK ? len : i0 + BN_BLOCK, i = i0;                                 \
+        for (; i + NL <= e; i += NL) {                                                                 \
+          VT x, y;                                                                                     \
+          memcpy(&x, us + i, sizeof x);                                                                \
+          memcpy(&y, vs + i, sizeof y);                                                                \
+          x -= vku;                                                                                    \
+          a += x, q += x * (y - vkv);                                                                  \
+        }                                                                                              \
+        for (; i < e; i++) {                                                                           \
+          T du = us[i] - ku;                                                                           \
+          ta += du, tq += du * (vs[i] - kv);                                                           \
+        }                                                                                              \
+        held += e - i0;                                                                                \
+        if (held >= BN_BLOCK) {                                                                        \
+          for (int k = 0; k < NL; k++) sa += (double)a[k], sq += (double)q[k];                         \
+          sa += (double)ta, sq += (double)tq;                                                          \
+          a -= a, q -= q, ta = tq = 0;                                                                 \
+          held = 0;                                                                                    \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+    for (int k = 0; k < NL; k++) sa += (double)a[k], sq += (double)q[k];                               \
+    *s1 = sa + (double)ta, *s2 = sq + (double)tq;                                                      \
+  }
+SEG_SUMS_FN(seg_sums_f32, float, bn_vf)
+SEG_SUMS_FN(seg_sums_f64, double, bn_vd)
+
+/* the row form: rows of w elements `stride` apart; ku, kv per element; the
+ * per-element sums (double) into d1, d2 */
+#define ROW_SUMS_FN(NAME, T)                                                                             \
+  BN_TARGETS static void NAME(const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,         \
+                              const T *restrict ku, const T *restrict kv, double *restrict d1,          \
+                              double *restrict d2) {                                                   \
+    T a[BN_ROW_WIDTH], q[BN_ROW_WIDTH];                                                                \
+    for (int64_t j = 0; j < w; j++) d1[j] = d2[j] = 0;                                                 \
+    for (int64_t r0 = 0; r0 < rows; r0 += BN_BLOCK / 16) {                                             \
+      int64_t re = rows - r0 < BN_BLOCK / 16 ? rows : r0 + BN_BLOCK / 16;                              \
+      for (int64_t j = 0; j < w; j++) a[j] = q[j] = 0;                                                 \
+      for (int64_t r = r0; r < re; r++) {                                                              \
+        const T *restrict ur = u + r * stride, *restrict vr = v + r * stride;                          \
+        for (int64_t j = 0; j < w; j++) {                                                              \
+          T du = ur[j] - ku[j];                                                                        \
+          a[j] += du, q[j] += du * (vr[j] - kv[j]);                                                    \
+        }                                                                                              \
+      }                                                                                                \
+      for (int64_t j = 0; j < w; j++) d1[j] += (double)a[j], d2[j] += (double)q[j];                    \
+    }                                                                                                  \
+  }
+ROW_SUMS_FN(row_sums_f32, float)
+ROW_SUMS_FN(row_sums_f64, double)
+
+/* out = A * u + B * v + C elementwise over rows of w elements `stride` apart
+ * (A, B, C per element; v may be NULL) */
+#define ROW_AFFINE_FN(NAME, T)                                                                           \
+  BN_TARGETS static void NAME(T *o, const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,   \
+                              const T *restrict A, const T *restrict B, const T *restrict C) {         \
+    for (int64_t r = 0; r < rows; r++) {                                                               \
+      T *restrict orow = o + r * stride;                                                               \
+      const T *restrict ur = u + r * stride;                                                           \
+      if (v) {                                                                                         \
+        const T *restrict vr = v + r * stride;                                                         \
+        for (int64_t j = 0; j < w; j++) orow[j] = A[j] * ur[j] + B[j] * vr[j] + C[j];                  \
+      } else                                                                                           \
+        for (int64_t j = 0; j < w; j++) orow[j] = A[j] * ur[j] + C[j];                                 \
+    }                                                                                                  \
+  }
+ROW_AFFINE_FN(row_affine_f32, float)
+ROW_AFFINE_FN(row_affine_f64, double)
+
+/* channels [c0, c1) of u, v ([N, C, inner]): s1, s2 per channel (indexed from c0) */
+static void channel_sums(const bn_job_t *j, const char *u, const char *v, int64_t c0, int64_t c1, const double *ku,
+                         const double *kv, double *s1, double *s2) {
+  size_t es = rh_dtype_size(j->dt);
+  int64_t inner = j->inner, w = (c1 - c0) * inner, stride = j->c * inner;
+  if (inner >= BN_ROW_INNER || c1 - c0 == 1) {
+    for (int64_t ch = c0; ch < c1; ch++) {
+      size_t base = (size_t)(ch * inner) * es;
+      if (j->dt == RH_F32)
+        seg_sums_f32((const float *)(u + base), (const float *)(v + base), j->n, inner, stride, (float)ku[ch - c0],
+                     (float)kv[ch - c0], &s1[ch - c0], &s2[ch - c0]);
+      else
+        seg_sums_f64((const double *)(u + base), (const double *)(v + base), j->n, inner, stride, ku[ch - c0],
+                     kv[ch - c0], &s1[ch - c0], &s2[ch - c0]);
+    }
+    return;
+  }
+  double d1[BN_ROW_WIDTH], d2[BN_ROW_WIDTH];
+  union {
+    float f[2][BN_ROW_WIDTH];
+    double d[2][BN_ROW_WIDTH];
+  } k;
+  for (int64_t e = 0; e < w; e++) {
+    if (j->dt == RH_F32) k.f[0][e] = (float)ku[e / inner], k.f[1][e] = (float)kv[e / inner];
+    else k.d[0][e] = ku[e / inner], k.d[1][e] = kv[e / inner];
+  }
+  size_t off = (size_t)(c0 * inner) * es;
+  if (j->dt == RH_F32)
+    row_sums_f32((const float *)(u + off), (const float *)(v + off), j->n, stride, w, k.f[0], k.f[1], d1, d2);
+  else
+    row_sums_f64((const double *)(u + off), (const double *)(v + off), j->n, stride, w, k.d[0], k.d[1], d1, d2);
+  for (int64_t ch = c0; ch < c1; ch++) {
+    double a = 0, q = 0;
+    for (int64_t i = 0; i < inner; i++) a += d1[(ch - c0) * inner + i], q += d2[(ch - c0) * inner + i];
+    s1[ch - c0] = a, s2[ch - c0] = q;
+  }
+}
+
+/* out = a[ch] * u + b[ch] * v + c[ch] over channels [c0, c1) (v may be NULL) */
+static void channel_affine(const bn_job_t *j, char *o, const char *u, const char *v, int64_t c0, int64_t c1,
+                           const double *a, const double *b, const double *c) {
+  size_t es = rh_dtype_size(j->dt);
+  int64_t inner = j->inner, stride = j->c * inner;
+  if (inner >= BN_ROW_INNER || c1 - c0 == 1) { /* long segments: one channel's at a time */
+    for (int64_t ch = c0; ch < c1; ch++)
+      for (int64_t n = 0; n < j->n; n++) {
+        size_t base = (size_t)((n * j->c + ch) * inner) * es;
+        axpby(j->dt, o + base, u + base, v ? v + base : NULL, inner, a[ch - c0], b[ch - c0], c[ch - c0]);
+      }
+    return;
+  }
+  int64_t w = (c1 - c0) * inner; /* short: the chunk's rows, coefficients per element */
+  union {
+    float f[3][BN_ROW_WIDTH];
+    double d[3][BN_ROW_WIDTH];
+  } k;
+  for (int64_t e = 0; e < w; e++) {
+    int64_t q = e / inner;
+    if (j->dt == RH_F32) k.f[0][e] = (float)a[q], k.f[1][e] = (float)b[q], k.f[2][e] = (float)c[q];
+    else k.d[0][e] = a[q], k.d[1][e] = b[q], k.d[2][e] = c[q];
+  }
+  size_t off = (size_t)(c0 * inner) * es;
+  if (j->dt == RH_F32)
+    row_affine_f32((float *)(o + off), (const float *)(u + off), v ? (const float *)(v + off) : NULL, j->n, stride,
+                   w, k.f[0], k.f[1], k.f[2]);
+  else
+    row_affine_f64((double *)(o + off), (const double *)(u + off), v ? (const double *)(v + off) : NULL, j->n,
+                   stride, w, k.d[0], k.d[1], k.d[2]);
+}
+
+/* the channels of a chunk: all of [lo, hi) when segments are short, else one */
+static int64_t chunk_end(const bn_job_t *j, int64_t c0, int64_t hi) {
+  int64_t per = j->inner >= BN_ROW_INNER ? 1 : BN_ROW_WIDTH / j->inner;
+  return c0 + per < hi ? c0 + per : hi;
+}
+
 static void bn_forward_channels(void *ctx, int64_t lo, int64_t hi) {
   bn_job_t *j = ctx;
   int64_t m = j->n * j->inner;
-  for (int64_t ch = lo; ch < hi; ch++) {
-    double mean, invstd;
-    size_t es = rh_dtype_size(j->dt);
-    if (j->training) {
-      /* shifted by the channel's first element: no cancellation in ss - s*s/m */
-      double k = ld(j->dt, j->x, ch * j->inner), s = 0, ss = 0;
-      for (int64_t n = 0; n < j->n; n++)
-        shifted_sums(j->dt, j->x + (size_t)((n * j->c + ch) * j->inner) * es, j->inner, k, &s, &ss);
-      mean = k + s / (double)m;
-      ss -= s * s / (double)m;
-      if (ss < 0) ss = 0;
-      double var = ss / (double)m;
-      invstd = 1.0 / sqrt(var + j->eps);
-      if (j->rm) {
-        st(j->dt, j->rm, ch, (1 - j->momentum) * ld(j->dt, j->rm, ch) + j->momentum * mean);
-        double unbiased = m > 1 ? ss / (double)(m - 1) : var;
-        st(j->dt, j->rv, ch, (1 - j->momentum) * ld(j->dt, j->rv, ch) + j->momentum * unbiased);
+  double k[BN_ROW_WIDTH], s[BN_ROW_WIDTH], ss[BN_ROW_WIDTH], sc[BN_ROW_WIDTH], sh[BN_ROW_WIDTH];
+  for (int64_t c0 = lo; c0 < hi;) {
+    int64_t c1 = chunk_end(j, c0, hi);
+    /* shifted by the channel's first element: no cancellation in ss - s*s/m */
+    for (int64_t ch = c0; ch < c1 && j->training; ch++) k[ch - c0] = ld(j->dt, j->x, ch * j->inner);
+    if (j->training) channel_sums(j, j->x, j->x, c0, c1, k, k, s, ss);
+    for (int64_t ch = c0; ch < c1; ch++) {
+      double mean, invstd;
+      if (j->training) {
+        double s1 = s[ch - c0], s2 = ss[ch - c0];
+        mean = k[ch - c0] + s1 / (double)m;
+        s2 -= s1 * s1 / (double)m;
+        if (s2 < 0) s2 = 0;
+        double var = s2 / (double)m;
+        invstd = 1.0 / sqrt(var + j->eps);
+        if (j->rm) {
+          st(j->dt, j->rm, ch, (1 - j->momentum) * ld(j->dt, j->rm, ch) + j->momentum * mean);
+          double unbiased = m > 1 ? s2 / (double)(m - 1) : var;
+          st(j->dt, j->rv, ch, (1 - j->momentum) * ld(j->dt, j->rv, ch) + j->momentum * unbiased);
+        }
+      } else {
+        mean = ld(j->dt, j->rm, ch);
+        invstd = 1.0 / sqrt(ld(j->dt, j->rv, ch) + j->eps);
       }
-    } else {
-      mean = ld(j->dt, j->rm, ch);
-      invstd = 1.0 / sqrt(ld(j->dt, j->rv, ch) + j->eps);
+      j->mean[ch] = mean;
+      j->invstd[ch] = invstd;
+      double w = j->w ? ld(j->dt, j->w, ch) : 1, b = j->b ? ld(j->dt, j->b, ch) : 0;
+      sc[ch - c0] = w * invstd, sh[ch - c0] = b - mean * sc[ch - c0];
     }
-    j->mean[ch] = mean;
-    j->invstd[ch] = invstd;
-    double w = j->w ? ld(j->dt, j->w, ch) : 1, b = j->b ? ld(j->dt, j->b, ch) : 0;
-    double scale = w * invstd, shift = b - mean * scale;
-    for (int64_t n = 0; n < j->n; n++) {
-      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
-      axpby(j->dt, j->y + base, j->x + base, NULL, j->inner, scale, 0, shift);
-    }
+    channel_affine(j, j->y, j->x, NULL, c0, c1, sc, sc, sh);
+    c0 = c1;
   }
 }
 
@@ -193,28 +331,29 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
 static void bn_backward_channels(void *ctx, int64_t lo, int64_t hi) {
   bn_job_t *j = ctx;
   int64_t m = j->n * j->inner;
-  size_t es = rh_dtype_size(j->dt);
-  for (int64_t ch = lo; ch < hi; ch++) {
-    double mean = j->mean[ch], invstd = j->invstd[ch];
-    double w = j->w ? ld(j->dt, j->w, ch) : 1;
-    double sg = 0, sgx = 0; /* sum gy, sum gy * (x - mean) */
-    for (int64_t n = 0; n < j->n; n++) {
-      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
-      grad_sums(j->dt, j->gy + base, j->x + base, j->inner, mean, &sg, &sgx);
+  double zero[BN_ROW_WIDTH] = {0}, s[BN_ROW_WIDTH], sx[BN_ROW_WIDTH], a[BN_ROW_WIDTH], b[BN_ROW_WIDTH],
+         c[BN_ROW_WIDTH];
+  for (int64_t c0 = lo; c0 < hi;) {
+    int64_t c1 = chunk_end(j, c0, hi);
+    /* sum gy, sum gy * (x - mean): the lanes shift x by the mean in x's dtype,
+     * the difference to the double mean is added back in double */
+    channel_sums(j, j->gy, j->x, c0, c1, zero, j->mean + c0, s, sx);
+    for (int64_t ch = c0; ch < c1; ch++) {
+      double mean = j->mean[ch], invstd = j->invstd[ch], sg = s[ch - c0];
+      double kv = j->dt == RH_F32 ? (double)(float)mean : mean, sgx = sx[ch - c0] + (kv - mean) * sg;
+      double w = j->w ? ld(j->dt, j->w, ch) : 1;
+      if (j->gw) j->gw[ch] = sgx * invstd;
+      if (j->gb) j->gb[ch] = sg;
+      /* gx = w*invstd * (g - sg/m - xhat * sum(g*xhat)/m), as a*g + b*x + c */
+      double ai = w * invstd, bi = 0, ci = 0;
+      if (j->training) {
+        bi = -ai * invstd * invstd * sgx / (double)m;
+        ci = -ai * sg / (double)m - bi * mean;
+      }
+      a[ch - c0] = ai, b[ch - c0] = bi, c[ch - c0] = ci;
     }
-    if (j->gw) j->gw[ch] = sgx * invstd;
-    if (j->gb) j->gb[ch] = sg;
-    if (!j->gx) continue;
-    /* gx = w*invstd * (g - sg/m - xhat * sum(g*xhat)/m), as a*g + b*x + c */
-    double a = w * invstd, b = 0, c = 0;
-    if (j->training) {
-      b = -a * invstd * invstd * sgx / (double)m;
-      c = -a * sg / (double)m - b * mean;
-    }
-    for (int64_t n = 0; n < j->n; n++) {
-      size_t base = (size_t)((n * j->c + ch) * j->inner) * es;
-      axpby(j->dt, j->gx + base, j->gy + base, j->training ? j->x + base : NULL, j->inner, a, b, c);
-    }
+    if (j->gx) channel_affine(j, j->gx, j->gy, j->training ? j->x : NULL, c0, c1, a, b, c);
+    c0 = c1;
   }
 }
 
@@ -293,7 +432,8 @@ static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
   for (int64_t r = lo; r < hi; r++) {
     const char *row = j->x + (size_t)(r * j->d) * es;
     double k = ld(j->dt, row, 0), s = 0, ss = 0;
-    shifted_sums(j->dt, row, j->d, k, &s, &ss);
+    if (j->dt == RH_F32) seg_sums_f32((const float *)row, (const float *)row, 1, j->d, 0, (float)k, (float)k, &s, &ss);
+    else seg_sums_f64((const double *)row, (const double *)row, 1, j->d, 0, k, k, &s, &ss);
     double mean = k + s / (double)j->d, var = (ss - s * s / (double)j->d) / (double)j->d;
     double rstd = 1.0 / sqrt((var > 0 ? var : 0) + j->eps);
     j->mean[r] = mean;
