@@ -142,6 +142,10 @@ static int l_alias(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, t->dtype, t->offset, t->ndim, t->size, t->stride));
 }
 
+/* __gc, and t_free(t): releases t's C tensor now instead of at collection (t
+ * is unusable after: "tensor already freed"). t_free is only for a tensor its
+ * caller proves nothing else refers to: the autograd engine's own gradients
+ * (autograd.lua), whose memory would otherwise wait for a full collection. */
 static int l_gc(lua_State *L) {
   ltensor_t *b = luaL_checkudata(L, 1, TENSOR_MT);
   if (b->t) rh_tensor_release(b->t);
@@ -748,7 +752,7 @@ int rh_open_tensor(lua_State *L) {
       {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
       {"t_same_storage", l_same_storage},
       {"t_ag", l_ag},             {"t_set_ag", l_set_ag},     {"t_version", l_version},
-      {"t_bump", l_bump},         {"t_alias", l_alias}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
+      {"t_bump", l_bump}, {"t_free", l_gc},         {"t_alias", l_alias}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);

@@ -249,6 +249,18 @@ end
 local function is_piece(v) return getmetatable(v) == Piece end
 M.is_piece = is_piece
 
+-- Frees t now when the pass owns it (nothing else refers to it) and is done
+-- with it: a gradient added into another, or one a consuming node has read.
+-- Its memory returns at once instead of at the next full collection, which
+-- the tensor-bytes trigger (bindings/l_tensor.c) then runs that much less often
+-- (a ResNet shard's backward made half its garbage in such gradients).
+local function release(owned, t)
+  if owned[t] then
+    owned[t] = nil
+    core.t_free(t)
+  end
+end
+
 -- Adds gradient g (a tensor or a piece) into tbl[k]. owned: the tensors this
 -- pass allocated that nothing else refers to yet; only those are added into in
 -- place (a gradient a backward returned may also be another input's, or the
@@ -269,10 +281,13 @@ local function accumulate(tbl, k, g, owned)
     tbl[k] = g
   elseif owned[prev] and core.t_dtype(prev) == core.t_dtype(g) then
     core.t_binary(0, prev, g, prev)
+    release(owned, g)
   else
     local r = core.t_binary(0, prev, g)
     owned[r] = true
     tbl[k] = r
+    release(owned, prev)
+    release(owned, g)
   end
 end
 
@@ -470,9 +485,20 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
       rn = rn - 1
       local g = pending[node]
       pending[node] = nil
-      -- from here on the backward may keep or pass on g: no more writes into it
+      -- from here on the backward may keep or pass on g: no more writes into
+      -- it; a fresh node (which keeps and returns none of its gradients) is
+      -- the last to read the ones the pass owned, which are freed after it
+      local spent = nil
       if g ~= nil then
-        if node.nout then for _, gk in pairs(g) do owned[gk] = nil end else owned[g] = nil end
+        if node.nout then
+          for _, gk in pairs(g) do
+            if owned[gk] and node.fresh then spent = spent or {}; spent[#spent + 1] = gk end
+            owned[gk] = nil
+          end
+        else
+          if owned[g] and node.fresh then spent = g end
+          owned[g] = nil
+        end
       end
       local edges, nrs = node.edges, node.nrs
       local grads_out = nil
@@ -481,6 +507,10 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
         check_saved(node)
         grads_out = run_node(node, g)
         g = nil
+        if spent then
+          if node.nout then for _, gk in ipairs(spent) do core.t_free(gk) end else core.t_free(spent) end
+          spent = nil
+        end
         if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
       end
       if edges then
@@ -739,15 +769,16 @@ local function unary_apply(node, g)
   return node.op.df(g, node.a, node.out, unpack(args, 1, args.n))
 end
 
--- op: {name, df, saves, view}; saves(a, out): the tensor df reads (nil when
--- only shapes); view: the result shares a's elements (an in-place change of it
--- is refused: it would bypass a's history)
+-- op: {name, df, saves, view, fresh}; saves(a, out): the tensor df reads (nil
+-- when only shapes); view: the result shares a's elements (an in-place change
+-- of it is refused: it would bypass a's history); fresh: df returns a new
+-- tensor and keeps none (autograd.Function's fresh_grads)
 local function record_unary(op, out, a, sa, ...)
   if core.t_dtype(out) > 1 then return out end
   local args = nil
   if select("#", ...) > 0 then args = pack(...) end
   local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = a, args = args,
-    edges = {sa.grad_fn or a}, n = 1}, Node)
+    edges = {sa.grad_fn or a}, n = 1, fresh = op.fresh}, Node)
   if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
   local saves = op.saves
   if saves then node.saved = save3(node, out, a, sa, nil, nil, saves(a, out)) end
@@ -756,8 +787,8 @@ local function record_unary(op, out, a, sa, ...)
   return out
 end
 
-local function install_unary(name, fwd, df, saves, view)
-  local op = {name = name, df = df, saves = saves, view = view}
+local function install_unary(name, fwd, df, saves, view, fresh)
+  local op = {name = name, df = df, saves = saves, view = view, fresh = fresh}
   local f = function(a, ...)
     local out = fwd(a, ...)
     -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
@@ -818,16 +849,19 @@ function M.install(t_module)
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(10, a, b), core.t_dtype(g))) end,
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(11, a, b), core.t_dtype(g))) end, both)
 
-  install_unary("neg", orig.neg, function(g) return neg(g) end)
-  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end, save_out)
-  install_unary("log", orig.log, function(g, a) return div(g, a) end, save_a)
-  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end, save_out)
+  -- (these derivatives are new tensors computed from g: fresh)
+  install_unary("neg", orig.neg, function(g) return neg(g) end, nil, nil, true)
+  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end, save_out, nil, true)
+  install_unary("log", orig.log, function(g, a) return div(g, a) end, save_a, nil, true)
+  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end, save_out, nil, true)
   -- one pass in C (nn_act.c) where g and a are contiguous host floats alike
   install_unary("relu", orig.relu, function(g, a)
     return core.nn_relu_backward(g, a) or mul(g, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g)))
-  end, save_a)
-  install_unary("tanh", orig.tanh, function(g, _, out) return mul(g, core.t_binary(1, 1, mul(out, out))) end, save_out)
-  install_unary("sigmoid", orig.sigmoid, function(g, _, out) return mul(g, mul(out, core.t_binary(1, 1, out))) end, save_out)
+  end, save_a, nil, true)
+  install_unary("tanh", orig.tanh, function(g, _, out) return mul(g, core.t_binary(1, 1, mul(out, out))) end, save_out,
+    nil, true)
+  install_unary("sigmoid", orig.sigmoid, function(g, _, out) return mul(g, mul(out, core.t_binary(1, 1, out))) end,
+    save_out, nil, true)
   install_unary("abs", orig.abs, function(g, a)
     local sign = core.t_binary(1, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g)),
                                   core.t_cast(core.t_binary(9, a, 0), core.t_dtype(g)))

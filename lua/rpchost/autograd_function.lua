@@ -12,8 +12,10 @@
 -- per input of apply (nil for inputs that need none; ctx.needs_input_grad[i]
 -- says which do). Tensors saved with ctx:save_for_backward are version-checked.
 -- A class with fresh_grads = true promises that its backward returns tensors
--- nothing else refers to, each gradient its own (C kernels' results): the
--- engine then adds into them in place and takes them as .grad without a copy.
+-- nothing else refers to, each gradient its own (C kernels' results), and keeps
+-- none of the gradients it is given (nor returns them or views of them): the
+-- engine then adds into its results in place, takes them as .grad without a
+-- copy, and frees the gradients it gave the node as soon as the node has run.
 
 local core = require "rpchost.core"
 
