@@ -24,11 +24,11 @@ int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64
  * finding each kernel tap's valid range row by row: with no edges left, row r
  * = (channel, ki, kj) of the columns reads the padded plane at a fixed offset
  * per tap plus, for output position l = (oy, ox), base[l] = oy*sy*Wp + ox*sx.
- * Narrow or strided outputs (ResNet's late stages: rows of 2..8, and every
- * stride-2 conv) gather through that table in one flat loop over L (the
- * per-row bookkeeping, not the copying, was the cost: im2col took 13% of a
- * ResNet shard's step); wide stride-1 rows are row copies. The table needs
- * the padded plane under 2^31 elements; larger planes take the row path. */
+ * Narrow outputs (ResNet's late stages: rows of 2..8) gather through that
+ * table in one flat loop over L (the per-row bookkeeping, not the copying,
+ * was the cost: im2col took 13% of a ResNet shard's step); wide rows are row
+ * copies. The table needs the padded plane under 2^31 elements; larger planes
+ * take the row path. */
 typedef struct {
   rh_dtype_t dt;
   const char *x; /* one sample [C, H, W] (col2im: written) */
@@ -40,7 +40,7 @@ typedef struct {
   const rh_nn_conv_t *p;
 } cols_job_t;
 
-#define CONV_ROW_MIN 16 /* stride-1 output rows at least this wide are copied row by row */
+#define CONV_ROW_MIN 16 /* output rows at least this wide are copied row by row */
 
 /* where row r's tap starts in its channel's padded plane */
 static int64_t tap_offset(const cols_job_t *j, int64_t tap) {
@@ -62,6 +62,37 @@ static int64_t tap_offset(const cols_job_t *j, int64_t tap) {
   }
 GATHER_FN(gather_f32, float)
 GATHER_FN(gather_f64, double)
+
+/* the row path: oh rows of ow elements, `step` apart in the padded plane, sx
+ * apart within a row. Stride 1 copies in 64-byte vectors written out (a
+ * memcpy call per 16-element row was a third of the copy's time) */
+typedef float conv_vf __attribute__((vector_size(64)));
+typedef double conv_vd __attribute__((vector_size(64)));
+#define ROWS_FN(NAME, T, VT)                                                                            \
+  GATHER_TARGETS static void NAME(T *restrict dst, const T *restrict src, int64_t oh, int64_t ow,       \
+                                  int64_t step, int64_t sx) {                                          \
+    enum { NL = sizeof(VT) / sizeof(T) };                                                              \
+    for (int64_t oy = 0; oy < oh; oy++) {                                                              \
+      const T *s = src + oy * step;                                                                    \
+      T *d = dst + oy * ow;                                                                            \
+      int64_t ox = 0;                                                                                  \
+      if (sx == 1) {                                                                                   \
+        for (; ox + NL <= ow; ox += NL) {                                                              \
+          VT v;                                                                                        \
+          memcpy(&v, s + ox, sizeof v);                                                                \
+          memcpy(d + ox, &v, sizeof v);                                                                \
+        }                                                                                              \
+        for (; ox < ow; ox++) d[ox] = s[ox];                                                           \
+      } else if (sx == 2)                                                                              \
+        for (; ox < ow; ox++) d[ox] = s[2 * ox];                                                       \
+      else                                                                                             \
+        for (; ox < ow; ox++) d[ox] = s[ox * sx];                                                      \
+    }                                                                                                  \
+  }
+ROWS_FN(rows_f32, float, conv_vf)
+ROWS_FN(rows_f64, double, conv_vd)
+#define ROWS_float rows_f32
+#define ROWS_double rows_f64
 #define GATHER_float gather_f32
 #define GATHER_double gather_f64
 
@@ -69,19 +100,12 @@ GATHER_FN(gather_f64, double)
   do {                                                                                                 \
     const T *xp = (const T *)j->xp;                                                                    \
     T *col = (T *)j->cols;                                                                             \
-    int64_t taps = j->kh * j->kw, l = j->oh * j->ow, sy = j->p->stride[0], sx = j->p->stride[1];       \
+    int64_t taps = j->kh * j->kw, l = j->oh * j->ow;                                                   \
     for (int64_t r = lo; r < hi; r++) {                                                                \
       const T *src = xp + (r / taps) * j->hp * j->wp + tap_offset(j, r % taps);                        \
-      T *restrict dst = col + r * j->ld;                                                               \
+      T *dst = col + r * j->ld;                                                                        \
       if (j->base) GATHER_##T(dst, src, j->base, l);                                                   \
-      else                                                                                             \
-        for (int64_t oy = 0; oy < j->oh; oy++) {                                                       \
-          const T *s = src + oy * sy * j->wp;                                                          \
-          T *d = dst + oy * j->ow;                                                                     \
-          if (sx == 1) memcpy(d, s, sizeof(T) * (size_t)j->ow);                                        \
-          else                                                                                         \
-            for (int64_t ox = 0; ox < j->ow; ox++) d[ox] = s[ox * sx];                                 \
-        }                                                                                              \
+      else ROWS_##T(dst, src, j->oh, j->ow, j->p->stride[0] * j->wp, j->p->stride[1]);                 \
     }                                                                                                  \
   } while (0)
 
@@ -108,9 +132,12 @@ static void im2col_rows(void *ctx, int64_t lo, int64_t hi) {
           for (int64_t i = 0; i < l; i++) dst[base[i]] += src[i];                                      \
         } else                                                                                         \
           for (int64_t oy = 0; oy < j->oh; oy++) {                                                     \
-            T *d = dst + oy * sy * j->wp;                                                              \
-            const T *s = src + oy * j->ow;                                                             \
-            for (int64_t ox = 0; ox < j->ow; ox++) d[ox * sx] += s[ox];                                \
+            T *restrict d = dst + oy * sy * j->wp;                                                     \
+            const T *restrict s = src + oy * j->ow;                                                    \
+            if (sx == 1) /* a loop of its own: it vectorizes */                                        \
+              for (int64_t ox = 0; ox < j->ow; ox++) d[ox] += s[ox];                                   \
+            else                                                                                       \
+              for (int64_t ox = 0; ox < j->ow; ox++) d[ox * sx] += s[ox];                              \
           }                                                                                            \
       }                                                                                                \
   } while (0)
@@ -190,7 +217,7 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
   g->l = g->oh * g->ow;
   g->padded = p->pad[0] > 0 || p->pad[1] > 0;
   g->hp = g->h + 2 * p->pad[0], g->wp = g->w + 2 * p->pad[1];
-  g->tabled = (p->stride[1] != 1 || g->ow < CONV_ROW_MIN) && g->hp * g->wp < INT32_MAX;
+  g->tabled = g->ow < CONV_ROW_MIN && g->hp * g->wp < INT32_MAX;
   g->direct = g->kh == 1 && g->kw == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->pad[0] == 0 &&
               p->pad[1] == 0;
   return 0;
