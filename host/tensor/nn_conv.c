@@ -52,8 +52,12 @@ static int64_t tap_offset(const cols_job_t *j, int64_t tap) {
  * the program loads; the baseline's scalar loop ran at 2.6 cycles an element) */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define GATHER_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
+/* and no loop turned back into a memcpy call (GCC's loop distribution) */
+#define ROWS_TARGETS \
+  __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-tree-loop-distribute-patterns")))
 #else
 #define GATHER_TARGETS
+#define ROWS_TARGETS
 #endif
 #define GATHER_FN(NAME, T)                                                                              \
   GATHER_TARGETS static void NAME(T *restrict dst, const T *restrict src, const int32_t *restrict base, \
@@ -69,7 +73,7 @@ GATHER_FN(gather_f64, double)
 typedef float conv_vf __attribute__((vector_size(64)));
 typedef double conv_vd __attribute__((vector_size(64)));
 #define ROWS_FN(NAME, T, VT)                                                                            \
-  GATHER_TARGETS static void NAME(T *restrict dst, const T *restrict src, int64_t oh, int64_t ow,       \
+  ROWS_TARGETS static void NAME(T *restrict dst, const T *restrict src, int64_t oh, int64_t ow,         \
                                   int64_t step, int64_t sx) {                                          \
     enum { NL = sizeof(VT) / sizeof(T) };                                                              \
     for (int64_t oy = 0; oy < oh; oy++) {                                                              \

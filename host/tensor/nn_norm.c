@@ -41,23 +41,6 @@ static void st(rh_dtype_t dt, char *p, int64_t i, double v) {
   else ((double *)p)[i] = v;
 }
 
-/* out[i] = a * u[i] + b * v[i] + c over n contiguous elements (v may be NULL);
- * float32 in float32 arithmetic, which vectorises */
-#define AXPBY(T)                                                                                       \
-  do {                                                                                                 \
-    T *o = (T *)op;                                                                                    \
-    const T *u = (const T *)up, *v = (const T *)vp;                                                    \
-    T ta = (T)a, tb = (T)b, tc = (T)c;                                                                 \
-    if (v)                                                                                             \
-      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tb * v[i] + tc;                               \
-    else                                                                                               \
-      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tc;                                           \
-  } while (0)
-static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64_t n, double a, double b, double c) {
-  if (dt == RH_F32) AXPBY(float);
-  else AXPBY(double);
-}
-
 /* Channel sums. For each channel: s1 = sum(u - ku), s2 = sum((u - ku) * (v - kv))
  * over its N segments of `inner` elements (forward: u = v = x shifted by the
  * channel's first element; backward: u = g, v = x shifted by the mean). In the
@@ -76,6 +59,24 @@ static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64
 #else
 #define BN_TARGETS
 #endif
+
+/* out[i] = a * u[i] + b * v[i] + c over n contiguous elements (v may be NULL);
+ * float32 in float32 arithmetic, which vectorises */
+#define AXPBY(T)                                                                                       \
+  do {                                                                                                 \
+    T *o = (T *)op;                                                                                    \
+    const T *u = (const T *)up, *v = (const T *)vp;                                                    \
+    T ta = (T)a, tb = (T)b, tc = (T)c;                                                                 \
+    if (v)                                                                                             \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tb * v[i] + tc;                               \
+    else                                                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tc;                                           \
+  } while (0)
+BN_TARGETS static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64_t n, double a, double b,
+                             double c) {
+  if (dt == RH_F32) AXPBY(float);
+  else AXPBY(double);
+}
 
 /* the segment form: nseg segments of len elements `stride` apart, summed in
  * lanes (GCC vectors of 64 bytes: explicit, since the compiler leaves a lane
