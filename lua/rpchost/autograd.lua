@@ -224,13 +224,27 @@ end
 
 -- backward ----------------------------------------------------------------------------
 -- owned: g is the engine's own buffer that nothing else refers to (pieces'
--- sum), which becomes .grad as it is instead of being copied
+-- sum), which becomes .grad as it is instead of being copied. A .grad that is
+-- there already takes g in place when they match (PyTorch's AccumulateGrad):
+-- a step that accumulates without zero_grad allocated a new .grad for every
+-- parameter, and left the old one and g to the collector.
+local function same_sizes(a, b)
+  local sa, sb = core.t_size(a), core.t_size(b)
+  if #sa ~= #sb then return false end
+  for i = 1, #sa do if sa[i] ~= sb[i] then return false end end
+  return true
+end
 local function default_sink(t, g, owned)
   local s = get_state(t)
-  if s.grad == nil then
+  local prev = s.grad
+  if prev == nil then
     s.grad = owned and g or core.t_clone(g)
+  elseif not requires(prev) and core.t_dtype(prev) == core.t_dtype(g) and core.t_device(prev) == core.t_device(g)
+      and same_sizes(prev, g) then
+    core.t_binary(0, prev, g, prev)
+    if owned then core.t_free(g) end
   else
-    s.grad = core.t_binary(0, s.grad, g)
+    s.grad = core.t_binary(0, prev, g)
   end
 end
 
