@@ -95,6 +95,26 @@ typedef double conv_vd __attribute__((vector_size(64)));
   }
 ROWS_FN(rows_f32, float, conv_vf)
 ROWS_FN(rows_f64, double, conv_vd)
+
+/* n rows of len elements from src (rows sld apart) to dst (dld apart) */
+#define COPY_ROWS_FN(NAME, T, VT)                                                                       \
+  ROWS_TARGETS static void NAME(T *restrict dst, int64_t dld, const T *restrict src, int64_t sld, int64_t n, \
+                                int64_t len) {                                                         \
+    enum { NL = sizeof(VT) / sizeof(T) };                                                              \
+    for (int64_t r = 0; r < n; r++) {                                                                  \
+      const T *s = src + r * sld;                                                                      \
+      T *d = dst + r * dld;                                                                            \
+      int64_t i = 0;                                                                                   \
+      for (; i + NL <= len; i += NL) {                                                                 \
+        VT v;                                                                                          \
+        memcpy(&v, s + i, sizeof v);                                                                   \
+        memcpy(d + i, &v, sizeof v);                                                                   \
+      }                                                                                                \
+      for (; i < len; i++) d[i] = s[i];                                                                \
+    }                                                                                                  \
+  }
+COPY_ROWS_FN(copy_rows_f32, float, conv_vf)
+COPY_ROWS_FN(copy_rows_f64, double, conv_vd)
 #define ROWS_float rows_f32
 #define ROWS_double rows_f64
 #define GATHER_float gather_f32
@@ -299,16 +319,22 @@ static void plan(conv_job_t *j) {
 
 /* between a block [rows, nb*L] (row o: the block's samples side by side) and
  * the samples [n][rows][L]: outputs (rows = O), or a direct convolution's
- * inputs (rows = C, where the columns are the image) */
+ * inputs (rows = C, where the columns are the image). Rows of L elements are
+ * short where blocks are used at all (L = 4..64: a memcpy call per row cost
+ * more than the copy), so they are copied by ROWS_ without calls. */
 static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t nbk, int64_t rows, int to_block) {
   int64_t l = j->g.l, ld = nbk * l;
-  size_t row = (size_t)l * j->es;
-  for (int64_t s = 0; s < nbk; s++)
-    for (int64_t o = 0; o < rows; o++) {
-      char *bp = block + (size_t)(o * ld + s * l) * j->es, *sp = samples + (size_t)((s * rows + o) * l) * j->es;
-      if (to_block) memcpy(bp, sp, row);
-      else memcpy(sp, bp, row);
+  for (int64_t s = 0; s < nbk; s++) {
+    char *bp = block + (size_t)(s * l) * j->es, *sp = samples + (size_t)(s * rows * l) * j->es;
+    /* as rows_f32's oh rows of ow = L, `step` apart in the source */
+    if (j->dt == RH_F32) {
+      if (to_block) copy_rows_f32((float *)bp, ld, (const float *)sp, l, rows, l);
+      else copy_rows_f32((float *)sp, l, (const float *)bp, ld, rows, l);
+    } else {
+      if (to_block) copy_rows_f64((double *)bp, ld, (const double *)sp, l, rows, l);
+      else copy_rows_f64((double *)sp, l, (const double *)bp, ld, rows, l);
     }
+  }
 }
 
 /* a part's scratch: columns for nb samples, a block of outputs / output
