@@ -326,9 +326,12 @@ static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, c
  * while ours did im2col, and ours while it did GEMM, wasted both cores). Within
  * a range, `nb` samples at a time share one GEMM ([og, kg] x [kg, nb*L]): small
  * feature maps (ResNet's later stages, L = 4..64) make one sample's product
- * too thin for BLAS to run well. One part (a batch of one, or one thread)
- * splits each product over the pool instead (rh__gemm). */
-#define CONV_BLOCK_COLS 1024         /* nb*L this wide is enough for GEMM */
+ * too thin for BLAS to run well. From L = 256 on (16x16 maps) a sample is
+ * its own product: the copies into and out of a block cost more than the
+ * wider GEMM saved (a ResNet shard at 16x16: 7.8 -> 6.5 ms with 1024 -> 256;
+ * 128 made the 8x8 stage's products too thin). One part (a batch of one, or
+ * one thread) splits each product over the pool instead (rh__gemm). */
+#define CONV_BLOCK_COLS 256          /* nb*L this wide is enough for GEMM */
 #define CONV_BLOCK_BYTES (8ll << 20) /* a part's column buffer beyond one sample */
 
 typedef struct conv_job conv_job_t;
