@@ -91,6 +91,32 @@ describe("autograd memory", function()
     assert.is_true(peak ~= nil and peak <= 24 * 2 ^ 20, "live tensor bytes reached " .. tostring(peak))
   end)
 
+  it("frees a backward's spent gradients at once, not at the next collection", function()
+    -- 12 ReLUs over 256 KiB: the forward saves 12 activations (3 MiB, under
+    -- the collector's 4 MiB floor, so no collection runs); each node's
+    -- gradient is the engine's own and is freed once the next node read it,
+    -- so the backward holds about two at a time, not all 12
+    local path = S.write([==[
+      local tensor = require "tensor"
+      collectgarbage()
+      local x = tensor.randn(65536, {requires_grad = true})
+      local y = x
+      for _ = 1, 12 do y = y:relu() end
+      local loss = y:sum()
+      collectgarbage("stop")
+      local before = tensor.live_bytes()
+      tensor.reset_max_live_bytes()
+      loss:backward()
+      print("rise " .. (tensor.max_live_bytes() - before))
+      print("grad " .. x.grad:sum():item())
+    ]==])
+    local r = S.run({path}, {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local rise = tonumber(r.out:match("rise (%d+)"))
+    assert.is_true(rise ~= nil and rise <= 4 * 262144, "backward's live tensor bytes rose by " .. tostring(rise))
+    assert.is_truthy(r.out:match("grad %d"))
+  end)
+
   it("stays flat over many distributed autograd contexts on every worker", function()
     local r = S.world(3, S.prelude .. WORKER .. [==[
       local optim = require "optim"

@@ -96,6 +96,21 @@ describe("autograd", function()
     assert.is_false(v.is_leaf)
     assert.truthy(tostring(v):find("grad_fn=<MulBackward0>", 1, true))
   end)
+
+  it("adds a further gradient into .grad in place, as PyTorch's AccumulateGrad", function()
+    local x = tensor.ones(3, {requires_grad = true})
+    local function step() (x:relu() * 2):sum():backward() end
+    step()
+    local g = x.grad
+    step()
+    assert.is_true(rawequal(g, x.grad))
+    assert.are.same({4, 4, 4}, g:totable())
+    -- a .grad of another dtype (set by hand) is replaced by the sum
+    x.grad = tensor.ones(3, {dtype = tensor.float64})
+    step()
+    assert.is_false(rawequal(g, x.grad))
+    assert.are.same({3, 3, 3}, x.grad:totable())
+  end)
 end)
 
 describe("nn and optim", function()

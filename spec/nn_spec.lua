@@ -490,9 +490,8 @@ describe("nn kernels over a batch equal them sample by sample", function()
       if rgb then close("bias gradient", gb, rgb) end
     end)
   end
-  -- kernels of up to 64 taps read their padding ranges from a table made per
-  -- sample, larger ones compute them per row: a 9x9 kernel that is zero outside
-  -- its middle 3x3 is that 3x3 kernel with 3 less padding
+  -- a 9x9 kernel that is zero outside its middle 3x3 is that 3x3 kernel with
+  -- 3 less padding (the padded copy's border, read by 81 taps)
   it("Conv2d of 81 taps equals the 3x3 kernel inside it", function()
     tensor.manual_seed(13)
     local w3 = tensor.randn(4, 3, 3, 3)
@@ -512,6 +511,112 @@ describe("nn kernels over a batch equal them sample by sample", function()
     close("output", y9, y3)
     close("input gradient", g9, g3)
   end)
+end)
+
+-- The column matrix (host/tensor/nn_conv.c) is gathered through an offset
+-- table for narrow outputs (under 16 wide: AVX-512 gathers for float32) and
+-- copied row by row for wide ones (vectors for stride 1, a loop of its own for
+-- stride 2); col2im adds back the same two ways. Here each geometry is checked
+-- against convolution done tap by tap with tensor ops (a strided slice of the
+-- zero-padded input times the tap's [O, C] weights), and the gradients by the
+-- adjoint identities <y, gy> = <x, gx> = <w, gw> (a convolution is linear in
+-- each).
+describe("convolution's column paths against a tap-by-tap reference", function()
+  local F = nn.functional
+  local function reference(x, w, stride, pad, dil)
+    local n, c, h, wd = x:size(1), x:size(2), x:size(3), x:size(4)
+    local o, kh, kw = w:size(1), w:size(3), w:size(4)
+    local xp = tensor.zeros({n, c, h + 2 * pad, wd + 2 * pad}, {dtype = x.dtype})
+    xp:narrow(3, pad + 1, h):narrow(4, pad + 1, wd):copy_(x)
+    local oh = math.floor((h + 2 * pad - dil * (kh - 1) - 1) / stride) + 1
+    local ow = math.floor((wd + 2 * pad - dil * (kw - 1) - 1) / stride) + 1
+    local function at(start, count)
+      local idx = {}
+      for i = 1, count do idx[i] = start + (i - 1) * stride - 1 end
+      return tensor.tensor(idx, {dtype = tensor.int64}) + 1
+    end
+    local y = tensor.zeros({n, oh, ow, o}, {dtype = x.dtype})
+    for ki = 0, kh - 1 do
+      for kj = 0, kw - 1 do
+        local patch = xp:index_select(3, at(ki * dil + 1, oh)):index_select(4, at(kj * dil + 1, ow))
+        y = y + patch:permute(1, 3, 4, 2):contiguous():matmul(w:select(3, ki + 1):select(3, kj + 1):t())
+      end
+    end
+    return y:permute(1, 4, 2, 3):contiguous()
+  end
+  local function dot(a, b) return (a:double() * b:double()):sum():item() end
+  for _, case in ipairs{
+    -- n, c, h, w, o, k, stride, padding, dilation
+    {"wide rows with a tail (37), padded", {3, 3, 11, 37, 4, 3, 1, 1, 1}},
+    {"wide rows, stride 2 (the stem's 7x7)", {2, 3, 40, 38, 5, 7, 2, 3, 1}},
+    {"wide rows, dilation 2", {2, 4, 19, 40, 3, 3, 1, 2, 2}},
+    {"narrow rows (gathered), padded", {5, 6, 4, 4, 7, 3, 1, 1, 1}},
+    {"narrow rows of 15 (a gather's masked tail)", {2, 3, 6, 15, 4, 3, 1, 1, 1}},
+    {"1x1 stride 2 (gathered)", {4, 8, 9, 9, 6, 1, 2, 0, 1}},
+    {"2x2 maps (ResNet's last stage)", {8, 16, 2, 2, 8, 3, 1, 1, 1}},
+  } do
+    for _, dt in ipairs{tensor.float32, tensor.float64} do
+      it(case[1] .. ", " .. (dt == tensor.float32 and "float32" or "float64"), function()
+        local n, c, h, wd, o, k, stride, pad, dil = table.unpack(case[2])
+        tensor.manual_seed(21)
+        local x = tensor.randn({n, c, h, wd}, {dtype = dt, requires_grad = true})
+        local w = tensor.randn({o, c, k, k}, {dtype = dt, requires_grad = true})
+        local y = F.conv2d(x, w, {stride = stride, padding = pad, dilation = dil})
+        local want = reference(x:detach(), w:detach(), stride, pad, dil)
+        local tol = dt == tensor.float32 and 1e-4 or 1e-10
+        local err = (y:detach() - want):abs():max():item()
+        assert.is_true(err <= tol * math.max(1, want:abs():max():item()), "output differs by " .. err)
+        local gy = tensor.randn(y:size(), {dtype = dt})
+        y:backward(gy)
+        local yg = dot(y:detach(), gy)
+        for what, pair in pairs{input = {x:detach(), x.grad}, weight = {w:detach(), w.grad}} do
+          local got = dot(pair[1], pair[2])
+          assert.is_true(math.abs(got - yg) <= tol * 10 * math.max(1, math.abs(yg)),
+            ("<%s, its gradient> = %g, <y, gy> = %g"):format(what, got, yg))
+        end
+      end)
+    end
+  end
+end)
+
+-- Batch norm's float32 statistics are summed in float32 vector lanes folded
+-- into double every 256 terms (host/tensor/nn_norm.c), short maps a whole row
+-- of channels at a time: they must stay as close to the float64 answer as
+-- double sums were, for long and short maps, many channels of short maps
+-- (several row chunks), large batches (several folds) and a mean far from 0.
+describe("batch norm in float32 against float64", function()
+  local F = nn.functional
+  local function run(x, w, b, g)
+    local rm, rv = tensor.zeros({x:size(2)}, {dtype = x.dtype}), tensor.ones({x:size(2)}, {dtype = x.dtype})
+    x = x:detach()
+    x.requires_grad, w.requires_grad, b.requires_grad = true, true, true
+    local y = F.batch_norm(x, rm, rv, {weight = w, bias = b, training = true})
+    y:backward(g)
+    return {y = y:detach(), gx = x.grad, gw = w.grad, gb = b.grad, rm = rm, rv = rv}
+  end
+  for _, case in ipairs{
+    {"maps of 33x31, mean 100", {4, 5, 33, 31}, 100},
+    {"4x4 maps", {8, 16, 4, 4}, 0},
+    {"2x2 maps over 300 channels (three row chunks)", {8, 300, 2, 2}, 3},
+    {"a batch of 600 of 1x3 maps (folds across rows)", {600, 7, 1, 3}, 0},
+    {"BatchNorm1d over 64 x 20, mean 5", {64, 20}, 5},
+  } do
+    it(case[1], function()
+      tensor.manual_seed(31)
+      -- the same values both ways (float32's)
+      local x = (tensor.randn(case[2], f64) * 2 + case[3]):float():double()
+      local c = case[2][2]
+      local w, b = tensor.randn({c}):double(), tensor.randn({c}):double()
+      local g = tensor.randn(case[2]):double()
+      local want = run(x, w:clone(), b:clone(), g)
+      local got = run(x:float(), w:float(), b:float(), g:float())
+      for _, k in ipairs{"y", "gx", "gw", "gb", "rm", "rv"} do
+        local err = (got[k]:double() - want[k]):abs():max():item()
+        local scale = want[k]:abs():max():item()
+        assert.is_true(err <= 2e-6 * math.max(scale, 1), ("%s differs by %g (of %g)"):format(k, err, scale))
+      end
+    end)
+  end
 end)
 
 -- ReLU's backward is one C pass (host/tensor/nn_act.c) for contiguous host
