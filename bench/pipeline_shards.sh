@@ -21,19 +21,16 @@ while [ "$r" -le "$ROUNDS" ]; do
   /usr/bin/python3 bench/torch_pipeline_shards.py "$MB" >> "$T.p" || exit 1
   r=$((r + 1))
 done
+# med FILE TAG CASE: the median over rounds of the TAG lines for CASE, in ms
+med() {
+  grep "^$2 $3 " "$1" | awk '{print $3}' | sort -g |
+    awk '{v[NR] = $1} END { printf "%.2f", v[int((NR + 1) / 2)] * 1e3 }'
+}
 echo "| case (micro-batch $MB, 1 thread) | rpchost best ms | pytorch best ms | pytorch/rpchost | rpchost median ms | pytorch median ms | rpchost CPU ms | pytorch CPU ms |"
 echo "|---|---|---|---|---|---|---|---|"
-awk 'function med(side, k,   n, i, j, v, a) {
-       n = cnt[side, k]
-       for (i = 1; i <= n; i++) a[i] = t[side, k, i]
-       for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
-       return a[int((n + 1) / 2)]
-     }
-     FNR == 1 { side++ }
-     /^RESULT/ { k = $2; sub(/_med_s$/, "", k); if (side == 1 && !(k in seen)) { seen[k] = 1; order[++nk] = k }
-                 t[side, k, ++cnt[side, k]] = $3 }
-     /^CPU|^BEST/ { t[side, $1 " " $2, ++cnt[side, $1 " " $2]] = $3 }
-     END { for (i = 1; i <= nk; i++) { k = order[i]; r = med(1, "BEST " k); p = med(2, "BEST " k)
-             printf "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", k, r * 1e3, p * 1e3, p / r,
-                    med(1, k) * 1e3, med(2, k) * 1e3, med(1, "CPU " k) * 1e3, med(2, "CPU " k) * 1e3 } }' "$T.r" "$T.p"
+for k in shard1_fwd_bwd shard2_fwd_bwd shard2_fwd; do
+  rb=$(med "$T.r" BEST $k); pb=$(med "$T.p" BEST $k)
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' $k "$rb" "$pb" "$(echo "$pb $rb" | awk '{printf "%.2f", $1 / $2}')" \
+    "$(med "$T.r" RESULT ${k}_med_s)" "$(med "$T.p" RESULT ${k}_med_s)" "$(med "$T.r" CPU $k)" "$(med "$T.p" CPU $k)"
+done
 rm -f "$T.r" "$T.p"

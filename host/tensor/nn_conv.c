@@ -118,54 +118,36 @@ static void scatter_add_f64(double *restrict dst, const double *restrict src, co
 #define SCATTER_ADD_float scatter_add_f32
 #define SCATTER_ADD_double scatter_add_f64
 
-/* the row path: oh rows of ow elements, `step` apart in the padded plane, sx
- * apart within a row. Stride 1 copies in 64-byte vectors written out (a
- * memcpy call per 16-element row was a third of the copy's time) */
+/* n rows of len elements from src (rows sld apart, elements sx apart) to dst
+ * (rows dld apart): im2col's row path (the padded plane's rows into a column
+ * row) and the GEMM blocks' copies. Stride 1 copies in 64-byte vectors
+ * written out (a memcpy call per 16-element row was a third of the copy's
+ * time) */
 typedef float conv_vf __attribute__((vector_size(64)));
 typedef double conv_vd __attribute__((vector_size(64)));
 #define ROWS_FN(NAME, T, VT)                                                                            \
-  ROWS_TARGETS static void NAME(T *restrict dst, const T *restrict src, int64_t oh, int64_t ow,         \
-                                  int64_t step, int64_t sx) {                                          \
-    enum { NL = sizeof(VT) / sizeof(T) };                                                              \
-    for (int64_t oy = 0; oy < oh; oy++) {                                                              \
-      const T *s = src + oy * step;                                                                    \
-      T *d = dst + oy * ow;                                                                            \
-      int64_t ox = 0;                                                                                  \
-      if (sx == 1) {                                                                                   \
-        for (; ox + NL <= ow; ox += NL) {                                                              \
-          VT v;                                                                                        \
-          memcpy(&v, s + ox, sizeof v);                                                                \
-          memcpy(d + ox, &v, sizeof v);                                                                \
-        }                                                                                              \
-        for (; ox < ow; ox++) d[ox] = s[ox];                                                           \
-      } else if (sx == 2)                                                                              \
-        for (; ox < ow; ox++) d[ox] = s[2 * ox];                                                       \
-      else                                                                                             \
-        for (; ox < ow; ox++) d[ox] = s[ox * sx];                                                      \
-    }                                                                                                  \
-  }
-ROWS_FN(rows_f32, float, conv_vf)
-ROWS_FN(rows_f64, double, conv_vd)
-
-/* n rows of len elements from src (rows sld apart) to dst (dld apart) */
-#define COPY_ROWS_FN(NAME, T, VT)                                                                       \
   ROWS_TARGETS static void NAME(T *restrict dst, int64_t dld, const T *restrict src, int64_t sld, int64_t n, \
-                                int64_t len) {                                                         \
+                                int64_t len, int64_t sx) {                                             \
     enum { NL = sizeof(VT) / sizeof(T) };                                                              \
     for (int64_t r = 0; r < n; r++) {                                                                  \
       const T *s = src + r * sld;                                                                      \
       T *d = dst + r * dld;                                                                            \
       int64_t i = 0;                                                                                   \
-      for (; i + NL <= len; i += NL) {                                                                 \
-        VT v;                                                                                          \
-        memcpy(&v, s + i, sizeof v);                                                                   \
-        memcpy(d + i, &v, sizeof v);                                                                   \
-      }                                                                                                \
-      for (; i < len; i++) d[i] = s[i];                                                                \
+      if (sx == 1) {                                                                                   \
+        for (; i + NL <= len; i += NL) {                                                               \
+          VT v;                                                                                        \
+          memcpy(&v, s + i, sizeof v);                                                                 \
+          memcpy(d + i, &v, sizeof v);                                                                 \
+        }                                                                                              \
+        for (; i < len; i++) d[i] = s[i];                                                              \
+      } else if (sx == 2)                                                                              \
+        for (; i < len; i++) d[i] = s[2 * i];                                                          \
+      else                                                                                             \
+        for (; i < len; i++) d[i] = s[i * sx];                                                         \
     }                                                                                                  \
   }
-COPY_ROWS_FN(copy_rows_f32, float, conv_vf)
-COPY_ROWS_FN(copy_rows_f64, double, conv_vd)
+ROWS_FN(rows_f32, float, conv_vf)
+ROWS_FN(rows_f64, double, conv_vd)
 #define ROWS_float rows_f32
 #define ROWS_double rows_f64
 #define GATHER_float gather_f32
@@ -180,7 +162,7 @@ COPY_ROWS_FN(copy_rows_f64, double, conv_vd)
       const T *src = xp + (r / taps) * j->hp * j->wp + tap_offset(j, r % taps);                        \
       T *dst = col + r * j->ld;                                                                        \
       if (j->base) GATHER_##T(dst, src, j->base, l);                                                   \
-      else ROWS_##T(dst, src, j->oh, j->ow, j->p->stride[0] * j->wp, j->p->stride[1]);                 \
+      else ROWS_##T(dst, j->ow, src, j->p->stride[0] * j->wp, j->oh, j->ow, j->p->stride[1]);          \
     }                                                                                                  \
   } while (0)
 
@@ -373,18 +355,17 @@ static void plan(conv_job_t *j) {
  * the samples [n][rows][L]: outputs (rows = O), or a direct convolution's
  * inputs (rows = C, where the columns are the image). Rows of L elements are
  * short where blocks are used at all (L = 4..64: a memcpy call per row cost
- * more than the copy), so they are copied by ROWS_ without calls. */
+ * more than the copy), so they are copied by rows_f32/f64 without calls. */
 static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t nbk, int64_t rows, int to_block) {
   int64_t l = j->g.l, ld = nbk * l;
   for (int64_t s = 0; s < nbk; s++) {
     char *bp = block + (size_t)(s * l) * j->es, *sp = samples + (size_t)(s * rows * l) * j->es;
-    /* as rows_f32's oh rows of ow = L, `step` apart in the source */
     if (j->dt == RH_F32) {
-      if (to_block) copy_rows_f32((float *)bp, ld, (const float *)sp, l, rows, l);
-      else copy_rows_f32((float *)sp, l, (const float *)bp, ld, rows, l);
+      if (to_block) rows_f32((float *)bp, ld, (const float *)sp, l, rows, l, 1);
+      else rows_f32((float *)sp, l, (const float *)bp, ld, rows, l, 1);
     } else {
-      if (to_block) copy_rows_f64((double *)bp, ld, (const double *)sp, l, rows, l);
-      else copy_rows_f64((double *)sp, l, (const double *)bp, ld, rows, l);
+      if (to_block) rows_f64((double *)bp, ld, (const double *)sp, l, rows, l, 1);
+      else rows_f64((double *)sp, l, (const double *)bp, ld, rows, l, 1);
     }
   }
 }
