@@ -3,12 +3,16 @@
  * slow_conv2d does), the batch split over the thread pool (see plan()). A
  * part's column buffer holds a few samples' worth at most, so memory stays near
  * the size of the output. A 1x1 kernel with stride 1 and no padding reads the
- * input itself as its columns. */
+ * input itself as its columns; other columns are read from a zero-padded copy
+ * of each sample (see the column matrix below). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "nn.h"
 #include "tensor_internal.h"
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h> /* the AVX-512 gathers of im2col and col2im (chosen at run time) */
+#endif
 
 int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode) {
   int64_t num = in + 2 * pad - (dil * (k - 1) + 1);
@@ -66,7 +70,6 @@ static int64_t tap_offset(const cols_job_t *j, int64_t tap) {
   }
 GATHER_FN(gather_f64, double)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
 /* float32 through the AVX-512 gather instruction (GCC's vectorizer emulates
  * gathers with inserts under its generic tuning: 2x slower), chosen at load time */
 GATHER_FN(gather_f32_auto, float)
