@@ -44,6 +44,40 @@ local ORDER = [[
   rpc.shutdown()
 ]]
 
+-- For the scripts: cpu(), the CPU seconds a rank used so far (utime + stime,
+-- /proc/self/stat); fails_unreachable(fut, since, secs), which checks that the
+-- pending call fut fails as unreachable within secs of since.
+local CPU = [[
+  function fails_unreachable(fut, since, secs)
+    local ok, err = pcall(fut.wait, fut)
+    local noticed = require("rpchost.sched").now() - since
+    check("the pending call fails as unreachable", not ok and err.kind == "unreachable", err)
+    check(("within %g s"):format(secs), noticed < secs, noticed)
+  end
+  function cpu()
+    local f = io.open("/proc/self/stat")
+    local s = f:read("*a")
+    f:close()
+    local fields = {}
+    for x in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = x end
+    return (tonumber(fields[12]) + tonumber(fields[13])) / 100
+  end
+]]
+
+-- Starts the two ranks of a world running the script at path (a store at
+-- port), plus env; returns rank 0's result once it exits.
+local function pair(path, port, env)
+  local hs = {}
+  for rk = 0, 1 do
+    local e = {RANK = rk, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RPCHOST_STORE_LINGER = 0}
+    for k, v in pairs(env or {}) do e[k] = v end
+    hs[rk] = S.start({path}, {env = e})
+  end
+  local r0 = hs[0]:wait(40)
+  hs[1]:wait(5)
+  return r0
+end
+
 describe("same-host shared-memory rings", function()
   it("carry small frames in the order sent, interleaved with big ones on the socket", function()
     local r, lines = world(2, ORDER)
@@ -105,20 +139,11 @@ describe("same-host shared-memory rings", function()
 
   it("an idle rank sleeps, and a peer killed while both sleep is noticed within 2 s", function()
     local port = S.free_port()
-    local path = S.write(S.prelude .. [[
+    local path = S.write(S.prelude .. CPU .. [[
       local core, sched = require "rpchost.core", require "rpchost.sched"
       function pid() return core.getpid() end
       function hang() sched.sleep(60) end
       function echo(x) return x end
-      -- CPU seconds this process used so far (utime + stime, /proc/self/stat)
-      function cpu()
-        local f = io.open("/proc/self/stat")
-        local s = f:read("*a")
-        f:close()
-        local fields = {}
-        for x in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = x end
-        return (tonumber(fields[12]) + tonumber(fields[13])) / 100
-      end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
         for i = 1, 3000 do rpc.rpc_sync("w1", echo, {i}) end
@@ -132,21 +157,12 @@ describe("same-host shared-memory rings", function()
         sched.sleep(0.5)
         local killed_at = sched.now()
         core.kill(victim, core.SIGKILL)
-        local waited_ok, err = pcall(pending.wait, pending)
-        local noticed = sched.now() - killed_at
-        check("the pending call fails as unreachable", not waited_ok and err.kind == "unreachable", err)
-        check("within 2 s", noticed < 2, noticed)
+        fails_unreachable(pending, killed_at, 2)
         os.exit(0)
       end
       sched.sleep(30)
     ]])
-    local hs = {}
-    for rk = 0, 1 do
-      hs[rk] = S.start({path}, {env = {RANK = rk, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
-                                      RPCHOST_STORE_LINGER = 0}})
-    end
-    local r0 = hs[0]:wait(40)
-    hs[1]:wait(5)
+    local r0 = pair(path, port)
     assert_oks(r0, S.lines(r0.out), {"over a ring", "the idle rank slept", "the pending call fails as unreachable",
                                      "within 2 s"})
   end)
@@ -157,17 +173,9 @@ describe("same-host shared-memory rings", function()
     it("polling in either mode (RPCHOST_SPIN_YIELD=" .. mode .. "), a peer that dies mid-traffic is noticed " ..
        "within 1 s, and an idle rank sleeps", function()
       local port = S.free_port()
-      local path = S.write(S.prelude .. [[
+      local path = S.write(S.prelude .. CPU .. [[
         local core, sched = require "rpchost.core", require "rpchost.sched"
         function echo(x) return x end
-        function cpu()
-          local f = io.open("/proc/self/stat")
-          local s = f:read("*a")
-          f:close()
-          local fields = {}
-          for x in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = x end
-          return (tonumber(fields[12]) + tonumber(fields[13])) / 100
-        end
         -- rank 1 keeps calling rank 0 (whose rings stay busy: it polls) and dies
         -- in the middle of it, without a word
         function chatter_then_die()
@@ -191,22 +199,12 @@ describe("same-host shared-memory rings", function()
           local used = rpc.rpc_sync("w1", cpu) - c0
           check("the idle rank slept", used < 0.3, used .. " s of CPU in 1 s idle")
           local pending = rpc.rpc_async("w1", chatter_then_die)
-          local t0 = sched.now()
-          local waited_ok, err = pcall(pending.wait, pending)
-          local noticed = sched.now() - t0
-          check("the pending call fails as unreachable", not waited_ok and err.kind == "unreachable", err)
-          check("within 1 s", noticed < 1, noticed)
+          fails_unreachable(pending, require("rpchost.sched").now(), 1)
           os.exit(0)
         end
         sched.sleep(30)
       ]])
-      local hs = {}
-      for rk = 0, 1 do
-        hs[rk] = S.start({path}, {env = {RANK = rk, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
-                                        RPCHOST_STORE_LINGER = 0, RPCHOST_SPIN_YIELD = mode}})
-      end
-      local r0 = hs[0]:wait(40)
-      hs[1]:wait(5)
+      local r0 = pair(path, port, {RPCHOST_SPIN_YIELD = mode})
       assert_oks(r0, S.lines(r0.out), {"calls are answered", "over a ring", "the idle rank slept",
                                        "the pending call fails as unreachable", "within 1 s"})
     end)
