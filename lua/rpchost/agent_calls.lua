@@ -69,7 +69,8 @@ end)
 local MAX_ARGS = 7000
 
 -- Why an args table cannot be a call's arguments (nil when it can): args.n, when
--- given, must count them, and there may not be more than MAX_ARGS.
+-- given, must count them, and there may not be more than MAX_ARGS. When they
+-- can, the count is the second result.
 local function arg_count_problem(args)
   local n = rawget(args, "n")
   if n ~= nil and (type(n) ~= "number" or n ~= math.floor(n) or n < 0) then
@@ -81,7 +82,7 @@ local function arg_count_problem(args)
     return ("args holds %d arguments (its largest index%s); a call takes at most %d"):format(
       n, rawget(args, "n") and " or args.n" or "", MAX_ARGS)
   end
-  return nil
+  return nil, n
 end
 
 local C = {async_functions = async_functions, MAX_ARGS = MAX_ARGS,
@@ -405,10 +406,10 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   -- (assigned only when they differ: a field set to nil is still a new key)
   if task.ag_ctx ~= ctx then task.ag_ctx = ctx end
   if task.grad_enabled ~= nil then task.grad_enabled = nil end
-  local t0 = trace.now_us()
+  local t0 = trace.enabled() and trace.now_us()
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
-  local bad = arg_count_problem(args)
-  local n = not bad and (args.n or table.maxn(args)) or 0
+  local bad, n = arg_count_problem(args)
+  n = n or 0
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
   if bad then
     self:send_results(to, id, rmap, false, errors.new("config", bad))
@@ -417,7 +418,7 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   else
     ran(self, to, id, fn, rmap, xpcall(fn, sched.traceback, unpack(args, 1, n)))
   end
-  if trace.enabled() then
+  if t0 then
     local from = self.peers[self:rank_of(to) or -1]
     trace.complete("run " .. describe_fn(fn), "rpc", t0, trace.now_us() - t0,
                    {from = from and from.name, id = id, queued_us = queued_at and (t0 - queued_at) or nil})
