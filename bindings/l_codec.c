@@ -48,6 +48,7 @@ typedef struct {
   msgpack_sbuffer buf;
   msgpack_packer pk;
   const char *root;
+  int root_index; /* > 0: the value is root[root_index] (one of several under one name) */
   path_elem_t path[MAX_DEPTH_LIMIT + 2];
   int depth;
 } enc_t;
@@ -67,6 +68,10 @@ static void push_path(enc_t *e) {
   luaL_buffinit(L, &b);
   luaL_addstring(&b, e->root);
   char tmp[64];
+  if (e->root_index > 0) {
+    snprintf(tmp, sizeof tmp, "[%d]", e->root_index);
+    luaL_addstring(&b, tmp);
+  }
   for (int i = 0; i < e->depth; i++) {
     path_elem_t *p = &e->path[i];
     if (p->is_key == 1) {
@@ -289,15 +294,15 @@ static void enc_value(enc_t *e, int idx) {
 static int l_encode(lua_State *L) {
   int n = lua_gettop(L) - 1;
   enc_t *e = enc_take(L);
-  char rootbuf[80];
   for (int i = 0; i < n; i++) {
     e->root = "value";
+    e->root_index = 0;
     if (lua_type(L, 1) == LUA_TSTRING) {
       e->root = lua_tostring(L, 1);
-      if (n > 1) { /* several values under one name: result[1], result[2]... */
-        snprintf(rootbuf, sizeof rootbuf, "%.60s[%d]", e->root, i + 1);
-        e->root = rootbuf;
-      }
+      /* several values under one name: result[1], result[2]... (the index is
+       * written into the path only if an error needs it: a formatted name per
+       * value was a tenth of a collective step's instructions) */
+      if (n > 1) e->root_index = i + 1;
     }
     else if (lua_type(L, 1) == LUA_TTABLE) {
       lua_rawgeti(L, 1, i + 1);

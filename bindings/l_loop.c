@@ -20,13 +20,13 @@ static int l_run(lua_State *L) {
 
 /* yield_cpu(): gives the core to another runnable process (sched_yield): a
  * rank that polls with nothing to do steps aside for the rank it waits for,
- * which may share its core */
+ * which may share its core (when it may: rh_net_polite) */
 static int l_yield_cpu(lua_State *L) {
   (void)L;
   rh_net_t *net = &rh_ctx()->net;
   /* (once per turn: the rings' poll may have stepped aside in this turn already) */
   if (net->ring_yielded) net->ring_yielded = 0;
-  else sched_yield();
+  else if (rh_net_polite(net, uv_hrtime())) sched_yield();
   return 0;
 }
 

@@ -2,11 +2,13 @@
  * Lua library, and hands the command line to lua/rpchost/cli.lua, which
  * implements the interpreter front end, the launcher and the REPL. */
 #include <malloc.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "rh_lua.h"
 #include "tensor/tensor.h"
@@ -58,6 +60,23 @@ int rh_callback(int nargs, int nresults) {
     lua_pop(L, 1);
   }
   return rc;
+}
+
+/* Whether a rank that polls with nothing to do always gives its core away
+ * (sched_yield; host/net/conn_ring.c): RPCHOST_SPIN_YIELD=1 or 0, else yes
+ * when this host's ranks (LOCAL_WORLD_SIZE from `rpchost run`, Open MPI's
+ * local size under mpirun) outnumber its cores, or are not known: they may
+ * share a core, and a rank that polls on holds the core the rank it waits for
+ * needs. Otherwise it yields only while other processes contend for its core. */
+static int spin_yield(void) {
+  const char *y = getenv("RPCHOST_SPIN_YIELD");
+  if (y && *y) return atoi(y) != 0;
+  const char *lws = getenv("LOCAL_WORLD_SIZE");
+  if (!lws || !*lws) lws = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (!lws || !*lws || atoi(lws) < 1) return 1;
+  cpu_set_t set;
+  int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  return atoi(lws) > ncpu;
 }
 
 /* Incoming frame segments are read straight into tensor storages. */
@@ -162,6 +181,7 @@ int rh_lua_main(int argc, char **argv) {
    * traffic before it sleeps (host/net/conn_ring.c): the scheduler's spin window */
   const char *spin = getenv("RPCHOST_SPIN_US");
   if (spin && *spin && strtod(spin, NULL) >= 0) ctx->net.ring_spin_ns = (uint64_t)(strtod(spin, NULL) * 1000);
+  ctx->net.ring_yield = spin_yield();
   ctx->net.seg_alloc = seg_alloc;
   ctx->net.seg_free = seg_free;
   lua_State *L = luaL_newstate();

@@ -51,6 +51,12 @@ describe("codec", function()
     local ok, e = pcall(codec.encode, {"func", "args"}, print, {1, {deep = {io.stdout}}})
     assert.is_false(ok)
     assert.truthy(e.message:find("args[2].deep[1]", 1, true), e.message)
+    -- several values under one name: the bad one by its place among them
+    ok, e = pcall(codec.encode, "result", 1, {k = {coroutine.create(print)}})
+    assert.is_false(ok)
+    assert.truthy(e.message:find("result[2].k[1]", 1, true), e.message)
+    ok, e = pcall(codec.encode, "result", io.stdout)
+    assert.truthy(e.message:find("result: ", 1, true), e.message)
     local t = {}
     for _ = 1, 40 do t = {t} end
     ok, e = pcall(codec.encode, "args", t)

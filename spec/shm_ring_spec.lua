@@ -2,7 +2,8 @@
 -- small frames through a pair of rings in one memory file, offered in the
 -- handshake; big frames and descriptors still take the Unix-domain socket, in
 -- order with the ring's frames. A corrupt ring closes that connection (never the
--- rank), a dead peer is noticed by the socket's end, an idle rank sleeps, and
+-- rank), a dead peer is noticed by the socket's end (also while its peer polls,
+-- in either polling mode: RPCHOST_SPIN_YIELD), an idle rank sleeps, and
 -- RPCHOST_SHM_RING=0 keeps everything on the socket.
 local S = require "spec.support"
 
@@ -42,6 +43,40 @@ local ORDER = [[
   dist.destroy_process_group()
   rpc.shutdown()
 ]]
+
+-- For the scripts: cpu(), the CPU seconds a rank used so far (utime + stime,
+-- /proc/self/stat); fails_unreachable(fut, since, secs), which checks that the
+-- pending call fut fails as unreachable within secs of since.
+local CPU = [[
+  function fails_unreachable(fut, since, secs)
+    local ok, err = pcall(fut.wait, fut)
+    local noticed = require("rpchost.sched").now() - since
+    check("the pending call fails as unreachable", not ok and err.kind == "unreachable", err)
+    check(("within %g s"):format(secs), noticed < secs, noticed)
+  end
+  function cpu()
+    local f = io.open("/proc/self/stat")
+    local s = f:read("*a")
+    f:close()
+    local fields = {}
+    for x in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = x end
+    return (tonumber(fields[12]) + tonumber(fields[13])) / 100
+  end
+]]
+
+-- Starts the two ranks of a world running the script at path (a store at
+-- port), plus env; returns rank 0's result once it exits.
+local function pair(path, port, env)
+  local hs = {}
+  for rk = 0, 1 do
+    local e = {RANK = rk, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RPCHOST_STORE_LINGER = 0}
+    for k, v in pairs(env or {}) do e[k] = v end
+    hs[rk] = S.start({path}, {env = e})
+  end
+  local r0 = hs[0]:wait(40)
+  hs[1]:wait(5)
+  return r0
+end
 
 describe("same-host shared-memory rings", function()
   it("carry small frames in the order sent, interleaved with big ones on the socket", function()
@@ -104,20 +139,11 @@ describe("same-host shared-memory rings", function()
 
   it("an idle rank sleeps, and a peer killed while both sleep is noticed within 2 s", function()
     local port = S.free_port()
-    local path = S.write(S.prelude .. [[
+    local path = S.write(S.prelude .. CPU .. [[
       local core, sched = require "rpchost.core", require "rpchost.sched"
       function pid() return core.getpid() end
       function hang() sched.sleep(60) end
       function echo(x) return x end
-      -- CPU seconds this process used so far (utime + stime, /proc/self/stat)
-      function cpu()
-        local f = io.open("/proc/self/stat")
-        local s = f:read("*a")
-        f:close()
-        local fields = {}
-        for x in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = x end
-        return (tonumber(fields[12]) + tonumber(fields[13])) / 100
-      end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
         for i = 1, 3000 do rpc.rpc_sync("w1", echo, {i}) end
@@ -131,22 +157,56 @@ describe("same-host shared-memory rings", function()
         sched.sleep(0.5)
         local killed_at = sched.now()
         core.kill(victim, core.SIGKILL)
-        local waited_ok, err = pcall(pending.wait, pending)
-        local noticed = sched.now() - killed_at
-        check("the pending call fails as unreachable", not waited_ok and err.kind == "unreachable", err)
-        check("within 2 s", noticed < 2, noticed)
+        fails_unreachable(pending, killed_at, 2)
         os.exit(0)
       end
       sched.sleep(30)
     ]])
-    local hs = {}
-    for rk = 0, 1 do
-      hs[rk] = S.start({path}, {env = {RANK = rk, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
-                                      RPCHOST_STORE_LINGER = 0}})
-    end
-    local r0 = hs[0]:wait(40)
-    hs[1]:wait(5)
+    local r0 = pair(path, port)
     assert_oks(r0, S.lines(r0.out), {"over a ring", "the idle rank slept", "the pending call fails as unreachable",
                                      "within 2 s"})
   end)
+
+  -- RPCHOST_SPIN_YIELD=0: a rank polls its rings in bursts with no system call
+  -- (what it does when its ranks fit the host's cores); 1: it yields every turn
+  for _, mode in ipairs({"0", "1"}) do
+    it("polling in either mode (RPCHOST_SPIN_YIELD=" .. mode .. "), a peer that dies mid-traffic is noticed " ..
+       "within 1 s, and an idle rank sleeps", function()
+      local port = S.free_port()
+      local path = S.write(S.prelude .. CPU .. [[
+        local core, sched = require "rpchost.core", require "rpchost.sched"
+        function echo(x) return x end
+        -- rank 1 keeps calling rank 0 (whose rings stay busy: it polls) and dies
+        -- in the middle of it, without a word
+        function chatter_then_die()
+          sched.spawn(function()
+            for i = 1, 1e9 do
+              rpc.rpc_async("w0", echo, {i})
+              if i % 50 == 0 then sched.sleep(0) end
+              if i == 2000 then core.kill(core.getpid(), core.SIGKILL) end
+            end
+          end, {name = "chatter"})
+          sched.sleep(60)
+        end
+        rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+        if rank == 0 then
+          local sum = 0
+          for i = 1, 3000 do sum = sum + rpc.rpc_sync("w1", echo, {i}) end
+          check("calls are answered", sum == 3000 * 3001 / 2)
+          check("over a ring", rpc._agent().peers[1].conn:has_ring())
+          local c0 = rpc.rpc_sync("w1", cpu)
+          sched.sleep(1)
+          local used = rpc.rpc_sync("w1", cpu) - c0
+          check("the idle rank slept", used < 0.3, used .. " s of CPU in 1 s idle")
+          local pending = rpc.rpc_async("w1", chatter_then_die)
+          fails_unreachable(pending, require("rpchost.sched").now(), 1)
+          os.exit(0)
+        end
+        sched.sleep(30)
+      ]])
+      local r0 = pair(path, port, {RPCHOST_SPIN_YIELD = mode})
+      assert_oks(r0, S.lines(r0.out), {"calls are answered", "over a ring", "the idle rank slept",
+                                       "the pending call fails as unreachable", "within 1 s"})
+    end)
+  end
 end)

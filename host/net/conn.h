@@ -59,9 +59,20 @@ struct rh_net_s {
   uint64_t ring_spin_ns;        /* how long to poll after it (RPCHOST_SPIN_US) */
   int spinning, ring_found;
   int ring_yielded; /* the rings' poll gave the core away this turn (sched_yield) */
+  /* How a polling rank treats its core (conn_ring.c, rh_net_polite): it gives
+   * the core away on every empty turn (sched_yield) when this host's ranks may
+   * outnumber its cores (ring_yield, RPCHOST_SPIN_YIELD; l_main.c), or while
+   * other processes are taking the core from it (contended: the thread was
+   * switched out involuntarily within the last CONTENTION_NS); otherwise it
+   * polls the rings alone, without a system call, for bursts. */
+  int ring_yield, contended;
+  uint64_t csw_at, csw_last; /* when the switches were last counted, and how many */
 };
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);
+/* Whether a rank that polls with nothing to do should give its core away now
+ * (see ring_yield above); `now` is uv_hrtime(). */
+int rh_net_polite(rh_net_t *net, uint64_t now);
 void rh_net_close(rh_net_t *net);
 /* Writes all queued output now (also done automatically before each poll). */
 void rh_net_flush(rh_net_t *net);

@@ -17,8 +17,16 @@
  * each poll (the net's prepare handle). While there was ring traffic within the
  * last RPCHOST_SPIN_US, an idle handle keeps the loop from blocking, so a
  * reply is seen microseconds after it is written (uv_hrtime: uv_now's 1 ms is too
- * coarse); a spin turn that finds nothing yields the core, since ranks may
- * outnumber cores. After the window, each ring's `sleeping` flag is set and the
+ * coarse). How a spin turn that finds nothing treats the core depends on who
+ * else wants it (rh_net_polite): where this host's ranks may outnumber its
+ * cores, or while other processes keep switching this one out, it yields (the
+ * rank it waits for may need the core; and the kernel favours a task that used
+ * less CPU, so a rank that polls on under contention is served last: a reply
+ * waited a whole time slice). With a core to itself it polls the rings alone,
+ * without a system call, for bursts of up to SPIN_BURST_NS between the loop's
+ * turns (each an epoll_wait): a frame is seen nanoseconds after its write, not a
+ * turn of the loop later. (Open MPI polls so, and yields when oversubscribed.)
+ * After the window, each ring's `sleeping` flag is set and the
  * ring checked once more (ring.h), and the loop blocks in epoll; a producer that
  * sees the flag sends a doorbell: a header-only frame (RH_FRAME_RING_WAKE) on
  * the socket, which wakes the loop and is swallowed here. A doorbell goes out
@@ -36,6 +44,7 @@
  * without rings, after the ring's last frames are read. */
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -48,6 +57,11 @@
 /* markers read whose socket frame has not arrived: an honest peer has at most
  * one per big frame in flight */
 #define MAX_MARKS (1u << 20)
+/* the longest a spin turn polls the rings alone (sockets and timers wait that
+ * long at most, while a ring is busy) */
+#define SPIN_BURST_NS 20000u
+/* a thread switched out involuntarily within this long is contended */
+#define CONTENTION_NS 2000000u
 
 typedef struct rh_conn_ring_s {
   rh_conn_t *c;
@@ -65,6 +79,22 @@ static void ring_fail(rh_conn_t *c, int rc) { rh__conn_end(c, rc == RH_ENOMEM ? 
 
 /* ---- spinning and sleeping ---- */
 
+int rh_net_polite(rh_net_t *net, uint64_t now) {
+  if (net->ring_yield) return 1;
+  if (now - net->csw_at >= CONTENTION_NS) {
+    /* (a yield that ran another process counts as an involuntary switch too:
+     * polite turns keep finding out whether the contention lasts) */
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0) {
+      uint64_t n = (uint64_t)ru.ru_nivcsw;
+      net->contended = net->csw_at != 0 && n != net->csw_last;
+      net->csw_last = n;
+    }
+    net->csw_at = now;
+  }
+  return net->contended;
+}
+
 static void spin_cb(uv_idle_t *h) {
   rh_net_t *net = h->data;
   /* the rings first: what arrived is handed out before this turn yields */
@@ -76,8 +106,24 @@ static void spin_cb(uv_idle_t *h) {
     return;
   }
   if (now - net->ring_last < net->ring_spin_ns) {
-    sched_yield(); /* nothing this turn: another rank on this core may have work */
-    net->ring_yielded = 1;
+    if (rh_net_polite(net, now)) {
+      sched_yield(); /* nothing this turn: another rank on this core may have work */
+      net->ring_yielded = 1;
+      return;
+    }
+    /* a core of our own: the rings alone for a moment (see the top) */
+    uint64_t until = now + SPIN_BURST_NS, end = net->ring_last + net->ring_spin_ns;
+    if (end < until) until = end;
+    while (!net->ring_found && uv_hrtime() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      rh__rings_poll(net);
+    }
+    if (net->ring_found) {
+      net->ring_found = 0;
+      net->ring_last = uv_hrtime();
+    }
     return;
   }
   /* every ring must agree to sleep: set the flags, then look once more */

@@ -69,7 +69,8 @@ end)
 local MAX_ARGS = 7000
 
 -- Why an args table cannot be a call's arguments (nil when it can): args.n, when
--- given, must count them, and there may not be more than MAX_ARGS.
+-- given, must count them, and there may not be more than MAX_ARGS. When they
+-- can, the count is the second result.
 local function arg_count_problem(args)
   local n = rawget(args, "n")
   if n ~= nil and (type(n) ~= "number" or n ~= math.floor(n) or n < 0) then
@@ -81,7 +82,7 @@ local function arg_count_problem(args)
     return ("args holds %d arguments (its largest index%s); a call takes at most %d"):format(
       n, rawget(args, "n") and " or args.n" or "", MAX_ARGS)
   end
-  return nil
+  return nil, n
 end
 
 local C = {async_functions = async_functions, MAX_ARGS = MAX_ARGS,
@@ -242,6 +243,20 @@ function C:complete_error(id, err)
   end
 end
 
+-- A decoded reply completes its future (the decoder's results arrive as
+-- arguments: the future's table of values is the only one a reply makes).
+local function response_decoded(fut, peer, flags, ok, ...)
+  codec.allow_bytecode, codec.ag_src = false, nil
+  if not ok then
+    fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
+      peer.name, tostring((...))), {worker = peer.name, rank = peer.rank}))
+  elseif bit.band(flags, proto.FLAG_ERROR) ~= 0 then
+    fut:set_error((...))
+  else
+    fut:set_packed({n = select("#", ...), ...})
+  end
+end
+
 -- A reply completes a call only when it comes from the peer (rank and
 -- incarnation) the call went to; anything else is dropped and counted.
 function C:on_response(id, flags, body, segs, from)
@@ -259,20 +274,7 @@ function C:on_response(id, flags, body, segs, from)
   local fut, peer = call.fut, call.peer
   self:recycle(call)
   codec.allow_bytecode, codec.ag_src = self.allow_bytecode, peer.rank
-  local r = pack(pcall(dec_msg, body, segs))
-  codec.allow_bytecode, codec.ag_src = false, nil
-  if not r[1] then
-    fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
-      peer.name, tostring(r[2])), {worker = peer.name, rank = peer.rank}))
-  elseif bit.band(flags, proto.FLAG_ERROR) ~= 0 then
-    fut:set_error(r[2])
-  else
-    -- the results are r[2..n]: shift them down in place (no second table per reply)
-    local n = r.n
-    for i = 2, n do r[i - 1] = r[i] end
-    r[n], r.n = nil, n - 1
-    fut:set_packed(r)
-  end
+  return response_decoded(fut, peer, flags, pcall(dec_msg, body, segs))
 end
 
 -- incoming calls ------------------------------------------------------------------------
@@ -348,25 +350,29 @@ end
 
 -- rmap: the inverse of the caller's device map (its devices by ours), if it sent one
 function C:send_reply(to, id, r, rmap)
-  local ok, body
-  if r[1] then
-    local segs
+  return self:send_results(to, id, rmap, unpack(r, 1, r.n))
+end
+
+-- The reply to call `id`: ok and the results, or false and the error (as
+-- xpcall returns them: a handler's results go out with no table made for them).
+function C:send_results(to, id, rmap, ok, ...)
+  local err = ...
+  if ok then
     local dest = self:rank_of(to)
     local caller = self.peers[dest or -1]
     codec.ag_out = task_ctx()
     reply_devices.map, reply_devices.to = rmap, caller and caller.name or "the caller"
     codec.out_devices = dest == self.rank and SAME_DEVICES or reply_devices
-    ok, body, segs = pcall(enc_msg, dest, "result", unpack(r, 2, r.n))
+    local eok, body, segs = pcall(enc_msg, dest, "result", ...)
     codec.ag_out, codec.out_devices = nil, nil
-    local big = ok and dest ~= self.rank and too_big("the result", body, segs)
-    if ok and not big then return reply(self, to, id, 0, body, segs) end
-    r = {false, errors.new("serialize", "cannot send the result back: " .. tostring(big or body)), n = 2}
+    local big = eok and dest ~= self.rank and too_big("the result", body, segs)
+    if eok and not big then return reply(self, to, id, 0, body, segs) end
+    err = errors.new("serialize", "cannot send the result back: " .. tostring(big or body))
   end
-  local err = r[2]
   if not (errors.is(err) and err.kind == "serialize") then err = self:remote_error(err)
   else err.worker = self.name; err.rank = self.rank end
-  ok, body = pcall(enc, "error", err)
-  if not ok then
+  local eok, body = pcall(enc, "error", err)
+  if not eok then
     body = enc("error", errors.new("remote", tostring(err.message), {worker = self.name, rank = self.rank}))
   end
   reply(self, to, id, proto.FLAG_ERROR, body)
@@ -387,30 +393,32 @@ local function reply_when_done(self, to, id, fut, rmap)
   end
 end
 
+-- A handler's function returned (ok, results... or false, error).
+local function ran(self, to, id, fn, rmap, ok, ...)
+  if ok and async_functions[fn] then reply_when_done(self, to, id, (...), rmap)
+  else self:send_results(to, id, rmap, ok, ...) end
+end
+
 local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   -- a request runs in its caller's autograd context, with gradient mode on
   -- (the caller's no_grad does not travel, as in PyTorch)
   local task = sched.current()
-  task.ag_ctx, task.grad_enabled = ctx, nil
-  local t0 = trace.now_us()
+  -- (assigned only when they differ: a field set to nil is still a new key)
+  if task.ag_ctx ~= ctx then task.ag_ctx = ctx end
+  if task.grad_enabled ~= nil then task.grad_enabled = nil end
+  local t0 = trace.enabled() and trace.now_us()
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
-  local bad = arg_count_problem(args)
-  local n = not bad and (args.n or table.maxn(args)) or 0
+  local bad, n = arg_count_problem(args)
+  n = n or 0
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
-  local r
   if bad then
-    r = {false, errors.new("config", bad), n = 2}
+    self:send_results(to, id, rmap, false, errors.new("config", bad))
   elseif type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
-    r = {false, ("the called value is a %s, not a function"):format(type(fn)), n = 2}
+    self:send_results(to, id, rmap, false, ("the called value is a %s, not a function"):format(type(fn)))
   else
-    r = pack(xpcall(fn, sched.traceback, unpack(args, 1, n)))
+    ran(self, to, id, fn, rmap, xpcall(fn, sched.traceback, unpack(args, 1, n)))
   end
-  if r[1] and async_functions[fn] then
-    reply_when_done(self, to, id, r[2], rmap)
-  else
-    self:send_reply(to, id, r, rmap)
-  end
-  if trace.enabled() then
+  if t0 then
     local from = self.peers[self:rank_of(to) or -1]
     trace.complete("run " .. describe_fn(fn), "rpc", t0, trace.now_us() - t0,
                    {from = from and from.name, id = id, queued_us = queued_at and (t0 - queued_at) or nil})
@@ -497,6 +505,8 @@ local function dispatch_confirmed(self, unconfirmed, to, id, ...)
   self:dispatch(to, id, ...)
 end
 
+local request_decoded
+
 function C:on_request(to, id, body, segs)
   if not self.ready then
     self.early[#self.early + 1] = {to, 0, 0, id, body, segs}
@@ -508,19 +518,22 @@ function C:on_request(to, id, body, segs)
   local from = self.peers[src or -1]
   trace.call_in(from and from.name or "?")
   local queued_at = trace.enabled() and trace.now_us() or nil
-  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, self:rank_of(to)
-  local r = pack(pcall(dec_msg, body, segs))
+  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, src
+  return request_decoded(self, to, id, queued_at, pcall(dec_msg, body, segs))
+end
+
+-- (the decoder's results arrive as arguments: no table for them)
+function request_decoded(self, to, id, queued_at, ok, fn, args, kwargs, ctx, dmap, timeout)
   codec.allow_bytecode, codec.ag_src = false, nil
   local unconfirmed = codec.unconfirmed
   codec.unconfirmed = nil
-  if not r[1] then
-    return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(r[2]), n = 2})
+  if not ok then
+    return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(fn), n = 2})
   end
-  local fn, args, kwargs, ctx = r[2], r[3], r[4], r[5]
-  local rmap = type(r[6]) == "table" and device_maps.inverse(r[6]) or nil
+  local rmap = type(dmap) == "table" and device_maps.inverse(dmap) or nil
   if type(args) ~= "table" then args = {} end
   -- (the caller's remaining timeout: past it nobody waits for the reply)
-  local timeout = tonumber(r[7])
+  timeout = tonumber(timeout)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   if unconfirmed then
     -- UserRRefs among the arguments are confirmed by their owners before the

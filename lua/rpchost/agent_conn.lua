@@ -524,7 +524,9 @@ function C:on_frame(conn, ftype, flags, id, body, ...)
     log.warn("closing a connection that sent a frame out of turn (type %d)", ftype)
     return conn:close()
   end
-  local segs = {...} -- (one table for every use below: varargs stop LuaJIT's traces)
+  -- (one table for every use below: varargs stop LuaJIT's traces; a frame
+  -- without segments, nearly every small one, shares the read-only empty list)
+  local segs = select("#", ...) == 0 and codec.EMPTY or {...}
   if shm.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
     if not ok then

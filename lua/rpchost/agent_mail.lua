@@ -12,7 +12,6 @@ local log = require "rpchost.log"
 local shm = require "rpchost.shm"
 
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
-local pack = function(...) return {n = select("#", ...), ...} end
 
 local C = {}
 local NO_MAIL = {} -- (an empty mailbox, never written)
@@ -32,13 +31,25 @@ function C:post(rank, key, ...)
   end
 end
 
+-- Whether the string key starts with prefix (no substring made: one per
+-- arriving message was a string to intern each time).
+local function has_prefix(key, prefix) return key:find(prefix, 1, true) == 1 end
+
 function C:on_message(src, body, segs)
-  local r = pack(pcall(dec_msg, body, segs))
-  if not r[1] then
-    log.warn("dropping a malformed message from rank %s: %s", tostring(src), tostring(r[2]))
+  return self:message_decoded(src, pcall(dec_msg, body, segs))
+end
+
+-- A decoded message (the decoder's results arrive as arguments): its values
+-- make the only table, the one the mailbox keeps.
+function C:message_decoded(src, ok, key, ...)
+  if not ok then
+    log.warn("dropping a malformed message from rank %s: %s", tostring(src), tostring(key))
     return
   end
-  local key = r[2]
+  if type(key) == "string" and key:byte(1) ~= 33 then -- (not "!...": a collective's or a user's)
+    return self:deliver(src, key, {n = select("#", ...), ...})
+  end
+  local r = {n = select("#", ...) + 2, true, key, ...}
   if key == "!shm_ack" or key == "!shm_drop" then
     local p = self.peers[src]
     if p then (key == "!shm_ack" and shm.acked or shm.dropped)(p, r[3]) end
@@ -77,13 +88,14 @@ function C:on_message(src, body, segs)
     self:abort_receivers(r[3])
     return
   end
+  local n = r.n
+  return self:deliver(src, key, {n = n - 2, unpack(r, 3, n)})
+end
+
+-- values (packed) posted by src under key: to its waiter, or into the mailbox.
+function C:deliver(src, key, values)
   local box = self.mail[src]
   if not box then box = {}; self.mail[src] = box end
-  -- the values are r[3..n]: shifted down in place (no second table per message)
-  local n = r.n
-  for i = 3, n do r[i - 2] = r[i] end
-  r[n - 1], r[n], r.n = nil, nil, n - 2
-  local values = r
   local w = self.mail_waiters[src] and self.mail_waiters[src][key]
   if w then
     self.mail_waiters[src][key] = nil
@@ -98,7 +110,7 @@ function C:on_message(src, body, segs)
   local watches = self.mail_watch[src]
   if watches then
     for task, w in pairs(watches) do
-      if key ~= w.key and key:sub(1, #w.prefix) == w.prefix then
+      if key ~= w.key and type(key) == "string" and has_prefix(key, w.prefix) then
         sched.wake(task, {other = true, values = values})
       end
     end
@@ -129,7 +141,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   if prefix then
     for k, v in pairs(self.mail[rank] or NO_MAIL) do
-      if k ~= key and k:sub(1, #prefix) == prefix then on_other(v, ctx) end
+      if k ~= key and has_prefix(k, prefix) then on_other(v, ctx) end
     end
   end
   while true do

@@ -272,8 +272,14 @@ local function lookup_failed(p)
          "define it, or require its module, on every worker)"):format(M.path_string(p)), 0)
 end
 
-by_tag[TAG.FUNC_NAME] = function(...)
-  local p = {...}
+by_tag[TAG.FUNC_NAME] = function(kind, name, ...)
+  -- (a global, the usual case, is one lookup: no path table per call)
+  if kind == "g" and select("#", ...) == 0 and type(name) == "string" then
+    local v = rawget(_G, name)
+    if v == nil then lookup_failed({kind, name}) end
+    return v
+  end
+  local p = {kind, name, ...}
   local v = resolve(p)
   if v == nil then lookup_failed(p) end
   return v

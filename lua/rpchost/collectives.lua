@@ -98,7 +98,17 @@ function Group:begin(op, t, extra)
   self.recent[self.seq % 16] = {seq = self.seq, meta = m}
   -- (what: the call by its own number, as its waits name it; with async Works
   -- the group may have started later ones)
-  return {key = self:prefix() .. self.seq .. ":", meta = m, sig = signature(m), seq = self.seq,
+  -- (a loop repeats one call: its signature is formatted once, not per call)
+  local last = self.last_meta
+  local sig
+  if last and last.op == m.op and last.dtype == m.dtype and last.numel == m.numel and last.root == m.root
+     and last.redop == m.redop then
+    sig = self.last_sig
+  else
+    sig = signature(m)
+    self.last_meta, self.last_sig = m, sig
+  end
+  return {key = self:prefix() .. self.seq .. ":", meta = m, sig = sig, seq = self.seq,
           what = op .. " #" .. self.seq}
 end
 

@@ -13,8 +13,12 @@ end
 
 local pack = function(...) return {n = select("#", ...), ...} end
 
+-- (made from a constant template with the fields a call's future gets: one
+-- copy, where fields added later grew and rehashed the table one by one)
 function Future.new(what)
-  return setmetatable({state = "pending", what = what}, Future)
+  local f = setmetatable({state = "pending", what = false, waiter = false, values = false}, Future)
+  if what then f.what = what end
+  return f
 end
 
 -- Waiters: the first in f.waiter (the usual case, one task waiting: no list),
@@ -77,7 +81,7 @@ function Future:wait(timeout)
     if not t then
       error("Future:wait() called outside a task (from a __gc metamethod or a C callback)", 2)
     end
-    if self.waiter == nil then self.waiter = t
+    if not self.waiter then self.waiter = t
     else
       self.waiters = self.waiters or {}
       table.insert(self.waiters, t)

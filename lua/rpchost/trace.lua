@@ -123,7 +123,7 @@ function M.call_done(name, dur_us, failed)
   local seq = M.done_seq + 1
   M.done_seq = seq
   ring[(seq - 1) % RING + 1] = dur_us
-  local p = peer(name)
+  local p = peers[name] or peer(name)
   p.calls_out = p.calls_out + 1
   if failed then p.errors = p.errors + 1 end
   local i = 1
@@ -131,7 +131,7 @@ function M.call_done(name, dur_us, failed)
   p.latency_us[i] = p.latency_us[i] + 1
 end
 
-function M.call_in(name) local p = peer(name) p.calls_in = p.calls_in + 1 end
+function M.call_in(name) local p = peers[name] or peer(name) p.calls_in = p.calls_in + 1 end
 
 -- bytes of frames (body and payload) sent to / received from a peer
 function M.frame_bytes(name, out, body, segs)
@@ -141,7 +141,7 @@ function M.frame_bytes(name, out, body, segs)
     if type(sg) == "string" then n = n + #sg
     else n = n + core.t_nbytes(sg) end
   end
-  local p = peer(name)
+  local p = peers[name] or peer(name) -- (a known peer: no call)
   if out then p.bytes_out = p.bytes_out + n else p.bytes_in = p.bytes_in + n end
 end
 
