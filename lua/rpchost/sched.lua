@@ -301,9 +301,8 @@ local function drain()
     if now() >= slice_end then
       turn_io()
       slice_end = now() + SLICE
-    else
-      core.flush()
     end
+    core.flush()
     local t, args = ready[rhead], ready_args[rhead]
     ready[rhead], ready_args[rhead] = nil, nil
     rhead = rhead + 1
