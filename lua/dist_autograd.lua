@@ -5,8 +5,12 @@
 -- receiver (a graph node whose backward sends the gradient back). backward(ctx,
 -- roots) runs one local pass from the roots; reaching a recv node makes an RPC
 -- to the sender, which runs its own local backward from the recorded tensor, and
--- so on across workers; gradients that come back to the root through its own
--- sends join its pass (PyTorch's root graph task counts its send functions).
+-- so on across workers. The pass does not wait for that RPC there (PyTorch's
+-- RecvRpcBackward does not either): it goes on with the rest of its graph and
+-- ends when every RPC it made has returned, so the workers' parts run at the
+-- same time (a pipeline's micro-batches overlap). Gradients that come back to
+-- the root through its own sends join its pass (PyTorch's root graph task
+-- counts its send functions).
 -- Without retain_graph every worker frees what its graph saved as it goes.
 -- Leaf gradients go to the context (get_gradients), never into .grad. A
 -- context exists on every worker it reaches under the same id.
@@ -184,7 +188,10 @@ codec.ag_attach = function(id, src, send, t)
       -- host bytes anyway, so this costs no extra transfer.
       if core.t_device(g) >= 0 then g = core.t_to_device(g, -1) end
       -- (the sender frees what its part of the graph saved unless this pass keeps its own)
-      a:call(src, M._propagate, {id, send, g, autograd._current_retain() ~= false}, nil, 0):wait()
+      -- (the pass this node runs in waits for the call, with the others it
+      -- made: the sender's part of the graph runs while this one goes on)
+      local fut = a:call(src, M._propagate, {id, send, g, autograd._current_retain() ~= false}, nil, 0)
+      if not autograd._defer(fut) then fut:wait() end
     end,
   }, autograd.Node)})
   return t
@@ -253,6 +260,9 @@ function M._propagate(id, send, g, retain)
   return fut
 end
 calls.async_functions[M._propagate] = true
+-- (both start their work and return: run as they arrive, see agent_calls)
+calls.inline_functions[M._propagate] = true
+calls.inline_functions[M._release] = true
 
 -- backward(ctx_id, {roots}, [retain_graph])
 function M.backward(id, roots, retain_graph)

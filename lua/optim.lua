@@ -216,11 +216,18 @@ function SGD:validate()
     end
   end
 end
+-- (the momentum buffer is the optimizer's own: updated in place, as PyTorch's
+-- is, with the same roundings as b * momentum + g * (1 - dampening); a new
+-- buffer per step cost two tensor allocations the size of each parameter)
 function SGD:update(p, g, grp, st)
   if grp.weight_decay ~= 0 then g = g + p * grp.weight_decay end
   if grp.momentum ~= 0 then
     local b = st.momentum_buffer
-    if not b then b = g:clone() else b = b * grp.momentum + g * (1 - grp.dampening) end
+    if not b then b = g:clone()
+    else
+      b:mul_(grp.momentum)
+      b:add_(grp.dampening ~= 0 and g * (1 - grp.dampening) or g)
+    end
     st.momentum_buffer = b
     g = grp.nesterov and (g + b * grp.momentum) or b
   end

@@ -119,6 +119,76 @@ describe("distributed autograd", function()
     ]], {"contexts apart", "optimizer stepped on the owner", "rref backward", "unknown context"})
   end)
 
+  it("runs the parts of one backward on different workers at the same time", function()
+    -- The root's pass reaches two recv nodes, one per worker. Each worker's
+    -- part waits (10 s at most) until the other's has begun: they meet only if
+    -- the root sent the second gradient without waiting for the first part to
+    -- end, as PyTorch's RecvRpcBackward does. The gradients are still exact,
+    -- and the pass still ends only when both parts have.
+    run(3, [[
+      W, began, met, ended = nil, false, false, false
+      function make_w(seed)
+        tensor.manual_seed(seed)
+        W = tensor.randn(3, 3, {dtype = tensor.float64, requires_grad = true})
+        return true
+      end
+      function other_began() began = true return true end
+      Meet = tensor.autograd.Function:extend("Meet")
+      function Meet.forward(ctx, x) return x:clone() end
+      function Meet.backward(ctx, g)
+        rpc.rpc_async(rank == 1 and "w2" or "w1", other_began)
+        local deadline = rpc.time() + 10
+        while not began and rpc.time() < deadline do rpc.sleep(0.005) end
+        met = began
+        rpc.sleep(0.2)
+        ended = true
+        return g
+      end
+      function part(x) return Meet.apply(x:matmul(W)) end
+      function report(ctx) return met, ended, require("dist_autograd").get_gradients(ctx)[W] end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        rpc.rpc_sync("w1", make_w, {1}); rpc.rpc_sync("w2", make_w, {2})
+        tensor.manual_seed(9)
+        local x = tensor.randn(2, 3, {dtype = tensor.float64, requires_grad = true})
+        dist_autograd.context(function(ctx)
+          local a = rpc.rpc_async("w1", part, {x})
+          local b = rpc.rpc_async("w2", part, {x * 2})
+          local loss = (a:wait() * b:wait()):sum()
+          dist_autograd.backward(ctx, {loss})
+          local met1, end1, g1 = rpc.rpc_sync("w1", report, {ctx})
+          local met2, end2, g2 = rpc.rpc_sync("w2", report, {ctx})
+          check("the parts overlapped", met1 and met2, tostring(met1) .. " " .. tostring(met2))
+          check("backward returned after both parts", end1 and end2)
+          local W1, W2, x2 = one_process(3, x)
+          ;(x2:matmul(W1) * (x2 * 2):matmul(W2)):sum():backward()
+          check("input gradient", close(dist_autograd.get_gradients(ctx)[x], x2.grad, 1e-9))
+          check("worker gradients", close(g1, W1.grad, 1e-9) and close(g2, W2.grad, 1e-9))
+        end)
+      end
+      rpc.shutdown()
+    ]], {"the parts overlapped", "backward returned after both parts", "input gradient", "worker gradients"})
+  end)
+
+  it("fails a backward whose remote part fails, with that part's error", function()
+    run(2, [[
+      Boom = tensor.autograd.Function:extend("Boom")
+      function Boom.forward(ctx, x) return x:clone() end
+      function Boom.backward(ctx, g) error("boom in the remote part") end
+      function part(x) return Boom.apply(x * 3) end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local x = tensor.ones(2, {requires_grad = true})
+        dist_autograd.context(function(ctx)
+          local y = rpc.rpc_sync("w1", part, {x})
+          local ok, e = pcall(dist_autograd.backward, ctx, {(y + x):sum()})
+          check("remote failure raised", not ok and tostring(e):find("boom in the remote part", 1, true), e)
+        end)
+      end
+      rpc.shutdown()
+    ]], {"remote failure raised"})
+  end)
+
   it("runs each node of the root once, whatever sends lead back into it, and frees every worker's graph", function()
     -- y comes from w2 and is used twice: in the loss here, and on w1, whose
     -- gradient comes back through y's send. The root's pass waits for that one

@@ -166,6 +166,45 @@ describe("rpc", function()
     assert_oks(r, lines, {"rpc_async left before the work ended", "remote left before the work ended"})
   end)
 
+  it("writes a handler's reply before the next ready task runs", function()
+    -- On worker1 a gate wakes two tasks at once: a handler that answers at
+    -- once, then a task computing 0.5 s without yielding. The answer must not
+    -- wait for the computation (the clock is the host's monotonic one). Over
+    -- the socket, and over the same-host ring with no spinning (the answer
+    -- then needs its doorbell written too).
+    for _, env in ipairs{{RPCHOST_SHM_RING = "0"}, {RPCHOST_SPIN_US = "0"}} do
+      local r, lines = world(2, [[
+        local sched = require "rpchost.sched"
+        gate, busy_end = rpc.Future(), nil
+        function quick() gate:wait() return true end
+        function slow()
+          gate:wait()
+          local t = sched.now()
+          while sched.now() - t < 0.5 do end
+          busy_end = sched.now()
+          return true
+        end
+        function open_gate() gate:set_result(true) return true end
+        function report() return busy_end end
+        rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+        if rank == 0 then
+          local q = rpc.rpc_async("worker1", quick)
+          local s = rpc.rpc_async("worker1", slow)
+          sched.sleep(0.1)
+          rpc.rpc_sync("worker1", open_gate)
+          q:wait()
+          local got = sched.now()
+          s:wait()
+          local ends = rpc.rpc_sync("worker1", report)
+          check("the answer left before the computation ended", got < ends, ("%.3f s after it"):format(got - ends))
+        end
+        rpc.shutdown()
+      ]], {env = env})
+      assert.are.equal(0, r.status, r.err)
+      assert_oks(r, lines, {"the answer left before the computation ended"})
+    end
+  end)
+
   it("writes a burst of rpc_async from one loop turn together, the first at once", function()
     local r, lines = world(2, [[
       local core = require "rpchost.core"

@@ -136,6 +136,54 @@ describe("RRef", function()
     ]], {"values", "nothing leaks"})
   end)
 
+  it("sends a value to the worker fetching it before the owner's next task computes (a pipeline)", function()
+    -- w1 holds three stages ready to run at once (they wait for one gate), each
+    -- computing 0.4 s without yielding. w2 fetches stage 1's value with a
+    -- to_here registered before the gate opens: the value must reach w2 while
+    -- stage 2 computes (the reply is relayed inside the completion and written
+    -- before the next task runs). w2 fetches stage 2's value with a to_here
+    -- that arrives while stage 1 computes: it must reach w2 while stage 3
+    -- computes (a fetch is answered as it arrives, not after the stages queued
+    -- before it). Times are uv_hrtime, one clock for the host.
+    world(3, [[
+      gate, ends, got, held = rpc.Future(), {}, {}, nil
+      function stage(i)
+        gate:wait()
+        local t = rpc.time()
+        while rpc.time() < t + 0.4 do end
+        ends[i] = rpc.time()
+        return i
+      end
+      function open_gate() gate:set_result(true) return true end
+      function read_ends() return ends end
+      function consume(r)
+        local v = r:to_here()
+        got[v] = rpc.time()
+        return v
+      end
+      function hold(r) held = r return true end
+      function consume_held() return consume(held) end
+      function read_got() return got end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local refs = {}
+        for i = 1, 3 do refs[i] = rpc.remote("w1", stage, {i}) end
+        local f1 = rpc.rpc_async("w2", consume, {refs[1]})
+        rpc.rpc_sync("w2", hold, {refs[2]})
+        sched.sleep(0.1)
+        rpc.rpc_sync("w1", open_gate)
+        local f2 = rpc.rpc_async("w2", consume_held)
+        check("values", f1:wait() == 1 and f2:wait() == 2 and refs[3]:to_here() == 3)
+        local e, g = rpc.rpc_sync("w1", read_ends), rpc.rpc_sync("w2", read_got)
+        local when = ("stage 1 got %.3f s after stage 1 ended, stage 2's %.3f; stages 2 and 3 ended at %.3f, %.3f")
+          :format(g[1] - e[1], g[2] - e[1], e[2] - e[1], e[3] - e[1])
+        check("registered fetch answered while stage 2 computed", g[1] < e[2], when)
+        check("late fetch answered while stage 3 computed", g[2] < e[3], when)
+      end
+      rpc.shutdown()
+    ]], {"values", "registered fetch answered while stage 2 computed", "late fetch answered while stage 3 computed"})
+  end)
+
   it("reports creation errors and timeouts at to_here, and a dead owner as unreachable", function()
     world(3, [[
       function boom() error("creation failed here") end

@@ -297,7 +297,7 @@ for _, part in ipairs {require "rpchost.agent_conn", calls, require "rpchost.age
   end
 end
 -- what other modules use of the calls
-M.async_functions = calls.async_functions
+M.async_functions, M.inline_functions = calls.async_functions, calls.inline_functions
 M.need_running, M.arg_count_problem, M.error_text = calls.need_running, calls.arg_count_problem, calls.error_text
 M.MAX_ARGS = calls.MAX_ARGS
 

@@ -85,7 +85,16 @@ local function arg_count_problem(args)
   return nil, n
 end
 
-local C = {async_functions = async_functions, MAX_ARGS = MAX_ARGS,
+-- rpchost's own requests that only look up or note state and never wait (an
+-- RRef's fetch, a fork's confirmation, a distributed backward's start): they
+-- run at once when they arrive, in the loop, not as a task that would queue
+-- behind the tasks already ready. Those may compute for long; PyTorch answers
+-- such requests from its thread pool meanwhile, and a pipeline's next stage
+-- waits for them. (In the loop there is no running task: the reply goes in
+-- the request's autograd context, passed on.)
+local inline_functions = setmetatable({}, {__mode = "k"})
+
+local C = {async_functions = async_functions, inline_functions = inline_functions, MAX_ARGS = MAX_ARGS,
            arg_count_problem = arg_count_problem}
 
 -- outgoing calls -----------------------------------------------------------------------
@@ -348,19 +357,21 @@ function C:remote_error(e)
   return errors.new("remote", message, {worker = self.name, rank = self.rank, traceback = tb})
 end
 
--- rmap: the inverse of the caller's device map (its devices by ours), if it sent one
-function C:send_reply(to, id, r, rmap)
-  return self:send_results(to, id, rmap, unpack(r, 1, r.n))
+-- rmap: the inverse of the caller's device map (its devices by ours), if it sent one;
+-- ctx: the autograd context the results go in (nil: the running task's; false: none)
+function C:send_reply(to, id, r, rmap, ctx)
+  return self:send_results(to, id, rmap, ctx, unpack(r, 1, r.n))
 end
 
 -- The reply to call `id`: ok and the results, or false and the error (as
 -- xpcall returns them: a handler's results go out with no table made for them).
-function C:send_results(to, id, rmap, ok, ...)
+function C:send_results(to, id, rmap, ctx, ok, ...)
   local err = ...
   if ok then
     local dest = self:rank_of(to)
     local caller = self.peers[dest or -1]
-    codec.ag_out = task_ctx()
+    if ctx == nil then ctx = task_ctx() end
+    codec.ag_out = ctx or nil
     reply_devices.map, reply_devices.to = rmap, caller and caller.name or "the caller"
     codec.out_devices = dest == self.rank and SAME_DEVICES or reply_devices
     local eok, body, segs = pcall(enc_msg, dest, "result", ...)
@@ -378,45 +389,57 @@ function C:send_results(to, id, rmap, ok, ...)
   reply(self, to, id, proto.FLAG_ERROR, body)
 end
 
--- An async_execution function returned fut: the reply goes when it completes.
-local function reply_when_done(self, to, id, fut, rmap)
+-- An async_execution function returned fut: the reply goes when it completes,
+-- from inside the completion (Future:_on_settle), in the handler's context.
+local function reply_settled(f, w)
+  local self = w.agent
+  if f.state == "error" then self:send_reply(w.to, w.id, {false, f.err, n = 2}, nil, w.ctx)
+  else self:send_reply(w.to, w.id, pack(true, unpack(f.values, 1, f.values.n)), w.rmap, w.ctx) end
+end
+
+local function reply_when_done(self, to, id, fut, rmap, ctx)
   if not Future.is(fut) then
     self:send_reply(to, id, {false, "an async_execution function must return a Future, got " ..
-      type(fut), n = 2})
+      type(fut), n = 2}, nil, ctx)
   elseif fut.state == "done" then
-    self:send_reply(to, id, pack(true, unpack(fut.values, 1, fut.values.n)), rmap)
+    self:send_reply(to, id, pack(true, unpack(fut.values, 1, fut.values.n)), rmap, ctx)
   else
-    fut:add_done_callback(function(f)
-      if f.state == "error" then self:send_reply(to, id, {false, f.err, n = 2})
-      else self:send_reply(to, id, pack(true, unpack(f.values, 1, f.values.n)), rmap) end
-    end)
+    if ctx == nil then ctx = task_ctx() or false end
+    fut:_on_settle(reply_settled, {agent = self, to = to, id = id, rmap = rmap, ctx = ctx})
   end
 end
 
 -- A handler's function returned (ok, results... or false, error).
-local function ran(self, to, id, fn, rmap, ok, ...)
-  if ok and async_functions[fn] then reply_when_done(self, to, id, (...), rmap)
-  else self:send_results(to, id, rmap, ok, ...) end
+local function ran(self, to, id, fn, rmap, rctx, ok, ...)
+  if ok and async_functions[fn] then reply_when_done(self, to, id, (...), rmap, rctx)
+  else self:send_results(to, id, rmap, rctx, ok, ...) end
 end
 
 local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   -- a request runs in its caller's autograd context, with gradient mode on
   -- (the caller's no_grad does not travel, as in PyTorch)
-  local task = sched.current()
-  -- (assigned only when they differ: a field set to nil is still a new key)
-  if task.ag_ctx ~= ctx then task.ag_ctx = ctx end
-  if task.grad_enabled ~= nil then task.grad_enabled = nil end
+  -- (an inline function runs outside any task, or in one that is not its
+  -- own: the reply names the context instead)
+  local task = not inline_functions[fn] and sched.current()
+  local rctx = nil
+  if task then
+    -- (assigned only when they differ: a field set to nil is still a new key)
+    if task.ag_ctx ~= ctx then task.ag_ctx = ctx end
+    if task.grad_enabled ~= nil then task.grad_enabled = nil end
+  else
+    rctx = ctx or false
+  end
   local t0 = trace.enabled() and trace.now_us()
   -- {nil, x} has no reliable length: the largest index counts (or n from table.pack)
   local bad, n = arg_count_problem(args)
   n = n or 0
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
   if bad then
-    self:send_results(to, id, rmap, false, errors.new("config", bad))
+    self:send_results(to, id, rmap, rctx, false, errors.new("config", bad))
   elseif type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
-    self:send_results(to, id, rmap, false, ("the called value is a %s, not a function"):format(type(fn)))
+    self:send_results(to, id, rmap, rctx, false, ("the called value is a %s, not a function"):format(type(fn)))
   else
-    ran(self, to, id, fn, rmap, xpcall(fn, sched.traceback, unpack(args, 1, n)))
+    ran(self, to, id, fn, rmap, rctx, xpcall(fn, sched.traceback, unpack(args, 1, n)))
   end
   if t0 then
     local from = self.peers[self:rank_of(to) or -1]
@@ -432,7 +455,7 @@ local function safe_handler(self, to, id, ...)
   if not ok then
     log.warn("a request failed before its reply could be sent: %s", error_text(err))
     pcall(self.send_reply, self, to, id, {false, errors.new("remote", "the call failed on " .. self.name ..
-      " before its reply could be made: " .. error_text(err)), n = 2})
+      " before its reply could be made: " .. error_text(err)), n = 2}, nil, false)
   end
 end
 
@@ -548,6 +571,7 @@ local REQUEST_TASK = {name = "request"}
 
 -- Runs a decoded request now, or queues it while num_worker_threads run.
 function C:dispatch(to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
+  if inline_functions[fn] then return safe_handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap) end
   if self.running >= self.max_running then
     local q = self.backlog
     if self.nqueued >= self.max_queued then

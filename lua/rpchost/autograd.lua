@@ -436,9 +436,34 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
     retain_graph ~= KEEP_UNSAVED, running = true}
   -- (from another task) whether late gradient j can still join this pass
   function pass.accepts(j) return pass.running and waiting[j] == true end
+  -- Calls the pass started and did not wait for (pass.defer): distributed
+  -- autograd's recv nodes send their gradient back and go on, as PyTorch's
+  -- RecvRpcBackward does, so the workers a pass reaches run their parts at the
+  -- same time (a pipeline's micro-batches overlap backwards as forwards). The
+  -- pass ends when every one has returned; the first that fails fails it.
+  local npending, deferred_err, sleeping = 0, nil, false
+  local me = current()
+  local function kick()
+    if sleeping then
+      sleeping = false
+      sched.wake(me)
+    end
+  end
+  local function settled(f)
+    npending = npending - 1
+    if f.state == "error" and deferred_err == nil then deferred_err = f.err end
+    kick()
+  end
+  function pass.defer(fut)
+    if not me then return false end
+    npending = npending + 1
+    fut:_on_settle(settled)
+    return true
+  end
   function pass.deliver(j, g)
     waiting[j] = false
     inbox[#inbox + 1] = {j, g}
+    kick()
   end
   if on_pass then on_pass(pass) end
   task.ag_pass, task.grad_enabled = pass, false
@@ -476,6 +501,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
     end
     for i = 1, nroots do arrive(entry_edge[i], entry_nr[i], grads[i]) end
     while true do
+      if deferred_err ~= nil then error(deferred_err, 0) end
       if #inbox > 0 then
         local box = inbox
         inbox = {}
@@ -484,8 +510,16 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
           arrive(entry_edge[k], entry_nr[k], d[2])
         end
       end
+      if rn == 0 and npending > 0 then
+        -- nothing to run until a call returns or a late gradient comes
+        sleeping = true
+        sched.suspend(("a distributed backward, for %d calls it made to run the parts of the graph on " ..
+          "other workers"):format(npending))
+        sleeping = false
+        goto continue
+      end
       if rn == 0 then
-        -- nothing to run: the late gradients still missing will not come
+        -- nothing to run, no call out: the late gradients still missing will not come
         for j = 1, #late do
           if waiting[j] then
             waiting[j] = false
@@ -494,55 +528,59 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
         end
         if rn == 0 then break end
       end
-      local node = ready[rn]
-      ready[rn] = nil
-      rn = rn - 1
-      local g = pending[node]
-      pending[node] = nil
-      -- from here on the backward may keep or pass on g: no more writes into
-      -- it; a fresh node (which keeps and returns none of its gradients) is
-      -- the last to read the ones the pass owned, which are freed after it
-      local spent = nil
-      if g ~= nil then
-        if node.nout then
-          for _, gk in pairs(g) do
-            if owned[gk] and node.fresh then spent = spent or {}; spent[#spent + 1] = gk end
-            owned[gk] = nil
-          end
-        else
-          if owned[g] and node.fresh then spent = g end
-          owned[g] = nil
-        end
-      end
-      local edges, nrs = node.edges, node.nrs
-      local grads_out = nil
-      if g ~= nil then
-        if node.freed then error(SECOND_TIME, 0) end
-        check_saved(node)
-        grads_out = run_node(node, g)
-        g = nil
-        if spent then
-          if node.nout then for _, gk in ipairs(spent) do core.t_free(gk) end else core.t_free(spent) end
-          spent = nil
-        end
-        if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
-      end
-      if edges then
-        for i = 1, node.n do
-          local e = edges[i]
-          if e then
-            local gi = grads_out and grads_out[i]
-            -- a node whose backward returns new tensors of its own (node.fresh:
-            -- autograd.Function's fresh_grads) hands them over: added into in
-            -- place downstream, taken as .grad without a copy
-            if node.fresh and gi ~= nil and not is_piece(gi) then owned[gi] = true end
-            arrive(e, nrs and nrs[i], gi)
+      do -- (a block: the goto above may not jump into its locals' scope)
+        local node = ready[rn]
+        ready[rn] = nil
+        rn = rn - 1
+        local g = pending[node]
+        pending[node] = nil
+        -- from here on the backward may keep or pass on g: no more writes into
+        -- it; a fresh node (which keeps and returns none of its gradients) is
+        -- the last to read the ones the pass owned, which are freed after it
+        local spent = nil
+        if g ~= nil then
+          if node.nout then
+            for _, gk in pairs(g) do
+              if owned[gk] and node.fresh then spent = spent or {}; spent[#spent + 1] = gk end
+              owned[gk] = nil
+            end
+          else
+            if owned[g] and node.fresh then spent = g end
+            owned[g] = nil
           end
         end
+        local edges, nrs = node.edges, node.nrs
+        local grads_out = nil
+        if g ~= nil then
+          if node.freed then error(SECOND_TIME, 0) end
+          check_saved(node)
+          grads_out = run_node(node, g)
+          g = nil
+          if spent then
+            if node.nout then for _, gk in ipairs(spent) do core.t_free(gk) end else core.t_free(spent) end
+            spent = nil
+          end
+          if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
+        end
+        if edges then
+          for i = 1, node.n do
+            local e = edges[i]
+            if e then
+              local gi = grads_out and grads_out[i]
+              -- a node whose backward returns new tensors of its own (node.fresh:
+              -- autograd.Function's fresh_grads) hands them over: added into in
+              -- place downstream, taken as .grad without a copy
+              if node.fresh and gi ~= nil and not is_piece(gi) then owned[gi] = true end
+              arrive(e, nrs and nrs[i], gi)
+            end
+          end
+        end
       end
+      ::continue::
     end
   end)
   pass.running = false
+  sleeping = false
   -- Nothing the pass kept may outlive it. LuaJIT compiles a trace through
   -- arrive() specialised to that closure and holds it as a constant until the
   -- trace is flushed, so its upvalues outlive the pass: owned, whose keys are
@@ -587,6 +625,14 @@ function M._current_retain()
   local p = slot().ag_pass
   if p then return p.retain end
   return nil
+end
+
+-- From a node's backward: the pass waits for fut (a call that runs another
+-- worker's part of the graph) before it ends, instead of the node waiting for
+-- it now. false outside a pass run by a task: the caller must wait itself.
+function M._defer(fut)
+  local p = slot().ag_pass
+  return p ~= nil and p.defer(fut)
 end
 
 -- Runs fn when the running task's current backward pass ends (from a hook).

@@ -21,9 +21,20 @@ function Future.new(what)
   return f
 end
 
+local function run_hook(fn, f, arg)
+  local ok, err = xpcall(fn, debug.traceback, f, arg)
+  if not ok then io.stderr:write("rpchost: error in a Future's completion hook: ", tostring(err), "\n") end
+end
+
 -- Waiters: the first in f.waiter (the usual case, one task waiting: no list),
--- any others in the list f.waiters.
+-- any others in the list f.waiters. Hooks (_on_settle) run first, inside the
+-- completion.
 local function settle(f)
+  local hooks = f.hooks
+  if hooks then
+    f.hooks = nil
+    for i = 1, #hooks, 2 do run_hook(hooks[i], f, hooks[i + 1]) end
+  end
   local waiter, waiters, callbacks = f.waiter, f.waiters, f.callbacks
   f.waiter, f.waiters, f.callbacks = nil, nil, nil
   if waiter then sched.wake(waiter) end
@@ -131,6 +142,24 @@ function Future:add_done_callback(fn)
   end
   self.callbacks = self.callbacks or {}
   table.insert(self.callbacks, fn)
+end
+
+-- (rpchost's own relays) fn(self, arg) runs inside the completion, before the
+-- waiters wake and the callbacks start; at once if already done. Callback
+-- context: fn must not wait, and runs in no particular task (it gets what it
+-- needs, an autograd context say, through arg). A callback task would queue
+-- behind every task already ready to run: a reply relayed by one (the value of
+-- an RRef to the worker fetching it, an async_execution result to its caller)
+-- would leave only after they all had run, and a pipeline's next stage would
+-- wait for this stage's whole queue of micro-batches.
+function Future:_on_settle(fn, arg)
+  if self.state ~= "pending" then return run_hook(fn, self, arg) end
+  local hooks = self.hooks
+  if not hooks then hooks = {}; self.hooks = hooks end
+  local n = #hooks
+  hooks[n + 1] = fn
+  if arg == nil then arg = false end -- (a hole would cut the list short)
+  hooks[n + 2] = arg
 end
 
 -- A new Future of fn(self) (Lua's `then` is a keyword). If fn raises, the new

@@ -118,7 +118,7 @@ local function when_created(e, id, wait)
       if e.awaiting and owners[id] == e and next(e.forks) == nil and e.local_refs <= 0 then owners[id] = nil end
     end
   end)
-  v:add_done_callback(function(f)
+  v:_on_settle(function(f)
     sched.cancel(timer)
     if f.state == "error" then out:set_error(f.err) else out:set_packed(f.values) end
   end)
@@ -142,7 +142,7 @@ local function settle_value(e, id, fn, r)
     return e.value:set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
       type(fut))))
   end
-  fut:add_done_callback(function(f)
+  fut:_on_settle(function(f)
     if f.state == "error" then e.value:set_error(creation_failed(id, f.err)) else e.value:set_packed(f.values) end
   end)
 end
@@ -168,7 +168,7 @@ function M.create(id, fork, fn, args, kwargs)
     settle_value(e, id, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
   end, {name = "remote " .. id})
   local out = Future.new("creation of RRef " .. id)
-  e.value:add_done_callback(function(f)
+  e.value:_on_settle(function(f)
     if f.state == "error" then out:set_error(f.err) else out:set_result(true) end
   end)
   return out
@@ -219,6 +219,8 @@ end
 agentmod.async_functions[M.create] = true
 agentmod.async_functions[M.fetch] = true
 agentmod.async_functions[M.call_method] = true
+-- (a fetch only looks the value up: answered as it arrives, see agent_calls)
+agentmod.inline_functions[M.fetch] = true
 
 -- add_fork: a user forked this RRef to `to`; confirm to the new holder (the
 -- entry may still be pending: the fork is recorded all the same)
@@ -294,6 +296,10 @@ function M.await_confirmed(list, timeout)
   end
 end
 codec.await_confirmed = M.await_confirmed
+-- (these note state and never wait: run as they arrive, see agent_calls)
+agentmod.inline_functions[M.add_fork] = true
+agentmod.inline_functions[M.delete_forks] = true
+agentmod.inline_functions[M.confirm] = true
 
 -- flushing deletes, once per loop turn -------------------------------------------------
 -- (runs every loop turn: the common empty case is a function of its own, which

@@ -290,8 +290,25 @@ function coroutine.wrap(fn)
 end
 
 -- driving ----------------------------------------------------------------------
+-- A turn's ready tasks may run for long (each computes as long as it likes
+-- before it waits), so the loop does not keep their I/O for the turn's end:
+-- what a task queued (a reply, a call to a worker that waits for it) is written
+-- out before the next task runs, and once tasks have run for SLICE seconds the
+-- loop also reads what came in (a request joins the end of the queue). Else a
+-- reply computed first waited for every task behind it: a pipeline's next
+-- stage got its micro-batch only when this stage had computed all of its own.
+-- (A burst of calls or replies one task makes still leaves in one write.)
+local SLICE = 0.0005
+local turn_io
+
 local function drain()
+  local slice_end = now() + SLICE
   while rhead <= rtail do
+    if now() >= slice_end then
+      turn_io()
+      slice_end = now() + SLICE
+    end
+    core.flush()
     local t, args = ready[rhead], ready_args[rhead]
     ready[rhead], ready_args[rhead] = nil, nil
     rhead = rhead + 1
@@ -358,6 +375,13 @@ function M.on_turn(fn) turn_hooks[#turn_hooks + 1] = fn end
 local function waiting_text(w)
   if type(w) == "string" then return w end
   return "a " .. tostring(w)
+end
+
+-- (the I/O of a turn, between two tasks of drain: see SLICE)
+turn_io = function()
+  core.flush()
+  M.turn = M.turn + 1
+  core.run("nowait")
 end
 
 local function run_until(t)
