@@ -68,7 +68,7 @@ local function get(id, create)
         "after its end (keep the work that uses a context inside dist_autograd.context, or before finish)"):format(
         tostring(id)), 0)
     end
-    c = {id = id, sends = {}, nsend = 0, grads = {}, peers = {}}
+    c = {id = id, sends = {}, nsend = 0, grads = {}, exposed = setmetatable({}, {__mode = "k"}), peers = {}}
     contexts[id] = c
   end
   return c
@@ -202,15 +202,37 @@ end
 -- averages the context's gradients). Not a weak-keyed side table from sink to
 -- table: LuaJIT has no ephemerons, and the sink refers to its context, so such an
 -- entry would keep every context's graph alive forever.
+--
+-- owned: g is the engine's own tensor (nothing else refers to it), kept as it is
+-- instead of cloned. A gradient the context holds already takes g in place (as
+-- PyTorch's AccumulateGrad does when nothing else holds the buffer): a pipeline's
+-- micro-batches reach every parameter once each, and a new sum per arrival was
+-- a parameter-sized tensor for the collector each time. A gradient that
+-- get_gradients has handed out is never written: the next sum is a new tensor,
+-- so a table the user kept does not change under them.
+local function same_sizes(a, b)
+  local sa, sb = core.t_size(a), core.t_size(b)
+  if #sa ~= #sb then return false end
+  for i = 1, #sa do if sa[i] ~= sb[i] then return false end end
+  return true
+end
 local Sink = {}
 Sink.__index = Sink
-function Sink.__call(sink, t, g)
+function Sink.__call(sink, t, g, owned)
   local grads = sink.grads
   local prev = grads[t]
-  grads[t] = prev and core.t_binary(0, prev, g) or core.t_clone(g)
+  if prev == nil then
+    grads[t] = owned and g or core.t_clone(g)
+  elseif not sink.exposed[prev] and core.t_dtype(prev) == core.t_dtype(g) and core.t_device(prev) == core.t_device(g)
+      and same_sizes(prev, g) then
+    core.t_binary(0, prev, g, prev)
+    if owned then core.t_free(g) end
+  else
+    grads[t] = core.t_binary(0, prev, g)
+  end
 end
 local function sink_into(c)
-  if not c.sink then c.sink = setmetatable({grads = c.grads}, Sink) end
+  if not c.sink then c.sink = setmetatable({grads = c.grads, exposed = c.exposed}, Sink) end
   return c.sink
 end
 
@@ -304,7 +326,7 @@ end
 function M.get_gradients(id)
   local c = need(id, 2)
   local out = {}
-  for t, g in pairs(c.grads) do out[t] = g end
+  for t, g in pairs(c.grads) do out[t] = g; c.exposed[g] = true end
   return out
 end
 

@@ -119,6 +119,25 @@ describe("distributed autograd", function()
     ]], {"contexts apart", "optimizer stepped on the owner", "rref backward", "unknown context"})
   end)
 
+  it("adds later backwards into a context's gradient in place, never into one get_gradients handed out", function()
+    run(1, [[
+      rpc.init_rpc("w0", {rank = 0, world_size = 1})
+      local w = tensor.tensor({1, 2}, {dtype = tensor.float64, requires_grad = true})
+      dist_autograd.context(function(c)
+        dist_autograd.backward(c, {(w * 3):sum()}, true)
+        local first = dist_autograd._grads(c)[w]
+        dist_autograd.backward(c, {(w * 5):sum()}, true)
+        local second = dist_autograd._grads(c)[w]
+        check("summed in place", rawequal(first, second) and close(second, tensor.tensor({8, 8}, f64)))
+        local held = dist_autograd.get_gradients(c)[w]
+        dist_autograd.backward(c, {(w * 2):sum()})
+        check("a handed-out gradient kept", close(held, tensor.tensor({8, 8}, f64)) and
+          close(dist_autograd.get_gradients(c)[w], tensor.tensor({10, 10}, f64)))
+      end)
+      rpc.shutdown()
+    ]], {"summed in place", "a handed-out gradient kept"})
+  end)
+
   it("runs the parts of one backward on different workers at the same time", function()
     -- The root's pass reaches two recv nodes, one per worker. Each worker's
     -- part waits (10 s at most) until the other's has begun: they meet only if
