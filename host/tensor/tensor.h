@@ -155,6 +155,10 @@ int rh_tensor_fill_(rh_tensor_t *t, double v);
 
 /* ops. out NULL: a new tensor; out given: written in place (returns out retained). */
 rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out);
+/* a[i] op b[i] (or b[0] when b_scalar) over n contiguous elements, on this thread (no
+ * pool, no checks of shapes): for callers that cut work into cache-sized pieces */
+int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
+                   int b_scalar);
 rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float,
                                      int scalar_first, rh_tensor_t *out);
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out);
