@@ -129,6 +129,7 @@ static int open_core(lua_State *L) {
 }
 
 int rh_lua_main(int argc, char **argv) {
+  rh_blas_quiet();
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
   /* Buffers up to 512 MiB (zeroed tensors, workspaces, tensors under 4 MiB)

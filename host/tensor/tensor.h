@@ -193,6 +193,10 @@ rh_tensor_t *rh_tensor_randperm(rh_dtype_t t, int64_t n, int64_t base);
 rh_tensor_t *rh_tensor_bernoulli(rh_tensor_t *p);
 rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, int64_t base);
 
+/* stops the BLAS library's own threads, which rpchost never uses (matmul.c):
+ * called once at start */
+void rh_blas_quiet(void);
+
 /* a pool of threads for large elementwise work */
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 /* how many threads a rh_parallel_for job runs on (the workers and the caller) */
