@@ -31,7 +31,6 @@
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "rh_lua.h"
@@ -584,108 +583,6 @@ static int l_reinterpret(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, dt, 0, n, size, stride));
 }
 
-/* ---- cross-memory attach: collectives on this host read tensor bytes straight
- * from a peer's memory (process_vm_readv), one copy instead of a pass through
- * sockets. */
-
-/* address(t) -> the address of a contiguous tensor's first byte, as a number */
-static int l_address(lua_State *L) {
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 1, "address");
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "address: the tensor is not contiguous");
-  lua_pushnumber(L, (double)(uintptr_t)rh_tensor_data(t));
-  return 1;
-}
-
-static int cma_copy_serial(pid_t pid, void *dst, uintptr_t addr, size_t len) {
-  size_t done = 0;
-  while (done < len) {
-    struct iovec local = {(char *)dst + done, len - done};
-    struct iovec remote = {(void *)(addr + done), len - done};
-    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -errno;
-    }
-    if (n == 0) return -EIO;
-    done += (size_t)n;
-  }
-  return 0;
-}
-
-/* A large read is split across the tensor thread pool: process_vm_readv copies
- * page by page (it pins and walks the sender's pages), so one thread reaches
- * about a third of memcpy's bandwidth, and the sender is idle while it waits. */
-#define CMA_PIECE (4u << 20)
-typedef struct {
-  pid_t pid;
-  char *dst;
-  uintptr_t addr;
-  size_t len;
-  int err; /* first failure, as -errno */
-} cma_job_t;
-
-static void cma_chunk(void *vctx, int64_t lo, int64_t hi) {
-  cma_job_t *j = vctx;
-  for (int64_t k = lo; k < hi; k++) {
-    size_t off = (size_t)k * CMA_PIECE, n = j->len - off < CMA_PIECE ? j->len - off : CMA_PIECE;
-    int rc = cma_copy_serial(j->pid, j->dst + off, j->addr + off, n);
-    if (rc) __atomic_store_n(&j->err, rc, __ATOMIC_RELAXED);
-  }
-}
-
-static int cma_copy(pid_t pid, void *dst, uintptr_t addr, size_t len) {
-  if (len < 2 * CMA_PIECE) return cma_copy_serial(pid, dst, addr, len);
-  cma_job_t j = {pid, dst, addr, len, 0};
-  rh_parallel_for((int64_t)((len + CMA_PIECE - 1) / CMA_PIECE), 1, cma_chunk, &j);
-  return j.err;
-}
-
-/* cma_read_into(pid, addr, dst) -> true | nil, message: fills the contiguous
- * tensor dst with its byte size read from pid's memory at addr */
-static int l_cma_read_into(lua_State *L) {
-  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
-  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "cma_read_into");
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_read_into: the destination is not contiguous");
-  int rc = cma_copy(pid, rh_tensor_data(t), addr, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
-  rh_tensor_bump_version(t);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, strerror(-rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* cma_probe(pid, addr, expected) -> true if `expected` can be read at addr in pid */
-static int l_cma_probe(lua_State *L) {
-  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
-  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  size_t len;
-  const char *want = luaL_checklstring(L, 3, &len);
-  char buf[64];
-  if (len > sizeof buf || pid == getpid()) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  lua_pushboolean(L, cma_copy(pid, buf, addr, len) == 0 && memcmp(buf, want, len) == 0);
-  return 1;
-}
-
-/* cma_token() -> pid, address, bytes: something a peer can read to prove it may */
-static int l_cma_token(lua_State *L) {
-  static char token[33];
-  if (!token[0]) {
-    uint64_t a = uv_hrtime() ^ ((uint64_t)getpid() << 32), b = (uint64_t)(uintptr_t)&token * 2654435761u;
-    snprintf(token, sizeof token, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
-  }
-  lua_pushinteger(L, getpid());
-  lua_pushnumber(L, (double)(uintptr_t)token);
-  lua_pushlstring(L, token, 32);
-  return 3;
-}
-
 /* ---- devices */
 static int l_device(lua_State *L) {
   lua_pushinteger(L, rh_tensor_device(rh_lua_checktensor(L, 1)));
@@ -748,7 +645,6 @@ int rh_open_tensor(lua_State *L) {
       {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
       {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
       {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_memstats", l_memstats}, {"t_reinterpret", l_reinterpret},
-      {"t_address", l_address}, {"cma_read_into", l_cma_read_into}, {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
       {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
       {"t_same_storage", l_same_storage},
       {"t_ag", l_ag},             {"t_set_ag", l_set_ag},     {"t_version", l_version},

@@ -53,6 +53,7 @@ int rh_open_cuda(lua_State *L);
 int rh_open_crypto(lua_State *L);
 int rh_open_repl(lua_State *L);
 int rh_open_shm(lua_State *L);
+int rh_open_cma(lua_State *L);
 int rh_open_mpi(lua_State *L);
 
 int rh_lua_main(int argc, char **argv);

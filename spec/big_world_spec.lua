@@ -215,6 +215,62 @@ describe("graceful shutdown in a bigger world", function()
   end)
 end)
 
+describe("a rank's cost to the others", function()
+  it("starts on one thread: the BLAS library's own, which spin on sched_yield at start, are stopped", function()
+    -- (1,024 ranks starting on two cores: 1.8 million sched_yield calls without this)
+    local script = S.write([[
+      local f = assert(io.open("/proc/self/status"))
+      local threads = f:read("*a"):match("Threads:%s*(%d+)")
+      f:close()
+      local t = require("tensor").ones(64, 64)
+      print(("threads %s matmul %s"):format(threads, t:matmul(t)[1][1]:item()))
+    ]])
+    local r = S.run({script}, {timeout = 30})
+    assert.are.equal(0, r.status, r.err)
+    assert.are.equal("threads 1 matmul 64", r.out:match("threads %d+ matmul %d+"), r.out)
+  end)
+
+  it("waits for its peers' closes at exit asleep, not polling", function()
+    -- rank 1 ends first; its connection to rank 0 finishes closing only when
+    -- rank 0 answers its close, which it cannot while its loop is held (as a
+    -- rank that has no core to run on): meanwhile rank 1 must sleep in the
+    -- loop (a 5 ms poll here woke it 200 times a second, and a thousand
+    -- finished ranks took the CPU from those still running)
+    local r, lines = S.checked_world(2, [[
+      local tensor = require "tensor"
+      local core = require "rpchost.core"
+      local sched = require "rpchost.sched"
+      dist.init_process_group{backend = "gloo"}
+      local pids = tensor.zeros(2, {dtype = tensor.float64})
+      pids[rank + 1] = core.getpid()
+      dist.all_reduce(pids)
+      if rank == 1 then
+        dist.recv(pids, 0) -- (sent just before rank 0 holds its loop)
+        dist.destroy_process_group()
+        return
+      end
+      local function switches()
+        local f = io.open(("/proc/%d/status"):format(pids[2]:item()))
+        if not f then return nil end
+        local s = f:read("*a")
+        f:close()
+        return tonumber(s:match("voluntary_ctxt_switches:%s*(%d+)")), s:match("State:%s*(%a)")
+      end
+      dist.send(pids, 1)
+      core.flush()
+      core.sleep_ms(300) -- (the loop held: nothing of rank 1's close is read)
+      local a = switches()
+      core.sleep_ms(1000)
+      local b, state = switches()
+      check("rank 1 still waits for the close", a and b and state ~= "Z", state)
+      check("asleep meanwhile", a and b and b - a < 20, a and b and (b - a))
+      dist.destroy_process_group()
+    ]], {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_oks(r, lines, {"rank 1 still waits for the close", "asleep meanwhile"})
+  end)
+end)
+
 describe("the launcher that hosts the store", function()
   it("runs at a raised priority where it may, and its ranks at the one it had", function()
     local ffi = require "ffi"

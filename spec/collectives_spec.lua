@@ -46,6 +46,82 @@ describe("collectives", function()
     end)
   end
 
+  -- one pass over each rank's chunk, reading it from every peer and writing the
+  -- result into every peer's tensor; 400003 elements: chunks of one to four
+  -- 256 KiB pieces that do not divide evenly
+  local one_pass = [[
+    dist.init_process_group{backend = "gloo"}
+    local used = require("rpchost.collectives").used
+    local N = 400003
+    local function input(r, dt)
+      local x = (tensor.arange(N, {dtype = tensor.int64}) + r) % 3 + 1
+      if dt == "bool" then return x:eq(2) end
+      return x:to(tensor[dt])
+    end
+    local warm = tensor.ones(N) -- (connects every pair: direct needs every connection)
+    dist.all_reduce(warm)
+    check("warm-up", warm:equal(tensor.ones(N) * world_size))
+    local before = {one_pass = used.one_pass, direct = used.direct}
+    for _, dt in ipairs({"float32", "float64", "int32", "int64", "uint8", "bool"}) do
+      for _, op in ipairs({"SUM", "PRODUCT", "MIN", "MAX", "AVG"}) do
+        if op ~= "AVG" or dt:find("float") then
+          local want = input(0, dt)
+          for r = 1, world_size - 1 do
+            local x = input(r, dt)
+            if dt == "bool" then -- (sum: or, product: and)
+              want = (op == "SUM" or op == "MAX") and tensor.maximum(want, x) or tensor.minimum(want, x)
+            elseif op == "SUM" or op == "AVG" then want = want + x
+            elseif op == "PRODUCT" then want = want * x
+            elseif op == "MIN" then want = tensor.minimum(want, x)
+            else want = tensor.maximum(want, x) end
+          end
+          if op == "AVG" then want = want / world_size end
+          local t = input(rank, dt)
+          dist.all_reduce(t, dist.ReduceOp[op])
+          check(("all_reduce %s %s"):format(op, dt), t:equal(want))
+        end
+      end
+    end
+    print(("used one_pass %d direct %d"):format(used.one_pass - before.one_pass, used.direct - before.direct))
+    dist.barrier()
+    dist.destroy_process_group()
+  ]]
+  for _, n in ipairs({2, 3, 4}) do
+    it(("reduce in one pass, writing into the peers' tensors, exactly, in a world of %d"):format(n), function()
+      local r = run_world(n, one_pass, {timeout = 120, env = {RPCHOST_DIRECT_BYTES = 65536}})
+      assert_clean(r, n * 27)
+      assert.truthy(r.out:find("used one_pass 26 direct 0", 1, true), r.out)
+    end)
+  end
+
+  it("read only, in two passes, where writing the peers' memory is off", function()
+    local r = run_world(2, one_pass, {timeout = 120, env = {RPCHOST_CMA_WRITE = "0", RPCHOST_DIRECT_BYTES = 65536}})
+    assert_clean(r, 2 * 27)
+    assert.truthy(r.out:find("used one_pass 0 direct 26", 1, true), r.out)
+  end)
+
+  it("fail with unreachable, naming the rank, when a rank dies inside a one-pass all_reduce", function()
+    -- rank 1 has sent its tensor's address, then exits instead of reducing: the
+    -- others' reads and writes of its memory fail, and nobody waits for it
+    local r = run_world(3, [[
+      dist.init_process_group{backend = "gloo", timeout = 30}
+      local t = tensor.ones(1048576)
+      dist.all_reduce(t)
+      if rank == 1 then require("rpchost.core").cma_all_reduce = function() os.exit(0) end end
+      local t0 = sched.now()
+      local ok, e = pcall(dist.all_reduce, t)
+      check("unreachable", not ok and e.kind == "unreachable" and e.rank == 1, e)
+      check("quickly", sched.now() - t0 < 5, sched.now() - t0)
+      ok, e = pcall(dist.barrier)
+      check("the group has stopped", not ok and tostring(e.message):find("earlier failure", 1, true), e)
+      os.exit(0)
+    ]], {timeout = 40})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    local _, oks = r.out:gsub("ok unreachable", "")
+    assert.are.equal(2, oks, r.out .. r.err)
+  end)
+
   it("use the ring for large tensors with the default threshold", function()
     local r = run_world(3, [[
       dist.init_process_group{backend = "gloo"}

@@ -4,6 +4,7 @@
  * a plain loop (BLAS has no integer GEMM). On a CUDA device: cuBLAS through the
  * kernels library (device.c). */
 #include <cblas.h>
+#include <dlfcn.h>
 #include <limits.h>
 #include <string.h>
 
@@ -27,6 +28,19 @@ static void blas_single_threaded(void) {
     openblas_set_num_threads(1);
     __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
   }
+}
+
+/* OpenBLAS's pthreads build starts its threads when the library loads, before
+ * main, and each spins on sched_yield for its THREAD_TIMEOUT (2^28 TSC cycles,
+ * about 0.1 s of wall clock) before it sleeps. rpchost never gives them work
+ * (above), so they are stopped at once: a world of 1,024 ranks starting on two
+ * cores made 1.8 million sched_yield calls (a context switch each, 1,700 per
+ * rank; 15 -> 10 s for the world). blas_thread_shutdown_ is looked up, not
+ * linked: another BLAS, or an OpenBLAS without it, just keeps its threads. */
+void rh_blas_quiet(void) {
+  blas_single_threaded();
+  int (*shutdown)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
+  if (shutdown) shutdown();
 }
 
 static void blas_call(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,

@@ -155,6 +155,10 @@ int rh_tensor_fill_(rh_tensor_t *t, double v);
 
 /* ops. out NULL: a new tensor; out given: written in place (returns out retained). */
 rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out);
+/* a[i] op b[i] (or b[0] when b_scalar) over n contiguous elements, on this thread (no
+ * pool, no checks of shapes): for callers that cut work into cache-sized pieces */
+int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
+                   int b_scalar);
 rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float,
                                      int scalar_first, rh_tensor_t *out);
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out);
@@ -188,6 +192,10 @@ rh_tensor_t *rh_tensor_randint(rh_dtype_t t, int64_t low, int64_t high, int ndim
 rh_tensor_t *rh_tensor_randperm(rh_dtype_t t, int64_t n, int64_t base);
 rh_tensor_t *rh_tensor_bernoulli(rh_tensor_t *p);
 rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, int64_t base);
+
+/* stops the BLAS library's own threads, which rpchost never uses (matmul.c):
+ * called once at start */
+void rh_blas_quiet(void);
 
 /* a pool of threads for large elementwise work */
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);

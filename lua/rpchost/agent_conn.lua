@@ -379,7 +379,7 @@ function C:on_auth(conn, body)
   end
   conn:prove()
   st.rank, st.inc = st.claim, a.inc
-  p.reads_peer = cma.accept(a.cma, conn, self.cma)
+  p.reads_peer, p.writes_peer = cma.accept(a.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and a.cma.pid or nil
   st.shm = self.shm and conn:is_local() and a.shm == true
   -- the rings (one memory file, passed with the verdict), when both want them
@@ -481,7 +481,7 @@ function C:on_ready(conn, body)
   end
   st.ready, st.inc, p.inc = true, a.inc, a.inc
   if p.dialling == conn then p.dialling = nil end
-  p.reads_peer = cma.accept(a.cma, conn, self.cma)
+  p.reads_peer, p.writes_peer = cma.accept(a.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and a.cma.pid or nil
   st.shm = self.shm and conn:is_local() and a.shm == true
   self:peer_ready(p, conn)

@@ -136,8 +136,11 @@ end
 
 -- With `prefix` and `on_other`, a message from the same rank under another key
 -- with that prefix (already there, or arriving while waiting) is shown to
--- on_other(values, ctx), which may raise; otherwise the wait goes on.
-function C:receive(rank, key, timeout, what, prefix, on_other, ctx)
+-- on_other(values, ctx), which may raise; otherwise the wait goes on. With
+-- `past_abort`, an abort of the group does not end the wait (the sender's loss
+-- and the deadline still do): a rank whose memory a peer may be writing must
+-- hear that peer stop, whatever went wrong elsewhere.
+function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   if prefix then
     for k, v in pairs(self.mail[rank] or NO_MAIL) do
@@ -151,7 +154,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx)
       box[key] = nil
       return unpack(v, 1, v.n)
     end
-    if self.aborted then error(self.aborted, 0) end
+    if self.aborted and not past_abort then error(self.aborted, 0) end
     if self.lost[rank] then error(self.lost[rank], 0) end
     local ws = self.mail_waiters[rank]
     if not ws then ws = {}; self.mail_waiters[rank] = ws end
@@ -171,11 +174,13 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx)
       error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
         what or "a message", rank), {rank = rank}), 0)
     end
-    if errors.is(got) then error(got, 0) end
-    if type(got) == "table" and got.other then
-      on_other(got.values, ctx)
-    else
-      return unpack(got, 1, got.n)
+    if not (past_abort and got ~= nil and got == self.aborted) then -- (else: the group stopped, wait on)
+      if errors.is(got) then error(got, 0) end
+      if type(got) == "table" and got.other then
+        on_other(got.values, ctx)
+      else
+        return unpack(got, 1, got.n)
+      end
     end
   end
 end

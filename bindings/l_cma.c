@@ -1,0 +1,113 @@
+/* l_cma.c: cross-memory attach for Lua (host/net/cma.h): large collectives
+ * between ranks on one host read and write tensor bytes straight in a peer's
+ * memory, one copy instead of a pass through sockets. rpchost.cma proves per
+ * connection that it works; rpchost.collectives uses it. */
+#include <string.h>
+#include <unistd.h>
+
+#include "net/cma.h"
+#include "rh_lua.h"
+
+/* t_address(t) -> the address of a contiguous tensor's first byte, as a number */
+static int l_address(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, 1, "address");
+  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "address: the tensor is not contiguous");
+  lua_pushnumber(L, (double)(uintptr_t)rh_tensor_data(t));
+  return 1;
+}
+
+/* cma_read_into(pid, addr, dst) -> true | nil, message: fills the contiguous
+ * tensor dst with its byte size read from pid's memory at addr */
+static int l_cma_read_into(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "cma_read_into");
+  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_read_into: the destination is not contiguous");
+  int rc = rh_cma_read(pid, rh_tensor_data(t), addr, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+  rh_tensor_bump_version(t);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(-rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* cma_probe(pid, addr, expected) -> readable, writable: whether `expected` can
+ * be read at addr in pid, and written back there */
+static int l_cma_probe(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  size_t len;
+  const char *want = luaL_checklstring(L, 3, &len);
+  int readable = 0, writable = 0;
+  if (pid != getpid()) rh_cma_probe(pid, addr, want, len, &readable, &writable);
+  lua_pushboolean(L, readable);
+  lua_pushboolean(L, writable);
+  return 2;
+}
+
+/* cma_token() -> pid, address, bytes: something a peer can read (and write back
+ * unchanged) to prove it may */
+static int l_cma_token(lua_State *L) {
+  static char token[33];
+  if (!token[0]) {
+    uint64_t a = uv_hrtime() ^ ((uint64_t)getpid() << 32), b = (uint64_t)(uintptr_t)&token * 2654435761u;
+    snprintf(token, sizeof token, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+  }
+  lua_pushinteger(L, getpid());
+  lua_pushnumber(L, (double)(uintptr_t)token);
+  lua_pushlstring(L, token, 32);
+  return 3;
+}
+
+/* cma_all_reduce(flat, me, pids, addrs, binop, divisor) -> true | nil, message,
+ * group index of the rank it failed with (or nil): rh_cma_all_reduce over the
+ * group's ranks (pids[i], addrs[i] for group index i - 1; this rank's own
+ * entries are ignored); divisor 0 for none */
+static int l_cma_all_reduce(lua_State *L) {
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, 1, "cma_all_reduce");
+  int me = (int)luaL_checkinteger(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  int op = (int)luaL_checkinteger(L, 5);
+  double divisor = luaL_optnumber(L, 6, 0);
+  int n = (int)lua_objlen(L, 3);
+  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_all_reduce: the tensor is not contiguous");
+  if (n < 1 || (int)lua_objlen(L, 4) != n || me < 0 || me >= n)
+    return luaL_error(L, "cma_all_reduce: %d pids, %d addresses, rank %d", n, (int)lua_objlen(L, 4), me);
+  if (op < 0 || op >= RH_NBINOPS) return luaL_error(L, "cma_all_reduce: unknown op %d", op);
+  rh_cma_peer_t *ranks = lua_newuserdata(L, sizeof *ranks * (size_t)n);
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, 3, i + 1);
+    lua_rawgeti(L, 4, i + 1);
+    ranks[i].pid = i == me ? 0 : (pid_t)lua_tointeger(L, -2);
+    ranks[i].addr = i == me ? 0 : (uintptr_t)lua_tonumber(L, -1);
+    lua_pop(L, 2);
+    if (i != me && (ranks[i].pid <= 0 || ranks[i].addr == 0))
+      return luaL_error(L, "cma_all_reduce: no process or address for rank %d", i);
+  }
+  int failed;
+  int rc = rh_cma_all_reduce(ranks, n, me, rh_tensor_data(t), t->dtype, rh_tensor_numel(t), (rh_binop_t)op, divisor,
+                             &failed);
+  rh_tensor_bump_version(t);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, rc == RH_ENOMEM ? "out of memory" : strerror(-rc));
+    if (failed >= 0) lua_pushinteger(L, failed);
+    else lua_pushnil(L);
+    return 3;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+int rh_open_cma(lua_State *L) {
+  static const luaL_Reg fns[] = {{"t_address", l_address},   {"cma_read_into", l_cma_read_into},
+                                 {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
+                                 {"cma_all_reduce", l_cma_all_reduce}, {NULL, NULL}};
+  lua_newtable(L);
+  luaL_register(L, NULL, fns);
+  return 1;
+}
