@@ -184,6 +184,26 @@ describe("rpchost run", function()
     assert.truthy(r0.out:find("from 3: w3", 1, true))
     assert.truthy(r1.out:find("from 0: w0", 1, true))
   end)
+  it("keeps node 0's store open for another node's ranks still using it when its own have left", function()
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      if rank == 1 then
+        local store = require "rpchost.store"
+        local c = store.connect(os.getenv("MASTER_ADDR"), tonumber(os.getenv("MASTER_PORT")), 10)
+        require("rpchost.sched").sleep(1) -- rank 0 and its launcher's ranks are gone by now
+        c:set("late", "still here")
+        print("store says " .. c:get("late"))
+      end
+    ]])
+    local common = {"run", "--nproc-per-node", "1", "--nnodes", "2", "--master-port", tostring(port)}
+    local a = {unpack(common)}; a[#a + 1] = "--node-rank"; a[#a + 1] = "0"; a[#a + 1] = path
+    local b = {unpack(common)}; b[#b + 1] = "--node-rank"; b[#b + 1] = "1"; b[#b + 1] = path
+    local h0, h1 = S.start(a), S.start(b)
+    local r0, r1 = h0:wait(30), h1:wait(30)
+    assert.are.equal(0, r0.status, r0.err)
+    assert.are.equal(0, r1.status, r1.err)
+    assert.truthy(r1.out:find("store says still here", 1, true), r1.out .. r1.err)
+  end)
 end)
 
 describe("script shipping", function()

@@ -296,7 +296,14 @@ local function run(o)
 
   while live > 0 do sched.suspend("ranks to exit") end
   for _, w in ipairs(watchers) do w:close() end
-  if server then server:close() end
+  -- other nodes' ranks may still be in their last store round (shutdown's
+  -- count) when this node's have left: the store waits, bounded, for their
+  -- connections to close rather than resetting them mid-request
+  if server and o.nnodes > 1 and not failed and not signal_seen then
+    server:linger(tonumber(os.getenv("RPCHOST_STORE_LINGER")) or 30)
+  elseif server then
+    server:close()
+  end
 
   local code = 0
   if failed then
