@@ -187,10 +187,11 @@ describe("rpchost run", function()
   it("keeps node 0's store open for another node's ranks still using it when its own have left", function()
     local port = S.free_port()
     local path = S.write(S.prelude .. [[
+      local c = require("rpchost.store").connect(os.getenv("MASTER_ADDR"), tonumber(os.getenv("MASTER_PORT")), 10)
+      if rank == 0 then c:wait({"rank 1 in"}) end -- then it leaves, and node 0 has no ranks left
       if rank == 1 then
-        local store = require "rpchost.store"
-        local c = store.connect(os.getenv("MASTER_ADDR"), tonumber(os.getenv("MASTER_PORT")), 10)
-        require("rpchost.sched").sleep(1) -- rank 0 and its launcher's ranks are gone by now
+        c:set("rank 1 in", "1")
+        require("rpchost.sched").sleep(1) -- rank 0 is gone by now
         c:set("late", "still here")
         print("store says " .. c:get("late"))
       end
