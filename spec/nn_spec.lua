@@ -560,6 +560,7 @@ describe("convolution's column paths against a tap-by-tap reference", function()
     {"narrow rows of 3 (gathered, a padded row of 5)", {3, 4, 3, 3, 5, 3, 1, 1, 1}},
     {"narrow rows, stride 2 (gathered and scattered)", {3, 4, 9, 9, 5, 3, 2, 1, 1}},
     {"1x1 stride 2 (gathered)", {4, 8, 9, 9, 6, 1, 2, 0, 1}},
+    {"1x1 stride 1 (the input is its own columns), 4x4 maps", {5, 8, 4, 4, 6, 1, 1, 0, 1}},
     {"2x2 maps (ResNet's last stage)", {8, 16, 2, 2, 8, 3, 1, 1, 1}},
   } do
     for _, dt in ipairs{tensor.float32, tensor.float64} do

@@ -399,7 +399,12 @@ static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, c
  * its own product: the copies into and out of a block cost more than the
  * wider GEMM saved (a ResNet shard at 16x16: 7.8 -> 6.5 ms with 1024 -> 256;
  * 128 made the 8x8 stage's products too thin). One part (a batch of one, or
- * one thread) splits each product over the pool instead (rh__gemm). */
+ * one thread) splits each product over the pool instead (rh__gemm). A 1x1
+ * convolution at stride 1 is a product of its own per sample, reading the input
+ * and writing the output in place: blocking it copied the inputs into a block
+ * and the outputs out of one (and in backward the output gradients, the inputs
+ * again and the input gradients), which cost more than the wider product
+ * saved (a ResNet shard's 8x8..2x2 stages: 5% of its step, 8% of its forward). */
 #define CONV_BLOCK_COLS 256          /* nb*L this wide is enough for GEMM */
 #define CONV_BLOCK_BYTES (8ll << 20) /* a part's column buffer beyond one sample */
 
@@ -431,7 +436,7 @@ static void plan(conv_job_t *j) {
   j->per = (g->n + j->parts - 1) / j->parts;
   if (j->per < 1) j->per = 1; /* an empty batch: one part with nothing to do */
   j->parts = g->n ? (g->n + j->per - 1) / j->per : 1;
-  int64_t nb = (CONV_BLOCK_COLS + g->l - 1) / g->l;
+  int64_t nb = g->direct ? 1 : (CONV_BLOCK_COLS + g->l - 1) / g->l;
   int64_t fit = CONV_BLOCK_BYTES / ((g->c * g->kh * g->kw + g->o + 1) * g->l * (int64_t)j->es);
   if (nb > fit) nb = fit;
   if (nb > j->per) nb = j->per;
@@ -439,8 +444,7 @@ static void plan(conv_job_t *j) {
 }
 
 /* between a block [rows, nb*L] (row o: the block's samples side by side) and
- * the samples [n][rows][L]: outputs (rows = O), or a direct convolution's
- * inputs (rows = C, where the columns are the image). Rows of L elements are
+ * the samples [n][rows][L]: outputs and their gradients (rows = O). Rows of L elements are
  * short where blocks are used at all (L = 4..64: a memcpy call per row cost
  * more than the copy), so they are copied by rows_f32/f64 without calls. */
 static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t nbk, int64_t rows, int to_block) {
@@ -463,7 +467,7 @@ static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t 
 static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
   const geom_t *g = &j->g;
   int64_t ld = j->nb * g->l;
-  int in_place = g->direct && j->nb == 1;
+  int in_place = g->direct; /* one sample at a time (plan()): the input is its columns */
   *cols = in_place ? NULL : malloc((size_t)(g->c * g->kh * g->kw * ld) * j->es);
   *blk = j->nb > 1 ? malloc((size_t)(g->o * ld) * j->es) : NULL;
   s->padded = g->padded && !g->direct ? malloc((size_t)(g->c * g->hp * g->wp) * j->es) : NULL;
@@ -487,11 +491,7 @@ static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
 static const char *block_cols(conv_job_t *j, int64_t n0, int64_t nbk, char *cols, const scratch_t *sc) {
   const geom_t *g = &j->g;
   const char *x0 = j->x + (size_t)(n0 * g->c * g->h * g->w) * j->es;
-  if (g->direct && nbk == 1) return x0;
-  if (g->direct) { /* the columns are the samples' channels side by side */
-    block_copy(j, cols, (char *)x0, nbk, g->c, 1);
-    return cols;
-  }
+  if (g->direct) return x0; /* nbk is 1 (plan()) */
   for (int64_t s = 0; s < nbk; s++)
     sample_cols(g, j->p, j->dt, x0 + (size_t)(s * g->c * g->h * g->w) * j->es, sc,
                 cols + (size_t)(s * g->l) * j->es, nbk * g->l, 0);
@@ -601,13 +601,11 @@ static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk,
     /* gcols_g = W_g^T [kg, og] @ gY_g [og, ld], added back into each image
      * (the direct case's columns are the image: the product writes it) */
     char *gxn = j->gx + (size_t)(n0 * g->c * g->h * g->w) * es;
-    int direct = g->direct && nbk == 1;
-    char *dst = direct ? gxn : cols;
+    char *dst = g->direct ? gxn : cols; /* direct: one sample (plan()) */
     for (int64_t gi = 0; gi < g->g; gi++)
       rh__gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
                gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
-    if (g->direct && nbk > 1) block_copy(j, cols, gxn, nbk, g->c, 0); /* each pixel has one column entry */
-    else if (!direct)
+    if (!g->direct)
       for (int64_t s = 0; s < nbk; s++)
         sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, sc, cols + (size_t)(s * g->l) * es,
                     ld, 1);
