@@ -550,9 +550,17 @@ describe("convolution's column paths against a tap-by-tap reference", function()
     {"wide rows with a tail (37), padded", {3, 3, 11, 37, 4, 3, 1, 1, 1}},
     {"wide rows, stride 2 (the stem's 7x7)", {2, 3, 40, 38, 5, 7, 2, 3, 1}},
     {"wide rows, dilation 2", {2, 4, 19, 40, 3, 3, 1, 2, 2}},
-    {"narrow rows (gathered), padded", {5, 6, 4, 4, 7, 3, 1, 1, 1}},
-    {"narrow rows of 15 (a gather's masked tail)", {2, 3, 6, 15, 4, 3, 1, 1, 1}},
+    -- float32 with AVX-512: im2col copies rows of 4..15 at stride 1 as masked
+    -- vectors (else gathers); col2im sums planes whose padded rows are <= 16 wide
+    -- (and stride 1 along them) a row per register (else scatters)
+    {"narrow rows of 4, padded", {5, 6, 4, 4, 7, 3, 1, 1, 1}},
+    {"narrow rows of 15", {2, 3, 6, 15, 4, 3, 1, 1, 1}},
+    {"8x8 maps (ResNet's second stage), padded", {4, 5, 8, 8, 6, 3, 1, 1, 1}},
+    {"narrow rows of 9, dilation 2", {2, 3, 9, 9, 4, 3, 1, 2, 2}},
+    {"narrow rows of 3 (gathered, a padded row of 5)", {3, 4, 3, 3, 5, 3, 1, 1, 1}},
+    {"narrow rows, stride 2 (gathered and scattered)", {3, 4, 9, 9, 5, 3, 2, 1, 1}},
     {"1x1 stride 2 (gathered)", {4, 8, 9, 9, 6, 1, 2, 0, 1}},
+    {"1x1 stride 1 (the input is its own columns), 4x4 maps", {5, 8, 4, 4, 6, 1, 1, 0, 1}},
     {"2x2 maps (ResNet's last stage)", {8, 16, 2, 2, 8, 3, 1, 1, 1}},
   } do
     for _, dt in ipairs{tensor.float32, tensor.float64} do

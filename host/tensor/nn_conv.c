@@ -4,7 +4,10 @@
  * part's column buffer holds a few samples' worth at most, so memory stays near
  * the size of the output. A 1x1 kernel with stride 1 and no padding reads the
  * input itself as its columns; other columns are read from a zero-padded copy
- * of each sample (see the column matrix below). */
+ * of each sample (see the column matrix below). float32 rows of 4..15 at
+ * stride 1 are copied as masked vectors, and planes whose padded rows fit a
+ * vector are summed back (col2im) a row per register, where the CPU has
+ * AVX-512. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +103,16 @@ __attribute__((target("avx512f"))) static void scatter_add_f32_avx512(float *res
   }
   for (; i < n; i++) dst[base[i]] += src[i];
 }
+/* Stride-1 narrow rows (NARROW_MIN <= ow < 16: ResNet's 8x8 and 4x4 maps):
+ * a tap's column row is oh rows of ow contiguous elements of the padded
+ * plane, one masked 64-byte load and store each, where the gather loads
+ * element by element (a 16-wide gather costs some 8 cycles; two 8-element rows
+ * cost two). Lanes past ow are neither read nor written. */
+__attribute__((target("avx512f"))) static void narrow_rows_f32_avx512(float *restrict dst, const float *restrict src,
+                                                                      int64_t sld, int64_t rows, int64_t len) {
+  __mmask16 m = (__mmask16)((1u << len) - 1);
+  for (int64_t r = 0; r < rows; r++) _mm512_mask_storeu_ps(dst + r * len, m, _mm512_maskz_loadu_ps(m, src + r * sld));
+}
 #define SCATTER_ADD_AVX512 1
 #else
 GATHER_FN(gather_f32, float)
@@ -155,16 +168,39 @@ ROWS_FN(rows_f64, double, conv_vd)
 #define ROWS_double rows_f64
 #define GATHER_float gather_f32
 #define GATHER_double gather_f64
+#if SCATTER_ADD_AVX512
+#define NARROW_ROWS_float narrow_rows_f32_avx512
+#else /* never taken (narrow_rows() is 0): the names only have to compile */
+#define NARROW_ROWS_float(d, s, sld, rows, len) ((void)0)
+#endif
+/* narrow_rows() is 0 for float64 */
+#define NARROW_ROWS_double(d, s, sld, rows, len) ((void)0)
+
+/* whether a tabled geometry's float32 rows take the masked row path (above)
+ * instead of the gather: stride 1 along the row, rows of at least NARROW_MIN
+ * (shorter ones, 2x2 maps, fill a gather better than a row each) */
+#define NARROW_MIN 4
+static int narrow_rows(const cols_job_t *j) {
+#if SCATTER_ADD_AVX512
+  return j->dt == RH_F32 && j->p->stride[1] == 1 && j->ow >= NARROW_MIN && j->ow < 16 &&
+         __builtin_cpu_supports("avx512f");
+#else
+  (void)j;
+  return 0;
+#endif
+}
 
 #define IM2COL_ROWS(T)                                                                                 \
   do {                                                                                                 \
     const T *xp = (const T *)j->xp;                                                                    \
     T *col = (T *)j->cols;                                                                             \
     int64_t taps = j->kh * j->kw, l = j->oh * j->ow;                                                   \
+    int narrow = narrow_rows(j);                                                                       \
     for (int64_t r = lo; r < hi; r++) {                                                                \
       const T *src = xp + (r / taps) * j->hp * j->wp + tap_offset(j, r % taps);                        \
       T *dst = col + r * j->ld;                                                                        \
-      if (j->base) GATHER_##T(dst, src, j->base, l);                                                   \
+      if (narrow) NARROW_ROWS_##T(dst, src, j->p->stride[0] * j->wp, j->oh, j->ow);                     \
+      else if (j->base) GATHER_##T(dst, src, j->base, l);                                              \
       else ROWS_##T(dst, j->ow, src, j->p->stride[0] * j->wp, j->oh, j->ow, j->p->stride[1]);          \
     }                                                                                                  \
   } while (0)
@@ -200,8 +236,56 @@ static void im2col_rows(void *ctx, int64_t lo, int64_t hi) {
       }                                                                                                \
   } while (0)
 
+/* col2im of one channel whose padded rows fit a vector (wp <= 16, stride 1
+ * along the row; ResNet's 8x8 maps and smaller): each padded row is summed in
+ * a register's worth of stack, a tap's column row added in shifted by its
+ * column offset, and written once. Adding into the plane row by row instead
+ * (masked loads and stores, or the scatter) read back what the previous tap
+ * had just stored at an offset of one element, which the store buffer cannot
+ * forward: each such add waited for the store to retire. The terms are added
+ * in the same order (tap by tap, from zero) as the scalar loop: the same bits. */
+#define NARROW_HP 64 /* padded rows at most (the stack buffer) */
+static int narrow_planes(const cols_job_t *j) {
+#if SCATTER_ADD_AVX512
+  return j->dt == RH_F32 && j->p->stride[1] == 1 && j->wp <= 16 && j->hp <= NARROW_HP &&
+         __builtin_cpu_supports("avx512f");
+#else
+  (void)j;
+  return 0;
+#endif
+}
+#if SCATTER_ADD_AVX512
+__attribute__((target("avx512f"))) static void narrow_col2im_f32_avx512(const cols_job_t *j, int64_t ci) {
+  __m512 acc[NARROW_HP];
+  int64_t taps = j->kh * j->kw, sy = j->p->stride[0], dy = j->p->dil[0], dx = j->p->dil[1];
+  const float *col = (const float *)j->cols + ci * taps * j->ld;
+  __mmask16 m = (__mmask16)((1u << j->ow) - 1);
+  for (int64_t py = 0; py < j->hp; py++) acc[py] = _mm512_setzero_ps();
+  for (int64_t tap = 0; tap < taps; tap++) {
+    int64_t ki = tap / j->kw, off = (tap - ki * j->kw) * dx;
+    const float *src = col + tap * j->ld;
+    /* lane off + i takes src[i]: a load from `off` elements before the row,
+     * whose lanes below off are masked off (never read) */
+    for (int64_t oy = 0; oy < j->oh; oy++) {
+      const float *at = (const float *)((uintptr_t)(src + oy * j->ow) - (uintptr_t)off * sizeof(float));
+      int64_t py = oy * sy + ki * dy;
+      acc[py] = _mm512_add_ps(acc[py], _mm512_maskz_loadu_ps((__mmask16)(m << off), at));
+    }
+  }
+  float *xp = (float *)j->xp + ci * j->hp * j->wp;
+  __mmask16 mw = (__mmask16)((1u << j->wp) - 1);
+  for (int64_t py = 0; py < j->hp; py++) _mm512_mask_storeu_ps(xp + py * j->wp, mw, acc[py]);
+}
+#endif
+
 static void col2im_channels(void *ctx, int64_t lo, int64_t hi) {
   cols_job_t *j = ctx;
+#if SCATTER_ADD_AVX512
+  if (narrow_planes(j)) {
+    for (int64_t ci = lo; ci < hi; ci++) narrow_col2im_f32_avx512(j, ci);
+    return;
+  }
+#endif
   if (j->dt == RH_F32) COL2IM_CH(float);
   else COL2IM_CH(double);
 }
@@ -315,7 +399,12 @@ static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, c
  * its own product: the copies into and out of a block cost more than the
  * wider GEMM saved (a ResNet shard at 16x16: 7.8 -> 6.5 ms with 1024 -> 256;
  * 128 made the 8x8 stage's products too thin). One part (a batch of one, or
- * one thread) splits each product over the pool instead (rh__gemm). */
+ * one thread) splits each product over the pool instead (rh__gemm). A 1x1
+ * convolution at stride 1 is a product of its own per sample, reading the input
+ * and writing the output in place: blocking it copied the inputs into a block
+ * and the outputs out of one (and in backward the output gradients, the inputs
+ * again and the input gradients), which cost more than the wider product
+ * saved (a ResNet shard's 8x8..2x2 stages: 5% of its step, 8% of its forward). */
 #define CONV_BLOCK_COLS 256          /* nb*L this wide is enough for GEMM */
 #define CONV_BLOCK_BYTES (8ll << 20) /* a part's column buffer beyond one sample */
 
@@ -347,7 +436,7 @@ static void plan(conv_job_t *j) {
   j->per = (g->n + j->parts - 1) / j->parts;
   if (j->per < 1) j->per = 1; /* an empty batch: one part with nothing to do */
   j->parts = g->n ? (g->n + j->per - 1) / j->per : 1;
-  int64_t nb = (CONV_BLOCK_COLS + g->l - 1) / g->l;
+  int64_t nb = g->direct ? 1 : (CONV_BLOCK_COLS + g->l - 1) / g->l;
   int64_t fit = CONV_BLOCK_BYTES / ((g->c * g->kh * g->kw + g->o + 1) * g->l * (int64_t)j->es);
   if (nb > fit) nb = fit;
   if (nb > j->per) nb = j->per;
@@ -355,8 +444,7 @@ static void plan(conv_job_t *j) {
 }
 
 /* between a block [rows, nb*L] (row o: the block's samples side by side) and
- * the samples [n][rows][L]: outputs (rows = O), or a direct convolution's
- * inputs (rows = C, where the columns are the image). Rows of L elements are
+ * the samples [n][rows][L]: outputs and their gradients (rows = O). Rows of L elements are
  * short where blocks are used at all (L = 4..64: a memcpy call per row cost
  * more than the copy), so they are copied by rows_f32/f64 without calls. */
 static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t nbk, int64_t rows, int to_block) {
@@ -379,7 +467,7 @@ static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t 
 static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
   const geom_t *g = &j->g;
   int64_t ld = j->nb * g->l;
-  int in_place = g->direct && j->nb == 1;
+  int in_place = g->direct; /* one sample at a time (plan()): the input is its columns */
   *cols = in_place ? NULL : malloc((size_t)(g->c * g->kh * g->kw * ld) * j->es);
   *blk = j->nb > 1 ? malloc((size_t)(g->o * ld) * j->es) : NULL;
   s->padded = g->padded && !g->direct ? malloc((size_t)(g->c * g->hp * g->wp) * j->es) : NULL;
@@ -403,11 +491,7 @@ static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
 static const char *block_cols(conv_job_t *j, int64_t n0, int64_t nbk, char *cols, const scratch_t *sc) {
   const geom_t *g = &j->g;
   const char *x0 = j->x + (size_t)(n0 * g->c * g->h * g->w) * j->es;
-  if (g->direct && nbk == 1) return x0;
-  if (g->direct) { /* the columns are the samples' channels side by side */
-    block_copy(j, cols, (char *)x0, nbk, g->c, 1);
-    return cols;
-  }
+  if (g->direct) return x0; /* nbk is 1 (plan()) */
   for (int64_t s = 0; s < nbk; s++)
     sample_cols(g, j->p, j->dt, x0 + (size_t)(s * g->c * g->h * g->w) * j->es, sc,
                 cols + (size_t)(s * g->l) * j->es, nbk * g->l, 0);
@@ -517,13 +601,11 @@ static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk,
     /* gcols_g = W_g^T [kg, og] @ gY_g [og, ld], added back into each image
      * (the direct case's columns are the image: the product writes it) */
     char *gxn = j->gx + (size_t)(n0 * g->c * g->h * g->w) * es;
-    int direct = g->direct && nbk == 1;
-    char *dst = direct ? gxn : cols;
+    char *dst = g->direct ? gxn : cols; /* direct: one sample (plan()) */
     for (int64_t gi = 0; gi < g->g; gi++)
       rh__gemm(j->dt, 1, 0, g->kg, ld, g->og, j->w + (size_t)(gi * g->og * g->kg) * es, g->kg,
                gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
-    if (g->direct && nbk > 1) block_copy(j, cols, gxn, nbk, g->c, 0); /* each pixel has one column entry */
-    else if (!direct)
+    if (!g->direct)
       for (int64_t s = 0; s < nbk; s++)
         sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, sc, cols + (size_t)(s * g->l) * es,
                     ld, 1);
