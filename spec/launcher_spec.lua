@@ -205,6 +205,26 @@ describe("rpchost run", function()
     assert.are.equal(0, r1.status, r1.err)
     assert.truthy(r1.out:find("store says still here", 1, true), r1.out .. r1.err)
   end)
+  it("gives each of a host's ranks its share of the cores for its tensor thread pool", function()
+    local ncpu = tonumber(io.popen("nproc"):read("*l"))
+    local path = S.write([[
+      local t = require("tensor").ones(4194304) * 2 -- large enough to start the pool
+      local f = assert(io.open("/proc/self/status"))
+      print(("rank %s threads %s sum %d"):format(os.getenv("RANK"), f:read("*a"):match("Threads:%s*(%d+)"),
+        t:sum():item()))
+      f:close()
+    ]])
+    for _, n in ipairs({1, 2}) do
+      local r = S.run({"run", "--nproc-per-node", tostring(n), path}, {timeout = 30, unset = {"RPCHOST_NUM_THREADS",
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}})
+      assert.are.equal(0, r.status, r.err)
+      local want = math.min(16, math.max(1, math.floor(ncpu / n)))
+      for rank = 0, n - 1 do
+        assert.truthy(r.out:find(("rank %d threads %d sum %d"):format(rank, want, 2 * 4194304), 1, true),
+          ("%d ranks on %d cores: want %d threads each\n%s"):format(n, ncpu, want, r.out))
+      end
+    end
+  end)
 end)
 
 describe("script shipping", function()

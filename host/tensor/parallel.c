@@ -1,5 +1,11 @@
 /* parallel.c: a small pool of threads for large elementwise work. Threads start
- * on first use; RPCHOST_NUM_THREADS caps them.
+ * on first use; RPCHOST_NUM_THREADS sets how many. By default a process takes
+ * its share of the cores it may run on: all of them alone, cores / N when it is
+ * one of N ranks on this host (LOCAL_WORLD_SIZE, which `rpchost run` sets, or
+ * Open MPI's local size), at least one. N ranks each with a pool as large as the
+ * host oversubscribed the cores: a pipeline's two stages computing at once each
+ * waited on parts whose threads the other stage's had preempted (torchrun sets
+ * OMP_NUM_THREADS=1 for its ranks for the same reason).
  *
  * A job is cut into pieces of at least `grain` items, a few per thread, and the
  * caller and the workers claim pieces from one atomic counter until none is
@@ -15,6 +21,7 @@
  * Which thread runs a piece never changes a result: each piece's output depends
  * only on its range, so callers that sum do so over fixed parts. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -73,13 +80,22 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+static long default_threads(void) {
+  cpu_set_t set;
+  long ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+  const char *lws = getenv("LOCAL_WORLD_SIZE");
+  if (!lws || !*lws) lws = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  long local = lws && *lws ? atol(lws) : 1;
+  if (local < 1) local = 1;
+  return ncpu / local;
+}
+
 static void start_pool(void) {
   pthread_mutex_init(&pool.mu, NULL);
   pthread_cond_init(&pool.go, NULL);
   pthread_cond_init(&pool.done, NULL);
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   const char *env = getenv("RPCHOST_NUM_THREADS");
-  long want = env && *env ? atol(env) : ncpu;
+  long want = env && *env ? atol(env) : default_threads();
   if (want < 1) want = 1;
   if (want > MAX_THREADS) want = MAX_THREADS;
   pool.nthreads = 0;
