@@ -47,9 +47,33 @@ typedef struct {
 
 static int64_t gc_at = RH_GC_MIN; /* live tensor bytes at which the next collection runs */
 static int no_state_ref = LUA_NOREF; /* the shared environment of tensors without autograd state */
+/* The tensor metatable and its address: every op checks its operands, and
+ * luaL_checkudata looks the metatable up by name in the registry each time (a
+ * tenth of a small collective step went to those lookups). The table is never
+ * collected (the registry holds it) and LuaJIT does not move objects. */
+static int mt_ref = LUA_NOREF;
+static const void *tensor_mt;
+
+/* The box at i when it is a tensor, else NULL. */
+static ltensor_t *to_box(lua_State *L, int i) {
+  void *u = lua_touserdata(L, i);
+  if (!u) return NULL;
+  if (lua_getmetatable(L, i)) {
+    int same = lua_topointer(L, -1) == tensor_mt;
+    lua_pop(L, 1);
+    if (same) return u;
+  }
+  return luaL_testudata(L, i, TENSOR_MT); /* (another state's tensor, say) */
+}
+
+static ltensor_t *check_box(lua_State *L, int i) {
+  ltensor_t *b = to_box(L, i);
+  if (!b) luaL_typerror(L, i, TENSOR_MT);
+  return b;
+}
 
 rh_tensor_t *rh_lua_checktensor(lua_State *L, int i) {
-  ltensor_t *b = luaL_checkudata(L, i, TENSOR_MT);
+  ltensor_t *b = check_box(L, i);
   if (!b->t) luaL_error(L, "tensor already freed");
   return b->t;
 }
@@ -70,7 +94,7 @@ static rh_tensor_t *on_host(lua_State *L, rh_tensor_t *t) {
 }
 
 rh_tensor_t *rh_lua_totensor(lua_State *L, int i) {
-  ltensor_t *b = luaL_testudata(L, i, TENSOR_MT);
+  ltensor_t *b = to_box(L, i);
   return b ? b->t : NULL;
 }
 
@@ -91,7 +115,7 @@ int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
   }
   ltensor_t *b = lua_newuserdata(L, sizeof *b);
   b->t = t;
-  luaL_getmetatable(L, TENSOR_MT);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, mt_ref);
   lua_setmetatable(L, -2);
   lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
   lua_setfenv(L, -2);
@@ -100,7 +124,7 @@ int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
 
 /* t_ag(t) -> t's autograd state table, or nil (also for a non-tensor) */
 static int l_ag(lua_State *L) {
-  if (!luaL_testudata(L, 1, TENSOR_MT)) return 0;
+  if (!to_box(L, 1)) return 0;
   lua_getfenv(L, 1);
   lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
   if (lua_rawequal(L, -1, -2)) return 0;
@@ -110,7 +134,7 @@ static int l_ag(lua_State *L) {
 
 /* t_set_ag(t, state|nil): the state becomes part of t (freed with it) */
 static int l_set_ag(lua_State *L) {
-  luaL_checkudata(L, 1, TENSOR_MT);
+  check_box(L, 1);
   lua_settop(L, 2);
   if (lua_isnil(L, 2)) {
     lua_pop(L, 1);
@@ -147,7 +171,7 @@ static int l_alias(lua_State *L) {
  * caller proves nothing else refers to: the autograd engine's own gradients
  * (autograd.lua), whose memory would otherwise wait for a full collection. */
 static int l_gc(lua_State *L) {
-  ltensor_t *b = luaL_checkudata(L, 1, TENSOR_MT);
+  ltensor_t *b = check_box(L, 1);
   if (b->t) rh_tensor_release(b->t);
   b->t = NULL;
   return 0;
@@ -720,7 +744,7 @@ static int l_same_storage(lua_State *L) {
 }
 
 static int l_is_tensor(lua_State *L) {
-  lua_pushboolean(L, luaL_testudata(L, 1, TENSOR_MT) != NULL);
+  lua_pushboolean(L, to_box(L, 1) != NULL);
   return 1;
 }
 
@@ -731,6 +755,11 @@ static int l_metatable(lua_State *L) {
 
 int rh_open_tensor(lua_State *L) {
   rh_lua_class(L, TENSOR_MT, NULL, l_gc, NULL);
+  if (mt_ref == LUA_NOREF) {
+    luaL_getmetatable(L, TENSOR_MT);
+    tensor_mt = lua_topointer(L, -1);
+    mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   if (no_state_ref == LUA_NOREF) {
     lua_newtable(L);
     no_state_ref = luaL_ref(L, LUA_REGISTRYINDEX);

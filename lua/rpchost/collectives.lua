@@ -25,9 +25,6 @@ M.DIRECT_BYTES = tonumber(os.getenv("RPCHOST_DIRECT_BYTES")) or 1024 * 1024
 -- from this many ranks a small all_reduce goes up and down one binomial tree
 -- instead of recursive doubling (RPCHOST_TREE_RANKS to tune)
 M.TREE_RANKS = tonumber(os.getenv("RPCHOST_TREE_RANKS")) or 512
--- at or below this size a piece travels inside the message body, not as a payload
--- segment: a segment costs a storage of its own on arrival (~8 us a message)
-M.INLINE_BYTES = tonumber(os.getenv("RPCHOST_INLINE_BYTES")) or 4096
 
 local Group = {}
 Group.__index = Group
@@ -139,18 +136,17 @@ function Group:check_leftovers()
   end
 end
 
--- Sends t, which the caller may change afterwards: a small piece is copied into
--- the message body anyway (see send), only a larger one is cloned first.
+-- Sends t, which the caller may change afterwards: a copy of it goes.
 function Group:send_copy(c, i, step, t)
-  if core.t_dtype(t) ~= c.meta.dtype or core.t_nbytes(t) > M.INLINE_BYTES then t = core.t_clone(t) end
-  return self:send(c, i, step, t)
+  return self:send(c, i, step, core.t_clone(t))
 end
 
+-- A piece travels as a tensor, whatever its size: beside the message body, as a
+-- payload segment written from its memory, and on arrival copied straight into
+-- the storage of the tensor recv returns. (Pieces that went inside the body as
+-- strings were interned on both sides - hashing, and a memcmp against every
+-- earlier piece that looked alike - and cost more than the rest of a small step.)
 function Group:send(c, i, step, t)
-  -- (only pieces of the call's own dtype: recv rebuilds them with it)
-  if t and core.t_dtype(t) == c.meta.dtype and core.t_nbytes(t) <= M.INLINE_BYTES then
-    t = core.t_bytes(t)
-  end
   self.agent:post(self:global(i), c.key .. step, c.sig, t)
   -- out now: the peer is usually waiting for exactly this step, and this rank
   -- may go on to reduce or copy for a long while before the loop's next turn
@@ -211,14 +207,9 @@ function Group:recv(c, i, step)
     error(meta, 0)
   end
   if not same_call(meta, c) then self:mismatch(m, src, meta) end
-  if type(t) == "string" then
-    -- an inlined piece: the call's dtype (checked above) and its own length
-    local esize = core.dtype_size(m.dtype) -- m is this rank's own call
-    if #t % esize ~= 0 then
-      error(errors.new("protocol", ("%s: rank %d sent a piece of %d bytes, not a whole number of elements"):format(
-        m.op, src, #t)), 0)
-    end
-    t = core.t_from_bytes(m.dtype, {#t / esize}, t)
+  if t ~= nil and type(t) ~= "userdata" then
+    error(errors.new("protocol", ("%s: rank %d sent a piece that is not a tensor (a %s)"):format(m.op, src,
+      type(t))), 0)
   end
   return t
 end
