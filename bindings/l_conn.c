@@ -69,7 +69,7 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
     }
     rh_tensor_t *t = rh_tensor_on_storage(st, RH_U8, 0, 1, &n, &one);
     rh_storage_release(st);
-    rh_lua_pushtensor(L, t);
+    rh_lua_pushframetensor(L, t);
   }
   /* A frame we failed to handle leaves that conversation in an unknown state:
    * drop the connection, so whoever waits on it fails now instead of hanging. */

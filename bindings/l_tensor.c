@@ -43,6 +43,7 @@
 
 typedef struct {
   rh_tensor_t *t;
+  int frame; /* a received frame's segment: the codec's alone (rh_lua_pushframetensor) */
 } ltensor_t;
 
 static int64_t gc_at = RH_GC_MIN; /* live tensor bytes at which the next collection runs */
@@ -99,7 +100,11 @@ rh_tensor_t *rh_lua_totensor(lua_State *L, int i) {
 }
 
 /* Pushes a new userdata owning the reference t (NULL raises the core's message). */
-int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
+static int push_box(lua_State *L, rh_tensor_t *t, int frame);
+int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) { return push_box(L, t, 0); }
+int rh_lua_pushframetensor(lua_State *L, rh_tensor_t *t) { return push_box(L, t, 1); }
+
+static int push_box(lua_State *L, rh_tensor_t *t, int frame) {
   if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
   if (rh_storage_live_bytes() + rh_storage_max_alloc(0) > gc_at) {
     lua_gc(L, LUA_GCCOLLECT, 0);
@@ -115,6 +120,7 @@ int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
   }
   ltensor_t *b = lua_newuserdata(L, sizeof *b);
   b->t = t;
+  b->frame = frame;
   lua_rawgeti(L, LUA_REGISTRYINDEX, mt_ref);
   lua_setmetatable(L, -2);
   lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
@@ -605,7 +611,16 @@ static int l_reinterpret(lua_State *L) {
              (long long)numel, rh_dtype_name(dt), (long long)have);
     return luaL_error(L, "malformed message: %s", why);
   }
-  return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, dt, 0, n, size, stride));
+  rh_tensor_t *r = rh_tensor_on_storage(t->storage, dt, 0, n, size, stride);
+  ltensor_t *b = to_box(L, 1);
+  if (r && b->frame) {
+    /* a received segment becomes the value it carries: its bytes belong to that
+     * tensor alone from now on, so a collective that is done with a piece frees
+     * its memory at once (t_free) instead of leaving it to a full collection */
+    rh_tensor_release(b->t);
+    b->t = NULL;
+  }
+  return rh_lua_pushtensor(L, r);
 }
 
 /* ---- cross-memory attach: collectives on this host read tensor bytes straight

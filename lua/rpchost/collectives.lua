@@ -136,9 +136,13 @@ function Group:check_leftovers()
   end
 end
 
--- Sends t, which the caller may change afterwards: a copy of it goes.
+-- Sends t, which the caller may change afterwards: a copy of it goes. Once a
+-- connection took the copy (it copied or holds the bytes), the copy is freed at
+-- once: a small collective's copies left to a full collection of the Lua heap
+-- made one every few hundred steps, a tenth of each step's instructions.
 function Group:send_copy(c, i, step, t)
-  return self:send(c, i, step, core.t_clone(t))
+  local copy = core.t_clone(t)
+  if self:send(c, i, step, copy) then core.t_free(copy) end
 end
 
 -- A piece travels as a tensor, whatever its size: beside the message body, as a
@@ -147,10 +151,11 @@ end
 -- strings were interned on both sides - hashing, and a memcmp against every
 -- earlier piece that looked alike - and cost more than the rest of a small step.)
 function Group:send(c, i, step, t)
-  self.agent:post(self:global(i), c.key .. step, c.sig, t)
+  local taken = self.agent:post(self:global(i), c.key .. step, c.sig, t)
   -- out now: the peer is usually waiting for exactly this step, and this rank
   -- may go on to reduce or copy for a long while before the loop's next turn
   core.flush()
+  return taken
 end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
@@ -229,6 +234,25 @@ end
 
 local function snapshot(t) return core.t_clone(t) end
 
+-- A received piece (or a result made of one) this rank is done with: its memory
+-- goes now, not at the next full collection (which a stream of small steps would
+-- otherwise bring on every few hundred steps). Only for tensors recv made fresh.
+local function spent(t) core.t_free(t) end
+
+-- acc := acc (op) the piece received from rank i at step, which then goes.
+local function combine_recv(g, c, i, step, acc, redop)
+  local x = g:recv(c, i, step)
+  combine(acc, x, redop)
+  spent(x)
+end
+
+-- t := the piece received from rank i at step, which then goes.
+local function copy_recv(g, c, i, step, t)
+  local x = g:recv(c, i, step)
+  core.t_copy_(t, x)
+  spent(x)
+end
+
 -- all_reduce ----------------------------------------------------------------------------------
 local function recursive_doubling(g, c, flat, redop)
   local n, me = g.size, g.rank
@@ -237,10 +261,10 @@ local function recursive_doubling(g, c, flat, redop)
   if me >= p2 then
     -- fold the ranks beyond the largest power of two into their partners
     g:send_copy(c, me - p2, "f", flat)
-    core.t_copy_(flat, g:recv(c, me - p2, "b"))
+    copy_recv(g, c, me - p2, "b", flat)
     return
   end
-  if me < n - p2 then combine(flat, g:recv(c, me + p2, "f"), redop) end
+  if me < n - p2 then combine_recv(g, c, me + p2, "f", flat, redop) end
   local mask = 1
   while mask < p2 do
     local partner = bit.bxor(me, mask)
@@ -252,9 +276,11 @@ local function recursive_doubling(g, c, flat, redop)
     if partner < me then
       local r = core.t_binary(BIN[redop], x, flat)
       core.t_copy_(flat, r)
+      spent(r)
     else
       combine(flat, x, redop)
     end
+    spent(x)
     mask = mask * 2
   end
   if me < n - p2 then g:send_copy(c, me + p2, "b", flat) end
@@ -274,22 +300,24 @@ local function tree(g, c, flat, redop)
   local mask = 1
   while mask < low do
     -- (the lower rank's operand first, as everywhere: the same bits on every rank)
-    if v + mask < n then combine(flat, g:recv(c, v + mask, "tu" .. mask), redop) end
+    if v + mask < n then combine_recv(g, c, v + mask, "tu" .. mask, flat, redop) end
     mask = mask * 2
   end
   if v ~= 0 then
     g:send_copy(c, v - low, "tu" .. low, flat)
-    core.t_copy_(flat, g:recv(c, v - low, "td"))
+    copy_recv(g, c, v - low, "td", flat)
   end
-  local snap = nil
+  local snap, taken = nil, true
   mask = low / 2
   while mask >= 1 do
     if v + mask < n then
       snap = snap or snapshot(flat)
-      g:send(c, v + mask, "td", snap)
+      taken = g:send(c, v + mask, "td", snap) and taken
     end
     mask = mask / 2
   end
+  -- (once every connection took it, the copy goes: see send_copy)
+  if snap and taken then spent(snap) end
 end
 
 local function ring(g, c, flat, redop)
