@@ -274,9 +274,8 @@ local function recursive_doubling(g, c, flat, redop)
     local x = g:recv(c, partner, "d" .. mask)
     -- the lower rank's operand first, so both partners compute the same bits
     if partner < me then
-      local r = core.t_binary(BIN[redop], x, flat)
-      core.t_copy_(flat, r)
-      spent(r)
+      -- (into flat itself: an elementwise op reads each element before it writes it)
+      core.t_binary(BIN[redop], x, flat, flat)
     else
       combine(flat, x, redop)
     end
