@@ -47,17 +47,29 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   const uint8_t *p = f->segs;
   luaL_checkstack(L, (int)f->hdr.nseg + 8, "too many segments");
   for (uint32_t i = 0; i < f->hdr.nseg; i++) {
+    /* every segment reaches Lua as a 1-D uint8 tensor, never as a string: a
+     * tensor's bytes made a Lua string to intern (hashing, and a memcmp against
+     * each earlier piece of a collective that looked alike) and were copied once
+     * more into the tensor the decoder made of it */
+    int64_t n = (int64_t)f->seg_len[i], one = 1;
+    rh_storage_t *st;
     if (f->seg_owner) {
-      /* read straight into a storage: hand it to Lua as a 1-D uint8 tensor */
-      rh_storage_t *st = f->seg_owner[i];
-      int64_t n = (int64_t)f->seg_len[i], one = 1;
-      rh_tensor_t *t = rh_tensor_on_storage(st, RH_U8, 0, 1, &n, &one);
-      rh_storage_release(st);
-      rh_lua_pushtensor(L, t);
+      st = f->seg_owner[i]; /* read straight into a storage */
     } else {
-      lua_pushlstring(L, (const char *)p, (size_t)f->seg_len[i]);
-      p += f->seg_len[i];
+      /* a frame read whole (a ring's, a small one): its bytes go straight into
+       * the storage of the tensor they become */
+      st = rh_storage_new_uninit((size_t)n);
+      if (!st) { /* out of memory: the frame is lost, so is its conversation */
+        lua_settop(L, lua_gettop(L) - 6 - (int)i);
+        if (b->c) rh_conn_close(b->c, 0);
+        return;
+      }
+      if (n) memcpy(st->data, p, (size_t)n);
+      p += n;
     }
+    rh_tensor_t *t = rh_tensor_on_storage(st, RH_U8, 0, 1, &n, &one);
+    rh_storage_release(st);
+    rh_lua_pushframetensor(L, t);
   }
   /* A frame we failed to handle leaves that conversation in an unknown state:
    * drop the connection, so whoever waits on it fails now instead of hanging. */

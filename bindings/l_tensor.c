@@ -43,13 +43,38 @@
 
 typedef struct {
   rh_tensor_t *t;
+  int frame; /* a received frame's segment: the codec's alone (rh_lua_pushframetensor) */
 } ltensor_t;
 
 static int64_t gc_at = RH_GC_MIN; /* live tensor bytes at which the next collection runs */
 static int no_state_ref = LUA_NOREF; /* the shared environment of tensors without autograd state */
+/* The tensor metatable and its address: every op checks its operands, and
+ * luaL_checkudata looks the metatable up by name in the registry each time (a
+ * tenth of a small collective step went to those lookups). The table is never
+ * collected (the registry holds it) and LuaJIT does not move objects. */
+static int mt_ref = LUA_NOREF;
+static const void *tensor_mt;
+
+/* The box at i when it is a tensor, else NULL. */
+static ltensor_t *to_box(lua_State *L, int i) {
+  void *u = lua_touserdata(L, i);
+  if (!u) return NULL;
+  if (lua_getmetatable(L, i)) {
+    int same = lua_topointer(L, -1) == tensor_mt;
+    lua_pop(L, 1);
+    if (same) return u;
+  }
+  return luaL_testudata(L, i, TENSOR_MT); /* (another state's tensor, say) */
+}
+
+static ltensor_t *check_box(lua_State *L, int i) {
+  ltensor_t *b = to_box(L, i);
+  if (!b) luaL_typerror(L, i, TENSOR_MT);
+  return b;
+}
 
 rh_tensor_t *rh_lua_checktensor(lua_State *L, int i) {
-  ltensor_t *b = luaL_checkudata(L, i, TENSOR_MT);
+  ltensor_t *b = check_box(L, i);
   if (!b->t) luaL_error(L, "tensor already freed");
   return b->t;
 }
@@ -70,12 +95,16 @@ static rh_tensor_t *on_host(lua_State *L, rh_tensor_t *t) {
 }
 
 rh_tensor_t *rh_lua_totensor(lua_State *L, int i) {
-  ltensor_t *b = luaL_testudata(L, i, TENSOR_MT);
+  ltensor_t *b = to_box(L, i);
   return b ? b->t : NULL;
 }
 
 /* Pushes a new userdata owning the reference t (NULL raises the core's message). */
-int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
+static int push_box(lua_State *L, rh_tensor_t *t, int frame);
+int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) { return push_box(L, t, 0); }
+int rh_lua_pushframetensor(lua_State *L, rh_tensor_t *t) { return push_box(L, t, 1); }
+
+static int push_box(lua_State *L, rh_tensor_t *t, int frame) {
   if (!t) return luaL_error(L, "%s", rh_tensor_errmsg());
   if (rh_storage_live_bytes() + rh_storage_max_alloc(0) > gc_at) {
     lua_gc(L, LUA_GCCOLLECT, 0);
@@ -94,7 +123,8 @@ int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
   }
   ltensor_t *b = lua_newuserdata(L, sizeof *b);
   b->t = t;
-  luaL_getmetatable(L, TENSOR_MT);
+  b->frame = frame;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, mt_ref);
   lua_setmetatable(L, -2);
   lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
   lua_setfenv(L, -2);
@@ -103,7 +133,7 @@ int rh_lua_pushtensor(lua_State *L, rh_tensor_t *t) {
 
 /* t_ag(t) -> t's autograd state table, or nil (also for a non-tensor) */
 static int l_ag(lua_State *L) {
-  if (!luaL_testudata(L, 1, TENSOR_MT)) return 0;
+  if (!to_box(L, 1)) return 0;
   lua_getfenv(L, 1);
   lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
   if (lua_rawequal(L, -1, -2)) return 0;
@@ -113,7 +143,7 @@ static int l_ag(lua_State *L) {
 
 /* t_set_ag(t, state|nil): the state becomes part of t (freed with it) */
 static int l_set_ag(lua_State *L) {
-  luaL_checkudata(L, 1, TENSOR_MT);
+  check_box(L, 1);
   lua_settop(L, 2);
   if (lua_isnil(L, 2)) {
     lua_pop(L, 1);
@@ -150,7 +180,7 @@ static int l_alias(lua_State *L) {
  * caller proves nothing else refers to: the autograd engine's own gradients
  * (autograd.lua), whose memory would otherwise wait for a full collection. */
 static int l_gc(lua_State *L) {
-  ltensor_t *b = luaL_checkudata(L, 1, TENSOR_MT);
+  ltensor_t *b = check_box(L, 1);
   if (b->t) rh_tensor_release(b->t);
   b->t = NULL;
   return 0;
@@ -584,7 +614,16 @@ static int l_reinterpret(lua_State *L) {
              (long long)numel, rh_dtype_name(dt), (long long)have);
     return luaL_error(L, "malformed message: %s", why);
   }
-  return rh_lua_pushtensor(L, rh_tensor_on_storage(t->storage, dt, 0, n, size, stride));
+  rh_tensor_t *r = rh_tensor_on_storage(t->storage, dt, 0, n, size, stride);
+  ltensor_t *b = to_box(L, 1);
+  if (r && b->frame) {
+    /* a received segment becomes the value it carries: its bytes belong to that
+     * tensor alone from now on, so a collective that is done with a piece frees
+     * its memory at once (t_free) instead of leaving it to a full collection */
+    rh_tensor_release(b->t);
+    b->t = NULL;
+  }
+  return rh_lua_pushtensor(L, r);
 }
 
 /* ---- devices */
@@ -621,7 +660,7 @@ static int l_same_storage(lua_State *L) {
 }
 
 static int l_is_tensor(lua_State *L) {
-  lua_pushboolean(L, luaL_testudata(L, 1, TENSOR_MT) != NULL);
+  lua_pushboolean(L, to_box(L, 1) != NULL);
   return 1;
 }
 
@@ -632,6 +671,11 @@ static int l_metatable(lua_State *L) {
 
 int rh_open_tensor(lua_State *L) {
   rh_lua_class(L, TENSOR_MT, NULL, l_gc, NULL);
+  if (mt_ref == LUA_NOREF) {
+    luaL_getmetatable(L, TENSOR_MT);
+    tensor_mt = lua_topointer(L, -1);
+    mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   if (no_state_ref == LUA_NOREF) {
     lua_newtable(L);
     no_state_ref = luaL_ref(L, LUA_REGISTRYINDEX);

@@ -70,6 +70,9 @@ int rh_lua_checksizes(lua_State *L, int i, int64_t *size);
 /* a tensor whose bytes the host may touch: on a device it is an error naming `what` */
 struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what);
 int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the reference */
+/* The same for a segment of a received frame: t_reinterpret of it hands its
+ * tensor on to the result and leaves it freed (no other value shares those bytes). */
+int rh_lua_pushframetensor(lua_State *L, struct rh_tensor_s *t);
 
 /* shared-memory segments (l_shm.c) */
 #include "net/shm.h"

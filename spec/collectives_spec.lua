@@ -136,6 +136,31 @@ describe("collectives", function()
     assert_clean(r, 6)
   end)
 
+  it("free the pieces of small all_reduces as they go, not at a collection", function()
+    -- (with the collector stopped: every piece sent and received was left to a
+    -- full collection, 8 KiB a step; now each is freed once it is used. 3 ranks:
+    -- recursive doubling with a folded rank; with the tree too)
+    for _, env in ipairs({{}, {RPCHOST_TREE_RANKS = 2}}) do
+      local r = run_world(3, [[
+        dist.init_process_group{backend = "gloo"}
+        local t = tensor.ones(1024)
+        for _ = 1, 5 do dist.all_reduce(t) end
+        collectgarbage("collect")
+        collectgarbage("stop")
+        local before = tensor.live_bytes()
+        t = tensor.ones(1024)
+        for _ = 1, 200 do dist.all_reduce(t, dist.ReduceOp.MAX) end
+        local grew = tensor.live_bytes() - before
+        collectgarbage("restart")
+        check("values", t:min():item() == 1 and t:max():item() == 1)
+        check("freed as it goes", grew < 64 * 1024,
+          ("rank %d: %d bytes of tensors left after 200 steps"):format(rank, grew))
+        dist.destroy_process_group()
+      ]], {env = env})
+      assert_clean(r, 6)
+    end
+  end)
+
   it("return Works with async_op, and run beside RPC", function()
     local r = run_world(2, [[
       function slow_echo(x) sched.sleep(0.05) return x end

@@ -48,6 +48,15 @@ describe("hostile sizes", function()
           dtype = tensor.float32.id, sizes = {0/0}}, "sizes must be integers")
         refused("segment bytes do not match", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
           dtype = tensor.float32.id, sizes = {5}}, "does not match its 16 payload bytes")
+        -- (a frame's segments reach the decoder as tensors made straight from
+        -- the received bytes, never as strings: a bad code or number in the
+        -- descriptor is refused there)
+        refused("segment wrong dtype code", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = 99, sizes = {16}}, "unknown dtype id 99")
+        refused("segment negative dtype code", forged{segment = tensor.zeros(16, {dtype = tensor.uint8}),
+          dtype = -1, sizes = {16}}, "unknown dtype id -1")
+        refused("segment number past the end", forged{tag = codec.TAG.TENSOR,
+          fields = {tensor.float32.id, {4}, 7}}, "refers to a missing payload segment")
         -- inline bytes (the form outside a framed message)
         refused("inline 2^32 x 2^32", forged{tag = codec.TAG.TENSOR,
           fields = {tensor.float32.id, {huge, huge}, "abcd"}}, "too large")
@@ -62,7 +71,8 @@ describe("hostile sizes", function()
       rpc.shutdown()
     ]])
     S.assert_oks(r, lines, {"segment 2^32 x 2^32", "segment 2^31 x 2^31 x 4", "segment zero x 2^62 x 2^62",
-      "segment size past 2^62", "segment NaN size", "segment bytes do not match", "inline 2^32 x 2^32",
+      "segment size past 2^62", "segment NaN size", "segment bytes do not match", "segment wrong dtype code",
+      "segment negative dtype code", "segment number past the end", "inline 2^32 x 2^32",
       "int64 of 1 byte", "uint64 of 0 bytes", "int64 of 9 bytes", "serves on"})
   end)
 

@@ -165,13 +165,14 @@ function C:peer_ready(p, conn)
 end
 
 -- Sends a frame (body and payload segments) to a peer, dialling if needed
--- (queued until the handshake).
+-- (queued until the handshake). true when a connection took it: its segments'
+-- bytes are then copied or held by the connection (the caller may free them).
 function C:send(p, ftype, flags, id, body, segs)
   trace.frame_bytes(p.name, true, body, segs)
   local conn = p.state == "ready" and p.conn
   if conn then
-    if self:send_shm(p, conn, ftype, flags, id, body, segs) then return end
-    if conn:send(ftype, flags, id, body, unpack(segs)) then return end
+    if self:send_shm(p, conn, ftype, flags, id, body, segs) then return true end
+    if conn:send(ftype, flags, id, body, unpack(segs)) then return true end
     p.state = "none"
     p.conn = nil
   end

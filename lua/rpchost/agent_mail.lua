@@ -17,7 +17,8 @@ local C = {}
 local NO_MAIL = {} -- (an empty mailbox, never written)
 
 -- one-way keyed messages ----------------------------------------------------------------
--- post(rank, key, ...): send values to rank's mailbox under key (no reply).
+-- post(rank, key, ...): send values to rank's mailbox under key (no reply);
+-- true when a connection took the message (see C:send).
 -- receive(rank, key, timeout): the values posted by rank under key, waiting for
 -- them; fails at once if that rank is lost or the wait is aborted.
 function C:post(rank, key, ...)
@@ -26,8 +27,9 @@ function C:post(rank, key, ...)
   if p.rank == self.rank then
     self:on_message(self.rank, body, segs)
   else
-    self:send(p, proto.MESSAGE, 0, 0, body, segs)
+    local taken = self:send(p, proto.MESSAGE, 0, 0, body, segs)
     sched.expect_soon()
+    return taken
   end
 end
 

@@ -28,9 +28,6 @@ M.ONE_PASS = os.getenv("RPCHOST_CMA_WRITE") ~= "0"
 -- from this many ranks a small all_reduce goes up and down one binomial tree
 -- instead of recursive doubling (RPCHOST_TREE_RANKS to tune)
 M.TREE_RANKS = tonumber(os.getenv("RPCHOST_TREE_RANKS")) or 512
--- at or below this size a piece travels inside the message body, not as a payload
--- segment: a segment costs a storage of its own on arrival (~8 us a message)
-M.INLINE_BYTES = tonumber(os.getenv("RPCHOST_INLINE_BYTES")) or 4096
 
 local Group = {}
 Group.__index = Group
@@ -145,22 +142,26 @@ function Group:check_leftovers()
   end
 end
 
--- Sends t, which the caller may change afterwards: a small piece is copied into
--- the message body anyway (see send), only a larger one is cloned first.
+-- Sends t, which the caller may change afterwards: a copy of it goes. Once a
+-- connection took the copy (it copied or holds the bytes), the copy is freed at
+-- once: a small collective's copies left to a full collection of the Lua heap
+-- made one every few hundred steps, a tenth of each step's instructions.
 function Group:send_copy(c, i, step, t)
-  if core.t_dtype(t) ~= c.meta.dtype or core.t_nbytes(t) > M.INLINE_BYTES then t = core.t_clone(t) end
-  return self:send(c, i, step, t)
+  local copy = core.t_clone(t)
+  if self:send(c, i, step, copy) then core.t_free(copy) end
 end
 
+-- A piece travels as a tensor, whatever its size: beside the message body, as a
+-- payload segment written from its memory, and on arrival copied straight into
+-- the storage of the tensor recv returns. (Pieces that went inside the body as
+-- strings were interned on both sides - hashing, and a memcmp against every
+-- earlier piece that looked alike - and cost more than the rest of a small step.)
 function Group:send(c, i, step, t)
-  -- (only pieces of the call's own dtype: recv rebuilds them with it)
-  if t and core.t_dtype(t) == c.meta.dtype and core.t_nbytes(t) <= M.INLINE_BYTES then
-    t = core.t_bytes(t)
-  end
-  self.agent:post(self:global(i), c.key .. step, c.sig, t)
+  local taken = self.agent:post(self:global(i), c.key .. step, c.sig, t)
   -- out now: the peer is usually waiting for exactly this step, and this rank
   -- may go on to reduce or copy for a long while before the loop's next turn
   core.flush()
+  return taken
 end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
@@ -217,14 +218,9 @@ function Group:recv(c, i, step)
     error(meta, 0)
   end
   if not same_call(meta, c) then self:mismatch(m, src, meta) end
-  if type(t) == "string" then
-    -- an inlined piece: the call's dtype (checked above) and its own length
-    local esize = core.dtype_size(m.dtype) -- m is this rank's own call
-    if #t % esize ~= 0 then
-      error(errors.new("protocol", ("%s: rank %d sent a piece of %d bytes, not a whole number of elements"):format(
-        m.op, src, #t)), 0)
-    end
-    t = core.t_from_bytes(m.dtype, {#t / esize}, t)
+  if t ~= nil and type(t) ~= "userdata" then
+    error(errors.new("protocol", ("%s: rank %d sent a piece that is not a tensor (a %s)"):format(m.op, src,
+      type(t))), 0)
   end
   return t
 end
@@ -244,6 +240,25 @@ end
 
 local function snapshot(t) return core.t_clone(t) end
 
+-- A received piece (or a result made of one) this rank is done with: its memory
+-- goes now, not at the next full collection (which a stream of small steps would
+-- otherwise bring on every few hundred steps). Only for tensors recv made fresh.
+local function spent(t) core.t_free(t) end
+
+-- acc := acc (op) the piece received from rank i at step, which then goes.
+local function combine_recv(g, c, i, step, acc, redop)
+  local x = g:recv(c, i, step)
+  combine(acc, x, redop)
+  spent(x)
+end
+
+-- t := the piece received from rank i at step, which then goes.
+local function copy_recv(g, c, i, step, t)
+  local x = g:recv(c, i, step)
+  core.t_copy_(t, x)
+  spent(x)
+end
+
 -- all_reduce ----------------------------------------------------------------------------------
 local function recursive_doubling(g, c, flat, redop)
   local n, me = g.size, g.rank
@@ -252,10 +267,10 @@ local function recursive_doubling(g, c, flat, redop)
   if me >= p2 then
     -- fold the ranks beyond the largest power of two into their partners
     g:send_copy(c, me - p2, "f", flat)
-    core.t_copy_(flat, g:recv(c, me - p2, "b"))
+    copy_recv(g, c, me - p2, "b", flat)
     return
   end
-  if me < n - p2 then combine(flat, g:recv(c, me + p2, "f"), redop) end
+  if me < n - p2 then combine_recv(g, c, me + p2, "f", flat, redop) end
   local mask = 1
   while mask < p2 do
     local partner = bit.bxor(me, mask)
@@ -265,11 +280,12 @@ local function recursive_doubling(g, c, flat, redop)
     local x = g:recv(c, partner, "d" .. mask)
     -- the lower rank's operand first, so both partners compute the same bits
     if partner < me then
-      local r = core.t_binary(BIN[redop], x, flat)
-      core.t_copy_(flat, r)
+      -- (into flat itself: an elementwise op reads each element before it writes it)
+      core.t_binary(BIN[redop], x, flat, flat)
     else
       combine(flat, x, redop)
     end
+    spent(x)
     mask = mask * 2
   end
   if me < n - p2 then g:send_copy(c, me + p2, "b", flat) end
@@ -289,22 +305,24 @@ local function tree(g, c, flat, redop)
   local mask = 1
   while mask < low do
     -- (the lower rank's operand first, as everywhere: the same bits on every rank)
-    if v + mask < n then combine(flat, g:recv(c, v + mask, "tu" .. mask), redop) end
+    if v + mask < n then combine_recv(g, c, v + mask, "tu" .. mask, flat, redop) end
     mask = mask * 2
   end
   if v ~= 0 then
     g:send_copy(c, v - low, "tu" .. low, flat)
-    core.t_copy_(flat, g:recv(c, v - low, "td"))
+    copy_recv(g, c, v - low, "td", flat)
   end
-  local snap = nil
+  local snap, taken = nil, true
   mask = low / 2
   while mask >= 1 do
     if v + mask < n then
       snap = snap or snapshot(flat)
-      g:send(c, v + mask, "td", snap)
+      taken = g:send(c, v + mask, "td", snap) and taken
     end
     mask = mask / 2
   end
+  -- (once every connection took it, the copy goes: see send_copy)
+  if snap and taken then spent(snap) end
 end
 
 local function ring(g, c, flat, redop)

@@ -40,7 +40,9 @@ function M.install(tensor)
     local i = codec.segment_index(t)
     if not i then
       if dev then host = core.t_to_device(t, -1) end
-      i = codec.segment(t, core.t_contiguous(host))
+      -- (a contiguous tensor is its own payload: an alias of it would keep its
+      -- memory alive until a collection after its owner freed it)
+      i = codec.segment(t, core.t_is_contiguous(host) and host or core.t_contiguous(host))
     end
     -- inside a distributed autograd context, a tensor that requires gradients
     -- carries the context and a send id, so gradients can flow back to it
