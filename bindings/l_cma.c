@@ -34,6 +34,23 @@ static int l_cma_read_into(lua_State *L) {
   return 1;
 }
 
+/* cma_write_from(pid, addr, src) -> true | nil, message: writes the contiguous
+ * tensor src's bytes into pid's memory at addr */
+static int l_cma_write_from(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "cma_write_from");
+  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_write_from: the source is not contiguous");
+  int rc = rh_cma_write(pid, addr, rh_tensor_data(t), (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(-rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* cma_probe(pid, addr, expected) -> readable, writable: whether `expected` can
  * be read at addr in pid, and written back there */
 static int l_cma_probe(lua_State *L) {
@@ -104,7 +121,7 @@ static int l_cma_all_reduce(lua_State *L) {
 }
 
 int rh_open_cma(lua_State *L) {
-  static const luaL_Reg fns[] = {{"t_address", l_address},   {"cma_read_into", l_cma_read_into},
+  static const luaL_Reg fns[] = {{"t_address", l_address},   {"cma_read_into", l_cma_read_into}, {"cma_write_from", l_cma_write_from},
                                  {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
                                  {"cma_all_reduce", l_cma_all_reduce}, {NULL, NULL}};
   lua_newtable(L);

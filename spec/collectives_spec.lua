@@ -100,6 +100,40 @@ describe("collectives", function()
     assert.truthy(r.out:find("used one_pass 0 direct 26", 1, true), r.out)
   end)
 
+  -- a large broadcast on one host: the receivers read the root's tensor, the root
+  -- writes the first n-th of it into theirs meanwhile (where writing is allowed)
+  local big_broadcast = [[
+    dist.init_process_group{backend = "gloo"}
+    local used = require("rpchost.collectives").used
+    local N = 400003
+    dist.all_reduce(tensor.ones(N)) -- (connects every pair)
+    local before = used.broadcast_written
+    for root = 0, world_size - 1 do
+      for _, dt in ipairs({"float32", "int64", "uint8"}) do
+        local want = (tensor.arange(N, {dtype = tensor.int64}) * 7 + root) % 251
+        local t = rank == root and want:to(tensor[dt]) or tensor.zeros(N, {dtype = tensor[dt]})
+        dist.broadcast(t, root)
+        check(("broadcast %s from %d"):format(dt, root), t:equal(want:to(tensor[dt])))
+      end
+    end
+    print(("rank %d wrote %d"):format(rank, used.broadcast_written - before))
+    dist.barrier()
+    dist.destroy_process_group()
+  ]]
+  for _, n in ipairs({2, 3}) do
+    it(("broadcast large tensors with the root writing its share into every peer, in a world of %d"):format(n),
+      function()
+        local r = run_world(n, big_broadcast, {timeout = 120, env = {RPCHOST_DIRECT_BYTES = 65536}})
+        assert_clean(r, n * 3 * n)
+        for rk = 0, n - 1 do assert.truthy(r.out:find(("rank %d wrote 3"):format(rk), 1, true), r.out) end
+      end)
+  end
+  it("broadcast large tensors by reading alone where writing the peers' memory is off", function()
+    local r = run_world(2, big_broadcast, {timeout = 120, env = {RPCHOST_CMA_WRITE = "0", RPCHOST_DIRECT_BYTES = 65536}})
+    assert_clean(r, 2 * 3 * 2)
+    assert.truthy(r.out:find("rank 0 wrote 0", 1, true) and r.out:find("rank 1 wrote 0", 1, true), r.out)
+  end)
+
   it("fail with unreachable, naming the rank, when a rank dies inside a one-pass all_reduce", function()
     -- rank 1 has sent its tensor's address, then exits instead of reducing: the
     -- others' reads and writes of its memory fail, and nobody waits for it

@@ -52,6 +52,10 @@ int rh_cma_read(pid_t pid, void *dst, uintptr_t addr, size_t len) {
   return j.err;
 }
 
+int rh_cma_write(pid_t pid, uintptr_t addr, const void *src, size_t len) {
+  return copy_serial(pid, (void *)src, addr, len, 1);
+}
+
 void rh_cma_probe(pid_t pid, uintptr_t addr, const void *want, size_t len, int *readable, int *writable) {
   char buf[64];
   *readable = *writable = 0;

@@ -20,6 +20,10 @@
  * pool when large). 0 or a negative errno. */
 int rh_cma_read(pid_t pid, void *dst, uintptr_t addr, size_t len);
 
+/* len bytes from src into pid's memory at addr (one thread: the writer is a
+ * rank that would otherwise wait). 0 or a negative errno. */
+int rh_cma_write(pid_t pid, uintptr_t addr, const void *src, size_t len);
+
 /* Whether `len` bytes at addr in pid read as `want` (*readable) and whether the
  * same bytes can be written back there (*writable: they are written unchanged,
  * so the peer sees nothing). */

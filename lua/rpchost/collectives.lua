@@ -23,7 +23,8 @@ M.RING_BYTES = tonumber(os.getenv("RPCHOST_RING_BYTES")) or 256 * 1024
 -- at or above this size, ranks on one host read each other's tensors directly
 M.DIRECT_BYTES = tonumber(os.getenv("RPCHOST_DIRECT_BYTES")) or 1024 * 1024
 -- ranks that may also write each other's memory reduce in one pass (else: read
--- only, in two passes); RPCHOST_CMA_WRITE=0 keeps them to reading
+-- only, in two passes), and a broadcast's root writes its share into the others;
+-- RPCHOST_CMA_WRITE=0 keeps them to reading
 M.ONE_PASS = os.getenv("RPCHOST_CMA_WRITE") ~= "0"
 -- from this many ranks a small all_reduce goes up and down one binomial tree
 -- instead of recursive doubling (RPCHOST_TREE_RANKS to tune)
@@ -34,7 +35,7 @@ Group.__index = Group
 M.Group = Group
 
 -- how many all_reduces each algorithm ran in this process (what specs look at)
-M.used = {one_pass = 0, direct = 0, ring = 0, tree = 0, doubling = 0}
+M.used = {one_pass = 0, direct = 0, ring = 0, tree = 0, doubling = 0, broadcast_written = 0}
 
 -- ranks: global ranks in group order; me: this rank's index in it (0-based)
 function M.new_group(agent, id, ranks, me, timeout)
@@ -418,6 +419,14 @@ end
 -- tensor its own again (no peer writes into it any more), also when something
 -- failed, which is why these waits outlast an abort of the group. Returns
 -- whether it divided by the group's size (AVG) already.
+-- src (this rank's contiguous tensor, or a part of it from its start) into the
+-- peer's tensor from its first element
+local function write_from(p, src)
+  core.flush() -- (as read_into: what the peers wait on leaves before the copy)
+  local ok, err = core.cma_write_from(p.pid, p.addr, src)
+  if not ok then error(errors.new("unreachable", "cannot write into a peer's tensor: " .. tostring(err)), 0) end
+end
+
 local function one_pass_allreduce(g, c, flat, redop, peers)
   local pids, addrs = {}, {}
   for i = 0, g.size - 1 do
@@ -514,12 +523,25 @@ function Group:broadcast(t, root)
   local n = self.size
   if n == 1 then return end
   if core.t_nbytes(t) >= M.DIRECT_BYTES then
-    -- on one host: every rank reads the root's tensor straight into its own
+    -- on one host: every rank reads the root's tensor straight into its own.
+    -- The root, which would only wait, writes the first n-th of it into every
+    -- rank meanwhile, where the peers let it write (2 ranks: each copies half;
+    -- one thread reads a third of memcpy's bandwidth)
     local direct = false
     in_place(t, function(flat)
-      local peers = self:direct_peers(c, flat)
+      local peers, how = self:direct_peers(c, flat)
       if not peers then return end
-      if self.rank ~= root then read_into(peers[root], flat, 0, flat) end
+      local numel = core.t_numel(flat)
+      local share = how == 2 and M.ONE_PASS and math.floor(numel / n) or 0
+      if self.rank == root then
+        local part = share > 0 and core.t_narrow(flat, 0, 0, share)
+        for i = 0, n - 1 do
+          if part and i ~= root then write_from(peers[i], part) end
+        end
+        if part then M.used.broadcast_written = M.used.broadcast_written + 1 end
+      elseif share < numel then
+        read_into(peers[root], flat, share, core.t_narrow(flat, 0, share, numel - share))
+      end
       self:barrier() -- the root keeps its tensor as it is until everyone has read it
       direct = true
     end)
