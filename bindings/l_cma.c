@@ -16,15 +16,16 @@ static int l_address(lua_State *L) {
   return 1;
 }
 
-/* cma_read_into(pid, addr, dst) -> true | nil, message: fills the contiguous
- * tensor dst with its byte size read from pid's memory at addr */
-static int l_cma_read_into(lua_State *L) {
+/* (pid, addr, tensor) -> true | nil, message: the contiguous tensor's bytes
+ * copied from (write = 0) or into (write = 1) pid's memory at addr */
+static int cma_copy(lua_State *L, int write, const char *what) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);
   uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "cma_read_into");
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_read_into: the destination is not contiguous");
-  int rc = rh_cma_read(pid, rh_tensor_data(t), addr, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
-  rh_tensor_bump_version(t);
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, what);
+  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "%s: the tensor is not contiguous", what);
+  size_t len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  int rc = write ? rh_cma_write(pid, addr, rh_tensor_data(t), len) : rh_cma_read(pid, rh_tensor_data(t), addr, len);
+  if (!write) rh_tensor_bump_version(t);
   if (rc) {
     lua_pushnil(L);
     lua_pushstring(L, strerror(-rc));
@@ -34,22 +35,13 @@ static int l_cma_read_into(lua_State *L) {
   return 1;
 }
 
-/* cma_write_from(pid, addr, src) -> true | nil, message: writes the contiguous
- * tensor src's bytes into pid's memory at addr */
-static int l_cma_write_from(lua_State *L) {
-  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
-  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "cma_write_from");
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_write_from: the source is not contiguous");
-  int rc = rh_cma_write(pid, addr, rh_tensor_data(t), (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, strerror(-rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
+/* cma_read_into(pid, addr, dst): fills the contiguous tensor dst with its byte
+ * size read from pid's memory at addr */
+static int l_cma_read_into(lua_State *L) { return cma_copy(L, 0, "cma_read_into"); }
+
+/* cma_write_from(pid, addr, src): writes the contiguous tensor src's bytes into
+ * pid's memory at addr */
+static int l_cma_write_from(lua_State *L) { return cma_copy(L, 1, "cma_write_from"); }
 
 /* cma_probe(pid, addr, expected) -> readable, writable: whether `expected` can
  * be read at addr in pid, and written back there */

@@ -210,12 +210,7 @@ end
 -- a parameter-sized tensor for the collector each time. A gradient that
 -- get_gradients has handed out is never written: the next sum is a new tensor,
 -- so a table the user kept does not change under them.
-local function same_sizes(a, b)
-  local sa, sb = core.t_size(a), core.t_size(b)
-  if #sa ~= #sb then return false end
-  for i = 1, #sa do if sa[i] ~= sb[i] then return false end end
-  return true
-end
+local same_sizes = autograd._same_sizes
 local Sink = {}
 Sink.__index = Sink
 function Sink.__call(sink, t, g, owned)

@@ -165,6 +165,19 @@ describe("rpchost run", function()
     assert.truthy(r.err:find("address already in use", 1, true))
   end)
 
+  -- two launchers of nproc ranks each meeting at node 0's store on port; both
+  -- must succeed: their results
+  local function two_nodes(nproc, port, path)
+    local common = {"run", "--nproc-per-node", tostring(nproc), "--nnodes", "2", "--master-port", tostring(port)}
+    local a = {unpack(common)}; a[#a + 1] = "--node-rank"; a[#a + 1] = "0"; a[#a + 1] = path
+    local b = {unpack(common)}; b[#b + 1] = "--node-rank"; b[#b + 1] = "1"; b[#b + 1] = path
+    local h0, h1 = S.start(a), S.start(b)
+    local r0, r1 = h0:wait(30), h1:wait(30)
+    assert.are.equal(0, r0.status, r0.err)
+    assert.are.equal(0, r1.status, r1.err)
+    return r0, r1
+  end
+
   it("runs a world of two nodes (two launchers) that meet at node 0's store", function()
     local port = S.free_port()
     local path = S.write(S.prelude .. [[
@@ -174,16 +187,11 @@ describe("rpchost run", function()
       if rank == 3 then print("from 0: " .. rpc.rpc_sync(0, whoami)) end
       rpc.shutdown()
     ]])
-    local common = {"run", "--nproc-per-node", "2", "--nnodes", "2", "--master-port", tostring(port)}
-    local a = {unpack(common)}; a[#a + 1] = "--node-rank"; a[#a + 1] = "0"; a[#a + 1] = path
-    local b = {unpack(common)}; b[#b + 1] = "--node-rank"; b[#b + 1] = "1"; b[#b + 1] = path
-    local h0, h1 = S.start(a), S.start(b)
-    local r0, r1 = h0:wait(30), h1:wait(30)
-    assert.are.equal(0, r0.status, r0.err)
-    assert.are.equal(0, r1.status, r1.err)
+    local r0, r1 = two_nodes(2, port, path)
     assert.truthy(r0.out:find("from 3: w3", 1, true))
     assert.truthy(r1.out:find("from 0: w0", 1, true))
   end)
+
   it("keeps node 0's store open for another node's ranks still using it when its own have left", function()
     local port = S.free_port()
     local path = S.write(S.prelude .. [[
@@ -196,15 +204,10 @@ describe("rpchost run", function()
         print("store says " .. c:get("late"))
       end
     ]])
-    local common = {"run", "--nproc-per-node", "1", "--nnodes", "2", "--master-port", tostring(port)}
-    local a = {unpack(common)}; a[#a + 1] = "--node-rank"; a[#a + 1] = "0"; a[#a + 1] = path
-    local b = {unpack(common)}; b[#b + 1] = "--node-rank"; b[#b + 1] = "1"; b[#b + 1] = path
-    local h0, h1 = S.start(a), S.start(b)
-    local r0, r1 = h0:wait(30), h1:wait(30)
-    assert.are.equal(0, r0.status, r0.err)
-    assert.are.equal(0, r1.status, r1.err)
+    local _, r1 = two_nodes(1, port, path)
     assert.truthy(r1.out:find("store says still here", 1, true), r1.out .. r1.err)
   end)
+
   it("gives each of a host's ranks its share of the cores for its tensor thread pool", function()
     local ncpu = tonumber(io.popen("nproc"):read("*l"))
     local path = S.write([[

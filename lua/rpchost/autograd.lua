@@ -649,6 +649,7 @@ function M._current_sink()
   return p and p.sink
 end
 M._default_sink = default_sink
+M._same_sizes = same_sizes -- (dist_autograd's sink takes gradients in place as the default one does)
 
 -- fn(t) runs each time t's gradient is final in a backward pass.
 function M.register_final_hook(t, fn)
