@@ -13,6 +13,7 @@
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local bit = require "bit"
+local arena = require "rpchost.arena"
 require "tensor" -- tensors must be able to travel (their codec lives there)
 
 local M = {}
@@ -487,6 +488,15 @@ function Group:all_reduce(t, redop)
   check_redop(redop, t)
   local c = self:begin("all_reduce", t, {redop = redop})
   if self.size == 1 then return end
+  -- small, and every rank on this host: through the group's shared arena
+  -- (where recursive doubling would run: RPCHOST_RING_BYTES, _DIRECT_BYTES
+  -- and _TREE_RANKS still choose the other algorithms)
+  local bytes = core.t_nbytes(t)
+  if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS
+     and arena.eligible(self) then
+    local ar = arena.of(self, c)
+    if ar then return in_place(t, arena.all_reduce, self, c, ar, redop, BIN[redop]) end
+  end
   in_place(t, all_reduce_flat, self, c, redop)
 end
 
@@ -495,6 +505,10 @@ function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, {root = root})
   local n = self.size
   if n == 1 then return end
+  if core.t_nbytes(t) <= arena.SLOT and core.t_nbytes(t) < M.DIRECT_BYTES and arena.eligible(self) then
+    local ar = arena.of(self, c)
+    if ar then return in_place(t, arena.broadcast, self, c, ar, root) end
+  end
   if core.t_nbytes(t) >= M.DIRECT_BYTES then
     -- on one host: every rank reads the root's tensor straight into its own
     local direct = false
@@ -615,6 +629,10 @@ end
 function Group:barrier()
   local c = self:begin("barrier")
   local n, me = self.size, self.rank
+  if arena.eligible(self) then
+    local ar = arena.of(self, c)
+    if ar then return arena.barrier(self, c, ar) end
+  end
   local d = 1
   while d < n do
     self:send(c, (me + d) % n, "b" .. d)
