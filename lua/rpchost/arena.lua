@@ -151,29 +151,30 @@ local function wait(g, c, ar, e, first)
   local deadline = g.timeout and g.timeout > 0 and sched.now() + g.timeout or nil
   local prefix = c.key
   while true do
-    -- a message of this very call means its sender took the message path: it made another call
-    for i = 0, g.size - 1 do
-      local src = g:global(i)
-      for k, v in pairs(a.mail[src] or {}) do
-        if type(k) == "string" and k:find(prefix, 1, true) == 1 then
-          ar:awake()
-          a.mail[src][k] = nil
-          g:mismatch(c.meta, src, v[1])
-        end
-      end
-      local box = a.mail[src]
-      if box then box[key] = nil end
-    end
-    if a.aborted then ar:awake(); error(a.aborted, 0) end
-    for i = 0, g.size - 1 do
-      local lost = i ~= g.rank and a.lost[g:global(i)]
-      if lost then ar:awake(); fail(g, lost) end
-    end
+    -- (the step first: a peer that completed it may have left, and exited)
     local r, idx, kind, dtype, redop, root, numel = ar:sleep(e)
     if r == 0 then return end
     if r == nil or r < 0 then bad_step(g, c, r, idx, kind, dtype, redop, root, numel) end
+    -- a message of this very call means its sender took the message path: it made another call
+    for i = 0, g.size - 1 do
+      local src = g:global(i)
+      local box = a.mail[src]
+      if box then
+        box[key] = nil
+        for k, v in pairs(box) do
+          if type(k) == "string" and k:find(prefix, 1, true) == 1 then
+            ar:awake()
+            box[k] = nil
+            g:mismatch(c.meta, src, v[1])
+          end
+        end
+      end
+    end
+    if a.aborted then ar:awake(); error(a.aborted, 0) end
+    -- (a rank not at this step that is gone: one that finished it may have left)
     first = r
     local missing = g:global(first - 1)
+    if a.lost[missing] then ar:awake(); fail(g, a.lost[missing]) end
     -- (with no connection to it, dial once: its loss is then noticed)
     a:gone(missing)
     local left = deadline and deadline - sched.now()
