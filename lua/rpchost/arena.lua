@@ -23,7 +23,8 @@
 -- on the message path (a rank that made another call) and the group's timeout
 -- end the wait with the errors the message path gives. Async collectives,
 -- larger tensors and groups with ranks on other hosts keep their algorithms;
--- RPCHOST_SHM_COLL=0 turns the arena off (set it on every rank alike).
+-- RPCHOST_SHM_COLL=0 turns the arena off, set-up included (set it on every
+-- rank alike: ranks that differ wait for each other until the group's timeout).
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local sched = require "rpchost.sched"
@@ -51,7 +52,7 @@ local NONE = false
 -- Whether a call may go through the arena (the same answer on every rank that
 -- makes the same call): the group fits, and the call is not an async_op's.
 function M.eligible(g)
-  if g.arena == NONE or g.size < 2 or g.size >= M.MAX_RANKS then return false end
+  if not M.enabled or g.arena == NONE or g.size < 2 or g.size >= M.MAX_RANKS then return false end
   local t = sched.current()
   return not (t and t.async_collective)
 end
@@ -66,7 +67,13 @@ function M.of(g, c)
   local ar = g.arena
   if ar ~= nil then return ar or nil end
   local ok, got = pcall(M.setup, g, c)
-  if not ok then g.arena = NONE; error(got, 0) end
+  if not ok then
+    g.arena = NONE
+    -- rank 0 is the only one the others hear from in the set-up: a failure it
+    -- heard of (another rank's abort) it passes on, or they would wait on it
+    if g.rank == 0 and errors.is(got) then g:abort(got) end
+    error(got, 0)
+  end
   g.arena = got or NONE
   if got then M.used.groups = M.used.groups + 1 end
   return got
@@ -196,7 +203,7 @@ local function wait(g, c, ar, e, first)
         watches[me] = {prefix = prefix, key = key}
       end
     end
-    local woke, got = sched.suspend_until(c.what, math.min(left or 0.1, 0.1))
+    sched.suspend_until(c.what, math.min(left or 0.1, 0.1))
     for i = 0, g.size - 1 do
       if i ~= g.rank then
         local src = g:global(i)
@@ -206,8 +213,9 @@ local function wait(g, c, ar, e, first)
         if watches then watches[me] = nil end
       end
     end
-    if woke and errors.is(got) then ar:awake(); fail(g, got) end
-    -- (a message of this call shown by the watch is found in the mailbox above)
+    -- (a loss or an abort that woke us is looked at above, after the step:
+    -- the rank lost may have finished it; a message of this call shown by the
+    -- watch is found in the mailbox)
   end
 end
 
