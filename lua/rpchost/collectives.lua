@@ -87,6 +87,19 @@ local function parse_signature(sig)
           redop = redop ~= "" and redop or nil}
 end
 
+-- A collective in progress (what Group:begin returns): its description, and,
+-- made when first asked for (a call through the same-host arena never needs
+-- them), the prefix of its messages' keys and its name in waits.
+local Call = {}
+function Call.__index(c, k)
+  local v
+  if k == "key" then v = c.g:prefix() .. c.seq .. ":"
+  elseif k == "what" then v = c.meta.op .. " #" .. c.seq
+  else return nil end
+  rawset(c, k, v)
+  return v
+end
+
 -- A collective in progress: its key prefix and description.
 function Group:begin(op, t, extra)
   local ab = self.agent.aborted
@@ -101,8 +114,10 @@ function Group:begin(op, t, extra)
   local m = {op = op, dtype = t and core.t_dtype(t) or -1, numel = t and core.t_numel(t) or 0}
   if extra then for k, v in pairs(extra) do m[k] = v end end
   -- (the last few calls, to name one that a late message shows did not match)
-  self.recent = self.recent or {}
-  self.recent[self.seq % 16] = {seq = self.seq, meta = m}
+  -- (two arrays: no table per call)
+  local rs, rm = self.recent_seq, self.recent_meta
+  if not rs then rs, rm = {}, {}; self.recent_seq, self.recent_meta = rs, rm end
+  rs[self.seq % 16], rm[self.seq % 16] = self.seq, m
   -- (what: the call by its own number, as its waits name it; with async Works
   -- the group may have started later ones)
   -- (a loop repeats one call: its signature is formatted once, not per call)
@@ -115,8 +130,7 @@ function Group:begin(op, t, extra)
     sig = signature(m)
     self.last_meta, self.last_sig = m, sig
   end
-  return {key = self:prefix() .. self.seq .. ":", meta = m, sig = sig, seq = self.seq,
-          what = op .. " #" .. self.seq}
+  return setmetatable({meta = m, sig = sig, seq = self.seq, g = self}, Call)
 end
 
 -- A message of one of this group's collectives that already ended here means
@@ -135,9 +149,9 @@ function Group:check_leftovers()
     for k, v in pairs(a.mail[r] or {}) do
       if k:sub(1, #prefix) == prefix then
         local seq = tonumber(k:match("^g[^:]*:(%d+):"))
-        local mine = seq and seq <= self.seq and self.recent and self.recent[seq % 16]
         if seq and seq <= self.seq then
-          local m = mine and mine.seq == seq and mine.meta or {op = "a collective", numel = 0}
+          local rs = self.recent_seq
+          local m = rs and rs[seq % 16] == seq and self.recent_meta[seq % 16] or {op = "a collective", numel = 0}
           a.mail[r][k] = nil
           self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
         end
