@@ -21,8 +21,9 @@
 -- that completes the step sees the flag and rings with a one-way message
 -- ("!aw<group>"). A peer's loss, an abort of the group, a message of this call
 -- on the message path (a rank that made another call) and the group's timeout
--- end the wait with the errors the message path gives. Async collectives,
--- larger tensors and groups with ranks on other hosts keep their algorithms;
+-- end the wait with the errors the message path gives. Calls of a group take
+-- the arena one at a time in the order they began (async_op calls too). Larger
+-- tensors and groups with ranks on other hosts keep their algorithms;
 -- RPCHOST_SHM_COLL=0 turns the arena off, set-up included (set it on every
 -- rank alike: ranks that differ wait for each other until the group's timeout).
 local core = require "rpchost.core"
@@ -50,11 +51,35 @@ local REDOP_NAME = {"SUM", "PRODUCT", "MAX", "MIN", "AVG"}
 local NONE = false
 
 -- Whether a call may go through the arena (the same answer on every rank that
--- makes the same call): the group fits, and the call is not an async_op's.
+-- makes the same call: it depends on the group and the call only).
 function M.eligible(g)
-  if not M.enabled or g.arena == NONE or g.size < 2 or g.size >= M.MAX_RANKS then return false end
-  local t = sched.current()
-  return not (t and t.async_collective)
+  return M.enabled and g.arena ~= NONE and g.size >= 2 and g.size < M.MAX_RANKS
+end
+
+-- Runs fn(arena, g, c, ...) for call c through the group's arena and returns
+-- true, or returns false when the group has none (then the caller takes the
+-- messages). Must be called right after g:begin(c), before anything yields:
+-- calls of one group take the arena one at a time, in the order they began
+-- (the order every rank makes them in), also async_op calls that run as tasks
+-- side by side: a later one waits here for the one before it to end on this rank.
+function M.run(g, c, fn, ...)
+  local ticket = (g.arena_tickets or 0) + 1
+  g.arena_tickets = ticket
+  if (g.arena_served or 0) ~= ticket - 1 then
+    local q = g.arena_queue
+    if not q then q = {}; g.arena_queue = q end
+    q[ticket] = sched.current()
+    repeat sched.suspend("the group's previous small collective") until g.arena_served == ticket - 1
+  end
+  local ok, got = pcall(M.of, g, c)
+  if ok and got then ok, got = pcall(fn, got, g, c, ...) end
+  -- (the next call's turn, whatever happened to this one)
+  g.arena_served = ticket
+  local q = g.arena_queue
+  local nxt = q and q[ticket + 1]
+  if nxt then q[ticket + 1] = nil; sched.wake(nxt) end
+  if not ok then error(got, 0) end
+  return g.arena ~= NONE
 end
 
 local function post(g, i, key, ...)
@@ -234,7 +259,7 @@ local function step(g, c, ar, kind, t, redop, root)
   return e
 end
 
-function M.barrier(g, c, ar)
+function M.barrier(ar, g, c)
   step(g, c, ar, KIND.barrier)
   M.used.barrier = M.used.barrier + 1
 end

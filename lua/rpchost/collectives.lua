@@ -498,6 +498,10 @@ local function all_reduce_flat(flat, g, c, redop)
   if redop == "AVG" and not divided then core.t_binary(3, flat, g.size, flat) end
 end
 
+-- (through the same-host arena: rpchost.arena.run's fn)
+local function arena_all_reduce(ar, g, c, t, redop) in_place(t, arena.all_reduce, g, c, ar, redop, BIN[redop]) end
+local function arena_broadcast(ar, g, c, t, root) in_place(t, arena.broadcast, g, c, ar, root) end
+
 function Group:all_reduce(t, redop)
   check_redop(redop, t)
   local c = self:begin("all_reduce", t, {redop = redop})
@@ -507,9 +511,8 @@ function Group:all_reduce(t, redop)
   -- and _TREE_RANKS still choose the other algorithms)
   local bytes = core.t_nbytes(t)
   if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS
-     and arena.eligible(self) then
-    local ar = arena.of(self, c)
-    if ar then return in_place(t, arena.all_reduce, self, c, ar, redop, BIN[redop]) end
+     and arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then
+    return
   end
   in_place(t, all_reduce_flat, self, c, redop)
 end
@@ -519,9 +522,9 @@ function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, {root = root})
   local n = self.size
   if n == 1 then return end
-  if core.t_nbytes(t) <= arena.SLOT and core.t_nbytes(t) < M.DIRECT_BYTES and arena.eligible(self) then
-    local ar = arena.of(self, c)
-    if ar then return in_place(t, arena.broadcast, self, c, ar, root) end
+  if core.t_nbytes(t) <= arena.SLOT and core.t_nbytes(t) < M.DIRECT_BYTES and arena.eligible(self)
+     and arena.run(self, c, arena_broadcast, t, root) then
+    return
   end
   if core.t_nbytes(t) >= M.DIRECT_BYTES then
     -- on one host: every rank reads the root's tensor straight into its own
@@ -643,10 +646,7 @@ end
 function Group:barrier()
   local c = self:begin("barrier")
   local n, me = self.size, self.rank
-  if arena.eligible(self) then
-    local ar = arena.of(self, c)
-    if ar then return arena.barrier(self, c, ar) end
-  end
+  if arena.eligible(self) and arena.run(self, c, arena.barrier) then return end
   local d = 1
   while d < n do
     self:send(c, (me + d) % n, "b" .. d)
