@@ -71,7 +71,8 @@ function M.run(g, c, fn, ...)
     q[ticket] = sched.current()
     repeat sched.suspend("the group's previous small collective") until g.arena_served == ticket - 1
   end
-  local ok, got = pcall(M.of, g, c)
+  local ok, got = true, g.arena
+  if got == nil then ok, got = pcall(M.of, g, c) end
   if ok and got then ok, got = pcall(fn, got, g, c, ...) end
   -- (the next call's turn, whatever happened to this one)
   g.arena_served = ticket

@@ -140,13 +140,14 @@ end
 -- is caught at the group's next collective (or its destruction), which fails
 -- naming both calls. Only while no async Work of this group is still running
 -- (its messages would not be leftovers).
+local NO_MAIL = {} -- (read only: a rank without mail makes no table per call)
 function Group:check_leftovers()
   local a = self.agent
   -- (a group that already stopped has said what went wrong)
   if (self.async_running or 0) > 0 or self.seq == 0 or a.aborted then return end
   local prefix = self:prefix()
   for _, r in ipairs(self.ranks) do
-    for k, v in pairs(a.mail[r] or {}) do
+    for k, v in pairs(a.mail[r] or NO_MAIL) do
       if k:sub(1, #prefix) == prefix then
         local seq = tonumber(k:match("^g[^:]*:(%d+):"))
         if seq and seq <= self.seq then
