@@ -20,6 +20,9 @@
  * the joined workers to leave: no worker touches a job after its caller returns.
  * Which thread runs a piece never changes a result: each piece's output depends
  * only on its range, so callers that sum do so over fixed parts. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT (builds that do not define it, as the fuzzers') */
+#endif
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
