@@ -351,9 +351,6 @@ local function run_now(g, what, async, ...)
 end
 
 local function run_async(g, what, fut, args)
-  -- (an async call keeps the message algorithms: the same-host arena takes
-  -- one call at a time, in the order the ranks make them; rpchost.arena)
-  sched.current().async_collective = true
   local ok, e = pcall(run_now, g, what, true, unpack(args, 1, args.n))
   g.async_running = g.async_running - 1
   if ok then fut:set_result(true) else fut:set_error(e) end
