@@ -16,6 +16,7 @@ static const struct {
     {RH_EFDS, "the peer sent more file descriptors than its frames take"},
     {RH_EUNPROVEN, "the peer sent a frame other than its handshake before proving itself (closed unread)"},
     {RH_ERING, "corrupt shared-memory ring from the peer (impossible head, tail or frame): connection closed"},
+    {RH_EARENA, "corrupt collective arena (impossible header or step from a peer)"},
     {RH_EHANDSHAKE, "the peer did not complete its handshake in time (RPCHOST_HANDSHAKE_TIMEOUT)"},
 };
 

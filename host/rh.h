@@ -24,6 +24,7 @@ enum {
   RH_EUNPROVEN = -5008, /* a frame other than the handshake before the peer proved itself */
   RH_EHANDSHAKE = -5009, /* the handshake did not complete within its deadline */
   RH_ERING = -5010,     /* a shared-memory ring's header or contents are impossible */
+  RH_EARENA = -5011,    /* a collective arena's header, epoch or signature is impossible */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

@@ -163,7 +163,7 @@ describe("a world's peers", function()
       check("every worker listed", #rpc.workers() == world_size)
       rpc.shutdown()
       dist.destroy_process_group()
-    ]], {timeout = 60})
+    ]], {timeout = 60, env = {RPCHOST_SHM_COLL = "0"}}) -- (the partners of recursive doubling, not the arena's set-up)
     assert.are.equal(0, r.status, r.out .. r.err)
     S.assert_oks(r, lines, {"no table yet but the callers'", "a call by name", "tables for the callee and callers",
       "a worker never met, by name", "an unknown name lists every worker", "all_reduce",

@@ -13,6 +13,7 @@
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local bit = require "bit"
+local arena = require "rpchost.arena"
 require "tensor" -- tensors must be able to travel (their codec lives there)
 
 local M = {}
@@ -84,6 +85,19 @@ local function parse_signature(sig)
           redop = redop ~= "" and redop or nil}
 end
 
+-- A collective in progress (what Group:begin returns): its description, and,
+-- made when first asked for (a call through the same-host arena never needs
+-- them), the prefix of its messages' keys and its name in waits.
+local Call = {}
+function Call.__index(c, k)
+  local v
+  if k == "key" then v = c.g:prefix() .. c.seq .. ":"
+  elseif k == "what" then v = c.meta.op .. " #" .. c.seq
+  else return nil end
+  rawset(c, k, v)
+  return v
+end
+
 -- A collective in progress: its key prefix and description.
 function Group:begin(op, t, extra)
   local ab = self.agent.aborted
@@ -98,8 +112,10 @@ function Group:begin(op, t, extra)
   local m = {op = op, dtype = t and core.t_dtype(t) or -1, numel = t and core.t_numel(t) or 0}
   if extra then for k, v in pairs(extra) do m[k] = v end end
   -- (the last few calls, to name one that a late message shows did not match)
-  self.recent = self.recent or {}
-  self.recent[self.seq % 16] = {seq = self.seq, meta = m}
+  -- (two arrays: no table per call)
+  local rs, rm = self.recent_seq, self.recent_meta
+  if not rs then rs, rm = {}, {}; self.recent_seq, self.recent_meta = rs, rm end
+  rs[self.seq % 16], rm[self.seq % 16] = self.seq, m
   -- (what: the call by its own number, as its waits name it; with async Works
   -- the group may have started later ones)
   -- (a loop repeats one call: its signature is formatted once, not per call)
@@ -112,8 +128,7 @@ function Group:begin(op, t, extra)
     sig = signature(m)
     self.last_meta, self.last_sig = m, sig
   end
-  return {key = self:prefix() .. self.seq .. ":", meta = m, sig = sig, seq = self.seq,
-          what = op .. " #" .. self.seq}
+  return setmetatable({meta = m, sig = sig, seq = self.seq, g = self}, Call)
 end
 
 -- A message of one of this group's collectives that already ended here means
@@ -123,18 +138,19 @@ end
 -- is caught at the group's next collective (or its destruction), which fails
 -- naming both calls. Only while no async Work of this group is still running
 -- (its messages would not be leftovers).
+local NO_MAIL = {} -- (read only: a rank without mail makes no table per call)
 function Group:check_leftovers()
   local a = self.agent
   -- (a group that already stopped has said what went wrong)
   if (self.async_running or 0) > 0 or self.seq == 0 or a.aborted then return end
   local prefix = self:prefix()
   for _, r in ipairs(self.ranks) do
-    for k, v in pairs(a.mail[r] or {}) do
+    for k, v in pairs(a.mail[r] or NO_MAIL) do
       if k:sub(1, #prefix) == prefix then
         local seq = tonumber(k:match("^g[^:]*:(%d+):"))
-        local mine = seq and seq <= self.seq and self.recent and self.recent[seq % 16]
         if seq and seq <= self.seq then
-          local m = mine and mine.seq == seq and mine.meta or {op = "a collective", numel = 0}
+          local rs = self.recent_seq
+          local m = rs and rs[seq % 16] == seq and self.recent_meta[seq % 16] or {op = "a collective", numel = 0}
           a.mail[r][k] = nil
           self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
         end
@@ -510,10 +526,22 @@ local function all_reduce_flat(flat, g, c, redop)
   if redop == "AVG" and not divided then core.t_binary(3, flat, g.size, flat) end
 end
 
+-- (through the same-host arena: rpchost.arena.run's fn)
+local function arena_all_reduce(ar, g, c, t, redop) in_place(t, arena.all_reduce, g, c, ar, redop, BIN[redop]) end
+local function arena_broadcast(ar, g, c, t, root) in_place(t, arena.broadcast, g, c, ar, root) end
+
 function Group:all_reduce(t, redop)
   check_redop(redop, t)
   local c = self:begin("all_reduce", t, {redop = redop})
   if self.size == 1 then return end
+  -- small, and every rank on this host: through the group's shared arena
+  -- (where recursive doubling would run: RPCHOST_RING_BYTES, _DIRECT_BYTES
+  -- and _TREE_RANKS still choose the other algorithms)
+  local bytes = core.t_nbytes(t)
+  if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS
+     and arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then
+    return
+  end
   in_place(t, all_reduce_flat, self, c, redop)
 end
 
@@ -522,6 +550,10 @@ function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, {root = root})
   local n = self.size
   if n == 1 then return end
+  if core.t_nbytes(t) <= arena.SLOT and core.t_nbytes(t) < M.DIRECT_BYTES and arena.eligible(self)
+     and arena.run(self, c, arena_broadcast, t, root) then
+    return
+  end
   if core.t_nbytes(t) >= M.DIRECT_BYTES then
     -- on one host: every rank reads the root's tensor straight into its own.
     -- The root, which would only wait, writes the first n-th of it into every
@@ -655,6 +687,7 @@ end
 function Group:barrier()
   local c = self:begin("barrier")
   local n, me = self.size, self.rank
+  if arena.eligible(self) and arena.run(self, c, arena.barrier) then return end
   local d = 1
   while d < n do
     self:send(c, (me + d) % n, "b" .. d)
