@@ -120,7 +120,7 @@ function M.setup(g, c)
     core.flush()
     local all = offer and 1 or 0
     for i = 1, n - 1 do
-      if g:recv(c, i, "aa") ~= 1 then all = 0 end
+      if g:recv_value(c, i, "aa") ~= 1 then all = 0 end
     end
     for i = 1, n - 1 do post(g, i, c.key .. "av", c.sig, all) end
     core.flush()
@@ -130,14 +130,14 @@ function M.setup(g, c)
       ar = nil
     end
   else
-    local offer = g:recv(c, 0, "ao")
+    local offer = g:recv_value(c, 0, "ao")
     if type(offer) == "table" and M.enabled then
       ar, why = core.arena_attach(n, me, M.SLOT, tonumber(offer.pid) or 0, tonumber(offer.fd) or -1,
         tonumber(offer.ino) or -1, type(offer.token) == "string" and offer.token or "")
     end
     post(g, 0, c.key .. "aa", c.sig, ar and 1 or 0)
     core.flush()
-    if g:recv(c, 0, "av") ~= 1 then
+    if g:recv_value(c, 0, "av") ~= 1 then
       if ar then ar:close() end
       ar = nil
     end

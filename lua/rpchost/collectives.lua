@@ -223,9 +223,10 @@ local function other_message(values, c)
   if not same_call(values[1], c) then c.group:mismatch(c.meta, c.from, values[1]) end
 end
 
-function Group:recv(c, i, step)
+-- The value group rank i sent for step `step` of collective c (a set-up's plain
+-- values: the arena's offer and answers).
+function Group:recv_value(c, i, step)
   local src = self:global(i)
-  local m = c.meta
   c.group, c.from = self, src
   local ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout,
     c.what, c.key, other_message, c)
@@ -234,10 +235,16 @@ function Group:recv(c, i, step)
     if errors.is(meta) and not self.agent.aborted then self:abort(meta) end
     error(meta, 0)
   end
-  if not same_call(meta, c) then self:mismatch(m, src, meta) end
+  if not same_call(meta, c) then self:mismatch(c.meta, src, meta) end
+  return t
+end
+
+-- The piece (a tensor, or nil) group rank i sent for step `step` of collective c.
+function Group:recv(c, i, step)
+  local t = self:recv_value(c, i, step)
   if t ~= nil and type(t) ~= "userdata" then
-    error(errors.new("protocol", ("%s: rank %d sent a piece that is not a tensor (a %s)"):format(m.op, src,
-      type(t))), 0)
+    error(errors.new("protocol", ("%s: rank %d sent a piece that is not a tensor (a %s)"):format(c.meta.op,
+      self:global(i), type(t))), 0)
   end
   return t
 end
