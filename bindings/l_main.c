@@ -2,7 +2,6 @@
  * Lua library, and hands the command line to lua/rpchost/cli.lua, which
  * implements the interpreter front end, the launcher and the REPL. */
 #include <malloc.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,12 +70,8 @@ int rh_callback(int nargs, int nresults) {
 static int spin_yield(void) {
   const char *y = getenv("RPCHOST_SPIN_YIELD");
   if (y && *y) return atoi(y) != 0;
-  const char *lws = getenv("LOCAL_WORLD_SIZE");
-  if (!lws || !*lws) lws = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (!lws || !*lws || atoi(lws) < 1) return 1;
-  cpu_set_t set;
-  int ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-  return atoi(lws) > ncpu;
+  int local = rh_local_ranks();
+  return !local || local > rh_host_cpus();
 }
 
 /* Incoming frame segments are read straight into tensor storages. */

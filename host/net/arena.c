@@ -45,11 +45,14 @@ static rh_arena_sig_t *sig_of(rh_arena_t *a, uint32_t i, uint64_t e) {
   return (rh_arena_sig_t *)(slot_of(a, i) + OFF_SIG + 64 * (e & 1));
 }
 
-uint8_t *rh_arena_my_data(rh_arena_t *a, uint64_t e) { return slot_of(a, a->me) + OFF_DATA + (size_t)a->slot * (e & 1); }
-
-const uint8_t *rh_arena_data(rh_arena_t *a, uint32_t i, uint64_t e) {
+/* rank i's data for step e (even and odd steps alternate halves) */
+static uint8_t *data_of(rh_arena_t *a, uint32_t i, uint64_t e) {
   return slot_of(a, i) + OFF_DATA + (size_t)a->slot * (e & 1);
 }
+
+uint8_t *rh_arena_my_data(rh_arena_t *a, uint64_t e) { return data_of(a, a->me, e); }
+
+const uint8_t *rh_arena_data(rh_arena_t *a, uint32_t i, uint64_t e) { return data_of(a, i, e); }
 
 uint64_t rh_arena_publish(rh_arena_t *a, const rh_arena_sig_t *s, uint8_t *wake) {
   uint64_t e = a->epoch + 1;

@@ -380,7 +380,8 @@ static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, c
   cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, g->tabled ? s->base : NULL, g->c, g->h, g->w,
                   g->hp, g->wp, g->kh, g->kw, g->oh, g->ow, p};
   if (to_image) {
-    memset(j.xp, 0, (size_t)(g->c * g->hp * g->wp) * es);
+    /* (the narrow planes' kernel writes every element of each plane itself) */
+    if (!narrow_planes(&j)) memset(j.xp, 0, (size_t)(g->c * g->hp * g->wp) * es);
     rh_parallel_for(g->c, rh_parallel_grain(g->kh * g->kw * g->l), col2im_channels, &j);
     if (g->padded) rh_parallel_for(g->c, rh_parallel_grain(g->h * g->w), pad_out, &j);
     return;

@@ -83,14 +83,21 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-static long default_threads(void) {
+int rh_host_cpus(void) {
   cpu_set_t set;
-  long ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+int rh_local_ranks(void) {
   const char *lws = getenv("LOCAL_WORLD_SIZE");
   if (!lws || !*lws) lws = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  long local = lws && *lws ? atol(lws) : 1;
-  if (local < 1) local = 1;
-  return ncpu / local;
+  int n = lws && *lws ? atoi(lws) : 0;
+  return n > 0 ? n : 0;
+}
+
+static long default_threads(void) {
+  int local = rh_local_ranks();
+  return rh_host_cpus() / (local ? local : 1);
 }
 
 static void start_pool(void) {

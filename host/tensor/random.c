@@ -18,7 +18,7 @@ static uint64_t rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-/* inline here (randn and rand draw in loops), a function for the other files */
+/* inline: randn and rand draw in loops */
 static inline uint64_t next_u64(void) {
   uint64_t r = rotl(rng[1] * 5, 7) * 9, t = rng[1] << 17;
   rng[2] ^= rng[0];
@@ -39,9 +39,7 @@ void rh_random_seed(uint64_t seed) {
   }
 }
 
-uint64_t rh__random_u64(void) { return next_u64(); }
 static inline double uniform01(void) { return (double)(next_u64() >> 11) * 0x1.0p-53; }
-double rh__uniform01(void) { return uniform01(); }
 
 /* uniform in [0, n) without modulo bias (Lemire's method) */
 static uint64_t below(uint64_t n) {

@@ -27,10 +27,6 @@ void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int6
 int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_st, const char *src,
                    const int64_t *src_st, size_t es);
 
-/* the one random generator (random.c; tensor.manual_seed seeds it) */
-uint64_t rh__random_u64(void);
-double rh__uniform01(void); /* [0, 1) with 53 random bits */
-
 /* devices (device.c) */
 rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *),
                                   void *ctx);
