@@ -210,21 +210,13 @@ end
 -- a parameter-sized tensor for the collector each time. A gradient that
 -- get_gradients has handed out is never written: the next sum is a new tensor,
 -- so a table the user kept does not change under them.
-local same_sizes = autograd._same_sizes
+local add_grad = autograd._add_grad
 local Sink = {}
 Sink.__index = Sink
 function Sink.__call(sink, t, g, owned)
   local grads = sink.grads
   local prev = grads[t]
-  if prev == nil then
-    grads[t] = owned and g or core.t_clone(g)
-  elseif not sink.exposed[prev] and core.t_dtype(prev) == core.t_dtype(g) and core.t_device(prev) == core.t_device(g)
-      and same_sizes(prev, g) then
-    core.t_binary(0, prev, g, prev)
-    if owned then core.t_free(g) end
-  else
-    grads[t] = core.t_binary(0, prev, g)
-  end
+  grads[t] = add_grad(prev, g, owned, prev ~= nil and not sink.exposed[prev])
 end
 local function sink_into(c)
   if not c.sink then c.sink = setmetatable({grads = c.grads, exposed = c.exposed}, Sink) end

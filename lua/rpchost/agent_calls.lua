@@ -16,7 +16,6 @@ local bit = require "bit"
 
 local enc, dec = codec.raw_encode, codec.raw_decode
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
-local pack = function(...) return {n = select("#", ...), ...} end
 -- (a request carries the seconds its caller will still wait, 0 for no limit: a
 -- duration, not a time, so the two hosts' clocks need not agree)
 local REQ_NAMES = {"func", "args", "kwargs", "ctx", "device_map", "timeout"}
@@ -393,16 +392,16 @@ end
 -- from inside the completion (Future:_on_settle), in the handler's context.
 local function reply_settled(f, w)
   local self = w.agent
-  if f.state == "error" then self:send_reply(w.to, w.id, {false, f.err, n = 2}, nil, w.ctx)
-  else self:send_reply(w.to, w.id, pack(true, unpack(f.values, 1, f.values.n)), w.rmap, w.ctx) end
+  if f.state == "error" then self:send_results(w.to, w.id, nil, w.ctx, false, f.err)
+  else self:send_results(w.to, w.id, w.rmap, w.ctx, true, unpack(f.values, 1, f.values.n)) end
 end
 
 local function reply_when_done(self, to, id, fut, rmap, ctx)
   if not Future.is(fut) then
-    self:send_reply(to, id, {false, "an async_execution function must return a Future, got " ..
-      type(fut), n = 2}, nil, ctx)
+    self:send_results(to, id, nil, ctx, false, "an async_execution function must return a Future, got " ..
+      type(fut))
   elseif fut.state == "done" then
-    self:send_reply(to, id, pack(true, unpack(fut.values, 1, fut.values.n)), rmap, ctx)
+    self:send_results(to, id, rmap, ctx, true, unpack(fut.values, 1, fut.values.n))
   else
     if ctx == nil then ctx = task_ctx() or false end
     fut:_on_settle(reply_settled, {agent = self, to = to, id = id, rmap = rmap, ctx = ctx})

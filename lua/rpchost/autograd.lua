@@ -234,18 +234,23 @@ local function same_sizes(a, b)
   for i = 1, #sa do if sa[i] ~= sb[i] then return false end end
   return true
 end
-local function default_sink(t, g, owned)
-  local s = get_state(t)
-  local prev = s.grad
-  if prev == nil then
-    s.grad = owned and g or core.t_clone(g)
-  elseif not requires(prev) and core.t_dtype(prev) == core.t_dtype(g) and core.t_device(prev) == core.t_device(g)
+-- The gradient after g arrives where prev (or nothing) was: g itself when owned,
+-- prev with g added in place when prev may be written (writable) and matches,
+-- else a new sum.
+local function add_grad(prev, g, owned, writable)
+  if prev == nil then return owned and g or core.t_clone(g) end
+  if writable and core.t_dtype(prev) == core.t_dtype(g) and core.t_device(prev) == core.t_device(g)
       and same_sizes(prev, g) then
     core.t_binary(0, prev, g, prev)
     if owned then core.t_free(g) end
-  else
-    s.grad = core.t_binary(0, prev, g)
+    return prev
   end
+  return core.t_binary(0, prev, g)
+end
+local function default_sink(t, g, owned)
+  local s = get_state(t)
+  local prev = s.grad
+  s.grad = add_grad(prev, g, owned, prev ~= nil and not requires(prev))
 end
 
 -- A piece of a gradient. The backward of an op that reads a part of its input
@@ -649,7 +654,7 @@ function M._current_sink()
   return p and p.sink
 end
 M._default_sink = default_sink
-M._same_sizes = same_sizes -- (dist_autograd's sink takes gradients in place as the default one does)
+M._add_grad = add_grad -- (dist_autograd's sink adds as the default one does)
 
 -- fn(t) runs each time t's gradient is final in a backward pass.
 function M.register_final_hook(t, fn)

@@ -220,14 +220,14 @@ end
 -- Another message of collective c from the rank it is receiving from (c.from):
 -- it must describe the same call. (One function for all: no closure per receive.)
 local function other_message(values, c)
-  if not same_call(values[1], c) then c.group:mismatch(c.meta, c.from, values[1]) end
+  if not same_call(values[1], c) then c.g:mismatch(c.meta, c.from, values[1]) end
 end
 
 -- The value group rank i sent for step `step` of collective c (a set-up's plain
 -- values: the arena's offer and answers).
 function Group:recv_value(c, i, step)
   local src = self:global(i)
-  c.group, c.from = self, src
+  c.from = src
   local ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout,
     c.what, c.key, other_message, c)
   if not ok then
@@ -557,11 +557,12 @@ function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, {root = root})
   local n = self.size
   if n == 1 then return end
-  if core.t_nbytes(t) <= arena.SLOT and core.t_nbytes(t) < M.DIRECT_BYTES and arena.eligible(self)
+  local bytes = core.t_nbytes(t)
+  if bytes <= arena.SLOT and bytes < M.DIRECT_BYTES and arena.eligible(self)
      and arena.run(self, c, arena_broadcast, t, root) then
     return
   end
-  if core.t_nbytes(t) >= M.DIRECT_BYTES then
+  if bytes >= M.DIRECT_BYTES then
     -- on one host: every rank reads the root's tensor straight into its own.
     -- The root, which would only wait, writes the first n-th of it into every
     -- rank meanwhile, where the peers let it write (2 ranks: each copies half;
