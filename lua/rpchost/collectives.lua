@@ -102,10 +102,13 @@ end
 function Group:begin(op, t, extra)
   local ab = self.agent.aborted
   if ab then
-    -- (the same failure, but said to be an earlier one, and what to do)
-    error(errors.new(errors.is(ab) and ab.kind or "protocol", ("%s: the process group stopped after an " ..
+    -- (the same failure, with the rank and worker it named, but said to be an
+    -- earlier one, and what to do)
+    local is = errors.is(ab)
+    error(errors.new(is and ab.kind or "protocol", ("%s: the process group stopped after an " ..
       "earlier failure, so no collective can run on it: %s (call dist.destroy_process_group() and " ..
-      "init_process_group again)"):format(op, tostring(errors.is(ab) and ab.message or ab))), 0)
+      "init_process_group again)"):format(op, tostring(is and ab.message or ab)),
+      is and {rank = ab.rank, worker = ab.worker} or nil), 0)
   end
   self:check_leftovers()
   self.seq = self.seq + 1
