@@ -156,6 +156,26 @@ describe("collectives", function()
     assert.are.equal(2, oks, r.out .. r.err)
   end)
 
+  it("name the rank another could not reach, also on ranks whose own copies all succeeded", function()
+    -- rank 0's copies fail on rank 1 (as when rank 1 exits while rank 0 copies);
+    -- ranks 1 and 2 finish theirs: all three must name rank 1, not rank 0
+    local r = run_world(3, [[
+      dist.init_process_group{backend = "gloo", timeout = 30}
+      local t = tensor.ones(1048576)
+      dist.all_reduce(t)
+      if rank == 0 then
+        require("rpchost.core").cma_all_reduce = function() return false, "no such process", 1 end
+      end
+      local ok, e = pcall(dist.all_reduce, t)
+      check("names rank 1", not ok and e.kind == "unreachable" and e.rank == 1, e)
+      os.exit(0)
+    ]], {timeout = 40})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    local _, oks = r.out:gsub("ok names rank 1", "")
+    assert.are.equal(3, oks, r.out .. r.err)
+  end)
+
   it("use the ring for large tensors with the default threshold", function()
     local r = run_world(3, [[
       dist.init_process_group{backend = "gloo"}

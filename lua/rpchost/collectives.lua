@@ -464,8 +464,12 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
   local err = not ok and errors.new("unreachable", ("%s: cannot read or write the tensor of rank %s: %s"):format(
     c.what, bad and tostring(g:global(bad)) or "?", tostring(why)), {rank = bad and g:global(bad) or nil})
   local a = g.agent
+  -- (done's status: 0, or 1 + the global rank this one could not reach, so that
+  -- a rank whose own copies finished before the failure still names the rank
+  -- that failed, not the messenger; -1 where that rank is unknown)
+  local said = err and (err.rank and err.rank + 1 or -1) or 0
   for i = 0, g.size - 1 do
-    if i ~= g.rank then pcall(a.post, a, g:global(i), c.key .. "done", c.sig, err and -1 or 0) end
+    if i ~= g.rank then pcall(a.post, a, g:global(i), c.key .. "done", c.sig, said) end
   end
   core.flush()
   for i = 0, g.size - 1 do
@@ -478,8 +482,9 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
       elseif sig ~= c.sig then
         err = err or errors.new("protocol", ("%s: rank %d ended another call"):format(c.what, src), {rank = src})
       elseif status ~= 0 then
-        err = err or errors.new("unreachable", ("%s: rank %d could not reach every tensor, so the result is " ..
-          "incomplete"):format(c.what, src), {rank = src})
+        local bad = status > 0 and status - 1 or nil
+        err = err or errors.new("unreachable", ("%s: rank %d could not reach the tensor of rank %s, so the " ..
+          "result is incomplete"):format(c.what, src, bad or "?"), {rank = bad or src})
       end
     end
   end
