@@ -241,7 +241,8 @@ end
 -- rank that differs, when they do not agree. d = {op, dtype, numel, extra}.
 local function usable(self, what)
   if self.broken then
-    fail("unreachable", ("%s: the process group stopped after an earlier failure (%s); destroy it and make " ..
+    -- (only a timeout stops an MPI group: MPI cannot cancel the call left behind)
+    fail("timeout", ("%s: the process group stopped after an earlier failure (%s); destroy it and make " ..
       "a new one"):format(what, self.broken))
   end
   if not self.ccomm then cfg("%s: the process group was destroyed", what) end
