@@ -11,20 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn.h"
+#include "nn_geom.h"
 #include "tensor_internal.h"
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h> /* the AVX-512 gathers of im2col and col2im (chosen at run time) */
 #endif
-
-int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode) {
-  int64_t num = in + 2 * pad - (dil * (k - 1) + 1);
-  if (num < 0 || stride < 1) return 0;
-  int64_t o = (ceil_mode ? (num + stride - 1) / stride : num / stride) + 1;
-  /* as PyTorch: with ceil_mode the last window must start inside the input or the left padding */
-  if (ceil_mode && (o - 1) * stride >= in + pad) o--;
-  return o;
-}
 
 /* The column matrix is built from a padded copy of each sample's planes
  * ([C, Hp, Wp], Hp = H + 2*pad: the zero border written once) instead of
@@ -317,14 +308,13 @@ static void pad_channels(void *ctx, int64_t lo, int64_t hi, int to_padded) {
 static void pad_in(void *ctx, int64_t lo, int64_t hi) { pad_channels(ctx, lo, hi, 1); }
 static void pad_out(void *ctx, int64_t lo, int64_t hi) { pad_channels(ctx, lo, hi, 0); }
 
-typedef struct {
-  int64_t n, c, h, w, o, kh, kw, oh, ow, g, cg, og, kg, l;
-  int64_t hp, wp; /* the padded planes */
-  int padded;     /* a padded copy of each sample is made (padding > 0) */
-  int tabled;     /* the columns gather through base[] (narrow or strided rows) */
-  int direct;     /* 1x1, stride 1, no padding: the input is its own column matrix */
-} geom_t;
+typedef rh__nn_conv_geom_t geom_t;
 
+/* whether the columns gather through base[] (narrow rows; the table's int32
+ * offsets need the padded plane under 2^31 elements) */
+static int tabled(const geom_t *g) { return g->ow < CONV_ROW_MIN && g->hp * g->wp < INT32_MAX; }
+
+/* the host kernel's own rules (one float dtype, on the host), then the shapes */
 static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p, geom_t *g) {
   if (x->dtype != RH_F32 && x->dtype != RH_F64)
     return rh_tensor_fail("conv2d: expected a float32 or float64 input, got %s", rh_dtype_name(x->dtype));
@@ -333,36 +323,7 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
                           rh_dtype_name(w->dtype));
   if (RH_ON_DEVICE(x) || RH_ON_DEVICE(w) || (b && RH_ON_DEVICE(b)))
     return rh_tensor_fail("conv2d: the C kernel takes host tensors");
-  if (x->ndim != 4 || w->ndim != 4) return rh_tensor_fail("conv2d: expected 4-d input and weight");
-  if (p->groups < 1) return rh_tensor_fail("conv2d: groups must be positive, got %lld", (long long)p->groups);
-  for (int i = 0; i < 2; i++)
-    if (p->stride[i] < 1 || p->dil[i] < 1 || p->pad[i] < 0)
-      return rh_tensor_fail("conv2d: stride and dilation must be positive and padding non-negative");
-  g->n = x->size[0], g->c = x->size[1], g->h = x->size[2], g->w = x->size[3];
-  g->o = w->size[0], g->kh = w->size[2], g->kw = w->size[3], g->g = p->groups;
-  if (g->c % g->g || g->o % g->g)
-    return rh_tensor_fail("conv2d: in_channels %lld and out_channels %lld must be divisible by groups %lld",
-                          (long long)g->c, (long long)g->o, (long long)g->g);
-  g->cg = g->c / g->g, g->og = g->o / g->g;
-  if (w->size[1] != g->cg)
-    return rh_tensor_fail("conv2d: weight has %lld input channels per group, the input %lld", (long long)w->size[1],
-                          (long long)g->cg);
-  if (b && (b->ndim != 1 || b->size[0] != g->o))
-    return rh_tensor_fail("conv2d: bias must have %lld elements", (long long)g->o);
-  g->oh = rh_nn_out_size(g->h, g->kh, p->stride[0], p->pad[0], p->dil[0], 0);
-  g->ow = rh_nn_out_size(g->w, g->kw, p->stride[1], p->pad[1], p->dil[1], 0);
-  if (g->oh < 1 || g->ow < 1)
-    return rh_tensor_fail("conv2d: the kernel (%lld x %lld, dilated) is larger than the padded input (%lld x %lld)",
-                          (long long)g->kh, (long long)g->kw, (long long)(g->h + 2 * p->pad[0]),
-                          (long long)(g->w + 2 * p->pad[1]));
-  g->kg = g->cg * g->kh * g->kw;
-  g->l = g->oh * g->ow;
-  g->padded = p->pad[0] > 0 || p->pad[1] > 0;
-  g->hp = g->h + 2 * p->pad[0], g->wp = g->w + 2 * p->pad[1];
-  g->tabled = g->ow < CONV_ROW_MIN && g->hp * g->wp < INT32_MAX;
-  g->direct = g->kh == 1 && g->kw == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->pad[0] == 0 &&
-              p->pad[1] == 0;
-  return 0;
+  return rh__nn_conv_geom(x, w, b, p, g);
 }
 
 /* one sample's columns (or its image, for col2im: written whole) at column
@@ -377,7 +338,7 @@ typedef struct {
 static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, const scratch_t *s,
                         char *cols, int64_t ld, int to_image) {
   size_t es = rh_dtype_size(dt);
-  cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, g->tabled ? s->base : NULL, g->c, g->h, g->w,
+  cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, tabled(g) ? s->base : NULL, g->c, g->h, g->w,
                   g->hp, g->wp, g->kh, g->kw, g->oh, g->ow, p};
   if (to_image) {
     /* (the narrow planes' kernel writes every element of each plane itself) */
@@ -472,9 +433,9 @@ static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
   *cols = in_place ? NULL : malloc((size_t)(g->c * g->kh * g->kw * ld) * j->es);
   *blk = j->nb > 1 ? malloc((size_t)(g->o * ld) * j->es) : NULL;
   s->padded = g->padded && !g->direct ? malloc((size_t)(g->c * g->hp * g->wp) * j->es) : NULL;
-  s->base = g->tabled && !g->direct ? malloc((size_t)g->l * sizeof(int32_t)) : NULL;
+  s->base = tabled(g) && !g->direct ? malloc((size_t)g->l * sizeof(int32_t)) : NULL;
   if ((!in_place && !*cols) || (j->nb > 1 && !*blk) || (g->padded && !g->direct && !s->padded) ||
-      (g->tabled && !g->direct && !s->base)) {
+      (tabled(g) && !g->direct && !s->base)) {
     free(*cols);
     free(*blk);
     free(s->padded);

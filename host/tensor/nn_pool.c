@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "nn.h"
+#include "nn_geom.h"
 #include "tensor_internal.h"
 
 typedef struct {
@@ -138,33 +138,16 @@ static void max_planes(void *ctx, int64_t lo, int64_t hi) {
   else MAX_PLANES(double);
 }
 
-static int geometry(const char *what, rh_tensor_t *x, const rh_nn_pool_t *p, int64_t *oh, int64_t *ow) {
-  for (int i = 0; i < 2; i++) {
-    if (p->k[i] < 1 || p->stride[i] < 1 || p->dil[i] < 1 || p->pad[i] < 0)
-      return rh_tensor_fail("%s: kernel_size, stride and dilation must be positive, padding non-negative", what);
-    if (p->pad[i] * 2 > p->k[i])
-      return rh_tensor_fail("%s: pad should be at most half of effective kernel size, but got pad=%lld, "
-                            "kernel_size=%lld", what, (long long)p->pad[i], (long long)p->k[i]);
-  }
-  *oh = rh_nn_out_size(x->size[2], p->k[0], p->stride[0], p->pad[0], p->dil[0], p->ceil_mode);
-  *ow = rh_nn_out_size(x->size[3], p->k[1], p->stride[1], p->pad[1], p->dil[1], p->ceil_mode);
-  if (*oh < 1 || *ow < 1)
-    return rh_tensor_fail("%s: output size is too small (input %lld x %lld, kernel %lld x %lld)", what,
-                          (long long)x->size[2], (long long)x->size[3], (long long)p->k[0], (long long)p->k[1]);
-  return 0;
-}
-
 int rh_nn_max_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p, rh_tensor_t **y, rh_tensor_t **idx) {
   int64_t oh, ow;
   *y = *idx = NULL;
-  if (check_input("max_pool2d", x) || geometry("max_pool2d", x, p, &oh, &ow)) return -1;
+  if (check_input("max_pool2d", x) || rh__nn_pool_geom("max_pool2d", x->size[2], x->size[3], p, 1, &oh, &ow))
+    return -1;
   rh_tensor_t *xc = rh_tensor_contiguous(x);
   int64_t size[4] = {x->size[0], x->size[1], oh, ow};
   rh_tensor_t *ty = rh_tensor_empty(x->dtype, 4, size), *ti = rh_tensor_empty(RH_I64, 4, size);
   if (!xc || !ty || !ti) {
-    rh_tensor_t *all[] = {xc, ty, ti};
-    for (int i = 0; i < 3; i++)
-      if (all[i]) rh_tensor_release(all[i]);
+    rh__nn_release((rh_tensor_t *[]){xc, ty, ti}, 3);
     return rh_tensor_fail("max_pool2d: out of memory");
   }
   pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(ty), rh_tensor_data(ti), x->size[2], x->size[3], oh, ow, p};
@@ -212,9 +195,7 @@ rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_
   rh_tensor_t *gc = rh_tensor_contiguous(gy), *ic = rh_tensor_contiguous(idx);
   rh_tensor_t *gx = rh_tensor_empty(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w});
   if (!gc || !ic || !gx) {
-    rh_tensor_t *all[] = {gc, ic, gx};
-    for (int i = 0; i < 3; i++)
-      if (all[i]) rh_tensor_release(all[i]);
+    rh__nn_release((rh_tensor_t *[]){gc, ic, gx}, 3);
     rh_tensor_fail("max_pool2d backward: out of memory");
     return NULL;
   }
@@ -276,7 +257,8 @@ rh_tensor_t *rh_nn_avg_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p) {
   int64_t oh, ow;
   rh_nn_pool_t q = *p;
   q.dil[0] = q.dil[1] = 1;
-  if (check_input("avg_pool2d", x) || geometry("avg_pool2d", x, &q, &oh, &ow)) return NULL;
+  if (check_input("avg_pool2d", x) || rh__nn_pool_geom("avg_pool2d", x->size[2], x->size[3], &q, 0, &oh, &ow))
+    return NULL;
   rh_tensor_t *xc = rh_tensor_contiguous(x);
   rh_tensor_t *y = rh_tensor_empty(x->dtype, 4, (int64_t[]){x->size[0], x->size[1], oh, ow});
   if (!xc || !y) {
