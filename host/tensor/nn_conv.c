@@ -13,7 +13,7 @@
 
 #include "nn_geom.h"
 #include "tensor_internal.h"
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if RH_VEC_X86
 #include <immintrin.h> /* the AVX-512 gathers of im2col and col2im (chosen at run time) */
 #endif
 
@@ -46,24 +46,23 @@ static int64_t tap_offset(const cols_job_t *j, int64_t tap) {
   return ki * j->p->dil[0] * j->wp + kj * j->p->dil[1];
 }
 
-/* dst[i] = src[base[i]]: vector gathers where the CPU has them (chosen when
- * the program loads; the baseline's scalar loop ran at 2.6 cycles an element) */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GATHER_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
-/* and no loop turned back into a memcpy call (GCC's loop distribution) */
-#define ROWS_TARGETS \
-  __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-tree-loop-distribute-patterns")))
+/* the row copies' vector builds, with no loop turned back into a memcpy call
+ * (GCC's loop distribution) */
+#if RH_VEC_X86
+#define ROWS_TARGETS RH_VEC_CLONES __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #else
-#define GATHER_TARGETS
 #define ROWS_TARGETS
 #endif
-#define GATHER_FN(NAME, T)                                                                              \
-  GATHER_TARGETS static void NAME(T *restrict dst, const T *restrict src, const int32_t *restrict base, \
-                                  int64_t n) {                                                          \
-    for (int64_t i = 0; i < n; i++) dst[i] = src[base[i]];                                              \
+
+/* dst[i] = src[base[i]]: vector gathers where the CPU has them (chosen when
+ * the program loads; the baseline's scalar loop ran at 2.6 cycles an element) */
+#define GATHER_FN(NAME, T)                                                                             \
+  RH_VEC_CLONES static void NAME(T *restrict dst, const T *restrict src, const int32_t *restrict base, \
+                                 int64_t n) {                                                          \
+    for (int64_t i = 0; i < n; i++) dst[i] = src[base[i]];                                             \
   }
 GATHER_FN(gather_f64, double)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if RH_VEC_X86
 /* float32 through the AVX-512 gather instruction (GCC's vectorizer emulates
  * gathers with inserts under its generic tuning: 2x slower), chosen at load time */
 GATHER_FN(gather_f32_auto, float)

@@ -284,13 +284,8 @@ int rh_tensor_fill_(rh_tensor_t *t, double v) {
  * half the rate of 64-byte ones. Each element is still the one IEEE operation
  * the expression names (no reassociation, nothing to contract into an FMA), so
  * every clone gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ELEM_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ELEM_TARGETS
-#endif
 #define BIN_KERNEL(NAME, T, OT, EXPR)                                                                  \
-  ELEM_TARGETS static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
+  RH_VEC_CLONES static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
                    void *ctx) {                                                                        \
     (void)ctx;                                                                                         \
     if (os == sizeof(OT) && as == sizeof(T) && bs == sizeof(T)) {                                      \
@@ -569,7 +564,7 @@ rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, in
 
 /* ---- unary kernels */
 #define UN_KERNEL(NAME, T, EXPR)                                                                       \
-  ELEM_TARGETS static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
+  RH_VEC_CLONES static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
                    void *ctx) {                                                                        \
     (void)ctx, (void)b, (void)bs;                                                                      \
     if (os == sizeof(T) && as == sizeof(T)) {                                                          \
@@ -691,13 +686,8 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
  * the partial sums added in order, so a given machine always gets the same bits */
 /* built for AVX2 as well as the x86-64 baseline, picked at load time (the
  * baseline's 128-bit conversions to double halved the rate of a float32 sum) */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SUM_TARGETS __attribute__((target_clones("avx2", "default")))
-#else
-#define SUM_TARGETS
-#endif
 #define SUM_FN(NAME, T)                                                     \
-  SUM_TARGETS static double NAME(const T *p, int64_t n) {                   \
+  RH_VEC_CLONES_AVX2 static double NAME(const T *p, int64_t n) {                   \
     double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                  \
     int64_t i = 0;                                                          \
     for (; i + 8 <= n; i += 8)                                              \
