@@ -330,14 +330,14 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
  * (padded planes, the offset table); rows (channels) split over the pool,
  * which runs them inline when this is already inside a pool job */
 typedef struct {
-  char *padded;   /* [C, hp, wp] when the geometry pads */
-  int32_t *base;  /* [L] when it gathers */
+  char *padded;        /* [C, hp, wp] when the geometry pads */
+  const int32_t *base; /* [L] when it gathers: the call's table, shared */
 } scratch_t;
 
 static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, const scratch_t *s,
                         char *cols, int64_t ld, int to_image) {
   size_t es = rh_dtype_size(dt);
-  cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, tabled(g) ? s->base : NULL, g->c, g->h, g->w,
+  cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, s->base, g->c, g->h, g->w,
                   g->hp, g->wp, g->kh, g->kw, g->oh, g->ow, p};
   if (to_image) {
     /* (the narrow planes' kernel writes every element of each plane itself) */
@@ -385,11 +385,14 @@ struct conv_job {
   char *gw;      /* part 0's weight-gradient sum: the result tensor's data */
   char *gw_more; /* [parts - 1][O * kg]: the other parts' sums, added to it after */
   double *gb;    /* [parts][O] */
+  int32_t *base; /* the gather table (the column matrix above), or NULL: one per call, read by every part */
   int failed;    /* a part's buffer could not be allocated */
   conv_block_fn block;
 };
 
-static void plan(conv_job_t *j) {
+/* plan() and the offset table every part gathers through (it depends on the
+ * geometry only); -1 when the table cannot be allocated */
+static int plan(conv_job_t *j) {
   const geom_t *g = &j->g;
   int64_t threads = rh_parallel_threads();
   j->parts = g->n < threads ? g->n : threads;
@@ -402,6 +405,12 @@ static void plan(conv_job_t *j) {
   if (nb > fit) nb = fit;
   if (nb > j->per) nb = j->per;
   j->nb = nb < 1 ? 1 : nb;
+  if (!tabled(g) || g->direct) return 0;
+  if (!(j->base = malloc((size_t)g->l * sizeof(int32_t)))) return -1;
+  for (int64_t oy = 0; oy < g->oh; oy++)
+    for (int64_t ox = 0; ox < g->ow; ox++)
+      j->base[oy * g->ow + ox] = (int32_t)(oy * j->p->stride[0] * g->wp + ox * j->p->stride[1]);
+  return 0;
 }
 
 /* between a block [rows, nb*L] (row o: the block's samples side by side) and
@@ -424,7 +433,8 @@ static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t 
 
 /* a part's scratch: columns for nb samples, a block of outputs / output
  * gradients when nb > 1 (one sample's GEMM reads and writes it in place), one
- * sample's padded planes and the gather table when the geometry uses them */
+ * sample's padded planes when the geometry pads; the gather table is the
+ * call's (plan()) */
 static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
   const geom_t *g = &j->g;
   int64_t ld = j->nb * g->l;
@@ -432,19 +442,14 @@ static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
   *cols = in_place ? NULL : malloc((size_t)(g->c * g->kh * g->kw * ld) * j->es);
   *blk = j->nb > 1 ? malloc((size_t)(g->o * ld) * j->es) : NULL;
   s->padded = g->padded && !g->direct ? malloc((size_t)(g->c * g->hp * g->wp) * j->es) : NULL;
-  s->base = tabled(g) && !g->direct ? malloc((size_t)g->l * sizeof(int32_t)) : NULL;
-  if ((!in_place && !*cols) || (j->nb > 1 && !*blk) || (g->padded && !g->direct && !s->padded) ||
-      (tabled(g) && !g->direct && !s->base)) {
+  s->base = j->base;
+  if ((!in_place && !*cols) || (j->nb > 1 && !*blk) || (g->padded && !g->direct && !s->padded)) {
     free(*cols);
     free(*blk);
     free(s->padded);
-    free(s->base);
     __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     return -1;
   }
-  for (int64_t oy = 0; s->base && oy < g->oh; oy++)
-    for (int64_t ox = 0; ox < g->ow; ox++)
-      s->base[oy * g->ow + ox] = (int32_t)(oy * j->p->stride[0] * g->wp + ox * j->p->stride[1]);
   return 0;
 }
 
@@ -472,7 +477,6 @@ static void run_parts(void *ctx, int64_t lo, int64_t hi) {
     free(cols);
     free(blk);
     free(s.padded);
-    free(s.base);
   }
 }
 
@@ -510,10 +514,11 @@ rh_tensor_t *rh_nn_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const 
   if (xc && wc && y && (!b || bc)) {
     j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.b = bc ? rh_tensor_data(bc) : NULL;
     j.y = rh_tensor_data(y);
-    plan(&j);
     j.block = forward_block;
-    rh_parallel_for(j.parts, 1, run_parts, &j);
+    if (plan(&j)) j.failed = 1;
+    else rh_parallel_for(j.parts, 1, run_parts, &j);
   }
+  free(j.base);
   int failed = !xc || !wc || !y || (b && !bc) || j.failed;
   rh_tensor_release(xc);
   rh_tensor_release(wc);
@@ -598,14 +603,14 @@ int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const
   if (ok) {
     j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.gy = rh_tensor_data(gyc);
     j.gx = tx ? rh_tensor_data(tx) : NULL;
-    plan(&j);
+    int planned = plan(&j) == 0;
     /* part 0 sums into the result, the others each into their own slot, added
      * in part order after (the sum does not depend on timing) */
     if (tw && j.parts > 1) more = rh_tensor_empty(j.dt, 1, (int64_t[]){(j.parts - 1) * g->o * g->kg});
     j.gw = tw ? rh_tensor_data(tw) : NULL;
     j.gw_more = more ? rh_tensor_data(more) : NULL;
     j.gb = tb ? calloc((size_t)(j.parts * g->o), sizeof(double)) : NULL;
-    ok = (!tw || j.parts == 1 || more) && (!tb || j.gb);
+    ok = planned && (!tw || j.parts == 1 || more) && (!tb || j.gb);
     j.block = backward_block;
     if (ok) rh_parallel_for(j.parts, 1, run_parts, &j);
     ok = ok && !j.failed;
@@ -629,6 +634,7 @@ int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const
   }
   rh_tensor_release(more);
   free(j.gb);
+  free(j.base);
   rh_tensor_release(xc);
   rh_tensor_release(wc);
   rh_tensor_release(gyc);
