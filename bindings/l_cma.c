@@ -100,7 +100,7 @@ static int l_cma_all_reduce(lua_State *L) {
   rh_tensor_bump_version(t);
   if (rc) {
     lua_pushnil(L);
-    lua_pushstring(L, rc == RH_ENOMEM ? "out of memory" : strerror(-rc));
+    lua_pushstring(L, rh_strerror(rc)); /* (a negated errno reads as libuv's message for it) */
     if (failed >= 0) lua_pushinteger(L, failed);
     else lua_pushnil(L);
     return 3;

@@ -380,11 +380,16 @@ static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ && op <= RH_OP_GE; 
 /* op over n contiguous elements of dtype dt: out[i] = a[i] op b[i] (b[0] for
  * every i when b_scalar), on the calling thread. For callers that cut their own
  * work into cache-sized pieces (the cross-memory all_reduce, host/net/cma.c). */
-int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
-                   int b_scalar) {
+int rh_binary_flat_check(rh_binop_t op, rh_dtype_t dt) {
   if ((unsigned)dt >= RH_NDTYPES || (unsigned)op >= RH_NBINOPS || !bin_kernels[dt][op] || is_compare(op))
     return rh_tensor_fail("binary_flat: no %s kernel for %s", (unsigned)op < RH_NBINOPS ? binop_name[op] : "?",
                           (unsigned)dt < RH_NDTYPES ? rh_dtype_name(dt) : "?");
+  return 0;
+}
+
+int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
+                   int b_scalar) {
+  if (rh_binary_flat_check(op, dt)) return -1;
   int64_t es = (int64_t)rh_dtype_size(dt);
   bin_kernels[dt][op](n, out, es, a, es, b, b_scalar ? 0 : es, NULL);
   return 0;

@@ -461,8 +461,15 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
   end
   core.flush() -- (what is queued for the peers leaves before this long copy)
   local ok, why, bad = core.cma_all_reduce(flat, g.rank, pids, addrs, BIN[redop], redop == "AVG" and g.size or 0)
-  local err = not ok and errors.new("unreachable", ("%s: cannot read or write the tensor of rank %s: %s"):format(
-    c.what, bad and tostring(g:global(bad)) or "?", tostring(why)), {rank = bad and g:global(bad) or nil})
+  -- a failure with a rank was a transfer with it; one without, this rank's own
+  -- refusal (no memory, no kernel for the op), which every rank makes alike
+  local err
+  if not ok and bad then
+    err = errors.new("unreachable", ("%s: cannot read or write the tensor of rank %d: %s"):format(c.what,
+      g:global(bad), tostring(why)), {rank = g:global(bad)})
+  elseif not ok then
+    err = errors.new("config", ("%s: %s"):format(c.what, tostring(why)))
+  end
   local a = g.agent
   for i = 0, g.size - 1 do
     if i ~= g.rank then pcall(a.post, a, g:global(i), c.key .. "done", c.sig, err and -1 or 0) end
