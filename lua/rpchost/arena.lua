@@ -158,9 +158,8 @@ local function bad_step(g, c, r, idx, kind, dtype, redop, root, numel)
     fail(g, errors.new("protocol", ("%s: rank %d's step in the same-host collective arena is impossible " ..
       "(its shared memory is corrupt)"):format(c.what, g:global(idx)), {rank = g:global(idx)}))
   end
-  local sig = ("%s|%d|%d|%s|%s"):format(KIND_NAME[kind] or "?", dtype - 1, numel,
-    kind == KIND.broadcast and tostring(root) or "", REDOP_NAME[redop] or "")
-  g:mismatch(c.meta, g:global(idx), sig)
+  g:mismatch_with(c.meta, g:global(idx), {op = KIND_NAME[kind] or "?", dtype = dtype - 1, numel = numel,
+    root = kind == KIND.broadcast and root or nil, redop = REDOP_NAME[redop]})
 end
 
 local function wake_key(g)
