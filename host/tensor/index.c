@@ -66,14 +66,6 @@ static rh_tensor_t *checked_index(const char *what, rh_tensor_t *idx, int64_t n,
   return c;
 }
 
-static int check_dim(const char *what, const rh_tensor_t *t, int dim) {
-  int nd = t->ndim ? t->ndim : 1;
-  if (dim < 0 || dim >= nd)
-    return rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", what, dim + 1, t->ndim,
-                          t->ndim == 1 ? "" : "s");
-  return 0;
-}
-
 /* an index tensor that already lives where `on` is (a device copy when needed) */
 static rh_tensor_t *index_on(rh_tensor_t *checked, const rh_tensor_t *on) {
   return rh_tensor_to_device(checked, rh_tensor_device(on));
@@ -97,7 +89,7 @@ static void isel_chunk(void *vj, int64_t lo, int64_t hi) {
 }
 
 rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
-  if (check_dim("index_select", a, dim)) return NULL;
+  if (rh__check_dim("index_select", dim, a->ndim)) return NULL;
   if (idx->ndim > 1) {
     rh_tensor_fail("index_select: the index must be 1-dimensional, got %d dimensions", idx->ndim);
     return NULL;
@@ -303,7 +295,7 @@ static rh_tensor_t *gather_host(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64
 }
 
 rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
-  if (check_dim("gather", a, dim) || check_gather_shape("gather", a, idx, NULL, dim) ||
+  if (rh__check_dim("gather", dim, a->ndim) || check_gather_shape("gather", a, idx, NULL, dim) ||
       check_index_dtype("gather", idx))
     return NULL;
   int64_t n = a->ndim ? a->size[dim] : 1;
@@ -387,7 +379,7 @@ static int scatter_host(gs_t *j, rh_tensor_t *ci) {
 int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, double value, int accumulate,
                        int64_t base) {
   const char *what = accumulate ? "scatter_add" : "scatter";
-  if (check_dim(what, a, dim) || check_gather_shape(what, a, idx, src, dim)) return -1;
+  if (rh__check_dim(what, dim, a->ndim) || check_gather_shape(what, a, idx, src, dim)) return -1;
   if (src && src->dtype != a->dtype)
     return rh_tensor_fail("%s: the source's dtype %s must match the input's %s", what, rh_dtype_name(src->dtype),
                           rh_dtype_name(a->dtype));
@@ -456,7 +448,7 @@ static void iput_chunk(void *vj, int64_t lo, int64_t hi) {
  * src has a's shape with idx's length along dim (the caller broadcasts it). */
 int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, int accumulate, int64_t base) {
   const char *what = accumulate ? "index_add" : "index_copy";
-  if (check_dim(what, a, dim)) return -1;
+  if (rh__check_dim(what, dim, a->ndim)) return -1;
   if (idx->ndim > 1) return rh_tensor_fail("%s: the index must be 1-dimensional, got %d dimensions", what, idx->ndim);
   int64_t m = rh_tensor_numel(idx);
   int ok = src->ndim == (a->ndim ? a->ndim : 1) || (a->ndim == 0 && src->ndim == 0);
@@ -530,18 +522,26 @@ static void mfill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as
     if (a[i * as]) memcpy(o + i * os, b ? b + i * bs : f->value, f->es);
 }
 
+/* the mask broadcasts to t's shape (it may not widen t): that shape, its *nd
+ * dims, into shape */
+static int mask_broadcasts(const char *what, const rh_tensor_t *t, const rh_tensor_t *mask, int *nd,
+                           int64_t *shape) {
+  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, nd, shape)) return -1;
+  if (*nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)*nd)) {
+    char st[256], sm[256];
+    rh_shape_str(t->ndim, t->size, st, sizeof st);
+    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
+    return rh_tensor_fail("%s: the mask (shape %s) does not broadcast to the tensor's shape %s", what, sm, st);
+  }
+  return 0;
+}
+
 /* masked_fill_(t, mask, v): the mask broadcasts to t */
 int rh_tensor_masked_fill_(rh_tensor_t *t, rh_tensor_t *mask, double v) {
   if (check_mask("masked_fill", mask) || rh__same_device("masked_fill", t, mask)) return -1;
   int nd;
   int64_t shape[RH_MAXDIM];
-  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, &nd, shape)) return -1;
-  if (nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)nd)) {
-    char st[256], sm[256];
-    rh_shape_str(t->ndim, t->size, st, sizeof st);
-    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
-    return rh_tensor_fail("masked_fill: the mask (shape %s) does not broadcast to the tensor's shape %s", sm, st);
-  }
+  if (mask_broadcasts("masked_fill", t, mask, &nd, shape)) return -1;
   int64_t ost[RH_MAXDIM], mst[RH_MAXDIM];
   strides_bytes(t, ost);
   rh__bcast_strides(mask, nd, shape, mst);
@@ -598,13 +598,7 @@ static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_ten
   if (check_mask(what, mask)) return -1;
   int nd;
   int64_t shape[RH_MAXDIM];
-  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, &nd, shape)) return -1;
-  if (nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)nd)) {
-    char st[256], sm[256];
-    rh_shape_str(t->ndim, t->size, st, sizeof st);
-    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
-    return rh_tensor_fail("%s: the mask (shape %s) does not broadcast to the tensor's shape %s", what, sm, st);
-  }
+  if (mask_broadcasts(what, t, mask, &nd, shape)) return -1;
   int dev = keep_device ? rh_tensor_device(t) : -1;
   rh_tensor_t *me = rh_tensor_expand(mask, nd, shape);
   rh_tensor_t *mh = me ? rh_tensor_to_device(me, dev) : NULL;

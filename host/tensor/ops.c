@@ -764,11 +764,7 @@ static const char *redop_name(rh_redop_t op) {
 }
 
 rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdim) {
-  if (dim >= 0 && dim >= (a->ndim ? a->ndim : 1)) {
-    rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", redop_name(op), dim + 1,
-                   a->ndim, a->ndim == 1 ? "" : "s");
-    return NULL;
-  }
+  if (dim >= 0 && rh__check_dim(redop_name(op), dim, a->ndim)) return NULL; /* (dim < 0: over all) */
   if (a->ndim == 0) dim = -1;
   rh_dtype_t rt = a->dtype;
   if (op == RH_RED_SUM || op == RH_RED_PROD) rt = rh_dtype_is_float(a->dtype) ? a->dtype : RH_I64;
@@ -905,11 +901,7 @@ static rh_tensor_t *softmax_on_device(rh_tensor_t *a, int dim, int log_, rh_dtyp
 }
 
 rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log_) {
-  if (a->ndim > 0 && (dim < 0 || dim >= a->ndim)) {
-    rh_tensor_fail("%ssoftmax: dimension %d out of range (the tensor has %d dimension%s)", log_ ? "log_" : "",
-                   dim + 1, a->ndim, a->ndim == 1 ? "" : "s");
-    return NULL;
-  }
+  if (a->ndim > 0 && rh__check_dim(log_ ? "log_softmax" : "softmax", dim, a->ndim)) return NULL;
   rh_dtype_t ct = rh_dtype_is_float(a->dtype) ? a->dtype : RH_F32;
   if (RH_ON_DEVICE(a)) return softmax_on_device(a, dim, log_, ct);
   rh_tensor_t *ac = as_dtype(a, RH_F64);

@@ -40,6 +40,9 @@ int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b
 void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
               const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 #define RH_ON_DEVICE(t) (rh_tensor_device(t) >= 0)
+/* dim (0-based) names a dimension of a tensor of ndim (a 0-d one has dim 0);
+ * else -1 with "what: dimension d out of range (...)" (tensor.c) */
+int rh__check_dim(const char *what, int dim, int ndim);
 
 /* Element loops built for AVX-512 and AVX2 as well as the x86-64 baseline, the
  * widest the CPU has picked when the program loads (GCC's function
