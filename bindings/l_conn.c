@@ -218,6 +218,17 @@ static void release_hold(void *ctx) {
   else free(h);
 }
 
+/* Pushes true, or nil and the message of a failed rc. */
+static int push_rc(lua_State *L, int rc) {
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, rh_strerror(rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* conn:send(type, flags, id, body [, segments...]) -> true | nil, message.
  * A segment is a string or a contiguous tensor, written from its own memory.
  * fd >= 0: a descriptor to pass along with the frame. */
@@ -286,24 +297,7 @@ static int send_frame(lua_State *L, int fd) {
                                      segs, (uint32_t)nseg, rel, relctx)
                    : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                                   (uint32_t)nseg, rel, relctx);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* Pushes true, or nil and the message of a failed rc. */
-static int push_rc(lua_State *L, int rc) {
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return push_rc(L, rc);
 }
 
 static int l_send(lua_State *L) { return send_frame(L, -1); }
