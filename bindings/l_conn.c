@@ -218,17 +218,6 @@ static void release_hold(void *ctx) {
   else free(h);
 }
 
-/* Pushes true, or nil and the message of a failed rc. */
-static int push_rc(lua_State *L, int rc) {
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 /* conn:send(type, flags, id, body [, segments...]) -> true | nil, message.
  * A segment is a string or a contiguous tensor, written from its own memory.
  * fd >= 0: a descriptor to pass along with the frame. */
@@ -297,7 +286,7 @@ static int send_frame(lua_State *L, int fd) {
                                      segs, (uint32_t)nseg, rel, relctx)
                    : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                                   (uint32_t)nseg, rel, relctx);
-  return push_rc(L, rc);
+  return rh_lua_push_rc(L, rc);
 }
 
 static int l_send(lua_State *L) { return send_frame(L, -1); }
@@ -308,7 +297,7 @@ static int raw_bytes(lua_State *L, int (*put)(rh_conn_t *, const void *, size_t)
   lconn_t *b = check_conn(L, 1);
   size_t len;
   const char *s = luaL_checklstring(L, 2, &len);
-  return push_rc(L, b->c ? put(b->c, s, len) : RH_ECLOSED);
+  return rh_lua_push_rc(L, b->c ? put(b->c, s, len) : RH_ECLOSED);
 }
 
 static int l_send_raw(lua_State *L) { return raw_bytes(L, rh_conn_send_raw); }
@@ -365,7 +354,7 @@ static int l_ring_segment(lua_State *L) {
 static int l_ring_attach(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   rh_shm_t *s = rh_lua_checkshm(L, 2);
-  return push_rc(L, b->c ? rh_conn_ring_attach(b->c, s, lua_toboolean(L, 3)) : RH_ECLOSED);
+  return rh_lua_push_rc(L, b->c ? rh_conn_ring_attach(b->c, s, lua_toboolean(L, 3)) : RH_ECLOSED);
 }
 
 /* conn:ring_raw(bytes) / conn:ring_poke(which, value): specs that play a broken
@@ -376,7 +365,7 @@ static int l_ring_poke(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   int which = (int)luaL_checkinteger(L, 2);
   uint64_t v = (uint64_t)luaL_checknumber(L, 3);
-  return push_rc(L, b->c ? rh_conn_ring_poke(b->c, which, v) : RH_ECLOSED);
+  return rh_lua_push_rc(L, b->c ? rh_conn_ring_poke(b->c, which, v) : RH_ECLOSED);
 }
 
 static int l_close(lua_State *L) {

@@ -40,6 +40,9 @@ void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_C
 
 /* Raises a Lua error "what: <message for code>". */
 int rh_error_code(lua_State *L, const char *what, int code);
+/* Pushes true, or nil and the message of a failed rc (an RH_E* or libuv code);
+ * returns how many it pushed: the "true | nil, message" answer of a binding. */
+int rh_lua_push_rc(lua_State *L, int rc);
 
 /* Module openers, one per bound type. */
 int rh_open_loop(lua_State *L);
