@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "net/cma.h"
+#include "rh.h"
 #include "test_check.h"
 
 #define RANKS 3
