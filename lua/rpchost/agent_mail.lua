@@ -188,8 +188,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
       if k ~= key and has_prefix(k, prefix) then on_other(v, ctx) end
     end
   end
-  local me = sched.current()
-  local watch = prefix and {prefix = prefix, key = key}
+  local me, watch = sched.current(), nil
   while true do
     local box = self.mail[rank]
     local v = box and box[key]
@@ -199,6 +198,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
     end
     if self.aborted and not past_abort then error(self.aborted, 0) end
     if self.lost[rank] then error(self.lost[rank], 0) end
+    if prefix and not watch then watch = {prefix = prefix, key = key} end -- (once, and only to wait)
     self:wait_mail(rank, key, me, watch)
     local left = deadline and deadline - sched.now() or nil
     local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
