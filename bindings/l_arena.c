@@ -128,12 +128,10 @@ static int l_attach(lua_State *L) {
   return push_new(L, seg, (uint32_t)n, (uint32_t)me, (uint32_t)slot, (const uint8_t *)token);
 }
 
-/* The contiguous host tensor at i, whose bytes fit in a slot. */
-static rh_tensor_t *slot_tensor(lua_State *L, larena_t *b, int i) {
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, i, "arena");
-  if (!rh_tensor_is_contiguous(t)) luaL_error(L, "arena: the tensor is not contiguous");
-  if ((uint64_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype) > b->a.slot)
-    luaL_error(L, "arena: the tensor does not fit in a slot");
+/* The contiguous host tensor at i, whose *nbytes fit in a slot. */
+static rh_tensor_t *slot_tensor(lua_State *L, larena_t *b, int i, size_t *nbytes) {
+  rh_tensor_t *t = rh_lua_checkhostspan(L, i, "arena", nbytes);
+  if (*nbytes > b->a.slot) luaL_error(L, "arena: the tensor does not fit in a slot");
   return t;
 }
 
@@ -156,9 +154,9 @@ static int l_start(lua_State *L) {
                       (uint32_t)luaL_checkinteger(L, 4), (uint32_t)luaL_checkinteger(L, 5),
                       (uint64_t)luaL_checknumber(L, 6)};
   if (!lua_isnoneornil(L, 7)) {
-    rh_tensor_t *t = slot_tensor(L, b, 7);
-    memcpy(rh_arena_my_data(&b->a, b->a.epoch + 1), rh_tensor_data(t),
-           (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+    size_t len;
+    rh_tensor_t *t = slot_tensor(L, b, 7, &len);
+    memcpy(rh_arena_my_data(&b->a, b->a.epoch + 1), rh_tensor_data(t), len);
   }
   uint8_t wake[b->a.n];
   uint64_t e = rh_arena_publish(&b->a, &s, wake);
@@ -236,13 +234,17 @@ static int l_awake(lua_State *L) {
 static int l_reduce(lua_State *L) {
   larena_t *b = check_arena(L, 1);
   uint64_t e = (uint64_t)luaL_checknumber(L, 2);
-  rh_tensor_t *t = slot_tensor(L, b, 3);
+  size_t len;
+  rh_tensor_t *t = slot_tensor(L, b, 3, &len);
   int op = (int)luaL_checkinteger(L, 4);
   double divisor = luaL_optnumber(L, 5, 0);
   if (op < 0 || op >= RH_NBINOPS) return luaL_error(L, "arena:reduce: unknown op %d", op);
+  if (rh_binary_flat_check((rh_binop_t)op, t->dtype) || (divisor != 0 && rh_binary_flat_check(RH_OP_DIV, t->dtype)))
+    return luaL_error(L, "arena:reduce: %s", rh_tensor_errmsg());
   int64_t numel = rh_tensor_numel(t);
   uint8_t *out = rh_tensor_data(t);
-  memcpy(out, rh_arena_data(&b->a, 0, e), (size_t)numel * rh_dtype_size(t->dtype));
+  memcpy(out, rh_arena_data(&b->a, 0, e), len);
+  /* (the kernels were checked above: these calls cannot fail) */
   for (uint32_t i = 1; i < b->a.n; i++)
     rh_binary_flat((rh_binop_t)op, t->dtype, numel, out, out, rh_arena_data(&b->a, i, e), 0);
   if (divisor != 0) {
@@ -259,10 +261,10 @@ static int l_take(lua_State *L) {
   larena_t *b = check_arena(L, 1);
   uint64_t e = (uint64_t)luaL_checknumber(L, 2);
   int root = (int)luaL_checkinteger(L, 3);
-  rh_tensor_t *t = slot_tensor(L, b, 4);
+  size_t len;
+  rh_tensor_t *t = slot_tensor(L, b, 4, &len);
   if (root < 0 || (uint32_t)root >= b->a.n) return luaL_error(L, "arena:take: no rank %d", root);
-  memcpy(rh_tensor_data(t), rh_arena_data(&b->a, (uint32_t)root, e),
-         (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+  memcpy(rh_tensor_data(t), rh_arena_data(&b->a, (uint32_t)root, e), len);
   rh_tensor_bump_version(t);
   return 0;
 }

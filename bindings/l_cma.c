@@ -10,8 +10,7 @@
 
 /* t_address(t) -> the address of a contiguous tensor's first byte, as a number */
 static int l_address(lua_State *L) {
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 1, "address");
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "address: the tensor is not contiguous");
+  rh_tensor_t *t = rh_lua_checkhostspan(L, 1, "address", NULL);
   lua_pushnumber(L, (double)(uintptr_t)rh_tensor_data(t));
   return 1;
 }
@@ -21,9 +20,8 @@ static int l_address(lua_State *L) {
 static int cma_copy(lua_State *L, int write, const char *what) {
   pid_t pid = (pid_t)luaL_checkinteger(L, 1);
   uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, what);
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "%s: the tensor is not contiguous", what);
-  size_t len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  size_t len;
+  rh_tensor_t *t = rh_lua_checkhostspan(L, 3, what, &len);
   int rc = write ? rh_cma_write(pid, addr, rh_tensor_data(t), len) : rh_cma_read(pid, rh_tensor_data(t), addr, len);
   if (!write) rh_tensor_bump_version(t);
   if (rc) {
@@ -76,14 +74,13 @@ static int l_cma_token(lua_State *L) {
  * group's ranks (pids[i], addrs[i] for group index i - 1; this rank's own
  * entries are ignored); divisor 0 for none */
 static int l_cma_all_reduce(lua_State *L) {
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 1, "cma_all_reduce");
+  rh_tensor_t *t = rh_lua_checkhostspan(L, 1, "cma_all_reduce", NULL);
   int me = (int)luaL_checkinteger(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
   luaL_checktype(L, 4, LUA_TTABLE);
   int op = (int)luaL_checkinteger(L, 5);
   double divisor = luaL_optnumber(L, 6, 0);
   int n = (int)lua_objlen(L, 3);
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "cma_all_reduce: the tensor is not contiguous");
   if (n < 1 || (int)lua_objlen(L, 4) != n || me < 0 || me >= n)
     return luaL_error(L, "cma_all_reduce: %d pids, %d addresses, rank %d", n, (int)lua_objlen(L, 4), me);
   if (op < 0 || op >= RH_NBINOPS) return luaL_error(L, "cma_all_reduce: unknown op %d", op);
@@ -103,7 +100,7 @@ static int l_cma_all_reduce(lua_State *L) {
   rh_tensor_bump_version(t);
   if (rc) {
     lua_pushnil(L);
-    lua_pushstring(L, rc == RH_ENOMEM ? "out of memory" : strerror(-rc));
+    lua_pushstring(L, rh_strerror(rc)); /* (a negated errno reads as libuv's message for it) */
     if (failed >= 0) lua_pushinteger(L, failed);
     else lua_pushnil(L);
     return 3;

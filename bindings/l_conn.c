@@ -145,27 +145,39 @@ static int parse_addr(const char *ip, int port, struct sockaddr_storage *ss) {
 /* "unix:/path" names a Unix-domain socket (this host only); anything else is an IP */
 static const char *unix_path(const char *ip) { return strncmp(ip, "unix:", 5) == 0 ? ip + 5 : NULL; }
 
+/* connect's and listen's first arguments (ip, port, {callbacks}): *ip, *port,
+ * and either *path (a Unix socket) or the IP address in *ss. 0, or pushes nil,
+ * the message and (with_code) libuv's name of the error and returns how many */
+static int addr_args(lua_State *L, const char **ip, int *port, const char **path, struct sockaddr_storage *ss,
+                     int with_code) {
+  *ip = luaL_checkstring(L, 1);
+  *port = (int)luaL_optinteger(L, 2, 0);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  *path = unix_path(*ip);
+  int rc = *path ? 0 : parse_addr(*ip, *port, ss);
+  if (!rc) return 0;
+  lua_pushnil(L);
+  lua_pushfstring(L, "bad address %s: %s", *ip, uv_strerror(rc));
+  if (!with_code) return 2;
+  lua_pushstring(L, uv_err_name(rc));
+  return 3;
+}
+
 /* connect(ip, port, {connect=, frame=, close=}) -> conn | nil, message
  * (ip "unix:/path": a Unix-domain socket; port is ignored) */
 static int l_connect(lua_State *L) {
-  const char *ip = luaL_checkstring(L, 1);
-  int port = (int)luaL_optinteger(L, 2, 0);
-  luaL_checktype(L, 3, LUA_TTABLE);
-  const char *path = unix_path(ip);
+  const char *ip, *path;
+  int port;
   struct sockaddr_storage ss;
-  int rc = path ? 0 : parse_addr(ip, port, &ss);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "bad address %s: %s", ip, uv_strerror(rc));
-    return 2;
-  }
+  int bad = addr_args(L, &ip, &port, &path, &ss, 0);
+  if (bad) return bad;
   rh_conn_t *c = path ? rh_conn_new_local(&rh_ctx()->net, &conn_cbs, NULL) : rh_conn_new(&rh_ctx()->net, &conn_cbs, NULL);
   if (!c) return luaL_error(L, "out of memory");
   lconn_t *b = new_box(L, c);
   b->ref_connect = ref_field(L, 3, "connect");
   b->ref_frame = ref_field(L, 3, "frame");
   b->ref_close = ref_field(L, 3, "close");
-  rc = path ? rh_conn_connect_local(c, path) : rh_conn_connect(c, (struct sockaddr *)&ss);
+  int rc = path ? rh_conn_connect_local(c, path) : rh_conn_connect(c, (struct sockaddr *)&ss);
   if (rc) {
     rh_unref(L, &b->ref_close); /* nothing to report: the caller gets the error */
     rh_conn_close(c, 0);
@@ -274,24 +286,7 @@ static int send_frame(lua_State *L, int fd) {
                                      segs, (uint32_t)nseg, rel, relctx)
                    : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                                   (uint32_t)nseg, rel, relctx);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* Pushes true, or nil and the message of a failed rc. */
-static int push_rc(lua_State *L, int rc) {
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return rh_lua_push_rc(L, rc);
 }
 
 static int l_send(lua_State *L) { return send_frame(L, -1); }
@@ -302,7 +297,7 @@ static int raw_bytes(lua_State *L, int (*put)(rh_conn_t *, const void *, size_t)
   lconn_t *b = check_conn(L, 1);
   size_t len;
   const char *s = luaL_checklstring(L, 2, &len);
-  return push_rc(L, b->c ? put(b->c, s, len) : RH_ECLOSED);
+  return rh_lua_push_rc(L, b->c ? put(b->c, s, len) : RH_ECLOSED);
 }
 
 static int l_send_raw(lua_State *L) { return raw_bytes(L, rh_conn_send_raw); }
@@ -359,7 +354,7 @@ static int l_ring_segment(lua_State *L) {
 static int l_ring_attach(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   rh_shm_t *s = rh_lua_checkshm(L, 2);
-  return push_rc(L, b->c ? rh_conn_ring_attach(b->c, s, lua_toboolean(L, 3)) : RH_ECLOSED);
+  return rh_lua_push_rc(L, b->c ? rh_conn_ring_attach(b->c, s, lua_toboolean(L, 3)) : RH_ECLOSED);
 }
 
 /* conn:ring_raw(bytes) / conn:ring_poke(which, value): specs that play a broken
@@ -370,7 +365,7 @@ static int l_ring_poke(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   int which = (int)luaL_checkinteger(L, 2);
   uint64_t v = (uint64_t)luaL_checknumber(L, 3);
-  return push_rc(L, b->c ? rh_conn_ring_poke(b->c, which, v) : RH_ECLOSED);
+  return rh_lua_push_rc(L, b->c ? rh_conn_ring_poke(b->c, which, v) : RH_ECLOSED);
 }
 
 static int l_close(lua_State *L) {
@@ -469,18 +464,11 @@ static void on_accept(rh_listener_t *l, rh_conn_t *c) {
 /* listen(ip, port, {accept=, frame=, close=}) -> listener | nil, message, code
  * (ip "unix:/path": a Unix-domain socket file, removed when the listener closes) */
 static int l_listen(lua_State *L) {
-  const char *ip = luaL_checkstring(L, 1);
-  int port = (int)luaL_optinteger(L, 2, 0);
-  luaL_checktype(L, 3, LUA_TTABLE);
-  const char *path = unix_path(ip);
+  const char *ip, *path;
+  int port;
   struct sockaddr_storage ss;
-  int rc = path ? 0 : parse_addr(ip, port, &ss);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "bad address %s: %s", ip, uv_strerror(rc));
-    lua_pushstring(L, uv_err_name(rc));
-    return 3;
-  }
+  int bad = addr_args(L, &ip, &port, &path, &ss, 1);
+  if (bad) return bad;
   llistener_t *lb = lua_newuserdata(L, sizeof *lb);
   memset(lb, 0, sizeof *lb);
   lb->ref_self = lb->ref_accept = lb->ref_frame = lb->ref_close = LUA_NOREF;
@@ -489,7 +477,7 @@ static int l_listen(lua_State *L) {
   lb->l = path ? rh_listener_new_local(&rh_ctx()->net, &conn_cbs, on_accept, lb)
                : rh_listener_new(&rh_ctx()->net, &conn_cbs, on_accept, lb);
   if (!lb->l) return luaL_error(L, "out of memory");
-  rc = path ? rh_listener_bind_local(lb->l, path, 511) : rh_listener_bind(lb->l, (struct sockaddr *)&ss, 511);
+  int rc = path ? rh_listener_bind_local(lb->l, path, 511) : rh_listener_bind(lb->l, (struct sockaddr *)&ss, 511);
   if (rc) {
     rh_listener_close(lb->l);
     lb->l = NULL;

@@ -46,6 +46,16 @@ int rh_error_code(lua_State *L, const char *what, int code) {
   return luaL_error(L, "%s: %s", what, rh_strerror(code));
 }
 
+int rh_lua_push_rc(lua_State *L, int rc) {
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, rh_strerror(rc));
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 int rh_callback(int nargs, int nresults) {
   lua_State *L = rh__ctx.L;
   int base = lua_gettop(L) - nargs;

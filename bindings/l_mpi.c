@@ -28,8 +28,7 @@ static rh_mpi_comm_t check_comm(lua_State *L, int i) {
 
 /* a contiguous host tensor's data, element count and dtype */
 static void *span(lua_State *L, int i, size_t *count, rh_dtype_t *dt, const char *what) {
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, i, what);
-  if (!rh_tensor_is_contiguous(t)) luaL_error(L, "%s: the tensor must be contiguous", what);
+  rh_tensor_t *t = rh_lua_checkhostspan(L, i, what, NULL);
   *count = (size_t)rh_tensor_numel(t);
   *dt = t->dtype;
   return rh_tensor_data(t);

@@ -261,14 +261,7 @@ static int l_proc_pid(lua_State *L) {
 static int l_kill(lua_State *L) {
   int pid = (int)luaL_checkinteger(L, 1);
   int sig = (int)luaL_checkinteger(L, 2);
-  int rc = uv_kill(pid, sig);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, uv_strerror(rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return rh_lua_push_rc(L, uv_kill(pid, sig));
 }
 
 /* die_with_parent(pid) -> true | nil, why: this process gets SIGTERM when its

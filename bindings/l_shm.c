@@ -82,9 +82,8 @@ static int l_size(lua_State *L) {
 /* seg:put(offset, tensor): the contiguous host tensor's bytes, copied in */
 static int l_put(lua_State *L) {
   rh_shm_t *s = rh_lua_checkshm(L, 1);
-  rh_tensor_t *t = rh_lua_checkhosttensor(L, 3, "shm put");
-  if (!rh_tensor_is_contiguous(t)) return luaL_error(L, "shm put: the tensor is not contiguous");
-  size_t len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  size_t len;
+  rh_tensor_t *t = rh_lua_checkhostspan(L, 3, "shm put", &len);
   size_t off = check_span(L, s, luaL_checknumber(L, 2), (double)len);
   if (!s->writable) return luaL_error(L, "shm put: the segment is a peer's");
   if (len) rh_copy_parallel((char *)s->map + off, rh_tensor_data(t), len);

@@ -87,6 +87,14 @@ rh_tensor_t *rh_lua_checkhosttensor(lua_State *L, int i, const char *what) {
   return t;
 }
 
+rh_tensor_t *rh_lua_checkhostspan(lua_State *L, int i, const char *what, size_t *nbytes) {
+  rh_tensor_t *t = rh_lua_checkhosttensor(L, i, what);
+  if (!rh_tensor_is_contiguous(t))
+    luaL_error(L, "%s: the tensor is not contiguous (t:contiguous() is a copy that is)", what);
+  if (nbytes) *nbytes = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  return t;
+}
+
 /* t itself (retained) on the host, else a host copy of it */
 static rh_tensor_t *on_host(lua_State *L, rh_tensor_t *t) {
   rh_tensor_t *h = rh_tensor_to_device(t, -1);

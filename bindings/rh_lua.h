@@ -40,6 +40,9 @@ void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_C
 
 /* Raises a Lua error "what: <message for code>". */
 int rh_error_code(lua_State *L, const char *what, int code);
+/* Pushes true, or nil and the message of a failed rc (an RH_E* or libuv code);
+ * returns how many it pushed: the "true | nil, message" answer of a binding. */
+int rh_lua_push_rc(lua_State *L, int rc);
 
 /* Module openers, one per bound type. */
 int rh_open_loop(lua_State *L);
@@ -70,6 +73,10 @@ int rh_lua_checkdtype(lua_State *L, int i);
 int rh_lua_checksizes(lua_State *L, int i, int64_t *size);
 /* a tensor whose bytes the host may touch: on a device it is an error naming `what` */
 struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what);
+/* a tensor whose bytes are one span of host memory (what the byte movers,
+ * shm, CMA, the arena and MPI, copy from or into), and that span's length in
+ * *nbytes (may be NULL); on a device or strided it is an error naming `what` */
+struct rh_tensor_s *rh_lua_checkhostspan(lua_State *L, int i, const char *what, size_t *nbytes);
 int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the reference */
 /* The same for a segment of a received frame: t_reinterpret of it hands its
  * tensor on to the result and leaves it freed (no other value shares those bytes). */

@@ -17,6 +17,7 @@ static const struct {
     {RH_EUNPROVEN, "the peer sent a frame other than its handshake before proving itself (closed unread)"},
     {RH_ERING, "corrupt shared-memory ring from the peer (impossible head, tail or frame): connection closed"},
     {RH_EARENA, "corrupt collective arena (impossible header or step from a peer)"},
+    {RH_ENOKERNEL, "the reduction op has no kernel for this dtype"},
     {RH_EHANDSHAKE, "the peer did not complete its handshake in time (RPCHOST_HANDSHAKE_TIMEOUT)"},
 };
 

@@ -25,6 +25,7 @@ enum {
   RH_EHANDSHAKE = -5009, /* the handshake did not complete within its deadline */
   RH_ERING = -5010,     /* a shared-memory ring's header or contents are impossible */
   RH_EARENA = -5011,    /* a collective arena's header, epoch or signature is impossible */
+  RH_ENOKERNEL = -5012, /* a reduction op has no kernel for the tensor's dtype */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

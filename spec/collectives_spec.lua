@@ -134,6 +134,20 @@ describe("collectives", function()
     assert.truthy(r.out:find("rank 0 wrote 0", 1, true) and r.out:find("rank 1 wrote 0", 1, true), r.out)
   end)
 
+  it("refuse, with a message and before any byte moves, a one-pass all_reduce whose op has no kernel", function()
+    -- (the dtype checks upstream keep this from the public API: the binding and
+    -- host/net/cma.c refuse it themselves, never a silent skip of the op)
+    local core, tensor = require("rpchost.core"), require("tensor")
+    local flat = core.t_view(tensor.tensor({1, 0, 1}):bool(), {-1}, false)
+    local ok, why, bad = core.cma_all_reduce(flat, 0, {0}, {0}, 3, 0) -- DIV has no bool kernel
+    assert.is_nil(ok)
+    assert.truthy(tostring(why):find("no kernel for this dtype", 1, true), why)
+    assert.is_nil(bad)
+    ok, why = core.cma_all_reduce(flat, 0, {0}, {0}, 0, 2) -- ADD, then AVG's division
+    assert.is_nil(ok)
+    assert.truthy(tostring(why):find("no kernel", 1, true), why)
+  end)
+
   it("fail with unreachable, naming the rank, when a rank dies inside a one-pass all_reduce", function()
     -- rank 1 has sent its tensor's address, then exits instead of reducing: the
     -- others' reads and writes of its memory fail, and nobody waits for it

@@ -711,6 +711,12 @@ describe("nn in training", function()
     -- whole channels: every channel is all zeros or all kept
     local per = d2:reshape(32, 9)
     assert.is_true((per:max(2) - per:min(2)):abs():max():item() == 0)
+    -- p = 1 drops everything, channels too: zeros (as PyTorch), not 0 / 0
+    local F = nn.functional
+    for _, y in ipairs({F.dropout(tensor.ones(3, 4), 1), F.dropout2d(tensor.ones(2, 3, 2, 2), 1),
+                        F.dropout1d(tensor.ones(2, 3, 4), 1)}) do
+      assert.is_true(y:equal(tensor.zeros(unpack(y:size()))), tostring(y))
+    end
   end)
 
   it("BatchNorm running statistics follow the momentum; eval uses them", function()

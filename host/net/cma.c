@@ -115,10 +115,11 @@ static void ar_pieces(void *vctx, int64_t lo, int64_t hi) {
       if (rc) return fail(j, rc, i);
       /* a fixed order of operands, lower ranks' on the left (as the socket
        * algorithms do); one rank computes each element, so all get its bits */
-      if (i < j->me) rh_binary_flat(j->op, j->dt, ne, mine, scratch, mine, 0);
-      else rh_binary_flat(j->op, j->dt, ne, mine, mine, scratch, 0);
+      if (i < j->me ? rh_binary_flat(j->op, j->dt, ne, mine, scratch, mine, 0)
+                    : rh_binary_flat(j->op, j->dt, ne, mine, mine, scratch, 0))
+        return fail(j, RH_ENOKERNEL, -1); /* (rh_cma_all_reduce checked: not expected) */
     }
-    if (j->avg) rh_binary_flat(RH_OP_DIV, j->dt, ne, mine, mine, j->divisor, 1);
+    if (j->avg && rh_binary_flat(RH_OP_DIV, j->dt, ne, mine, mine, j->divisor, 1)) return fail(j, RH_ENOKERNEL, -1);
     for (int i = 0; i < j->n; i++) {
       if (i == j->me) continue;
       int rc = copy_serial(j->ranks[i].pid, mine, j->ranks[i].addr + off, bytes, 1);
@@ -131,6 +132,9 @@ int rh_cma_all_reduce(const rh_cma_peer_t *ranks, int n, int me, void *flat, rh_
                       rh_binop_t op, double divisor, int *failed) {
   *failed = -1;
   if (n < 1 || me < 0 || me >= n || numel < 0 || (unsigned)dt >= RH_NDTYPES) return -EINVAL;
+  /* the kernels the pass runs, refused before any byte moves: every rank gets
+   * the same arguments, so all refuse alike and none writes into a peer */
+  if (rh_binary_flat_check(op, dt) || (divisor != 0 && rh_binary_flat_check(RH_OP_DIV, dt))) return RH_ENOKERNEL;
   ar_job_t j = {.ranks = ranks, .n = n, .me = me, .flat = flat, .dt = dt, .es = rh_dtype_size(dt), .op = op,
                 .failed = -1};
   int64_t base = numel / n, rem = numel % n;

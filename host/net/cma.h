@@ -47,7 +47,8 @@ typedef struct {
  * this at once with the same arguments but `me`, and wait for all the others to
  * return before its tensor is used (the peers write into it until they do).
  * 0, or a negative errno of the first failed transfer (-ESRCH: a peer is gone),
- * with *failed set to the rank it was with, or RH_ENOMEM. After a failure the
+ * with *failed set to the rank it was with, or RH_ENOMEM, or RH_ENOKERNEL (op,
+ * or the division of AVG, has no kernel for dt: refused before anything moves). After a failure the
  * other ranks may still be writing into this rank's tensor: they must be heard
  * to stop before it is used or freed. */
 int rh_cma_all_reduce(const rh_cma_peer_t *ranks, int n, int me, void *flat, rh_dtype_t dt, int64_t numel,

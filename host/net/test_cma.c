@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "net/cma.h"
+#include "rh.h"
 #include "test_check.h"
 
 #define RANKS 3
@@ -95,11 +96,23 @@ static void gone_peer(void) {
   free(x);
 }
 
+/* an op with no kernel for the dtype (a comparison; AVG's division of bool) is
+ * refused before any peer is read or written: the peer here is not even there */
+static void no_kernel(void) {
+  uint8_t x[4] = {1, 0, 1, 1};
+  rh_cma_peer_t p[2] = {{0, 0}, {1, 4096}};
+  int failed = 7;
+  CHECK(rh_cma_all_reduce(p, 2, 0, x, RH_BOOL, 4, RH_OP_EQ, 0, &failed) == RH_ENOKERNEL && failed == -1);
+  CHECK(rh_cma_all_reduce(p, 2, 0, x, RH_BOOL, 4, RH_OP_ADD, 2, &failed) == RH_ENOKERNEL && failed == -1);
+  CHECK(x[0] == 1 && x[1] == 0 && x[2] == 1 && x[3] == 1);
+}
+
 int main(void) {
   sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   CHECK(sh != MAP_FAILED);
   if (sh == MAP_FAILED) return TEST_RESULT();
   memset(sh, 0, sizeof *sh);
+  no_kernel(); /* (needs no cross-memory attach) */
   /* can a sibling be read at all here? (a child reads its parent's token) */
   static char token[16] = "cma-probe-token";
   pid_t parent = getpid(), kid = fork();

@@ -22,40 +22,48 @@ static int check_index_dtype(const char *what, const rh_tensor_t *idx) {
   return 0;
 }
 
+/* a contiguous int64 host copy of idx (a new tensor the caller may write) */
+static rh_tensor_t *index_copy(rh_tensor_t *idx) {
+  rh_tensor_t *h = rh_tensor_to_device(idx, -1);
+  rh_tensor_t *c = h ? rh_tensor_empty(RH_I64, h->ndim, h->size) : NULL;
+  if (c && rh_tensor_copy_(c, h)) {
+    rh_tensor_release(c);
+    c = NULL;
+  }
+  rh_tensor_release(h);
+  return c;
+}
+
+/* the one rule for an index counted from base: 0-based in [0, n), or -1 when
+ * out of bounds; negative indices count from the end, as in PyTorch (-1 is the
+ * last), and 0 .. base-1 are out of bounds */
+static inline int64_t rebased(int64_t raw, int64_t n, int64_t base) {
+  int64_t v = raw < 0 ? raw + n : raw - base;
+  return v < 0 || v >= n || (raw >= 0 && raw < base) ? -1 : v;
+}
+
+static int out_of_bounds(const char *what, int64_t raw, int dim, int64_t n) {
+  return rh_tensor_fail("%s: index %lld is out of bounds for dimension %d with size %lld", what, (long long)raw,
+                        dim + 1, (long long)n);
+}
+
 /* a contiguous int64 host copy of idx, checked against [0, n) after removing base;
  * the result holds 0-based indices */
 static rh_tensor_t *checked_index(const char *what, rh_tensor_t *idx, int64_t n, int dim, int64_t base) {
   if (check_index_dtype(what, idx)) return NULL;
-  rh_tensor_t *h = rh_tensor_to_device(idx, -1);
-  if (!h) return NULL;
-  rh_tensor_t *c = rh_tensor_empty(RH_I64, h->ndim, h->size);
-  if (!c || rh_tensor_copy_(c, h)) {
-    rh_tensor_release(h);
-    rh_tensor_release(c);
-    return NULL;
-  }
-  rh_tensor_release(h);
+  rh_tensor_t *c = index_copy(idx);
+  if (!c) return NULL;
   int64_t *p = rh_tensor_data(c), m = rh_tensor_numel(c);
   for (int64_t i = 0; i < m; i++) {
-    /* negative indices count from the end, as in PyTorch (-1 is the last) */
-    int64_t v = p[i] < 0 ? p[i] + n : p[i] - base;
-    if (v < 0 || v >= n || (p[i] >= 0 && p[i] < base)) {
-      rh_tensor_fail("%s: index %lld is out of bounds for dimension %d with size %lld", what, (long long)p[i],
-                     dim + 1, (long long)n);
+    int64_t v = rebased(p[i], n, base);
+    if (v < 0) {
+      out_of_bounds(what, p[i], dim, n);
       rh_tensor_release(c);
       return NULL;
     }
     p[i] = v;
   }
   return c;
-}
-
-static int check_dim(const char *what, const rh_tensor_t *t, int dim) {
-  int nd = t->ndim ? t->ndim : 1;
-  if (dim < 0 || dim >= nd)
-    return rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", what, dim + 1, t->ndim,
-                          t->ndim == 1 ? "" : "s");
-  return 0;
 }
 
 /* an index tensor that already lives where `on` is (a device copy when needed) */
@@ -81,7 +89,7 @@ static void isel_chunk(void *vj, int64_t lo, int64_t hi) {
 }
 
 rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
-  if (check_dim("index_select", a, dim)) return NULL;
+  if (rh__check_dim("index_select", dim, a->ndim)) return NULL;
   if (idx->ndim > 1) {
     rh_tensor_fail("index_select: the index must be 1-dimensional, got %d dimensions", idx->ndim);
     return NULL;
@@ -210,14 +218,30 @@ static void gs_range(gs_t *j, int64_t lo, int64_t hi) {
   }
 }
 
-static void gs_chunk(void *vj, int64_t lo, int64_t hi) { gs_range(vj, lo, hi); }
+static void strides_bytes(const rh_tensor_t *t, int64_t *out) {
+  for (int d = 0; d < t->ndim; d++) out[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
+}
 
-/* gather straight from a contiguous int64 index: each thread checks and rebases
- * its indices a block at a time into a buffer on its stack, then moves that
- * block, instead of one thread first copying the whole index (for 16M indices,
- * a 128 MB copy as long as the gather itself). A bad index stops its thread
- * before it is used; the lowest bad position is reported. (out is new: what was
- * written before the error is thrown away with it.) */
+/* the walk over idx's shape of `mode` on a along dim, with `other` (out for a
+ * gather, src for a scatter, NULL for a scatter of a value); the index is the
+ * caller's to set. Its strides are also what the device kernels take. */
+static void gs_setup(gs_t *j, int mode, rh_tensor_t *a, int dim, const rh_tensor_t *idx, rh_tensor_t *other) {
+  memset(j, 0, sizeof *j);
+  j->ndim = idx->ndim ? idx->ndim : 1, j->dim = a->ndim ? dim : 0, j->mode = mode, j->dt = a->dtype;
+  j->size[0] = 1;
+  for (int d = 0; d < idx->ndim; d++) j->size[d] = idx->size[d];
+  strides_bytes(a, j->ast);
+  if (other) strides_bytes(other, j->ost);
+  j->abase = rh_tensor_data(a), j->obase = other ? rh_tensor_data(other) : NULL;
+}
+
+/* A host gather reads the raw index (a contiguous int64 one as it is, any
+ * other as such a copy): each thread checks and rebases its indices a block at
+ * a time into a buffer on its stack, then moves that block, instead of one
+ * thread first checking a copy of the whole index (for 16M indices, a 128 MB
+ * copy as long as the gather itself). A bad index stops its thread before it
+ * is used; the lowest bad position is reported, the one checked_index() would
+ * name. (out is new: what was written before the error is thrown away with it.) */
 typedef struct {
   gs_t g;
   const int64_t *raw;
@@ -233,8 +257,8 @@ static void gather_chunk(void *vj, int64_t lo, int64_t hi) {
   for (int64_t b = lo; b < hi; b += GATHER_BLOCK) {
     int64_t e = hi - b < GATHER_BLOCK ? hi : b + GATHER_BLOCK;
     for (int64_t w = b; w < e; w++) {
-      int64_t r = j->raw[w], v = r < 0 ? r + j->n : r - j->base;
-      if (v < 0 || v >= j->n || (r >= 0 && r < j->base)) {
+      int64_t v = rebased(j->raw[w], j->n, j->base);
+      if (v < 0) {
         int64_t seen = __atomic_load_n(&j->bad, __ATOMIC_RELAXED);
         while (w < seen && !__atomic_compare_exchange_n(&j->bad, &seen, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
         }
@@ -249,63 +273,46 @@ static void gather_chunk(void *vj, int64_t lo, int64_t hi) {
   }
 }
 
-static void strides_bytes(const rh_tensor_t *t, int64_t *out) {
-  for (int d = 0; d < t->ndim; d++) out[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
-}
-
-static rh_tensor_t *gather_direct(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
-  rh_tensor_t *out = rh_tensor_empty(a->dtype, idx->ndim, idx->size);
-  if (!out) return NULL;
-  int nd = idx->ndim, d0 = a->ndim ? dim : 0;
-  gather_t j;
-  memset(&j, 0, sizeof j);
-  j.g = (gs_t){nd ? nd : 1, d0, 0, a->dtype, {1}, {0}, {0}, NULL, 0, rh_tensor_data(a), rh_tensor_data(out), {0}};
-  int64_t ast[RH_MAXDIM] = {0}, ost[RH_MAXDIM] = {0};
-  strides_bytes(a, ast);
-  strides_bytes(out, ost);
-  for (int d = 0; d < nd; d++) j.g.size[d] = idx->size[d], j.g.ast[d] = ast[d], j.g.ost[d] = ost[d];
-  j.raw = rh_tensor_data(idx);
-  j.n = a->ndim ? a->size[dim] : 1;
-  j.base = base;
-  j.bad = INT64_MAX;
-  rh_parallel_for(rh_tensor_numel(idx), 1 << 14, gather_chunk, &j);
-  if (j.bad != INT64_MAX) {
-    rh_tensor_release(out);
-    rh_tensor_fail("gather: index %lld is out of bounds for dimension %d with size %lld", (long long)j.raw[j.bad],
-                   dim + 1, (long long)j.n);
+static rh_tensor_t *gather_host(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t n, int64_t base) {
+  int as_is = !RH_ON_DEVICE(idx) && idx->dtype == RH_I64 && rh_tensor_is_contiguous(idx);
+  rh_tensor_t *ri = as_is ? (rh_tensor_retain(idx), idx) : index_copy(idx);
+  rh_tensor_t *out = ri ? rh_tensor_empty(a->dtype, idx->ndim, idx->size) : NULL;
+  if (!out) {
+    rh_tensor_release(ri);
     return NULL;
   }
+  gather_t j;
+  gs_setup(&j.g, 0, a, dim, idx, out);
+  j.raw = rh_tensor_data(ri), j.n = n, j.base = base, j.bad = INT64_MAX;
+  rh_parallel_for(rh_tensor_numel(idx), 1 << 14, gather_chunk, &j);
+  if (j.bad != INT64_MAX) {
+    out_of_bounds("gather", j.raw[j.bad], dim, n);
+    rh_tensor_release(out);
+    out = NULL;
+  }
+  rh_tensor_release(ri);
   return out;
 }
 
 rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t base) {
-  if (check_dim("gather", a, dim) || check_gather_shape("gather", a, idx, NULL, dim)) return NULL;
-  if (!RH_ON_DEVICE(a) && !RH_ON_DEVICE(idx) && idx->dtype == RH_I64 && rh_tensor_is_contiguous(idx))
-    return gather_direct(a, dim, idx, base);
-  rh_tensor_t *ci = checked_index("gather", idx, a->ndim ? a->size[dim] : 1, dim, base);
-  if (!ci) return NULL;
-  rh_tensor_t *out = rh_tensor_empty_on(rh_tensor_device(a), a->dtype, idx->ndim, idx->size);
-  if (!out) {
-    rh_tensor_release(ci);
+  if (rh__check_dim("gather", dim, a->ndim) || check_gather_shape("gather", a, idx, NULL, dim) ||
+      check_index_dtype("gather", idx))
     return NULL;
+  int64_t n = a->ndim ? a->size[dim] : 1;
+  if (!RH_ON_DEVICE(a)) return gather_host(a, dim, idx, n, base);
+  /* on a device: the index checked here, moved there */
+  rh_tensor_t *ci = checked_index("gather", idx, n, dim, base);
+  rh_tensor_t *out = ci ? rh_tensor_empty_on(rh_tensor_device(a), a->dtype, idx->ndim, idx->size) : NULL;
+  rh_tensor_t *di = out ? index_on(ci, a) : NULL;
+  int rc = -1;
+  if (di) {
+    gs_t j;
+    gs_setup(&j, 0, a, dim, idx, out);
+    rc = rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), 0, a->dtype, idx->ndim, j.dim, idx->size,
+                                                     rh_tensor_data(di), rh_tensor_data(a), j.ast,
+                                                     rh_tensor_data(out), j.ost, 0));
   }
-  int64_t ast[RH_MAXDIM] = {0}, ost[RH_MAXDIM] = {0};
-  strides_bytes(a, ast);
-  strides_bytes(out, ost);
-  int nd = idx->ndim, d0 = a->ndim ? dim : 0;
-  int rc = 0;
-  if (RH_ON_DEVICE(a)) {
-    rh_tensor_t *di = index_on(ci, a);
-    rc = di ? rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), 0, a->dtype, nd, d0, idx->size,
-                                                           rh_tensor_data(di), rh_tensor_data(a), ast,
-                                                           rh_tensor_data(out), ost, 0))
-            : -1;
-    rh_tensor_release(di);
-  } else {
-    gs_t j = {nd ? nd : 1, d0, 0, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), 0, rh_tensor_data(a), rh_tensor_data(out), {0}};
-    for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
-    rh_parallel_for(rh_tensor_numel(ci), 1 << 14, gs_chunk, &j);
-  }
+  rh_tensor_release(di);
   rh_tensor_release(ci);
   if (rc) {
     rh_tensor_release(out);
@@ -372,31 +379,27 @@ static int scatter_host(gs_t *j, rh_tensor_t *ci) {
 int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, double value, int accumulate,
                        int64_t base) {
   const char *what = accumulate ? "scatter_add" : "scatter";
-  if (check_dim(what, a, dim) || check_gather_shape(what, a, idx, src, dim)) return -1;
+  if (rh__check_dim(what, dim, a->ndim) || check_gather_shape(what, a, idx, src, dim)) return -1;
   if (src && src->dtype != a->dtype)
     return rh_tensor_fail("%s: the source's dtype %s must match the input's %s", what, rh_dtype_name(src->dtype),
                           rh_dtype_name(a->dtype));
   if (src && rh__same_device(what, a, src)) return -1;
   rh_tensor_t *ci = checked_index(what, idx, a->ndim ? a->size[dim] : 1, dim, base);
   if (!ci) return -1;
-  int64_t ast[RH_MAXDIM] = {0}, ost[RH_MAXDIM] = {0};
-  strides_bytes(a, ast);
-  if (src) strides_bytes(src, ost);
-  int nd = idx->ndim, d0 = a->ndim ? dim : 0;
   int mode = src ? (accumulate ? 2 : 1) : 3;
   int rc = 0;
+  gs_t j;
+  gs_setup(&j, mode, a, dim, idx, src);
   if (RH_ON_DEVICE(a)) {
     rh_tensor_t *di = index_on(ci, a);
-    rc = di ? rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), mode, a->dtype, nd, d0, idx->size,
-                                                           rh_tensor_data(di), rh_tensor_data(a), ast,
+    rc = di ? rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), mode, a->dtype, idx->ndim, j.dim,
+                                                           idx->size, rh_tensor_data(di), rh_tensor_data(a), j.ast,
                                                            src ? rh_tensor_data(src) : rh_tensor_data(a),
-                                                           src ? ost : ast, value))
+                                                           src ? j.ost : j.ast, value))
             : -1;
     rh_tensor_release(di);
   } else {
-    gs_t j = {nd ? nd : 1, d0, mode, a->dtype, {1}, {0}, {0}, rh_tensor_data(ci), 0, rh_tensor_data(a),
-              src ? rh_tensor_data(src) : NULL, {0}};
-    for (int d = 0; d < nd; d++) j.size[d] = idx->size[d], j.ast[d] = ast[d], j.ost[d] = ost[d];
+    j.idx = rh_tensor_data(ci);
     rh__store(a->dtype, j.value, value);
     rc = scatter_host(&j, ci);
   }
@@ -445,7 +448,7 @@ static void iput_chunk(void *vj, int64_t lo, int64_t hi) {
  * src has a's shape with idx's length along dim (the caller broadcasts it). */
 int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *src, int accumulate, int64_t base) {
   const char *what = accumulate ? "index_add" : "index_copy";
-  if (check_dim(what, a, dim)) return -1;
+  if (rh__check_dim(what, dim, a->ndim)) return -1;
   if (idx->ndim > 1) return rh_tensor_fail("%s: the index must be 1-dimensional, got %d dimensions", what, idx->ndim);
   int64_t m = rh_tensor_numel(idx);
   int ok = src->ndim == (a->ndim ? a->ndim : 1) || (a->ndim == 0 && src->ndim == 0);
@@ -519,18 +522,26 @@ static void mfill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as
     if (a[i * as]) memcpy(o + i * os, b ? b + i * bs : f->value, f->es);
 }
 
+/* the mask broadcasts to t's shape (it may not widen t): that shape, its *nd
+ * dims, into shape */
+static int mask_broadcasts(const char *what, const rh_tensor_t *t, const rh_tensor_t *mask, int *nd,
+                           int64_t *shape) {
+  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, nd, shape)) return -1;
+  if (*nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)*nd)) {
+    char st[256], sm[256];
+    rh_shape_str(t->ndim, t->size, st, sizeof st);
+    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
+    return rh_tensor_fail("%s: the mask (shape %s) does not broadcast to the tensor's shape %s", what, sm, st);
+  }
+  return 0;
+}
+
 /* masked_fill_(t, mask, v): the mask broadcasts to t */
 int rh_tensor_masked_fill_(rh_tensor_t *t, rh_tensor_t *mask, double v) {
   if (check_mask("masked_fill", mask) || rh__same_device("masked_fill", t, mask)) return -1;
   int nd;
   int64_t shape[RH_MAXDIM];
-  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, &nd, shape)) return -1;
-  if (nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)nd)) {
-    char st[256], sm[256];
-    rh_shape_str(t->ndim, t->size, st, sizeof st);
-    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
-    return rh_tensor_fail("masked_fill: the mask (shape %s) does not broadcast to the tensor's shape %s", sm, st);
-  }
+  if (mask_broadcasts("masked_fill", t, mask, &nd, shape)) return -1;
   int64_t ost[RH_MAXDIM], mst[RH_MAXDIM];
   strides_bytes(t, ost);
   rh__bcast_strides(mask, nd, shape, mst);
@@ -587,13 +598,7 @@ static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_ten
   if (check_mask(what, mask)) return -1;
   int nd;
   int64_t shape[RH_MAXDIM];
-  if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, &nd, shape)) return -1;
-  if (nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)nd)) {
-    char st[256], sm[256];
-    rh_shape_str(t->ndim, t->size, st, sizeof st);
-    rh_shape_str(mask->ndim, mask->size, sm, sizeof sm);
-    return rh_tensor_fail("%s: the mask (shape %s) does not broadcast to the tensor's shape %s", what, sm, st);
-  }
+  if (mask_broadcasts(what, t, mask, &nd, shape)) return -1;
   int dev = keep_device ? rh_tensor_device(t) : -1;
   rh_tensor_t *me = rh_tensor_expand(mask, nd, shape);
   rh_tensor_t *mh = me ? rh_tensor_to_device(me, dev) : NULL;

@@ -11,20 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "nn.h"
+#include "nn_geom.h"
 #include "tensor_internal.h"
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if RH_VEC_X86
 #include <immintrin.h> /* the AVX-512 gathers of im2col and col2im (chosen at run time) */
 #endif
-
-int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode) {
-  int64_t num = in + 2 * pad - (dil * (k - 1) + 1);
-  if (num < 0 || stride < 1) return 0;
-  int64_t o = (ceil_mode ? (num + stride - 1) / stride : num / stride) + 1;
-  /* as PyTorch: with ceil_mode the last window must start inside the input or the left padding */
-  if (ceil_mode && (o - 1) * stride >= in + pad) o--;
-  return o;
-}
 
 /* The column matrix is built from a padded copy of each sample's planes
  * ([C, Hp, Wp], Hp = H + 2*pad: the zero border written once) instead of
@@ -55,24 +46,23 @@ static int64_t tap_offset(const cols_job_t *j, int64_t tap) {
   return ki * j->p->dil[0] * j->wp + kj * j->p->dil[1];
 }
 
-/* dst[i] = src[base[i]]: vector gathers where the CPU has them (chosen when
- * the program loads; the baseline's scalar loop ran at 2.6 cycles an element) */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GATHER_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
-/* and no loop turned back into a memcpy call (GCC's loop distribution) */
-#define ROWS_TARGETS \
-  __attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-tree-loop-distribute-patterns")))
+/* the row copies' vector builds, with no loop turned back into a memcpy call
+ * (GCC's loop distribution) */
+#if RH_VEC_X86
+#define ROWS_TARGETS RH_VEC_CLONES __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #else
-#define GATHER_TARGETS
 #define ROWS_TARGETS
 #endif
-#define GATHER_FN(NAME, T)                                                                              \
-  GATHER_TARGETS static void NAME(T *restrict dst, const T *restrict src, const int32_t *restrict base, \
-                                  int64_t n) {                                                          \
-    for (int64_t i = 0; i < n; i++) dst[i] = src[base[i]];                                              \
+
+/* dst[i] = src[base[i]]: vector gathers where the CPU has them (chosen when
+ * the program loads; the baseline's scalar loop ran at 2.6 cycles an element) */
+#define GATHER_FN(NAME, T)                                                                             \
+  RH_VEC_CLONES static void NAME(T *restrict dst, const T *restrict src, const int32_t *restrict base, \
+                                 int64_t n) {                                                          \
+    for (int64_t i = 0; i < n; i++) dst[i] = src[base[i]];                                             \
   }
 GATHER_FN(gather_f64, double)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if RH_VEC_X86
 /* float32 through the AVX-512 gather instruction (GCC's vectorizer emulates
  * gathers with inserts under its generic tuning: 2x slower), chosen at load time */
 GATHER_FN(gather_f32_auto, float)
@@ -317,14 +307,13 @@ static void pad_channels(void *ctx, int64_t lo, int64_t hi, int to_padded) {
 static void pad_in(void *ctx, int64_t lo, int64_t hi) { pad_channels(ctx, lo, hi, 1); }
 static void pad_out(void *ctx, int64_t lo, int64_t hi) { pad_channels(ctx, lo, hi, 0); }
 
-typedef struct {
-  int64_t n, c, h, w, o, kh, kw, oh, ow, g, cg, og, kg, l;
-  int64_t hp, wp; /* the padded planes */
-  int padded;     /* a padded copy of each sample is made (padding > 0) */
-  int tabled;     /* the columns gather through base[] (narrow or strided rows) */
-  int direct;     /* 1x1, stride 1, no padding: the input is its own column matrix */
-} geom_t;
+typedef rh__nn_conv_geom_t geom_t;
 
+/* whether the columns gather through base[] (narrow rows; the table's int32
+ * offsets need the padded plane under 2^31 elements) */
+static int tabled(const geom_t *g) { return g->ow < CONV_ROW_MIN && g->hp * g->wp < INT32_MAX; }
+
+/* the host kernel's own rules (one float dtype, on the host), then the shapes */
 static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p, geom_t *g) {
   if (x->dtype != RH_F32 && x->dtype != RH_F64)
     return rh_tensor_fail("conv2d: expected a float32 or float64 input, got %s", rh_dtype_name(x->dtype));
@@ -333,36 +322,7 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
                           rh_dtype_name(w->dtype));
   if (RH_ON_DEVICE(x) || RH_ON_DEVICE(w) || (b && RH_ON_DEVICE(b)))
     return rh_tensor_fail("conv2d: the C kernel takes host tensors");
-  if (x->ndim != 4 || w->ndim != 4) return rh_tensor_fail("conv2d: expected 4-d input and weight");
-  if (p->groups < 1) return rh_tensor_fail("conv2d: groups must be positive, got %lld", (long long)p->groups);
-  for (int i = 0; i < 2; i++)
-    if (p->stride[i] < 1 || p->dil[i] < 1 || p->pad[i] < 0)
-      return rh_tensor_fail("conv2d: stride and dilation must be positive and padding non-negative");
-  g->n = x->size[0], g->c = x->size[1], g->h = x->size[2], g->w = x->size[3];
-  g->o = w->size[0], g->kh = w->size[2], g->kw = w->size[3], g->g = p->groups;
-  if (g->c % g->g || g->o % g->g)
-    return rh_tensor_fail("conv2d: in_channels %lld and out_channels %lld must be divisible by groups %lld",
-                          (long long)g->c, (long long)g->o, (long long)g->g);
-  g->cg = g->c / g->g, g->og = g->o / g->g;
-  if (w->size[1] != g->cg)
-    return rh_tensor_fail("conv2d: weight has %lld input channels per group, the input %lld", (long long)w->size[1],
-                          (long long)g->cg);
-  if (b && (b->ndim != 1 || b->size[0] != g->o))
-    return rh_tensor_fail("conv2d: bias must have %lld elements", (long long)g->o);
-  g->oh = rh_nn_out_size(g->h, g->kh, p->stride[0], p->pad[0], p->dil[0], 0);
-  g->ow = rh_nn_out_size(g->w, g->kw, p->stride[1], p->pad[1], p->dil[1], 0);
-  if (g->oh < 1 || g->ow < 1)
-    return rh_tensor_fail("conv2d: the kernel (%lld x %lld, dilated) is larger than the padded input (%lld x %lld)",
-                          (long long)g->kh, (long long)g->kw, (long long)(g->h + 2 * p->pad[0]),
-                          (long long)(g->w + 2 * p->pad[1]));
-  g->kg = g->cg * g->kh * g->kw;
-  g->l = g->oh * g->ow;
-  g->padded = p->pad[0] > 0 || p->pad[1] > 0;
-  g->hp = g->h + 2 * p->pad[0], g->wp = g->w + 2 * p->pad[1];
-  g->tabled = g->ow < CONV_ROW_MIN && g->hp * g->wp < INT32_MAX;
-  g->direct = g->kh == 1 && g->kw == 1 && p->stride[0] == 1 && p->stride[1] == 1 && p->pad[0] == 0 &&
-              p->pad[1] == 0;
-  return 0;
+  return rh__nn_conv_geom(x, w, b, p, g);
 }
 
 /* one sample's columns (or its image, for col2im: written whole) at column
@@ -370,14 +330,14 @@ static int check(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_con
  * (padded planes, the offset table); rows (channels) split over the pool,
  * which runs them inline when this is already inside a pool job */
 typedef struct {
-  char *padded;   /* [C, hp, wp] when the geometry pads */
-  int32_t *base;  /* [L] when it gathers */
+  char *padded;        /* [C, hp, wp] when the geometry pads */
+  const int32_t *base; /* [L] when it gathers: the call's table, shared */
 } scratch_t;
 
 static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, const scratch_t *s,
                         char *cols, int64_t ld, int to_image) {
   size_t es = rh_dtype_size(dt);
-  cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, g->tabled ? s->base : NULL, g->c, g->h, g->w,
+  cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, s->base, g->c, g->h, g->w,
                   g->hp, g->wp, g->kh, g->kw, g->oh, g->ow, p};
   if (to_image) {
     /* (the narrow planes' kernel writes every element of each plane itself) */
@@ -425,11 +385,14 @@ struct conv_job {
   char *gw;      /* part 0's weight-gradient sum: the result tensor's data */
   char *gw_more; /* [parts - 1][O * kg]: the other parts' sums, added to it after */
   double *gb;    /* [parts][O] */
+  int32_t *base; /* the gather table (the column matrix above), or NULL: one per call, read by every part */
   int failed;    /* a part's buffer could not be allocated */
   conv_block_fn block;
 };
 
-static void plan(conv_job_t *j) {
+/* plan() and the offset table every part gathers through (it depends on the
+ * geometry only); -1 when the table cannot be allocated */
+static int plan(conv_job_t *j) {
   const geom_t *g = &j->g;
   int64_t threads = rh_parallel_threads();
   j->parts = g->n < threads ? g->n : threads;
@@ -442,6 +405,12 @@ static void plan(conv_job_t *j) {
   if (nb > fit) nb = fit;
   if (nb > j->per) nb = j->per;
   j->nb = nb < 1 ? 1 : nb;
+  if (!tabled(g) || g->direct) return 0;
+  if (!(j->base = malloc((size_t)g->l * sizeof(int32_t)))) return -1;
+  for (int64_t oy = 0; oy < g->oh; oy++)
+    for (int64_t ox = 0; ox < g->ow; ox++)
+      j->base[oy * g->ow + ox] = (int32_t)(oy * j->p->stride[0] * g->wp + ox * j->p->stride[1]);
+  return 0;
 }
 
 /* between a block [rows, nb*L] (row o: the block's samples side by side) and
@@ -464,7 +433,8 @@ static void block_copy(const conv_job_t *j, char *block, char *samples, int64_t 
 
 /* a part's scratch: columns for nb samples, a block of outputs / output
  * gradients when nb > 1 (one sample's GEMM reads and writes it in place), one
- * sample's padded planes and the gather table when the geometry uses them */
+ * sample's padded planes when the geometry pads; the gather table is the
+ * call's (plan()) */
 static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
   const geom_t *g = &j->g;
   int64_t ld = j->nb * g->l;
@@ -472,19 +442,14 @@ static int part_buffers(conv_job_t *j, char **cols, char **blk, scratch_t *s) {
   *cols = in_place ? NULL : malloc((size_t)(g->c * g->kh * g->kw * ld) * j->es);
   *blk = j->nb > 1 ? malloc((size_t)(g->o * ld) * j->es) : NULL;
   s->padded = g->padded && !g->direct ? malloc((size_t)(g->c * g->hp * g->wp) * j->es) : NULL;
-  s->base = g->tabled && !g->direct ? malloc((size_t)g->l * sizeof(int32_t)) : NULL;
-  if ((!in_place && !*cols) || (j->nb > 1 && !*blk) || (g->padded && !g->direct && !s->padded) ||
-      (g->tabled && !g->direct && !s->base)) {
+  s->base = j->base;
+  if ((!in_place && !*cols) || (j->nb > 1 && !*blk) || (g->padded && !g->direct && !s->padded)) {
     free(*cols);
     free(*blk);
     free(s->padded);
-    free(s->base);
     __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     return -1;
   }
-  for (int64_t oy = 0; s->base && oy < g->oh; oy++)
-    for (int64_t ox = 0; ox < g->ow; ox++)
-      s->base[oy * g->ow + ox] = (int32_t)(oy * j->p->stride[0] * g->wp + ox * j->p->stride[1]);
   return 0;
 }
 
@@ -512,7 +477,6 @@ static void run_parts(void *ctx, int64_t lo, int64_t hi) {
     free(cols);
     free(blk);
     free(s.padded);
-    free(s.base);
   }
 }
 
@@ -550,10 +514,11 @@ rh_tensor_t *rh_nn_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const 
   if (xc && wc && y && (!b || bc)) {
     j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.b = bc ? rh_tensor_data(bc) : NULL;
     j.y = rh_tensor_data(y);
-    plan(&j);
     j.block = forward_block;
-    rh_parallel_for(j.parts, 1, run_parts, &j);
+    if (plan(&j)) j.failed = 1;
+    else rh_parallel_for(j.parts, 1, run_parts, &j);
   }
+  free(j.base);
   int failed = !xc || !wc || !y || (b && !bc) || j.failed;
   rh_tensor_release(xc);
   rh_tensor_release(wc);
@@ -638,14 +603,14 @@ int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const
   if (ok) {
     j.x = rh_tensor_data(xc), j.w = rh_tensor_data(wc), j.gy = rh_tensor_data(gyc);
     j.gx = tx ? rh_tensor_data(tx) : NULL;
-    plan(&j);
+    int planned = plan(&j) == 0;
     /* part 0 sums into the result, the others each into their own slot, added
      * in part order after (the sum does not depend on timing) */
     if (tw && j.parts > 1) more = rh_tensor_empty(j.dt, 1, (int64_t[]){(j.parts - 1) * g->o * g->kg});
     j.gw = tw ? rh_tensor_data(tw) : NULL;
     j.gw_more = more ? rh_tensor_data(more) : NULL;
     j.gb = tb ? calloc((size_t)(j.parts * g->o), sizeof(double)) : NULL;
-    ok = (!tw || j.parts == 1 || more) && (!tb || j.gb);
+    ok = planned && (!tw || j.parts == 1 || more) && (!tb || j.gb);
     j.block = backward_block;
     if (ok) rh_parallel_for(j.parts, 1, run_parts, &j);
     ok = ok && !j.failed;
@@ -669,6 +634,7 @@ int rh_nn_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const
   }
   rh_tensor_release(more);
   free(j.gb);
+  free(j.base);
   rh_tensor_release(xc);
   rh_tensor_release(wc);
   rh_tensor_release(gyc);

@@ -8,19 +8,13 @@
  * tensor here; these refuse host tensors. */
 #include <string.h>
 
-#include "nn.h"
 #include "nn_cuda.h"
+#include "nn_geom.h"
 #include "tensor_internal.h"
 
 #ifndef CHUNK_BYTES /* a test build may shrink it to cover the chunked path */
 #define CHUNK_BYTES (256ll << 20)
 #endif
-
-/* releases the non-NULL tensors of a list */
-static void drop(rh_tensor_t **ts, int n) {
-  for (int i = 0; i < n; i++)
-    if (ts[i]) rh_tensor_release(ts[i]);
-}
 
 static char *at(rh_tensor_t *t, int64_t elems) {
   return (char *)rh_tensor_data(t) + (size_t)elems * rh_dtype_size(t->dtype);
@@ -44,41 +38,26 @@ int rh__nn_on_device(const char *what, rh_tensor_t *x, rh_tensor_t *b) {
 typedef struct {
   int dev;
   rh_dtype_t dt;
-  int64_t n, c, o, g, og, kg, K, L, nb; /* K = c * kh * kw rows of columns, L = oh * ow, nb samples a chunk */
+  rh__nn_conv_geom_t s; /* the shapes (nn_geom.h) */
+  int64_t K, nb;        /* K = c * kh * kw rows of columns, nb samples a chunk */
   rhc_window_t win;
 } conv_t;
 
 static int conv_geom(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p, conv_t *g) {
-  if (rh__nn_on_device("conv2d", x, w) || (b && rh__nn_on_device("conv2d", x, b))) return -1;
-  if (x->ndim != 4 || w->ndim != 4) return rh_tensor_fail("conv2d: expected 4-d input and weight");
-  if (p->groups < 1) return rh_tensor_fail("conv2d: groups must be positive, got %lld", (long long)p->groups);
   memset(g, 0, sizeof *g);
+  if (rh__nn_on_device("conv2d", x, w) || (b && rh__nn_on_device("conv2d", x, b))) return -1;
+  const rh__nn_conv_geom_t *s = &g->s;
+  if (rh__nn_conv_geom(x, w, b, p, &g->s)) return -1;
   g->dev = rh_tensor_device(x), g->dt = x->dtype;
-  g->n = x->size[0], g->c = x->size[1], g->o = w->size[0], g->g = p->groups;
-  if (g->c % g->g || g->o % g->g || w->size[1] != g->c / g->g)
-    return rh_tensor_fail("conv2d: input channels %lld, weight [%lld, %lld, ...] and groups %lld do not fit",
-                          (long long)g->c, (long long)w->size[0], (long long)w->size[1], (long long)g->g);
-  if (b && (b->ndim != 1 || b->size[0] != g->o))
-    return rh_tensor_fail("conv2d: bias must have %lld elements", (long long)g->o);
+  g->K = s->c * s->kh * s->kw;
   rhc_window_t *wn = &g->win;
-  wn->planes = g->c, wn->h = x->size[2], wn->w = x->size[3];
-  for (int i = 0; i < 2; i++) {
-    if (p->stride[i] < 1 || p->dil[i] < 1 || p->pad[i] < 0)
-      return rh_tensor_fail("conv2d: stride and dilation must be positive and padding non-negative");
-    wn->k[i] = w->size[2 + i], wn->stride[i] = p->stride[i], wn->pad[i] = p->pad[i], wn->dil[i] = p->dil[i];
-  }
-  wn->oh = rh_nn_out_size(wn->h, wn->k[0], p->stride[0], p->pad[0], p->dil[0], 0);
-  wn->ow = rh_nn_out_size(wn->w, wn->k[1], p->stride[1], p->pad[1], p->dil[1], 0);
-  if (wn->oh < 1 || wn->ow < 1)
-    return rh_tensor_fail("conv2d: the kernel (%lld x %lld, dilated) is larger than the padded input (%lld x %lld)",
-                          (long long)wn->k[0], (long long)wn->k[1], (long long)(wn->h + 2 * p->pad[0]),
-                          (long long)(wn->w + 2 * p->pad[1]));
-  g->og = g->o / g->g, g->kg = g->c / g->g * wn->k[0] * wn->k[1];
-  g->K = g->c * wn->k[0] * wn->k[1], g->L = wn->oh * wn->ow;
+  wn->planes = s->c, wn->h = s->h, wn->w = s->w, wn->oh = s->oh, wn->ow = s->ow;
+  wn->k[0] = s->kh, wn->k[1] = s->kw;
+  for (int i = 0; i < 2; i++) wn->stride[i] = p->stride[i], wn->pad[i] = p->pad[i], wn->dil[i] = p->dil[i];
   /* a chunk's columns, and the weight gradient's per-sample products beside them */
-  int64_t per = (g->K * g->L + g->o * g->kg) * (int64_t)rh_dtype_size(g->dt);
-  g->nb = per > 0 ? CHUNK_BYTES / per : g->n;
-  if (g->nb > g->n) g->nb = g->n;
+  int64_t per = (g->K * g->s.l + g->s.o * g->s.kg) * (int64_t)rh_dtype_size(g->dt);
+  g->nb = per > 0 ? CHUNK_BYTES / per : g->s.n;
+  if (g->nb > g->s.n) g->nb = g->s.n;
   if (g->nb < 1) g->nb = 1;
   return 0;
 }
@@ -87,7 +66,7 @@ static int conv_geom(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn
 static int columns(const conv_t *g, rh_tensor_t *x, int64_t n0, int64_t nbk, rh_tensor_t *cols) {
   const rhc_api_t *api = rh_cuda_api();
   return rh__cuda_call(
-      api->nn_im2col(g->dev, g->dt, &g->win, nbk, at(x, n0 * g->c * g->win.h * g->win.w), rh_tensor_data(cols), 0));
+      api->nn_im2col(g->dev, g->dt, &g->win, nbk, at(x, n0 * g->s.c * g->win.h * g->win.w), rh_tensor_data(cols), 0));
 }
 
 rh_tensor_t *rh_nn_cuda_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p) {
@@ -95,34 +74,34 @@ rh_tensor_t *rh_nn_cuda_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, c
   if (conv_geom(x, w, b, p, &g)) return NULL;
   const rhc_api_t *api = rh_cuda_api();
   rh_tensor_t *t[4] = {rh_tensor_contiguous(x), rh_tensor_contiguous(w),
-                       rh_tensor_empty_on(g.dev, g.dt, 4, (int64_t[]){g.n, g.o, g.win.oh, g.win.ow}),
-                       rh_tensor_empty_on(g.dev, g.dt, 1, (int64_t[]){g.nb * g.K * g.L})};
+                       rh_tensor_empty_on(g.dev, g.dt, 4, (int64_t[]){g.s.n, g.s.o, g.win.oh, g.win.ow}),
+                       rh_tensor_empty_on(g.dev, g.dt, 1, (int64_t[]){g.nb * g.K * g.s.l})};
   rh_tensor_t *xc = t[0], *wc = t[1], *y = t[2], *cols = t[3];
   int rc = xc && wc && y && cols ? 0 : -1;
-  for (int64_t n0 = 0; rc == 0 && n0 < g.n; n0 += g.nb) {
-    int64_t nbk = g.n - n0 < g.nb ? g.n - n0 : g.nb;
+  for (int64_t n0 = 0; rc == 0 && n0 < g.s.n; n0 += g.nb) {
+    int64_t nbk = g.s.n - n0 < g.nb ? g.s.n - n0 : g.nb;
     rc = columns(&g, xc, n0, nbk, cols);
     /* y[s]_g [og, L] = W_g [og, kg] @ cols[s]_g [kg, L], the weight shared by the batch */
-    for (int64_t gi = 0; rc == 0 && gi < g.g; gi++)
-      rc = rh__cuda_call(api->gemm(g.dev, g.dt, 0, 0, g.og, g.L, g.kg, at(wc, gi * g.og * g.kg), g.kg, 0,
-                                   at(cols, gi * g.kg * g.L), g.L, g.K * g.L, at(y, (n0 * g.o + gi * g.og) * g.L),
-                                   g.o * g.L, nbk));
+    for (int64_t gi = 0; rc == 0 && gi < g.s.g; gi++)
+      rc = rh__cuda_call(api->gemm(g.dev, g.dt, 0, 0, g.s.og, g.s.l, g.s.kg, at(wc, gi * g.s.og * g.s.kg), g.s.kg,
+                                   0, at(cols, gi * g.s.kg * g.s.l), g.s.l, g.K * g.s.l,
+                                   at(y, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.o * g.s.l, nbk));
   }
   if (rc == 0 && b) {
-    rh_tensor_t *bv = rh_tensor_reshape(b, 4, (int64_t[]){1, g.o, 1, 1}); /* (a strided bias is copied) */
+    rh_tensor_t *bv = rh_tensor_reshape(b, 4, (int64_t[]){1, g.s.o, 1, 1}); /* (a strided bias is copied) */
     rh_tensor_t *r = bv ? rh_tensor_binary(RH_OP_ADD, y, bv, y) : NULL;
     if (bv) rh_tensor_release(bv);
     if (r) rh_tensor_release(r);
     else rc = -1;
   }
   t[2] = rc == 0 ? NULL : y; /* kept: the result */
-  drop(t, 4);
+  rh__nn_release(t, 4);
   return rc == 0 ? y : NULL;
 }
 
 /* gy [n, o, L] summed over samples and positions: the bias's gradient [o] */
 static rh_tensor_t *bias_grad(const conv_t *g, rh_tensor_t *gy) {
-  rh_tensor_t *v = rh_tensor_view(gy, 3, (int64_t[]){g->n, g->o, g->L});
+  rh_tensor_t *v = rh_tensor_view(gy, 3, (int64_t[]){g->s.n, g->s.o, g->s.l});
   rh_tensor_t *rows = v ? rh_tensor_reduce(RH_RED_SUM, v, 2, 0) : NULL;
   rh_tensor_t *sum = rows ? rh_tensor_reduce(RH_RED_SUM, rows, 0, 0) : NULL;
   if (v) rh_tensor_release(v);
@@ -154,47 +133,49 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
   if (gw) *gw = NULL;
   if (gb) *gb = NULL;
   if (conv_geom(x, w, NULL, p, &g) || rh__nn_on_device("conv2d backward", x, gy)) return -1;
-  if (gy->ndim != 4 || gy->size[0] != g.n || gy->size[1] != g.o || gy->size[2] != g.win.oh ||
+  if (gy->ndim != 4 || gy->size[0] != g.s.n || gy->size[1] != g.s.o || gy->size[2] != g.win.oh ||
       gy->size[3] != g.win.ow)
-    return rh_tensor_fail("conv2d backward: the gradient must be [%lld, %lld, %lld, %lld]", (long long)g.n,
-                          (long long)g.o, (long long)g.win.oh, (long long)g.win.ow);
+    return rh_tensor_fail("conv2d backward: the gradient must be [%lld, %lld, %lld, %lld]", (long long)g.s.n,
+                          (long long)g.s.o, (long long)g.win.oh, (long long)g.win.ow);
   const rhc_api_t *api = rh_cuda_api();
   /* xc, wc, gyc, cols, the per-sample weight products, gx, the weight gradient's sum, gb */
   rh_tensor_t *t[8] = {rh_tensor_contiguous(x), rh_tensor_contiguous(w), rh_tensor_contiguous(gy), NULL};
   rh_tensor_t *xc = t[0], *wc = t[1], *gyc = t[2];
   int rc = xc && wc && gyc ? 0 : -1;
-  if (rc == 0 && (gx || gw) && g.n > 0 && !(t[3] = rh_tensor_empty_on(g.dev, g.dt, 1, (int64_t[]){g.nb * g.K * g.L})))
+  if (rc == 0 && (gx || gw) && g.s.n > 0 &&
+      !(t[3] = rh_tensor_empty_on(g.dev, g.dt, 1, (int64_t[]){g.nb * g.K * g.s.l})))
     rc = -1;
-  if (rc == 0 && gw && g.n > 0 && !(t[4] = rh_tensor_empty_on(g.dev, g.dt, 2, (int64_t[]){g.nb, g.o * g.kg})))
+  if (rc == 0 && gw && g.s.n > 0 && !(t[4] = rh_tensor_empty_on(g.dev, g.dt, 2, (int64_t[]){g.nb, g.s.o * g.s.kg})))
     rc = -1;
   if (rc == 0 && gx && !(t[5] = rh_tensor_empty_on(g.dev, g.dt, 4, x->size))) rc = -1;
   rh_tensor_t *cols = t[3], *prod = t[4], *tx = t[5];
-  for (int64_t n0 = 0; rc == 0 && n0 < g.n; n0 += g.nb) {
-    int64_t nbk = g.n - n0 < g.nb ? g.n - n0 : g.nb;
+  for (int64_t n0 = 0; rc == 0 && n0 < g.s.n; n0 += g.nb) {
+    int64_t nbk = g.s.n - n0 < g.nb ? g.s.n - n0 : g.nb;
     if (gw) {
       /* prod[s]_g [og, kg] = gY[s]_g [og, L] @ cols[s]_g^T [L, kg] */
       rc = columns(&g, xc, n0, nbk, cols);
-      for (int64_t gi = 0; rc == 0 && gi < g.g; gi++)
-        rc = rh__cuda_call(api->gemm(g.dev, g.dt, 0, 1, g.og, g.kg, g.L, at(gyc, (n0 * g.o + gi * g.og) * g.L), g.L,
-                                     g.o * g.L, at(cols, gi * g.kg * g.L), g.L, g.K * g.L,
-                                     at(prod, gi * g.og * g.kg), g.o * g.kg, nbk));
+      for (int64_t gi = 0; rc == 0 && gi < g.s.g; gi++)
+        rc = rh__cuda_call(api->gemm(g.dev, g.dt, 0, 1, g.s.og, g.s.kg, g.s.l,
+                                     at(gyc, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.l, g.s.o * g.s.l,
+                                     at(cols, gi * g.s.kg * g.s.l), g.s.l, g.K * g.s.l,
+                                     at(prod, gi * g.s.og * g.s.kg), g.s.o * g.s.kg, nbk));
       if (rc == 0) rc = add_weight_grads(prod, nbk, &t[6]);
     }
     if (rc == 0 && gx) {
       /* gcols[s]_g [kg, L] = W_g^T [kg, og] @ gY[s]_g [og, L], then summed back into the images */
-      for (int64_t gi = 0; rc == 0 && gi < g.g; gi++)
-        rc = rh__cuda_call(api->gemm(g.dev, g.dt, 1, 0, g.kg, g.L, g.og, at(wc, gi * g.og * g.kg), g.kg, 0,
-                                     at(gyc, (n0 * g.o + gi * g.og) * g.L), g.L, g.o * g.L,
-                                     at(cols, gi * g.kg * g.L), g.K * g.L, nbk));
+      for (int64_t gi = 0; rc == 0 && gi < g.s.g; gi++)
+        rc = rh__cuda_call(api->gemm(g.dev, g.dt, 1, 0, g.s.kg, g.s.l, g.s.og, at(wc, gi * g.s.og * g.s.kg), g.s.kg, 0,
+                                     at(gyc, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.l, g.s.o * g.s.l,
+                                     at(cols, gi * g.s.kg * g.s.l), g.K * g.s.l, nbk));
       if (rc == 0)
-        rc = rh__cuda_call(api->nn_im2col(g.dev, g.dt, &g.win, nbk, at(tx, n0 * g.c * g.win.h * g.win.w),
+        rc = rh__cuda_call(api->nn_im2col(g.dev, g.dt, &g.win, nbk, at(tx, n0 * g.s.c * g.win.h * g.win.w),
                                           rh_tensor_data(cols), 1));
     }
   }
   rh_tensor_t *tw = NULL;
   if (rc == 0 && gw) {
     if (!t[6]) { /* an empty batch: no product */
-      t[6] = rh_tensor_empty_on(g.dev, g.dt, 1, (int64_t[]){g.o * g.kg});
+      t[6] = rh_tensor_empty_on(g.dev, g.dt, 1, (int64_t[]){g.s.o * g.s.kg});
       if (!t[6] || rh_tensor_fill_(t[6], 0)) rc = -1;
     }
     if (rc == 0 && !(tw = rh_tensor_view(t[6], 4, w->size))) rc = -1;
@@ -202,13 +183,13 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
   if (rc == 0 && gb && !(t[7] = bias_grad(&g, gyc))) rc = -1;
   if (rc) {
     if (tw) rh_tensor_release(tw);
-    drop(t, 8);
+    rh__nn_release(t, 8);
     return -1;
   }
   if (gx) *gx = tx, t[5] = NULL;
   if (gw) *gw = tw;
   if (gb) *gb = t[7], t[7] = NULL;
-  drop(t, 8);
+  rh__nn_release(t, 8);
   return 0;
 }
 
@@ -217,20 +198,10 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
  * pooling's dilation (avg has none) */
 static int pool_geom(const char *what, const int64_t *size, const rh_nn_pool_t *p, int dilated, rhc_window_t *wn) {
   memset(wn, 0, sizeof *wn);
+  if (rh__nn_pool_geom(what, size[2], size[3], p, dilated, &wn->oh, &wn->ow)) return -1;
   wn->planes = size[0] * size[1], wn->h = size[2], wn->w = size[3];
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 2; i++)
     wn->k[i] = p->k[i], wn->stride[i] = p->stride[i], wn->pad[i] = p->pad[i], wn->dil[i] = dilated ? p->dil[i] : 1;
-    if (wn->k[i] < 1 || wn->stride[i] < 1 || wn->dil[i] < 1 || wn->pad[i] < 0)
-      return rh_tensor_fail("%s: kernel_size, stride and dilation must be positive, padding non-negative", what);
-    if (wn->pad[i] * 2 > wn->k[i])
-      return rh_tensor_fail("%s: pad should be at most half of effective kernel size, but got pad=%lld, "
-                            "kernel_size=%lld", what, (long long)wn->pad[i], (long long)wn->k[i]);
-  }
-  wn->oh = rh_nn_out_size(wn->h, wn->k[0], wn->stride[0], wn->pad[0], wn->dil[0], p->ceil_mode);
-  wn->ow = rh_nn_out_size(wn->w, wn->k[1], wn->stride[1], wn->pad[1], wn->dil[1], p->ceil_mode);
-  if (wn->oh < 1 || wn->ow < 1)
-    return rh_tensor_fail("%s: output size is too small (input %lld x %lld, kernel %lld x %lld)", what,
-                          (long long)wn->h, (long long)wn->w, (long long)wn->k[0], (long long)wn->k[1]);
   wn->count_include_pad = p->count_include_pad;
   wn->divisor = p->divisor;
   return 0;
@@ -260,7 +231,7 @@ static rh_tensor_t *pool_run(int op, rh_tensor_t *in, const rhc_window_t *wn, rh
   rh_tensor_t *out = rc == 0 ? t[1] : NULL;
   if (rc == 0) t[1] = NULL;
   if (rc == 0 && idx_out) *idx_out = t[3], t[3] = NULL;
-  drop(t, 4);
+  rh__nn_release(t, 4);
   return out;
 }
 

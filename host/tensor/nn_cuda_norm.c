@@ -6,12 +6,8 @@
 #include <string.h>
 
 #include "nn_cuda.h"
+#include "nn_geom.h"
 #include "tensor_internal.h"
-
-static void drop(rh_tensor_t **ts, int n) {
-  for (int i = 0; i < n; i++)
-    if (ts[i]) rh_tensor_release(ts[i]);
-}
 
 static void *data_or_null(rh_tensor_t *t) { return t ? rh_tensor_data(t) : NULL; }
 
@@ -61,13 +57,13 @@ static int grad_buffers(rh_tensor_t **t, rh_tensor_t *gy, rh_tensor_t *x, int64_
 /* hands t[2..4] to the wanted outputs after the kernel's rc, releases the rest */
 static int grads_out(rh_tensor_t **t, int rc, rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb) {
   if (rc) {
-    drop(t, 5);
+    rh__nn_release(t, 5);
     return -1;
   }
   if (gx) *gx = t[2];
   if (gw) *gw = t[3];
   if (gb) *gb = t[4];
-  drop(t, 2);
+  rh__nn_release(t, 2);
   return 0;
 }
 
@@ -95,7 +91,7 @@ int rh_nn_cuda_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_ten
                                                     data_or_null(rv), training, momentum, eps, rh_tensor_data(t[1]),
                                                     rh_tensor_data(t[2]), rh_tensor_data(t[3])));
   if (rc) {
-    drop(t, 4);
+    rh__nn_release(t, 4);
     return -1;
   }
   if (training && rm) {
@@ -153,7 +149,7 @@ int rh_nn_cuda_layer_norm(rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t
                                                     data_or_null(b), eps, rh_tensor_data(t[1]), rh_tensor_data(t[2]),
                                                     rh_tensor_data(t[3])));
   if (rc) {
-    drop(t, 4);
+    rh__nn_release(t, 4);
     return -1;
   }
   *y = t[1], *mean = t[2], *rstd = t[3];
@@ -207,7 +203,7 @@ rh_tensor_t *rh_nn_cuda_softmax_backward(rh_tensor_t *y, rh_tensor_t *g, int log
                                                           rh_tensor_data(t[2])));
   rh_tensor_t *gx = rc == 0 ? t[2] : NULL;
   if (rc == 0) t[2] = NULL;
-  drop(t, 3);
+  rh__nn_release(t, 3);
   return gx;
 }
 
@@ -237,11 +233,11 @@ int rh_nn_cuda_lstm_cell(rh_tensor_t *gates, rh_tensor_t *c_prev, rh_tensor_t **
                                                    rh_tensor_data(t[1]), rh_tensor_data(t[2]), rh_tensor_data(t[3]),
                                                    rh_tensor_data(t[4])));
   if (rc) {
-    drop(t, 5);
+    rh__nn_release(t, 5);
     return -1;
   }
   *h = t[2], *c = t[3], *ws = t[4];
-  drop(t, 2);
+  rh__nn_release(t, 2);
   return 0;
 }
 
@@ -266,10 +262,10 @@ int rh_nn_cuda_lstm_cell_backward(rh_tensor_t *gh, rh_tensor_t *gc, rh_tensor_t 
                                                             rh_tensor_data(t[3]), rh_tensor_data(t[4]),
                                                             rh_tensor_data(t[5])));
   if (rc) {
-    drop(t, 6);
+    rh__nn_release(t, 6);
     return -1;
   }
   *ggates = t[4], *gc_prev = t[5];
-  drop(t, 4);
+  rh__nn_release(t, 4);
   return 0;
 }

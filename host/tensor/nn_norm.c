@@ -54,11 +54,6 @@ static void st(rh_dtype_t dt, char *p, int64_t i, double v) {
 #define BN_ROW_INNER 16 /* segments shorter than this are summed by rows */
 #define BN_ROW_WIDTH 512 /* elements of a row chunk */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BN_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BN_TARGETS
-#endif
 
 /* out[i] = a * u[i] + b * v[i] + c over n contiguous elements (v may be NULL);
  * float32 in float32 arithmetic, which vectorises */
@@ -72,7 +67,7 @@ static void st(rh_dtype_t dt, char *p, int64_t i, double v) {
     else                                                                                               \
       for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tc;                                           \
   } while (0)
-BN_TARGETS static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64_t n, double a, double b,
+RH_VEC_CLONES static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64_t n, double a, double b,
                              double c) {
   if (dt == RH_F32) AXPBY(float);
   else AXPBY(double);
@@ -85,7 +80,7 @@ BN_TARGETS static void axpby(rh_dtype_t dt, char *op, const char *up, const char
 typedef float bn_vf __attribute__((vector_size(64)));
 typedef double bn_vd __attribute__((vector_size(64)));
 #define SEG_SUMS_FN(NAME, T, VT)                                                                         \
-  BN_TARGETS static void NAME(const T *u, const T *v, int64_t nseg, int64_t len, int64_t stride, T ku,  \
+  RH_VEC_CLONES static void NAME(const T *u, const T *v, int64_t nseg, int64_t len, int64_t stride, T ku,  \
                               T kv, double *s1, double *s2) {                                          \
     enum { NL = sizeof(VT) / sizeof(T) };                                                              \
     VT a = {0}, q = {0}, vku = a + ku, vkv = a + kv;                                                   \
@@ -125,7 +120,7 @@ SEG_SUMS_FN(seg_sums_f64, double, bn_vd)
 /* the row form: rows of w elements `stride` apart; ku, kv per element; the
  * per-element sums (double) into d1, d2 */
 #define ROW_SUMS_FN(NAME, T)                                                                             \
-  BN_TARGETS static void NAME(const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,         \
+  RH_VEC_CLONES static void NAME(const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,         \
                               const T *restrict ku, const T *restrict kv, double *restrict d1,          \
                               double *restrict d2) {                                                   \
     T a[BN_ROW_WIDTH], q[BN_ROW_WIDTH];                                                                \
@@ -149,7 +144,7 @@ ROW_SUMS_FN(row_sums_f64, double)
 /* out = A * u + B * v + C elementwise over rows of w elements `stride` apart
  * (A, B, C per element; v may be NULL) */
 #define ROW_AFFINE_FN(NAME, T)                                                                           \
-  BN_TARGETS static void NAME(T *o, const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,   \
+  RH_VEC_CLONES static void NAME(T *o, const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,   \
                               const T *restrict A, const T *restrict B, const T *restrict C) {         \
     for (int64_t r = 0; r < rows; r++) {                                                               \
       T *restrict orow = o + r * stride;                                                               \

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "nn.h"
+#include "nn_geom.h"
 #include "tensor_internal.h"
 
 typedef struct {
@@ -138,33 +138,16 @@ static void max_planes(void *ctx, int64_t lo, int64_t hi) {
   else MAX_PLANES(double);
 }
 
-static int geometry(const char *what, rh_tensor_t *x, const rh_nn_pool_t *p, int64_t *oh, int64_t *ow) {
-  for (int i = 0; i < 2; i++) {
-    if (p->k[i] < 1 || p->stride[i] < 1 || p->dil[i] < 1 || p->pad[i] < 0)
-      return rh_tensor_fail("%s: kernel_size, stride and dilation must be positive, padding non-negative", what);
-    if (p->pad[i] * 2 > p->k[i])
-      return rh_tensor_fail("%s: pad should be at most half of effective kernel size, but got pad=%lld, "
-                            "kernel_size=%lld", what, (long long)p->pad[i], (long long)p->k[i]);
-  }
-  *oh = rh_nn_out_size(x->size[2], p->k[0], p->stride[0], p->pad[0], p->dil[0], p->ceil_mode);
-  *ow = rh_nn_out_size(x->size[3], p->k[1], p->stride[1], p->pad[1], p->dil[1], p->ceil_mode);
-  if (*oh < 1 || *ow < 1)
-    return rh_tensor_fail("%s: output size is too small (input %lld x %lld, kernel %lld x %lld)", what,
-                          (long long)x->size[2], (long long)x->size[3], (long long)p->k[0], (long long)p->k[1]);
-  return 0;
-}
-
 int rh_nn_max_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p, rh_tensor_t **y, rh_tensor_t **idx) {
   int64_t oh, ow;
   *y = *idx = NULL;
-  if (check_input("max_pool2d", x) || geometry("max_pool2d", x, p, &oh, &ow)) return -1;
+  if (check_input("max_pool2d", x) || rh__nn_pool_geom("max_pool2d", x->size[2], x->size[3], p, 1, &oh, &ow))
+    return -1;
   rh_tensor_t *xc = rh_tensor_contiguous(x);
   int64_t size[4] = {x->size[0], x->size[1], oh, ow};
   rh_tensor_t *ty = rh_tensor_empty(x->dtype, 4, size), *ti = rh_tensor_empty(RH_I64, 4, size);
   if (!xc || !ty || !ti) {
-    rh_tensor_t *all[] = {xc, ty, ti};
-    for (int i = 0; i < 3; i++)
-      if (all[i]) rh_tensor_release(all[i]);
+    rh__nn_release((rh_tensor_t *[]){xc, ty, ti}, 3);
     return rh_tensor_fail("max_pool2d: out of memory");
   }
   pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(ty), rh_tensor_data(ti), x->size[2], x->size[3], oh, ow, p};
@@ -212,9 +195,7 @@ rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_
   rh_tensor_t *gc = rh_tensor_contiguous(gy), *ic = rh_tensor_contiguous(idx);
   rh_tensor_t *gx = rh_tensor_empty(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w});
   if (!gc || !ic || !gx) {
-    rh_tensor_t *all[] = {gc, ic, gx};
-    for (int i = 0; i < 3; i++)
-      if (all[i]) rh_tensor_release(all[i]);
+    rh__nn_release((rh_tensor_t *[]){gc, ic, gx}, 3);
     rh_tensor_fail("max_pool2d backward: out of memory");
     return NULL;
   }
@@ -272,41 +253,42 @@ static void avg_back_planes(void *ctx, int64_t lo, int64_t hi) {
   }
 }
 
+/* The average poolings' one way to run: fn over the planes of `in` (made
+ * contiguous) into a new [n, c, h, w] result of in's dtype (zeroed
+ * first for a backward, which adds into it), j holding the rest of the job;
+ * NULL with "what: out of memory" */
+static rh_tensor_t *run_planes(const char *what, rh_tensor_t *in, int64_t h, int64_t w, int zeroed, pool_job_t *j,
+                               int64_t grain, void (*fn)(void *, int64_t, int64_t)) {
+  int64_t size[4] = {in->size[0], in->size[1], h, w};
+  rh_tensor_t *ic = rh_tensor_contiguous(in);
+  rh_tensor_t *out = zeroed ? rh_tensor_full(in->dtype, 4, size, 0) : rh_tensor_empty(in->dtype, 4, size);
+  if (!ic || !out) {
+    rh__nn_release((rh_tensor_t *[]){ic, out}, 2);
+    rh_tensor_fail("%s: out of memory", what);
+    return NULL;
+  }
+  j->dt = in->dtype, j->x = rh_tensor_data(ic), j->y = rh_tensor_data(out);
+  rh_parallel_for(size[0] * size[1], rh_parallel_grain(grain), fn, j);
+  rh_tensor_release(ic);
+  return out;
+}
+
 rh_tensor_t *rh_nn_avg_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p) {
   int64_t oh, ow;
   rh_nn_pool_t q = *p;
   q.dil[0] = q.dil[1] = 1;
-  if (check_input("avg_pool2d", x) || geometry("avg_pool2d", x, &q, &oh, &ow)) return NULL;
-  rh_tensor_t *xc = rh_tensor_contiguous(x);
-  rh_tensor_t *y = rh_tensor_empty(x->dtype, 4, (int64_t[]){x->size[0], x->size[1], oh, ow});
-  if (!xc || !y) {
-    if (xc) rh_tensor_release(xc);
-    if (y) rh_tensor_release(y);
-    rh_tensor_fail("avg_pool2d: out of memory");
+  if (check_input("avg_pool2d", x) || rh__nn_pool_geom("avg_pool2d", x->size[2], x->size[3], &q, 0, &oh, &ow))
     return NULL;
-  }
-  pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(y), NULL, x->size[2], x->size[3], oh, ow, &q};
-  rh_parallel_for(x->size[0] * x->size[1], rh_parallel_grain(oh * ow * q.k[0] * q.k[1]), avg_planes, &j);
-  rh_tensor_release(xc);
-  return y;
+  pool_job_t j = {.h = x->size[2], .w = x->size[3], .oh = oh, .ow = ow, .p = &q};
+  return run_planes("avg_pool2d", x, oh, ow, 0, &j, oh * ow * q.k[0] * q.k[1], avg_planes);
 }
 
 rh_tensor_t *rh_nn_avg_pool2d_backward(rh_tensor_t *gy, const rh_nn_pool_t *p, int64_t h, int64_t w) {
   if (check_input("avg_pool2d backward", gy)) return NULL;
   rh_nn_pool_t q = *p;
   q.dil[0] = q.dil[1] = 1;
-  rh_tensor_t *gc = rh_tensor_contiguous(gy);
-  rh_tensor_t *gx = rh_tensor_full(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w}, 0);
-  if (!gc || !gx) {
-    if (gc) rh_tensor_release(gc);
-    if (gx) rh_tensor_release(gx);
-    rh_tensor_fail("avg_pool2d backward: out of memory");
-    return NULL;
-  }
-  pool_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(gx), NULL, h, w, gy->size[2], gy->size[3], &q};
-  rh_parallel_for(gy->size[0] * gy->size[1], rh_parallel_grain(h * w * q.k[0] * q.k[1]), avg_back_planes, &j);
-  rh_tensor_release(gc);
-  return gx;
+  pool_job_t j = {.h = h, .w = w, .oh = gy->size[2], .ow = gy->size[3], .p = &q};
+  return run_planes("avg_pool2d backward", gy, h, w, 1, &j, h * w * q.k[0] * q.k[1], avg_back_planes);
 }
 
 /* PyTorch's adaptive windows: [floor(i*in/out), ceil((i+1)*in/out)) */
@@ -350,32 +332,12 @@ rh_tensor_t *rh_nn_adaptive_avg_pool2d(rh_tensor_t *x, int64_t oh, int64_t ow) {
     rh_tensor_fail("adaptive_avg_pool2d: output_size must be positive, got (%lld, %lld)", (long long)oh, (long long)ow);
     return NULL;
   }
-  rh_tensor_t *xc = rh_tensor_contiguous(x);
-  rh_tensor_t *y = rh_tensor_empty(x->dtype, 4, (int64_t[]){x->size[0], x->size[1], oh, ow});
-  if (!xc || !y) {
-    if (xc) rh_tensor_release(xc);
-    if (y) rh_tensor_release(y);
-    rh_tensor_fail("adaptive_avg_pool2d: out of memory");
-    return NULL;
-  }
-  pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(y), NULL, x->size[2], x->size[3], oh, ow, NULL};
-  rh_parallel_for(x->size[0] * x->size[1], rh_parallel_grain(x->size[2] * x->size[3]), adaptive_planes, &j);
-  rh_tensor_release(xc);
-  return y;
+  pool_job_t j = {.h = x->size[2], .w = x->size[3], .oh = oh, .ow = ow};
+  return run_planes("adaptive_avg_pool2d", x, oh, ow, 0, &j, x->size[2] * x->size[3], adaptive_planes);
 }
 
 rh_tensor_t *rh_nn_adaptive_avg_pool2d_backward(rh_tensor_t *gy, int64_t h, int64_t w) {
   if (check_input("adaptive_avg_pool2d backward", gy)) return NULL;
-  rh_tensor_t *gc = rh_tensor_contiguous(gy);
-  rh_tensor_t *gx = rh_tensor_full(gy->dtype, 4, (int64_t[]){gy->size[0], gy->size[1], h, w}, 0);
-  if (!gc || !gx) {
-    if (gc) rh_tensor_release(gc);
-    if (gx) rh_tensor_release(gx);
-    rh_tensor_fail("adaptive_avg_pool2d backward: out of memory");
-    return NULL;
-  }
-  pool_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(gx), NULL, h, w, gy->size[2], gy->size[3], NULL};
-  rh_parallel_for(gy->size[0] * gy->size[1], rh_parallel_grain(h * w), adaptive_back_planes, &j);
-  rh_tensor_release(gc);
-  return gx;
+  pool_job_t j = {.h = h, .w = w, .oh = gy->size[2], .ow = gy->size[3]};
+  return run_planes("adaptive_avg_pool2d backward", gy, h, w, 1, &j, h * w, adaptive_back_planes);
 }

@@ -284,13 +284,8 @@ int rh_tensor_fill_(rh_tensor_t *t, double v) {
  * half the rate of 64-byte ones. Each element is still the one IEEE operation
  * the expression names (no reassociation, nothing to contract into an FMA), so
  * every clone gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ELEM_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ELEM_TARGETS
-#endif
 #define BIN_KERNEL(NAME, T, OT, EXPR)                                                                  \
-  ELEM_TARGETS static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
+  RH_VEC_CLONES static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
                    void *ctx) {                                                                        \
     (void)ctx;                                                                                         \
     if (os == sizeof(OT) && as == sizeof(T) && bs == sizeof(T)) {                                      \
@@ -385,11 +380,16 @@ static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ && op <= RH_OP_GE; 
 /* op over n contiguous elements of dtype dt: out[i] = a[i] op b[i] (b[0] for
  * every i when b_scalar), on the calling thread. For callers that cut their own
  * work into cache-sized pieces (the cross-memory all_reduce, host/net/cma.c). */
-int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
-                   int b_scalar) {
+int rh_binary_flat_check(rh_binop_t op, rh_dtype_t dt) {
   if ((unsigned)dt >= RH_NDTYPES || (unsigned)op >= RH_NBINOPS || !bin_kernels[dt][op] || is_compare(op))
     return rh_tensor_fail("binary_flat: no %s kernel for %s", (unsigned)op < RH_NBINOPS ? binop_name[op] : "?",
                           (unsigned)dt < RH_NDTYPES ? rh_dtype_name(dt) : "?");
+  return 0;
+}
+
+int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
+                   int b_scalar) {
+  if (rh_binary_flat_check(op, dt)) return -1;
   int64_t es = (int64_t)rh_dtype_size(dt);
   bin_kernels[dt][op](n, out, es, a, es, b, b_scalar ? 0 : es, NULL);
   return 0;
@@ -569,7 +569,7 @@ rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, in
 
 /* ---- unary kernels */
 #define UN_KERNEL(NAME, T, EXPR)                                                                       \
-  ELEM_TARGETS static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
+  RH_VEC_CLONES static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
                    void *ctx) {                                                                        \
     (void)ctx, (void)b, (void)bs;                                                                      \
     if (os == sizeof(T) && as == sizeof(T)) {                                                          \
@@ -691,13 +691,8 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
  * the partial sums added in order, so a given machine always gets the same bits */
 /* built for AVX2 as well as the x86-64 baseline, picked at load time (the
  * baseline's 128-bit conversions to double halved the rate of a float32 sum) */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SUM_TARGETS __attribute__((target_clones("avx2", "default")))
-#else
-#define SUM_TARGETS
-#endif
 #define SUM_FN(NAME, T)                                                     \
-  SUM_TARGETS static double NAME(const T *p, int64_t n) {                   \
+  RH_VEC_CLONES_AVX2 static double NAME(const T *p, int64_t n) {                   \
     double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                  \
     int64_t i = 0;                                                          \
     for (; i + 8 <= n; i += 8)                                              \
@@ -769,11 +764,7 @@ static const char *redop_name(rh_redop_t op) {
 }
 
 rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdim) {
-  if (dim >= 0 && dim >= (a->ndim ? a->ndim : 1)) {
-    rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", redop_name(op), dim + 1,
-                   a->ndim, a->ndim == 1 ? "" : "s");
-    return NULL;
-  }
+  if (dim >= 0 && rh__check_dim(redop_name(op), dim, a->ndim)) return NULL; /* (dim < 0: over all) */
   if (a->ndim == 0) dim = -1;
   rh_dtype_t rt = a->dtype;
   if (op == RH_RED_SUM || op == RH_RED_PROD) rt = rh_dtype_is_float(a->dtype) ? a->dtype : RH_I64;
@@ -910,11 +901,7 @@ static rh_tensor_t *softmax_on_device(rh_tensor_t *a, int dim, int log_, rh_dtyp
 }
 
 rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log_) {
-  if (a->ndim > 0 && (dim < 0 || dim >= a->ndim)) {
-    rh_tensor_fail("%ssoftmax: dimension %d out of range (the tensor has %d dimension%s)", log_ ? "log_" : "",
-                   dim + 1, a->ndim, a->ndim == 1 ? "" : "s");
-    return NULL;
-  }
+  if (a->ndim > 0 && rh__check_dim(log_ ? "log_softmax" : "softmax", dim, a->ndim)) return NULL;
   rh_dtype_t ct = rh_dtype_is_float(a->dtype) ? a->dtype : RH_F32;
   if (RH_ON_DEVICE(a)) return softmax_on_device(a, dim, log_, ct);
   rh_tensor_t *ac = as_dtype(a, RH_F64);

@@ -132,10 +132,7 @@ enum { PAIRS = 128 };
 
 /* PAIRS pairs of uniforms to 2 PAIRS normals: the cosines, then the sines. Made
  * for the widest vectors the CPU has (chosen when the program loads). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-static void box_muller(const double *u1, const double *u2, double *v) {
+RH_VEC_CLONES static void box_muller(const double *u1, const double *u2, double *v) {
   for (int i = 0; i < PAIRS; i++) {
     double rad = sqrt(-2.0 * log_unit(u1[i])), c, s;
     sincos_turn(u2[i], &c, &s);

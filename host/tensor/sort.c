@@ -48,14 +48,6 @@ static rh_tensor_t *rows_back(rh_tensor_t *res, int ndim, int dim) {
   return back;
 }
 
-static int check_dim(const char *what, const rh_tensor_t *t, int dim) {
-  int nd = t->ndim ? t->ndim : 1;
-  if (dim < 0 || dim >= nd)
-    return rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", what, dim + 1, t->ndim,
-                          t->ndim == 1 ? "" : "s");
-  return 0;
-}
-
 /* ---- keys that order like the values */
 static uint64_t key_of(rh_dtype_t dt, const char *p) {
   switch (dt) {
@@ -167,7 +159,7 @@ static void sort_chunk(void *vj, int64_t lo, int64_t hi) {
 int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_tensor_t **values,
                    rh_tensor_t **indices) {
   *values = *indices = NULL;
-  if (check_dim("sort", a, dim)) return -1;
+  if (rh__check_dim("sort", dim, a->ndim)) return -1;
   int64_t rows, len;
   rh_tensor_t *src = rows_last(a, dim, &rows, &len);
   if (!src) return -1;
@@ -241,7 +233,7 @@ static void scan_chunk(void *vj, int64_t lo, int64_t hi) {
 }
 
 rh_tensor_t *rh_tensor_scan(rh_tensor_t *a, int dim, int prod) {
-  if (check_dim(prod ? "cumprod" : "cumsum", a, dim)) return NULL;
+  if (rh__check_dim(prod ? "cumprod" : "cumsum", dim, a->ndim)) return NULL;
   int64_t rows, len;
   rh_tensor_t *src = rows_last(a, dim, &rows, &len);
   if (!src) return NULL;

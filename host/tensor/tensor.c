@@ -441,7 +441,7 @@ rh_tensor_t *rh_tensor_arange(rh_dtype_t dt, double start, double end, double st
 /* the random generator, rand and randn live in random.c with the other random tensors */
 
 /* ---- views */
-static int wrapdim(int dim, int ndim, const char *what) {
+int rh__check_dim(const char *what, int dim, int ndim) {
   if (dim < 0 || dim >= (ndim > 0 ? ndim : 1))
     return rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", what, dim + 1,
                           ndim, ndim == 1 ? "" : "s");
@@ -534,7 +534,7 @@ rh_tensor_t *rh_tensor_reshape(rh_tensor_t *t, int ndim, const int64_t *size) {
 
 rh_tensor_t *rh_tensor_transpose(rh_tensor_t *t, int d0, int d1) {
   if (t->ndim == 0 && d0 == 0 && d1 == 0) return rh_tensor_on_storage(t->storage, t->dtype, t->offset, 0, NULL, NULL);
-  if (wrapdim(d0, t->ndim, "transpose") || wrapdim(d1, t->ndim, "transpose")) return NULL;
+  if (rh__check_dim("transpose", d0, t->ndim) || rh__check_dim("transpose", d1, t->ndim)) return NULL;
   int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
   memcpy(size, t->size, sizeof size);
   memcpy(stride, t->stride, sizeof stride);
@@ -549,7 +549,7 @@ rh_tensor_t *rh_tensor_permute(rh_tensor_t *t, const int *dims) {
   int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
   int seen[RH_MAXDIM] = {0};
   for (int i = 0; i < t->ndim; i++) {
-    if (wrapdim(dims[i], t->ndim, "permute")) return NULL;
+    if (rh__check_dim("permute", dims[i], t->ndim)) return NULL;
     if (seen[dims[i]]++) {
       rh_tensor_fail("permute: dimension %d repeats", dims[i] + 1);
       return NULL;
@@ -561,7 +561,7 @@ rh_tensor_t *rh_tensor_permute(rh_tensor_t *t, const int *dims) {
 }
 
 rh_tensor_t *rh_tensor_slice(rh_tensor_t *t, int dim, int64_t start, int64_t stop, int64_t step) {
-  if (wrapdim(dim, t->ndim, "slice")) return NULL;
+  if (rh__check_dim("slice", dim, t->ndim)) return NULL;
   int64_t n = t->size[dim];
   if (step <= 0) {
     rh_tensor_fail("slice: step must be positive, got %lld", (long long)step);
@@ -583,7 +583,7 @@ rh_tensor_t *rh_tensor_slice(rh_tensor_t *t, int dim, int64_t start, int64_t sto
 }
 
 rh_tensor_t *rh_tensor_narrow(rh_tensor_t *t, int dim, int64_t start, int64_t length) {
-  if (wrapdim(dim, t->ndim, "narrow")) return NULL;
+  if (rh__check_dim("narrow", dim, t->ndim)) return NULL;
   if (start < 0 || length < 0 || start + length > t->size[dim]) {
     rh_tensor_fail("narrow: start %lld + length %lld exceeds dimension %d of size %lld", (long long)start + 1,
                    (long long)length, dim + 1, (long long)t->size[dim]);
@@ -593,7 +593,7 @@ rh_tensor_t *rh_tensor_narrow(rh_tensor_t *t, int dim, int64_t start, int64_t le
 }
 
 rh_tensor_t *rh_tensor_select(rh_tensor_t *t, int dim, int64_t index) {
-  if (wrapdim(dim, t->ndim, "select")) return NULL;
+  if (rh__check_dim("select", dim, t->ndim)) return NULL;
   int64_t n = t->size[dim];
   if (index < -n || index >= n) {
     rh_tensor_fail("index %lld is out of bounds for dimension %d with size %lld", (long long)(index >= 0 ? index + 1 : index),
@@ -669,7 +669,7 @@ rh_tensor_t *rh_tensor_expand(rh_tensor_t *t, int ndim, const int64_t *size) {
 }
 
 rh_tensor_t *rh_tensor_squeeze(rh_tensor_t *t, int dim) {
-  if (dim >= 0 && wrapdim(dim, t->ndim, "squeeze")) return NULL;
+  if (dim >= 0 && rh__check_dim("squeeze", dim, t->ndim)) return NULL;
   int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
   int k = 0;
   for (int i = 0; i < t->ndim; i++) {

@@ -1,5 +1,6 @@
 /* tensor_internal.h: what the tensor core's files share and nothing else sees:
- * scalar load/store by dtype, broadcasting, and the strided N-d iterator. */
+ * scalar load/store by dtype, broadcasting, the strided N-d iterator, and the
+ * vector builds of element loops (RH_VEC_CLONES). */
 #ifndef RH_TENSOR_INTERNAL_H
 #define RH_TENSOR_INTERNAL_H
 
@@ -39,5 +40,25 @@ int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b
 void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
               const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 #define RH_ON_DEVICE(t) (rh_tensor_device(t) >= 0)
+/* dim (0-based) names a dimension of a tensor of ndim (a 0-d one has dim 0);
+ * else -1 with "what: dimension d out of range (...)" (tensor.c) */
+int rh__check_dim(const char *what, int dim, int ndim);
+
+/* Element loops built for AVX-512 and AVX2 as well as the x86-64 baseline, the
+ * widest the CPU has picked when the program loads (GCC's function
+ * multi-versioning; clang and other targets get the one plain build). Every
+ * clone runs the same operations in the same order, so each gives the same
+ * bits: only the vector width differs. RH_VEC_CLONES_AVX2 leaves AVX-512 out,
+ * for loops it does not speed up. RH_VEC_X86 guards the hand-written
+ * intrinsics (immintrin.h) that go with them. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RH_VEC_X86 1
+#define RH_VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define RH_VEC_CLONES_AVX2 __attribute__((target_clones("avx2", "default")))
+#else
+#define RH_VEC_X86 0
+#define RH_VEC_CLONES
+#define RH_VEC_CLONES_AVX2
+#endif
 
 #endif

@@ -430,27 +430,41 @@ function C:accepted(p, conn)
   end
 end
 
+-- A handshake that cannot go on: the peer is lost (why, of kind) and conn closed.
+function C:refuse(p, conn, why, kind)
+  self:peer_lost(p, conn, why, kind)
+  conn:close()
+end
+
+-- The two frames a client hears on a connection it dialled, in turn: the
+-- reply to its hello, then the verdict on its proof.
+local function acking(st) return st.dialled and not st.acked end
+local function readying(st) return st.acked and not st.ready end
+
+-- A client's handshake frame: conn's state and peer when conn is at that step
+-- (at(st)), then the body decoded (ok, value); a frame out of turn closes conn,
+-- with a warning naming `what`, and gives nil.
+local function client_step(self, conn, body, at, what)
+  local st = self.conns[conn]
+  local p = st and at(st) and self.peers[st.rank]
+  if not p then
+    log.warn("closing a connection that sent an unexpected handshake %s", what)
+    conn:close()
+    return nil
+  end
+  return st, p, pcall(dec, body)
+end
+
 -- client: the server's proof; ours goes back with our offers
 function C:on_hello_ack(conn, body)
-  local st = self.conns[conn]
-  local p = st and st.dialled and not st.acked and self.peers[st.rank]
-  if not p then
-    log.warn("closing a connection that sent an unexpected handshake reply")
-    return conn:close()
-  end
-  local ok, a = pcall(dec, body)
+  local st, p, ok, a = client_step(self, conn, body, acking, "reply")
+  if not st then return end
   if not ok or type(a) ~= "table" or not a.ok then
     local why = ok and type(a) == "table" and a.error or "malformed handshake reply"
-    self:peer_lost(p, conn, why, ok and type(a) == "table" and a.auth and "auth" or "protocol")
-    conn:close()
-    return
+    return self:refuse(p, conn, why, ok and type(a) == "table" and a.auth and "auth" or "protocol")
   end
   local proof, why = auth.client_check(st.auth_client or {}, a, self.cred)
-  if proof == false then
-    self:peer_lost(p, conn, why, "auth")
-    conn:close()
-    return
-  end
+  if proof == false then return self:refuse(p, conn, why, "auth") end
   st.acked = true
   conn:prove() -- (the server proved itself, or nothing can be proved in this world)
   conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof ~= true and proof or nil, inc = self.inc,
@@ -460,24 +474,16 @@ end
 
 -- client: the server's verdict and offers
 function C:on_ready(conn, body)
-  local st = self.conns[conn]
-  local p = st and st.acked and not st.ready and self.peers[st.rank]
-  if not p then
-    log.warn("closing a connection that sent an unexpected handshake verdict")
-    return conn:close()
-  end
-  local ok, a = pcall(dec, body)
+  local st, p, ok, a = client_step(self, conn, body, readying, "verdict")
+  if not st then return end
   if not ok or type(a) ~= "table" or not a.ok then
-    self:peer_lost(p, conn, ok and type(a) == "table" and tostring(a.error) or "malformed handshake verdict", "auth")
-    conn:close()
-    return
+    local why = ok and type(a) == "table" and tostring(a.error) or "malformed handshake verdict"
+    return self:refuse(p, conn, why, "auth")
   end
   if a.ring ~= nil then
     local rok, why = self:ring_take(conn, a.ring)
     if not rok then
-      self:peer_lost(p, conn, "cannot map its shared-memory ring: " .. tostring(why), "protocol")
-      conn:close()
-      return
+      return self:refuse(p, conn, "cannot map its shared-memory ring: " .. tostring(why), "protocol")
     end
   end
   st.ready, st.inc, p.inc = true, a.inc, a.inc

@@ -136,6 +136,45 @@ function C:abort_receivers(err)
   end
 end
 
+-- Waiting without receive (the same-host arena waits on shared memory and on
+-- several ranks at once): task is woken by rank's message under key (as
+-- receive's waiter is) and, with `watch` ({prefix =, key =}: made once per wait,
+-- not per wake), shown rank's other messages under watch.prefix as {other =
+-- true, values =}; unwait_mail undoes both. A loss of rank or an abort wakes it
+-- with the error, as it does receive.
+function C:wait_mail(rank, key, task, watch)
+  local ws = self.mail_waiters[rank]
+  if not ws then ws = {}; self.mail_waiters[rank] = ws end
+  ws[key] = task
+  if watch then
+    local watches = self.mail_watch[rank]
+    if not watches then watches = {}; self.mail_watch[rank] = watches end
+    watches[task] = watch
+  end
+end
+
+function C:unwait_mail(rank, key, task)
+  local ws = self.mail_waiters[rank]
+  if ws and ws[key] == task then ws[key] = nil end
+  local watches = self.mail_watch[rank]
+  if watches then watches[task] = nil end
+end
+
+-- Takes out of rank's mailbox the message under key (dropped) and returns the
+-- values of one under another key that starts with prefix (taken out too), or
+-- nil: what a wait outside receive looks at after a wake.
+function C:take_other_mail(rank, key, prefix)
+  local box = self.mail[rank]
+  if not box then return nil end
+  box[key] = nil
+  for k, v in pairs(box) do
+    if type(k) == "string" and has_prefix(k, prefix) then
+      box[k] = nil
+      return v
+    end
+  end
+end
+
 -- With `prefix` and `on_other`, a message from the same rank under another key
 -- with that prefix (already there, or arriving while waiting) is shown to
 -- on_other(values, ctx), which may raise; otherwise the wait goes on. With
@@ -149,6 +188,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
       if k ~= key and has_prefix(k, prefix) then on_other(v, ctx) end
     end
   end
+  local me, watch = sched.current(), nil
   while true do
     local box = self.mail[rank]
     local v = box and box[key]
@@ -158,20 +198,11 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
     end
     if self.aborted and not past_abort then error(self.aborted, 0) end
     if self.lost[rank] then error(self.lost[rank], 0) end
-    local ws = self.mail_waiters[rank]
-    if not ws then ws = {}; self.mail_waiters[rank] = ws end
-    local me = sched.current()
-    ws[key] = me
-    local watches
-    if prefix then
-      watches = self.mail_watch[rank]
-      if not watches then watches = {}; self.mail_watch[rank] = watches end
-      watches[me] = {prefix = prefix, key = key}
-    end
+    if prefix and not watch then watch = {prefix = prefix, key = key} end -- (once, and only to wait)
+    self:wait_mail(rank, key, me, watch)
     local left = deadline and deadline - sched.now() or nil
     local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
-    if ws[key] == me then ws[key] = nil end
-    if watches then watches[me] = nil end
+    self:unwait_mail(rank, key, me)
     if not woke then
       error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
         what or "a message", rank), {rank = rank}), 0)

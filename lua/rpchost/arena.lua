@@ -158,9 +158,8 @@ local function bad_step(g, c, r, idx, kind, dtype, redop, root, numel)
     fail(g, errors.new("protocol", ("%s: rank %d's step in the same-host collective arena is impossible " ..
       "(its shared memory is corrupt)"):format(c.what, g:global(idx)), {rank = g:global(idx)}))
   end
-  local sig = ("%s|%d|%d|%s|%s"):format(KIND_NAME[kind] or "?", dtype - 1, numel,
-    kind == KIND.broadcast and tostring(root) or "", REDOP_NAME[redop] or "")
-  g:mismatch(c.meta, g:global(idx), sig)
+  g:mismatch_with(c.meta, g:global(idx), {op = KIND_NAME[kind] or "?", dtype = dtype - 1, numel = numel,
+    root = kind == KIND.broadcast and root or nil, redop = REDOP_NAME[redop]})
 end
 
 local function wake_key(g)
@@ -183,6 +182,7 @@ local function wait(g, c, ar, e, first)
   local me = sched.current()
   local deadline = g.timeout and g.timeout > 0 and sched.now() + g.timeout or nil
   local prefix = c.key
+  local watch = {prefix = prefix, key = key} -- (one for the whole wait: deliver only reads it)
   while true do
     -- (the step first: a peer that completed it may have left, and exited)
     local r, idx, kind, dtype, redop, root, numel = ar:sleep(e)
@@ -191,16 +191,10 @@ local function wait(g, c, ar, e, first)
     -- a message of this very call means its sender took the message path: it made another call
     for i = 0, g.size - 1 do
       local src = g:global(i)
-      local box = a.mail[src]
-      if box then
-        box[key] = nil
-        for k, v in pairs(box) do
-          if type(k) == "string" and k:find(prefix, 1, true) == 1 then
-            ar:awake()
-            box[k] = nil
-            g:mismatch(c.meta, src, v[1])
-          end
-        end
+      local other = a:take_other_mail(src, key, prefix)
+      if other then
+        ar:awake()
+        g:mismatch(c.meta, src, other[1])
       end
     end
     if a.aborted then ar:awake(); error(a.aborted, 0) end
@@ -219,25 +213,11 @@ local function wait(g, c, ar, e, first)
     -- wake on: the ring from any member, a member's loss, an abort, a message
     -- of this call; and at least every 100 ms, to look again
     for i = 0, g.size - 1 do
-      if i ~= g.rank then
-        local src = g:global(i)
-        local ws = a.mail_waiters[src]
-        if not ws then ws = {}; a.mail_waiters[src] = ws end
-        ws[key] = me
-        local watches = a.mail_watch[src]
-        if not watches then watches = {}; a.mail_watch[src] = watches end
-        watches[me] = {prefix = prefix, key = key}
-      end
+      if i ~= g.rank then a:wait_mail(g:global(i), key, me, watch) end
     end
     sched.suspend_until(c.what, math.min(left or 0.1, 0.1))
     for i = 0, g.size - 1 do
-      if i ~= g.rank then
-        local src = g:global(i)
-        local ws = a.mail_waiters[src]
-        if ws and ws[key] == me then ws[key] = nil end
-        local watches = a.mail_watch[src]
-        if watches then watches[me] = nil end
-      end
+      if i ~= g.rank then a:unwait_mail(g:global(i), key, me) end
     end
     -- (a loss or an abort that woke us is looked at above, after the step:
     -- the rank lost may have finished it; a message of this call shown by the

@@ -369,6 +369,16 @@ local function seed_grad(root, grad)
   return core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
 end
 
+-- A gradient gk that reached its node stops being the pass's to add into; one
+-- the pass owned that a fresh node reads (it keeps and returns none of its
+-- gradients: it is the last reader) goes on spent[1 .. ns], freed once the node
+-- ran. Returns the new ns.
+local function disown(owned, fresh, spent, ns, gk)
+  if owned[gk] and fresh then ns = ns + 1; spent[ns] = gk end
+  owned[gk] = nil
+  return ns
+end
+
 -- One backward pass. roots[i] starts with grads[i]; late[j] (optional) are
 -- tensors whose gradients may arrive while the pass runs, through
 -- pass.deliver(j, g) from another task (distributed autograd's sends on the
@@ -473,6 +483,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
   if on_pass then on_pass(pass) end
   task.ag_pass, task.grad_enabled = pass, false
   local pending, owned, leaf_pieces, ready = {}, {}, {}, {}
+  local spent = {} -- (see disown: one list for the pass, emptied after each node)
   local ok, err = pcall(function()
     local rn = 0
     -- gradient gi (nil: none) reaches edge e (output nr of a node, or a leaf)
@@ -539,19 +550,14 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
         rn = rn - 1
         local g = pending[node]
         pending[node] = nil
-        -- from here on the backward may keep or pass on g: no more writes into
-        -- it; a fresh node (which keeps and returns none of its gradients) is
-        -- the last to read the ones the pass owned, which are freed after it
-        local spent = nil
+        -- from here on the backward may keep or pass on g (a node of several
+        -- outputs: a table of them): no more writes into it
+        local ns = 0
         if g ~= nil then
           if node.nout then
-            for _, gk in pairs(g) do
-              if owned[gk] and node.fresh then spent = spent or {}; spent[#spent + 1] = gk end
-              owned[gk] = nil
-            end
+            for _, gk in pairs(g) do ns = disown(owned, node.fresh, spent, ns, gk) end
           else
-            if owned[g] and node.fresh then spent = g end
-            owned[g] = nil
+            ns = disown(owned, node.fresh, spent, ns, g)
           end
         end
         local edges, nrs = node.edges, node.nrs
@@ -561,10 +567,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
           check_saved(node)
           grads_out = run_node(node, g)
           g = nil
-          if spent then
-            if node.nout then for _, gk in ipairs(spent) do core.t_free(gk) end else core.t_free(spent) end
-            spent = nil
-          end
+          for k = 1, ns do core.t_free(spent[k]); spent[k] = nil end
           if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
         end
         if edges then
@@ -592,7 +595,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
   -- the fresh gradients the sinks took as .grad, kept every parameter's
   -- gradient of the last passes alive after zero_grad (a ResNet-18 step held
   -- two extra sets, 90 MiB, that the GC could not free).
-  for _, t in ipairs{pending, owned, leaf_pieces, ready, deps, leaf_edges, entry_edge, entry_nr, entries,
+  for _, t in ipairs{pending, owned, spent, leaf_pieces, ready, deps, leaf_edges, entry_edge, entry_nr, entries,
                      inbox, waiting} do
     for k in next, t do t[k] = nil end
   end

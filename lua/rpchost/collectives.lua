@@ -210,15 +210,20 @@ end
 -- sig: a received signature; c: this rank's call
 local function same_call(sig, c) return sig == c.sig end
 
--- late: the number of a collective that already returned here (its result on
--- this rank is wrong)
-function Group:mismatch(m, src, meta, late)
+-- Stops the group: this rank's call m is not src's. theirs: src's call as a
+-- description ({op =, dtype =, numel =, root =, redop =}; nil: something else),
+-- as the same-host arena reads it from a step; late: the number of a collective
+-- that already returned here (its result on this rank is wrong)
+function Group:mismatch_with(m, src, theirs, late)
   self:abort(errors.new("protocol", ("collective mismatch%s: rank %d called %s but rank %d called %s " ..
     "(every rank of a group must make the same collective calls, with the same sizes, dtypes and " ..
     "roots, in the same order)%s"):format(late and (" in collective #" .. late) or "", self.agent.rank,
-    describe(m), src, parse_signature(meta) and describe(parse_signature(meta)) or "something else",
+    describe(m), src, theirs and describe(theirs) or "something else",
     late and "; that collective has already returned here, and its result is wrong" or ""), {rank = src}))
 end
+
+-- the same with src's call as the signature its message carried (meta)
+function Group:mismatch(m, src, meta, late) return self:mismatch_with(m, src, parse_signature(meta), late) end
 
 -- Another message of collective c from the rank it is receiving from (c.from):
 -- it must describe the same call. (One function for all: no closure per receive.)
@@ -461,8 +466,15 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
   end
   core.flush() -- (what is queued for the peers leaves before this long copy)
   local ok, why, bad = core.cma_all_reduce(flat, g.rank, pids, addrs, BIN[redop], redop == "AVG" and g.size or 0)
-  local err = not ok and errors.new("unreachable", ("%s: cannot read or write the tensor of rank %s: %s"):format(
-    c.what, bad and tostring(g:global(bad)) or "?", tostring(why)), {rank = bad and g:global(bad) or nil})
+  -- a failure with a rank was a transfer with it; one without, this rank's own
+  -- refusal (no memory, no kernel for the op), which every rank makes alike
+  local err
+  if not ok and bad then
+    err = errors.new("unreachable", ("%s: cannot read or write the tensor of rank %d: %s"):format(c.what,
+      g:global(bad), tostring(why)), {rank = g:global(bad)})
+  elseif not ok then
+    err = errors.new("config", ("%s: %s"):format(c.what, tostring(why)))
+  end
   local a = g.agent
   -- (done's status: 0, or 1 + the global rank this one could not reach, so that
   -- a rank whose own copies finished before the failure still names the rank

@@ -198,43 +198,30 @@ function F.linear(x, w, b)
 end
 
 -- dropout -------------------------------------------------------------------------------
-local function check_p(p, what)
+-- x with each element (spread 0), or each channel of its last `spread` dims
+-- (one mask value for the whole plane or row), zeroed with probability p and
+-- the rest scaled by 1 / (1 - p); `what` names the function in errors, which
+-- point at its caller
+local function dropout_over(what, spread, x, ...)
+  local a = args({"p", "training", "inplace"}, ...)
+  local p = a.p or 0.5
   if type(p) ~= "number" or p < 0 or p > 1 then
     error(("%s probability has to be between 0 and 1, but got %s"):format(what, tostring(p)), 3)
   end
-end
--- dropout(x, p = 0.5, training = true)
-function F.dropout(x, ...)
-  local a = args({"p", "training", "inplace"}, ...)
-  local p = a.p or 0.5
-  check_p(p, "dropout")
   if a.training == false or p == 0 then return x end
-  if p == 1 then return x * 0 end
-  local mask = tensor.bernoulli(tensor.full(shape_of(x), 1 - p, {dtype = x.dtype, device = x.device}))
-  return x * mask / (1 - p)
-end
--- dropout2d: whole channels of [N, C, H, W] (or [C, H, W]) are zeroed
-function F.dropout2d(x, ...)
-  local a = args({"p", "training", "inplace"}, ...)
-  local p = a.p or 0.5
-  check_p(p, "dropout2d")
-  if a.training == false or p == 0 then return x end
+  if p == 1 then return x * 0 end -- (not 0 / 0 where the mask and the scale both vanish)
   local s = shape_of(x)
   local ms = {}
-  for i = 1, #s do ms[i] = (i <= #s - 2) and s[i] or 1 end
-  local mask = tensor.bernoulli(tensor.full(ms, 1 - p, {dtype = x.dtype, device = x.device}))
-  return x * mask / (1 - p)
-end
-F.dropout1d = function(x, ...)
-  local a = args({"p", "training", "inplace"}, ...)
-  local p = a.p or 0.5
-  check_p(p, "dropout1d")
-  if a.training == false or p == 0 then return x end
-  local s = shape_of(x)
-  local ms = {}
-  for i = 1, #s do ms[i] = (i <= #s - 1) and s[i] or 1 end
+  for i = 1, #s do ms[i] = (i <= #s - spread) and s[i] or 1 end
   return x * tensor.bernoulli(tensor.full(ms, 1 - p, {dtype = x.dtype, device = x.device})) / (1 - p)
 end
+-- (not tail calls: the error level counts F.dropout's frame)
+-- dropout(x, p = 0.5, training = true)
+function F.dropout(x, ...) local y = dropout_over("dropout", 0, x, ...); return y end
+-- dropout2d: whole channels of [N, C, H, W] (or [C, H, W]) are zeroed
+function F.dropout2d(x, ...) local y = dropout_over("dropout2d", 2, x, ...); return y end
+-- dropout1d: whole channels of [N, C, L] (or [C, L])
+function F.dropout1d(x, ...) local y = dropout_over("dropout1d", 1, x, ...); return y end
 
 -- convolution ---------------------------------------------------------------------------
 local Conv = autograd.Function:extend("Convolution")
