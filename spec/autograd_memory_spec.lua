@@ -117,6 +117,31 @@ describe("autograd memory", function()
     assert.is_truthy(r.out:match("grad %d"))
   end)
 
+  it("keeps a ReLU's result for its backward, not its input (freed once nothing else needs it)", function()
+    -- y = relu(x * 2): the product is relu's input and nothing but relu reads
+    -- it; its backward needs only where the result is positive, so the graph
+    -- holds x, the result (and the mask it gives), not the product too, as in
+    -- PyTorch (in a ResNet block, a BatchNorm's output that ReLU read stayed
+    -- alive until the backward). The gradient is the same.
+    local path = S.write([==[
+      local tensor = require "tensor"
+      tensor.manual_seed(0)
+      local x = tensor.randn(262144, {requires_grad = true}) -- 1 MiB
+      local y = (x * 2):relu()
+      collectgarbage(); collectgarbage()
+      print("held " .. tensor.live_bytes())
+      y:sum():backward()
+      local want = x:detach():gt(0):float() * 2
+      print("same " .. tostring((x.grad - want):abs():max():item() == 0))
+    ]==])
+    local r = S.run({path}, {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local held = tonumber(r.out:match("held (%d+)"))
+    -- x and y: 2 MiB (the product too was 3 MiB)
+    assert.is_true(held ~= nil and held <= 2 * 2 ^ 20 + 65536, "live tensor bytes " .. tostring(held))
+    assert.is_truthy(r.out:match("same true"), r.out)
+  end)
+
   it("stays flat over many distributed autograd contexts on every worker", function()
     local r = S.world(3, S.prelude .. WORKER .. [==[
       local optim = require "optim"
