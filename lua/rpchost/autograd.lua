@@ -334,12 +334,15 @@ local function run_node(node, g)
     if gk == nil and m then gk = core.t_full(m[2], m[1], 0, m[3]) end
     args[k] = gk
   end
+  local apply = node.apply
+  if apply then return pack(apply(node, unpack(args, 1, node.nout))) end
   return pack(node.backward(unpack(args, 1, node.nout)))
 end
 
 local function free(node)
   node.backward, node.saved, node.edges, node.nrs, node.out_meta = nil, nil, nil, nil, nil
   node.apply, node.a, node.b, node.out, node.args = nil, nil, nil, nil, nil
+  node.ctx, node.in_sizes = nil, nil -- (an autograd.Function's: what it saved is in ctx)
   node.freed = true
 end
 
