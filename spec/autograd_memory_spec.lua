@@ -117,6 +117,61 @@ describe("autograd memory", function()
     assert.is_truthy(r.out:match("grad %d"))
   end)
 
+  it("keeps a ReLU's result for its backward, not its input (freed once nothing else needs it)", function()
+    -- y = relu(x * 2): the product is relu's input and nothing but relu reads
+    -- it; its backward needs only where the result is positive, so the graph
+    -- holds x, the result (and the mask it gives), not the product too, as in
+    -- PyTorch (in a ResNet block, a BatchNorm's output that ReLU read stayed
+    -- alive until the backward). The gradient is the same.
+    local path = S.write([==[
+      local tensor = require "tensor"
+      tensor.manual_seed(0)
+      local x = tensor.randn(262144, {requires_grad = true}) -- 1 MiB
+      local y = (x * 2):relu()
+      collectgarbage(); collectgarbage()
+      print("held " .. tensor.live_bytes())
+      y:sum():backward()
+      local want = x:detach():gt(0):float() * 2
+      print("same " .. tostring((x.grad - want):abs():max():item() == 0))
+    ]==])
+    local r = S.run({path}, {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local held = tonumber(r.out:match("held (%d+)"))
+    -- x and y: 2 MiB (the product too was 3 MiB)
+    assert.is_true(held ~= nil and held <= 2 * 2 ^ 20 + 65536, "live tensor bytes " .. tostring(held))
+    assert.is_truthy(r.out:match("same true"), r.out)
+  end)
+
+  it("frees an SGD step's temporaries at once, not at the next collection", function()
+    -- with the collector stopped, a step's live tensor bytes come back to
+    -- where they were (plus, the first time, the momentum buffer): g * lr and
+    -- the decayed and Nesterov gradients are freed as soon as they are used
+    local path = S.write([==[
+      local tensor = require "tensor"
+      local optim = require "optim"
+      for _, o in ipairs{{lr = 0.1}, {lr = 0.1, momentum = 0.9, nesterov = true, weight_decay = 0.01},
+                         {lr = 0.1, momentum = 0.9, dampening = 0.3}} do
+        local p = tensor.randn(262144, {requires_grad = true}) -- 1 MiB
+        p.grad = tensor.randn(262144)
+        local opt = optim.SGD({p}, o)
+        collectgarbage(); collectgarbage("stop")
+        local rises = {}
+        for i = 1, 3 do
+          local before = tensor.live_bytes()
+          opt:step()
+          rises[i] = tensor.live_bytes() - before
+        end
+        collectgarbage("restart")
+        print("rises " .. table.concat(rises, " "))
+      end
+    ]==])
+    local r = S.run({path}, {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local lines = {}
+    for a, b, c in r.out:gmatch("rises (%-?%d+) (%-?%d+) (%-?%d+)") do lines[#lines + 1] = {a, b, c} end
+    assert.are.same({{"0", "0", "0"}, {"1048576", "0", "0"}, {"1048576", "0", "0"}}, lines)
+  end)
+
   it("stays flat over many distributed autograd contexts on every worker", function()
     local r = S.world(3, S.prelude .. WORKER .. [==[
       local optim = require "optim"

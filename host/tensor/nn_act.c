@@ -1,9 +1,10 @@
 /* nn_act.c: ReLU's backward as one pass. Composed, it was three whole-tensor
  * ops (a > 0, a cast of the mask to g's dtype, g * mask) and two temporaries,
- * once per ReLU of every block in ResNet's backward. Here gx = a > 0 ? g : 0
- * (PyTorch's threshold_backward: a NaN gradient where a <= 0 gives 0), for
- * contiguous host tensors of one float dtype and shape; anything else is left
- * to the composition (autograd.lua). */
+ * once per ReLU of every block in ResNet's backward. Here gx = a > 0 ? g : 0,
+ * a being ReLU's result (autograd.lua keeps that and not the input: it is > 0
+ * exactly where the input is; PyTorch's threshold_backward: a NaN gradient
+ * where a <= 0 gives 0), for contiguous host tensors of one float dtype and
+ * shape; anything else is left to the composition (autograd.lua). */
 #include "nn.h"
 #include "tensor_internal.h"
 

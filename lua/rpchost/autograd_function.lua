@@ -31,13 +31,51 @@ local Ctx = {}
 Ctx.__index = Ctx
 function Ctx:save_for_backward(...) self.to_save = pack(...) end
 function Ctx:mark_non_differentiable(...)
-  for i = 1, select("#", ...) do self.non_differentiable[(select(i, ...))] = true end
+  local nd = rawget(self, "non_differentiable")
+  if nd == nil then nd = {}; self.non_differentiable = nd end
+  for i = 1, select("#", ...) do nd[(select(i, ...))] = true end
 end
 
 local function same_sizes(a, b)
   if #a ~= #b then return false end
   for i = 1, #a do if a[i] ~= b[i] then return false end end
   return true
+end
+
+-- The checked gradients of a node's backward: one per input of apply (nil
+-- for those that need none).
+local function checked(node, grads)
+  local n, needs, label = node.n, node.ctx.needs_input_grad, node.label
+  if grads.n > n then
+    error(("function %s returned an incorrect number of gradients (expected %d, got %d)"):format(
+      label, n, grads.n), 0)
+  end
+  for i = 1, n do
+    local gi = grads[i]
+    if gi ~= nil and needs[i] then
+      if not is_t(gi) then
+        error(("function %s returned a %s as the gradient of input %d; expected a tensor (or nil)"):format(
+          label, type(gi), i), 0)
+      end
+      local want = node.in_sizes[i]
+      if not same_sizes(core.t_size(gi), want) then
+        error(("function %s returned an invalid gradient at index %d - got [%s] but expected shape " ..
+          "compatible with [%s]"):format(label, i, table.concat(core.t_size(gi), ", "), table.concat(want, ", ")), 0)
+      end
+    elseif not needs[i] then
+      grads[i] = nil
+    end
+  end
+  return unpack(grads, 1, n)
+end
+
+-- node.apply of a Function's node (the engine calls it with the node and one
+-- gradient per output): one function for every node, reading the class, its
+-- ctx and the inputs' sizes from the node, instead of a closure made per call
+-- (which LuaJIT does not compile, and which was a few more objects per op for
+-- the collector: a ResNet step makes one such node per convolution and norm)
+local function function_apply(node, ...)
+  return checked(node, pack(node.cls.backward(node.ctx, ...)))
 end
 
 local function apply(cls, ...)
@@ -49,46 +87,23 @@ local function apply(cls, ...)
     needs[i] = need
     any = any or need
   end
-  local ctx = setmetatable({needs_input_grad = needs, non_differentiable = {}}, Ctx)
+  local ctx = setmetatable({needs_input_grad = needs}, Ctx)
   local outs = pack(AG.no_grad(cls.forward, ctx, ...))
   local saved = ctx.to_save or {n = 0}
   ctx.to_save = nil
   ctx.saved_tensors = {unpack(saved, 1, saved.n)}
   if not any then return unpack(outs, 1, outs.n) end
   local edges, nrs = AG._edges_of(args, args.n)
-  local label = cls.name .. "Backward"
-  local node = setmetatable({name = cls.name, label = label, edges = edges, nrs = nrs, n = args.n,
-                             fresh = rawget(cls, "fresh_grads")}, AG.Node)
-  if outs.n > 1 then node.nout, node.out_meta = outs.n, {} end
   local in_sizes = {}
   for i = 1, args.n do if needs[i] then in_sizes[i] = core.t_size(args[i]) end end
-  node.backward = function(...)
-    local grads = pack(cls.backward(ctx, ...))
-    if grads.n > args.n then
-      error(("function %s returned an incorrect number of gradients (expected %d, got %d)"):format(
-        label, args.n, grads.n), 0)
-    end
-    for i = 1, args.n do
-      local gi = grads[i]
-      if gi ~= nil and needs[i] then
-        if not is_t(gi) then
-          error(("function %s returned a %s as the gradient of input %d; expected a tensor (or nil)"):format(
-            label, type(gi), i), 0)
-        end
-        if not same_sizes(core.t_size(gi), in_sizes[i]) then
-          error(("function %s returned an invalid gradient at index %d - got [%s] but expected shape " ..
-            "compatible with [%s]"):format(label, i, table.concat(core.t_size(gi), ", "),
-            table.concat(in_sizes[i], ", ")), 0)
-        end
-      elseif not needs[i] then
-        grads[i] = nil
-      end
-    end
-    return unpack(grads, 1, args.n)
-  end
+  local node = setmetatable({name = cls.name, label = cls.name .. "Backward", edges = edges, nrs = nrs, n = args.n,
+                             fresh = rawget(cls, "fresh_grads"), apply = function_apply, cls = cls, ctx = ctx,
+                             in_sizes = in_sizes}, AG.Node)
+  if outs.n > 1 then node.nout, node.out_meta = outs.n, {} end
+  local nondiff = rawget(ctx, "non_differentiable")
   for k = 1, outs.n do
     local o = outs[k]
-    if is_t(o) and core.t_dtype(o) <= 1 and not ctx.non_differentiable[o] then
+    if is_t(o) and core.t_dtype(o) <= 1 and not (nondiff and nondiff[o]) then
       -- an input returned as it is becomes a new tensor object (its own history stays)
       for i = 1, args.n do
         if rawequal(o, args[i]) then
