@@ -175,6 +175,20 @@ function C:take_other_mail(rank, key, prefix)
   end
 end
 
+-- Takes out of rank's mailbox the first message whose key starts with prefix
+-- and that pick(key, ctx) accepts, and returns its key and values, or nil: how
+-- a group finds a message of a collective that already ended here.
+function C:take_mail(rank, prefix, pick, ctx)
+  local box = self.mail[rank]
+  if not box then return nil end
+  for k, v in pairs(box) do
+    if type(k) == "string" and has_prefix(k, prefix) and pick(k, ctx) then
+      box[k] = nil
+      return k, v
+    end
+  end
+end
+
 -- With `prefix` and `on_other`, a message from the same rank under another key
 -- with that prefix (already there, or arriving while waiting) is shown to
 -- on_other(values, ctx), which may raise; otherwise the wait goes on. With

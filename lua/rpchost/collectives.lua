@@ -141,23 +141,23 @@ end
 -- is caught at the group's next collective (or its destruction), which fails
 -- naming both calls. Only while no async Work of this group is still running
 -- (its messages would not be leftovers).
-local NO_MAIL = {} -- (read only: a rank without mail makes no table per call)
+-- the number of the collective a message's key names ("g<id>:<seq>:<step>")
+local function key_seq(k) return tonumber(k:match("^g[^:]*:(%d+):")) end
+-- (a message of a call this group has made already)
+local function ended(k, g) local seq = key_seq(k); return seq ~= nil and seq <= g.seq end
+
 function Group:check_leftovers()
   local a = self.agent
   -- (a group that already stopped has said what went wrong)
   if (self.async_running or 0) > 0 or self.seq == 0 or a.aborted then return end
   local prefix = self:prefix()
   for _, r in ipairs(self.ranks) do
-    for k, v in pairs(a.mail[r] or NO_MAIL) do
-      if k:sub(1, #prefix) == prefix then
-        local seq = tonumber(k:match("^g[^:]*:(%d+):"))
-        if seq and seq <= self.seq then
-          local rs = self.recent_seq
-          local m = rs and rs[seq % 16] == seq and self.recent_meta[seq % 16] or {op = "a collective", numel = 0}
-          a.mail[r][k] = nil
-          self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
-        end
-      end
+    local k, v = a:take_mail(r, prefix, ended, self)
+    if k then
+      local seq = key_seq(k)
+      local rs = self.recent_seq
+      local m = rs and rs[seq % 16] == seq and self.recent_meta[seq % 16] or {op = "a collective", numel = 0}
+      self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
     end
   end
 end
