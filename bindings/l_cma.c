@@ -70,9 +70,11 @@ static int l_cma_token(lua_State *L) {
 }
 
 /* cma_all_reduce(flat, me, pids, addrs, binop, divisor) -> true | nil, message,
- * group index of the rank it failed with (or nil): rh_cma_all_reduce over the
- * group's ranks (pids[i], addrs[i] for group index i - 1; this rank's own
- * entries are ignored); divisor 0 for none */
+ * group index of the rank it failed with (or nil), refused: rh_cma_all_reduce
+ * over the group's ranks (pids[i], addrs[i] for group index i - 1; this rank's
+ * own entries are ignored); divisor 0 for none. refused: no byte moved because
+ * the op has no kernel for the dtype, a refusal every rank makes alike (unlike
+ * a failed allocation, which is this rank's alone) */
 static int l_cma_all_reduce(lua_State *L) {
   rh_tensor_t *t = rh_lua_checkhostspan(L, 1, "cma_all_reduce", NULL);
   int me = (int)luaL_checkinteger(L, 2);
@@ -100,10 +102,12 @@ static int l_cma_all_reduce(lua_State *L) {
   rh_tensor_bump_version(t);
   if (rc) {
     lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc)); /* (a negated errno reads as libuv's message for it) */
+    if (rc == RH_ENOKERNEL) lua_pushstring(L, rh_tensor_errmsg()); /* (which op, which dtype) */
+    else lua_pushstring(L, rh_strerror(rc)); /* (a negated errno reads as libuv's message for it) */
     if (failed >= 0) lua_pushinteger(L, failed);
     else lua_pushnil(L);
-    return 3;
+    lua_pushboolean(L, rc == RH_ENOKERNEL);
+    return 4;
   }
   lua_pushboolean(L, 1);
   return 1;

@@ -139,13 +139,15 @@ describe("collectives", function()
     -- host/net/cma.c refuse it themselves, never a silent skip of the op)
     local core, tensor = require("rpchost.core"), require("tensor")
     local flat = core.t_view(tensor.tensor({1, 0, 1}):bool(), {-1}, false)
-    local ok, why, bad = core.cma_all_reduce(flat, 0, {0}, {0}, 3, 0) -- DIV has no bool kernel
+    local ok, why, bad, refused = core.cma_all_reduce(flat, 0, {0}, {0}, 3, 0) -- DIV has no bool kernel
     assert.is_nil(ok)
-    assert.truthy(tostring(why):find("no kernel for this dtype", 1, true), why)
+    assert.truthy(tostring(why):find("no div kernel for bool", 1, true), why)
     assert.is_nil(bad)
-    ok, why = core.cma_all_reduce(flat, 0, {0}, {0}, 0, 2) -- ADD, then AVG's division
+    assert.is_true(refused)
+    ok, why, bad, refused = core.cma_all_reduce(flat, 0, {0}, {0}, 0, 2) -- ADD, then AVG's division
     assert.is_nil(ok)
-    assert.truthy(tostring(why):find("no kernel", 1, true), why)
+    assert.truthy(tostring(why):find("no div kernel", 1, true), why)
+    assert.is_true(refused)
   end)
 
   it("fail with unreachable, naming the rank, when a rank dies inside a one-pass all_reduce", function()

@@ -154,10 +154,11 @@ function Group:check_leftovers()
   for _, r in ipairs(self.ranks) do
     local k, v = a:take_mail(r, prefix, ended, self)
     if k then
+      -- (mismatch stops the group and raises: one leftover says it all)
       local seq = key_seq(k)
       local rs = self.recent_seq
       local m = rs and rs[seq % 16] == seq and self.recent_meta[seq % 16] or {op = "a collective", numel = 0}
-      self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
+      return self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
     end
   end
 end
@@ -465,15 +466,20 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
     pids[i + 1], addrs[i + 1] = p and p.pid or 0, p and p.addr or 0
   end
   core.flush() -- (what is queued for the peers leaves before this long copy)
-  local ok, why, bad = core.cma_all_reduce(flat, g.rank, pids, addrs, BIN[redop], redop == "AVG" and g.size or 0)
-  -- a failure with a rank was a transfer with it; one without, this rank's own
-  -- refusal (no memory, no kernel for the op), which every rank makes alike
+  local ok, why, bad, refused = core.cma_all_reduce(flat, g.rank, pids, addrs, BIN[redop],
+    redop == "AVG" and g.size or 0)
+  -- a failure with a rank was a transfer with it; a refusal (no kernel for the
+  -- op) every rank makes alike, before any byte moves; anything else (an
+  -- allocation) failed on this rank alone, and the peers hear so
   local err
   if not ok and bad then
     err = errors.new("unreachable", ("%s: cannot read or write the tensor of rank %d: %s"):format(c.what,
       g:global(bad), tostring(why)), {rank = g:global(bad)})
-  elseif not ok then
+  elseif refused then
     err = errors.new("config", ("%s: %s"):format(c.what, tostring(why)))
+  elseif not ok then
+    err = errors.new("unreachable", ("%s: rank %d failed inside the one-pass all_reduce: %s"):format(c.what,
+      g.agent.rank, tostring(why)), {rank = g.agent.rank})
   end
   local a = g.agent
   -- (done's status: 0, or 1 + the global rank this one could not reach, so that
@@ -494,7 +500,8 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
       elseif sig ~= c.sig then
         err = err or errors.new("protocol", ("%s: rank %d ended another call"):format(c.what, src), {rank = src})
       elseif status ~= 0 then
-        local bad = status > 0 and status - 1 or nil
+        -- (a number a peer sent: a rank only if it is a whole one)
+        local bad = type(status) == "number" and status > 0 and status % 1 == 0 and status - 1 or nil
         err = err or errors.new("unreachable", ("%s: rank %d could not reach the tensor of rank %s, so the " ..
           "result is incomplete"):format(c.what, src, bad or "?"), {rank = bad or src})
       end
