@@ -47,7 +47,7 @@ static int conv_geom(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn
   memset(g, 0, sizeof *g);
   if (rh__nn_on_device("conv2d", x, w) || (b && rh__nn_on_device("conv2d", x, b))) return -1;
   const rh__nn_conv_geom_t *s = &g->s;
-  if (rh__nn_conv_geom(x, w, b, p, &g->s)) return -1;
+  if (rh__nn_conv_geom(x, w, b, p, &g->s)) return -1; /* (fills *s) */
   g->dev = rh_tensor_device(x), g->dt = x->dtype;
   g->K = s->c * s->kh * s->kw;
   rhc_window_t *wn = &g->win;
@@ -55,9 +55,9 @@ static int conv_geom(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn
   wn->k[0] = s->kh, wn->k[1] = s->kw;
   for (int i = 0; i < 2; i++) wn->stride[i] = p->stride[i], wn->pad[i] = p->pad[i], wn->dil[i] = p->dil[i];
   /* a chunk's columns, and the weight gradient's per-sample products beside them */
-  int64_t per = (g->K * g->s.l + g->s.o * g->s.kg) * (int64_t)rh_dtype_size(g->dt);
-  g->nb = per > 0 ? CHUNK_BYTES / per : g->s.n;
-  if (g->nb > g->s.n) g->nb = g->s.n;
+  int64_t per = (g->K * s->l + s->o * s->kg) * (int64_t)rh_dtype_size(g->dt);
+  g->nb = per > 0 ? CHUNK_BYTES / per : s->n;
+  if (g->nb > s->n) g->nb = s->n;
   if (g->nb < 1) g->nb = 1;
   return 0;
 }
@@ -66,7 +66,7 @@ static int conv_geom(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn
 static int columns(const conv_t *g, rh_tensor_t *x, int64_t n0, int64_t nbk, rh_tensor_t *cols) {
   const rhc_api_t *api = rh_cuda_api();
   return rh__cuda_call(
-      api->nn_im2col(g->dev, g->dt, &g->win, nbk, at(x, n0 * g->s.c * g->win.h * g->win.w), rh_tensor_data(cols), 0));
+      api->nn_im2col(g->dev, g->dt, &g->win, nbk, at(x, n0 * g->s.c * g->s.h * g->s.w), rh_tensor_data(cols), 0));
 }
 
 rh_tensor_t *rh_nn_cuda_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn_conv_t *p) {
@@ -74,7 +74,7 @@ rh_tensor_t *rh_nn_cuda_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, c
   if (conv_geom(x, w, b, p, &g)) return NULL;
   const rhc_api_t *api = rh_cuda_api();
   rh_tensor_t *t[4] = {rh_tensor_contiguous(x), rh_tensor_contiguous(w),
-                       rh_tensor_empty_on(g.dev, g.dt, 4, (int64_t[]){g.s.n, g.s.o, g.win.oh, g.win.ow}),
+                       rh_tensor_empty_on(g.dev, g.dt, 4, (int64_t[]){g.s.n, g.s.o, g.s.oh, g.s.ow}),
                        rh_tensor_empty_on(g.dev, g.dt, 1, (int64_t[]){g.nb * g.K * g.s.l})};
   rh_tensor_t *xc = t[0], *wc = t[1], *y = t[2], *cols = t[3];
   int rc = xc && wc && y && cols ? 0 : -1;
@@ -133,10 +133,10 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
   if (gw) *gw = NULL;
   if (gb) *gb = NULL;
   if (conv_geom(x, w, NULL, p, &g) || rh__nn_on_device("conv2d backward", x, gy)) return -1;
-  if (gy->ndim != 4 || gy->size[0] != g.s.n || gy->size[1] != g.s.o || gy->size[2] != g.win.oh ||
-      gy->size[3] != g.win.ow)
+  if (gy->ndim != 4 || gy->size[0] != g.s.n || gy->size[1] != g.s.o || gy->size[2] != g.s.oh ||
+      gy->size[3] != g.s.ow)
     return rh_tensor_fail("conv2d backward: the gradient must be [%lld, %lld, %lld, %lld]", (long long)g.s.n,
-                          (long long)g.s.o, (long long)g.win.oh, (long long)g.win.ow);
+                          (long long)g.s.o, (long long)g.s.oh, (long long)g.s.ow);
   const rhc_api_t *api = rh_cuda_api();
   /* xc, wc, gyc, cols, the per-sample weight products, gx, the weight gradient's sum, gb */
   rh_tensor_t *t[8] = {rh_tensor_contiguous(x), rh_tensor_contiguous(w), rh_tensor_contiguous(gy), NULL};
@@ -168,7 +168,7 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
                                      at(gyc, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.l, g.s.o * g.s.l,
                                      at(cols, gi * g.s.kg * g.s.l), g.K * g.s.l, nbk));
       if (rc == 0)
-        rc = rh__cuda_call(api->nn_im2col(g.dev, g.dt, &g.win, nbk, at(tx, n0 * g.s.c * g.win.h * g.win.w),
+        rc = rh__cuda_call(api->nn_im2col(g.dev, g.dt, &g.win, nbk, at(tx, n0 * g.s.c * g.s.h * g.s.w),
                                           rh_tensor_data(cols), 1));
     }
   }

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "nn_cuda.h"
-#include "nn_geom.h"
 #include "tensor_internal.h"
 
 static void *data_or_null(rh_tensor_t *t) { return t ? rh_tensor_data(t) : NULL; }

@@ -62,7 +62,3 @@ int rh__nn_pool_geom(const char *what, int64_t h, int64_t w, const rh_nn_pool_t 
                           (long long)h, (long long)w, (long long)p->k[0], (long long)p->k[1]);
   return 0;
 }
-
-void rh__nn_release(rh_tensor_t **ts, int n) {
-  for (int i = 0; i < n; i++) rh_tensor_release(ts[i]); /* (NULL is a no-op) */
-}

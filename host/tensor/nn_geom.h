@@ -28,7 +28,4 @@ int rh__nn_conv_geom(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, const rh_nn
 int rh__nn_pool_geom(const char *what, int64_t h, int64_t w, const rh_nn_pool_t *p, int dilated, int64_t *oh,
                      int64_t *ow);
 
-/* releases the non-NULL tensors of a list (a function's temporaries) */
-void rh__nn_release(rh_tensor_t **ts, int n);
-
 #endif

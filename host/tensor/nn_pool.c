@@ -275,20 +275,17 @@ static rh_tensor_t *run_planes(const char *what, rh_tensor_t *in, int64_t h, int
 
 rh_tensor_t *rh_nn_avg_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p) {
   int64_t oh, ow;
-  rh_nn_pool_t q = *p;
-  q.dil[0] = q.dil[1] = 1;
-  if (check_input("avg_pool2d", x) || rh__nn_pool_geom("avg_pool2d", x->size[2], x->size[3], &q, 0, &oh, &ow))
+  /* (avg pooling has no dilation: the geometry takes it as 1, avg_window never reads it) */
+  if (check_input("avg_pool2d", x) || rh__nn_pool_geom("avg_pool2d", x->size[2], x->size[3], p, 0, &oh, &ow))
     return NULL;
-  pool_job_t j = {.h = x->size[2], .w = x->size[3], .oh = oh, .ow = ow, .p = &q};
-  return run_planes("avg_pool2d", x, oh, ow, 0, &j, oh * ow * q.k[0] * q.k[1], avg_planes);
+  pool_job_t j = {.h = x->size[2], .w = x->size[3], .oh = oh, .ow = ow, .p = p};
+  return run_planes("avg_pool2d", x, oh, ow, 0, &j, oh * ow * p->k[0] * p->k[1], avg_planes);
 }
 
 rh_tensor_t *rh_nn_avg_pool2d_backward(rh_tensor_t *gy, const rh_nn_pool_t *p, int64_t h, int64_t w) {
   if (check_input("avg_pool2d backward", gy)) return NULL;
-  rh_nn_pool_t q = *p;
-  q.dil[0] = q.dil[1] = 1;
-  pool_job_t j = {.h = h, .w = w, .oh = gy->size[2], .ow = gy->size[3], .p = &q};
-  return run_planes("avg_pool2d backward", gy, h, w, 1, &j, h * w * q.k[0] * q.k[1], avg_back_planes);
+  pool_job_t j = {.h = h, .w = w, .oh = gy->size[2], .ow = gy->size[3], .p = p};
+  return run_planes("avg_pool2d backward", gy, h, w, 1, &j, h * w * p->k[0] * p->k[1], avg_back_planes);
 }
 
 /* PyTorch's adaptive windows: [floor(i*in/out), ceil((i+1)*in/out)) */

@@ -40,6 +40,10 @@ int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b
 void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
               const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 #define RH_ON_DEVICE(t) (rh_tensor_device(t) >= 0)
+/* releases the tensors of a list (a function's temporaries; NULL entries are no-ops) */
+static inline void rh__nn_release(rh_tensor_t **ts, int n) {
+  for (int i = 0; i < n; i++) rh_tensor_release(ts[i]);
+}
 /* dim (0-based) names a dimension of a tensor of ndim (a 0-d one has dim 0);
  * else -1 with "what: dimension d out of range (...)" (tensor.c) */
 int rh__check_dim(const char *what, int dim, int ndim);
@@ -50,7 +54,8 @@ int rh__check_dim(const char *what, int dim, int ndim);
  * clone runs the same operations in the same order, so each gives the same
  * bits: only the vector width differs. RH_VEC_CLONES_AVX2 leaves AVX-512 out,
  * for loops it does not speed up. RH_VEC_X86 guards the hand-written
- * intrinsics (immintrin.h) that go with them. */
+ * intrinsics (immintrin.h) that go with them; copy.c keeps its own wider
+ * guard, since clang too accepts its target("avx2") functions. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define RH_VEC_X86 1
 #define RH_VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
