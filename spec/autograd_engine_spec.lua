@@ -129,6 +129,27 @@ describe("autograd version counters", function()
     end
   end)
 
+  it("watch what relu saves, its result, as PyTorch does", function()
+    -- relu's backward reads its result: a write to the result is refused...
+    local x = leaf(5)
+    local y = (x * 1):relu()
+    y:add_(1)
+    local z = y:sum()
+    assert.truthy(raised(function() z:backward() end):find(MODIFIED, 1, true))
+    -- ...and so is relu_ over a relu's result (it writes that result)
+    local y2 = (x * 1):relu()
+    y2:relu_()
+    local z2 = y2:sum()
+    assert.truthy(raised(function() z2:backward() end):find(MODIFIED, 1, true))
+    -- a write to relu's input after the op is fine: relu kept only its result
+    local h = x * 2
+    local y3 = h:relu()
+    h:add_(1)
+    y3:sum():backward()
+    local want = (x * 2):gt(0):to(tensor.float64) * 2
+    assert.is_true(tensor.abs(x.grad - want):max():item() == 0)
+  end)
+
   it("see optimizer steps between forward and backward", function()
     for _, make in ipairs({function(p) return optim.SGD(p, {lr = 0.1, momentum = 0.9}) end,
                            function(p) return optim.Adam(p, {lr = 0.1}) end}) do
