@@ -667,11 +667,6 @@ static int l_same_storage(lua_State *L) {
   return 1;
 }
 
-static int l_is_tensor(lua_State *L) {
-  lua_pushboolean(L, to_box(L, 1) != NULL);
-  return 1;
-}
-
 static int l_metatable(lua_State *L) {
   luaL_getmetatable(L, TENSOR_MT);
   return 1;
@@ -704,9 +699,20 @@ int rh_open_tensor(lua_State *L) {
       {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
       {"t_same_storage", l_same_storage},
       {"t_ag", l_ag},             {"t_set_ag", l_set_ag},     {"t_version", l_version},
-      {"t_bump", l_bump}, {"t_free", l_gc},         {"t_alias", l_alias}, {"t_is_tensor", l_is_tensor}, {"t_metatable", l_metatable},
+      {"t_bump", l_bump}, {"t_free", l_gc},         {"t_alias", l_alias}, {"t_metatable", l_metatable},
       {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
+  /* t_is_tensor in Lua: the autograd and nn paths ask it of every operand, and
+   * LuaJIT compiles a call to a C function only by ending the trace there and
+   * starting another after it (stitching); the accessors' calls made a pipeline
+   * shard's traces slower than the interpreter. type() and getmetatable() of a
+   * userdata compile inline. (The same test as to_box: this state's tensors
+   * are the userdata with the registry's metatable.) */
+  if (luaL_loadstring(L, "local T = ... return function(v) return type(v) == 'userdata' and getmetatable(v) == T end") != 0)
+    return lua_error(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, mt_ref);
+  lua_call(L, 1, 1);
+  lua_setfield(L, -2, "t_is_tensor");
   return 1;
 }

@@ -88,7 +88,11 @@ local function apply(cls, ...)
     any = any or need
   end
   local ctx = setmetatable({needs_input_grad = needs}, Ctx)
-  local outs = pack(AG.no_grad(cls.forward, ctx, ...))
+  -- (args, not ...: a side trace that starts after one of the calls above
+  -- cannot read the varargs of a frame below it, and LuaJIT aborted it at every
+  -- op, 12 times in a pipeline shard's three steps, leaving this path to the
+  -- interpreter; unpack is stitched instead)
+  local outs = pack(AG.no_grad(cls.forward, ctx, unpack(args, 1, args.n)))
   local saved = ctx.to_save or {n = 0}
   ctx.to_save = nil
   ctx.saved_tensors = {unpack(saved, 1, saved.n)}
