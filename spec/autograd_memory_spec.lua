@@ -133,6 +133,45 @@ describe("autograd memory", function()
       y:sum():backward()
       local want = x:detach():gt(0):float() * 2
       print("same " .. tostring((x.grad - want):abs():max():item() == 0))
+      -- the others whose backward reads at most their result keep no input
+      -- either (exp, sqrt, tanh, sigmoid: the result; neg, clone, contiguous:
+      -- nothing): only the result stays beside x; the gradient is exact
+      y, want = nil, nil
+      local xd = x:detach()
+      local function input() return x * x + 1 end -- (the product: nothing else keeps it)
+      local function make(op) local u = input(); return u[op](u) end
+      local ud = xd * xd + 1
+      local dfs = {exp = function() return ud:exp() * xd * 2 end,
+                   sqrt = function() return xd / ud:sqrt() end,
+                   tanh = function() return (1 - ud:tanh():pow(2)) * xd * 2 end,
+                   sigmoid = function() return ud:sigmoid() * (1 - ud:sigmoid()) * xd * 2 end,
+                   neg = function() return xd * -2 end, clone = function() return xd * 2 end,
+                   contiguous = function() return xd * 2 end}
+      for _, op in ipairs{"exp", "sqrt", "tanh", "sigmoid", "neg", "clone", "contiguous"} do
+        x.grad = nil
+        collectgarbage(); collectgarbage()
+        local base = tensor.live_bytes()
+        local z = make(op)
+        collectgarbage(); collectgarbage()
+        local rise = tensor.live_bytes() - base
+        z:sum():backward()
+        local err = (x.grad - dfs[op]()):abs():max():item()
+        print(("%s rise %d close %s"):format(op, rise, tostring(err <= 1e-4 * (1 + dfs[op]():abs():max():item()))))
+        z = nil
+      end
+      -- an add keeps neither input (nor a broadcast one: only its sizes), and
+      -- the broadcast input's gradient is still summed to its shape
+      local bias = tensor.randn(512, {requires_grad = true})
+      local function added() return (x * x):view(512, 512) + (bias * 1) end
+      x.grad = nil
+      collectgarbage(); collectgarbage()
+      local base = tensor.live_bytes()
+      local z = added()
+      collectgarbage(); collectgarbage()
+      local rise = tensor.live_bytes() - base
+      z:sum():backward()
+      local ok = (x.grad - xd * 2):abs():max():item() <= 1e-5 and (bias.grad - 512):abs():max():item() == 0
+      print(("add rise %d close %s"):format(rise, tostring(ok)))
     ]==])
     local r = S.run({path}, {timeout = 60})
     assert.are.equal(0, r.status, r.out .. r.err)
@@ -140,6 +179,12 @@ describe("autograd memory", function()
     -- x and y: 2 MiB (the product too was 3 MiB)
     assert.is_true(held ~= nil and held <= 2 * 2 ^ 20 + 65536, "live tensor bytes " .. tostring(held))
     assert.is_truthy(r.out:match("same true"), r.out)
+    for _, op in ipairs{"exp", "sqrt", "tanh", "sigmoid", "neg", "clone", "contiguous", "add"} do
+      -- (the result, 1 MiB: the input kept too was 2)
+      local rise, close = r.out:match(op .. " rise (%-?%d+) close (%a+)")
+      assert.is_true(tonumber(rise) ~= nil and tonumber(rise) <= 2 ^ 20 + 65536, op .. ": rise " .. tostring(rise))
+      assert.are.equal("true", close, op .. ": " .. r.out)
+    end
   end)
 
   it("frees an SGD step's temporaries at once, not at the next collection", function()

@@ -702,7 +702,9 @@ M.check_inplace = check_inplace
 -- and its result, written into a, takes over a's history. Without an
 -- out-of-place counterpart (fill_, zero_, random fills; outofplace nil or
 -- returning nil) a's old history is cut: nothing flows back through a.
--- reads_old: outofplace reads a's old values (false for copy_).
+-- reads_old: outofplace's recorded op keeps a's old values for its backward
+-- (false for copy_, and for ops whose backward reads only their result: they
+-- read a itself, before the write, instead of a snapshot of it).
 local function cut_history(a, name)
   set_state(a, {requires_grad = true, grad_fn = setmetatable({name = name, edges = {}, n = 0,
     backward = function() end}, Node)})
@@ -745,8 +747,15 @@ M.Function = require("rpchost.autograd_function").make(M)
 local function sizes(t) return core.t_size(t) end
 
 -- a value with the shape of `like` (numbers stay numbers)
+-- x: the input, or what a node kept of an input it does not save (see
+-- shape_of): SAME_SHAPE, or {sizes = ...}
+local SAME_SHAPE = {}
 local function grad_for(g, x)
-  if not is_t(x) then return nil end
+  if x == SAME_SHAPE then return g end
+  if not is_t(x) then
+    if type(x) == "table" and x.sizes then return M.sum_to(g, x.sizes) end
+    return nil
+  end
   -- g has the broadcast shape, of which x's is a part: the same number of
   -- dimensions and elements (none zero) means the same shape, nothing to sum
   local n = core.t_numel(x)
@@ -807,6 +816,19 @@ end
 -- tensors the two derivatives read, given which inputs need a gradient: a
 -- weight used with an input that needs none is not saved, so changing it in
 -- place later (an optimizer step) is no error
+-- What an element-wise node keeps of input x, a tensor its derivatives do not
+-- read: only what its gradient's shape needs (SAME_SHAPE as the result, which
+-- costs nothing, or its sizes), not x itself, so an add's inputs (a
+-- BatchNorm's output and a ResNet block's identity) are not held until the
+-- backward, as PyTorch's AddBackward holds none
+local function shape_of(x, out, x1, x2, x3)
+  if not is_t(x) or rawequal(x, x1) or rawequal(x, x2) or rawequal(x, x3) then return x end
+  if core.t_numel(x) == core.t_numel(out) and core.t_ndim(x) == core.t_ndim(out) and core.t_numel(x) > 0 then
+    return SAME_SHAPE
+  end
+  return {sizes = sizes(x)}
+end
+
 local function record_binary(op, out, a, b, sa, sb)
   if core.t_dtype(out) > 1 then return out end -- only float results carry gradients
   local ra, rb = sa ~= nil and sa.requires_grad == true, sb ~= nil and sb.requires_grad == true
@@ -814,9 +836,13 @@ local function record_binary(op, out, a, b, sa, sb)
   local eb, nb = edge_from(b, sb)
   local nrs = nil
   if na or nb then nrs = {na, nb} end
-  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = a, b = b, ra = ra, rb = rb,
-    edges = {ea, eb}, nrs = nrs, n = 2}, Node)
-  node.saved = save3(node, out, a, sa, b, sb, op.saves(a, b, out, ra, rb))
+  local x1, x2, x3 = op.saves(a, b, out, ra, rb)
+  -- (an op with its own apply, matmul, reads its inputs' shapes itself)
+  local ka, kb = a, b
+  if not op.apply then ka, kb = shape_of(a, out, x1, x2, x3), shape_of(b, out, x1, x2, x3) end
+  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = ka, b = kb, ra = ra,
+    rb = rb, edges = {ea, eb}, nrs = nrs, n = 2}, Node)
+  node.saved = save3(node, out, a, sa, b, sb, x1, x2, x3)
   set_state(out, {requires_grad = true, grad_fn = node})
   return out
 end
@@ -845,17 +871,21 @@ end
 -- reads (nil when only shapes); view: the result shares a's elements (an
 -- in-place change of it is refused: it would bypass a's history); fresh: df
 -- returns a new tensor and keeps none (autograd.Function's fresh_grads);
--- result_only: df reads the result and not the input (df gets nil for a), so
--- the node does not keep the input alive: relu's input (a BatchNorm's or an
--- add's output, which nothing else keeps) is freed once relu has run, as in
--- PyTorch, whose ReLU saves its result (a ResNet block held three activations
--- more than it needed: a third of its saved memory)
+-- result_only: df reads at most the result, never the input (df gets nil for
+-- a), so the node does not keep the input alive: relu's input (a BatchNorm's
+-- or an add's output, which nothing else keeps) is freed once relu has run, as
+-- in PyTorch, whose ReLU saves its result (a ResNet block held three
+-- activations more than it needed: a third of its saved memory); the same for
+-- exp, sqrt, tanh, sigmoid (their result) and neg, clone, contiguous (nothing)
 local function record_unary(op, out, a, sa, ...)
   if core.t_dtype(out) > 1 then return out end
   local args = nil
   if select("#", ...) > 0 then args = pack(...) end
-  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = (not op.result_only) and a or nil,
-    args = args,
+  -- (shape_only: df reads only a's sizes, kept instead of a, whose storage a
+  -- view's result shares anyway)
+  local ka = a
+  if op.result_only then ka = nil elseif op.shape_only then ka = {sizes = sizes(a)} end
+  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = ka, args = args,
     edges = {sa.grad_fn or a}, n = 1, fresh = op.fresh}, Node)
   if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
   local saves = op.saves
@@ -865,8 +895,11 @@ local function record_unary(op, out, a, sa, ...)
   return out
 end
 
-local function install_unary(name, fwd, df, saves, view, fresh, result_only)
-  local op = {name = name, df = df, saves = saves, view = view, fresh = fresh, result_only = result_only}
+local result_only_ops = {} -- (names: their in-place forms need no snapshot of the input)
+local function install_unary(name, fwd, df, saves, view, fresh, result_only, shape_only)
+  local op = {name = name, df = df, saves = saves, view = view, fresh = fresh, result_only = result_only,
+    shape_only = shape_only}
+  result_only_ops[name] = result_only or nil
   local f = function(a, ...)
     local out = fwd(a, ...)
     -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
@@ -928,10 +961,10 @@ function M.install(t_module)
     function(g, a, b) return mul(g, core.t_cast(core.t_binary(11, a, b), core.t_dtype(g))) end, both)
 
   -- (these derivatives are new tensors computed from g: fresh)
-  install_unary("neg", orig.neg, function(g) return neg(g) end, nil, nil, true)
-  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end, save_out, nil, true)
+  install_unary("neg", orig.neg, function(g) return neg(g) end, nil, nil, true, true)
+  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end, save_out, nil, true, true)
   install_unary("log", orig.log, function(g, a) return div(g, a) end, save_a, nil, true)
-  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end, save_out, nil, true)
+  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end, save_out, nil, true, true)
   -- one pass in C (nn_act.c) where g and the result are contiguous host floats
   -- alike; the mask is read from the result (out > 0 exactly where a > 0), so
   -- the input is not kept (result_only)
@@ -939,9 +972,9 @@ function M.install(t_module)
     return core.nn_relu_backward(g, out) or mul(g, core.t_cast(core.t_binary(11, out, 0), core.t_dtype(g)))
   end, save_out, nil, true, true)
   install_unary("tanh", orig.tanh, function(g, _, out) return mul(g, core.t_binary(1, 1, mul(out, out))) end, save_out,
-    nil, true)
+    nil, true, true)
   install_unary("sigmoid", orig.sigmoid, function(g, _, out) return mul(g, mul(out, core.t_binary(1, 1, out))) end,
-    save_out, nil, true)
+    save_out, nil, true, true)
   install_unary("abs", orig.abs, function(g, a)
     local sign = core.t_binary(1, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g)),
                                   core.t_cast(core.t_binary(9, a, 0), core.t_dtype(g)))
@@ -949,14 +982,16 @@ function M.install(t_module)
   end, save_a)
 
   -- shape ops: the gradient takes the input's shape back
-  install_unary("view", orig.view, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
-  install_unary("reshape", orig.reshape, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
-  install_unary("flatten", orig.flatten, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
-  install_unary("contiguous", orig.contiguous, function(g) return g end)
-  install_unary("clone", orig.clone, function(g) return g end)
+  -- (a: {sizes =}, what these nodes keep of their input: shape_only)
+  local function unview(g, a) return core.t_view(core.t_contiguous(g), a.sizes, true) end
+  install_unary("view", orig.view, unview, nil, true, nil, nil, true)
+  install_unary("reshape", orig.reshape, unview, nil, true, nil, nil, true)
+  install_unary("flatten", orig.flatten, unview, nil, true, nil, nil, true)
+  install_unary("contiguous", orig.contiguous, function(g) return g end, nil, nil, nil, true)
+  install_unary("clone", orig.clone, function(g) return g end, nil, nil, nil, true)
   -- a copy to another device: the gradient goes back to the input's device
   install_unary("_to_device", orig._to_device, function(g, a) return core.t_to_device(g, core.t_device(a)) end)
-  install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, sizes(a)) end, nil, true)
+  install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, a.sizes) end, nil, true, nil, nil, true)
   install_unary("transpose", orig.transpose, function(g, _, _, d0, d1) return m.transpose(g, d0, d1) end, nil, true)
   install_unary("t", orig.t, function(g) return core.t_ndim(g) < 2 and g or core.t_transpose(g, 0, 1) end, nil, true)
   install_unary("permute", orig.permute, function(g, _, _, ...)
@@ -1144,7 +1179,9 @@ function M.install(t_module)
           return copied(dst, src)
         end, false)
       else
-        methods[name] = M.wrap_inplace(name, f, base)
+        -- (an op that keeps nothing of its input reads the tensor itself before
+        -- the write: no snapshot)
+        methods[name] = M.wrap_inplace(name, f, base, not result_only_ops[name:sub(1, -2)])
       end
     end
   end
