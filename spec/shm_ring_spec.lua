@@ -168,9 +168,10 @@ describe("same-host shared-memory rings", function()
   end)
 
   -- RPCHOST_SPIN_YIELD=0: a rank polls its rings in bursts with no system call
-  -- (what it does when its ranks fit the host's cores); 1: it yields every turn
-  for _, mode in ipairs({"0", "1"}) do
-    it("polling in either mode (RPCHOST_SPIN_YIELD=" .. mode .. "), a peer that dies mid-traffic is noticed " ..
+  -- (what it does when the host's runnable tasks fit its cores); 1: it yields
+  -- every turn; "" (auto): it counts the host's runnable tasks every 2 ms
+  for _, mode in ipairs({"0", "1", ""}) do
+    it("polling in every mode (RPCHOST_SPIN_YIELD=" .. mode .. "), a peer that dies mid-traffic is noticed " ..
        "within 1 s, and an idle rank sleeps", function()
       local port = S.free_port()
       local path = S.write(S.prelude .. CPU .. [[

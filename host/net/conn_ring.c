@@ -18,8 +18,10 @@
  * last RPCHOST_SPIN_US, an idle handle keeps the loop from blocking, so a
  * reply is seen microseconds after it is written (uv_hrtime: uv_now's 1 ms is too
  * coarse). How a spin turn that finds nothing treats the core depends on who
- * else wants it (rh_net_polite): where this host's ranks may outnumber its
- * cores, or while other processes keep switching this one out, it yields (the
+ * else wants it (rh_net_polite): while the host has more runnable tasks than
+ * cores (counted every 2 ms: /proc/loadavg's running tasks; four ranks on two
+ * cores of which two sleep leave a core to each of the others), or while other
+ * processes keep switching this one out, it yields (the
  * rank it waits for may need the core; and the kernel favours a task that used
  * less CPU, so a rank that polls on under contention is served last: a reply
  * waited a whole time slice). With a core to itself it polls the rings alone,
@@ -42,6 +44,7 @@
  * gate (frame.c's decode_checked, through an rh_reader_t); a violation closes
  * the connection with RH_ERING. A dead peer is noticed by the socket's EOF, as
  * without rings, after the ring's last frames are read. */
+#include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -79,6 +82,25 @@ static void ring_fail(rh_conn_t *c, int rc) { rh__conn_end(c, rc == RH_ENOMEM ? 
 
 /* ---- spinning and sleeping ---- */
 
+/* The host's runnable tasks now (the fourth field of /proc/loadavg, this
+ * thread included), or -1 when it cannot be read. */
+static int host_runnable(rh_net_t *net) {
+  if (net->loadavg_fd == -2) net->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (net->loadavg_fd < 0) return -1;
+  char b[128];
+  ssize_t n = pread(net->loadavg_fd, b, sizeof b - 1, 0);
+  if (n <= 0) return -1;
+  b[n] = 0;
+  /* "0.52 0.58 0.59 2/97 12345": the running count before the slash */
+  const char *s = b;
+  for (int k = 0; k < 3 && s; k++) {
+    s = strchr(s, ' ');
+    if (s) s++;
+  }
+  if (!s || *s < '0' || *s > '9') return -1;
+  return atoi(s);
+}
+
 int rh_net_polite(rh_net_t *net, uint64_t now) {
   if (net->ring_yield) return 1;
   if (now - net->csw_at >= CONTENTION_NS) {
@@ -89,6 +111,10 @@ int rh_net_polite(rh_net_t *net, uint64_t now) {
       uint64_t n = (uint64_t)ru.ru_nivcsw;
       net->contended = net->csw_at != 0 && n != net->csw_last;
       net->csw_last = n;
+    }
+    if (!net->contended && net->ring_auto) {
+      int n = host_runnable(net);
+      net->contended = n < 0 ? net->ring_crowded : n > net->host_cpus;
     }
     net->csw_at = now;
   }
@@ -165,6 +191,7 @@ static void activity(rh_net_t *net) {
 void rh__rings_init(rh_net_t *net) {
   net->rings = NULL;
   net->spinning = net->ring_found = 0;
+  net->loadavg_fd = -2;
   if (!net->ring_spin_ns) net->ring_spin_ns = 60000; /* (RPCHOST_SPIN_US's default) */
   uv_idle_init(net->loop, &net->spin);
   net->spin.data = net;
@@ -172,6 +199,8 @@ void rh__rings_init(rh_net_t *net) {
 }
 
 void rh__rings_close(rh_net_t *net) {
+  if (net->loadavg_fd >= 0) close(net->loadavg_fd);
+  net->loadavg_fd = -1;
   if (!uv_is_closing((uv_handle_t *)&net->spin)) uv_close((uv_handle_t *)&net->spin, NULL);
 }
 
