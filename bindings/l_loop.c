@@ -192,15 +192,6 @@ static int l_isatty(lua_State *L) {
   return 1;
 }
 
-/* The same four as plain C functions for LuaJIT's FFI (lua/rpchost/core.lua):
- * a trace calls them directly, where a call through the Lua C API ends the
- * trace (a stitch: an exit, the interpreter, a new trace). The scheduler and
- * every call and reply use them several times each. None calls back into Lua. */
-double rh_ffi_now(void) { return (double)uv_hrtime() / 1e9; }
-void rh_ffi_flush(void) { rh_net_flush_now(&rh_ctx()->net); }
-void rh_ffi_stop(void) { uv_stop(rh_ctx()->loop); }
-void rh_ffi_yield_cpu(void) { l_yield_cpu(NULL); }
-
 int rh_open_loop(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"run", l_run},           {"stop", l_stop},         {"now", l_now},           {"timer_set", l_timer_set},

@@ -203,9 +203,8 @@ int rh_lua_main(int argc, char **argv) {
   lua_concat(L, 2);
   lua_setfield(L, -2, "path");
   lua_getfield(L, -1, "preload");
-  /* (lua/rpchost/core.lua wraps it: its hottest functions through the FFI) */
   lua_pushcfunction(L, open_core);
-  lua_setfield(L, -2, "rpchost.core_c");
+  lua_setfield(L, -2, "rpchost.core");
   lua_pop(L, 2);
 
   /* cli.main(argv) returns the exit status. */
