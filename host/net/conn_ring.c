@@ -28,6 +28,9 @@
  * without a system call, for bursts of up to SPIN_BURST_NS between the loop's
  * turns (each an epoll_wait): a frame is seen nanoseconds after its write, not a
  * turn of the loop later. (Open MPI polls so, and yields when oversubscribed.)
+ * Between the loop's turns the scheduler polls the rings alone too
+ * (rh_net_ring_turn): the reply a task waits for is handed out without the rest
+ * of a loop turn each time, the loop still turning every SPIN_BURST_NS.
  * After the window, each ring's `sleeping` flag is set and the
  * ring checked once more (ring.h), and the loop blocks in epoll; a producer that
  * sees the flag sends a doorbell: a header-only frame (RH_FRAME_RING_WAKE) on
@@ -176,6 +179,34 @@ static void spin_cb(uv_idle_t *h) {
   }
   uv_idle_stop(h);
   net->spinning = 0;
+}
+
+/* The rings alone, from the scheduler between the loop's turns: a reply that
+ * the last turn's poll found handed out, the task it wakes runs, its next
+ * request goes into the ring, and the answer is polled for here, without the
+ * rest of a loop turn (prepare and check hooks, an epoll_wait) each time. The
+ * loop still turns at least every SPIN_BURST_NS, as while spin_cb's bursts
+ * run: sockets and timers wait no longer than they would. */
+int rh_net_ring_turn(rh_net_t *net) {
+  if (!net->spinning || !net->rings) return -1;
+  uint64_t now = uv_hrtime();
+  if (now - net->loop_turn_at >= SPIN_BURST_NS || now - net->ring_last >= net->ring_spin_ns) return -1;
+  rh_net_flush_now(net); /* (what the tasks queued, doorbells included: the prepare hook's job) */
+  uint64_t until = net->loop_turn_at + SPIN_BURST_NS, end = net->ring_last + net->ring_spin_ns;
+  if (end < until) until = end;
+  int polite = rh_net_polite(net, now);
+  for (;;) {
+    rh__rings_poll(net);
+    if (net->ring_found) {
+      net->ring_found = 0;
+      net->ring_last = uv_hrtime();
+      return 1;
+    }
+    if (polite || uv_hrtime() >= until) return -1;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
 }
 
 /* Ring traffic: keep the loop polling for a while. */
