@@ -566,15 +566,18 @@ static int l_decode(lua_State *L) {
   return lua_gettop(L) - base;
 }
 
+/* *ref now holds the value at idx (any it held before let go). */
+static void set_ref(lua_State *L, int *ref, int idx) {
+  rh_unref(L, ref);
+  lua_pushvalue(L, idx);
+  *ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
 static int l_set_hooks(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  rh_unref(L, &ref_enc_hook);
-  rh_unref(L, &ref_dec_hook);
-  lua_pushvalue(L, 1);
-  ref_enc_hook = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_pushvalue(L, 2);
-  ref_dec_hook = luaL_ref(L, LUA_REGISTRYINDEX);
+  set_ref(L, &ref_enc_hook, 1);
+  set_ref(L, &ref_dec_hook, 2);
   return 0;
 }
 
@@ -586,12 +589,8 @@ static int l_set_names(lua_State *L) {
   luaL_checktype(L, 2, LUA_TTABLE);
   int tag = (int)luaL_checkinteger(L, 3);
   luaL_argcheck(L, tag >= TAG_LEAF_MAX && tag <= 127, 3, "not a tagged value's tag");
-  rh_unref(L, &ref_fn_names);
-  rh_unref(L, &ref_globals);
-  lua_pushvalue(L, 1);
-  ref_fn_names = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_pushvalue(L, 2);
-  ref_globals = luaL_ref(L, LUA_REGISTRYINDEX);
+  set_ref(L, &ref_fn_names, 1);
+  set_ref(L, &ref_globals, 2);
   tag_func_name = tag;
   return 0;
 }
