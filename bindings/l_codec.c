@@ -170,9 +170,25 @@ static int enc_gc(lua_State *L) {
   return 0;
 }
 
-/* An encoder ready for a message, pushed on the stack. */
+/* The encoder of an encode that no other encode is using (the usual case):
+ * plain static memory, no userdata to take from the pool and give back (a
+ * tenth of a small call's encoding). Busy from its take to its last byte's
+ * copy, and freed by an error that enc_fail raises; a nested encode (a codec
+ * hook's, a finaliser's during an allocation) takes one from the pool. (An
+ * error raised elsewhere mid-encode, out of memory, leaves it busy: every
+ * encode then takes from the pool, as all did before.) */
+static enc_t enc_hot;
+static int enc_hot_busy;
+
+/* An encoder ready for a message (one from the pool is pushed on the stack). */
 static enc_t *enc_take(lua_State *L) {
-  enc_t *e = pool_take(L, ref_enc_pool, sizeof *e, ENC_MT);
+  enc_t *e;
+  if (!enc_hot_busy) {
+    enc_hot_busy = 1;
+    e = &enc_hot;
+  } else {
+    e = pool_take(L, ref_enc_pool, sizeof *e, ENC_MT);
+  }
   e->L = L;
   e->buf.size = 0;
   e->depth = 0;
@@ -184,6 +200,7 @@ static int enc_fail(enc_t *e, const char *why) {
   push_path(e);
   lua_pushfstring(e->L, ": %s", why);
   lua_concat(e->L, 2);
+  if (e == &enc_hot) enc_hot_busy = 0; /* (its message is made: nothing reads the encoder now) */
   return lua_error(e->L);
 }
 
@@ -360,7 +377,8 @@ static int l_encode(lua_State *L) {
   }
   lua_pushlstring(L, e->buf.data ? e->buf.data : "", e->buf.size);
   if (e->buf.alloc > KEEP_BYTES) enc_gc_buffer(e);
-  pool_give(L, ref_enc_pool, -2);
+  if (e == &enc_hot) enc_hot_busy = 0;
+  else pool_give(L, ref_enc_pool, -2);
   return 1;
 }
 
