@@ -302,9 +302,17 @@ local SLICE = 0.0005
 local turn_io
 
 local function drain()
+  -- (an empty queue reads no clock, and the first task none before it starts:
+  -- run_until drains twice a turn, the second time mostly with nothing queued)
+  if rhead > rtail then
+    rhead, rtail = 1, 0
+    return
+  end
   local slice_end = now() + SLICE
+  local first = true
   while rhead <= rtail do
-    if now() >= slice_end then
+    if first then first = false
+    elseif now() >= slice_end then
       turn_io()
       slice_end = now() + SLICE
     end
