@@ -445,27 +445,29 @@ static void dec_call_hook(dec_t *d, int tag, int nargs) {
   }
 }
 
-/* The two children "g", name of a FUNC_NAME on the stack, where the global
- * `name` is defined: replaced by it, 1. Anything else (an undefined name: the
- * hook's error says so) is left as it is, 0. */
-static int dec_global_function(dec_t *d) {
-  lua_State *L = d->L;
-  size_t klen;
-  const char *kind = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &klen) : NULL;
-  if (ref_globals == LUA_NOREF || !kind || klen != 1 || kind[0] != 'g' || lua_type(L, -1) != LUA_TSTRING) return 0;
-  rh_pushref(L, ref_globals);
-  lua_pushvalue(L, -2);
-  lua_rawget(L, -2);
-  if (lua_isnil(L, -1)) {
-    lua_pop(L, 2);
-    return 0;
-  }
-  lua_replace(L, -4);
-  lua_pop(L, 2);
-  return 1;
-}
-
 static void dec_value(dec_t *d);
+
+/* [FUNC_NAME, "g", name] with the header and "g" read (d->p at the name):
+ * pushes the global of that name, or, where it is not defined, what the hook
+ * makes of ("g", name) (its error names it). */
+static void dec_global_function(dec_t *d, int tag) {
+  lua_State *L = d->L;
+  dec_value(d); /* the name */
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    rh_pushref(L, ref_globals);
+    lua_pushvalue(L, -2);
+    lua_rawget(L, -2);
+    if (!lua_isnil(L, -1)) {
+      lua_replace(L, -3);
+      lua_pop(L, 1);
+      return;
+    }
+    lua_pop(L, 2);
+  }
+  lua_pushlstring(L, "g", 1);
+  lua_insert(L, -2);
+  dec_call_hook(d, tag, 2);
+}
 
 static void dec_array(dec_t *d, uint32_t n) {
   lua_State *L = d->L;
@@ -479,8 +481,14 @@ static void dec_array(dec_t *d, uint32_t n) {
       dec_take(d, len);
       if (ref_dec_hook == LUA_NOREF) dec_fail(d, "tagged value without a codec hook");
       luaL_checkstack(L, (int)n + 8, "codec: too many values");
+      /* (a function by a global name: "g" as the encoder writes it, a fixstr) */
+      if (n == 3 && type == tag_func_name && ref_globals != LUA_NOREF && d->end - d->p >= 2 && d->p[0] == 0xa1 &&
+          d->p[1] == 'g') {
+        d->p += 2;
+        dec_global_function(d, type);
+        return;
+      }
       for (uint32_t i = 1; i < n; i++) dec_value(d);
-      if (n == 3 && type == tag_func_name && dec_global_function(d)) return;
       dec_call_hook(d, type, (int)n - 1);
       return;
     }
