@@ -298,11 +298,13 @@ local function reply(self, to, id, flags, body, segs)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
-  if p then
+  -- (counted once it left: the caller is waiting for it)
+  if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
     trace.frame_bytes(p.name, true, body, segs)
-    if self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then return sched.expect_soon() end
+    return sched.expect_soon()
   end
   to:send(proto.RESPONSE, flags, id, body, unpack(segs))
+  if p then trace.frame_bytes(p.name, true, body, segs) end
   sched.expect_soon()
 end
 
@@ -561,9 +563,13 @@ function request_decoded(self, to, id, queued_at, ok, fn, args, kwargs, ctx, dma
   end
   local rmap = type(dmap) == "table" and device_maps.inverse(dmap) or nil
   if type(args) ~= "table" then args = {} end
-  -- (the caller's remaining timeout: past it nobody waits for the reply)
+  -- (the caller's remaining timeout: past it nobody waits for the reply; the
+  -- deadline matters only to a request that may wait before it runs)
   timeout = tonumber(timeout)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local deadline = nil
+  if timeout and timeout > 0 and (unconfirmed or self.running >= self.max_running) then
+    deadline = sched.now() + timeout
+  end
   if unconfirmed then
     -- UserRRefs among the arguments are confirmed by their owners before the
     -- function runs (as in PyTorch): then it may use them at once
