@@ -464,22 +464,28 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
   local err = not ok and errors.new("unreachable", ("%s: cannot read or write the tensor of rank %s: %s"):format(
     c.what, bad and tostring(g:global(bad)) or "?", tostring(why)), {rank = bad and g:global(bad) or nil})
   local a = g.agent
+  -- (done: 0; failed: -1, or -(r + 2) where it could not reach rank r, so that
+  -- every survivor names the rank that failed, whichever rank's word it hears
+  -- first)
+  local status = 0
+  if err then status = err.rank and -(err.rank + 2) or -1 end
   for i = 0, g.size - 1 do
-    if i ~= g.rank then pcall(a.post, a, g:global(i), c.key .. "done", c.sig, err and -1 or 0) end
+    if i ~= g.rank then pcall(a.post, a, g:global(i), c.key .. "done", c.sig, status) end
   end
   core.flush()
   for i = 0, g.size - 1 do
     if i ~= g.rank then
       local src = g:global(i)
-      local got, sig, status = pcall(a.receive, a, src, c.key .. "done", g.timeout, c.what, nil, nil, nil, true)
+      local got, sig, st = pcall(a.receive, a, src, c.key .. "done", g.timeout, c.what, nil, nil, nil, true)
       if not got then
         -- lost: it writes nothing more; a timeout: it may, but waiting longer is no answer
         err = err or sig
       elseif sig ~= c.sig then
         err = err or errors.new("protocol", ("%s: rank %d ended another call"):format(c.what, src), {rank = src})
-      elseif status ~= 0 then
-        err = err or errors.new("unreachable", ("%s: rank %d could not reach every tensor, so the result is " ..
-          "incomplete"):format(c.what, src), {rank = src})
+      elseif st ~= 0 then
+        local who = type(st) == "number" and st <= -2 and -st - 2 or src
+        err = err or errors.new("unreachable", ("%s: rank %d could not reach the tensor of rank %d, so the result " ..
+          "is incomplete"):format(c.what, src, who), {rank = who})
       end
     end
   end
