@@ -9,8 +9,8 @@
  *
  * A step is three calls from lua/rpchost/arena.lua: start (copy in, publish),
  * spin / sleep until every rank is there, finish (reduce or copy out). The
- * spin is bounded (the caller's budget, yielding the core where this host's
- * ranks may outnumber its cores), so the loop is never held for long: what
+ * spin is bounded (the caller's budget, yielding the core while the host's
+ * runnable tasks outnumber its cores: rh_net_polite), so the loop is never held for long: what
  * remains is a sleep in the loop, rung by the rank that completes the step. */
 #include <errno.h>
 #include <sched.h>
@@ -190,7 +190,7 @@ static int push_check(lua_State *L, int rc, const rh_arena_sig_t *o, int bad) {
 
 /* arena:spin(epoch, ns) -> as push_check: polls for up to ns nanoseconds,
  * giving the core away between looks where the rings would (rh_net_polite:
- * this host's ranks may outnumber its cores, or others contend for ours) */
+ * the host's runnable tasks outnumber its cores, or others contend for ours) */
 static int l_spin(lua_State *L) {
   larena_t *b = check_arena(L, 1);
   uint64_t e = (uint64_t)luaL_checknumber(L, 2);

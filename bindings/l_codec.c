@@ -9,6 +9,14 @@
  *   tag >= 16: a tagged array [ext(tag, ""), child values...]
  * The decoder calls the decode hook with the tag and the decoded children.
  *
+ * One case skips the hooks both ways: a function known by a global name (what
+ * nearly every call sends), tag FUNC_NAME with children "g" and the name. The
+ * encode hook notes such functions in a weak table (set_codec_names); the
+ * encoder writes the name of one found there that is still that global here,
+ * and the decoder looks the name up in the globals, leaving only a name that
+ * is not defined to the hook (its error names it). Each hook is a call from C
+ * into Lua: a fifth of a small call's instructions went to those two.
+ *
  * Errors name the path of the offending value (args[2].opts.cb). Cycles and
  * nesting deeper than msgpack-c's decoder supports are refused before anything is
  * sent. */
@@ -47,8 +55,9 @@ typedef struct {
   lua_State *L;
   msgpack_sbuffer buf;
   msgpack_packer pk;
-  const char *root;
-  int root_index; /* > 0: the value is root[root_index] (one of several under one name) */
+  /* which of l_encode's values this is (0-based) and how many it was given: the
+   * value's name (l_encode's first argument) is looked up only for an error */
+  int value_i, nvalues;
   path_elem_t path[MAX_DEPTH_LIMIT + 2];
   int depth;
 } enc_t;
@@ -64,12 +73,24 @@ static int is_ident(const char *s) {
 /* Pushes the path of the value being encoded, e.g. args[2].cb */
 static void push_path(enc_t *e) {
   lua_State *L = e->L;
+  /* the root name: a string for all values (result[1], result[2]... when
+   * several), or a table of one name per value (anchored by it) */
+  const char *root = "value";
+  int root_index = 0;
+  if (lua_type(L, 1) == LUA_TSTRING) {
+    root = lua_tostring(L, 1);
+    if (e->nvalues > 1) root_index = e->value_i + 1;
+  } else if (lua_type(L, 1) == LUA_TTABLE) {
+    lua_rawgeti(L, 1, e->value_i + 1);
+    if (lua_type(L, -1) == LUA_TSTRING) root = lua_tostring(L, -1);
+    lua_pop(L, 1);
+  }
   luaL_Buffer b;
   luaL_buffinit(L, &b);
-  luaL_addstring(&b, e->root);
+  luaL_addstring(&b, root);
   char tmp[64];
-  if (e->root_index > 0) {
-    snprintf(tmp, sizeof tmp, "[%d]", e->root_index);
+  if (root_index > 0) {
+    snprintf(tmp, sizeof tmp, "[%d]", root_index);
     luaL_addstring(&b, tmp);
   }
   for (int i = 0; i < e->depth; i++) {
@@ -96,15 +117,16 @@ static void push_path(enc_t *e) {
   luaL_pushresult(&b);
 }
 
-/* Encoders and decoders are reused, not made per message: each is a userdata
- * (so an error that abandons one mid-way leaves it to the GC, whose __gc frees
- * its buffer) kept in a small registry stack between uses. A nested use (a codec
- * hook that encodes) simply takes another. */
+/* Encoders are reused, not made per message: each is a userdata (so an error
+ * that abandons one mid-way leaves it to the GC, whose __gc frees its buffer)
+ * kept in a small registry stack between uses. A nested use (a codec hook that
+ * encodes) simply takes another. (Decoding needs no state of its own.) */
 #define ENC_MT "rpchost.Encoder"
-#define DEC_MT "rpchost.Decoder"
 #define POOL_MAX 8
 #define KEEP_BYTES (64u << 10) /* a buffer grown past this is not kept */
-static int ref_enc_pool = LUA_NOREF, ref_dec_pool = LUA_NOREF;
+static int ref_enc_pool = LUA_NOREF;
+/* the fast path for functions known by a global name (see the top) */
+static int ref_fn_names = LUA_NOREF, ref_globals = LUA_NOREF, tag_func_name = -1;
 
 /* Pushes a userdata from the pool, or a new zeroed one of `size` bytes with
  * metatable mt when the pool is empty. */
@@ -148,9 +170,25 @@ static int enc_gc(lua_State *L) {
   return 0;
 }
 
-/* An encoder ready for a message, pushed on the stack. */
+/* The encoder of an encode that no other encode is using (the usual case):
+ * plain static memory, no userdata to take from the pool and give back (a
+ * tenth of a small call's encoding). Busy from its take to its last byte's
+ * copy, and freed by an error that enc_fail raises; a nested encode (a codec
+ * hook's, a finaliser's during an allocation) takes one from the pool. (An
+ * error raised elsewhere mid-encode, out of memory, leaves it busy: every
+ * encode then takes from the pool, as all did before.) */
+static enc_t enc_hot;
+static int enc_hot_busy;
+
+/* An encoder ready for a message (one from the pool is pushed on the stack). */
 static enc_t *enc_take(lua_State *L) {
-  enc_t *e = pool_take(L, ref_enc_pool, sizeof *e, ENC_MT);
+  enc_t *e;
+  if (!enc_hot_busy) {
+    enc_hot_busy = 1;
+    e = &enc_hot;
+  } else {
+    e = pool_take(L, ref_enc_pool, sizeof *e, ENC_MT);
+  }
   e->L = L;
   e->buf.size = 0;
   e->depth = 0;
@@ -162,6 +200,7 @@ static int enc_fail(enc_t *e, const char *why) {
   push_path(e);
   lua_pushfstring(e->L, ": %s", why);
   lua_concat(e->L, 2);
+  if (e == &enc_hot) enc_hot_busy = 0; /* (its message is made: nothing reads the encoder now) */
   return lua_error(e->L);
 }
 
@@ -218,6 +257,36 @@ static void enc_hook(enc_t *e, int idx) {
     }
   }
   lua_settop(L, top);
+}
+
+/* A function the encode hook found as the global of the same name, and that
+ * still is: its name, written as the hook would write it. 1 when written. */
+static int enc_global_function(enc_t *e, int idx) {
+  lua_State *L = e->L;
+  if (ref_fn_names == LUA_NOREF) return 0;
+  int top = lua_gettop(L);
+  rh_pushref(L, ref_fn_names);
+  lua_pushvalue(L, idx);
+  lua_rawget(L, -2);
+  int ok = 0;
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    rh_pushref(L, ref_globals);
+    lua_pushvalue(L, -2);
+    lua_rawget(L, -2);
+    if (lua_rawequal(L, -1, idx)) {
+      size_t len;
+      const char *name = lua_tolstring(L, top + 2, &len);
+      msgpack_pack_array(&e->pk, 3);
+      msgpack_pack_ext(&e->pk, 0, (int8_t)tag_func_name);
+      msgpack_pack_str(&e->pk, 1);
+      msgpack_pack_str_body(&e->pk, "g", 1);
+      msgpack_pack_str(&e->pk, len);
+      msgpack_pack_str_body(&e->pk, name, len);
+      ok = 1;
+    }
+  }
+  lua_settop(L, top);
+  return ok;
 }
 
 static void enc_table(enc_t *e, int idx) {
@@ -285,6 +354,9 @@ static void enc_value(enc_t *e, int idx) {
         enc_table(e, idx);
       }
       break;
+    case LUA_TFUNCTION:
+      if (!enc_global_function(e, idx)) enc_hook(e, idx);
+      break;
     default: enc_hook(e, idx); break;
   }
 }
@@ -294,60 +366,71 @@ static void enc_value(enc_t *e, int idx) {
 static int l_encode(lua_State *L) {
   int n = lua_gettop(L) - 1;
   enc_t *e = enc_take(L);
+  e->nvalues = n;
   for (int i = 0; i < n; i++) {
-    e->root = "value";
-    e->root_index = 0;
-    if (lua_type(L, 1) == LUA_TSTRING) {
-      e->root = lua_tostring(L, 1);
-      /* several values under one name: result[1], result[2]... (the index is
-       * written into the path only if an error needs it: a formatted name per
-       * value was a tenth of a collective step's instructions) */
-      if (n > 1) e->root_index = i + 1;
-    }
-    else if (lua_type(L, 1) == LUA_TTABLE) {
-      lua_rawgeti(L, 1, i + 1);
-      if (lua_type(L, -1) == LUA_TSTRING) e->root = lua_tostring(L, -1); /* anchored by names */
-      lua_pop(L, 1);
-    }
+    /* (the name is looked up only if an error needs it: push_path; a formatted
+     * name per value was a tenth of a collective step's instructions, a name
+     * read per value a tenth of a call's encoding) */
+    e->value_i = i;
     e->depth = 0;
     enc_value(e, i + 2);
   }
   lua_pushlstring(L, e->buf.data ? e->buf.data : "", e->buf.size);
   if (e->buf.alloc > KEEP_BYTES) enc_gc_buffer(e);
-  pool_give(L, ref_enc_pool, -2);
+  if (e == &enc_hot) enc_hot_busy = 0;
+  else pool_give(L, ref_enc_pool, -2);
   return 1;
 }
 
-/* ---- decoding ---- */
+/* ---- decoding ----
+ *
+ * Straight from the bytes to Lua values, in one pass: rh_mp_check has walked
+ * them first (every count fits the bytes left, nesting bounded), and each read
+ * here is bounds-checked again all the same. (msgpack-c's unpacker built a tree
+ * of objects in a zone first, and the zone was a pooled userdata: together
+ * three quarters of a small request's decoding.) */
 
 typedef struct {
   lua_State *L;
+  const uint8_t *p, *end;
   int depth;
-  int ready;         /* the zone is initialised */
-  msgpack_zone zone; /* where msgpack-c puts a message's objects; cleared per use */
 } dec_t;
-
-static int dec_gc(lua_State *L) {
-  dec_t *d = luaL_checkudata(L, 1, DEC_MT);
-  if (d->ready) msgpack_zone_destroy(&d->zone);
-  d->ready = 0;
-  return 0;
-}
-
-static dec_t *dec_take(lua_State *L) {
-  dec_t *d = pool_take(L, ref_dec_pool, sizeof *d, DEC_MT);
-  if (!d->ready) d->ready = msgpack_zone_init(&d->zone, 8192);
-  if (!d->ready) luaL_error(L, "out of memory");
-  d->L = L;
-  d->depth = 0;
-  return d;
-}
 
 static int dec_fail(dec_t *d, const char *why) {
   return luaL_error(d->L, "malformed message: %s", why);
 }
 
-static void dec_obj(dec_t *d, const msgpack_object *o);
+static const uint8_t *dec_take(dec_t *d, size_t n) {
+  if ((size_t)(d->end - d->p) < n) dec_fail(d, "truncated");
+  const uint8_t *q = d->p;
+  d->p += n;
+  return q;
+}
+
+static uint64_t dec_be(dec_t *d, int n) {
+  const uint8_t *q = dec_take(d, (size_t)n);
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++) v = v << 8 | q[i];
+  return v;
+}
+
+/* The header of an extension value at d->p (b its first byte, already taken):
+ * its type and payload length. 0 when b starts no extension. */
+static int dec_ext_head(dec_t *d, uint8_t b, int *type, size_t *len) {
+  switch (b) {
+    case 0xd4: *len = 1; break;
+    case 0xd5: *len = 2; break;
+    case 0xd6: *len = 4; break;
+    case 0xd7: *len = 8; break;
+    case 0xd8: *len = 16; break;
+    case 0xc7: *len = (size_t)dec_be(d, 1); break;
+    case 0xc8: *len = (size_t)dec_be(d, 2); break;
+    case 0xc9: *len = (size_t)dec_be(d, 4); break;
+    default: return 0;
+  }
+  *type = (int)(int8_t)*dec_take(d, 1);
+  return 1;
+}
 
 static void dec_call_hook(dec_t *d, int tag, int nargs) {
   lua_State *L = d->L;
@@ -362,106 +445,189 @@ static void dec_call_hook(dec_t *d, int tag, int nargs) {
   }
 }
 
-static void dec_obj(dec_t *d, const msgpack_object *o) {
+static void dec_value(dec_t *d);
+
+/* [FUNC_NAME, "g", name] with the header and "g" read (d->p at the name):
+ * pushes the global of that name, or, where it is not defined, what the hook
+ * makes of ("g", name) (its error names it). */
+static void dec_global_function(dec_t *d, int tag) {
+  lua_State *L = d->L;
+  dec_value(d); /* the name */
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    rh_pushref(L, ref_globals);
+    lua_pushvalue(L, -2);
+    lua_rawget(L, -2);
+    if (!lua_isnil(L, -1)) {
+      lua_replace(L, -3);
+      lua_pop(L, 1);
+      return;
+    }
+    lua_pop(L, 2);
+  }
+  lua_pushlstring(L, "g", 1);
+  lua_insert(L, -2);
+  dec_call_hook(d, tag, 2);
+}
+
+static void dec_array(dec_t *d, uint32_t n) {
+  lua_State *L = d->L;
+  if (n > 0) {
+    /* [ext(tag >= TAG_LEAF_MAX), children...]: a tagged value */
+    const uint8_t *at = d->p;
+    int type;
+    size_t len;
+    uint8_t b = *dec_take(d, 1);
+    if (dec_ext_head(d, b, &type, &len) && type >= TAG_LEAF_MAX) {
+      dec_take(d, len);
+      if (ref_dec_hook == LUA_NOREF) dec_fail(d, "tagged value without a codec hook");
+      luaL_checkstack(L, (int)n + 8, "codec: too many values");
+      /* (a function by a global name: "g" as the encoder writes it, a fixstr) */
+      if (n == 3 && type == tag_func_name && ref_globals != LUA_NOREF && d->end - d->p >= 2 && d->p[0] == 0xa1 &&
+          d->p[1] == 'g') {
+        d->p += 2;
+        dec_global_function(d, type);
+        return;
+      }
+      for (uint32_t i = 1; i < n; i++) dec_value(d);
+      dec_call_hook(d, type, (int)n - 1);
+      return;
+    }
+    d->p = at;
+  }
+  lua_createtable(L, (int)n, 0);
+  for (uint32_t i = 0; i < n; i++) {
+    dec_value(d);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+}
+
+static void dec_map(dec_t *d, uint32_t n) {
+  lua_State *L = d->L;
+  lua_createtable(L, 0, (int)n);
+  for (uint32_t i = 0; i < n; i++) {
+    dec_value(d);
+    if (lua_isnil(L, -1) || (lua_isnumber(L, -1) && isnan(lua_tonumber(L, -1))))
+      dec_fail(d, "a table key is nil or NaN");
+    dec_value(d);
+    lua_rawset(L, -3);
+  }
+}
+
+static void dec_string(dec_t *d, size_t n) {
+  const uint8_t *q = dec_take(d, n);
+  lua_pushlstring(d->L, (const char *)q, n);
+}
+
+static void dec_value(dec_t *d) {
   lua_State *L = d->L;
   if (++d->depth > MAX_DEPTH + 2) dec_fail(d, "nested too deeply");
   luaL_checkstack(L, 8, "codec");
-  switch (o->type) {
-    case MSGPACK_OBJECT_NIL: lua_pushnil(L); break;
-    case MSGPACK_OBJECT_BOOLEAN: lua_pushboolean(L, o->via.boolean); break;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.u64); break;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.i64); break;
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); break;
-    case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); break;
-    case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); break;
-    case MSGPACK_OBJECT_EXT:
-      if (ref_dec_hook == LUA_NOREF) dec_fail(d, "extension value without a codec hook");
-      lua_pushlstring(L, o->via.ext.ptr, o->via.ext.size);
-      dec_call_hook(d, o->via.ext.type, 1);
-      break;
-    case MSGPACK_OBJECT_ARRAY: {
-      uint32_t n = o->via.array.size;
-      const msgpack_object *a = o->via.array.ptr;
-      if (n > 0 && a[0].type == MSGPACK_OBJECT_EXT && a[0].via.ext.type >= TAG_LEAF_MAX) {
-        if (ref_dec_hook == LUA_NOREF) dec_fail(d, "tagged value without a codec hook");
-        luaL_checkstack(L, (int)n + 8, "codec: too many values");
-        for (uint32_t i = 1; i < n; i++) dec_obj(d, &a[i]);
-        dec_call_hook(d, a[0].via.ext.type, (int)n - 1);
+  uint8_t b = *dec_take(d, 1);
+  int type;
+  size_t len;
+  if (b <= 0x7f) lua_pushnumber(L, (lua_Number)b);
+  else if (b >= 0xe0) lua_pushnumber(L, (lua_Number)(int8_t)b);
+  else if (b <= 0x8f) dec_map(d, b & 0x0f);
+  else if (b <= 0x9f) dec_array(d, b & 0x0f);
+  else if (b <= 0xbf) dec_string(d, b & 0x1f);
+  else if (dec_ext_head(d, b, &type, &len)) {
+    /* a leaf: the hook makes the value of its bytes */
+    if (ref_dec_hook == LUA_NOREF) dec_fail(d, "extension value without a codec hook");
+    dec_string(d, len);
+    dec_call_hook(d, type, 1);
+  } else {
+    switch (b) {
+      case 0xc0: lua_pushnil(L); break;
+      case 0xc2: lua_pushboolean(L, 0); break;
+      case 0xc3: lua_pushboolean(L, 1); break;
+      case 0xc4: case 0xd9: dec_string(d, (size_t)dec_be(d, 1)); break; /* bin8, str8 */
+      case 0xc5: case 0xda: dec_string(d, (size_t)dec_be(d, 2)); break;
+      case 0xc6: case 0xdb: dec_string(d, (size_t)dec_be(d, 4)); break;
+      case 0xca: {
+        uint32_t u = (uint32_t)dec_be(d, 4);
+        float f;
+        memcpy(&f, &u, 4);
+        lua_pushnumber(L, (lua_Number)f);
         break;
       }
-      lua_createtable(L, (int)n, 0);
-      for (uint32_t i = 0; i < n; i++) {
-        dec_obj(d, &a[i]);
-        lua_rawseti(L, -2, (int)i + 1);
+      case 0xcb: {
+        uint64_t u = dec_be(d, 8);
+        double f;
+        memcpy(&f, &u, 8);
+        lua_pushnumber(L, f);
+        break;
       }
-      break;
+      case 0xcc: lua_pushnumber(L, (lua_Number)dec_be(d, 1)); break;
+      case 0xcd: lua_pushnumber(L, (lua_Number)dec_be(d, 2)); break;
+      case 0xce: lua_pushnumber(L, (lua_Number)dec_be(d, 4)); break;
+      case 0xcf: lua_pushnumber(L, (lua_Number)dec_be(d, 8)); break;
+      case 0xd0: lua_pushnumber(L, (lua_Number)(int8_t)dec_be(d, 1)); break;
+      case 0xd1: lua_pushnumber(L, (lua_Number)(int16_t)dec_be(d, 2)); break;
+      case 0xd2: lua_pushnumber(L, (lua_Number)(int32_t)dec_be(d, 4)); break;
+      case 0xd3: lua_pushnumber(L, (lua_Number)(int64_t)dec_be(d, 8)); break;
+      case 0xdc: dec_array(d, (uint32_t)dec_be(d, 2)); break;
+      case 0xdd: dec_array(d, (uint32_t)dec_be(d, 4)); break;
+      case 0xde: dec_map(d, (uint32_t)dec_be(d, 2)); break;
+      case 0xdf: dec_map(d, (uint32_t)dec_be(d, 4)); break;
+      default: dec_fail(d, "not MessagePack"); /* 0xc1 */
     }
-    case MSGPACK_OBJECT_MAP: {
-      uint32_t n = o->via.map.size;
-      lua_createtable(L, 0, (int)n);
-      for (uint32_t i = 0; i < n; i++) {
-        dec_obj(d, &o->via.map.ptr[i].key);
-        if (lua_isnil(L, -1) || (lua_isnumber(L, -1) && isnan(lua_tonumber(L, -1))))
-          dec_fail(d, "a table key is nil or NaN");
-        dec_obj(d, &o->via.map.ptr[i].val);
-        lua_rawset(L, -3);
-      }
-      break;
-    }
-    default: dec_fail(d, "unknown value type");
   }
   d->depth--;
 }
 
-/* decode(bytes [, max_values]) -> v1, v2, ... (all values in the string) */
+/* decode(bytes) -> v1, v2, ... (all values in the string) */
 static int l_decode(lua_State *L) {
   size_t len;
   const char *s = luaL_checklstring(L, 1, &len);
   int base = lua_gettop(L);
-  /* msgpack-c trusts counts: check the bytes before it allocates for them */
+  /* the counts come from the network: check them against the bytes first */
   int chk = rh_mp_check((const uint8_t *)s, len, MAX_DEPTH + 2, NULL);
   if (chk != RH_MP_OK) return luaL_error(L, "malformed message: %s", rh_mp_strerror(chk));
-  dec_t *d = dec_take(L);
-  int dpos = lua_gettop(L);
-  size_t off = 0;
-  while (off < len) {
-    msgpack_object obj;
-    msgpack_zone_clear(&d->zone);
-    msgpack_unpack_return rc = msgpack_unpack(s, len, &off, &d->zone, &obj);
-    if (rc == MSGPACK_UNPACK_CONTINUE) dec_fail(d, "truncated");
-    if (rc != MSGPACK_UNPACK_SUCCESS && rc != MSGPACK_UNPACK_EXTRA_BYTES) dec_fail(d, "not MessagePack");
+  dec_t d = {L, (const uint8_t *)s, (const uint8_t *)s + len, 0};
+  while (d.p < d.end) {
     luaL_checkstack(L, 4, "codec: too many values");
-    d->depth = 0;
-    dec_obj(d, &obj);
+    d.depth = 0;
+    dec_value(&d);
   }
-  /* the values sit above the decoder: give it back, then take it off the stack */
-  pool_give(L, ref_dec_pool, dpos);
-  lua_remove(L, dpos);
   return lua_gettop(L) - base;
+}
+
+/* *ref now holds the value at idx (any it held before let go). */
+static void set_ref(lua_State *L, int *ref, int idx) {
+  rh_unref(L, ref);
+  lua_pushvalue(L, idx);
+  *ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
 static int l_set_hooks(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  rh_unref(L, &ref_enc_hook);
-  rh_unref(L, &ref_dec_hook);
-  lua_pushvalue(L, 1);
-  ref_enc_hook = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_pushvalue(L, 2);
-  ref_dec_hook = luaL_ref(L, LUA_REGISTRYINDEX);
+  set_ref(L, &ref_enc_hook, 1);
+  set_ref(L, &ref_dec_hook, 2);
+  return 0;
+}
+
+/* set_codec_names(names, globals, tag): names is a weak table function ->
+ * global name (the encode hook fills it), globals the table those names are
+ * looked up in, tag FUNC_NAME's number. */
+static int l_set_names(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  int tag = (int)luaL_checkinteger(L, 3);
+  luaL_argcheck(L, tag >= TAG_LEAF_MAX && tag <= 127, 3, "not a tagged value's tag");
+  set_ref(L, &ref_fn_names, 1);
+  set_ref(L, &ref_globals, 2);
+  tag_func_name = tag;
   return 0;
 }
 
 int rh_open_codec(lua_State *L) {
   rh_lua_class(L, ENC_MT, NULL, enc_gc, NULL);
-  rh_lua_class(L, DEC_MT, NULL, dec_gc, NULL);
   lua_newtable(L);
   ref_enc_pool = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);
-  ref_dec_pool = luaL_ref(L, LUA_REGISTRYINDEX);
   static const luaL_Reg fns[] = {
-      {"encode", l_encode}, {"decode", l_decode}, {"set_codec_hooks", l_set_hooks}, {NULL, NULL}};
+      {"encode", l_encode}, {"decode", l_decode}, {"set_codec_hooks", l_set_hooks},
+      {"set_codec_names", l_set_names}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -13,8 +13,16 @@ static int l_run(lua_State *L) {
   uv_run_mode m = UV_RUN_ONCE;
   if (mode[0] == 'n') m = UV_RUN_NOWAIT;
   else if (mode[0] == 'd') m = UV_RUN_DEFAULT;
+  rh_ctx()->net.loop_turn_at = uv_hrtime();
   int alive = uv_run(rh_ctx()->loop, m);
   lua_pushboolean(L, alive);
+  return 1;
+}
+
+/* ring_turn() -> 1 when frames came through the rings (their callbacks ran),
+ * -1 when a turn of the loop is due instead (host/net/conn.h) */
+static int l_ring_turn(lua_State *L) {
+  lua_pushinteger(L, rh_net_ring_turn(&rh_ctx()->net));
   return 1;
 }
 
@@ -195,7 +203,7 @@ static int l_isatty(lua_State *L) {
 int rh_open_loop(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"run", l_run},           {"stop", l_stop},         {"now", l_now},           {"timer_set", l_timer_set},
-      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats}, {"net_busy", l_net_busy}, {"sleep_ms", l_sleep_ms}, {"yield_cpu", l_yield_cpu},
+      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats}, {"net_busy", l_net_busy}, {"sleep_ms", l_sleep_ms}, {"yield_cpu", l_yield_cpu}, {"ring_turn", l_ring_turn},
       {"exepath", l_exepath},   {"getpid", l_getpid},     {"hostname", l_hostname},
       {"setenv", l_setenv},     {"environ", l_environ},   {"maxrss", l_maxrss},
       {"isatty", l_isatty},     {"mkdtemp", l_mkdtemp},   {"rmdir", l_rmdir},

@@ -71,17 +71,19 @@ int rh_callback(int nargs, int nresults) {
   return rc;
 }
 
-/* Whether a rank that polls with nothing to do always gives its core away
- * (sched_yield; host/net/conn_ring.c): RPCHOST_SPIN_YIELD=1 or 0, else yes
- * when this host's ranks (LOCAL_WORLD_SIZE from `rpchost run`, Open MPI's
- * local size under mpirun) outnumber its cores, or are not known: they may
- * share a core, and a rank that polls on holds the core the rank it waits for
- * needs. Otherwise it yields only while other processes contend for its core. */
-static int spin_yield(void) {
+/* How a rank that polls with nothing to do treats its core (host/net/conn.h,
+ * conn_ring.c): RPCHOST_SPIN_YIELD=1 gives it away every empty turn, 0 only
+ * while other processes switch this one out; unset (auto), also while the host
+ * has more runnable tasks than the CPUs this rank may use. Where that count
+ * cannot be read, whether this host's ranks (LOCAL_WORLD_SIZE from `rpchost
+ * run`, Open MPI's local size under mpirun) may outnumber its cores decides. */
+static void spin_policy(rh_net_t *net) {
   const char *y = getenv("RPCHOST_SPIN_YIELD");
-  if (y && *y) return atoi(y) != 0;
-  int local = rh_local_ranks();
-  return !local || local > rh_host_cpus();
+  int cpus = rh_host_cpus(), local = rh_local_ranks();
+  net->host_cpus = cpus;
+  net->ring_crowded = !local || local > cpus;
+  net->ring_auto = !(y && *y);
+  net->ring_yield = y && *y && atoi(y) != 0;
 }
 
 /* Incoming frame segments are read straight into tensor storages. */
@@ -187,7 +189,7 @@ int rh_lua_main(int argc, char **argv) {
    * traffic before it sleeps (host/net/conn_ring.c): the scheduler's spin window */
   const char *spin = getenv("RPCHOST_SPIN_US");
   if (spin && *spin && strtod(spin, NULL) >= 0) ctx->net.ring_spin_ns = (uint64_t)(strtod(spin, NULL) * 1000);
-  ctx->net.ring_yield = spin_yield();
+  spin_policy(&ctx->net);
   ctx->net.seg_alloc = seg_alloc;
   ctx->net.seg_free = seg_free;
   lua_State *L = luaL_newstate();

@@ -34,6 +34,33 @@ describe("codec", function()
     _G.SpecPoint = nil
   end)
 
+  -- (a function known by a global name skips the Lua hooks both ways: the C
+  -- codec remembers the name and checks, per message, that it still holds)
+  it("sends a global function by its name only while that global is still the function", function()
+    local function f1() return 1 end
+    local function f2() return 2 end
+    _G.spec_codec_fn = f1
+    assert.are.equal(f1, (roundtrip(f1)))
+    assert.are.equal(f1, (roundtrip(f1))) -- (the second time from the remembered name)
+    -- the global now names another function: f1 is not sent under that name
+    _G.spec_codec_fn = f2
+    assert.are.equal(f2, (roundtrip(f2)))
+    -- (f1, reachable by no name now, travels as bytecode, which is refused here:
+    -- sent under the stale name it would have decoded to f2)
+    local ok, e = pcall(codec.decode, codec.encode("func", f1))
+    assert.is_false(ok)
+    assert.truthy(e.message:find("only a loopback-only world accepts bytecode", 1, true), e.message)
+    local s = codec.encode("func", f2)
+    -- the callee resolves the name there: an undefined one is the hook's error
+    _G.spec_codec_fn = nil
+    ok, e = pcall(codec.decode, s)
+    assert.is_false(ok)
+    assert.truthy(e.message:find("'spec_codec_fn' is not defined on this worker", 1, true), e.message)
+    _G.spec_codec_fn = f1
+    assert.are.equal(f1, (codec.decode(s))) -- (the receiver's own function of that name)
+    _G.spec_codec_fn = nil
+  end)
+
   it("refuses bytecode unless allowed, and runs it with its upvalues when allowed", function()
     local k = 10
     local s = codec.encode("value", function(x) return x + k end)

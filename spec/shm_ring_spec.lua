@@ -97,6 +97,37 @@ describe("same-host shared-memory rings", function()
     assert.truthy(lines["group ring false"], r.out)
   end)
 
+  -- (between the loop's turns the scheduler polls the rings alone while a task
+  -- waits for a reply: the loop must still turn, its timers and sockets served)
+  it("while back-to-back calls keep the rings busy, timers fire on time and sockets are served", function()
+    local r, lines = world(2, [[
+      local sched = require "rpchost.sched"
+      function echo(x) return x end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local fired, late = 0, 0
+        local function tick(at) fired = fired + 1; late = math.max(late, sched.now() - at) end
+        for k = 1, 20 do local at = sched.now() + k * 0.02; sched.after(k * 0.02, tick, at) end
+        local n, t0 = 0, sched.now()
+        while sched.now() - t0 < 0.5 do n = n + rpc.rpc_sync("w1", echo, {1}) end
+        check("calls went through a ring", rpc._agent().peers[1].conn:has_ring())
+        check("every timer fired during the calls", fired == 20, fired .. " of 20")
+        check("none more than 100 ms late", late < 0.1, ("%.1f ms"):format(late * 1e3))
+        -- a frame too big for the ring takes the socket, in the middle of the ring's traffic
+        local big = string.rep("y", 300 * 1024)
+        local ok = true
+        for i = 1, 20 do
+          ok = ok and rpc.rpc_sync("w1", echo, {i}) == i and #rpc.rpc_sync("w1", echo, {big}) == #big
+        end
+        check("socket frames arrive between ring frames", ok)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    assert_oks(r, lines, {"calls went through a ring", "every timer fired during the calls", "none more than 100 ms late",
+                          "socket frames arrive between ring frames"})
+  end)
+
   it("a corrupt ring (impossible tail, garbage frame) closes that connection, not the rank", function()
     local r, lines = world(2, [[
       local sched = require "rpchost.sched"
@@ -168,9 +199,10 @@ describe("same-host shared-memory rings", function()
   end)
 
   -- RPCHOST_SPIN_YIELD=0: a rank polls its rings in bursts with no system call
-  -- (what it does when its ranks fit the host's cores); 1: it yields every turn
-  for _, mode in ipairs({"0", "1"}) do
-    it("polling in either mode (RPCHOST_SPIN_YIELD=" .. mode .. "), a peer that dies mid-traffic is noticed " ..
+  -- (what it does when the host's runnable tasks fit its cores); 1: it yields
+  -- every turn; "" (auto): it counts the host's runnable tasks every 2 ms
+  for _, mode in ipairs({"0", "1", ""}) do
+    it("polling in every mode (RPCHOST_SPIN_YIELD=" .. mode .. "), a peer that dies mid-traffic is noticed " ..
        "within 1 s, and an idle rank sleeps", function()
       local port = S.free_port()
       local path = S.write(S.prelude .. CPU .. [[

@@ -60,16 +60,29 @@ struct rh_net_s {
   int spinning, ring_found;
   int ring_yielded; /* the rings' poll gave the core away this turn (sched_yield) */
   /* How a polling rank treats its core (conn_ring.c, rh_net_polite): it gives
-   * the core away on every empty turn (sched_yield) when this host's ranks may
-   * outnumber its cores (ring_yield, RPCHOST_SPIN_YIELD; l_main.c), or while
-   * other processes are taking the core from it (contended: the thread was
-   * switched out involuntarily within the last CONTENTION_NS); otherwise it
-   * polls the rings alone, without a system call, for bursts. */
-  int ring_yield, contended;
+   * the core away on every empty turn (sched_yield) when told to (ring_yield,
+   * RPCHOST_SPIN_YIELD=1; l_main.c), or while the cores are wanted by others:
+   * the thread was switched out involuntarily within the last CONTENTION_NS,
+   * or (ring_auto, the default) the host had more runnable tasks than this
+   * rank's CPUs (host_cpus) when last counted (/proc/loadavg; where it cannot
+   * be read, ring_crowded says whether this host's ranks may outnumber its
+   * cores); otherwise it polls the rings alone, without a system call, for
+   * bursts. Counted, not assumed: four ranks on two cores of which two are
+   * idle (asleep in epoll) leave a core to each of the other two. */
+  int ring_yield, ring_auto, ring_crowded, host_cpus, contended;
+  int loadavg_fd; /* /proc/loadavg, kept open (-2: not opened yet, -1: unreadable) */
+  uint64_t loop_turn_at; /* uv_hrtime when the loop last began a turn (rh_net_ring_turn) */
   uint64_t csw_at, csw_last; /* when the switches were last counted, and how many */
 };
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);
+/* A turn of the rings alone, between the loop's turns (conn_ring.c): while they
+ * are busy and the loop ran within the last SPIN_BURST_NS, write out what is
+ * queued and poll the rings (for a burst, where the core is ours); 1 when
+ * frames were handed out, else -1: the caller runs a turn of the loop (which
+ * serves sockets and timers, yields, or sleeps). The caller notes each turn of
+ * the loop in loop_turn_at. */
+int rh_net_ring_turn(rh_net_t *net);
 /* Whether a rank that polls with nothing to do should give its core away now
  * (see ring_yield above); `now` is uv_hrtime(). */
 int rh_net_polite(rh_net_t *net, uint64_t now);

@@ -18,14 +18,19 @@
  * last RPCHOST_SPIN_US, an idle handle keeps the loop from blocking, so a
  * reply is seen microseconds after it is written (uv_hrtime: uv_now's 1 ms is too
  * coarse). How a spin turn that finds nothing treats the core depends on who
- * else wants it (rh_net_polite): where this host's ranks may outnumber its
- * cores, or while other processes keep switching this one out, it yields (the
+ * else wants it (rh_net_polite): while the host has more runnable tasks than
+ * cores (counted every 2 ms: /proc/loadavg's running tasks; four ranks on two
+ * cores of which two sleep leave a core to each of the others), or while other
+ * processes keep switching this one out, it yields (the
  * rank it waits for may need the core; and the kernel favours a task that used
  * less CPU, so a rank that polls on under contention is served last: a reply
  * waited a whole time slice). With a core to itself it polls the rings alone,
  * without a system call, for bursts of up to SPIN_BURST_NS between the loop's
  * turns (each an epoll_wait): a frame is seen nanoseconds after its write, not a
  * turn of the loop later. (Open MPI polls so, and yields when oversubscribed.)
+ * Between the loop's turns the scheduler polls the rings alone too
+ * (rh_net_ring_turn): the reply a task waits for is handed out without the rest
+ * of a loop turn each time, the loop still turning every SPIN_BURST_NS.
  * After the window, each ring's `sleeping` flag is set and the
  * ring checked once more (ring.h), and the loop blocks in epoll; a producer that
  * sees the flag sends a doorbell: a header-only frame (RH_FRAME_RING_WAKE) on
@@ -42,6 +47,7 @@
  * gate (frame.c's decode_checked, through an rh_reader_t); a violation closes
  * the connection with RH_ERING. A dead peer is noticed by the socket's EOF, as
  * without rings, after the ring's last frames are read. */
+#include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -79,6 +85,25 @@ static void ring_fail(rh_conn_t *c, int rc) { rh__conn_end(c, rc == RH_ENOMEM ? 
 
 /* ---- spinning and sleeping ---- */
 
+/* The host's runnable tasks now (the fourth field of /proc/loadavg, this
+ * thread included), or -1 when it cannot be read. */
+static int host_runnable(rh_net_t *net) {
+  if (net->loadavg_fd == -2) net->loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (net->loadavg_fd < 0) return -1;
+  char b[128];
+  ssize_t n = pread(net->loadavg_fd, b, sizeof b - 1, 0);
+  if (n <= 0) return -1;
+  b[n] = 0;
+  /* "0.52 0.58 0.59 2/97 12345": the running count before the slash */
+  const char *s = b;
+  for (int k = 0; k < 3 && s; k++) {
+    s = strchr(s, ' ');
+    if (s) s++;
+  }
+  if (!s || *s < '0' || *s > '9') return -1;
+  return atoi(s);
+}
+
 int rh_net_polite(rh_net_t *net, uint64_t now) {
   if (net->ring_yield) return 1;
   if (now - net->csw_at >= CONTENTION_NS) {
@@ -89,6 +114,10 @@ int rh_net_polite(rh_net_t *net, uint64_t now) {
       uint64_t n = (uint64_t)ru.ru_nivcsw;
       net->contended = net->csw_at != 0 && n != net->csw_last;
       net->csw_last = n;
+    }
+    if (!net->contended && net->ring_auto) {
+      int n = host_runnable(net);
+      net->contended = n < 0 ? net->ring_crowded : n > net->host_cpus;
     }
     net->csw_at = now;
   }
@@ -152,6 +181,34 @@ static void spin_cb(uv_idle_t *h) {
   net->spinning = 0;
 }
 
+/* The rings alone, from the scheduler between the loop's turns: a reply that
+ * the last turn's poll found handed out, the task it wakes runs, its next
+ * request goes into the ring, and the answer is polled for here, without the
+ * rest of a loop turn (prepare and check hooks, an epoll_wait) each time. The
+ * loop still turns at least every SPIN_BURST_NS, as while spin_cb's bursts
+ * run: sockets and timers wait no longer than they would. */
+int rh_net_ring_turn(rh_net_t *net) {
+  if (!net->spinning || !net->rings) return -1;
+  uint64_t now = uv_hrtime();
+  if (now - net->loop_turn_at >= SPIN_BURST_NS || now - net->ring_last >= net->ring_spin_ns) return -1;
+  rh_net_flush_now(net); /* (what the tasks queued, doorbells included: the prepare hook's job) */
+  uint64_t until = net->loop_turn_at + SPIN_BURST_NS, end = net->ring_last + net->ring_spin_ns;
+  if (end < until) until = end;
+  int polite = rh_net_polite(net, now);
+  for (;;) {
+    rh__rings_poll(net);
+    if (net->ring_found) {
+      net->ring_found = 0;
+      net->ring_last = uv_hrtime();
+      return 1;
+    }
+    if (polite || uv_hrtime() >= until) return -1;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
 /* Ring traffic: keep the loop polling for a while. */
 static void activity(rh_net_t *net) {
   net->ring_found = 1;
@@ -165,6 +222,7 @@ static void activity(rh_net_t *net) {
 void rh__rings_init(rh_net_t *net) {
   net->rings = NULL;
   net->spinning = net->ring_found = 0;
+  net->loadavg_fd = -2;
   if (!net->ring_spin_ns) net->ring_spin_ns = 60000; /* (RPCHOST_SPIN_US's default) */
   uv_idle_init(net->loop, &net->spin);
   net->spin.data = net;
@@ -172,6 +230,8 @@ void rh__rings_init(rh_net_t *net) {
 }
 
 void rh__rings_close(rh_net_t *net) {
+  if (net->loadavg_fd >= 0) close(net->loadavg_fd);
+  net->loadavg_fd = -1;
   if (!uv_is_closing((uv_handle_t *)&net->spin)) uv_close((uv_handle_t *)&net->spin, NULL);
 }
 

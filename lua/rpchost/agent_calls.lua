@@ -93,6 +93,8 @@ end
 -- the request's autograd context, passed on.)
 local inline_functions = setmetatable({}, {__mode = "k"})
 
+local error_text -- (defined below, with the errors a handler raises)
+
 local C = {async_functions = async_functions, inline_functions = inline_functions, MAX_ARGS = MAX_ARGS,
            arg_count_problem = arg_count_problem}
 
@@ -173,12 +175,28 @@ function C:call(to, fn, args, kwargs, timeout)
   if ctx and codec.ag_touch and p.rank ~= self.rank then codec.ag_touch(ctx, p.rank) end
   self.next_id = self.next_id + 1
   local id = self.next_id
+  -- The request leaves first and its record is made after: a reply is read only
+  -- in the loop, never before this returns, and the record's making then runs
+  -- while the callee works instead of before the callee starts.
+  local self_call_now = p.rank == self.rank
+  local inc = p.state == "ready" and p.inc or nil -- (the incarnation the request goes to)
+  if self_call_now then
+    -- a call to oneself: same semantics (arguments are copies), no socket
+    sched.spawn(self_call, SELF_CALL, self, id, body, segs)
+  else
+    -- (a frame the transport refuses fails this call alone, at once)
+    local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs)
+    if not sent then
+      error(errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name, error_text(why)),
+        {worker = p.name, rank = p.rank}), 0)
+    end
+  end
   local fut = Future.new()
   local free = self.free_calls
   local call = free[#free]
   if call then free[#free] = nil else call = {} end
   call.fut, call.peer, call.fn, call.ctx, call.t0 = fut, p, fn, ctx, trace.now_us()
-  call.inc = p.state == "ready" and p.inc or nil
+  call.inc = inc
   self.pending[id] = call
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
@@ -188,18 +206,7 @@ function C:call(to, fn, args, kwargs, timeout)
     call.agent, call.id, call.timeout = self, id, timeout
     call.timer = sched.after_into(call, timeout, call_timed_out, call)
   end
-  if p.rank == self.rank then
-    -- a call to oneself: same semantics (arguments are copies), no socket
-    sched.spawn(self_call, SELF_CALL, self, id, body, segs)
-  else
-    -- (a frame the transport refuses fails this call alone, at once)
-    local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs)
-    if not sent then
-      local call = self:take(id, true)
-      if call then self:recycle(call) end
-      error(errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name, error_text(why)),
-        {worker = p.name, rank = p.rank}), 0)
-    end
+  if not self_call_now then
     -- The first request of a loop turn leaves now, not at the turn's end: its
     -- caller may compute for a long time before it waits. Those that follow in
     -- the same turn (a burst of rpc_async) are written together, BATCH at a time,
@@ -291,11 +298,13 @@ local function reply(self, to, id, flags, body, segs)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
-  if p then
+  -- (counted once it left: the caller is waiting for it)
+  if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
     trace.frame_bytes(p.name, true, body, segs)
-    if self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then return sched.expect_soon() end
+    return sched.expect_soon()
   end
   to:send(proto.RESPONSE, flags, id, body, unpack(segs))
+  if p then trace.frame_bytes(p.name, true, body, segs) end
   sched.expect_soon()
 end
 
@@ -333,7 +342,7 @@ local function table_text(t)
 end
 
 -- The text of an error value, even one whose __tostring fails.
-local function error_text(e)
+function error_text(e)
   if type(e) == "table" and not (getmetatable(e) and getmetatable(e).__tostring) then return table_text(e) end
   local ok, s = pcall(tostring, e)
   if ok and type(s) == "string" then return s end
@@ -554,9 +563,13 @@ function request_decoded(self, to, id, queued_at, ok, fn, args, kwargs, ctx, dma
   end
   local rmap = type(dmap) == "table" and device_maps.inverse(dmap) or nil
   if type(args) ~= "table" then args = {} end
-  -- (the caller's remaining timeout: past it nobody waits for the reply)
+  -- (the caller's remaining timeout: past it nobody waits for the reply; the
+  -- deadline matters only to a request that may wait before it runs)
   timeout = tonumber(timeout)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local deadline = nil
+  if timeout and timeout > 0 and (unconfirmed or self.running >= self.max_running) then
+    deadline = sched.now() + timeout
+  end
   if unconfirmed then
     -- UserRRefs among the arguments are confirmed by their owners before the
     -- function runs (as in PyTorch): then it may use them at once

@@ -168,14 +168,17 @@ end
 -- (queued until the handshake). true when a connection took it: its segments'
 -- bytes are then copied or held by the connection (the caller may free them).
 function C:send(p, ftype, flags, id, body, segs)
-  trace.frame_bytes(p.name, true, body, segs)
   local conn = p.state == "ready" and p.conn
   if conn then
-    if self:send_shm(p, conn, ftype, flags, id, body, segs) then return true end
-    if conn:send(ftype, flags, id, body, unpack(segs)) then return true end
+    -- (counted once it left: the peer is working on it meanwhile)
+    if self:send_shm(p, conn, ftype, flags, id, body, segs) or conn:send(ftype, flags, id, body, unpack(segs)) then
+      trace.frame_bytes(p.name, true, body, segs)
+      return true
+    end
     p.state = "none"
     p.conn = nil
   end
+  trace.frame_bytes(p.name, true, body, segs)
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
   if p.state == "none" then
     local wait = p.await_until and p.await_until - sched.now()

@@ -35,6 +35,9 @@ M.bytecode_refusal = "a function sent by value (a closure) was refused: only a l
 
 -- names: value <-> where it is reachable -------------------------------------
 local names = setmetatable({}, {__mode = "k"})
+-- functions whose name is a global's (the C codec writes and reads those
+-- itself while that global is still the function: bindings/l_codec.c)
+local global_names = setmetatable({}, {__mode = "k"})
 
 -- The value a dotted name ("mod.fn", "nn.Linear", "rpchost.rref.fetch") has
 -- here: a global path first, else the longest prefix that is a module (loaded,
@@ -144,7 +147,7 @@ end
 function M.name_of(v)
   local p = names[v]
   if p and resolve(p) == v then return p end
-  names[v] = nil
+  names[v], global_names[v] = nil, nil
   scan()
   p = names[v]
   if p and resolve(p) == v then return p end
@@ -174,7 +177,10 @@ Named.__index = Named
 
 local function encode_function(f)
   local p = M.name_of(f)
-  if p then return TAG.FUNC_NAME, unpack(p) end
+  if p then
+    if p[1] == "g" and p[3] == nil and type(p[2]) == "string" then global_names[f] = p[2] end
+    return TAG.FUNC_NAME, unpack(p)
+  end
   local ok, code = pcall(string.dump, f)
   if not ok then
     error("a C function that is not reachable by name cannot be sent (make it a global or a module field)", 0)
@@ -363,6 +369,7 @@ local function decode_hook(tag, ...)
 end
 
 core.set_codec_hooks(encode_hook, decode_hook)
+core.set_codec_names(global_names, _G, TAG.FUNC_NAME)
 
 -- Messages with payload segments: bulk values (tensors) registered with
 -- `segment` travel beside the encoded body instead of inside it. Most messages

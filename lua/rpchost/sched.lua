@@ -302,9 +302,17 @@ local SLICE = 0.0005
 local turn_io
 
 local function drain()
+  -- (an empty queue reads no clock, and the first task none before it starts:
+  -- run_until drains twice a turn, the second time mostly with nothing queued)
+  if rhead > rtail then
+    rhead, rtail = 1, 0
+    return
+  end
   local slice_end = now() + SLICE
+  local first = true
   while rhead <= rtail do
-    if now() >= slice_end then
+    if first then first = false
+    elseif now() >= slice_end then
       turn_io()
       slice_end = now() + SLICE
     end
@@ -395,9 +403,14 @@ local function run_until(t)
     -- keep an otherwise finished loop alive)
     if hn == 0 and armed_at then core.timer_stop(); armed_at = nil end
     M.turn = M.turn + 1
-    in_loop = true
-    local alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
-    in_loop = false
+    -- (while the rings are busy, a turn of theirs alone when it brings frames:
+    -- the rest of a loop turn waits, at most a ring burst: host/net/conn.h)
+    local alive = true
+    if not (spinning and rhead > rtail and core.ring_turn() == 1) then
+      in_loop = true
+      alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
+      in_loop = false
+    end
     -- (a polling turn that found nothing gives the core away: the rank this one
     -- waits for may share it, and a busy poll would hold it for a whole slice)
     if spinning and rhead > rtail then core.yield_cpu() end
