@@ -99,8 +99,14 @@ local function update_all(self, grads)
       if gr ~= nil then
         local st = self.state[p]
         if not st then st = {}; self.state[p] = st end
-        if g.maximize then gr = -gr end
-        self:update(p, gr, g, st)
+        if g.maximize then
+          -- (the negated gradient is this step's own: no update keeps it)
+          local neg = -gr
+          self:update(p, neg, g, st)
+          core.t_free(neg)
+        else
+          self:update(p, gr, g, st)
+        end
       end
     end
   end
@@ -222,50 +228,53 @@ end
 -- buffer per step cost two tensor allocations the size of each parameter.)
 -- The temporaries an update makes (g * lr, the decayed or Nesterov gradient)
 -- are its own, referred to by nothing else: they are freed as soon as they are
--- used (spent) instead of waiting for a full collection, which the tensor
+-- used instead of waiting for a full collection, which the tensor
 -- bytes trigger (bindings/l_tensor.c) then runs less often; a step made a
 -- parameter-sized piece of garbage per parameter (a ResNet shard's 6 MiB
 -- every step, fresh pages in its first).
-local function spent(t, keep1, keep2)
-  if not rawequal(t, keep1) and not rawequal(t, keep2) then core.t_free(t) end
-end
+-- d is the update's own temporary, once it makes one (g is the caller's): each
+-- step below goes into it in place, with the same roundings as the
+-- out-of-place forms (IEEE addition commutes), and it is freed at the end.
 function SGD:update(p, g, grp, st)
-  local own = false -- g is a temporary of this update's, not the caller's gradient
+  local d
   if grp.weight_decay ~= 0 then
-    local pw = p * grp.weight_decay
-    local gw = g + pw
-    spent(pw, g, p)
-    g, own = gw, true
+    d = p * grp.weight_decay
+    d:add_(g) -- g + p * weight_decay
+    g = d
   end
   if grp.momentum ~= 0 then
     local b = st.momentum_buffer
-    if not b then b = g:clone()
+    if not b then
+      b = g:clone()
+      st.momentum_buffer = b
     else
       b:mul_(grp.momentum)
       if grp.dampening ~= 0 then
         local gd = g * (1 - grp.dampening)
         b:add_(gd)
-        spent(gd, g, b)
+        core.t_free(gd)
       else
         b:add_(g)
       end
     end
-    st.momentum_buffer = b
-    local ng
     if grp.nesterov then
-      local bm = b * grp.momentum
-      ng = g + bm
-      spent(bm, b, g)
+      local n = b * grp.momentum
+      n:add_(g) -- g + b * momentum
+      if d then core.t_free(d) end
+      d, g = n, n
     else
-      ng = b
+      g = b
     end
-    if own then spent(g, ng, b) end
-    g, own = ng, grp.nesterov
   end
-  local step = g * grp.lr
-  p:sub_(step)
-  spent(step, g, p)
-  if own then spent(g, p, st.momentum_buffer) end
+  if rawequal(g, d) then
+    d:mul_(grp.lr)
+    p:sub_(d)
+  else
+    local step = g * grp.lr
+    p:sub_(step)
+    core.t_free(step)
+  end
+  if d then core.t_free(d) end
 end
 function optim.SGD(params, opts)
   return new(SGD, "SGD", params, opts, {momentum = 0, dampening = 0, weight_decay = 0, nesterov = false,

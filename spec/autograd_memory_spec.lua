@@ -195,7 +195,8 @@ describe("autograd memory", function()
       local tensor = require "tensor"
       local optim = require "optim"
       for _, o in ipairs{{lr = 0.1}, {lr = 0.1, momentum = 0.9, nesterov = true, weight_decay = 0.01},
-                         {lr = 0.1, momentum = 0.9, dampening = 0.3}} do
+                         {lr = 0.1, momentum = 0.9, dampening = 0.3}, {lr = 0.1, weight_decay = 0.01},
+                         {lr = 0.1, momentum = 0.9, weight_decay = 0.01, maximize = true}} do
         local p = tensor.randn(262144, {requires_grad = true}) -- 1 MiB
         p.grad = tensor.randn(262144)
         local opt = optim.SGD({p}, o)
@@ -214,7 +215,8 @@ describe("autograd memory", function()
     assert.are.equal(0, r.status, r.out .. r.err)
     local lines = {}
     for a, b, c in r.out:gmatch("rises (%-?%d+) (%-?%d+) (%-?%d+)") do lines[#lines + 1] = {a, b, c} end
-    assert.are.same({{"0", "0", "0"}, {"1048576", "0", "0"}, {"1048576", "0", "0"}}, lines)
+    assert.are.same({{"0", "0", "0"}, {"1048576", "0", "0"}, {"1048576", "0", "0"}, {"0", "0", "0"},
+      {"1048576", "0", "0"}}, lines)
   end)
 
   it("stays flat over many distributed autograd contexts on every worker", function()
