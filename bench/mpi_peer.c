@@ -46,7 +46,10 @@ static double pct(double *v, int n, double p) {
 typedef void (*op_fn)(void *);
 static double timed(op_fn op, void *ctx, int reps) {
   double *ts = malloc(sizeof(double) * reps);
-  for (int i = 0; i < 3; i++) { MPI_Barrier(MPI_COMM_WORLD); op(ctx); }
+  for (int i = 0; i < 3; i++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    op(ctx);
+  }
   double start = MPI_Wtime();
   int n = 0;
   for (; n < reps; n++) {
@@ -58,17 +61,32 @@ static double timed(op_fn op, void *ctx, int reps) {
     ts[n] = mx;
     int stop = MPI_Wtime() - start > max_s, any;
     MPI_Allreduce(&stop, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any) { n++; break; }
+    if (any) {
+      n++;
+      break;
+    }
   }
   double med = pct(ts, n, 0.5);
   free(ts);
   return med;
 }
 
-typedef struct { float *buf; int count; } arg_t;
-static void ar(void *p) { arg_t *a = p; MPI_Allreduce(MPI_IN_PLACE, a->buf, a->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }
-static void bc(void *p) { arg_t *a = p; MPI_Bcast(a->buf, a->count, MPI_FLOAT, 0, MPI_COMM_WORLD); }
-static void bar(void *p) { (void)p; MPI_Barrier(MPI_COMM_WORLD); }
+typedef struct {
+  float *buf;
+  int count;
+} arg_t;
+static void ar(void *p) {
+  arg_t *a = p;
+  MPI_Allreduce(MPI_IN_PLACE, a->buf, a->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+}
+static void bc(void *p) {
+  arg_t *a = p;
+  MPI_Bcast(a->buf, a->count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+}
+static void bar(void *p) {
+  (void)p;
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);

@@ -292,10 +292,9 @@ static int l_slot(lua_State *L) {
 }
 
 int rh_open_arena(lua_State *L) {
-  static const luaL_Reg methods[] = {{"start", l_start}, {"spin", l_spin},       {"sleep", l_sleep},
-                                     {"awake", l_awake}, {"reduce", l_reduce},   {"take", l_take},
-                                     {"close_fd", l_close_fd}, {"close", l_close}, {"slot", l_slot},
-                                     {NULL, NULL}};
+  static const luaL_Reg methods[] = {
+      {"start", l_start}, {"spin", l_spin},         {"sleep", l_sleep}, {"awake", l_awake}, {"reduce", l_reduce},
+      {"take", l_take},   {"close_fd", l_close_fd}, {"close", l_close}, {"slot", l_slot},   {NULL, NULL}};
   rh_lua_class(L, ARENA_MT, methods, l_close, NULL);
   static const luaL_Reg fns[] = {{"arena_create", l_create}, {"arena_attach", l_attach}, {NULL, NULL}};
   lua_newtable(L);

@@ -114,9 +114,13 @@ static int l_cma_all_reduce(lua_State *L) {
 }
 
 int rh_open_cma(lua_State *L) {
-  static const luaL_Reg fns[] = {{"t_address", l_address},   {"cma_read_into", l_cma_read_into}, {"cma_write_from", l_cma_write_from},
-                                 {"cma_probe", l_cma_probe}, {"cma_token", l_cma_token},
-                                 {"cma_all_reduce", l_cma_all_reduce}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"t_address", l_address},
+                                 {"cma_read_into", l_cma_read_into},
+                                 {"cma_write_from", l_cma_write_from},
+                                 {"cma_probe", l_cma_probe},
+                                 {"cma_token", l_cma_token},
+                                 {"cma_all_reduce", l_cma_all_reduce},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

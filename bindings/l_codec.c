@@ -65,8 +65,7 @@ typedef struct {
 static int is_ident(const char *s) {
   if (!*s || (*s >= '0' && *s <= '9')) return 0;
   for (; *s; s++)
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_'))
-      return 0;
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_')) return 0;
   return 1;
 }
 
@@ -396,9 +395,7 @@ typedef struct {
   int depth;
 } dec_t;
 
-static int dec_fail(dec_t *d, const char *why) {
-  return luaL_error(d->L, "malformed message: %s", why);
-}
+static int dec_fail(dec_t *d, const char *why) { return luaL_error(d->L, "malformed message: %s", why); }
 
 static const uint8_t *dec_take(dec_t *d, size_t n) {
   if ((size_t)(d->end - d->p) < n) dec_fail(d, "truncated");
@@ -540,9 +537,12 @@ static void dec_value(dec_t *d) {
       case 0xc0: lua_pushnil(L); break;
       case 0xc2: lua_pushboolean(L, 0); break;
       case 0xc3: lua_pushboolean(L, 1); break;
-      case 0xc4: case 0xd9: dec_string(d, (size_t)dec_be(d, 1)); break; /* bin8, str8 */
-      case 0xc5: case 0xda: dec_string(d, (size_t)dec_be(d, 2)); break;
-      case 0xc6: case 0xdb: dec_string(d, (size_t)dec_be(d, 4)); break;
+      case 0xc4:
+      case 0xd9: dec_string(d, (size_t)dec_be(d, 1)); break; /* bin8, str8 */
+      case 0xc5:
+      case 0xda: dec_string(d, (size_t)dec_be(d, 2)); break;
+      case 0xc6:
+      case 0xdb: dec_string(d, (size_t)dec_be(d, 4)); break;
       case 0xca: {
         uint32_t u = (uint32_t)dec_be(d, 4);
         float f;
@@ -625,9 +625,11 @@ int rh_open_codec(lua_State *L) {
   rh_lua_class(L, ENC_MT, NULL, enc_gc, NULL);
   lua_newtable(L);
   ref_enc_pool = luaL_ref(L, LUA_REGISTRYINDEX);
-  static const luaL_Reg fns[] = {
-      {"encode", l_encode}, {"decode", l_decode}, {"set_codec_hooks", l_set_hooks},
-      {"set_codec_names", l_set_names}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"encode", l_encode},
+                                 {"decode", l_decode},
+                                 {"set_codec_hooks", l_set_hooks},
+                                 {"set_codec_names", l_set_names},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -171,7 +171,8 @@ static int l_connect(lua_State *L) {
   struct sockaddr_storage ss;
   int bad = addr_args(L, &ip, &port, &path, &ss, 0);
   if (bad) return bad;
-  rh_conn_t *c = path ? rh_conn_new_local(&rh_ctx()->net, &conn_cbs, NULL) : rh_conn_new(&rh_ctx()->net, &conn_cbs, NULL);
+  rh_conn_t *c =
+      path ? rh_conn_new_local(&rh_ctx()->net, &conn_cbs, NULL) : rh_conn_new(&rh_ctx()->net, &conn_cbs, NULL);
   if (!c) return luaL_error(L, "out of memory");
   lconn_t *b = new_box(L, c);
   b->ref_connect = ref_field(L, 3, "connect");
@@ -282,8 +283,8 @@ static int send_frame(lua_State *L, int fd) {
     relctx = h;
     rel = release_hold;
   }
-  int rc = fd >= 0 ? rh_conn_send_fd(b->c, fd, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen,
-                                     segs, (uint32_t)nseg, rel, relctx)
+  int rc = fd >= 0 ? rh_conn_send_fd(b->c, fd, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
+                                     (uint32_t)nseg, rel, relctx)
                    : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                                   (uint32_t)nseg, rel, relctx);
   return rh_lua_push_rc(L, rc);
@@ -607,23 +608,19 @@ static int l_resolve(lua_State *L) {
 }
 
 int rh_open_conn(lua_State *L) {
-  static const luaL_Reg conn_methods[] = {{"send", l_send},       {"close", l_close},
-                                          {"peer", l_peer},       {"is_open", l_is_open}, {"local_addr", l_local},
-                                          {"queued", l_queued},   {"is_local", l_is_local},
-                                          {"send_shm", l_send_shm}, {"take_shm", l_take_shm},
-                                          {"prove", l_prove},     {"is_proven", l_is_proven},
-                                          {"pause", l_pause},     {"resume", l_resume},
-                                          {"peer_uid", l_peer_uid}, {"send_raw", l_send_raw},
-                                          {"ring_attach", l_ring_attach}, {"has_ring", l_has_ring},
-                                          {"ring_raw", l_ring_raw}, {"ring_poke", l_ring_poke}, {NULL, NULL}};
-  static const luaL_Reg listener_methods[] = {
-      {"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
+  static const luaL_Reg conn_methods[] = {
+      {"send", l_send},         {"close", l_close},       {"peer", l_peer},           {"is_open", l_is_open},
+      {"local_addr", l_local},  {"queued", l_queued},     {"is_local", l_is_local},   {"send_shm", l_send_shm},
+      {"take_shm", l_take_shm}, {"prove", l_prove},       {"is_proven", l_is_proven}, {"pause", l_pause},
+      {"resume", l_resume},     {"peer_uid", l_peer_uid}, {"send_raw", l_send_raw},   {"ring_attach", l_ring_attach},
+      {"has_ring", l_has_ring}, {"ring_raw", l_ring_raw}, {"ring_poke", l_ring_poke}, {NULL, NULL}};
+  static const luaL_Reg listener_methods[] = {{"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
   rh_lua_class(L, CONN_MT, conn_methods, NULL, l_conn_tostring);
   rh_lua_class(L, LISTENER_MT, listener_methods, NULL, NULL);
 
   static const luaL_Reg fns[] = {
-      {"connect", l_connect}, {"listen", l_listen}, {"resolve", l_resolve}, {"socket_dir", l_socket_dir},
-      {"getuid", l_getuid},   {"sweep_sockets", l_sweep_sockets},
+      {"connect", l_connect},           {"listen", l_listen}, {"resolve", l_resolve},
+      {"socket_dir", l_socket_dir},     {"getuid", l_getuid}, {"sweep_sockets", l_sweep_sockets},
       {"ring_segment", l_ring_segment}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);

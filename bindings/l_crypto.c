@@ -51,8 +51,11 @@ static int l_sha256(lua_State *L) {
 
 int rh_open_crypto(lua_State *L) {
   if (sodium_init() < 0) return luaL_error(L, "libsodium could not be initialised");
-  static const luaL_Reg fns[] = {
-      {"random_bytes", l_random_bytes}, {"hmac_sha256", l_hmac}, {"const_eq", l_const_eq}, {"sha256_hex", l_sha256}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"random_bytes", l_random_bytes},
+                                 {"hmac_sha256", l_hmac},
+                                 {"const_eq", l_const_eq},
+                                 {"sha256_hex", l_sha256},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

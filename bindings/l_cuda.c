@@ -81,8 +81,8 @@ static int l_empty_cache(lua_State *L) {
 static int l_bench_gemm(lua_State *L) {
   int dev = check_dev(L, 1);
   double ms = 0;
-  check_rc(L, rh_cuda_api(), rh_cuda_api()->bench_cublas_gemm(dev, (int)luaL_checkinteger(L, 2),
-                                                             (int)luaL_checkinteger(L, 3), &ms));
+  check_rc(L, rh_cuda_api(),
+           rh_cuda_api()->bench_cublas_gemm(dev, (int)luaL_checkinteger(L, 2), (int)luaL_checkinteger(L, 3), &ms));
   lua_pushnumber(L, ms);
   return 1;
 }
@@ -223,9 +223,10 @@ static nccl_pair_t nccl_pair(lua_State *L, const char *what, int64_t per_send, i
   a.recv = dev_data(L, 3, &a.n_recv, &dt2);
   if (a.dtype != dt2) luaL_error(L, "%s: the send and receive tensors must have the same dtype", what);
   if (a.n_send * per_send != a.n_recv * per_recv)
-    luaL_error(L, "%s: a send tensor of %lld elements and a receive tensor of %lld do not fit this call (%lld x send = "
-               "%lld x receive)", what, (long long)a.n_send, (long long)a.n_recv, (long long)per_send,
-               (long long)per_recv);
+    luaL_error(L,
+               "%s: a send tensor of %lld elements and a receive tensor of %lld do not fit this call (%lld x send = "
+               "%lld x receive)",
+               what, (long long)a.n_send, (long long)a.n_recv, (long long)per_send, (long long)per_recv);
   return a;
 }
 
@@ -237,8 +238,9 @@ static int l_nccl_all_reduce(lua_State *L) {
 
 static int l_nccl_reduce(lua_State *L) {
   nccl_pair_t a = nccl_pair(L, "nccl_reduce", 1, 1);
-  check_rc(L, a.api, a.api->nccl_reduce(a.comm, a.send, a.recv, a.n_send, a.dtype, (int)luaL_checkinteger(L, 4),
-                                        (int)luaL_checkinteger(L, 5)));
+  check_rc(L, a.api,
+           a.api->nccl_reduce(a.comm, a.send, a.recv, a.n_send, a.dtype, (int)luaL_checkinteger(L, 4),
+                              (int)luaL_checkinteger(L, 5)));
   return 0;
 }
 
@@ -252,7 +254,8 @@ static int l_nccl_all_gather(lua_State *L) {
 /* reduce_scatter(comm, send, recv, op, nranks): send holds nranks x numel(recv) */
 static int l_nccl_reduce_scatter(lua_State *L) {
   nccl_pair_t a = nccl_pair(L, "nccl_reduce_scatter", 1, (int64_t)luaL_checkinteger(L, 5));
-  check_rc(L, a.api, a.api->nccl_reduce_scatter(a.comm, a.send, a.recv, a.n_recv, a.dtype, (int)luaL_checkinteger(L, 4)));
+  check_rc(L, a.api,
+           a.api->nccl_reduce_scatter(a.comm, a.send, a.recv, a.n_recv, a.dtype, (int)luaL_checkinteger(L, 4)));
   return 0;
 }
 
@@ -287,20 +290,31 @@ static int l_nccl_group_end(lua_State *L) {
 }
 
 int rh_open_cuda(lua_State *L) {
-  static const luaL_Reg fns[] = {
-      {"cuda_count", l_count},          {"cuda_sync", l_sync},
-      {"cuda_name", l_name},            {"cuda_limits", l_limits},
-      {"cuda_memstats", l_memstats},    {"cuda_empty_cache", l_empty_cache},
-      {"cuda_bench_gemm", l_bench_gemm}, {"cuda_event", l_event},
-      {"cuda_event_done", l_event_done}, {"cuda_event_free", l_event_free},
-      {"nccl_available", l_nccl_available}, {"nccl_unique_id", l_nccl_unique_id},
-      {"nccl_init", l_nccl_init},       {"nccl_ready", l_nccl_ready},
-      {"nccl_abort", l_nccl_abort},     {"nccl_all_reduce", l_nccl_all_reduce},
-      {"nccl_broadcast", l_nccl_broadcast}, {"nccl_reduce", l_nccl_reduce},
-      {"nccl_all_gather", l_nccl_all_gather}, {"nccl_reduce_scatter", l_nccl_reduce_scatter},
-      {"nccl_send", l_nccl_send},       {"nccl_recv", l_nccl_recv},
-      {"nccl_group_start", l_nccl_group_start}, {"nccl_group_end", l_nccl_group_end},
-      {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"cuda_count", l_count},
+                                 {"cuda_sync", l_sync},
+                                 {"cuda_name", l_name},
+                                 {"cuda_limits", l_limits},
+                                 {"cuda_memstats", l_memstats},
+                                 {"cuda_empty_cache", l_empty_cache},
+                                 {"cuda_bench_gemm", l_bench_gemm},
+                                 {"cuda_event", l_event},
+                                 {"cuda_event_done", l_event_done},
+                                 {"cuda_event_free", l_event_free},
+                                 {"nccl_available", l_nccl_available},
+                                 {"nccl_unique_id", l_nccl_unique_id},
+                                 {"nccl_init", l_nccl_init},
+                                 {"nccl_ready", l_nccl_ready},
+                                 {"nccl_abort", l_nccl_abort},
+                                 {"nccl_all_reduce", l_nccl_all_reduce},
+                                 {"nccl_broadcast", l_nccl_broadcast},
+                                 {"nccl_reduce", l_nccl_reduce},
+                                 {"nccl_all_gather", l_nccl_all_gather},
+                                 {"nccl_reduce_scatter", l_nccl_reduce_scatter},
+                                 {"nccl_send", l_nccl_send},
+                                 {"nccl_recv", l_nccl_recv},
+                                 {"nccl_group_start", l_nccl_group_start},
+                                 {"nccl_group_end", l_nccl_group_end},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -7,7 +7,6 @@
 
 #include "rh_lua.h"
 
-
 static int l_run(lua_State *L) {
   const char *mode = luaL_optstring(L, 1, "once");
   uv_run_mode m = UV_RUN_ONCE;
@@ -201,13 +200,27 @@ static int l_isatty(lua_State *L) {
 }
 
 int rh_open_loop(lua_State *L) {
-  static const luaL_Reg fns[] = {
-      {"run", l_run},           {"stop", l_stop},         {"now", l_now},           {"timer_set", l_timer_set},
-      {"timer_stop", l_timer_stop}, {"flush", l_flush},   {"net_stats", l_net_stats}, {"net_busy", l_net_busy}, {"sleep_ms", l_sleep_ms}, {"yield_cpu", l_yield_cpu}, {"ring_turn", l_ring_turn},
-      {"exepath", l_exepath},   {"getpid", l_getpid},     {"hostname", l_hostname},
-      {"setenv", l_setenv},     {"environ", l_environ},   {"maxrss", l_maxrss},
-      {"isatty", l_isatty},     {"mkdtemp", l_mkdtemp},   {"rmdir", l_rmdir},
-      {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"run", l_run},
+                                 {"stop", l_stop},
+                                 {"now", l_now},
+                                 {"timer_set", l_timer_set},
+                                 {"timer_stop", l_timer_stop},
+                                 {"flush", l_flush},
+                                 {"net_stats", l_net_stats},
+                                 {"net_busy", l_net_busy},
+                                 {"sleep_ms", l_sleep_ms},
+                                 {"yield_cpu", l_yield_cpu},
+                                 {"ring_turn", l_ring_turn},
+                                 {"exepath", l_exepath},
+                                 {"getpid", l_getpid},
+                                 {"hostname", l_hostname},
+                                 {"setenv", l_setenv},
+                                 {"environ", l_environ},
+                                 {"maxrss", l_maxrss},
+                                 {"isatty", l_isatty},
+                                 {"mkdtemp", l_mkdtemp},
+                                 {"rmdir", l_rmdir},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

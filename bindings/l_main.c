@@ -18,8 +18,7 @@ rh_ctx_t *rh_ctx(void) { return &rh__ctx; }
 
 void rh_pushref(lua_State *L, int ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, ref); }
 
-void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc,
-                  lua_CFunction tostring) {
+void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc, lua_CFunction tostring) {
   luaL_newmetatable(L, name);
   if (methods) {
     lua_newtable(L);
@@ -42,9 +41,7 @@ void rh_unref(lua_State *L, int *ref) {
   *ref = LUA_NOREF;
 }
 
-int rh_error_code(lua_State *L, const char *what, int code) {
-  return luaL_error(L, "%s: %s", what, rh_strerror(code));
-}
+int rh_error_code(lua_State *L, const char *what, int code) { return luaL_error(L, "%s: %s", what, rh_strerror(code)); }
 
 int rh_lua_push_rc(lua_State *L, int rc) {
   if (rc) {
@@ -136,7 +133,9 @@ static void find_lua_dir(char *out, size_t outlen) {
 
 static int open_core(lua_State *L) {
   lua_newtable(L);
-  int (*openers[])(lua_State *) = {rh_open_loop, rh_open_conn, rh_open_proc, rh_open_codec, rh_open_tensor, rh_open_tensor_ops, rh_open_nn, rh_open_cuda, rh_open_crypto, rh_open_repl, rh_open_shm, rh_open_cma, rh_open_mpi, rh_open_arena};
+  int (*openers[])(lua_State *) = {rh_open_loop,       rh_open_conn, rh_open_proc, rh_open_codec,  rh_open_tensor,
+                                   rh_open_tensor_ops, rh_open_nn,   rh_open_cuda, rh_open_crypto, rh_open_repl,
+                                   rh_open_shm,        rh_open_cma,  rh_open_mpi,  rh_open_arena};
   for (size_t i = 0; i < sizeof openers / sizeof openers[0]; i++) {
     openers[i](L); /* pushes a table of functions */
     lua_pushnil(L);

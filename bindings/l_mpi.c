@@ -143,8 +143,9 @@ static int l_ireduce(lua_State *L) {
   rh_dtype_t dt;
   void *p = span(L, 2, &n, &dt, "reduce");
   req_t *q = new_req(L);
-  return started(L, q, rh_mpi_ireduce(check_comm(L, 1), p, n, dt, (int)luaL_checkinteger(L, 3),
-                                      (int)luaL_checkinteger(L, 4), (int)luaL_checkinteger(L, 5), &q->r));
+  return started(L, q,
+                 rh_mpi_ireduce(check_comm(L, 1), p, n, dt, (int)luaL_checkinteger(L, 3), (int)luaL_checkinteger(L, 4),
+                                (int)luaL_checkinteger(L, 5), &q->r));
 }
 
 static int l_ibcast(lua_State *L) {
@@ -186,8 +187,7 @@ static int l_ireduce_scatter(lua_State *L) {
   rh_dtype_t dt;
   two(L, "reduce_scatter", &a, &b, &n, &dt, (int)luaL_checkinteger(L, 4));
   req_t *q = new_req(L);
-  return started(L, q,
-                 rh_mpi_ireduce_scatter(check_comm(L, 1), b, a, n, dt, (int)luaL_checkinteger(L, 5), &q->r));
+  return started(L, q, rh_mpi_ireduce_scatter(check_comm(L, 1), b, a, n, dt, (int)luaL_checkinteger(L, 5), &q->r));
 }
 
 /* (comm, t, stacked_or_t, size, root): the stacked buffer matters at the root only */
@@ -220,8 +220,9 @@ static int l_isend(lua_State *L) {
   rh_dtype_t dt;
   void *p = span(L, 2, &n, &dt, "send");
   req_t *q = new_req(L);
-  return started(L, q, rh_mpi_isend(check_comm(L, 1), p, n * rh_dtype_size(dt), (int)luaL_checkinteger(L, 3),
-                                    (int)luaL_checkinteger(L, 4), &q->r));
+  return started(L, q,
+                 rh_mpi_isend(check_comm(L, 1), p, n * rh_dtype_size(dt), (int)luaL_checkinteger(L, 3),
+                              (int)luaL_checkinteger(L, 4), &q->r));
 }
 
 static int l_irecv(lua_State *L) {
@@ -229,8 +230,9 @@ static int l_irecv(lua_State *L) {
   rh_dtype_t dt;
   void *p = span(L, 2, &n, &dt, "recv");
   req_t *q = new_req(L);
-  return started(L, q, rh_mpi_irecv(check_comm(L, 1), p, n * rh_dtype_size(dt), (int)luaL_checkinteger(L, 3),
-                                    (int)luaL_checkinteger(L, 4), &q->r));
+  return started(L, q,
+                 rh_mpi_irecv(check_comm(L, 1), p, n * rh_dtype_size(dt), (int)luaL_checkinteger(L, 3),
+                              (int)luaL_checkinteger(L, 4), &q->r));
 }
 
 /* mpi_test(req) -> true, bytes_received | false; raises MPI's failure */

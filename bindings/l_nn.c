@@ -1,9 +1,8 @@
 /* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn_conv.c,
  * nn_pool.c, nn_norm.c: batch and layer norm, nn_rnn.c: the LSTM cell,
- * nn_softmax.c, nn_act.c: ReLU's backward, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers (0-based nothing:
- * these are sizes); the Lua side checks shapes and names the
- * layer in its errors, the core's message is raised for anything it refuses.
- * Each entry point but linear sends a tensor on a CUDA device to the device's
+ * nn_softmax.c, nn_act.c: ReLU's backward, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers
+ * (0-based nothing: these are sizes); the Lua side checks shapes and names the layer in its errors, the core's message
+ * is raised for anything it refuses. Each entry point but linear sends a tensor on a CUDA device to the device's
  * kernels (host/tensor/nn_cuda.c, nn_cuda_norm.c): on_dev() picks them by the
  * first tensor argument. */
 #include "rh_lua.h"
@@ -55,9 +54,10 @@ static int l_conv2d_backward(lua_State *L) {
   rh_nn_conv_t p;
   conv_params(L, 4, &p);
   rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
-  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_conv2d_backward : rh_nn_conv2d_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3), &p,
-                                    lua_toboolean(L, 11) ? &gx : NULL, lua_toboolean(L, 12) ? &gw : NULL,
-                                    lua_toboolean(L, 13) ? &gb : NULL));
+  check_rc(
+      L, (on_dev(L, 1) ? rh_nn_cuda_conv2d_backward : rh_nn_conv2d_backward)(
+             rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3), &p,
+             lua_toboolean(L, 11) ? &gx : NULL, lua_toboolean(L, 12) ? &gw : NULL, lua_toboolean(L, 13) ? &gb : NULL));
   return push3(L, gx, gw, gb);
 }
 
@@ -86,8 +86,9 @@ static int l_max_pool2d(lua_State *L) {
 
 /* max_pool2d_backward(gy, idx, h, w) */
 static int l_max_pool2d_backward(lua_State *L) {
-  return push(L, (on_dev(L, 1) ? rh_nn_cuda_max_pool2d_backward : rh_nn_max_pool2d_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
-                                           (int64_t)luaL_checknumber(L, 3), (int64_t)luaL_checknumber(L, 4)));
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_max_pool2d_backward : rh_nn_max_pool2d_backward)(
+                     rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), (int64_t)luaL_checknumber(L, 3),
+                     (int64_t)luaL_checknumber(L, 4)));
 }
 
 static int l_avg_pool2d(lua_State *L) {
@@ -100,71 +101,74 @@ static int l_avg_pool2d(lua_State *L) {
 static int l_avg_pool2d_backward(lua_State *L) {
   rh_nn_pool_t p;
   pool_params(L, 2, &p);
-  return push(L, (on_dev(L, 1) ? rh_nn_cuda_avg_pool2d_backward : rh_nn_avg_pool2d_backward)(rh_lua_checktensor(L, 1), &p, (int64_t)luaL_checknumber(L, 13),
-                                           (int64_t)luaL_checknumber(L, 14)));
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_avg_pool2d_backward : rh_nn_avg_pool2d_backward)(
+                     rh_lua_checktensor(L, 1), &p, (int64_t)luaL_checknumber(L, 13), (int64_t)luaL_checknumber(L, 14)));
 }
 
 static int l_adaptive_avg_pool2d(lua_State *L) {
-  return push(L, (on_dev(L, 1) ? rh_nn_cuda_adaptive_avg_pool2d : rh_nn_adaptive_avg_pool2d)(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2),
-                                           (int64_t)luaL_checknumber(L, 3)));
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_adaptive_avg_pool2d : rh_nn_adaptive_avg_pool2d)(
+                     rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3)));
 }
 
 static int l_adaptive_avg_pool2d_backward(lua_State *L) {
   return push(L, (on_dev(L, 1) ? rh_nn_cuda_adaptive_avg_pool2d_backward : rh_nn_adaptive_avg_pool2d_backward)(
-                     rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2),
-                                                    (int64_t)luaL_checknumber(L, 3)));
+                     rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3)));
 }
 
 /* batch_norm(x, w|nil, b|nil, rm|nil, rv|nil, training, momentum, eps) -> y, mean, invstd */
 static int l_batch_norm(lua_State *L) {
   rh_tensor_t *y, *m, *s;
-  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_batch_norm : rh_nn_batch_norm)(rh_lua_checktensor(L, 1), rh_lua_totensor(L, 2), rh_lua_totensor(L, 3),
-                               rh_lua_totensor(L, 4), rh_lua_totensor(L, 5), lua_toboolean(L, 6),
-                               luaL_checknumber(L, 7), luaL_checknumber(L, 8), &y, &m, &s));
+  check_rc(L,
+           (on_dev(L, 1) ? rh_nn_cuda_batch_norm : rh_nn_batch_norm)(
+               rh_lua_checktensor(L, 1), rh_lua_totensor(L, 2), rh_lua_totensor(L, 3), rh_lua_totensor(L, 4),
+               rh_lua_totensor(L, 5), lua_toboolean(L, 6), luaL_checknumber(L, 7), luaL_checknumber(L, 8), &y, &m, &s));
   return push3(L, y, m, s);
 }
 
 /* batch_norm_backward(gy, x, w|nil, mean, invstd, training, want_x, want_w, want_b) -> gx, gw, gb */
 static int l_batch_norm_backward(lua_State *L) {
   rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
-  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_batch_norm_backward : rh_nn_batch_norm_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3),
-                                        rh_lua_checktensor(L, 4), rh_lua_checktensor(L, 5), lua_toboolean(L, 6),
-                                        lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
-                                        lua_toboolean(L, 9) ? &gb : NULL));
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_batch_norm_backward : rh_nn_batch_norm_backward)(
+                  rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_totensor(L, 3), rh_lua_checktensor(L, 4),
+                  rh_lua_checktensor(L, 5), lua_toboolean(L, 6), lua_toboolean(L, 7) ? &gx : NULL,
+                  lua_toboolean(L, 8) ? &gw : NULL, lua_toboolean(L, 9) ? &gb : NULL));
   return push3(L, gx, gw, gb);
 }
 
 /* layer_norm(x, d, w|nil, b|nil, eps) -> y, mean, rstd */
 static int l_layer_norm(lua_State *L) {
   rh_tensor_t *y, *m, *s;
-  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_layer_norm : rh_nn_layer_norm)(rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), rh_lua_totensor(L, 3),
-                               rh_lua_totensor(L, 4), luaL_checknumber(L, 5), &y, &m, &s));
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_layer_norm : rh_nn_layer_norm)(
+                  rh_lua_checktensor(L, 1), (int64_t)luaL_checknumber(L, 2), rh_lua_totensor(L, 3),
+                  rh_lua_totensor(L, 4), luaL_checknumber(L, 5), &y, &m, &s));
   return push3(L, y, m, s);
 }
 
 /* layer_norm_backward(gy, x, d, w|nil, mean, rstd, want_x, want_w, want_b) -> gx, gw, gb */
 static int l_layer_norm_backward(lua_State *L) {
   rh_tensor_t *gx = NULL, *gw = NULL, *gb = NULL;
-  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_layer_norm_backward : rh_nn_layer_norm_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2),
-                                        (int64_t)luaL_checknumber(L, 3), rh_lua_totensor(L, 4),
-                                        rh_lua_checktensor(L, 5), rh_lua_checktensor(L, 6),
-                                        lua_toboolean(L, 7) ? &gx : NULL, lua_toboolean(L, 8) ? &gw : NULL,
-                                        lua_toboolean(L, 9) ? &gb : NULL));
+  check_rc(
+      L, (on_dev(L, 1) ? rh_nn_cuda_layer_norm_backward : rh_nn_layer_norm_backward)(
+             rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), (int64_t)luaL_checknumber(L, 3), rh_lua_totensor(L, 4),
+             rh_lua_checktensor(L, 5), rh_lua_checktensor(L, 6), lua_toboolean(L, 7) ? &gx : NULL,
+             lua_toboolean(L, 8) ? &gw : NULL, lua_toboolean(L, 9) ? &gb : NULL));
   return push3(L, gx, gw, gb);
 }
 
 /* lstm_cell(gates, c_prev) -> h, c, ws */
 static int l_lstm_cell(lua_State *L) {
   rh_tensor_t *h, *c, *ws;
-  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_lstm_cell : rh_nn_lstm_cell)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), &h, &c, &ws));
+  check_rc(L, (on_dev(L, 1) ? rh_nn_cuda_lstm_cell : rh_nn_lstm_cell)(rh_lua_checktensor(L, 1),
+                                                                      rh_lua_checktensor(L, 2), &h, &c, &ws));
   return push3(L, h, c, ws);
 }
 
 /* lstm_cell_backward(gh|nil, gc|nil, c_prev, ws) -> ggates, gc_prev */
 static int l_lstm_cell_backward(lua_State *L) {
   rh_tensor_t *gg, *gp;
-  check_rc(L, (on_dev(L, 3) ? rh_nn_cuda_lstm_cell_backward : rh_nn_lstm_cell_backward)(rh_lua_totensor(L, 1), rh_lua_totensor(L, 2), rh_lua_checktensor(L, 3),
-                                       rh_lua_checktensor(L, 4), &gg, &gp));
+  check_rc(L, (on_dev(L, 3) ? rh_nn_cuda_lstm_cell_backward : rh_nn_lstm_cell_backward)(
+                  rh_lua_totensor(L, 1), rh_lua_totensor(L, 2), rh_lua_checktensor(L, 3), rh_lua_checktensor(L, 4), &gg,
+                  &gp));
   rh_lua_pushtensor(L, gg);
   rh_lua_pushtensor(L, gp);
   return 2;
@@ -175,7 +179,8 @@ static int l_softmax(lua_State *L) {
   return push(L, (on_dev(L, 1) ? rh_nn_cuda_softmax : rh_nn_softmax)(rh_lua_checktensor(L, 1), lua_toboolean(L, 2)));
 }
 static int l_softmax_backward(lua_State *L) {
-  return push(L, (on_dev(L, 1) ? rh_nn_cuda_softmax_backward : rh_nn_softmax_backward)(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), lua_toboolean(L, 3)));
+  return push(L, (on_dev(L, 1) ? rh_nn_cuda_softmax_backward : rh_nn_softmax_backward)(
+                     rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), lua_toboolean(L, 3)));
 }
 
 /* relu_backward(g, a) -> a > 0 ? g : 0, or nil where the kernel does not take

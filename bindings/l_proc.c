@@ -370,9 +370,9 @@ int rh_open_proc(lua_State *L) {
   rh_lua_class(L, PROC_MT, proc_methods, NULL, NULL);
   rh_lua_class(L, SIGNAL_MT, signal_methods, NULL, NULL);
 
-  static const luaL_Reg fns[] = {
-      {"spawn", l_spawn}, {"kill", l_kill}, {"signal", l_signal}, {"die_with_parent", l_die_with_parent},
-      {"file_stamp", l_file_stamp}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"spawn", l_spawn},           {"kill", l_kill},
+                                 {"signal", l_signal},         {"die_with_parent", l_die_with_parent},
+                                 {"file_stamp", l_file_stamp}, {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   static const struct {

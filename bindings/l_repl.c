@@ -239,8 +239,8 @@ static int l_stop(lua_State *L) {
 }
 
 int rh_open_repl(lua_State *L) {
-  static const luaL_Reg fns[] = {{"repl_start", l_start}, {"repl_prompt", l_prompt},
-                                 {"repl_redisplay", l_redisplay}, {"repl_reset", l_reset}, {"repl_stop", l_stop}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"repl_start", l_start}, {"repl_prompt", l_prompt}, {"repl_redisplay", l_redisplay},
+                                 {"repl_reset", l_reset}, {"repl_stop", l_stop},     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

@@ -197,9 +197,8 @@ static int l_close(lua_State *L) {
 }
 
 int rh_open_shm(lua_State *L) {
-  static const luaL_Reg methods[] = {{"size", l_size}, {"put", l_put},     {"get", l_get},
-                                     {"adopt", l_adopt}, {"close", l_close}, {"inode", l_inode},
-                                     {NULL, NULL}};
+  static const luaL_Reg methods[] = {{"size", l_size},   {"put", l_put},     {"get", l_get}, {"adopt", l_adopt},
+                                     {"close", l_close}, {"inode", l_inode}, {NULL, NULL}};
   rh_lua_class(L, SHM_MT, methods, l_close, NULL);
   static const luaL_Reg fns[] = {
       {"shm_create", l_create}, {"shm_probe", l_probe}, {"shm_released", l_released}, {NULL, NULL}};

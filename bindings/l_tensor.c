@@ -46,7 +46,7 @@ typedef struct {
   int frame; /* a received frame's segment: the codec's alone (rh_lua_pushframetensor) */
 } ltensor_t;
 
-static int64_t gc_at = RH_GC_MIN; /* live tensor bytes at which the next collection runs */
+static int64_t gc_at = RH_GC_MIN;    /* live tensor bytes at which the next collection runs */
 static int no_state_ref = LUA_NOREF; /* the shared environment of tensors without autograd state */
 /* The tensor metatable and its address: every op checks its operands, and
  * luaL_checkudata looks the metatable up by name in the registry each time (a
@@ -212,7 +212,8 @@ int rh_lua_checksizes(lua_State *L, int i, int64_t *size) {
      * from a script or the network is refused before it becomes an integer */
     double v = lua_tonumber(L, -1);
     if (!(v >= -0x1p62 && v <= 0x1p62) || v != floor(v))
-      luaL_error(L, "sizes must be integers of magnitude below 2^62, got %s in dimension %d", lua_tostring(L, -1), k + 1);
+      luaL_error(L, "sizes must be integers of magnitude below 2^62, got %s in dimension %d", lua_tostring(L, -1),
+                 k + 1);
     size[k] = (int64_t)v;
     lua_pop(L, 1);
   }
@@ -365,7 +366,8 @@ static int l_size(lua_State *L) {
     return 1;
   }
   int d = (int)luaL_checkinteger(L, 2);
-  if (d < 0 || d >= t->ndim) return luaL_error(L, "size: dimension %d out of range (the tensor has %d)", d + 1, t->ndim);
+  if (d < 0 || d >= t->ndim)
+    return luaL_error(L, "size: dimension %d out of range (the tensor has %d)", d + 1, t->ndim);
   lua_pushnumber(L, (double)t->size[d]);
   return 1;
 }
@@ -396,7 +398,8 @@ static int get_index(lua_State *L, rh_tensor_t *t, int first, int64_t *idx) {
   for (int i = 0; i < n; i++) {
     int64_t v = (int64_t)luaL_checknumber(L, first + i);
     if (v < 0 || v >= t->size[i])
-      return luaL_error(L, "index %d is out of bounds for dimension %d with size %d", (int)v + 1, i + 1, (int)t->size[i]);
+      return luaL_error(L, "index %d is out of bounds for dimension %d with size %d", (int)v + 1, i + 1,
+                        (int)t->size[i]);
     idx[i] = v;
   }
   return 0;
@@ -478,8 +481,8 @@ static int l_expand(lua_State *L) {
 }
 
 static int l_transpose(lua_State *L) {
-  return rh_lua_pushtensor(L, rh_tensor_transpose(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
-                                                  (int)luaL_checkinteger(L, 3)));
+  return rh_lua_pushtensor(
+      L, rh_tensor_transpose(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2), (int)luaL_checkinteger(L, 3)));
 }
 
 static int l_permute(lua_State *L) {
@@ -493,9 +496,9 @@ static int l_permute(lua_State *L) {
 }
 
 static int l_slice(lua_State *L) {
-  return rh_lua_pushtensor(L, rh_tensor_slice(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
-                                              (int64_t)luaL_checknumber(L, 3), (int64_t)luaL_checknumber(L, 4),
-                                              (int64_t)luaL_optnumber(L, 5, 1)));
+  return rh_lua_pushtensor(
+      L, rh_tensor_slice(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2), (int64_t)luaL_checknumber(L, 3),
+                         (int64_t)luaL_checknumber(L, 4), (int64_t)luaL_optnumber(L, 5, 1)));
 }
 
 static int l_narrow(lua_State *L) {
@@ -504,8 +507,8 @@ static int l_narrow(lua_State *L) {
 }
 
 static int l_select(lua_State *L) {
-  return rh_lua_pushtensor(L, rh_tensor_select(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
-                                               (int64_t)luaL_checknumber(L, 3)));
+  return rh_lua_pushtensor(
+      L, rh_tensor_select(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2), (int64_t)luaL_checknumber(L, 3)));
 }
 
 static int l_squeeze(lua_State *L) {
@@ -590,8 +593,8 @@ static int l_reduce(lua_State *L) {
 }
 
 static int l_softmax(lua_State *L) {
-  return rh_lua_pushtensor(L, rh_tensor_softmax(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2),
-                                                lua_toboolean(L, 3)));
+  return rh_lua_pushtensor(
+      L, rh_tensor_softmax(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2), lua_toboolean(L, 3)));
 }
 
 static int l_matmul(lua_State *L) {
@@ -618,8 +621,8 @@ static int l_reinterpret(lua_State *L) {
   size_t have = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
   if (!rh_tensor_is_contiguous(t) || t->offset != 0 || (size_t)numel * rh_dtype_size(dt) != have) {
     char why[160]; /* (lua_pushfstring has no 64-bit formats) */
-    snprintf(why, sizeof why, "a tensor of %lld %s elements does not match its %lld payload bytes",
-             (long long)numel, rh_dtype_name(dt), (long long)have);
+    snprintf(why, sizeof why, "a tensor of %lld %s elements does not match its %lld payload bytes", (long long)numel,
+             rh_dtype_name(dt), (long long)have);
     return luaL_error(L, "malformed message: %s", why);
   }
   rh_tensor_t *r = rh_tensor_on_storage(t->storage, dt, 0, n, size, stride);
@@ -683,24 +686,58 @@ int rh_open_tensor(lua_State *L) {
     lua_newtable(L);
     no_state_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   }
-  static const luaL_Reg fns[] = {
-      {"t_full", l_full},         {"t_arange", l_arange},     {"t_rand", l_rand},
-      {"t_seed", l_seed},         {"t_from_flat", l_from_flat}, {"t_from_bytes", l_from_bytes},
-      {"t_bytes", l_bytes},       {"t_info", l_info},         {"t_dtype", l_dtype},
-      {"t_ndim", l_ndim},         {"t_size", l_size},         {"t_numel", l_numel}, {"t_nbytes", l_nbytes}, {"dtype_size", l_dtype_size},
-      {"t_get", l_get},           {"t_set", l_set},           {"t_totable", l_totable},
-      {"t_item", l_item},         {"t_view", l_view},         {"t_expand", l_expand},
-      {"t_transpose", l_transpose}, {"t_permute", l_permute}, {"t_slice", l_slice},
-      {"t_narrow", l_narrow},     {"t_select", l_select},     {"t_squeeze", l_squeeze},
-      {"t_unsqueeze", l_unsqueeze}, {"t_contiguous", l_contiguous}, {"t_clone", l_clone},
-      {"t_cast", l_cast},         {"t_copy_", l_copy_},       {"t_fill_", l_fill_},
-      {"t_binary", l_binary},     {"t_unary", l_unary},       {"t_reduce", l_reduce},
-      {"t_softmax", l_softmax},   {"t_matmul", l_matmul},     {"t_live_bytes", l_live_bytes}, {"t_memstats", l_memstats}, {"t_reinterpret", l_reinterpret},
-      {"t_device", l_device}, {"t_is_contiguous", l_is_contiguous}, {"t_to_device", l_to_device},
-      {"t_same_storage", l_same_storage},
-      {"t_ag", l_ag},             {"t_set_ag", l_set_ag},     {"t_version", l_version},
-      {"t_bump", l_bump}, {"t_free", l_gc},         {"t_alias", l_alias}, {"t_metatable", l_metatable},
-      {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"t_full", l_full},
+                                 {"t_arange", l_arange},
+                                 {"t_rand", l_rand},
+                                 {"t_seed", l_seed},
+                                 {"t_from_flat", l_from_flat},
+                                 {"t_from_bytes", l_from_bytes},
+                                 {"t_bytes", l_bytes},
+                                 {"t_info", l_info},
+                                 {"t_dtype", l_dtype},
+                                 {"t_ndim", l_ndim},
+                                 {"t_size", l_size},
+                                 {"t_numel", l_numel},
+                                 {"t_nbytes", l_nbytes},
+                                 {"dtype_size", l_dtype_size},
+                                 {"t_get", l_get},
+                                 {"t_set", l_set},
+                                 {"t_totable", l_totable},
+                                 {"t_item", l_item},
+                                 {"t_view", l_view},
+                                 {"t_expand", l_expand},
+                                 {"t_transpose", l_transpose},
+                                 {"t_permute", l_permute},
+                                 {"t_slice", l_slice},
+                                 {"t_narrow", l_narrow},
+                                 {"t_select", l_select},
+                                 {"t_squeeze", l_squeeze},
+                                 {"t_unsqueeze", l_unsqueeze},
+                                 {"t_contiguous", l_contiguous},
+                                 {"t_clone", l_clone},
+                                 {"t_cast", l_cast},
+                                 {"t_copy_", l_copy_},
+                                 {"t_fill_", l_fill_},
+                                 {"t_binary", l_binary},
+                                 {"t_unary", l_unary},
+                                 {"t_reduce", l_reduce},
+                                 {"t_softmax", l_softmax},
+                                 {"t_matmul", l_matmul},
+                                 {"t_live_bytes", l_live_bytes},
+                                 {"t_memstats", l_memstats},
+                                 {"t_reinterpret", l_reinterpret},
+                                 {"t_device", l_device},
+                                 {"t_is_contiguous", l_is_contiguous},
+                                 {"t_to_device", l_to_device},
+                                 {"t_same_storage", l_same_storage},
+                                 {"t_ag", l_ag},
+                                 {"t_set_ag", l_set_ag},
+                                 {"t_version", l_version},
+                                 {"t_bump", l_bump},
+                                 {"t_free", l_gc},
+                                 {"t_alias", l_alias},
+                                 {"t_metatable", l_metatable},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   /* t_is_tensor in Lua: the autograd and nn paths ask it of every operand, and
@@ -709,7 +746,8 @@ int rh_open_tensor(lua_State *L) {
    * shard's traces slower than the interpreter. type() and getmetatable() of a
    * userdata compile inline. (The same test as to_box: this state's tensors
    * are the userdata with the registry's metatable.) */
-  if (luaL_loadstring(L, "local T = ... return function(v) return type(v) == 'userdata' and getmetatable(v) == T end") != 0)
+  if (luaL_loadstring(
+          L, "local T = ... return function(v) return type(v) == 'userdata' and getmetatable(v) == T end") != 0)
     return lua_error(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, mt_ref);
   lua_call(L, 1, 1);

@@ -31,8 +31,8 @@ static int l_scatter_(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   rh_tensor_t *src = rh_lua_totensor(L, 4);
   double v = src ? 0 : (lua_isboolean(L, 4) ? lua_toboolean(L, 4) : luaL_checknumber(L, 4));
-  check_rc(L, rh_tensor_scatter_(t, (int)luaL_checkinteger(L, 2), rh_lua_checktensor(L, 3), src, v,
-                                 lua_toboolean(L, 5), (int64_t)luaL_optnumber(L, 6, 0)));
+  check_rc(L, rh_tensor_scatter_(t, (int)luaL_checkinteger(L, 2), rh_lua_checktensor(L, 3), src, v, lua_toboolean(L, 5),
+                                 (int64_t)luaL_optnumber(L, 6, 0)));
   rh_tensor_bump_version(t);
   lua_settop(L, 1);
   return 1;
@@ -59,7 +59,8 @@ static int l_masked_fill_(lua_State *L) {
 }
 
 static int l_where(lua_State *L) {
-  return push_or_raise(L, rh_tensor_where(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3)));
+  return push_or_raise(L,
+                       rh_tensor_where(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2), rh_lua_checktensor(L, 3)));
 }
 
 static int l_masked_select(lua_State *L) {
@@ -123,7 +124,8 @@ static int l_as_strided(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
   int n = rh_lua_checksizes(L, 2, size);
-  if (rh_lua_checksizes(L, 3, stride) != n) return luaL_error(L, "as_strided: %d sizes but a different number of strides", n);
+  if (rh_lua_checksizes(L, 3, stride) != n)
+    return luaL_error(L, "as_strided: %d sizes but a different number of strides", n);
   return push_or_raise(L, rh_tensor_on_storage(t->storage, t->dtype, (int64_t)luaL_checknumber(L, 4), n, size, stride));
 }
 
@@ -137,13 +139,24 @@ static int l_empty(lua_State *L) {
 }
 
 int rh_open_tensor_ops(lua_State *L) {
-  static const luaL_Reg fns[] = {
-      {"t_index_select", l_index_select}, {"t_gather", l_gather},   {"t_scatter_", l_scatter_},
-      {"t_index_put_", l_index_put_},     {"t_masked_fill_", l_masked_fill_}, {"t_where", l_where},
-      {"t_masked_select", l_masked_select}, {"t_masked_scatter_", l_masked_scatter_}, {"t_nonzero", l_nonzero},
-      {"t_sort", l_sort},                 {"t_scan", l_scan},       {"t_randint", l_randint},
-      {"t_randperm", l_randperm},         {"t_bernoulli", l_bernoulli}, {"t_multinomial", l_multinomial},
-      {"t_as_strided", l_as_strided},     {"t_empty", l_empty},       {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"t_index_select", l_index_select},
+                                 {"t_gather", l_gather},
+                                 {"t_scatter_", l_scatter_},
+                                 {"t_index_put_", l_index_put_},
+                                 {"t_masked_fill_", l_masked_fill_},
+                                 {"t_where", l_where},
+                                 {"t_masked_select", l_masked_select},
+                                 {"t_masked_scatter_", l_masked_scatter_},
+                                 {"t_nonzero", l_nonzero},
+                                 {"t_sort", l_sort},
+                                 {"t_scan", l_scan},
+                                 {"t_randint", l_randint},
+                                 {"t_randperm", l_randperm},
+                                 {"t_bernoulli", l_bernoulli},
+                                 {"t_multinomial", l_multinomial},
+                                 {"t_as_strided", l_as_strided},
+                                 {"t_empty", l_empty},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   return 1;

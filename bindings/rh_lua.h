@@ -15,7 +15,7 @@ typedef struct {
   lua_State *L; /* the main thread; C callbacks run Lua on it, never on a coroutine */
   uv_loop_t *loop;
   rh_net_t net;
-  int ref_traceback; /* debug.traceback, the message handler for callbacks */
+  int ref_traceback;         /* debug.traceback, the message handler for callbacks */
   uv_timer_t deadline_timer; /* armed for the scheduler's earliest deadline */
   int deadline_ref;          /* the Lua function it calls */
   int timer_ready;
@@ -35,8 +35,7 @@ void rh_unref(lua_State *L, int *ref);
 
 /* Registers the metatable of a bound type: `methods` (may be NULL) as its
  * __index, and __gc / __tostring when given. The stack is left as it was. */
-void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc,
-                  lua_CFunction tostring);
+void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc, lua_CFunction tostring);
 
 /* Raises a Lua error "what: <message for code>". */
 int rh_error_code(lua_State *L, const char *what, int code);
@@ -64,7 +63,7 @@ int rh_lua_main(int argc, char **argv);
 
 /* tensors (l_tensor.c) */
 struct rh_tensor_s;
-struct rh_tensor_s *rh_lua_totensor(lua_State *L, int i);      /* NULL if not a tensor */
+struct rh_tensor_s *rh_lua_totensor(lua_State *L, int i); /* NULL if not a tensor */
 struct rh_tensor_s *rh_lua_checktensor(lua_State *L, int i);
 /* A dtype id at index i, and sizes from a Lua sequence at index i (at most
  * RH_MAXDIM whole numbers below 2^62 in magnitude: a hostile size from a
@@ -77,7 +76,7 @@ struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what
  * shm, CMA, the arena and MPI, copy from or into), and that span's length in
  * *nbytes (may be NULL); on a device or strided it is an error naming `what` */
 struct rh_tensor_s *rh_lua_checkhostspan(lua_State *L, int i, const char *what, size_t *nbytes);
-int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t);    /* takes the reference */
+int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t); /* takes the reference */
 /* The same for a segment of a received frame: t_reinterpret of it hands its
  * tensor on to the result and leaves it freed (no other value shares those bytes). */
 int rh_lua_pushframetensor(lua_State *L, struct rh_tensor_s *t);

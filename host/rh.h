@@ -14,18 +14,18 @@
 enum {
   RH_OK = 0,
   /* Start well below libuv's codes (which are negated errno values). */
-  RH_EBADMAGIC = -5001, /* a frame did not start with the rpchost magic */
-  RH_EVERSION = -5002,  /* a frame carried another protocol version */
-  RH_ETOOBIG = -5003,   /* a frame exceeded the configured maximum size */
-  RH_ENOMEM = -5004,    /* an allocation failed */
-  RH_ECLOSED = -5005,   /* the connection is closed */
-  RH_EBADFRAME = -5006, /* a frame's lengths are inconsistent */
-  RH_EFDS = -5007,      /* a peer sent descriptors that its frames do not take */
-  RH_EUNPROVEN = -5008, /* a frame other than the handshake before the peer proved itself */
+  RH_EBADMAGIC = -5001,  /* a frame did not start with the rpchost magic */
+  RH_EVERSION = -5002,   /* a frame carried another protocol version */
+  RH_ETOOBIG = -5003,    /* a frame exceeded the configured maximum size */
+  RH_ENOMEM = -5004,     /* an allocation failed */
+  RH_ECLOSED = -5005,    /* the connection is closed */
+  RH_EBADFRAME = -5006,  /* a frame's lengths are inconsistent */
+  RH_EFDS = -5007,       /* a peer sent descriptors that its frames do not take */
+  RH_EUNPROVEN = -5008,  /* a frame other than the handshake before the peer proved itself */
   RH_EHANDSHAKE = -5009, /* the handshake did not complete within its deadline */
-  RH_ERING = -5010,     /* a shared-memory ring's header or contents are impossible */
-  RH_EARENA = -5011,    /* a collective arena's header, epoch or signature is impossible */
-  RH_ENOKERNEL = -5012, /* a reduction op has no kernel for the tensor's dtype */
+  RH_ERING = -5010,      /* a shared-memory ring's header or contents are impossible */
+  RH_EARENA = -5011,     /* a collective arena's header, epoch or signature is impossible */
+  RH_ENOKERNEL = -5012,  /* a reduction op has no kernel for the tensor's dtype */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

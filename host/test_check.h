@@ -6,15 +6,14 @@
 #include <stdio.h>
 
 static int failures;
-#define CHECK(c)                                                             \
-  do {                                                                       \
-    if (!(c)) {                                                              \
+#define CHECK(c)                                                            \
+  do {                                                                      \
+    if (!(c)) {                                                             \
       fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-      failures++;                                                            \
-    }                                                                        \
+      failures++;                                                           \
+    }                                                                       \
   } while (0)
 
-#define TEST_RESULT()                                          \
-  (printf("%s: %d failures\n", failures ? "FAIL" : "ok", failures), failures ? 1 : 0)
+#define TEST_RESULT() (printf("%s: %d failures\n", failures ? "FAIL" : "ok", failures), failures ? 1 : 0)
 
 #endif

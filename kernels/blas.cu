@@ -57,10 +57,8 @@ __global__ void k_int_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, cons
     for (int64_t p0 = 0; p0 < k; p0 += kTile) {
       int64_t pa = p0 + threadIdx.x, pb = p0 + threadIdx.y;
       // element (i, p) of op(A): A[i*lda + p] as stored, or A[p*lda + i] when transposed
-      As[threadIdx.y][threadIdx.x] =
-          (row < m && pa < k) ? (int64_t)(ta ? a[pa * lda + row] : a[row * lda + pa]) : 0;
-      Bs[threadIdx.y][threadIdx.x] =
-          (pb < k && col < n) ? (int64_t)(tb ? b[col * ldb + pb] : b[pb * ldb + col]) : 0;
+      As[threadIdx.y][threadIdx.x] = (row < m && pa < k) ? (int64_t)(ta ? a[pa * lda + row] : a[row * lda + pa]) : 0;
+      Bs[threadIdx.y][threadIdx.x] = (pb < k && col < n) ? (int64_t)(tb ? b[col * ldb + pb] : b[pb * ldb + col]) : 0;
       __syncthreads();
 #pragma unroll
       for (int q = 0; q < kTile; q++) acc += As[threadIdx.y][q] * Bs[q][threadIdx.x];
@@ -73,11 +71,11 @@ __global__ void k_int_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, cons
 }
 
 template <typename T>
-int int_gemm(cudaStream_t s, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-             int64_t sa, const void *b, int64_t ldb, int64_t sb, void *c, int64_t sc, int64_t batch) {
+int int_gemm(cudaStream_t s, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda, int64_t sa,
+             const void *b, int64_t ldb, int64_t sb, void *c, int64_t sc, int64_t batch) {
   int64_t row_tiles = (m + kTile - 1) / kTile;
-  dim3 block(kTile, kTile), grid((unsigned)((n + kTile - 1) / kTile), (unsigned)(row_tiles < 65535 ? row_tiles : 65535),
-                                 (unsigned)batch);
+  dim3 block(kTile, kTile),
+      grid((unsigned)((n + kTile - 1) / kTile), (unsigned)(row_tiles < 65535 ? row_tiles : 65535), (unsigned)batch);
   k_int_gemm<T><<<grid, block, 0, s>>>(ta, tb, m, n, k, (const T *)a, lda, sa, (const T *)b, ldb, sb, (T *)c, sc);
   return launch_check("integer matmul kernel");
 }
@@ -114,8 +112,8 @@ int rhc_gemm(int dev, int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k
     st = cublasDgemmStridedBatched(h, ob, oa, (int)n, (int)m, (int)k, &one, (const double *)b, (int)ldb, sb,
                                    (const double *)a, (int)lda, sa, &zero, (double *)c, (int)n, sc, (int)batch);
   }
-  if (st != CUBLAS_STATUS_SUCCESS) return fail("cuBLAS GEMM (%lldx%lldx%lld): %s", (long long)m, (long long)n,
-                                               (long long)k, cublas_name(st));
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return fail("cuBLAS GEMM (%lldx%lldx%lld): %s", (long long)m, (long long)n, (long long)k, cublas_name(st));
   return 0;
 }
 

@@ -24,9 +24,9 @@ int fail(const char *fmt, ...);                  // sets last_error, returns -1
 int cuda_fail(cudaError_t e, const char *what);  // names the CUDA error
 const char *last_error();
 
-#define RHC_CHECK(call, what)                    \
-  do {                                           \
-    cudaError_t e_ = (call);                     \
+#define RHC_CHECK(call, what)                          \
+  do {                                                 \
+    cudaError_t e_ = (call);                           \
     if (e_ != cudaSuccess) return cuda_fail(e_, what); \
   } while (0)
 
@@ -106,7 +106,6 @@ int dispatch(int dt, A... args) {
   }
   return fail("unknown dtype code %d", dt);
 }
-
 
 // A float64 value stored as T the way the host's rh_dtype_store does: NaN and
 // out-of-range values clamp for integers (a plain cast is undefined there).

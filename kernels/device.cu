@@ -48,7 +48,7 @@ struct DeviceState {
   int sms = 1;
   std::mutex mu;
   std::multimap<size_t, void *> free_blocks;  // size -> block
-  std::unordered_map<void *, size_t> live;     // block -> size
+  std::unordered_map<void *, size_t> live;    // block -> size
   rhc_memstats_t stats = {0, 0, 0, 0};
 };
 

@@ -180,12 +180,11 @@ int launch(int dev, const char *what, int nd, const int64_t *size, void *o, cons
       int64_t head = 0;
       // vectorised: 16 bytes of the input type per load
       constexpr int V = 16 / sizeof(AT) > 0 ? 16 / sizeof(AT) : 1;
-      if (V > 1 && os == 1 && as == 1 && (bs == 1 || bs == 0) && n >= V &&
-          ((uintptr_t)o % (sizeof(OT) * V)) == 0 && ((uintptr_t)a % 16) == 0 &&
-          (bs == 0 || ((uintptr_t)b % (sizeof(BT) * V)) == 0)) {
+      if (V > 1 && os == 1 && as == 1 && (bs == 1 || bs == 0) && n >= V && ((uintptr_t)o % (sizeof(OT) * V)) == 0 &&
+          ((uintptr_t)a % 16) == 0 && (bs == 0 || ((uintptr_t)b % (sizeof(BT) * V)) == 0)) {
         int64_t nvec = n / V;
-        k_vec<OT, AT, BT, F, V><<<grid_for(dev, nvec), kThreads, 0, s>>>(nvec, (OT *)o, (const AT *)a,
-                                                                         (const BT *)b, bs == 0, f);
+        k_vec<OT, AT, BT, F, V>
+            <<<grid_for(dev, nvec), kThreads, 0, s>>>(nvec, (OT *)o, (const AT *)a, (const BT *)b, bs == 0, f);
         head = nvec * V;
         if (launch_check(what)) return -1;
       }
@@ -196,8 +195,7 @@ int launch(int dev, const char *what, int nd, const int64_t *size, void *o, cons
       return launch_check(what);
     }
   }
-  k_strided<OT, AT, BT, F><<<grid_for(dev, n), kThreads, 0, s>>>(n, ix, (char *)o, (const char *)a,
-                                                                  (const char *)b, f);
+  k_strided<OT, AT, BT, F><<<grid_for(dev, n), kThreads, 0, s>>>(n, ix, (char *)o, (const char *)a, (const char *)b, f);
   return launch_check(what);
 }
 
@@ -253,8 +251,7 @@ struct UnaryRun {
 template <typename From>
 struct CastTo {
   template <typename To>
-  static int run(int dev, int nd, const int64_t *size, void *o, const int64_t *ost, const void *a,
-                 const int64_t *ast) {
+  static int run(int dev, int nd, const int64_t *size, void *o, const int64_t *ost, const void *a, const int64_t *ast) {
     return launch<To, From, From>(dev, "copy kernel", nd, size, o, ost, a, ast, a, ast, CastF<From, To>{});
   }
 };

@@ -110,9 +110,21 @@ static int e_binary(int, int op, int dt, int nd, const int64_t *size, void *o, c
                     const int64_t *ast, const void *b, const int64_t *bst) {
   if (op > 12) return fail("remainder");
   for (int64_t i = 0; i < numel(nd, size); i++) {
-    double x = load(dt, (const char *)a + offset(i, nd, size, ast)), y = load(dt, (const char *)b + offset(i, nd, size, bst));
-    const double r[] = {x + y, x - y, x * y, x / y, pow(x, y), fmax(x, y), fmin(x, y), (double)(x == y), (double)(x != y),
-                        (double)(x < y), (double)(x <= y), (double)(x > y), (double)(x >= y)};
+    double x = load(dt, (const char *)a + offset(i, nd, size, ast)),
+           y = load(dt, (const char *)b + offset(i, nd, size, bst));
+    const double r[] = {x + y,
+                        x - y,
+                        x * y,
+                        x / y,
+                        pow(x, y),
+                        fmax(x, y),
+                        fmin(x, y),
+                        (double)(x == y),
+                        (double)(x != y),
+                        (double)(x < y),
+                        (double)(x <= y),
+                        (double)(x > y),
+                        (double)(x >= y)};
     store(op >= 7 ? 5 : dt, (char *)o + offset(i, nd, size, ost), r[op]);
   }
   return 0;
@@ -152,8 +164,8 @@ static int e_softmax_rows(int, int dt, int log_, int64_t rows, int64_t len, cons
   return 0;
 }
 // cuda_api.h's gemm: row-major, C's rows n apart
-static int e_gemm(int, int dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                  int64_t sa, const void *b, int64_t ldb, int64_t sb, void *c, int64_t sc, int64_t batch) {
+static int e_gemm(int, int dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda, int64_t sa,
+                  const void *b, int64_t ldb, int64_t sb, void *c, int64_t sc, int64_t batch) {
   if (dt > 1) return fail("integer GEMM");
   size_t es = esize(dt);
   for (int64_t z = 0; z < batch; z++)
@@ -201,9 +213,11 @@ static int e_nn_batch_norm(int, int dt, int64_t n, int64_t c, int64_t inner, con
   if (dt > 1) return fail("integer batch norm");
   if (dt == 0) {
     k_bn_stats<float>(n, c, inner, (const float *)x, (float *)rm, (float *)rv, training, momentum, eps, mean, invstd);
-    k_bn_apply<float>(n * c * inner, c, inner, (const float *)x, (const float *)w, (const float *)b, mean, invstd, (float *)y);
+    k_bn_apply<float>(n * c * inner, c, inner, (const float *)x, (const float *)w, (const float *)b, mean, invstd,
+                      (float *)y);
   } else {
-    k_bn_stats<double>(n, c, inner, (const double *)x, (double *)rm, (double *)rv, training, momentum, eps, mean, invstd);
+    k_bn_stats<double>(n, c, inner, (const double *)x, (double *)rm, (double *)rv, training, momentum, eps, mean,
+                       invstd);
     k_bn_apply<double>(n * c * inner, c, inner, (const double *)x, (const double *)w, (const double *)b, mean, invstd,
                        (double *)y);
   }
@@ -230,8 +244,11 @@ static int e_nn_batch_norm_backward(int, int dt, int64_t n, int64_t c, int64_t i
 }
 static int e_nn_layer_norm(int, int dt, int64_t rows, int64_t d, const void *x, const void *w, const void *b,
                            double eps, void *y, double *mean, double *rstd) {
-  if (dt == 0) k_ln_forward<float>(rows, d, (const float *)x, (const float *)w, (const float *)b, eps, (float *)y, mean, rstd);
-  else if (dt == 1) k_ln_forward<double>(rows, d, (const double *)x, (const double *)w, (const double *)b, eps, (double *)y, mean, rstd);
+  if (dt == 0)
+    k_ln_forward<float>(rows, d, (const float *)x, (const float *)w, (const float *)b, eps, (float *)y, mean, rstd);
+  else if (dt == 1)
+    k_ln_forward<double>(rows, d, (const double *)x, (const double *)w, (const double *)b, eps, (double *)y, mean,
+                         rstd);
   else return fail("integer layer norm");
   return 0;
 }

@@ -90,8 +90,8 @@ __global__ void k_scatter_add(int64_t total, GsShape sh, const int64_t *idx, cha
     }
     return;
   }
-  if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value ||
-                std::is_same<T, int32_t>::value || std::is_same<T, int64_t>::value) {
+  if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, int32_t>::value ||
+                std::is_same<T, int64_t>::value) {
     GRID_STRIDE(w, total) {
       int64_t ao, oo;
       sh.offsets(w, idx[w], &ao, &oo);
@@ -105,10 +105,10 @@ struct ScatterAddRun {
   static int run(int dev, int64_t total, GsShape sh, const int64_t *idx, void *a, const void *o) {
     cudaStream_t s = stream_for(dev);
     if (!s) return -1;
-    bool atomic = std::is_same<T, float>::value || std::is_same<T, double>::value ||
-                  std::is_same<T, int32_t>::value || std::is_same<T, int64_t>::value;
-    k_scatter_add<T><<<atomic ? grid_for(dev, total) : 1, atomic ? kThreads : 1, 0, s>>>(
-        total, sh, idx, (char *)a, (const char *)o, !atomic);
+    bool atomic = std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, int32_t>::value ||
+                  std::is_same<T, int64_t>::value;
+    k_scatter_add<T><<<atomic ? grid_for(dev, total) : 1, atomic ? kThreads : 1, 0, s>>>(total, sh, idx, (char *)a,
+                                                                                         (const char *)o, !atomic);
     return launch_check("scatter_add kernel");
   }
 };
@@ -124,8 +124,8 @@ struct GatherScatterRun {
     cudaStream_t s = stream_for(dev);
     if (!s) return -1;
     // moves are by size: T only decides the width and the value's bits
-    k_gather_scatter<T><<<grid_for(dev, total), kThreads, 0, s>>>(total, mode, sh, idx, (char *)a, (char *)o,
-                                                                  ValueOf<T>::of(value));
+    k_gather_scatter<T>
+        <<<grid_for(dev, total), kThreads, 0, s>>>(total, mode, sh, idx, (char *)a, (char *)o, ValueOf<T>::of(value));
     return launch_check(mode == 0 ? "gather kernel" : "scatter kernel");
   }
 };

@@ -23,8 +23,7 @@ struct NcclLib {
   ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*Reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
-  ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                cudaStream_t);
+  ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*GroupStart)();
@@ -100,7 +99,7 @@ static int enqueued(Comm *c, ncclResult_t r, const char *what) {
 }
 
 // the device's stream, or the error (a NULL stream would be the legacy one)
-#define STREAM_OR_FAIL(c)             \
+#define STREAM_OR_FAIL(c)                 \
   cudaStream_t s_ = stream_for((c)->dev); \
   if (!s_) return -1;
 
@@ -128,10 +127,10 @@ static bool nccl_op(int op, int dt, ncclRedOp_t *o) {
   return false;
 }
 
-#define TYPES_OR_FAIL(dt, op)                                                         \
-  ncclDataType_t t_;                                                                  \
-  ncclRedOp_t o_ = ncclSum;                                                           \
-  if (!nccl_type(dt, &t_)) return fail("NCCL: dtype code %d is not supported", dt);   \
+#define TYPES_OR_FAIL(dt, op)                                                       \
+  ncclDataType_t t_;                                                                \
+  ncclRedOp_t o_ = ncclSum;                                                         \
+  if (!nccl_type(dt, &t_)) return fail("NCCL: dtype code %d is not supported", dt); \
   if ((op) >= 0 && !nccl_op(op, dt, &o_)) return fail("NCCL: AVG needs a float tensor");
 
 int nccl_enqueue_state(int dev) {

@@ -32,7 +32,8 @@ int pool_t(int dev, int op, const rhc_window_t *g, const void *in, void *out, in
   if (!s) return -1;
   int64_t outputs = g->planes * g->oh * g->ow;
   bool back = op >= RHC_POOL_MAX_BACK;
-  if (back) RHC_CHECK(cudaMemsetAsync(out, 0, (size_t)(g->planes * g->h * g->w) * sizeof(T), s), "zeroing a pooling gradient");
+  if (back)
+    RHC_CHECK(cudaMemsetAsync(out, 0, (size_t)(g->planes * g->h * g->w) * sizeof(T), s), "zeroing a pooling gradient");
   if (outputs == 0) return 0;
   unsigned grid = grid_for(dev, outputs);
   switch (op) {
@@ -47,7 +48,9 @@ int pool_t(int dev, int op, const rhc_window_t *g, const void *in, void *out, in
     case RHC_POOL_AVG:
     case RHC_POOL_ADAPTIVE:
     case RHC_POOL_AVG_BACK:
-    case RHC_POOL_ADAPTIVE_BACK: k_avg_pool<T><<<grid, kThreads, 0, s>>>(*g, op, outputs, (const T *)in, (T *)out); break;
+    case RHC_POOL_ADAPTIVE_BACK:
+      k_avg_pool<T><<<grid, kThreads, 0, s>>>(*g, op, outputs, (const T *)in, (T *)out);
+      break;
     default: return fail("unknown pooling op %d", op);
   }
   return launch_check("pooling kernel");

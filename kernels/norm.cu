@@ -34,8 +34,8 @@ int bn_backward(cudaStream_t s, int dev, int64_t n, int64_t c, int64_t inner, co
                 const void *w, const double *mean, const double *invstd, int training, void *gx, void *gw, void *gb) {
   double *sums = nullptr;
   if (rhc_alloc(dev, (size_t)(2 * c) * sizeof(double) + 1, (void **)&sums)) return -1;
-  k_bn_grad_sums<T><<<blocks_for(c), kNormThreads, 0, s>>>(n, c, inner, (const T *)gy, (const T *)x, mean, invstd,
-                                                           sums, (T *)gw, (T *)gb);
+  k_bn_grad_sums<T><<<blocks_for(c), kNormThreads, 0, s>>>(n, c, inner, (const T *)gy, (const T *)x, mean, invstd, sums,
+                                                           (T *)gw, (T *)gb);
   int rc = launch_check("batch norm gradient sums kernel");
   int64_t total = n * c * inner;
   if (rc == 0 && gx && total > 0) {
@@ -49,15 +49,15 @@ int bn_backward(cudaStream_t s, int dev, int64_t n, int64_t c, int64_t inner, co
 
 template <typename T>
 int ln_backward(cudaStream_t s, int dev, int64_t rows, int64_t d, const void *gy, const void *x, const void *w,
-                       const double *mean, const double *rstd, void *gx, void *gw, void *gb) {
+                const double *mean, const double *rstd, void *gx, void *gw, void *gb) {
   if (gx) {
     k_ln_grad_x<T><<<blocks_for(rows), kNormThreads, 0, s>>>(rows, d, (const T *)gy, (const T *)x, (const T *)w, mean,
                                                              rstd, (T *)gx);
     if (launch_check("layer norm input gradient kernel")) return -1;
   }
   if (gw || gb) {
-    k_ln_grad_wb<T><<<grid_for(dev, d), kThreads, 0, s>>>(rows, d, (const T *)gy, (const T *)x, mean, rstd, (T *)gw,
-                                                          (T *)gb);
+    k_ln_grad_wb<T>
+        <<<grid_for(dev, d), kThreads, 0, s>>>(rows, d, (const T *)gy, (const T *)x, mean, rstd, (T *)gw, (T *)gb);
     if (launch_check("layer norm weight gradient kernel")) return -1;
   }
   return 0;
@@ -75,8 +75,10 @@ int rhc_nn_batch_norm(int dev, int dtype, int64_t n, int64_t c, int64_t inner, c
   cudaStream_t s = stream_for(dev);
   if (!s) return -1;
   if (c == 0) return 0;
-  if (dtype == F32) return bn_forward<float>(s, dev, n, c, inner, x, w, b, rm, rv, training, momentum, eps, y, mean, invstd);
-  if (dtype == F64) return bn_forward<double>(s, dev, n, c, inner, x, w, b, rm, rv, training, momentum, eps, y, mean, invstd);
+  if (dtype == F32)
+    return bn_forward<float>(s, dev, n, c, inner, x, w, b, rm, rv, training, momentum, eps, y, mean, invstd);
+  if (dtype == F64)
+    return bn_forward<double>(s, dev, n, c, inner, x, w, b, rm, rv, training, momentum, eps, y, mean, invstd);
   return floats_only(dtype, "batch norm");
 }
 
@@ -98,10 +100,10 @@ int rhc_nn_layer_norm(int dev, int dtype, int64_t rows, int64_t d, const void *x
   if (rows == 0) return 0;
   if (dtype == F32)
     k_ln_forward<float><<<blocks_for(rows), kNormThreads, 0, s>>>(rows, d, (const float *)x, (const float *)w,
-                                                                   (const float *)b, eps, (float *)y, mean, rstd);
+                                                                  (const float *)b, eps, (float *)y, mean, rstd);
   else if (dtype == F64)
     k_ln_forward<double><<<blocks_for(rows), kNormThreads, 0, s>>>(rows, d, (const double *)x, (const double *)w,
-                                                                    (const double *)b, eps, (double *)y, mean, rstd);
+                                                                   (const double *)b, eps, (double *)y, mean, rstd);
   else return floats_only(dtype, "layer norm");
   return launch_check("layer norm kernel");
 }
@@ -121,17 +123,17 @@ int rhc_nn_softmax_backward(int dev, int dtype, int log_, int64_t rows, int64_t 
   if (!s) return -1;
   if (rows == 0) return 0;
   if (dtype == F32)
-    k_softmax_back<float><<<blocks_for(rows), kNormThreads, 0, s>>>(log_, rows, len, (const float *)y,
-                                                                     (const float *)g, (float *)gx);
+    k_softmax_back<float>
+        <<<blocks_for(rows), kNormThreads, 0, s>>>(log_, rows, len, (const float *)y, (const float *)g, (float *)gx);
   else if (dtype == F64)
-    k_softmax_back<double><<<blocks_for(rows), kNormThreads, 0, s>>>(log_, rows, len, (const double *)y,
-                                                                      (const double *)g, (double *)gx);
+    k_softmax_back<double>
+        <<<blocks_for(rows), kNormThreads, 0, s>>>(log_, rows, len, (const double *)y, (const double *)g, (double *)gx);
   else return floats_only(dtype, "softmax backward");
   return launch_check("softmax backward kernel");
 }
 
-int rhc_nn_lstm_cell(int dev, int dtype, int64_t b, int64_t hs, const void *gates, const void *c_prev, void *h,
-                     void *c, void *ws) {
+int rhc_nn_lstm_cell(int dev, int dtype, int64_t b, int64_t hs, const void *gates, const void *c_prev, void *h, void *c,
+                     void *ws) {
   cudaStream_t s = stream_for(dev);
   if (!s) return -1;
   int64_t total = b * hs;
@@ -140,9 +142,8 @@ int rhc_nn_lstm_cell(int dev, int dtype, int64_t b, int64_t hs, const void *gate
     k_lstm_cell<float><<<grid_for(dev, total), kThreads, 0, s>>>(total, hs, (const float *)gates, (const float *)c_prev,
                                                                  (float *)h, (float *)c, (float *)ws);
   else if (dtype == F64)
-    k_lstm_cell<double><<<grid_for(dev, total), kThreads, 0, s>>>(total, hs, (const double *)gates,
-                                                                  (const double *)c_prev, (double *)h, (double *)c,
-                                                                  (double *)ws);
+    k_lstm_cell<double><<<grid_for(dev, total), kThreads, 0, s>>>(
+        total, hs, (const double *)gates, (const double *)c_prev, (double *)h, (double *)c, (double *)ws);
   else return floats_only(dtype, "LSTM cell");
   return launch_check("LSTM cell kernel");
 }
@@ -154,13 +155,13 @@ int rhc_nn_lstm_cell_backward(int dev, int dtype, int64_t b, int64_t hs, const v
   int64_t total = b * hs;
   if (total == 0) return 0;
   if (dtype == F32)
-    k_lstm_cell_back<float><<<grid_for(dev, total), kThreads, 0, s>>>(
-        total, hs, (const float *)gh, (const float *)gc, (const float *)c_prev, (const float *)ws, (float *)ggates,
-        (float *)gc_prev);
+    k_lstm_cell_back<float><<<grid_for(dev, total), kThreads, 0, s>>>(total, hs, (const float *)gh, (const float *)gc,
+                                                                      (const float *)c_prev, (const float *)ws,
+                                                                      (float *)ggates, (float *)gc_prev);
   else if (dtype == F64)
     k_lstm_cell_back<double><<<grid_for(dev, total), kThreads, 0, s>>>(
-        total, hs, (const double *)gh, (const double *)gc, (const double *)c_prev, (const double *)ws,
-        (double *)ggates, (double *)gc_prev);
+        total, hs, (const double *)gh, (const double *)gc, (const double *)c_prev, (const double *)ws, (double *)ggates,
+        (double *)gc_prev);
   else return floats_only(dtype, "LSTM cell backward");
   return launch_check("LSTM cell backward kernel");
 }

@@ -35,8 +35,8 @@ __device__ inline int64_t bn_at(int64_t e, int64_t ch, int64_t c, int64_t inner)
 // per channel: training, the batch's mean and biased variance (two passes), the
 // running statistics updated with the unbiased one; eval, the running ones
 template <typename T>
-__global__ void k_bn_stats(int64_t n, int64_t c, int64_t inner, const T *x, T *rm, T *rv, int training,
-                           double momentum, double eps, double *mean, double *invstd) {
+__global__ void k_bn_stats(int64_t n, int64_t c, int64_t inner, const T *x, T *rm, T *rv, int training, double momentum,
+                           double eps, double *mean, double *invstd) {
   __shared__ double sh[kNormThreads];
   const int64_t m = n * inner;
   for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
@@ -101,14 +101,12 @@ __global__ void k_bn_grad_sums(int64_t n, int64_t c, int64_t inner, const T *gy,
 // gx = w * invstd * (gy - sum gy / m - (x - mean) * invstd^2 * sum gy (x - mean) / m)
 // in training; w * invstd * gy in eval (the statistics are constants there)
 template <typename T>
-__global__ void k_bn_grad_x(int64_t total, int64_t c, int64_t inner, int64_t m, int training, const T *gy,
-                            const T *x, const T *w, const double *mean, const double *invstd, const double *sums,
-                            T *gx) {
+__global__ void k_bn_grad_x(int64_t total, int64_t c, int64_t inner, int64_t m, int training, const T *gy, const T *x,
+                            const T *w, const double *mean, const double *invstd, const double *sums, T *gx) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t ch = (i / inner) % c;
     double is = invstd[ch], a = (w ? (double)w[ch] : 1.0) * is, g = (double)gy[i];
-    if (training)
-      g -= sums[2 * ch] / (double)m + ((double)x[i] - mean[ch]) * is * is * sums[2 * ch + 1] / (double)m;
+    if (training) g -= sums[2 * ch] / (double)m + ((double)x[i] - mean[ch]) * is * is * sums[2 * ch + 1] / (double)m;
     gx[i] = (T)(a * g);
   }
 }
@@ -154,8 +152,8 @@ __global__ void k_ln_grad_x(int64_t rows, int64_t d, const T *gy, const T *x, co
 
 // gw[j] = sum over rows of g * xhat, gb[j] = sum of g: a thread per column
 template <typename T>
-__global__ void k_ln_grad_wb(int64_t rows, int64_t d, const T *gy, const T *x, const double *mean,
-                             const double *rstd, T *gw, T *gb) {
+__global__ void k_ln_grad_wb(int64_t rows, int64_t d, const T *gy, const T *x, const double *mean, const double *rstd,
+                             T *gw, T *gb) {
   for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < d; j += (int64_t)gridDim.x * blockDim.x) {
     double sw = 0, sb = 0;
     for (int64_t r = 0; r < rows; r++) {
@@ -204,8 +202,8 @@ __global__ void k_lstm_cell(int64_t total, int64_t hs, const T *gates, const T *
 
 // its gradients; gh or gc NULL is zero
 template <typename T>
-__global__ void k_lstm_cell_back(int64_t total, int64_t hs, const T *gh, const T *gc, const T *cp, const T *ws,
-                                 T *gg, T *gp) {
+__global__ void k_lstm_cell_back(int64_t total, int64_t hs, const T *gh, const T *gc, const T *cp, const T *ws, T *gg,
+                                 T *gp) {
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
     int64_t r = e / hs, k = e % hs;
     const T *w = ws + r * 5 * hs;

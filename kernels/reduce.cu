@@ -231,7 +231,8 @@ int rhc_softmax_rows(int dev, int dtype, int log_, int64_t rows, int64_t len, co
   if (rows == 0 || len == 0) return 0;
   unsigned g = (unsigned)(rows < 65535 ? rows : 65535);
   if (dtype == F32) k_softmax<float><<<g, kRedThreads, 0, s>>>(log_, rows, len, (const float *)in, (float *)out);
-  else if (dtype == F64) k_softmax<double><<<g, kRedThreads, 0, s>>>(log_, rows, len, (const double *)in, (double *)out);
+  else if (dtype == F64)
+    k_softmax<double><<<g, kRedThreads, 0, s>>>(log_, rows, len, (const double *)in, (double *)out);
   else return fail("softmax on CUDA needs float32 or float64, got dtype code %d", dtype);
   return launch_check("softmax kernel");
 }

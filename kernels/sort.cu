@@ -51,8 +51,7 @@ __global__ void k_keys(int64_t n, int64_t len, const T *in, bool descending, uin
 }
 
 template <typename T>
-__global__ void k_take(int64_t n, int64_t len, const T *in, const int64_t *order, T *vals, int64_t *idx,
-                       int64_t base) {
+__global__ void k_take(int64_t n, int64_t len, const T *in, const int64_t *order, T *vals, int64_t *idx, int64_t base) {
   GRID_STRIDE(i, n) {
     int64_t row = i / len, o = order[i];
     vals[i] = in[row * len + o];
@@ -68,7 +67,8 @@ struct SortRun {
     if (!s) return -1;
     int64_t n = rows * len;
     if (n == 0) return 0;
-    if (n > INT32_MAX || rows > INT32_MAX) return fail("sort: %lld elements are more than one device sort takes", (long long)n);
+    if (n > INT32_MAX || rows > INT32_MAX)
+      return fail("sort: %lld elements are more than one device sort takes", (long long)n);
     constexpr int bits = key_bits<T>();
     uint64_t mask = bits == 64 ? ~0ull : ((1ull << bits) - 1);
     uint64_t *keys = nullptr, *keys_out = nullptr;
@@ -76,11 +76,13 @@ struct SortRun {
     void *temp = nullptr;
     size_t temp_bytes = 0;
     int rc = -1;
-    if (rhc_alloc(dev, n * sizeof(uint64_t), (void **)&keys) || rhc_alloc(dev, n * sizeof(uint64_t), (void **)&keys_out) ||
-        rhc_alloc(dev, n * sizeof(int64_t), (void **)&order) || rhc_alloc(dev, (rows + 1) * sizeof(int64_t), (void **)&offsets))
+    if (rhc_alloc(dev, n * sizeof(uint64_t), (void **)&keys) ||
+        rhc_alloc(dev, n * sizeof(uint64_t), (void **)&keys_out) ||
+        rhc_alloc(dev, n * sizeof(int64_t), (void **)&order) ||
+        rhc_alloc(dev, (rows + 1) * sizeof(int64_t), (void **)&offsets))
       goto done;
     k_keys<T><<<grid_for(dev, n), kThreads, 0, s>>>(n, len, (const T *)in, descending != 0, mask, keys, order, offsets,
-                                                   rows);
+                                                    rows);
     if (launch_check("sort keys kernel")) goto done;
     // the sorted order lands in idx (int64, the caller's buffer), then values are taken by it
     if (cub::DeviceSegmentedRadixSort::SortPairs(nullptr, temp_bytes, keys, keys_out, order, idx, (int)n, (int)rows,
@@ -145,8 +147,7 @@ struct ScanRun {
       k_scan<T, int64_t><<<grid_for(dev, rows), kThreads, 0, s>>>(rows, len, (const T *)in, (int64_t *)out, prod != 0);
     else if constexpr (std::is_floating_point<T>::value)
       k_scan<T, T><<<grid_for(dev, rows), kThreads, 0, s>>>(rows, len, (const T *)in, (T *)out, prod != 0);
-    else
-      return fail("scan: an integer input gives int64, not dtype %d", out_dtype);
+    else return fail("scan: an integer input gives int64, not dtype %d", out_dtype);
     return launch_check("scan kernel");
   }
 };

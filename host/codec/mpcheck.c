@@ -43,28 +43,35 @@ int rh_mp_check(const uint8_t *p, size_t len, int max_depth, size_t *nvalues) {
       skip = b & 0x1f;
     } else {
       switch (b) {
-        case 0xc4: case 0xd9: hdr = 1; break;              /* bin8, str8 */
-        case 0xc5: case 0xda: hdr = 2; break;              /* bin16, str16 */
-        case 0xc6: case 0xdb: hdr = 4; break;              /* bin32, str32 */
-        case 0xc7: hdr = 1; break;                         /* ext8 (+type) */
-        case 0xc8: hdr = 2; break;                         /* ext16 */
-        case 0xc9: hdr = 4; break;                         /* ext32 */
-        case 0xca: skip = 4; break;                        /* float32 */
-        case 0xcb: skip = 8; break;                        /* float64 */
-        case 0xcc: case 0xd0: skip = 1; break;
-        case 0xcd: case 0xd1: skip = 2; break;
-        case 0xce: case 0xd2: skip = 4; break;
-        case 0xcf: case 0xd3: skip = 8; break;
-        case 0xd4: skip = 2; break;                        /* fixext1: type + 1 */
+        case 0xc4:
+        case 0xd9: hdr = 1; break; /* bin8, str8 */
+        case 0xc5:
+        case 0xda: hdr = 2; break; /* bin16, str16 */
+        case 0xc6:
+        case 0xdb: hdr = 4; break;  /* bin32, str32 */
+        case 0xc7: hdr = 1; break;  /* ext8 (+type) */
+        case 0xc8: hdr = 2; break;  /* ext16 */
+        case 0xc9: hdr = 4; break;  /* ext32 */
+        case 0xca: skip = 4; break; /* float32 */
+        case 0xcb: skip = 8; break; /* float64 */
+        case 0xcc:
+        case 0xd0: skip = 1; break;
+        case 0xcd:
+        case 0xd1: skip = 2; break;
+        case 0xce:
+        case 0xd2: skip = 4; break;
+        case 0xcf:
+        case 0xd3: skip = 8; break;
+        case 0xd4: skip = 2; break; /* fixext1: type + 1 */
         case 0xd5: skip = 3; break;
         case 0xd6: skip = 5; break;
         case 0xd7: skip = 9; break;
         case 0xd8: skip = 17; break;
-        case 0xdc: hdr = 2; break;                         /* array16 */
-        case 0xdd: hdr = 4; break;                         /* array32 */
-        case 0xde: hdr = 2; break;                         /* map16 */
-        case 0xdf: hdr = 4; break;                         /* map32 */
-        default: return RH_MP_BADTYPE;                     /* 0xc1 */
+        case 0xdc: hdr = 2; break;     /* array16 */
+        case 0xdd: hdr = 4; break;     /* array32 */
+        case 0xde: hdr = 2; break;     /* map16 */
+        case 0xdf: hdr = 4; break;     /* map32 */
+        default: return RH_MP_BADTYPE; /* 0xc1 */
       }
       if (hdr) {
         if (left < (size_t)hdr) return RH_MP_TRUNCATED;

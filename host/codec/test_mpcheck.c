@@ -6,7 +6,6 @@
 #include "codec/mpcheck.h"
 #include "test_check.h"
 
-
 static int check(const char *bytes, size_t n, size_t *count) {
   return rh_mp_check((const uint8_t *)bytes, n, 32, count);
 }

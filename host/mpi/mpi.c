@@ -77,9 +77,10 @@ static int check(int rc, const char *what) {
 static int sym(void *dst, const char *name) {
   void *p = dlsym(mpi.h, name);
   if (!p) {
-    fail("the MPI library has no symbol %s (rpchost's mpi backend needs Open MPI 4 or newer: install the "
-         "Debian packages openmpi-bin and libopenmpi-dev, or point RPCHOST_MPI_LIB at Open MPI's libmpi.so)",
-         name);
+    fail(
+        "the MPI library has no symbol %s (rpchost's mpi backend needs Open MPI 4 or newer: install the "
+        "Debian packages openmpi-bin and libopenmpi-dev, or point RPCHOST_MPI_LIB at Open MPI's libmpi.so)",
+        name);
     return 0;
   }
   memcpy(dst, &p, sizeof p);
@@ -89,8 +90,7 @@ static int sym(void *dst, const char *name) {
 /* a predefined handle: the address of the global */
 static int global(H *dst, const char *name) {
   void *p = dlsym(mpi.h, name);
-  if (!p)
-    return sym(dst, name); /* (fails with the message) */
+  if (!p) return sym(dst, name); /* (fails with the message) */
   *dst = p;
   return 1;
 }
@@ -103,43 +103,46 @@ int rh_mpi_load(void) {
   if (env && *env) {
     mpi.h = dlopen(env, RTLD_NOW | RTLD_GLOBAL);
     if (!mpi.h)
-      return fail("cannot load $RPCHOST_MPI_LIB (%s): %s; install the Debian packages openmpi-bin and "
-                  "libopenmpi-dev, or point RPCHOST_MPI_LIB at Open MPI's libmpi.so",
-                  env, dlerror());
+      return fail(
+          "cannot load $RPCHOST_MPI_LIB (%s): %s; install the Debian packages openmpi-bin and "
+          "libopenmpi-dev, or point RPCHOST_MPI_LIB at Open MPI's libmpi.so",
+          env, dlerror());
   } else {
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !mpi.h; i++)
       mpi.h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
     if (!mpi.h)
-      return fail("cannot load an MPI library (libmpi.so.40): %s; install the Debian packages openmpi-bin "
-                  "and libopenmpi-dev (scripts/setup.sh does), or set RPCHOST_MPI_LIB to the path of "
-                  "libmpi.so",
-                  dlerror());
+      return fail(
+          "cannot load an MPI library (libmpi.so.40): %s; install the Debian packages openmpi-bin "
+          "and libopenmpi-dev (scripts/setup.sh does), or set RPCHOST_MPI_LIB to the path of "
+          "libmpi.so",
+          dlerror());
   }
   if (!dlsym(mpi.h, "ompi_mpi_comm_world")) {
     dlclose(mpi.h);
     mpi.h = NULL;
-    return fail("the MPI library found is not Open MPI (no ompi_mpi_comm_world): rpchost's mpi backend "
-                "speaks Open MPI's ABI; install openmpi-bin and libopenmpi-dev or set RPCHOST_MPI_LIB");
+    return fail(
+        "the MPI library found is not Open MPI (no ompi_mpi_comm_world): rpchost's mpi backend "
+        "speaks Open MPI's ABI; install openmpi-bin and libopenmpi-dev or set RPCHOST_MPI_LIB");
   }
-  static const char *dt[RH_NDTYPES] = {"ompi_mpi_float",   "ompi_mpi_double", "ompi_mpi_int32_t",
+  static const char *dt[RH_NDTYPES] = {"ompi_mpi_float",   "ompi_mpi_double",  "ompi_mpi_int32_t",
                                        "ompi_mpi_int64_t", "ompi_mpi_uint8_t", "ompi_mpi_c_bool"};
   int ok = sym(&mpi.Init_thread, "MPI_Init_thread") && sym(&mpi.Initialized, "MPI_Initialized") &&
-           sym(&mpi.Finalized, "MPI_Finalized") && sym(&mpi.Finalize, "MPI_Finalize") &&
-           sym(&mpi.Abort, "MPI_Abort") && sym(&mpi.Comm_rank, "MPI_Comm_rank") &&
-           sym(&mpi.Comm_size, "MPI_Comm_size") && sym(&mpi.Comm_split, "MPI_Comm_split") &&
-           sym(&mpi.Comm_dup, "MPI_Comm_dup") && sym(&mpi.Comm_idup, "MPI_Comm_idup") && sym(&mpi.Comm_free, "MPI_Comm_free") &&
-           sym(&mpi.Comm_set_errhandler, "MPI_Comm_set_errhandler") &&
-           sym(&mpi.Error_string, "MPI_Error_string") && sym(&mpi.Get_processor_name, "MPI_Get_processor_name") &&
-           sym(&mpi.Iallreduce, "MPI_Iallreduce") && sym(&mpi.Ireduce, "MPI_Ireduce") &&
-           sym(&mpi.Ibcast, "MPI_Ibcast") && sym(&mpi.Iallgather, "MPI_Iallgather") &&
-           sym(&mpi.Ireduce_scatter_block, "MPI_Ireduce_scatter_block") && sym(&mpi.Igather, "MPI_Igather") &&
-           sym(&mpi.Iscatter, "MPI_Iscatter") && sym(&mpi.Ibarrier, "MPI_Ibarrier") &&
-           sym(&mpi.Isend, "MPI_Isend") && sym(&mpi.Irecv, "MPI_Irecv") && sym(&mpi.Test, "MPI_Test") &&
-           sym(&mpi.Get_count, "MPI_Get_count") && global(&mpi.world, "ompi_mpi_comm_world") &&
-           global(&mpi.byte, "ompi_mpi_byte") && global(&mpi.op[RH_MPI_SUM], "ompi_mpi_op_sum") &&
-           global(&mpi.op[RH_MPI_PROD], "ompi_mpi_op_prod") && global(&mpi.op[RH_MPI_MIN], "ompi_mpi_op_min") &&
-           global(&mpi.op[RH_MPI_MAX], "ompi_mpi_op_max") && global(&mpi.lor, "ompi_mpi_op_lor") &&
-           global(&mpi.land, "ompi_mpi_op_land") && global(&mpi.errors_return, "ompi_mpi_errors_return");
+           sym(&mpi.Finalized, "MPI_Finalized") && sym(&mpi.Finalize, "MPI_Finalize") && sym(&mpi.Abort, "MPI_Abort") &&
+           sym(&mpi.Comm_rank, "MPI_Comm_rank") && sym(&mpi.Comm_size, "MPI_Comm_size") &&
+           sym(&mpi.Comm_split, "MPI_Comm_split") && sym(&mpi.Comm_dup, "MPI_Comm_dup") &&
+           sym(&mpi.Comm_idup, "MPI_Comm_idup") && sym(&mpi.Comm_free, "MPI_Comm_free") &&
+           sym(&mpi.Comm_set_errhandler, "MPI_Comm_set_errhandler") && sym(&mpi.Error_string, "MPI_Error_string") &&
+           sym(&mpi.Get_processor_name, "MPI_Get_processor_name") && sym(&mpi.Iallreduce, "MPI_Iallreduce") &&
+           sym(&mpi.Ireduce, "MPI_Ireduce") && sym(&mpi.Ibcast, "MPI_Ibcast") &&
+           sym(&mpi.Iallgather, "MPI_Iallgather") && sym(&mpi.Ireduce_scatter_block, "MPI_Ireduce_scatter_block") &&
+           sym(&mpi.Igather, "MPI_Igather") && sym(&mpi.Iscatter, "MPI_Iscatter") &&
+           sym(&mpi.Ibarrier, "MPI_Ibarrier") && sym(&mpi.Isend, "MPI_Isend") && sym(&mpi.Irecv, "MPI_Irecv") &&
+           sym(&mpi.Test, "MPI_Test") && sym(&mpi.Get_count, "MPI_Get_count") &&
+           global(&mpi.world, "ompi_mpi_comm_world") && global(&mpi.byte, "ompi_mpi_byte") &&
+           global(&mpi.op[RH_MPI_SUM], "ompi_mpi_op_sum") && global(&mpi.op[RH_MPI_PROD], "ompi_mpi_op_prod") &&
+           global(&mpi.op[RH_MPI_MIN], "ompi_mpi_op_min") && global(&mpi.op[RH_MPI_MAX], "ompi_mpi_op_max") &&
+           global(&mpi.lor, "ompi_mpi_op_lor") && global(&mpi.land, "ompi_mpi_op_land") &&
+           global(&mpi.errors_return, "ompi_mpi_errors_return");
   for (int i = 0; ok && i < RH_NDTYPES; i++) ok = global(&mpi.dtype[i], dt[i]);
   if (!ok) {
     dlclose(mpi.h);
@@ -158,12 +161,11 @@ int rh_mpi_init(int *rank, int *size) {
   if (!mpi.inited) {
     int already = 0, provided = 0;
     mpi.Initialized(&already);
-    if (!already && (rc = check(mpi.Init_thread(NULL, NULL, 1 /* MPI_THREAD_FUNNELED */, &provided),
-                                "MPI_Init_thread")))
+    if (!already &&
+        (rc = check(mpi.Init_thread(NULL, NULL, 1 /* MPI_THREAD_FUNNELED */, &provided), "MPI_Init_thread")))
       return rc;
     mpi.inited = 1;
-    if ((rc = check(mpi.Comm_set_errhandler(mpi.world, mpi.errors_return), "MPI_Comm_set_errhandler")))
-      return rc;
+    if ((rc = check(mpi.Comm_set_errhandler(mpi.world, mpi.errors_return), "MPI_Comm_set_errhandler"))) return rc;
   }
   if ((rc = check(mpi.Comm_rank(mpi.world, rank), "MPI_Comm_rank"))) return rc;
   return check(mpi.Comm_size(mpi.world, size), "MPI_Comm_size");
@@ -240,10 +242,10 @@ static H op_of(int op, rh_dtype_t dt) {
   return mpi.op[op];
 }
 
-#define PRE(what)                                                                              \
-  int n = 0, rc = need();                                                                        \
-  if (rc) return rc;                                                                           \
-  if ((unsigned)dt >= RH_NDTYPES) return fail("%s: unknown dtype %d", what, (int)dt);        \
+#define PRE(what)                                                                     \
+  int n = 0, rc = need();                                                             \
+  if (rc) return rc;                                                                  \
+  if ((unsigned)dt >= RH_NDTYPES) return fail("%s: unknown dtype %d", what, (int)dt); \
   if ((rc = count_of(count, what, &n))) return rc
 
 int rh_mpi_iallreduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, rh_mpi_req_t *r) {
@@ -252,12 +254,10 @@ int rh_mpi_iallreduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, i
                "MPI_Iallreduce");
 }
 
-int rh_mpi_ireduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, int root, int me,
-                   rh_mpi_req_t *r) {
+int rh_mpi_ireduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, int root, int me, rh_mpi_req_t *r) {
   PRE("MPI_Ireduce");
   const void *send = me == root ? (void *)1 : buf;
-  return check(mpi.Ireduce(send, me == root ? buf : NULL, n, mpi.dtype[dt], op_of(op, dt), root, c, r),
-               "MPI_Ireduce");
+  return check(mpi.Ireduce(send, me == root ? buf : NULL, n, mpi.dtype[dt], op_of(op, dt), root, c, r), "MPI_Ireduce");
 }
 
 int rh_mpi_ibcast(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int root, rh_mpi_req_t *r) {
@@ -265,8 +265,7 @@ int rh_mpi_ibcast(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int r
   return check(mpi.Ibcast(buf, n, mpi.dtype[dt], root, c, r), "MPI_Ibcast");
 }
 
-int rh_mpi_iallgather(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt,
-                      rh_mpi_req_t *r) {
+int rh_mpi_iallgather(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, rh_mpi_req_t *r) {
   PRE("MPI_Iallgather");
   return check(mpi.Iallgather(send, n, mpi.dtype[dt], recv, n, mpi.dtype[dt], c, r), "MPI_Iallgather");
 }

@@ -56,12 +56,10 @@ int rh_mpi_processor_name(char *out, size_t n);
 /* Counts are elements of dtype (bool is one byte). Every call checks that the
  * count fits MPI's int. In-place where the MPI call allows (MPI_IN_PLACE). */
 int rh_mpi_iallreduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, rh_mpi_req_t *r);
-int rh_mpi_ireduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, int root, int me,
-                   rh_mpi_req_t *r);
+int rh_mpi_ireduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, int root, int me, rh_mpi_req_t *r);
 int rh_mpi_ibcast(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int root, rh_mpi_req_t *r);
 /* recv holds size x count elements, rank order */
-int rh_mpi_iallgather(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt,
-                      rh_mpi_req_t *r);
+int rh_mpi_iallgather(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, rh_mpi_req_t *r);
 /* send holds size x count elements; each rank gets the reduction of its block */
 int rh_mpi_ireduce_scatter(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, int op,
                            rh_mpi_req_t *r);

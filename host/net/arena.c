@@ -15,9 +15,7 @@ typedef struct {
   uint8_t token[RH_ARENA_TOKEN];
 } header_t;
 
-size_t rh_arena_size(uint32_t n, uint32_t slot) {
-  return RH_ARENA_HEADER + (size_t)n * RH_ARENA_STRIDE(slot);
-}
+size_t rh_arena_size(uint32_t n, uint32_t slot) { return RH_ARENA_HEADER + (size_t)n * RH_ARENA_STRIDE(slot); }
 
 void rh_arena_format(void *map, uint32_t n, uint32_t slot, const uint8_t token[RH_ARENA_TOKEN]) {
   header_t h = {RH_ARENA_MAGIC, RH_ARENA_VERSION, n, slot, {0}};
@@ -38,7 +36,9 @@ int rh_arena_open(rh_arena_t *a, void *map, size_t size, uint32_t n, uint32_t me
   return 0;
 }
 
-static uint8_t *slot_of(rh_arena_t *a, uint32_t i) { return a->map + RH_ARENA_HEADER + (size_t)i * RH_ARENA_STRIDE(a->slot); }
+static uint8_t *slot_of(rh_arena_t *a, uint32_t i) {
+  return a->map + RH_ARENA_HEADER + (size_t)i * RH_ARENA_STRIDE(a->slot);
+}
 static uint64_t *epoch_of(rh_arena_t *a, uint32_t i) { return (uint64_t *)(slot_of(a, i) + OFF_EPOCH); }
 static uint32_t *sleep_of(rh_arena_t *a, uint32_t i) { return (uint32_t *)(slot_of(a, i) + OFF_SLEEP); }
 static rh_arena_sig_t *sig_of(rh_arena_t *a, uint32_t i, uint64_t e) {

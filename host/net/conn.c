@@ -166,9 +166,7 @@ static rh_conn_t *conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data, 
   return c;
 }
 
-rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
-  return conn_new(net, cbs, data, 0);
-}
+rh_conn_t *rh_conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) { return conn_new(net, cbs, data, 0); }
 
 rh_conn_t *rh_conn_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data) {
   return conn_new(net, cbs, data, 1);
@@ -383,13 +381,11 @@ static int arena_put(rh_conn_t *c, const void *src, size_t len) {
   return 0;
 }
 
-static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
-                     uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
-                     void *release_ctx);
+static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body, uint32_t body_len,
+                     const uv_buf_t *segs, uint32_t nseg, rh_release_fn release, void *release_ctx);
 
-int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
-                 uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
-                 void *release_ctx) {
+int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body, uint32_t body_len,
+                 const uv_buf_t *segs, uint32_t nseg, rh_release_fn release, void *release_ctx) {
   rh_net_t *net = c->net;
   net->defer_close_reports++;
   int rc = conn_send(c, type, flags, id, body, body_len, segs, nseg, release, release_ctx);
@@ -402,8 +398,7 @@ static void conn_flush(rh_conn_t *c);
 /* The frame goes out in a write of its own that carries the descriptor, after
  * everything queued before it (so the peer gets fds in frame order). */
 int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t id, const void *body,
-                    uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
-                    void *release_ctx) {
+                    uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release, void *release_ctx) {
   if (!c->local) {
     if (release) release(release_ctx);
     return UV_EINVAL;
@@ -429,15 +424,19 @@ int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t
   return rc;
 }
 
-static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
-                     uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
-                     void *release_ctx) {
+static int conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body, uint32_t body_len,
+                     const uv_buf_t *segs, uint32_t nseg, rh_release_fn release, void *release_ctx) {
   if (c->closing || c->shutting) {
     if (release) release(release_ctx);
     return RH_ECLOSED;
   }
-  rh_frame_hdr_t h = {.version = c->net->version, .type = type, .flags = flags, .id = id,
-                      .body_len = body_len, .nseg = nseg, .seg_bytes = 0};
+  rh_frame_hdr_t h = {.version = c->net->version,
+                      .type = type,
+                      .flags = flags,
+                      .id = id,
+                      .body_len = body_len,
+                      .nseg = nseg,
+                      .seg_bytes = 0};
   for (uint32_t i = 0; i < nseg; i++) h.seg_bytes += segs[i].len;
   /* A frame the peer would refuse is refused here, before a byte is queued: the
    * connection stays usable (the caller reports the size and the limit). */
@@ -793,13 +792,11 @@ static rh_listener_t *listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_a
   return l;
 }
 
-rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
-                               void *data) {
+rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data) {
   return listener_new(net, cbs, on_accept, data, 0);
 }
 
-rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
-                                     void *data) {
+rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data) {
   return listener_new(net, cbs, on_accept, data, 1);
 }
 

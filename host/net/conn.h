@@ -34,11 +34,11 @@ typedef struct {
 
 struct rh_net_s {
   uv_loop_t *loop;
-  uv_prepare_t flush;   /* writes out queued frames before each poll */
-  rh_conn_t *dirty;     /* connections with queued output */
-  rh_conn_t *all;       /* every connection not yet freed */
-  rh_conn_t *resumed;   /* resumed connections with frames still buffered */
-  uv_timer_t sweep;     /* closes connections whose handshake is past its deadline */
+  uv_prepare_t flush;    /* writes out queued frames before each poll */
+  rh_conn_t *dirty;      /* connections with queued output */
+  rh_conn_t *all;        /* every connection not yet freed */
+  rh_conn_t *resumed;    /* resumed connections with frames still buffered */
+  uv_timer_t sweep;      /* closes connections whose handshake is past its deadline */
   uint64_t handshake_ms; /* that deadline (default 10 s) */
   uint64_t max_frame;
   uint8_t version; /* protocol version stamped on and expected in frames */
@@ -70,8 +70,8 @@ struct rh_net_s {
    * bursts. Counted, not assumed: four ranks on two cores of which two are
    * idle (asleep in epoll) leave a core to each of the other two. */
   int ring_yield, ring_auto, ring_crowded, host_cpus, contended;
-  int loadavg_fd; /* /proc/loadavg, kept open (-2: not opened yet, -1: unreadable) */
-  uint64_t loop_turn_at; /* uv_hrtime when the loop last began a turn (rh_net_ring_turn) */
+  int loadavg_fd;            /* /proc/loadavg, kept open (-2: not opened yet, -1: unreadable) */
+  uint64_t loop_turn_at;     /* uv_hrtime when the loop last began a turn (rh_net_ring_turn) */
   uint64_t csw_at, csw_last; /* when the switches were last counted, and how many */
 };
 
@@ -107,14 +107,12 @@ void rh_conn_set_data(rh_conn_t *c, void *data);
 /* Queue one frame. body is copied; segments are referenced until written, then
  * release(release_ctx) runs (also when the connection dies first). A failure
  * here is returned; on_close runs later, from the loop. */
-int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body,
-                 uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
-                 void *release_ctx);
+int rh_conn_send(rh_conn_t *c, uint8_t type, uint16_t flags, uint64_t id, const void *body, uint32_t body_len,
+                 const uv_buf_t *segs, uint32_t nseg, rh_release_fn release, void *release_ctx);
 /* The same, with a file descriptor passed to the peer alongside (SCM_RIGHTS;
  * Unix-domain connections only). fd stays the caller's: a duplicate travels. */
 int rh_conn_send_fd(rh_conn_t *c, int fd, uint8_t type, uint16_t flags, uint64_t id, const void *body,
-                    uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release,
-                    void *release_ctx);
+                    uint32_t body_len, const uv_buf_t *segs, uint32_t nseg, rh_release_fn release, void *release_ctx);
 /* Queues bytes as they are, outside any frame (specs that play a hostile peer). */
 int rh_conn_send_raw(rh_conn_t *c, const void *data, size_t len);
 /* The oldest descriptor the peer sent that no frame has taken, now the
@@ -158,11 +156,9 @@ int rh_conn_ring_poke(rh_conn_t *c, int which, uint64_t value);
 
 /* Listeners: accept connections and hand each one to on_accept (with cbs to use). */
 typedef void (*rh_accept_fn)(rh_listener_t *l, rh_conn_t *c);
-rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
-                               void *data);
+rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data);
 int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog);
-rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept,
-                                     void *data);
+rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data);
 int rh_listener_bind_local(rh_listener_t *l, const char *path, int backlog);
 int rh_listener_port(rh_listener_t *l);
 void *rh_listener_data(rh_listener_t *l);

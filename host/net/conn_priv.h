@@ -61,23 +61,22 @@ struct rh_conn_s {
   rh_conn_t *next_dirty;
   rh_conn_t *next_all, *prev_all;
   int dirty;
-  int closing;   /* uv_close requested */
-  int reported;  /* on_close already called */
-  int shutting;  /* graceful close in progress */
+  int closing;  /* uv_close requested */
+  int reported; /* on_close already called */
+  int shutting; /* graceful close in progress */
   uv_connect_t connect_req;
   uv_shutdown_t shutdown_req;
-  size_t inflight; /* bytes handed to uv_write, not yet done */
-  int send_fd;     /* a descriptor to attach to the next flush (-1: none) */
+  size_t inflight;       /* bytes handed to uv_write, not yet done */
+  int send_fd;           /* a descriptor to attach to the next flush (-1: none) */
   int fds[MAX_HELD_FDS]; /* received descriptors, oldest first */
   int nfds;
   int end_status, end_version; /* why it ended, for a deferred report */
-  uint64_t born;   /* loop time (ms) it was made: its handshake's deadline counts from here */
-  int paused;      /* the owner asked for no frames for now (rh_conn_pause) */
-  rh_conn_t *next_resumed; /* on net->resumed: buffered frames to hand out */
+  uint64_t born;               /* loop time (ms) it was made: its handshake's deadline counts from here */
+  int paused;                  /* the owner asked for no frames for now (rh_conn_pause) */
+  rh_conn_t *next_resumed;     /* on net->resumed: buffered frames to hand out */
   int resumed;
   struct rh_conn_ring_s *ring; /* same-host shared-memory rings (conn_ring.c), or NULL */
 };
-
 
 /* conn.c, for conn_ring.c */
 void rh__conn_end(rh_conn_t *c, int status, int peer_version);

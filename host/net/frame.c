@@ -37,8 +37,7 @@ uint64_t rh_frame_total(const rh_frame_hdr_t *h) {
   return RH_FRAME_HDR + (uint64_t)h->body_len + 8ull * h->nseg + h->seg_bytes;
 }
 
-int rh_frame_decode_header(const uint8_t in[RH_FRAME_HDR], rh_frame_hdr_t *h, uint64_t max_frame,
-                           uint8_t version) {
+int rh_frame_decode_header(const uint8_t in[RH_FRAME_HDR], rh_frame_hdr_t *h, uint64_t max_frame, uint8_t version) {
   if (get32(in) != RH_FRAME_MAGIC) return RH_EBADMAGIC;
   h->version = in[4];
   h->type = in[5];

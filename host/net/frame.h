@@ -66,12 +66,12 @@ typedef struct {
 
 typedef struct {
   uint8_t *buf;
-  size_t len;       /* bytes held */
-  size_t off;       /* bytes already handed out (compacted lazily) */
+  size_t len; /* bytes held */
+  size_t off; /* bytes already handed out (compacted lazily) */
   size_t cap;
-  uint64_t max_frame; /* largest total frame accepted */
-  uint8_t version;    /* the protocol version spoken here */
-  int gated;          /* the peer has not proved itself: handshake frames only */
+  uint64_t max_frame;    /* largest total frame accepted */
+  uint8_t version;       /* the protocol version spoken here */
+  int gated;             /* the peer has not proved itself: handshake frames only */
   uint64_t seglens[64];  /* lengths of the current frame's segments */
   uint64_t *seglens_big; /* used when a frame has more than 64 segments */
   /* segment mode: the prefix (header, body, lengths) is buffered at off, and the
@@ -94,8 +94,7 @@ void rh_frame_encode_header(uint8_t out[RH_FRAME_HDR], const rh_frame_hdr_t *h);
 /* Parses and validates a header. Returns 0, RH_EBADMAGIC, RH_EVERSION (h->version
  * then holds the peer's version; never for the handshake types), RH_ETOOBIG or
  * RH_EBADFRAME. */
-int rh_frame_decode_header(const uint8_t in[RH_FRAME_HDR], rh_frame_hdr_t *h, uint64_t max_frame,
-                           uint8_t version);
+int rh_frame_decode_header(const uint8_t in[RH_FRAME_HDR], rh_frame_hdr_t *h, uint64_t max_frame, uint8_t version);
 /* Header + body + segment table + segments. */
 uint64_t rh_frame_total(const rh_frame_hdr_t *h);
 

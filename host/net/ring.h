@@ -45,7 +45,7 @@
 
 /* One direction as one side sees it (local state + pointers into the mapping). */
 typedef struct {
-  uint64_t *tail, *head;         /* shared counters */
+  uint64_t *tail, *head;           /* shared counters */
   uint32_t *want_space, *sleeping; /* shared flags */
   uint8_t *data;
   uint64_t cap;  /* a power of two, ours (checked against the file once) */

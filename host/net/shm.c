@@ -46,8 +46,7 @@ static rh_shm_t *create(size_t size, int populate, int *err) {
     return NULL;
   }
   *err = 0;
-  if (ftruncate(fd, (off_t)size) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+  if (ftruncate(fd, (off_t)size) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
     *err = -errno;
   void *map = MAP_FAILED;
   /* pre-faulted: a segment is reused for many payloads, so its pages are made

@@ -17,7 +17,7 @@
 /* Refcounted: the Lua object that names a segment holds one reference, and so
  * does every tensor that lives in it, so a mapping outlives whichever goes first. */
 typedef struct rh_shm_s {
-  int fd;       /* -1 for a peer's segment: the mapping is all that is kept */
+  int fd; /* -1 for a peer's segment: the mapping is all that is kept */
   void *map;
   size_t size;
   int writable; /* created here (ours to fill) */

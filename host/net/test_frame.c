@@ -6,7 +6,6 @@
 #include "net/frame.h"
 #include "test_check.h"
 
-
 static size_t make_frame(uint8_t *out, uint64_t id, const char *body, const char *seg) {
   rh_frame_hdr_t h = {RH_PROTOCOL_VERSION, 3, 7, id, (uint32_t)strlen(body), seg ? 1 : 0, seg ? strlen(seg) : 0};
   rh_frame_encode_header(out, &h);
@@ -192,16 +191,21 @@ int main(void) {
       uint64_t seg_bytes;
       int ok;
     } cases[] = {
-        {RH_FRAME_HELLO, 100, 0, 0, 1},           {RH_FRAME_HELLO_ACK, 100, 0, 0, 1},
-        {RH_FRAME_AUTH, 100, 0, 0, 1},            {RH_FRAME_READY, RH_FRAME_HANDSHAKE_MAX, 0, 0, 1},
-        {RH_FRAME_HELLO, RH_FRAME_HANDSHAKE_MAX + 1, 0, 0, 0}, {RH_FRAME_HELLO, 256u << 20, 0, 0, 0},
-        {RH_FRAME_HELLO, 10, 1, 64, 0},           {3 /* request */, 10, 0, 0, 0},
-        {4 /* response */, 10, 0, 0, 0},          {3, 0, 1, 64ull << 20, 0},
+        {RH_FRAME_HELLO, 100, 0, 0, 1},
+        {RH_FRAME_HELLO_ACK, 100, 0, 0, 1},
+        {RH_FRAME_AUTH, 100, 0, 0, 1},
+        {RH_FRAME_READY, RH_FRAME_HANDSHAKE_MAX, 0, 0, 1},
+        {RH_FRAME_HELLO, RH_FRAME_HANDSHAKE_MAX + 1, 0, 0, 0},
+        {RH_FRAME_HELLO, 256u << 20, 0, 0, 0},
+        {RH_FRAME_HELLO, 10, 1, 64, 0},
+        {3 /* request */, 10, 0, 0, 0},
+        {4 /* response */, 10, 0, 0, 0},
+        {3, 0, 1, 64ull << 20, 0},
         {10 /* store */, 10, 0, 0, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-      rh_frame_hdr_t h = {RH_PROTOCOL_VERSION, cases[k].type, 0, 1, cases[k].body_len, cases[k].nseg,
-                          cases[k].seg_bytes};
+      rh_frame_hdr_t h = {RH_PROTOCOL_VERSION, cases[k].type,     0, 1, cases[k].body_len,
+                          cases[k].nseg,       cases[k].seg_bytes};
       uint8_t hdr[RH_FRAME_HDR];
       rh_frame_encode_header(hdr, &h);
       rh_reader_init(&r, 8ull << 30, RH_PROTOCOL_VERSION);

@@ -14,7 +14,9 @@
 /* destinations of at least this many bytes (more than the cores' L2 caches
  * together) are written around the caches */
 #define RH_STREAM_BYTES (8u << 20)
-#define TILE 32 /* elements per tile side: 32 lines of the strided side stay in L1 even when a power-of-two stride maps them to few sets */
+#define TILE                                                                                                         \
+  32 /* elements per tile side: 32 lines of the strided side stay in L1 even when a power-of-two stride maps them to \
+        few sets */
 
 typedef struct {
   int nouter; /* dimensions other than the two tiled ones */
@@ -29,10 +31,10 @@ typedef struct {
   const char *src;
 } tiled_t;
 
-#define TILE_COPY(T)                                                                 \
-  for (int64_t r = r0; r < r1; r++) {                                                \
-    T *o = (T *)(d + r * j->dst_r);                                                  \
-    const T *a = (const T *)(s + r * (int64_t)sizeof(T));                           \
+#define TILE_COPY(T)                                                                       \
+  for (int64_t r = r0; r < r1; r++) {                                                      \
+    T *o = (T *)(d + r * j->dst_r);                                                        \
+    const T *a = (const T *)(s + r * (int64_t)sizeof(T));                                  \
     for (int64_t c = c0; c < c1; c++) o[c] = *(const T *)((const char *)a + c * j->src_c); \
   }
 
@@ -65,8 +67,8 @@ __attribute__((target("avx2"))) static inline void tr8(const float *s, int64_t s
   _mm256_storeu_ps(d + 7 * ds, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
-__attribute__((target("avx2"))) static void tile4_avx2(const tiled_t *j, char *d, const char *s, int64_t r0,
-                                                        int64_t r1, int64_t c0, int64_t c1) {
+__attribute__((target("avx2"))) static void tile4_avx2(const tiled_t *j, char *d, const char *s, int64_t r0, int64_t r1,
+                                                       int64_t c0, int64_t c1) {
   int64_t ss = j->src_c / 4, ds = j->dst_r / 4;
   int64_t rv = r0 + (r1 - r0) / 8 * 8, cv = c0 + (c1 - c0) / 16 * 16;
   for (int64_t c = c0; c < cv; c += 16)
@@ -89,8 +91,7 @@ __attribute__((target("avx2"))) static void tile4_avx2(const tiled_t *j, char *d
  * non-temporal stores: it would be evicted before anyone reads it anyway, and a
  * streaming store does not first read the line it overwrites, which is a third of
  * a copy's memory traffic (measured here on 4096 x 4096: 4.3x the cached stores). */
-__attribute__((target("avx512f"))) static inline void tr16(const float *s, int64_t ss, float *d, int64_t ds,
-                                                           int nt) {
+__attribute__((target("avx512f"))) static inline void tr16(const float *s, int64_t ss, float *d, int64_t ds, int nt) {
   __m512 r[16], t[16], u[16], v[16];
   for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(s + i * ss);
   for (int i = 0; i < 16; i += 2) {
@@ -121,7 +122,7 @@ __attribute__((target("avx512f"))) static inline void tr16(const float *s, int64
 }
 
 __attribute__((target("avx512f"))) static void tile4_avx512(const tiled_t *j, char *d, const char *s, int64_t r0,
-                                                          int64_t r1, int64_t c0, int64_t c1) {
+                                                            int64_t r1, int64_t c0, int64_t c1) {
   int64_t ss = j->src_c / 4, ds = j->dst_r / 4;
   int64_t rv = r0 + (r1 - r0) / 16 * 16, cv = c0 + (c1 - c0) / 16 * 16;
   /* streaming stores need 64-byte aligned lines: the tile's first one and the row stride */
@@ -231,8 +232,7 @@ int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_
   j.stream = (size_t)numel * es >= RH_STREAM_BYTES;
   if (j.wide) /* 16 source lines streamed 4 KiB at a time; 1 MiB per tile */
     j.tile_r = 1024, j.tile_c = 256;
-  else
-    j.tile_r = es == 4 ? 32 : TILE, j.tile_c = es == 4 ? 4096 : TILE;
+  else j.tile_r = es == 4 ? 32 : TILE, j.tile_c = es == 4 ? 4096 : TILE;
   j.tiles_r = (j.n_r + j.tile_r - 1) / j.tile_r, j.tiles_c = (j.n_c + j.tile_c - 1) / j.tile_c;
   j.es = es;
   j.dst = dst;

@@ -22,9 +22,9 @@
 #define RHC_MAXDIM 16
 
 typedef struct {
-  int64_t allocated;  /* bytes in live tensors */
-  int64_t cached;     /* bytes kept by the caching allocator for reuse */
-  int64_t peak;       /* highest `allocated` so far */
+  int64_t allocated;    /* bytes in live tensors */
+  int64_t cached;       /* bytes kept by the caching allocator for reuse */
+  int64_t peak;         /* highest `allocated` so far */
   int64_t cuda_mallocs; /* how many times the cache missed and called cudaMalloc */
 } rhc_memstats_t;
 
@@ -44,10 +44,10 @@ typedef struct {
 
 /* the pooling kernels' ops (kernels/nn.cu) */
 typedef enum {
-  RHC_POOL_MAX = 0,      /* out, idx (int64 into each plane, -1 for a window of padding) */
-  RHC_POOL_AVG,          /* out */
-  RHC_POOL_ADAPTIVE,     /* out (PyTorch's start/end windows; k, stride, pad unused) */
-  RHC_POOL_MAX_BACK,     /* in: the output's gradient, idx; out: the input's, zeroed first */
+  RHC_POOL_MAX = 0,  /* out, idx (int64 into each plane, -1 for a window of padding) */
+  RHC_POOL_AVG,      /* out */
+  RHC_POOL_ADAPTIVE, /* out (PyTorch's start/end windows; k, stride, pad unused) */
+  RHC_POOL_MAX_BACK, /* in: the output's gradient, idx; out: the input's, zeroed first */
   RHC_POOL_AVG_BACK,
   RHC_POOL_ADAPTIVE_BACK
 } rhc_pool_op_t;
@@ -57,7 +57,7 @@ typedef struct rhc_api_s {
   const char *(*last_error)(void);
 
   /* devices */
-  int (*device_count)(int *n);            /* 0 and n = 0 when the driver finds none */
+  int (*device_count)(int *n); /* 0 and n = 0 when the driver finds none */
   int (*device_name)(int dev, char *buf, size_t len);
   int (*synchronize)(int dev);
   /* peak memory bandwidth in GB/s and the number of SMs, from the device's attributes */
@@ -76,10 +76,10 @@ typedef struct rhc_api_s {
   int (*cast)(int dev, int from, int to, int nd, const int64_t *size, void *o, const int64_t *ost, const void *a,
               const int64_t *ast);
   int (*fill)(int dev, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, double value);
-  int (*binary)(int dev, int op, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost,
-                const void *a, const int64_t *ast, const void *b, const int64_t *bst);
-  int (*unary)(int dev, int op, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost,
-               const void *a, const int64_t *ast);
+  int (*binary)(int dev, int op, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, const void *a,
+                const int64_t *ast, const void *b, const int64_t *bst);
+  int (*unary)(int dev, int op, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, const void *a,
+               const int64_t *ast);
   /* any element < 0 in a contiguous int64 vector (pow's negative-exponent check) */
   int (*any_negative_i64)(int dev, const int64_t *a, int64_t n, int *out);
 
@@ -93,8 +93,7 @@ typedef struct rhc_api_s {
   /* C[b] = op(A[b]) @ op(B[b]) for b < batch, row-major, float32/float64 through
    * cuBLAS; an integer product through a tiled kernel */
   int (*gemm)(int dev, int dtype, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-              int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, void *c, int64_t stride_c,
-              int64_t batch);
+              int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, void *c, int64_t stride_c, int64_t batch);
 
   /* NCCL, loaded on first use. The unique id is 128 bytes. */
   int (*nccl_available)(char *why, size_t len);
@@ -123,12 +122,12 @@ typedef struct rhc_api_s {
   /* indexing (kernels/index.cu); indices arrive checked and 0-based, int64, on the device.
    * index_select: out[o][i][k] = src[o][idx[i]][k] over contiguous (outer, n, inner)
    * elements of `esize` bytes, m indices. */
-  int (*index_select)(int dev, int esize, int64_t outer, int64_t n, int64_t inner, const void *src,
-                      const int64_t *idx, int64_t m, void *out);
+  int (*index_select)(int dev, int esize, int64_t outer, int64_t n, int64_t inner, const void *src, const int64_t *idx,
+                      int64_t m, void *out);
   /* over idx's shape (contiguous): mode 0 gather o <- a, 1 scatter a <- o, 2 scatter-add
    * a += o, 3 scatter `value` into a; a's and o's strides in bytes */
-  int (*gather_scatter)(int dev, int mode, int dtype, int nd, int dim, const int64_t *size, const int64_t *idx,
-                        void *a, const int64_t *ast, void *o, const int64_t *ost, double value);
+  int (*gather_scatter)(int dev, int mode, int dtype, int nd, int dim, const int64_t *size, const int64_t *idx, void *a,
+                        const int64_t *ast, void *o, const int64_t *ost, double value);
   /* o = (src ? src : value) where mask; broadcast strides in bytes */
   int (*masked_fill)(int dev, int dtype, int nd, const int64_t *size, void *o, const int64_t *ost, const void *mask,
                      const int64_t *mst, const void *src, const int64_t *sst, double value);
@@ -139,10 +138,8 @@ typedef struct rhc_api_s {
    * src[i] where set; mask_expand: dst[i] = src[pos[i]] where set; nonzero_write:
    * out[pos[i]][d] = coordinate d of i (in `size`) + base where set */
   int (*mask_scan)(int dev, int64_t n, const void *mask, int64_t *pos, int64_t *count);
-  int (*mask_compact)(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src,
-                      void *dst);
-  int (*mask_expand)(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src,
-                     void *dst);
+  int (*mask_compact)(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src, void *dst);
+  int (*mask_expand)(int dev, int esize, int64_t n, const void *mask, const int64_t *pos, const void *src, void *dst);
   int (*nonzero_write)(int dev, int64_t n, int nd, const int64_t *size, const void *mask, const int64_t *pos,
                        int64_t *out, int64_t base);
 
@@ -171,9 +168,9 @@ typedef struct rhc_api_s {
   int (*nn_batch_norm)(int dev, int dtype, int64_t n, int64_t c, int64_t inner, const void *x, const void *w,
                        const void *b, void *rm, void *rv, int training, double momentum, double eps, void *y,
                        double *mean, double *invstd);
-  int (*nn_batch_norm_backward)(int dev, int dtype, int64_t n, int64_t c, int64_t inner, const void *gy,
-                                const void *x, const void *w, const double *mean, const double *invstd, int training,
-                                void *gx, void *gw, void *gb);
+  int (*nn_batch_norm_backward)(int dev, int dtype, int64_t n, int64_t c, int64_t inner, const void *gy, const void *x,
+                                const void *w, const double *mean, const double *invstd, int training, void *gx,
+                                void *gw, void *gb);
   /* layer norm over `rows` rows of d: y, and each row's mean and 1/sqrt(var + eps) */
   int (*nn_layer_norm)(int dev, int dtype, int64_t rows, int64_t d, const void *x, const void *w, const void *b,
                        double eps, void *y, double *mean, double *rstd);

@@ -53,8 +53,10 @@ static void *open_lib(void) {
     snprintf(why, sizeof why, "cannot load %.300s: %.400s", path[i], dlerror());
     return NULL;
   }
-  snprintf(why, sizeof why, "rpchost was built without CUDA (no " CUDA_LIB_NAME " next to the binary; "
-                            "rebuild where nvcc is installed)");
+  snprintf(why, sizeof why,
+           "rpchost was built without CUDA (no " CUDA_LIB_NAME
+           " next to the binary; "
+           "rebuild where nvcc is installed)");
   return NULL;
 }
 
@@ -66,8 +68,10 @@ static void load(void) {
   rhc_get_api_fn get = (rhc_get_api_fn)dlsym(h, "rhc_get_api");
   const rhc_api_t *a = get ? get(RHC_ABI_VERSION) : NULL;
   if (!a) {
-    snprintf(why, sizeof why, "%.600s is not the CUDA kernels library of this rpchost (no rhc_get_api for ABI %d); "
-             "rebuild both from one source tree", lib_path, RHC_ABI_VERSION);
+    snprintf(why, sizeof why,
+             "%.600s is not the CUDA kernels library of this rpchost (no rhc_get_api for ABI %d); "
+             "rebuild both from one source tree",
+             lib_path, RHC_ABI_VERSION);
     dlclose(h);
     return;
   }
@@ -122,8 +126,8 @@ int rh__check_device(int device) {
   load();
   if (!api) return rh_tensor_fail("CUDA is not available: %s (tensor.cuda.is_available() is false)", why);
   if (device >= ndev)
-    return rh_tensor_fail("CUDA device cuda:%d does not exist: this machine has %d device%s (cuda:0%s)", device,
-                          ndev, ndev == 1 ? "" : "s", ndev > 1 ? " to cuda:N-1" : "");
+    return rh_tensor_fail("CUDA device cuda:%d does not exist: this machine has %d device%s (cuda:0%s)", device, ndev,
+                          ndev == 1 ? "" : "s", ndev > 1 ? " to cuda:N-1" : "");
   return 0;
 }
 
@@ -139,9 +143,10 @@ int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b
   int da = rh_tensor_device(a), db = rh_tensor_device(b);
   if (da == db) return 0;
   char sa[16], sb[16];
-  return rh_tensor_fail("%s: expected all tensors to be on the same device, but found at least two devices, %s "
-                        "and %s (move one with :to())",
-                        what, rh_device_str(da, sa, sizeof sa), rh_device_str(db, sb, sizeof sb));
+  return rh_tensor_fail(
+      "%s: expected all tensors to be on the same device, but found at least two devices, %s "
+      "and %s (move one with :to())",
+      what, rh_device_str(da, sa, sizeof sa), rh_device_str(db, sb, sizeof sb));
 }
 
 rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device) {

@@ -83,8 +83,7 @@ static void isel_chunk(void *vj, int64_t lo, int64_t hi) {
   isel_t *j = vj;
   for (int64_t w = lo; w < hi; w++) {
     int64_t o = w / j->n_idx, i = w % j->n_idx;
-    memcpy(j->dst + w * j->inner_bytes, j->src + (o * j->src_dim + j->idx[i]) * j->inner_bytes,
-           (size_t)j->inner_bytes);
+    memcpy(j->dst + w * j->inner_bytes, j->src + (o * j->src_dim + j->idx[i]) * j->inner_bytes, (size_t)j->inner_bytes);
   }
 }
 
@@ -115,10 +114,10 @@ rh_tensor_t *rh_tensor_index_select(rh_tensor_t *a, int dim, rh_tensor_t *idx, i
   size_t es = rh_dtype_size(a->dtype);
   if (RH_ON_DEVICE(a)) {
     rh_tensor_t *di = index_on(ci, a);
-    int rc = di ? rh__cuda_call(rh_cuda_api()->index_select(rh_tensor_device(a), (int)es, outer, n, inner,
-                                                             rh_tensor_data(ca), rh_tensor_data(di), m,
-                                                             rh_tensor_data(out)))
-                : -1;
+    int rc =
+        di ? rh__cuda_call(rh_cuda_api()->index_select(rh_tensor_device(a), (int)es, outer, n, inner,
+                                                       rh_tensor_data(ca), rh_tensor_data(di), m, rh_tensor_data(out)))
+           : -1;
     rh_tensor_release(di);
     if (rc) goto fail;
   } else {
@@ -171,8 +170,8 @@ typedef struct {
   int ndim, dim, mode; /* mode: 0 gather (out <- a), 1 scatter (a <- src), 2 scatter_add, 3 scatter value */
   rh_dtype_t dt;
   int64_t size[RH_MAXDIM];
-  int64_t ast[RH_MAXDIM];  /* indexed tensor, bytes */
-  int64_t ost[RH_MAXDIM];  /* other tensor (out for gather, src for scatter), bytes */
+  int64_t ast[RH_MAXDIM]; /* indexed tensor, bytes */
+  int64_t ost[RH_MAXDIM]; /* other tensor (out for gather, src for scatter), bytes */
   const int64_t *idx;
   int64_t idx_off; /* idx[w - idx_off] is position w's index */
   char *abase, *obase;
@@ -180,16 +179,16 @@ typedef struct {
 } gs_t;
 
 /* element moves by size, typed (a memcpy call per element was the slow part) */
-#define GS_MOVE(T)                                                                   \
-  do {                                                                               \
-    for (int64_t k = k0; k < k1; k++, w++) {                                         \
+#define GS_MOVE(T)                                                                                          \
+  do {                                                                                                      \
+    for (int64_t k = k0; k < k1; k++, w++) {                                                                \
       char *pa = abase + j->idx[w - j->idx_off] * j->ast[j->dim] + (last == j->dim ? 0 : k * j->ast[last]); \
-      char *po = obase + k * j->ost[last];                                           \
-      if (j->mode == 0) *(T *)po = *(const T *)pa;                                   \
-      else if (j->mode == 1) *(T *)pa = *(const T *)po;                              \
-      else if (j->mode == 3) memcpy(pa, j->value, sizeof(T));                        \
-      else rh__store(j->dt, pa, rh__load(j->dt, pa) + rh__load(j->dt, po));          \
-    }                                                                                \
+      char *po = obase + k * j->ost[last];                                                                  \
+      if (j->mode == 0) *(T *)po = *(const T *)pa;                                                          \
+      else if (j->mode == 1) *(T *)pa = *(const T *)po;                                                     \
+      else if (j->mode == 3) memcpy(pa, j->value, sizeof(T));                                               \
+      else rh__store(j->dt, pa, rh__load(j->dt, pa) + rh__load(j->dt, po));                                 \
+    }                                                                                                       \
   } while (0)
 
 /* positions lo..hi of idx's shape, a row (the last dim) at a time: the offsets
@@ -260,8 +259,7 @@ static void gather_chunk(void *vj, int64_t lo, int64_t hi) {
       int64_t v = rebased(j->raw[w], j->n, j->base);
       if (v < 0) {
         int64_t seen = __atomic_load_n(&j->bad, __ATOMIC_RELAXED);
-        while (w < seen && !__atomic_compare_exchange_n(&j->bad, &seen, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        }
+        while (w < seen && !__atomic_compare_exchange_n(&j->bad, &seen, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
         return;
       }
       buf[w - b] = v;
@@ -309,8 +307,8 @@ rh_tensor_t *rh_tensor_gather(rh_tensor_t *a, int dim, rh_tensor_t *idx, int64_t
     gs_t j;
     gs_setup(&j, 0, a, dim, idx, out);
     rc = rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), 0, a->dtype, idx->ndim, j.dim, idx->size,
-                                                     rh_tensor_data(di), rh_tensor_data(a), j.ast,
-                                                     rh_tensor_data(out), j.ost, 0));
+                                                     rh_tensor_data(di), rh_tensor_data(a), j.ast, rh_tensor_data(out),
+                                                     j.ost, 0));
   }
   rh_tensor_release(di);
   rh_tensor_release(ci);
@@ -392,10 +390,9 @@ int rh_tensor_scatter_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t *s
   gs_setup(&j, mode, a, dim, idx, src);
   if (RH_ON_DEVICE(a)) {
     rh_tensor_t *di = index_on(ci, a);
-    rc = di ? rh__cuda_call(rh_cuda_api()->gather_scatter(rh_tensor_device(a), mode, a->dtype, idx->ndim, j.dim,
-                                                           idx->size, rh_tensor_data(di), rh_tensor_data(a), j.ast,
-                                                           src ? rh_tensor_data(src) : rh_tensor_data(a),
-                                                           src ? j.ost : j.ast, value))
+    rc = di ? rh__cuda_call(rh_cuda_api()->gather_scatter(
+                  rh_tensor_device(a), mode, a->dtype, idx->ndim, j.dim, idx->size, rh_tensor_data(di),
+                  rh_tensor_data(a), j.ast, src ? rh_tensor_data(src) : rh_tensor_data(a), src ? j.ost : j.ast, value))
             : -1;
     rh_tensor_release(di);
   } else {
@@ -416,7 +413,7 @@ typedef struct {
   int accumulate;
 } iput_t;
 
-#define IPUT_ADD(T)                                                \
+#define IPUT_ADD(T) \
   for (int64_t k = 0; k < j->inner; k++) ((T *)d)[k] += ((const T *)s)[k]
 
 static void iput_chunk(void *vj, int64_t lo, int64_t hi) {
@@ -457,8 +454,8 @@ int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t 
     char sa[256], ss[256];
     rh_shape_str(a->ndim, a->size, sa, sizeof sa);
     rh_shape_str(src->ndim, src->size, ss, sizeof ss);
-    return rh_tensor_fail("%s: the source (shape %s) must have the input's shape %s with %lld along dimension %d",
-                          what, ss, sa, (long long)m, dim + 1);
+    return rh_tensor_fail("%s: the source (shape %s) must have the input's shape %s with %lld along dimension %d", what,
+                          ss, sa, (long long)m, dim + 1);
   }
   if (src->dtype != a->dtype)
     return rh_tensor_fail("%s: the source's dtype %s must match the input's %s", what, rh_dtype_name(src->dtype),
@@ -476,7 +473,8 @@ int rh_tensor_index_put_(rh_tensor_t *a, int dim, rh_tensor_t *idx, rh_tensor_t 
     int64_t inner = 1, outer = 1;
     for (int d = dim + 1; d < a->ndim; d++) inner *= a->size[d];
     for (int d = 0; d < dim; d++) outer *= a->size[d];
-    iput_t j = {rh_tensor_data(cs), rh_tensor_data(a), rh_tensor_data(ci), m, a->size[dim], inner, a->dtype, accumulate};
+    iput_t j = {rh_tensor_data(cs), rh_tensor_data(a), rh_tensor_data(ci), m, a->size[dim], inner,
+                a->dtype,           accumulate};
     /* whole outer slices per thread: repeated indices within one are applied in order */
     rh_parallel_for(outer, outer * m * inner >= (1 << 16) ? 1 : outer, iput_chunk, &j);
     rh_tensor_release(cs);
@@ -524,8 +522,7 @@ static void mfill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as
 
 /* the mask broadcasts to t's shape (it may not widen t): that shape, its *nd
  * dims, into shape */
-static int mask_broadcasts(const char *what, const rh_tensor_t *t, const rh_tensor_t *mask, int *nd,
-                           int64_t *shape) {
+static int mask_broadcasts(const char *what, const rh_tensor_t *t, const rh_tensor_t *mask, int *nd, int64_t *shape) {
   if (rh__broadcast_shape(t->ndim, t->size, mask->ndim, mask->size, nd, shape)) return -1;
   if (*nd != t->ndim || memcmp(shape, t->size, sizeof(int64_t) * (size_t)*nd)) {
     char st[256], sm[256];
@@ -621,8 +618,8 @@ static int mask_pair(const char *what, rh_tensor_t *t, rh_tensor_t *mask, rh_ten
 static rh_tensor_t *device_places(const rh_tensor_t *m, int64_t *count) {
   int64_t n = rh_tensor_numel(m);
   rh_tensor_t *pos = rh_tensor_empty_on(rh_tensor_device(m), RH_I64, 1, &n);
-  if (pos && rh__cuda_call(rh_cuda_api()->mask_scan(rh_tensor_device(m), n, rh_tensor_data(m), rh_tensor_data(pos),
-                                                    count))) {
+  if (pos &&
+      rh__cuda_call(rh_cuda_api()->mask_scan(rh_tensor_device(m), n, rh_tensor_data(m), rh_tensor_data(pos), count))) {
     rh_tensor_release(pos);
     return NULL;
   }
@@ -649,9 +646,9 @@ rh_tensor_t *rh_tensor_masked_select(rh_tensor_t *t, rh_tensor_t *mask) {
   if (RH_ON_DEVICE(t)) {
     rh_tensor_t *pos = device_places(hm, &c);
     out = pos ? rh_tensor_empty_on(rh_tensor_device(t), t->dtype, 1, &c) : NULL;
-    if (out && rh__cuda_call(rh_cuda_api()->mask_compact(rh_tensor_device(t), (int)es, n, rh_tensor_data(hm),
-                                                         rh_tensor_data(pos), rh_tensor_data(ht),
-                                                         rh_tensor_data(out)))) {
+    if (out &&
+        rh__cuda_call(rh_cuda_api()->mask_compact(rh_tensor_device(t), (int)es, n, rh_tensor_data(hm),
+                                                  rh_tensor_data(pos), rh_tensor_data(ht), rh_tensor_data(out)))) {
       rh_tensor_release(out);
       out = NULL;
     }
@@ -677,8 +674,8 @@ rh_tensor_t *rh_tensor_masked_select(rh_tensor_t *t, rh_tensor_t *mask) {
 int rh_tensor_masked_scatter_(rh_tensor_t *t, rh_tensor_t *mask, rh_tensor_t *src) {
   if (rh__same_device("masked_scatter", t, mask) || rh__same_device("masked_scatter", t, src)) return -1;
   if (src->dtype != t->dtype)
-    return rh_tensor_fail("masked_scatter: the source's dtype %s must match the tensor's %s",
-                          rh_dtype_name(src->dtype), rh_dtype_name(t->dtype));
+    return rh_tensor_fail("masked_scatter: the source's dtype %s must match the tensor's %s", rh_dtype_name(src->dtype),
+                          rh_dtype_name(t->dtype));
   rh_tensor_t *ht, *hm;
   if (mask_pair("masked_scatter", t, mask, &ht, &hm, 1)) return -1;
   int on_dev = RH_ON_DEVICE(t);
@@ -732,8 +729,8 @@ rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base) {
     int64_t size[2] = {c, t->ndim};
     rh_tensor_t *out = pos ? rh_tensor_empty_on(rh_tensor_device(t), RH_I64, 2, size) : NULL;
     if (out && rh__cuda_call(rh_cuda_api()->nonzero_write(rh_tensor_device(t), rh_tensor_numel(m), t->ndim, t->size,
-                                                          rh_tensor_data(m), rh_tensor_data(pos),
-                                                          rh_tensor_data(out), base))) {
+                                                          rh_tensor_data(m), rh_tensor_data(pos), rh_tensor_data(out),
+                                                          base))) {
       rh_tensor_release(out);
       out = NULL;
     }
@@ -748,7 +745,8 @@ rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base) {
   int64_t n = rh_tensor_numel(ct), c = 0;
   size_t es = rh_dtype_size(t->dtype);
   const char *p = rh_tensor_data(ct);
-  for (int64_t i = 0; i < n; i++) c += rh__load(t->dtype, p + i * es) != 0 || rh__load(t->dtype, p + i * es) != rh__load(t->dtype, p + i * es);
+  for (int64_t i = 0; i < n; i++)
+    c += rh__load(t->dtype, p + i * es) != 0 || rh__load(t->dtype, p + i * es) != rh__load(t->dtype, p + i * es);
   int64_t size[2] = {c, t->ndim};
   rh_tensor_t *out = rh_tensor_empty(RH_I64, 2, size);
   if (out) {

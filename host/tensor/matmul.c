@@ -79,14 +79,13 @@ static void split_blocks(void *ctx, int64_t lo, int64_t hi) {
       if (len <= 0) continue;
       /* columns s.. of op(B) and of C */
       const char *b = j->b + (size_t)(j->tb ? s * j->ldb : s) * es;
-      blas_call(j->dt, j->ta, j->tb, j->m, len, j->k, j->a, j->lda, b, j->ldb, j->beta, j->c + (size_t)s * es,
-                j->ldc);
+      blas_call(j->dt, j->ta, j->tb, j->m, len, j->k, j->a, j->lda, b, j->ldb, j->beta, j->c + (size_t)s * es, j->ldc);
     }
   }
 }
 
-void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-              const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda, const void *b,
+              int64_t ldb, double beta, void *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   blas_single_threaded();
   int64_t parts = m * n * k < RH_BLAS_SPLIT ? 1 : rh_parallel_threads();
@@ -141,8 +140,7 @@ static void batch_gemms(void *ctx, int64_t lo, int64_t hi) {
     char *c = j->c + (size_t)(i * j->m * j->n) * es;
     if (j->ta || j->tb || j->lda != j->k || j->ldb != j->n)
       rh__gemm(j->dt, j->ta, j->tb, j->m, j->n, j->k, a, j->lda, b, j->ldb, 0.0, c, j->n);
-    else
-      gemm(j->dt, j->m, j->n, j->k, a, b, c);
+    else gemm(j->dt, j->m, j->n, j->k, a, b, c);
   }
 }
 
@@ -196,8 +194,7 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
     char sa[256], sb[256];
     rh_shape_str(a->ndim, a->size, sa, sizeof sa);
     rh_shape_str(b->ndim, b->size, sb, sizeof sb);
-    rh_tensor_fail("matmul: shapes %s and %s cannot be multiplied (%lld != %lld)", sa, sb, (long long)k,
-                   (long long)k2);
+    rh_tensor_fail("matmul: shapes %s and %s cannot be multiplied (%lld != %lld)", sa, sb, (long long)k, (long long)k2);
     goto done;
   }
   /* a plain 2-D product of float matrices, either of which may be a transposed
@@ -219,13 +216,13 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
   }
   /* a 3-D batch of host float products (attention's bmm), each operand's
    * matrices readable in place (a transposed view of heads): no copies */
-  if (dev < 0 && A->ndim == 3 && B->ndim == 3 && A->size[0] == B->size[0] && rh_dtype_is_float(a->dtype) &&
-      k > 0 && m > 0 && n > 0 && gemm_layout(A->stride + 1, m, k, &ta, &lda) &&
-      gemm_layout(B->stride + 1, k, n, &tb, &ldb)) {
+  if (dev < 0 && A->ndim == 3 && B->ndim == 3 && A->size[0] == B->size[0] && rh_dtype_is_float(a->dtype) && k > 0 &&
+      m > 0 && n > 0 && gemm_layout(A->stride + 1, m, k, &ta, &lda) && gemm_layout(B->stride + 1, k, n, &tb, &ldb)) {
     out = rh_tensor_empty(a->dtype, 3, (int64_t[]){A->size[0], m, n});
     if (!out) goto done;
-    batch_job_t job = {a->dtype, m, n, k, A->stride[0], B->stride[0], ta, tb, lda, ldb,
-                       rh_tensor_data(A), rh_tensor_data(B), rh_tensor_data(out)};
+    batch_job_t job = {
+        a->dtype,           m, n, k, A->stride[0], B->stride[0], ta, tb, lda, ldb, rh_tensor_data(A), rh_tensor_data(B),
+        rh_tensor_data(out)};
     run_batch(&job, A->size[0]);
     goto finish;
   }
@@ -254,15 +251,16 @@ rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b) {
   for (int i = 0; i < nb; i++) nbatch *= batch[i];
   if (dev >= 0) {
     /* one strided-batched call; k == 0 is a product of empty sums: zeros */
-    int rc = k == 0 ? rh_tensor_fill_(out, 0)
-                    : rh__cuda_call(rh_cuda_api()->gemm(dev, a->dtype, 0, 0, m, n, k, rh_tensor_data(Ac), k, m * k,
-                                                        rh_tensor_data(Bc), n, k * n, rh_tensor_data(out), m * n,
-                                                        nbatch));
+    int rc = k == 0
+                 ? rh_tensor_fill_(out, 0)
+                 : rh__cuda_call(rh_cuda_api()->gemm(dev, a->dtype, 0, 0, m, n, k, rh_tensor_data(Ac), k, m * k,
+                                                     rh_tensor_data(Bc), n, k * n, rh_tensor_data(out), m * n, nbatch));
     if (rc) goto done;
     goto finish;
   }
-  batch_job_t job = {a->dtype, m, n, k, m * k, k * n, 0, 0, (int)k, (int)n,
-                     rh_tensor_data(Ac), rh_tensor_data(Bc), rh_tensor_data(out)};
+  batch_job_t job = {
+      a->dtype,           m, n, k, m * k, k * n, 0, 0, (int)k, (int)n, rh_tensor_data(Ac), rh_tensor_data(Bc),
+      rh_tensor_data(out)};
   run_batch(&job, nbatch);
 finish:
   /* drop the dims that came from vectors */

@@ -44,9 +44,8 @@ rh_tensor_t *rh_nn_adaptive_avg_pool2d_backward(rh_tensor_t *gy, int64_t h, int6
  * 1/sqrt(var + eps) used; training updates running_mean/var in place when given */
 int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t *rm, rh_tensor_t *rv, int training,
                      double momentum, double eps, rh_tensor_t **y, rh_tensor_t **mean, rh_tensor_t **invstd);
-int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *mean,
-                              rh_tensor_t *invstd, int training, rh_tensor_t **gx, rh_tensor_t **gw,
-                              rh_tensor_t **gb);
+int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *mean, rh_tensor_t *invstd,
+                              int training, rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb);
 
 /* layer norm over rows of d elements (x's last dims): y and the float64
  * per-row mean and 1/sqrt(var + eps); w and b (d elements each) may be NULL */

@@ -14,15 +14,15 @@ typedef struct {
   rh_dtype_t dt;
 } relu_job_t;
 
-#define RELU_BACK(T)                                                                      \
-  do {                                                                                    \
-    const T *restrict g = (const T *)j->g, *restrict a = (const T *)j->a;                 \
-    T *restrict o = (T *)j->out;                                                          \
-    /* both loaded unconditionally: a select, which vectorizes, not a branch */           \
-    for (int64_t i = lo; i < hi; i++) {                                                   \
-      T gv = g[i], av = a[i];                                                             \
-      o[i] = av > 0 ? gv : (T)0;                                                          \
-    }                                                                                     \
+#define RELU_BACK(T)                                                            \
+  do {                                                                          \
+    const T *restrict g = (const T *)j->g, *restrict a = (const T *)j->a;       \
+    T *restrict o = (T *)j->out;                                                \
+    /* both loaded unconditionally: a select, which vectorizes, not a branch */ \
+    for (int64_t i = lo; i < hi; i++) {                                         \
+      T gv = g[i], av = a[i];                                                   \
+      o[i] = av > 0 ? gv : (T)0;                                                \
+    }                                                                           \
   } while (0)
 
 static void relu_back_chunk(void *ctx, int64_t lo, int64_t hi) {

@@ -56,10 +56,9 @@ static int64_t tap_offset(const cols_job_t *j, int64_t tap) {
 
 /* dst[i] = src[base[i]]: vector gathers where the CPU has them (chosen when
  * the program loads; the baseline's scalar loop ran at 2.6 cycles an element) */
-#define GATHER_FN(NAME, T)                                                                             \
-  RH_VEC_CLONES static void NAME(T *restrict dst, const T *restrict src, const int32_t *restrict base, \
-                                 int64_t n) {                                                          \
-    for (int64_t i = 0; i < n; i++) dst[i] = src[base[i]];                                             \
+#define GATHER_FN(NAME, T)                                                                                          \
+  RH_VEC_CLONES static void NAME(T *restrict dst, const T *restrict src, const int32_t *restrict base, int64_t n) { \
+    for (int64_t i = 0; i < n; i++) dst[i] = src[base[i]];                                                          \
   }
 GATHER_FN(gather_f64, double)
 #if RH_VEC_X86
@@ -67,10 +66,9 @@ GATHER_FN(gather_f64, double)
  * gathers with inserts under its generic tuning: 2x slower), chosen at load time */
 GATHER_FN(gather_f32_auto, float)
 __attribute__((target("avx512f"))) static void gather_f32_avx512(float *restrict dst, const float *restrict src,
-                                                                  const int32_t *restrict base, int64_t n) {
+                                                                 const int32_t *restrict base, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_i32gather_ps(_mm512_loadu_si512(base + i), src, 4));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_i32gather_ps(_mm512_loadu_si512(base + i), src, 4));
   if (i < n) {
     __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
     __m512i idx = _mm512_maskz_loadu_epi32(m, base + i);
@@ -117,8 +115,7 @@ static void scatter_add_f32(float *restrict dst, const float *restrict src, cons
 #endif
   for (int64_t i = 0; i < n; i++) dst[base[i]] += src[i];
 }
-static void scatter_add_f64(double *restrict dst, const double *restrict src, const int32_t *restrict base,
-                            int64_t n) {
+static void scatter_add_f64(double *restrict dst, const double *restrict src, const int32_t *restrict base, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[base[i]] += src[i];
 }
 #define SCATTER_ADD_float scatter_add_f32
@@ -131,26 +128,26 @@ static void scatter_add_f64(double *restrict dst, const double *restrict src, co
  * time) */
 typedef float conv_vf __attribute__((vector_size(64)));
 typedef double conv_vd __attribute__((vector_size(64)));
-#define ROWS_FN(NAME, T, VT)                                                                            \
+#define ROWS_FN(NAME, T, VT)                                                                                 \
   ROWS_TARGETS static void NAME(T *restrict dst, int64_t dld, const T *restrict src, int64_t sld, int64_t n, \
-                                int64_t len, int64_t sx) {                                             \
-    enum { NL = sizeof(VT) / sizeof(T) };                                                              \
-    for (int64_t r = 0; r < n; r++) {                                                                  \
-      const T *s = src + r * sld;                                                                      \
-      T *d = dst + r * dld;                                                                            \
-      int64_t i = 0;                                                                                   \
-      if (sx == 1) {                                                                                   \
-        for (; i + NL <= len; i += NL) {                                                               \
-          VT v;                                                                                        \
-          memcpy(&v, s + i, sizeof v);                                                                 \
-          memcpy(d + i, &v, sizeof v);                                                                 \
-        }                                                                                              \
-        for (; i < len; i++) d[i] = s[i];                                                              \
-      } else if (sx == 2)                                                                              \
-        for (; i < len; i++) d[i] = s[2 * i];                                                          \
-      else                                                                                             \
-        for (; i < len; i++) d[i] = s[i * sx];                                                         \
-    }                                                                                                  \
+                                int64_t len, int64_t sx) {                                                   \
+    enum { NL = sizeof(VT) / sizeof(T) };                                                                    \
+    for (int64_t r = 0; r < n; r++) {                                                                        \
+      const T *s = src + r * sld;                                                                            \
+      T *d = dst + r * dld;                                                                                  \
+      int64_t i = 0;                                                                                         \
+      if (sx == 1) {                                                                                         \
+        for (; i + NL <= len; i += NL) {                                                                     \
+          VT v;                                                                                              \
+          memcpy(&v, s + i, sizeof v);                                                                       \
+          memcpy(d + i, &v, sizeof v);                                                                       \
+        }                                                                                                    \
+        for (; i < len; i++) d[i] = s[i];                                                                    \
+      } else if (sx == 2)                                                                                    \
+        for (; i < len; i++) d[i] = s[2 * i];                                                                \
+      else                                                                                                   \
+        for (; i < len; i++) d[i] = s[i * sx];                                                               \
+    }                                                                                                        \
   }
 ROWS_FN(rows_f32, float, conv_vf)
 ROWS_FN(rows_f64, double, conv_vd)
@@ -180,19 +177,19 @@ static int narrow_rows(const cols_job_t *j) {
 #endif
 }
 
-#define IM2COL_ROWS(T)                                                                                 \
-  do {                                                                                                 \
-    const T *xp = (const T *)j->xp;                                                                    \
-    T *col = (T *)j->cols;                                                                             \
-    int64_t taps = j->kh * j->kw, l = j->oh * j->ow;                                                   \
-    int narrow = narrow_rows(j);                                                                       \
-    for (int64_t r = lo; r < hi; r++) {                                                                \
-      const T *src = xp + (r / taps) * j->hp * j->wp + tap_offset(j, r % taps);                        \
-      T *dst = col + r * j->ld;                                                                        \
-      if (narrow) NARROW_ROWS_##T(dst, src, j->p->stride[0] * j->wp, j->oh, j->ow);                     \
-      else if (j->base) GATHER_##T(dst, src, j->base, l);                                              \
-      else ROWS_##T(dst, j->ow, src, j->p->stride[0] * j->wp, j->oh, j->ow, j->p->stride[1]);          \
-    }                                                                                                  \
+#define IM2COL_ROWS(T)                                                                        \
+  do {                                                                                        \
+    const T *xp = (const T *)j->xp;                                                           \
+    T *col = (T *)j->cols;                                                                    \
+    int64_t taps = j->kh * j->kw, l = j->oh * j->ow;                                          \
+    int narrow = narrow_rows(j);                                                              \
+    for (int64_t r = lo; r < hi; r++) {                                                       \
+      const T *src = xp + (r / taps) * j->hp * j->wp + tap_offset(j, r % taps);               \
+      T *dst = col + r * j->ld;                                                               \
+      if (narrow) NARROW_ROWS_##T(dst, src, j->p->stride[0] * j->wp, j->oh, j->ow);           \
+      else if (j->base) GATHER_##T(dst, src, j->base, l);                                     \
+      else ROWS_##T(dst, j->ow, src, j->p->stride[0] * j->wp, j->oh, j->ow, j->p->stride[1]); \
+    }                                                                                         \
   } while (0)
 
 static void im2col_rows(void *ctx, int64_t lo, int64_t hi) {
@@ -204,26 +201,26 @@ static void im2col_rows(void *ctx, int64_t lo, int64_t hi) {
 /* adds the columns back into the padded planes, one channel per task (a
  * channel's rows only touch its own plane; within a row the positions are
  * distinct) */
-#define COL2IM_CH(T)                                                                                   \
-  do {                                                                                                 \
-    T *xp = (T *)j->xp;                                                                                \
-    const T *col = (const T *)j->cols;                                                                 \
-    int64_t taps = j->kh * j->kw, l = j->oh * j->ow, sy = j->p->stride[0], sx = j->p->stride[1];       \
-    for (int64_t ci = lo; ci < hi; ci++)                                                               \
-      for (int64_t tap = 0; tap < taps; tap++) {                                                       \
-        T *dst = xp + ci * j->hp * j->wp + tap_offset(j, tap);                                         \
-        const T *src = col + (ci * taps + tap) * j->ld;                                                \
-        if (j->base) SCATTER_ADD_##T(dst, src, j->base, l);                                            \
-        else                                                                                           \
-          for (int64_t oy = 0; oy < j->oh; oy++) {                                                     \
-            T *restrict d = dst + oy * sy * j->wp;                                                     \
-            const T *restrict s = src + oy * j->ow;                                                    \
-            if (sx == 1) /* a loop of its own: it vectorizes */                                        \
-              for (int64_t ox = 0; ox < j->ow; ox++) d[ox] += s[ox];                                   \
-            else                                                                                       \
-              for (int64_t ox = 0; ox < j->ow; ox++) d[ox * sx] += s[ox];                              \
-          }                                                                                            \
-      }                                                                                                \
+#define COL2IM_CH(T)                                                                             \
+  do {                                                                                           \
+    T *xp = (T *)j->xp;                                                                          \
+    const T *col = (const T *)j->cols;                                                           \
+    int64_t taps = j->kh * j->kw, l = j->oh * j->ow, sy = j->p->stride[0], sx = j->p->stride[1]; \
+    for (int64_t ci = lo; ci < hi; ci++)                                                         \
+      for (int64_t tap = 0; tap < taps; tap++) {                                                 \
+        T *dst = xp + ci * j->hp * j->wp + tap_offset(j, tap);                                   \
+        const T *src = col + (ci * taps + tap) * j->ld;                                          \
+        if (j->base) SCATTER_ADD_##T(dst, src, j->base, l);                                      \
+        else                                                                                     \
+          for (int64_t oy = 0; oy < j->oh; oy++) {                                               \
+            T *restrict d = dst + oy * sy * j->wp;                                               \
+            const T *restrict s = src + oy * j->ow;                                              \
+            if (sx == 1) /* a loop of its own: it vectorizes */                                  \
+              for (int64_t ox = 0; ox < j->ow; ox++) d[ox] += s[ox];                             \
+            else                                                                                 \
+              for (int64_t ox = 0; ox < j->ow; ox++) d[ox * sx] += s[ox];                        \
+          }                                                                                      \
+      }                                                                                          \
   } while (0)
 
 /* col2im of one channel whose padded rows fit a vector (wp <= 16, stride 1
@@ -337,8 +334,12 @@ typedef struct {
 static void sample_cols(const geom_t *g, const rh_nn_conv_t *p, rh_dtype_t dt, const char *xn, const scratch_t *s,
                         char *cols, int64_t ld, int to_image) {
   size_t es = rh_dtype_size(dt);
-  cols_job_t j = {dt, xn, g->padded ? s->padded : (char *)xn, cols, ld, s->base, g->c, g->h, g->w,
-                  g->hp, g->wp, g->kh, g->kw, g->oh, g->ow, p};
+  cols_job_t j = {dt,    xn,    g->padded ? s->padded : (char *)xn,
+                  cols,  ld,    s->base,
+                  g->c,  g->h,  g->w,
+                  g->hp, g->wp, g->kh,
+                  g->kw, g->oh, g->ow,
+                  p};
   if (to_image) {
     /* (the narrow planes' kernel writes every element of each plane itself) */
     if (!narrow_planes(&j)) memset(j.xp, 0, (size_t)(g->c * g->hp * g->wp) * es);
@@ -459,8 +460,8 @@ static const char *block_cols(conv_job_t *j, int64_t n0, int64_t nbk, char *cols
   const char *x0 = j->x + (size_t)(n0 * g->c * g->h * g->w) * j->es;
   if (g->direct) return x0; /* nbk is 1 (plan()) */
   for (int64_t s = 0; s < nbk; s++)
-    sample_cols(g, j->p, j->dt, x0 + (size_t)(s * g->c * g->h * g->w) * j->es, sc,
-                cols + (size_t)(s * g->l) * j->es, nbk * g->l, 0);
+    sample_cols(g, j->p, j->dt, x0 + (size_t)(s * g->c * g->h * g->w) * j->es, sc, cols + (size_t)(s * g->l) * j->es,
+                nbk * g->l, 0);
   return cols;
 }
 
@@ -573,8 +574,8 @@ static void backward_block(conv_job_t *j, int64_t part, int64_t n0, int64_t nbk,
                gyb + (size_t)(gi * g->og * ld) * es, ld, 0.0, dst + (size_t)(gi * g->kg * ld) * es, ld);
     if (!g->direct)
       for (int64_t s = 0; s < nbk; s++)
-        sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, sc, cols + (size_t)(s * g->l) * es,
-                    ld, 1);
+        sample_cols(g, j->p, j->dt, gxn + (size_t)(s * g->c * g->h * g->w) * es, sc, cols + (size_t)(s * g->l) * es, ld,
+                    1);
   }
 }
 

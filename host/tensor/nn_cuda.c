@@ -83,8 +83,8 @@ rh_tensor_t *rh_nn_cuda_conv2d(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, c
     rc = columns(&g, xc, n0, nbk, cols);
     /* y[s]_g [og, L] = W_g [og, kg] @ cols[s]_g [kg, L], the weight shared by the batch */
     for (int64_t gi = 0; rc == 0 && gi < g.s.g; gi++)
-      rc = rh__cuda_call(api->gemm(g.dev, g.dt, 0, 0, g.s.og, g.s.l, g.s.kg, at(wc, gi * g.s.og * g.s.kg), g.s.kg,
-                                   0, at(cols, gi * g.s.kg * g.s.l), g.s.l, g.K * g.s.l,
+      rc = rh__cuda_call(api->gemm(g.dev, g.dt, 0, 0, g.s.og, g.s.l, g.s.kg, at(wc, gi * g.s.og * g.s.kg), g.s.kg, 0,
+                                   at(cols, gi * g.s.kg * g.s.l), g.s.l, g.K * g.s.l,
                                    at(y, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.o * g.s.l, nbk));
   }
   if (rc == 0 && b) {
@@ -126,15 +126,14 @@ static int add_weight_grads(rh_tensor_t *prod, int64_t nbk, rh_tensor_t **acc) {
   return 0;
 }
 
-int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const rh_nn_conv_t *p,
-                               rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb) {
+int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, const rh_nn_conv_t *p, rh_tensor_t **gx,
+                               rh_tensor_t **gw, rh_tensor_t **gb) {
   conv_t g;
   if (gx) *gx = NULL;
   if (gw) *gw = NULL;
   if (gb) *gb = NULL;
   if (conv_geom(x, w, NULL, p, &g) || rh__nn_on_device("conv2d backward", x, gy)) return -1;
-  if (gy->ndim != 4 || gy->size[0] != g.s.n || gy->size[1] != g.s.o || gy->size[2] != g.s.oh ||
-      gy->size[3] != g.s.ow)
+  if (gy->ndim != 4 || gy->size[0] != g.s.n || gy->size[1] != g.s.o || gy->size[2] != g.s.oh || gy->size[3] != g.s.ow)
     return rh_tensor_fail("conv2d backward: the gradient must be [%lld, %lld, %lld, %lld]", (long long)g.s.n,
                           (long long)g.s.o, (long long)g.s.oh, (long long)g.s.ow);
   const rhc_api_t *api = rh_cuda_api();
@@ -155,10 +154,9 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
       /* prod[s]_g [og, kg] = gY[s]_g [og, L] @ cols[s]_g^T [L, kg] */
       rc = columns(&g, xc, n0, nbk, cols);
       for (int64_t gi = 0; rc == 0 && gi < g.s.g; gi++)
-        rc = rh__cuda_call(api->gemm(g.dev, g.dt, 0, 1, g.s.og, g.s.kg, g.s.l,
-                                     at(gyc, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.l, g.s.o * g.s.l,
-                                     at(cols, gi * g.s.kg * g.s.l), g.s.l, g.K * g.s.l,
-                                     at(prod, gi * g.s.og * g.s.kg), g.s.o * g.s.kg, nbk));
+        rc = rh__cuda_call(api->gemm(
+            g.dev, g.dt, 0, 1, g.s.og, g.s.kg, g.s.l, at(gyc, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.l, g.s.o * g.s.l,
+            at(cols, gi * g.s.kg * g.s.l), g.s.l, g.K * g.s.l, at(prod, gi * g.s.og * g.s.kg), g.s.o * g.s.kg, nbk));
       if (rc == 0) rc = add_weight_grads(prod, nbk, &t[6]);
     }
     if (rc == 0 && gx) {
@@ -168,8 +166,8 @@ int rh_nn_cuda_conv2d_backward(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *gy, 
                                      at(gyc, (n0 * g.s.o + gi * g.s.og) * g.s.l), g.s.l, g.s.o * g.s.l,
                                      at(cols, gi * g.s.kg * g.s.l), g.K * g.s.l, nbk));
       if (rc == 0)
-        rc = rh__cuda_call(api->nn_im2col(g.dev, g.dt, &g.win, nbk, at(tx, n0 * g.s.c * g.s.h * g.s.w),
-                                          rh_tensor_data(cols), 1));
+        rc = rh__cuda_call(
+            api->nn_im2col(g.dev, g.dt, &g.win, nbk, at(tx, n0 * g.s.c * g.s.h * g.s.w), rh_tensor_data(cols), 1));
     }
   }
   rh_tensor_t *tw = NULL;
@@ -237,16 +235,15 @@ static rh_tensor_t *pool_run(int op, rh_tensor_t *in, const rhc_window_t *wn, rh
 
 /* the window of a backward, from the forward's params (NULL: max and adaptive,
  * whose windows the kernels do not need to recompute from them) and the input's h, w */
-static int back_geom(const char *what, rh_tensor_t *gy, const rh_nn_pool_t *p, int64_t h, int64_t w,
-                     rhc_window_t *wn) {
+static int back_geom(const char *what, rh_tensor_t *gy, const rh_nn_pool_t *p, int64_t h, int64_t w, rhc_window_t *wn) {
   if (pool_input(what, gy)) return -1;
-  if (h < 1 || w < 1) return rh_tensor_fail("%s: the input size must be positive, got %lld x %lld", what,
-                                            (long long)h, (long long)w);
+  if (h < 1 || w < 1)
+    return rh_tensor_fail("%s: the input size must be positive, got %lld x %lld", what, (long long)h, (long long)w);
   int64_t size[4] = {gy->size[0], gy->size[1], h, w};
   if (p && pool_geom(what, size, p, 0, wn)) return -1;
   if (p && (wn->oh != gy->size[2] || wn->ow != gy->size[3]))
-    return rh_tensor_fail("%s: the gradient is %lld x %lld, the forward gave %lld x %lld", what,
-                          (long long)gy->size[2], (long long)gy->size[3], (long long)wn->oh, (long long)wn->ow);
+    return rh_tensor_fail("%s: the gradient is %lld x %lld, the forward gave %lld x %lld", what, (long long)gy->size[2],
+                          (long long)gy->size[3], (long long)wn->oh, (long long)wn->ow);
   if (!p) {
     memset(wn, 0, sizeof *wn);
     wn->planes = size[0] * size[1], wn->h = h, wn->w = w;
@@ -290,8 +287,7 @@ rh_tensor_t *rh_nn_cuda_adaptive_avg_pool2d(rh_tensor_t *x, int64_t oh, int64_t 
   rhc_window_t wn;
   if (pool_input("adaptive_avg_pool2d", x)) return NULL;
   if (oh < 1 || ow < 1) {
-    rh_tensor_fail("adaptive_avg_pool2d: output_size must be positive, got (%lld, %lld)",
-                   (long long)oh, (long long)ow);
+    rh_tensor_fail("adaptive_avg_pool2d: output_size must be positive, got (%lld, %lld)", (long long)oh, (long long)ow);
     return NULL;
   }
   memset(&wn, 0, sizeof wn);

@@ -118,8 +118,8 @@ int rh_nn_cuda_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t 
   if (rc == 0)
     rc = rh__cuda_call(rh_cuda_api()->nn_batch_norm_backward(
         rh_tensor_device(x), x->dtype, x->size[0], c, inner_of(x), rh_tensor_data(t[0]), rh_tensor_data(t[1]),
-        data_or_null(w), rh_tensor_data(mean), rh_tensor_data(invstd), training, data_or_null(t[2]),
-        data_or_null(t[3]), data_or_null(t[4])));
+        data_or_null(w), rh_tensor_data(mean), rh_tensor_data(invstd), training, data_or_null(t[2]), data_or_null(t[3]),
+        data_or_null(t[4])));
   return grads_out(t, rc, gx, gw, gb);
 }
 
@@ -215,8 +215,7 @@ static int pair(const char *what, rh_tensor_t *a, int64_t cols_a, rh_tensor_t *b
   return 0;
 }
 
-int rh_nn_cuda_lstm_cell(rh_tensor_t *gates, rh_tensor_t *c_prev, rh_tensor_t **h, rh_tensor_t **c,
-                         rh_tensor_t **ws) {
+int rh_nn_cuda_lstm_cell(rh_tensor_t *gates, rh_tensor_t *c_prev, rh_tensor_t **h, rh_tensor_t **c, rh_tensor_t **ws) {
   *h = *c = *ws = NULL;
   int64_t hs = c_prev->ndim == 2 ? c_prev->size[1] : 0;
   if (pair("lstm_cell", gates, 4 * hs, c_prev, hs)) return -1;
@@ -228,9 +227,8 @@ int rh_nn_cuda_lstm_cell(rh_tensor_t *gates, rh_tensor_t *c_prev, rh_tensor_t **
                        rh_tensor_empty_on(dev, gates->dtype, 2, (int64_t[]){b, 5 * hs})};
   int rc = t[0] && t[1] && t[2] && t[3] && t[4] ? 0 : -1;
   if (rc == 0)
-    rc = rh__cuda_call(rh_cuda_api()->nn_lstm_cell(dev, gates->dtype, b, hs, rh_tensor_data(t[0]),
-                                                   rh_tensor_data(t[1]), rh_tensor_data(t[2]), rh_tensor_data(t[3]),
-                                                   rh_tensor_data(t[4])));
+    rc = rh__cuda_call(rh_cuda_api()->nn_lstm_cell(dev, gates->dtype, b, hs, rh_tensor_data(t[0]), rh_tensor_data(t[1]),
+                                                   rh_tensor_data(t[2]), rh_tensor_data(t[3]), rh_tensor_data(t[4])));
   if (rc) {
     rh__nn_release(t, 5);
     return -1;
@@ -250,16 +248,17 @@ int rh_nn_cuda_lstm_cell_backward(rh_tensor_t *gh, rh_tensor_t *gc, rh_tensor_t 
     return -1;
   int dev = rh_tensor_device(ws);
   int64_t b = c_prev->size[0];
-  rh_tensor_t *t[6] = {gh ? rh_tensor_contiguous(gh) : NULL, gc ? rh_tensor_contiguous(gc) : NULL,
-                       rh_tensor_contiguous(c_prev), rh_tensor_contiguous(ws),
+  rh_tensor_t *t[6] = {gh ? rh_tensor_contiguous(gh) : NULL,
+                       gc ? rh_tensor_contiguous(gc) : NULL,
+                       rh_tensor_contiguous(c_prev),
+                       rh_tensor_contiguous(ws),
                        rh_tensor_empty_on(dev, ws->dtype, 2, (int64_t[]){b, 4 * hs}),
                        rh_tensor_empty_on(dev, ws->dtype, 2, (int64_t[]){b, hs})};
   int rc = (!gh || t[0]) && (!gc || t[1]) && t[2] && t[3] && t[4] && t[5] ? 0 : -1;
   if (rc == 0)
-    rc = rh__cuda_call(rh_cuda_api()->nn_lstm_cell_backward(dev, ws->dtype, b, hs, data_or_null(t[0]),
-                                                            data_or_null(t[1]), rh_tensor_data(t[2]),
-                                                            rh_tensor_data(t[3]), rh_tensor_data(t[4]),
-                                                            rh_tensor_data(t[5])));
+    rc = rh__cuda_call(rh_cuda_api()->nn_lstm_cell_backward(
+        dev, ws->dtype, b, hs, data_or_null(t[0]), data_or_null(t[1]), rh_tensor_data(t[2]), rh_tensor_data(t[3]),
+        rh_tensor_data(t[4]), rh_tensor_data(t[5])));
   if (rc) {
     rh__nn_release(t, 6);
     return -1;

@@ -52,13 +52,15 @@ int rh__nn_pool_geom(const char *what, int64_t h, int64_t w, const rh_nn_pool_t 
     if (p->k[i] < 1 || p->stride[i] < 1 || dil[i] < 1 || p->pad[i] < 0)
       return rh_tensor_fail("%s: kernel_size, stride and dilation must be positive, padding non-negative", what);
     if (p->pad[i] * 2 > p->k[i])
-      return rh_tensor_fail("%s: pad should be at most half of effective kernel size, but got pad=%lld, "
-                            "kernel_size=%lld", what, (long long)p->pad[i], (long long)p->k[i]);
+      return rh_tensor_fail(
+          "%s: pad should be at most half of effective kernel size, but got pad=%lld, "
+          "kernel_size=%lld",
+          what, (long long)p->pad[i], (long long)p->k[i]);
   }
   *oh = rh_nn_out_size(h, p->k[0], p->stride[0], p->pad[0], dil[0], p->ceil_mode);
   *ow = rh_nn_out_size(w, p->k[1], p->stride[1], p->pad[1], dil[1], p->ceil_mode);
   if (*oh < 1 || *ow < 1)
-    return rh_tensor_fail("%s: output size is too small (input %lld x %lld, kernel %lld x %lld)", what,
-                          (long long)h, (long long)w, (long long)p->k[0], (long long)p->k[1]);
+    return rh_tensor_fail("%s: output size is too small (input %lld x %lld, kernel %lld x %lld)", what, (long long)h,
+                          (long long)w, (long long)p->k[0], (long long)p->k[1]);
   return 0;
 }

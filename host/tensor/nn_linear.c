@@ -58,8 +58,7 @@ rh_tensor_t *rh_nn_linear(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b) {
   char *yd = rh_tensor_data(y);
   if (bc)
     for (int64_t r = 0; r < m; r++) memcpy(yd + (size_t)(r * n) * es, rh_tensor_data(bc), (size_t)n * es);
-  else
-    memset(yd, 0, (size_t)(m * n) * es);
+  else memset(yd, 0, (size_t)(m * n) * es);
   /* y [m, n] += x [m, k] @ (w [n, k])^T: w read transposed (or as is when it is a transposed view) */
   if (k > 0) rh__gemm(x->dtype, tx, !tw, m, n, k, rh_tensor_data(xc), lx, rh_tensor_data(wc), lw, 1.0, yd, n);
   rh_tensor_release(xc);

@@ -51,24 +51,23 @@ static void st(rh_dtype_t dt, char *p, int64_t i, double v) {
  * overhead; there a chunk of channels is summed a whole row of the batch at a
  * time instead, lane j being element j of the chunk (rows: samples). */
 #define BN_BLOCK 256
-#define BN_ROW_INNER 16 /* segments shorter than this are summed by rows */
+#define BN_ROW_INNER 16  /* segments shorter than this are summed by rows */
 #define BN_ROW_WIDTH 512 /* elements of a row chunk */
-
 
 /* out[i] = a * u[i] + b * v[i] + c over n contiguous elements (v may be NULL);
  * float32 in float32 arithmetic, which vectorises */
-#define AXPBY(T)                                                                                       \
-  do {                                                                                                 \
-    T *o = (T *)op;                                                                                    \
-    const T *u = (const T *)up, *v = (const T *)vp;                                                    \
-    T ta = (T)a, tb = (T)b, tc = (T)c;                                                                 \
-    if (v)                                                                                             \
-      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tb * v[i] + tc;                               \
-    else                                                                                               \
-      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tc;                                           \
+#define AXPBY(T)                                                         \
+  do {                                                                   \
+    T *o = (T *)op;                                                      \
+    const T *u = (const T *)up, *v = (const T *)vp;                      \
+    T ta = (T)a, tb = (T)b, tc = (T)c;                                   \
+    if (v)                                                               \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tb * v[i] + tc; \
+    else                                                                 \
+      for (int64_t i = 0; i < n; i++) o[i] = ta * u[i] + tc;             \
   } while (0)
 RH_VEC_CLONES static void axpby(rh_dtype_t dt, char *op, const char *up, const char *vp, int64_t n, double a, double b,
-                             double c) {
+                                double c) {
   if (dt == RH_F32) AXPBY(float);
   else AXPBY(double);
 }
@@ -79,82 +78,82 @@ RH_VEC_CLONES static void axpby(rh_dtype_t dt, char *op, const char *up, const c
  * not a fold of its own) */
 typedef float bn_vf __attribute__((vector_size(64)));
 typedef double bn_vd __attribute__((vector_size(64)));
-#define SEG_SUMS_FN(NAME, T, VT)                                                                         \
-  RH_VEC_CLONES static void NAME(const T *u, const T *v, int64_t nseg, int64_t len, int64_t stride, T ku,  \
-                              T kv, double *s1, double *s2) {                                          \
-    enum { NL = sizeof(VT) / sizeof(T) };                                                              \
-    VT a = {0}, q = {0}, vku = a + ku, vkv = a + kv;                                                   \
-    T ta = 0, tq = 0;                                                                                  \
-    int64_t held = 0; /* terms in the lanes since the last fold */                                     \
-    double sa = 0, sq = 0;                                                                             \
-    for (int64_t sg = 0; sg < nseg; sg++) {                                                            \
-      const T *us = u + sg * stride, *vs = v + sg * stride;                                            \
-      for (int64_t i0 = 0; i0 < len; i0 += BN_BLOCK) {                                                 \
-        int64_t e = len - i0 < BN_BLOCK ? len : i0 + BN_BLOCK, i = i0;                                 \
-        for (; i + NL <= e; i += NL) {                                                                 \
-          VT x, y;                                                                                     \
-          memcpy(&x, us + i, sizeof x);                                                                \
-          memcpy(&y, vs + i, sizeof y);                                                                \
-          x -= vku;                                                                                    \
-          a += x, q += x * (y - vkv);                                                                  \
-        }                                                                                              \
-        for (; i < e; i++) {                                                                           \
-          T du = us[i] - ku;                                                                           \
-          ta += du, tq += du * (vs[i] - kv);                                                           \
-        }                                                                                              \
-        held += e - i0;                                                                                \
-        if (held >= BN_BLOCK) {                                                                        \
-          for (int k = 0; k < NL; k++) sa += (double)a[k], sq += (double)q[k];                         \
-          sa += (double)ta, sq += (double)tq;                                                          \
-          a -= a, q -= q, ta = tq = 0;                                                                 \
-          held = 0;                                                                                    \
-        }                                                                                              \
-      }                                                                                                \
-    }                                                                                                  \
-    for (int k = 0; k < NL; k++) sa += (double)a[k], sq += (double)q[k];                               \
-    *s1 = sa + (double)ta, *s2 = sq + (double)tq;                                                      \
+#define SEG_SUMS_FN(NAME, T, VT)                                                                                \
+  RH_VEC_CLONES static void NAME(const T *u, const T *v, int64_t nseg, int64_t len, int64_t stride, T ku, T kv, \
+                                 double *s1, double *s2) {                                                      \
+    enum { NL = sizeof(VT) / sizeof(T) };                                                                       \
+    VT a = {0}, q = {0}, vku = a + ku, vkv = a + kv;                                                            \
+    T ta = 0, tq = 0;                                                                                           \
+    int64_t held = 0; /* terms in the lanes since the last fold */                                              \
+    double sa = 0, sq = 0;                                                                                      \
+    for (int64_t sg = 0; sg < nseg; sg++) {                                                                     \
+      const T *us = u + sg * stride, *vs = v + sg * stride;                                                     \
+      for (int64_t i0 = 0; i0 < len; i0 += BN_BLOCK) {                                                          \
+        int64_t e = len - i0 < BN_BLOCK ? len : i0 + BN_BLOCK, i = i0;                                          \
+        for (; i + NL <= e; i += NL) {                                                                          \
+          VT x, y;                                                                                              \
+          memcpy(&x, us + i, sizeof x);                                                                         \
+          memcpy(&y, vs + i, sizeof y);                                                                         \
+          x -= vku;                                                                                             \
+          a += x, q += x * (y - vkv);                                                                           \
+        }                                                                                                       \
+        for (; i < e; i++) {                                                                                    \
+          T du = us[i] - ku;                                                                                    \
+          ta += du, tq += du * (vs[i] - kv);                                                                    \
+        }                                                                                                       \
+        held += e - i0;                                                                                         \
+        if (held >= BN_BLOCK) {                                                                                 \
+          for (int k = 0; k < NL; k++) sa += (double)a[k], sq += (double)q[k];                                  \
+          sa += (double)ta, sq += (double)tq;                                                                   \
+          a -= a, q -= q, ta = tq = 0;                                                                          \
+          held = 0;                                                                                             \
+        }                                                                                                       \
+      }                                                                                                         \
+    }                                                                                                           \
+    for (int k = 0; k < NL; k++) sa += (double)a[k], sq += (double)q[k];                                        \
+    *s1 = sa + (double)ta, *s2 = sq + (double)tq;                                                               \
   }
 SEG_SUMS_FN(seg_sums_f32, float, bn_vf)
 SEG_SUMS_FN(seg_sums_f64, double, bn_vd)
 
 /* the row form: rows of w elements `stride` apart; ku, kv per element; the
  * per-element sums (double) into d1, d2 */
-#define ROW_SUMS_FN(NAME, T)                                                                             \
-  RH_VEC_CLONES static void NAME(const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,         \
-                              const T *restrict ku, const T *restrict kv, double *restrict d1,          \
-                              double *restrict d2) {                                                   \
-    T a[BN_ROW_WIDTH], q[BN_ROW_WIDTH];                                                                \
-    for (int64_t j = 0; j < w; j++) d1[j] = d2[j] = 0;                                                 \
-    for (int64_t r0 = 0; r0 < rows; r0 += BN_BLOCK / 16) {                                             \
-      int64_t re = rows - r0 < BN_BLOCK / 16 ? rows : r0 + BN_BLOCK / 16;                              \
-      for (int64_t j = 0; j < w; j++) a[j] = q[j] = 0;                                                 \
-      for (int64_t r = r0; r < re; r++) {                                                              \
-        const T *restrict ur = u + r * stride, *restrict vr = v + r * stride;                          \
-        for (int64_t j = 0; j < w; j++) {                                                              \
-          T du = ur[j] - ku[j];                                                                        \
-          a[j] += du, q[j] += du * (vr[j] - kv[j]);                                                    \
-        }                                                                                              \
-      }                                                                                                \
-      for (int64_t j = 0; j < w; j++) d1[j] += (double)a[j], d2[j] += (double)q[j];                    \
-    }                                                                                                  \
+#define ROW_SUMS_FN(NAME, T)                                                                      \
+  RH_VEC_CLONES static void NAME(const T *u, const T *v, int64_t rows, int64_t stride, int64_t w, \
+                                 const T *restrict ku, const T *restrict kv, double *restrict d1, \
+                                 double *restrict d2) {                                           \
+    T a[BN_ROW_WIDTH], q[BN_ROW_WIDTH];                                                           \
+    for (int64_t j = 0; j < w; j++) d1[j] = d2[j] = 0;                                            \
+    for (int64_t r0 = 0; r0 < rows; r0 += BN_BLOCK / 16) {                                        \
+      int64_t re = rows - r0 < BN_BLOCK / 16 ? rows : r0 + BN_BLOCK / 16;                         \
+      for (int64_t j = 0; j < w; j++) a[j] = q[j] = 0;                                            \
+      for (int64_t r = r0; r < re; r++) {                                                         \
+        const T *restrict ur = u + r * stride, *restrict vr = v + r * stride;                     \
+        for (int64_t j = 0; j < w; j++) {                                                         \
+          T du = ur[j] - ku[j];                                                                   \
+          a[j] += du, q[j] += du * (vr[j] - kv[j]);                                               \
+        }                                                                                         \
+      }                                                                                           \
+      for (int64_t j = 0; j < w; j++) d1[j] += (double)a[j], d2[j] += (double)q[j];               \
+    }                                                                                             \
   }
 ROW_SUMS_FN(row_sums_f32, float)
 ROW_SUMS_FN(row_sums_f64, double)
 
 /* out = A * u + B * v + C elementwise over rows of w elements `stride` apart
  * (A, B, C per element; v may be NULL) */
-#define ROW_AFFINE_FN(NAME, T)                                                                           \
-  RH_VEC_CLONES static void NAME(T *o, const T *u, const T *v, int64_t rows, int64_t stride, int64_t w,   \
-                              const T *restrict A, const T *restrict B, const T *restrict C) {         \
-    for (int64_t r = 0; r < rows; r++) {                                                               \
-      T *restrict orow = o + r * stride;                                                               \
-      const T *restrict ur = u + r * stride;                                                           \
-      if (v) {                                                                                         \
-        const T *restrict vr = v + r * stride;                                                         \
-        for (int64_t j = 0; j < w; j++) orow[j] = A[j] * ur[j] + B[j] * vr[j] + C[j];                  \
-      } else                                                                                           \
-        for (int64_t j = 0; j < w; j++) orow[j] = A[j] * ur[j] + C[j];                                 \
-    }                                                                                                  \
+#define ROW_AFFINE_FN(NAME, T)                                                                          \
+  RH_VEC_CLONES static void NAME(T *o, const T *u, const T *v, int64_t rows, int64_t stride, int64_t w, \
+                                 const T *restrict A, const T *restrict B, const T *restrict C) {       \
+    for (int64_t r = 0; r < rows; r++) {                                                                \
+      T *restrict orow = o + r * stride;                                                                \
+      const T *restrict ur = u + r * stride;                                                            \
+      if (v) {                                                                                          \
+        const T *restrict vr = v + r * stride;                                                          \
+        for (int64_t j = 0; j < w; j++) orow[j] = A[j] * ur[j] + B[j] * vr[j] + C[j];                   \
+      } else                                                                                            \
+        for (int64_t j = 0; j < w; j++) orow[j] = A[j] * ur[j] + C[j];                                  \
+    }                                                                                                   \
   }
 ROW_AFFINE_FN(row_affine_f32, float)
 ROW_AFFINE_FN(row_affine_f64, double)
@@ -188,8 +187,7 @@ static void channel_sums(const bn_job_t *j, const char *u, const char *v, int64_
   size_t off = (size_t)(c0 * inner) * es;
   if (j->dt == RH_F32)
     row_sums_f32((const float *)(u + off), (const float *)(v + off), j->n, stride, w, k.f[0], k.f[1], d1, d2);
-  else
-    row_sums_f64((const double *)(u + off), (const double *)(v + off), j->n, stride, w, k.d[0], k.d[1], d1, d2);
+  else row_sums_f64((const double *)(u + off), (const double *)(v + off), j->n, stride, w, k.d[0], k.d[1], d1, d2);
   for (int64_t ch = c0; ch < c1; ch++) {
     double a = 0, q = 0;
     for (int64_t i = 0; i < inner; i++) a += d1[(ch - c0) * inner + i], q += d2[(ch - c0) * inner + i];
@@ -222,11 +220,11 @@ static void channel_affine(const bn_job_t *j, char *o, const char *u, const char
   }
   size_t off = (size_t)(c0 * inner) * es;
   if (j->dt == RH_F32)
-    row_affine_f32((float *)(o + off), (const float *)(u + off), v ? (const float *)(v + off) : NULL, j->n, stride,
-                   w, k.f[0], k.f[1], k.f[2]);
+    row_affine_f32((float *)(o + off), (const float *)(u + off), v ? (const float *)(v + off) : NULL, j->n, stride, w,
+                   k.f[0], k.f[1], k.f[2]);
   else
-    row_affine_f64((double *)(o + off), (const double *)(u + off), v ? (const double *)(v + off) : NULL, j->n,
-                   stride, w, k.d[0], k.d[1], k.d[2]);
+    row_affine_f64((double *)(o + off), (const double *)(u + off), v ? (const double *)(v + off) : NULL, j->n, stride,
+                   w, k.d[0], k.d[1], k.d[2]);
 }
 
 /* the channels of a chunk: all of [lo, hi) when segments are short, else one */
@@ -308,10 +306,25 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
       if (all[i]) rh_tensor_release(all[i]);
     return rh_tensor_fail("batch_norm: out of memory");
   }
-  bn_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(ty), w ? rh_tensor_data(w) : NULL,
-                b ? rh_tensor_data(b) : NULL, rm ? rh_tensor_data(rm) : NULL, rv ? rh_tensor_data(rv) : NULL,
-                rh_tensor_data(tm), rh_tensor_data(ti), x->size[0], c, inner_of(x), training, momentum, eps,
-                NULL, NULL, NULL, NULL};
+  bn_job_t j = {x->dtype,
+                rh_tensor_data(xc),
+                rh_tensor_data(ty),
+                w ? rh_tensor_data(w) : NULL,
+                b ? rh_tensor_data(b) : NULL,
+                rm ? rh_tensor_data(rm) : NULL,
+                rv ? rh_tensor_data(rv) : NULL,
+                rh_tensor_data(tm),
+                rh_tensor_data(ti),
+                x->size[0],
+                c,
+                inner_of(x),
+                training,
+                momentum,
+                eps,
+                NULL,
+                NULL,
+                NULL,
+                NULL};
   rh_parallel_for(c, rh_parallel_grain(2 * x->size[0] * j.inner), bn_forward_channels, &j);
   if (training && rm) {
     rh_tensor_bump_version(rm);
@@ -327,8 +340,7 @@ int rh_nn_batch_norm(rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *b, rh_tensor_t
 static void bn_backward_channels(void *ctx, int64_t lo, int64_t hi) {
   bn_job_t *j = ctx;
   int64_t m = j->n * j->inner;
-  double zero[BN_ROW_WIDTH] = {0}, s[BN_ROW_WIDTH], sx[BN_ROW_WIDTH], a[BN_ROW_WIDTH], b[BN_ROW_WIDTH],
-         c[BN_ROW_WIDTH];
+  double zero[BN_ROW_WIDTH] = {0}, s[BN_ROW_WIDTH], sx[BN_ROW_WIDTH], a[BN_ROW_WIDTH], b[BN_ROW_WIDTH], c[BN_ROW_WIDTH];
   for (int64_t c0 = lo; c0 < hi;) {
     int64_t c1 = chunk_end(j, c0, hi);
     /* sum gy, sum gy * (x - mean): the lanes shift x by the mean in x's dtype,
@@ -353,9 +365,8 @@ static void bn_backward_channels(void *ctx, int64_t lo, int64_t hi) {
   }
 }
 
-int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *mean,
-                              rh_tensor_t *invstd, int training, rh_tensor_t **gx, rh_tensor_t **gw,
-                              rh_tensor_t **gb) {
+int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, rh_tensor_t *mean, rh_tensor_t *invstd,
+                              int training, rh_tensor_t **gx, rh_tensor_t **gw, rh_tensor_t **gb) {
   if (gx) *gx = NULL;
   if (gw) *gw = NULL;
   if (gb) *gb = NULL;
@@ -365,8 +376,8 @@ int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, r
     if (gy->size[d] != x->size[d]) return rh_tensor_fail("batch_norm backward: the gradient must match the input");
   if (check_vec("weight", w, x)) return -1;
   int64_t c = x->size[1];
-  if (mean->dtype != RH_F64 || invstd->dtype != RH_F64 || mean->ndim != 1 || mean->size[0] != c ||
-      invstd->ndim != 1 || invstd->size[0] != c)
+  if (mean->dtype != RH_F64 || invstd->dtype != RH_F64 || mean->ndim != 1 || mean->size[0] != c || invstd->ndim != 1 ||
+      invstd->size[0] != c)
     return rh_tensor_fail("batch_norm backward: the saved statistics do not match the input");
   rh_tensor_t *xc = rh_tensor_contiguous(x), *gc = rh_tensor_contiguous(gy);
   rh_tensor_t *tx = gx ? rh_tensor_empty(x->dtype, x->ndim, x->size) : NULL;
@@ -377,9 +388,24 @@ int rh_nn_batch_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, rh_tensor_t *w, r
       if (all[i]) rh_tensor_release(all[i]);
     return rh_tensor_fail("batch_norm backward: out of memory");
   }
-  bn_job_t j = {x->dtype, rh_tensor_data(xc), NULL, w ? rh_tensor_data(w) : NULL, NULL, NULL, NULL,
-                rh_tensor_data(mean), rh_tensor_data(invstd), x->size[0], c, inner_of(x), training, 0, 0,
-                rh_tensor_data(gc), tx ? rh_tensor_data(tx) : NULL, tw ? rh_tensor_data(tw) : NULL,
+  bn_job_t j = {x->dtype,
+                rh_tensor_data(xc),
+                NULL,
+                w ? rh_tensor_data(w) : NULL,
+                NULL,
+                NULL,
+                NULL,
+                rh_tensor_data(mean),
+                rh_tensor_data(invstd),
+                x->size[0],
+                c,
+                inner_of(x),
+                training,
+                0,
+                0,
+                rh_tensor_data(gc),
+                tx ? rh_tensor_data(tx) : NULL,
+                tw ? rh_tensor_data(tw) : NULL,
                 tb ? rh_tensor_data(tb) : NULL};
   rh_parallel_for(c, rh_parallel_grain(2 * x->size[0] * j.inner), bn_backward_channels, &j);
   rh_tensor_release(xc);
@@ -409,17 +435,17 @@ typedef struct {
   double eps;
 } ln_job_t;
 
-#define LN_FORWARD_ROW(T)                                                                              \
-  do {                                                                                                 \
-    const T *x = (const T *)j->x + r * j->d, *w = (const T *)j->w, *b = (const T *)j->b;               \
-    T *y = (T *)j->y + r * j->d;                                                                       \
-    T tm = (T)mean, tr = (T)rstd;                                                                      \
-    for (int64_t i = 0; i < j->d; i++) {                                                               \
-      T v = (x[i] - tm) * tr;                                                                          \
-      if (w) v *= w[i];                                                                                \
-      if (b) v += b[i];                                                                                \
-      y[i] = v;                                                                                        \
-    }                                                                                                  \
+#define LN_FORWARD_ROW(T)                                                                \
+  do {                                                                                   \
+    const T *x = (const T *)j->x + r * j->d, *w = (const T *)j->w, *b = (const T *)j->b; \
+    T *y = (T *)j->y + r * j->d;                                                         \
+    T tm = (T)mean, tr = (T)rstd;                                                        \
+    for (int64_t i = 0; i < j->d; i++) {                                                 \
+      T v = (x[i] - tm) * tr;                                                            \
+      if (w) v *= w[i];                                                                  \
+      if (b) v += b[i];                                                                  \
+      y[i] = v;                                                                          \
+    }                                                                                    \
   } while (0)
 
 static void ln_forward_rows(void *ctx, int64_t lo, int64_t hi) {
@@ -447,10 +473,10 @@ static int ln_check(const char *what, rh_tensor_t *x, int64_t d, rh_tensor_t *w,
   if (d < 1 || n % d) return rh_tensor_fail("%s: %lld elements are not rows of %lld", what, (long long)n, (long long)d);
   rh_tensor_t *v[2] = {w, b};
   for (int i = 0; i < 2; i++)
-    if (v[i] && (rh_tensor_numel(v[i]) != d || v[i]->dtype != x->dtype || !rh_tensor_is_contiguous(v[i]) ||
-                 RH_ON_DEVICE(v[i])))
-      return rh_tensor_fail("%s: %s must be a contiguous host %s tensor of %lld elements", what,
-                            i ? "bias" : "weight", rh_dtype_name(x->dtype), (long long)d);
+    if (v[i] &&
+        (rh_tensor_numel(v[i]) != d || v[i]->dtype != x->dtype || !rh_tensor_is_contiguous(v[i]) || RH_ON_DEVICE(v[i])))
+      return rh_tensor_fail("%s: %s must be a contiguous host %s tensor of %lld elements", what, i ? "bias" : "weight",
+                            rh_dtype_name(x->dtype), (long long)d);
   return 0;
 }
 
@@ -467,8 +493,21 @@ int rh_nn_layer_norm(rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *b, 
     for (int i = 0; i < 4; i++) rh_tensor_release(all[i]);
     return rh_tensor_fail("layer_norm: out of memory");
   }
-  ln_job_t j = {x->dtype, rh_tensor_data(xc), w ? rh_tensor_data(w) : NULL, b ? rh_tensor_data(b) : NULL, NULL,
-                rh_tensor_data(ty), NULL, rh_tensor_data(tm), rh_tensor_data(tr), NULL, NULL, m, d, 0, eps};
+  ln_job_t j = {x->dtype,
+                rh_tensor_data(xc),
+                w ? rh_tensor_data(w) : NULL,
+                b ? rh_tensor_data(b) : NULL,
+                NULL,
+                rh_tensor_data(ty),
+                NULL,
+                rh_tensor_data(tm),
+                rh_tensor_data(tr),
+                NULL,
+                NULL,
+                m,
+                d,
+                0,
+                eps};
   rh_parallel_for(m, rh_parallel_grain(2 * d), ln_forward_rows, &j);
   rh_tensor_release(xc);
   *y = ty;
@@ -479,24 +518,24 @@ int rh_nn_layer_norm(rh_tensor_t *x, int64_t d, rh_tensor_t *w, rh_tensor_t *b, 
 
 /* per row: gxhat = g*w, gx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat*xhat));
  * the part's gw += g*xhat, gb += g */
-#define LN_BACKWARD_ROW(T)                                                                             \
-  do {                                                                                                 \
-    const T *x = (const T *)j->x + r * j->d, *g = (const T *)j->gy + r * j->d, *w = (const T *)j->w;   \
-    double mean = j->mean[r], rstd = j->rstd[r], sa = 0, sb = 0;                                       \
-    for (int64_t i = 0; i < j->d; i++) {                                                               \
-      double xh = ((double)x[i] - mean) * rstd, gh = (double)g[i] * (w ? (double)w[i] : 1.0);           \
-      sa += gh, sb += gh * xh;                                                                         \
-      if (gw) gw[i] += (double)g[i] * xh;                                                              \
-      if (gb) gb[i] += (double)g[i];                                                                   \
-    }                                                                                                  \
-    if (j->gx) {                                                                                       \
-      T *o = (T *)j->gx + r * j->d;                                                                    \
-      double ma = sa / (double)j->d, mb = sb / (double)j->d;                                           \
-      for (int64_t i = 0; i < j->d; i++) {                                                             \
-        double xh = ((double)x[i] - mean) * rstd, gh = (double)g[i] * (w ? (double)w[i] : 1.0);         \
-        o[i] = (T)(rstd * (gh - ma - xh * mb));                                                        \
-      }                                                                                                \
-    }                                                                                                  \
+#define LN_BACKWARD_ROW(T)                                                                           \
+  do {                                                                                               \
+    const T *x = (const T *)j->x + r * j->d, *g = (const T *)j->gy + r * j->d, *w = (const T *)j->w; \
+    double mean = j->mean[r], rstd = j->rstd[r], sa = 0, sb = 0;                                     \
+    for (int64_t i = 0; i < j->d; i++) {                                                             \
+      double xh = ((double)x[i] - mean) * rstd, gh = (double)g[i] * (w ? (double)w[i] : 1.0);        \
+      sa += gh, sb += gh * xh;                                                                       \
+      if (gw) gw[i] += (double)g[i] * xh;                                                            \
+      if (gb) gb[i] += (double)g[i];                                                                 \
+    }                                                                                                \
+    if (j->gx) {                                                                                     \
+      T *o = (T *)j->gx + r * j->d;                                                                  \
+      double ma = sa / (double)j->d, mb = sb / (double)j->d;                                         \
+      for (int64_t i = 0; i < j->d; i++) {                                                           \
+        double xh = ((double)x[i] - mean) * rstd, gh = (double)g[i] * (w ? (double)w[i] : 1.0);      \
+        o[i] = (T)(rstd * (gh - ma - xh * mb));                                                      \
+      }                                                                                              \
+    }                                                                                                \
   } while (0)
 
 static void ln_backward_parts(void *ctx, int64_t lo, int64_t hi) {
@@ -541,8 +580,21 @@ int rh_nn_layer_norm_backward(rh_tensor_t *gy, rh_tensor_t *x, int64_t d, rh_ten
     free(ab);
     return rh_tensor_fail("layer_norm backward: out of memory");
   }
-  ln_job_t j = {x->dtype, rh_tensor_data(xc), w ? rh_tensor_data(w) : NULL, NULL, rh_tensor_data(gc), NULL,
-                tx ? rh_tensor_data(tx) : NULL, rh_tensor_data(mean), rh_tensor_data(rstd), aw, ab, m, d, per, 0};
+  ln_job_t j = {x->dtype,
+                rh_tensor_data(xc),
+                w ? rh_tensor_data(w) : NULL,
+                NULL,
+                rh_tensor_data(gc),
+                NULL,
+                tx ? rh_tensor_data(tx) : NULL,
+                rh_tensor_data(mean),
+                rh_tensor_data(rstd),
+                aw,
+                ab,
+                m,
+                d,
+                per,
+                0};
   rh_parallel_for(parts, 1, ln_backward_parts, &j);
   rh_tensor_t *outs[2] = {tw, tb};
   double *acc[2] = {aw, ab};

@@ -49,25 +49,25 @@ static void taps(int64_t o, int64_t s, int64_t pad, int64_t d, int64_t kn, int64
 }
 
 /* output ox of row oy by scanning its window (the edges, where part of it is padding) */
-#define MAX_ONE(T, ox)                                                                                 \
-  do {                                                                                                 \
-    int64_t l0, l1, bi = -1;                                                                           \
-    taps(ox, sx, p->pad[1], p->dil[1], p->k[1], j->w, &l0, &l1);                                       \
-    T best = (T)-INFINITY;                                                                             \
-    for (int64_t ki = k0; ki < k1 && best == best; ki++) {                                             \
-      int64_t iy = oy * sy - p->pad[0] + ki * p->dil[0];                                               \
-      for (int64_t kj = l0; kj < l1; kj++) {                                                           \
-        int64_t ix = (ox) * sx - p->pad[1] + kj * p->dil[1];                                           \
-        T v = x[iy * j->w + ix];                                                                       \
-        if (bi < 0 || v > best || v != v) {                                                            \
-          best = v;                                                                                    \
-          bi = iy * j->w + ix;                                                                         \
-          if (v != v) break;                                                                           \
-        }                                                                                              \
-      }                                                                                                \
-    }                                                                                                  \
-    yr[ox] = best;                                                                                     \
-    ir[ox] = bi;                                                                                       \
+#define MAX_ONE(T, ox)                                           \
+  do {                                                           \
+    int64_t l0, l1, bi = -1;                                     \
+    taps(ox, sx, p->pad[1], p->dil[1], p->k[1], j->w, &l0, &l1); \
+    T best = (T)-INFINITY;                                       \
+    for (int64_t ki = k0; ki < k1 && best == best; ki++) {       \
+      int64_t iy = oy * sy - p->pad[0] + ki * p->dil[0];         \
+      for (int64_t kj = l0; kj < l1; kj++) {                     \
+        int64_t ix = (ox)*sx - p->pad[1] + kj * p->dil[1];       \
+        T v = x[iy * j->w + ix];                                 \
+        if (bi < 0 || v > best || v != v) {                      \
+          best = v;                                              \
+          bi = iy * j->w + ix;                                   \
+          if (v != v) break;                                     \
+        }                                                        \
+      }                                                          \
+    }                                                            \
+    yr[ox] = best;                                               \
+    ir[ox] = bi;                                                 \
   } while (0)
 
 /* One pass per plane that keeps the argmax beside the value; the first of
@@ -75,32 +75,32 @@ static void taps(int64_t o, int64_t s, int64_t pad, int64_t d, int64_t kn, int64
  * the whole row of a window is inside the input, each output runs its taps
  * in registers, branch-free (the maximum's place is random: a branch on it
  * mispredicts). */
-#define MAX_PLANES(T)                                                                                  \
-  do {                                                                                                 \
-    int64_t sy = p->stride[0], sx = p->stride[1], kw = p->k[1], dx = p->dil[1];                        \
-    int64_t a = (p->pad[1] + sx - 1) / sx, b = j->w - 1 - (kw - 1) * dx + p->pad[1];                   \
-    b = b < 0 ? 0 : b / sx + 1;                                                                        \
-    if (b > j->ow) b = j->ow;                                                                          \
-    if (a > b) a = b;                                                                                  \
-    for (int64_t pl = lo; pl < hi; pl++) {                                                             \
-      const T *x = (const T *)j->x + pl * j->h * j->w;                                                 \
-      for (int64_t oy = 0; oy < j->oh; oy++) {                                                         \
-        T *yr = (T *)j->y + (pl * j->oh + oy) * j->ow;                                                 \
-        int64_t *ir = j->idx + (pl * j->oh + oy) * j->ow, k0, k1;                                      \
-        taps(oy, sy, p->pad[0], p->dil[0], p->k[0], j->h, &k0, &k1);                                   \
-        for (int64_t ox = 0; ox < a; ox++) MAX_ONE(T, ox);                                             \
-        for (int64_t ox = b; ox < j->ow; ox++) MAX_ONE(T, ox);                                         \
-        if (k0 == k1) { /* a window of padding only (then -inf, index -1) */                           \
-          for (int64_t ox = a; ox < b; ox++) MAX_ONE(T, ox);                                           \
-          continue;                                                                                    \
-        }                                                                                              \
-        for (int64_t o0 = a; o0 < b; o0 += ROW_CHUNK) { /* ib holds ROW_CHUNK */                         \
-          int64_t row0 = (oy * sy - p->pad[0] + k0 * p->dil[0]) * j->w - p->pad[1] + o0 * sx;           \
+#define MAX_PLANES(T)                                                                                       \
+  do {                                                                                                      \
+    int64_t sy = p->stride[0], sx = p->stride[1], kw = p->k[1], dx = p->dil[1];                             \
+    int64_t a = (p->pad[1] + sx - 1) / sx, b = j->w - 1 - (kw - 1) * dx + p->pad[1];                        \
+    b = b < 0 ? 0 : b / sx + 1;                                                                             \
+    if (b > j->ow) b = j->ow;                                                                               \
+    if (a > b) a = b;                                                                                       \
+    for (int64_t pl = lo; pl < hi; pl++) {                                                                  \
+      const T *x = (const T *)j->x + pl * j->h * j->w;                                                      \
+      for (int64_t oy = 0; oy < j->oh; oy++) {                                                              \
+        T *yr = (T *)j->y + (pl * j->oh + oy) * j->ow;                                                      \
+        int64_t *ir = j->idx + (pl * j->oh + oy) * j->ow, k0, k1;                                           \
+        taps(oy, sy, p->pad[0], p->dil[0], p->k[0], j->h, &k0, &k1);                                        \
+        for (int64_t ox = 0; ox < a; ox++) MAX_ONE(T, ox);                                                  \
+        for (int64_t ox = b; ox < j->ow; ox++) MAX_ONE(T, ox);                                              \
+        if (k0 == k1) { /* a window of padding only (then -inf, index -1) */                                \
+          for (int64_t ox = a; ox < b; ox++) MAX_ONE(T, ox);                                                \
+          continue;                                                                                         \
+        }                                                                                                   \
+        for (int64_t o0 = a; o0 < b; o0 += ROW_CHUNK) { /* ib holds ROW_CHUNK */                            \
+          int64_t row0 = (oy * sy - p->pad[0] + k0 * p->dil[0]) * j->w - p->pad[1] + o0 * sx;               \
           max_row_##T(x + row0, yr + o0, ir + o0, ib, b - o0 < ROW_CHUNK ? b - o0 : ROW_CHUNK, sx, k1 - k0, \
-                      p->dil[0] * j->w, kw, dx, row0);                                                 \
-        }                                                                                              \
-      }                                                                                                \
-    }                                                                                                  \
+                      p->dil[0] * j->w, kw, dx, row0);                                                      \
+        }                                                                                                   \
+      }                                                                                                     \
+    }                                                                                                       \
   } while (0)
 
 /* n outputs of a row whose windows are all inside the input: window o starts
@@ -108,23 +108,23 @@ static void taps(int64_t o, int64_t s, int64_t pad, int64_t d, int64_t kn, int64
  * outer loop and the outputs the inner one, with no branch on the data, so it
  * vectorises: the maximum's place is random, and a branch on it mispredicts.
  * ib holds the running argmax as int32 (the width of a float32 lane). */
-#define MAX_ROW(T)                                                                                     \
-  static void max_row_##T(const T *restrict x, T *restrict y, int64_t *restrict idx, int32_t *restrict ib,     \
-                          int64_t n, int64_t sx, int64_t ky, int64_t dy, int64_t kx, int64_t dx, int64_t at) { \
-    for (int64_t o = 0; o < n; o++) y[o] = x[o * sx], ib[o] = 0;                                       \
-    for (int64_t r = 0; r < ky; r++)                                                                   \
-      for (int64_t c = 0; c < kx; c++) {                                                               \
-        if (r == 0 && c == 0) continue;                                                                \
-        const T *src = x + r * dy + c * dx;                                                            \
-        int32_t off = (int32_t)(r * dy + c * dx);                                                      \
-        for (int64_t o = 0; o < n; o++) {                                                              \
-          T v = src[o * sx], b = y[o];                                                                 \
-          int take = (v > b) | ((v != v) & (b == b));                                                  \
-          y[o] = take ? v : b;                                                                         \
-          ib[o] = take ? off : ib[o];                                                                  \
-        }                                                                                              \
-      }                                                                                                \
-    for (int64_t o = 0; o < n; o++) idx[o] = at + o * sx + ib[o];                                      \
+#define MAX_ROW(T)                                                                                                    \
+  static void max_row_##T(const T *restrict x, T *restrict y, int64_t *restrict idx, int32_t *restrict ib, int64_t n, \
+                          int64_t sx, int64_t ky, int64_t dy, int64_t kx, int64_t dx, int64_t at) {                   \
+    for (int64_t o = 0; o < n; o++) y[o] = x[o * sx], ib[o] = 0;                                                      \
+    for (int64_t r = 0; r < ky; r++)                                                                                  \
+      for (int64_t c = 0; c < kx; c++) {                                                                              \
+        if (r == 0 && c == 0) continue;                                                                               \
+        const T *src = x + r * dy + c * dx;                                                                           \
+        int32_t off = (int32_t)(r * dy + c * dx);                                                                     \
+        for (int64_t o = 0; o < n; o++) {                                                                             \
+          T v = src[o * sx], b = y[o];                                                                                \
+          int take = (v > b) | ((v != v) & (b == b));                                                                 \
+          y[o] = take ? v : b;                                                                                        \
+          ib[o] = take ? off : ib[o];                                                                                 \
+        }                                                                                                             \
+      }                                                                                                               \
+    for (int64_t o = 0; o < n; o++) idx[o] = at + o * sx + ib[o];                                                     \
   }
 MAX_ROW(float)
 MAX_ROW(double)
@@ -141,8 +141,7 @@ static void max_planes(void *ctx, int64_t lo, int64_t hi) {
 int rh_nn_max_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p, rh_tensor_t **y, rh_tensor_t **idx) {
   int64_t oh, ow;
   *y = *idx = NULL;
-  if (check_input("max_pool2d", x) || rh__nn_pool_geom("max_pool2d", x->size[2], x->size[3], p, 1, &oh, &ow))
-    return -1;
+  if (check_input("max_pool2d", x) || rh__nn_pool_geom("max_pool2d", x->size[2], x->size[3], p, 1, &oh, &ow)) return -1;
   rh_tensor_t *xc = rh_tensor_contiguous(x);
   int64_t size[4] = {x->size[0], x->size[1], oh, ow};
   rh_tensor_t *ty = rh_tensor_empty(x->dtype, 4, size), *ti = rh_tensor_empty(RH_I64, 4, size);
@@ -150,7 +149,8 @@ int rh_nn_max_pool2d(rh_tensor_t *x, const rh_nn_pool_t *p, rh_tensor_t **y, rh_
     rh__nn_release((rh_tensor_t *[]){xc, ty, ti}, 3);
     return rh_tensor_fail("max_pool2d: out of memory");
   }
-  pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(ty), rh_tensor_data(ti), x->size[2], x->size[3], oh, ow, p};
+  pool_job_t j = {x->dtype, rh_tensor_data(xc), rh_tensor_data(ty), rh_tensor_data(ti), x->size[2], x->size[3], oh, ow,
+                  p};
   rh_parallel_for(x->size[0] * x->size[1], rh_parallel_grain(oh * ow * p->k[0] * p->k[1]), max_planes, &j);
   rh_tensor_release(xc);
   *y = ty;
@@ -168,16 +168,16 @@ typedef struct {
 
 /* each plane's indices point into its own plane of gx, which its task zeroes
  * first (warm in cache, and no calloc'd fresh pages for the whole tensor) */
-#define MAX_BACK_PLANES(T)                                                                             \
-  do {                                                                                                 \
-    for (int64_t pl = lo; pl < hi; pl++) {                                                             \
-      const T *g = (const T *)j->g + pl * j->per;                                                      \
-      const int64_t *ix = j->ix + pl * j->per;                                                         \
-      T *d = (T *)j->d + pl * j->hw;                                                                   \
-      memset(d, 0, sizeof(T) * (size_t)j->hw);                                                         \
-      for (int64_t i = 0; i < j->per; i++)                                                             \
-        if (ix[i] >= 0 && ix[i] < j->hw) d[ix[i]] += g[i];                                             \
-    }                                                                                                  \
+#define MAX_BACK_PLANES(T)                                 \
+  do {                                                     \
+    for (int64_t pl = lo; pl < hi; pl++) {                 \
+      const T *g = (const T *)j->g + pl * j->per;          \
+      const int64_t *ix = j->ix + pl * j->per;             \
+      T *d = (T *)j->d + pl * j->hw;                       \
+      memset(d, 0, sizeof(T) * (size_t)j->hw);             \
+      for (int64_t i = 0; i < j->per; i++)                 \
+        if (ix[i] >= 0 && ix[i] < j->hw) d[ix[i]] += g[i]; \
+    }                                                      \
   } while (0)
 
 static void max_back_planes(void *ctx, int64_t lo, int64_t hi) {
@@ -199,8 +199,8 @@ rh_tensor_t *rh_nn_max_pool2d_backward(rh_tensor_t *gy, rh_tensor_t *idx, int64_
     rh_tensor_fail("max_pool2d backward: out of memory");
     return NULL;
   }
-  max_back_job_t j = {gy->dtype, rh_tensor_data(gc), rh_tensor_data(ic), rh_tensor_data(gx),
-                      gy->size[2] * gy->size[3], h * w};
+  max_back_job_t j = {gy->dtype,          rh_tensor_data(gc),        rh_tensor_data(ic),
+                      rh_tensor_data(gx), gy->size[2] * gy->size[3], h * w};
   rh_parallel_for(gy->size[0] * gy->size[1], rh_parallel_grain(h * w), max_back_planes, &j);
   rh_tensor_release(gc);
   rh_tensor_release(ic);

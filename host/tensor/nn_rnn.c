@@ -52,10 +52,8 @@ int rh_nn_lstm_cell(rh_tensor_t *gates, rh_tensor_t *c_prev, rh_tensor_t **h, rh
     for (int i = 0; i < 5; i++) rh_tensor_release(all[i]);
     return rh_tensor_fail("lstm_cell: out of memory");
   }
-  if (gates->dtype == RH_F32)
-    LSTM_FORWARD(float);
-  else
-    LSTM_FORWARD(double);
+  if (gates->dtype == RH_F32) LSTM_FORWARD(float);
+  else LSTM_FORWARD(double);
   rh_tensor_release(gc);
   rh_tensor_release(cc);
   *h = th, *c = tc, *ws = tw;
@@ -104,10 +102,8 @@ int rh_nn_lstm_cell_backward(rh_tensor_t *gh, rh_tensor_t *gc, rh_tensor_t *c_pr
     for (int i = 0; i < 6; i++) rh_tensor_release(all[i]);
     return rh_tensor_fail("lstm_cell backward: out of memory");
   }
-  if (ws->dtype == RH_F32)
-    LSTM_BACKWARD(float);
-  else
-    LSTM_BACKWARD(double);
+  if (ws->dtype == RH_F32) LSTM_BACKWARD(float);
+  else LSTM_BACKWARD(double);
   rh_tensor_t *all[] = {ghc, gcc, cc, wc};
   for (int i = 0; i < 4; i++) rh_tensor_release(all[i]);
   *ggates = tg, *gc_prev = tp;

@@ -18,26 +18,26 @@ typedef struct {
   int log_;
 } sm_job_t;
 
-#define SOFTMAX_ROWS(T)                                                                             \
-  do {                                                                                              \
-    for (int64_t r = lo; r < hi; r++) {                                                             \
-      const T *x = (const T *)j->x + r * j->len;                                                    \
-      T *y = (T *)j->y + r * j->len, m = x[0];                                                      \
-      for (int64_t i = 1; i < j->len; i++) m = x[i] > m || x[i] != x[i] ? x[i] : m;                 \
-      double s = 0;                                                                                 \
-      if (j->log_) {                                                                                \
-        for (int64_t i = 0; i < j->len; i++) s += (double)exp(x[i] - m);                            \
-        T ls = (T)log(s);                                                                           \
-        for (int64_t i = 0; i < j->len; i++) y[i] = x[i] - m - ls;                                  \
-      } else {                                                                                      \
-        for (int64_t i = 0; i < j->len; i++) {                                                      \
-          y[i] = exp(x[i] - m);                                                                     \
-          s += (double)y[i];                                                                        \
-        }                                                                                           \
-        T inv = (T)(1.0 / s);                                                                       \
-        for (int64_t i = 0; i < j->len; i++) y[i] *= inv;                                           \
-      }                                                                                             \
-    }                                                                                               \
+#define SOFTMAX_ROWS(T)                                                             \
+  do {                                                                              \
+    for (int64_t r = lo; r < hi; r++) {                                             \
+      const T *x = (const T *)j->x + r * j->len;                                    \
+      T *y = (T *)j->y + r * j->len, m = x[0];                                      \
+      for (int64_t i = 1; i < j->len; i++) m = x[i] > m || x[i] != x[i] ? x[i] : m; \
+      double s = 0;                                                                 \
+      if (j->log_) {                                                                \
+        for (int64_t i = 0; i < j->len; i++) s += (double)exp(x[i] - m);            \
+        T ls = (T)log(s);                                                           \
+        for (int64_t i = 0; i < j->len; i++) y[i] = x[i] - m - ls;                  \
+      } else {                                                                      \
+        for (int64_t i = 0; i < j->len; i++) {                                      \
+          y[i] = exp(x[i] - m);                                                     \
+          s += (double)y[i];                                                        \
+        }                                                                           \
+        T inv = (T)(1.0 / s);                                                       \
+        for (int64_t i = 0; i < j->len; i++) y[i] *= inv;                           \
+      }                                                                             \
+    }                                                                               \
   } while (0)
 
 static void softmax_rows(void *ctx, int64_t lo, int64_t hi) {
@@ -47,22 +47,22 @@ static void softmax_rows(void *ctx, int64_t lo, int64_t hi) {
 }
 
 /* softmax: gx = y * (g - sum(g * y)); log-softmax: gx = g - exp(y) * sum(g) */
-#define SOFTMAX_BACK_ROWS(T)                                                                        \
-  do {                                                                                              \
-    for (int64_t r = lo; r < hi; r++) {                                                             \
-      const T *y = (const T *)j->x + r * j->len, *g = (const T *)j->g + r * j->len;                 \
-      T *o = (T *)j->y + r * j->len;                                                                \
-      double s = 0;                                                                                 \
-      if (j->log_) {                                                                                \
-        for (int64_t i = 0; i < j->len; i++) s += (double)g[i];                                     \
-        T ts = (T)s;                                                                                \
-        for (int64_t i = 0; i < j->len; i++) o[i] = g[i] - exp(y[i]) * ts;                          \
-      } else {                                                                                      \
-        for (int64_t i = 0; i < j->len; i++) s += (double)g[i] * (double)y[i];                      \
-        T ts = (T)s;                                                                                \
-        for (int64_t i = 0; i < j->len; i++) o[i] = y[i] * (g[i] - ts);                             \
-      }                                                                                             \
-    }                                                                                               \
+#define SOFTMAX_BACK_ROWS(T)                                                        \
+  do {                                                                              \
+    for (int64_t r = lo; r < hi; r++) {                                             \
+      const T *y = (const T *)j->x + r * j->len, *g = (const T *)j->g + r * j->len; \
+      T *o = (T *)j->y + r * j->len;                                                \
+      double s = 0;                                                                 \
+      if (j->log_) {                                                                \
+        for (int64_t i = 0; i < j->len; i++) s += (double)g[i];                     \
+        T ts = (T)s;                                                                \
+        for (int64_t i = 0; i < j->len; i++) o[i] = g[i] - exp(y[i]) * ts;          \
+      } else {                                                                      \
+        for (int64_t i = 0; i < j->len; i++) s += (double)g[i] * (double)y[i];      \
+        T ts = (T)s;                                                                \
+        for (int64_t i = 0; i < j->len; i++) o[i] = y[i] * (g[i] - ts);             \
+      }                                                                             \
+    }                                                                               \
   } while (0)
 
 static void softmax_back_rows(void *ctx, int64_t lo, int64_t hi) {

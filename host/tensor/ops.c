@@ -49,8 +49,8 @@ static void iter_range(void *vit, int64_t lo, int64_t hi) {
 
 static void iter_chunk(void *vit, int64_t lo, int64_t hi) { iter_range(vit, lo, hi); }
 
-void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, const char *a,
-                 const int64_t *ast, const char *b, const int64_t *bst, rh_loop_fn fn, void *ctx) {
+void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, const char *a, const int64_t *ast,
+                 const char *b, const int64_t *bst, rh_loop_fn fn, void *ctx) {
   iter_t it;
   const int64_t *sts[3] = {ost, ast, bst};
   it.base[0] = o;
@@ -155,18 +155,18 @@ static void cast_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as,
 #define ST_ANY(p, v) rh__store(c->to, (p), (v)) /* integers: clamped as rh_dtype_store does */
 #define ST_BOOL(p, v) (*(uint8_t *)(p) = (v) != 0)
 /* dense runs with constant strides, so the compiler vectorizes them */
-#define CAST_LOOP(LD, ST, FS, TS)                                                  \
-  if (as == (FS) && os == (TS)) {                                                  \
-    for (int64_t i = 0; i < n; i++) ST(o + i * (TS), LD(a + i * (FS)));           \
-  } else {                                                                         \
-    for (int64_t i = 0; i < n; i++) ST(o + i * os, LD(a + i * as));                \
+#define CAST_LOOP(LD, ST, FS, TS)                                       \
+  if (as == (FS) && os == (TS)) {                                       \
+    for (int64_t i = 0; i < n; i++) ST(o + i * (TS), LD(a + i * (FS))); \
+  } else {                                                              \
+    for (int64_t i = 0; i < n; i++) ST(o + i * os, LD(a + i * as));     \
   }
-#define CAST_TO(LD, FS)                                               \
-  switch (c->to) {                                                    \
-    case RH_F32: CAST_LOOP(LD, ST_F32, FS, 4); break;                 \
-    case RH_F64: CAST_LOOP(LD, ST_F64, FS, 8); break;                 \
-    case RH_BOOL: CAST_LOOP(LD, ST_BOOL, FS, 1); break;               \
-    default: CAST_LOOP(LD, ST_ANY, FS, os); break;                    \
+#define CAST_TO(LD, FS)                                 \
+  switch (c->to) {                                      \
+    case RH_F32: CAST_LOOP(LD, ST_F32, FS, 4); break;   \
+    case RH_F64: CAST_LOOP(LD, ST_F64, FS, 8); break;   \
+    case RH_BOOL: CAST_LOOP(LD, ST_BOOL, FS, 1); break; \
+    default: CAST_LOOP(LD, ST_ANY, FS, os); break;      \
   }
   switch (c->from) {
     case RH_F32: CAST_TO(LD_F32, 4); break;
@@ -175,7 +175,9 @@ static void cast_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as,
     case RH_I64: CAST_TO(LD_I64, 8); break;
     case RH_U8: CAST_TO(LD_U8, 1); break;
     case RH_BOOL: CAST_TO(LD_BOOL, 1); break;
-    default: for (int64_t i = 0; i < n; i++) rh__store(c->to, o + i * os, rh__load(c->from, a + i * as)); break;
+    default:
+      for (int64_t i = 0; i < n; i++) rh__store(c->to, o + i * os, rh__load(c->from, a + i * as));
+      break;
   }
 #undef CAST_TO
 #undef CAST_LOOP
@@ -234,16 +236,16 @@ typedef struct {
 } fill_ctx_t;
 
 /* one store per element, typed (a memcpy call per element was the slow part) */
-#define FILL_AS(T)                                                   \
-  do {                                                               \
-    T v;                                                             \
-    memcpy(&v, f->v.bytes, sizeof v);                                \
-    if (os == (int64_t)sizeof(T)) {                                  \
-      T *O = (T *)o;                                                 \
-      for (int64_t i = 0; i < n; i++) O[i] = v;                      \
-    } else {                                                         \
-      for (int64_t i = 0; i < n; i++) *(T *)(o + i * os) = v;        \
-    }                                                                \
+#define FILL_AS(T)                                            \
+  do {                                                        \
+    T v;                                                      \
+    memcpy(&v, f->v.bytes, sizeof v);                         \
+    if (os == (int64_t)sizeof(T)) {                           \
+      T *O = (T *)o;                                          \
+      for (int64_t i = 0; i < n; i++) O[i] = v;               \
+    } else {                                                  \
+      for (int64_t i = 0; i < n; i++) *(T *)(o + i * os) = v; \
+    }                                                         \
   } while (0)
 
 static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
@@ -284,31 +286,31 @@ int rh_tensor_fill_(rh_tensor_t *t, double v) {
  * half the rate of 64-byte ones. Each element is still the one IEEE operation
  * the expression names (no reassociation, nothing to contract into an FMA), so
  * every clone gives the same bits. */
-#define BIN_KERNEL(NAME, T, OT, EXPR)                                                                  \
+#define BIN_KERNEL(NAME, T, OT, EXPR)                                                                                  \
   RH_VEC_CLONES static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
-                   void *ctx) {                                                                        \
-    (void)ctx;                                                                                         \
-    if (os == sizeof(OT) && as == sizeof(T) && bs == sizeof(T)) {                                      \
-      OT *O = (OT *)o;                                                                                 \
-      const T *A = (const T *)a, *B = (const T *)b;                                                    \
-      for (int64_t i = 0; i < n; i++) {                                                                \
-        T x = A[i], y = B[i];                                                                          \
-        O[i] = (OT)(EXPR);                                                                             \
-      }                                                                                                \
-    } else if (os == sizeof(OT) && as == sizeof(T) && bs == 0) {                                       \
-      OT *O = (OT *)o;                                                                                 \
-      const T *A = (const T *)a;                                                                       \
-      const T y = *(const T *)b;                                                                       \
-      for (int64_t i = 0; i < n; i++) {                                                                \
-        T x = A[i];                                                                                    \
-        O[i] = (OT)(EXPR);                                                                             \
-      }                                                                                                \
-    } else {                                                                                           \
-      for (int64_t i = 0; i < n; i++) {                                                                \
-        T x = *(const T *)(a + i * as), y = *(const T *)(b + i * bs);                                  \
-        *(OT *)(o + i * os) = (OT)(EXPR);                                                              \
-      }                                                                                                \
-    }                                                                                                  \
+                                 void *ctx) {                                                                          \
+    (void)ctx;                                                                                                         \
+    if (os == sizeof(OT) && as == sizeof(T) && bs == sizeof(T)) {                                                      \
+      OT *O = (OT *)o;                                                                                                 \
+      const T *A = (const T *)a, *B = (const T *)b;                                                                    \
+      for (int64_t i = 0; i < n; i++) {                                                                                \
+        T x = A[i], y = B[i];                                                                                          \
+        O[i] = (OT)(EXPR);                                                                                             \
+      }                                                                                                                \
+    } else if (os == sizeof(OT) && as == sizeof(T) && bs == 0) {                                                       \
+      OT *O = (OT *)o;                                                                                                 \
+      const T *A = (const T *)a;                                                                                       \
+      const T y = *(const T *)b;                                                                                       \
+      for (int64_t i = 0; i < n; i++) {                                                                                \
+        T x = A[i];                                                                                                    \
+        O[i] = (OT)(EXPR);                                                                                             \
+      }                                                                                                                \
+    } else {                                                                                                           \
+      for (int64_t i = 0; i < n; i++) {                                                                                \
+        T x = *(const T *)(a + i * as), y = *(const T *)(b + i * bs);                                                  \
+        *(OT *)(o + i * os) = (OT)(EXPR);                                                                              \
+      }                                                                                                                \
+    }                                                                                                                  \
   }
 
 /* integer power wrapping on overflow like PyTorch (in unsigned arithmetic: a
@@ -334,22 +336,23 @@ static inline float frem_f(float x, float y) {
   return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
 }
 /* integers: the divisor is checked for zeros first; x % -1 is 0 (INT_MIN % -1 would trap) */
-#define IREM(T, x, y) ((y) == -1 ? (T)0 : (T)(((x) % (y) != 0 && (((x) % (y) < 0) != ((y) < 0))) ? (x) % (y) + (y) : (x) % (y)))
+#define IREM(T, x, y) \
+  ((y) == -1 ? (T)0 : (T)(((x) % (y) != 0 && (((x) % (y) < 0) != ((y) < 0))) ? (x) % (y) + (y) : (x) % (y)))
 
-#define ARITH(T, SUF, POWEXPR, REMEXPR)                                \
-  BIN_KERNEL(add_##SUF, T, T, x + y)                                   \
-  BIN_KERNEL(sub_##SUF, T, T, x - y)                                   \
-  BIN_KERNEL(mul_##SUF, T, T, x * y)                                   \
-  BIN_KERNEL(div_##SUF, T, T, x / y)                                   \
-  BIN_KERNEL(pow_##SUF, T, T, POWEXPR)                                 \
-  BIN_KERNEL(max_##SUF, T, T, (x > y || x != x) ? x : y)               \
-  BIN_KERNEL(min_##SUF, T, T, (x < y || x != x) ? x : y)               \
-  BIN_KERNEL(eq_##SUF, T, uint8_t, x == y)                             \
-  BIN_KERNEL(ne_##SUF, T, uint8_t, x != y)                             \
-  BIN_KERNEL(lt_##SUF, T, uint8_t, x < y)                              \
-  BIN_KERNEL(le_##SUF, T, uint8_t, x <= y)                             \
-  BIN_KERNEL(gt_##SUF, T, uint8_t, x > y)                              \
-  BIN_KERNEL(ge_##SUF, T, uint8_t, x >= y)                             \
+#define ARITH(T, SUF, POWEXPR, REMEXPR)                  \
+  BIN_KERNEL(add_##SUF, T, T, x + y)                     \
+  BIN_KERNEL(sub_##SUF, T, T, x - y)                     \
+  BIN_KERNEL(mul_##SUF, T, T, x *y)                      \
+  BIN_KERNEL(div_##SUF, T, T, x / y)                     \
+  BIN_KERNEL(pow_##SUF, T, T, POWEXPR)                   \
+  BIN_KERNEL(max_##SUF, T, T, (x > y || x != x) ? x : y) \
+  BIN_KERNEL(min_##SUF, T, T, (x < y || x != x) ? x : y) \
+  BIN_KERNEL(eq_##SUF, T, uint8_t, x == y)               \
+  BIN_KERNEL(ne_##SUF, T, uint8_t, x != y)               \
+  BIN_KERNEL(lt_##SUF, T, uint8_t, x < y)                \
+  BIN_KERNEL(le_##SUF, T, uint8_t, x <= y)               \
+  BIN_KERNEL(gt_##SUF, T, uint8_t, x > y)                \
+  BIN_KERNEL(ge_##SUF, T, uint8_t, x >= y)               \
   BIN_KERNEL(rem_##SUF, T, T, REMEXPR)
 
 ARITH(float, f32, powf(x, y), frem_f(x, y))
@@ -363,17 +366,19 @@ BIN_KERNEL(mul_b, uint8_t, uint8_t, (x & y) != 0)
 BIN_KERNEL(max_b, uint8_t, uint8_t, (x | y) != 0)
 BIN_KERNEL(min_b, uint8_t, uint8_t, (x & y) != 0)
 
-#define ROW(SUF)                                                                                       \
-  {add_##SUF, sub_##SUF, mul_##SUF, div_##SUF, pow_##SUF, max_##SUF, min_##SUF, eq_##SUF, ne_##SUF, lt_##SUF, \
-   le_##SUF, gt_##SUF, ge_##SUF, rem_##SUF}
+#define ROW(SUF)                                                                                               \
+  {                                                                                                            \
+    add_##SUF, sub_##SUF, mul_##SUF, div_##SUF, pow_##SUF, max_##SUF, min_##SUF, eq_##SUF, ne_##SUF, lt_##SUF, \
+        le_##SUF, gt_##SUF, ge_##SUF, rem_##SUF                                                                \
+  }
 
 static const rh_loop_fn bin_kernels[RH_NDTYPES][RH_NBINOPS] = {
-    ROW(f32), ROW(f64), ROW(i32), ROW(i64), ROW(u8),
-    {add_b, NULL, mul_b, NULL, NULL, max_b, min_b, eq_u8, ne_u8, lt_u8, le_u8, gt_u8, ge_u8, NULL},
+    ROW(f32), ROW(f64), ROW(i32),
+    ROW(i64), ROW(u8),  {add_b, NULL, mul_b, NULL, NULL, max_b, min_b, eq_u8, ne_u8, lt_u8, le_u8, gt_u8, ge_u8, NULL},
 };
 
 static const char *binop_name[RH_NBINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                             "eq",  "ne",  "lt",  "le",  "gt",  "ge", "remainder"};
+                                             "eq",  "ne",  "lt",  "le",  "gt",  "ge",      "remainder"};
 
 static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ && op <= RH_OP_GE; }
 
@@ -387,14 +392,12 @@ int rh_binary_flat_check(rh_binop_t op, rh_dtype_t dt) {
   return 0;
 }
 
-int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
-                   int b_scalar) {
+int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b, int b_scalar) {
   if (rh_binary_flat_check(op, dt)) return -1;
   int64_t es = (int64_t)rh_dtype_size(dt);
   bin_kernels[dt][op](n, out, es, a, es, b, b_scalar ? 0 : es, NULL);
   return 0;
 }
-
 
 /* Runs op over a and b (same dtype `ct`, already broadcastable, on out's
  * device) into out. */
@@ -405,9 +408,8 @@ static int run_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t
   rh__bcast_strides(a, nd, out->size, ast);
   rh__bcast_strides(b, nd, out->size, bst);
   if (RH_ON_DEVICE(out))
-    return rh__cuda_call(rh_cuda_api()->binary(rh_tensor_device(out), op, a->dtype, nd, out->size,
-                                               rh_tensor_data(out), ost, rh_tensor_data(a), ast,
-                                               rh_tensor_data(b), bst));
+    return rh__cuda_call(rh_cuda_api()->binary(rh_tensor_device(out), op, a->dtype, nd, out->size, rh_tensor_data(out),
+                                               ost, rh_tensor_data(a), ast, rh_tensor_data(b), bst));
   rh__iterate(nd, out->size, rh_tensor_data(out), ost, rh_tensor_data(a), ast, rh_tensor_data(b), bst,
               bin_kernels[a->dtype][op], NULL);
   return 0;
@@ -481,8 +483,7 @@ rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_
   if (op == RH_OP_DIV && !rh_dtype_is_float(ct)) ct = rt = RH_F32; /* true division */
   if (is_compare(op)) rt = RH_BOOL;
   if (ct == RH_BOOL && !bin_kernels[RH_BOOL][op]) {
-    rh_tensor_fail("%s: not supported for bool tensors (use logical operations, or convert with to())",
-                   binop_name[op]);
+    rh_tensor_fail("%s: not supported for bool tensors (use logical operations, or convert with to())", binop_name[op]);
     return NULL;
   }
   if (op == RH_OP_POW && !rh_dtype_is_float(ct) && b->dtype != RH_BOOL) {
@@ -568,51 +569,51 @@ rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, in
 }
 
 /* ---- unary kernels */
-#define UN_KERNEL(NAME, T, EXPR)                                                                       \
+#define UN_KERNEL(NAME, T, EXPR)                                                                                       \
   RH_VEC_CLONES static void NAME(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs, \
-                   void *ctx) {                                                                        \
-    (void)ctx, (void)b, (void)bs;                                                                      \
-    if (os == sizeof(T) && as == sizeof(T)) {                                                          \
-      T *O = (T *)o;                                                                                   \
-      const T *A = (const T *)a;                                                                       \
-      for (int64_t i = 0; i < n; i++) {                                                                \
-        T x = A[i];                                                                                    \
-        O[i] = (T)(EXPR);                                                                              \
-      }                                                                                                \
-    } else {                                                                                           \
-      for (int64_t i = 0; i < n; i++) {                                                                \
-        T x = *(const T *)(a + i * as);                                                                \
-        *(T *)(o + i * os) = (T)(EXPR);                                                                \
-      }                                                                                                \
-    }                                                                                                  \
+                                 void *ctx) {                                                                          \
+    (void)ctx, (void)b, (void)bs;                                                                                      \
+    if (os == sizeof(T) && as == sizeof(T)) {                                                                          \
+      T *O = (T *)o;                                                                                                   \
+      const T *A = (const T *)a;                                                                                       \
+      for (int64_t i = 0; i < n; i++) {                                                                                \
+        T x = A[i];                                                                                                    \
+        O[i] = (T)(EXPR);                                                                                              \
+      }                                                                                                                \
+    } else {                                                                                                           \
+      for (int64_t i = 0; i < n; i++) {                                                                                \
+        T x = *(const T *)(a + i * as);                                                                                \
+        *(T *)(o + i * os) = (T)(EXPR);                                                                                \
+      }                                                                                                                \
+    }                                                                                                                  \
   }
 
-#define FLOAT_UN(T, SUF, F)                                   \
-  UN_KERNEL(neg_##SUF, T, -x)                                 \
-  UN_KERNEL(exp_##SUF, T, exp##F(x))                          \
-  UN_KERNEL(log_##SUF, T, log##F(x))                          \
-  UN_KERNEL(sqrt_##SUF, T, sqrt##F(x))                        \
-  UN_KERNEL(relu_##SUF, T, x > 0 ? x : (x != x ? x : 0))      \
-  UN_KERNEL(tanh_##SUF, T, tanh##F(x))                        \
-  UN_KERNEL(sigmoid_##SUF, T, 1 / (1 + exp##F(-x)))           \
-  UN_KERNEL(abs_##SUF, T, fabs##F(x))                        \
-  UN_KERNEL(floor_##SUF, T, floor##F(x))                      \
-  UN_KERNEL(ceil_##SUF, T, ceil##F(x))                        \
-  UN_KERNEL(round_##SUF, T, nearbyint##F(x))                  \
+#define FLOAT_UN(T, SUF, F)                                      \
+  UN_KERNEL(neg_##SUF, T, -x)                                    \
+  UN_KERNEL(exp_##SUF, T, exp##F(x))                             \
+  UN_KERNEL(log_##SUF, T, log##F(x))                             \
+  UN_KERNEL(sqrt_##SUF, T, sqrt##F(x))                           \
+  UN_KERNEL(relu_##SUF, T, x > 0 ? x : (x != x ? x : 0))         \
+  UN_KERNEL(tanh_##SUF, T, tanh##F(x))                           \
+  UN_KERNEL(sigmoid_##SUF, T, 1 / (1 + exp##F(-x)))              \
+  UN_KERNEL(abs_##SUF, T, fabs##F(x))                            \
+  UN_KERNEL(floor_##SUF, T, floor##F(x))                         \
+  UN_KERNEL(ceil_##SUF, T, ceil##F(x))                           \
+  UN_KERNEL(round_##SUF, T, nearbyint##F(x))                     \
   UN_KERNEL(sign_##SUF, T, (x > 0) - (x < 0) + (x != x ? x : 0)) \
-  UN_KERNEL(sin_##SUF, T, sin##F(x))                          \
-  UN_KERNEL(cos_##SUF, T, cos##F(x))                          \
-  UN_KERNEL(log1p_##SUF, T, log1p##F(x))                      \
-  UN_KERNEL(expm1_##SUF, T, expm1##F(x))                      \
+  UN_KERNEL(sin_##SUF, T, sin##F(x))                             \
+  UN_KERNEL(cos_##SUF, T, cos##F(x))                             \
+  UN_KERNEL(log1p_##SUF, T, log1p##F(x))                         \
+  UN_KERNEL(expm1_##SUF, T, expm1##F(x))                         \
   UN_KERNEL(rsqrt_##SUF, T, 1 / sqrt##F(x))
 FLOAT_UN(float, f32, f)
 FLOAT_UN(double, f64, )
 
-#define INT_UN(T, SUF)                       \
-  UN_KERNEL(neg_##SUF, T, -x)                \
-  UN_KERNEL(relu_##SUF, T, x > 0 ? x : 0)    \
-  UN_KERNEL(abs_##SUF, T, x < 0 ? -x : x)    \
-  UN_KERNEL(same_##SUF, T, x)                \
+#define INT_UN(T, SUF)                    \
+  UN_KERNEL(neg_##SUF, T, -x)             \
+  UN_KERNEL(relu_##SUF, T, x > 0 ? x : 0) \
+  UN_KERNEL(abs_##SUF, T, x < 0 ? -x : x) \
+  UN_KERNEL(same_##SUF, T, x)             \
   UN_KERNEL(sign_##SUF, T, (x > 0) - (x < 0))
 INT_UN(int32_t, i32)
 INT_UN(int64_t, i64)
@@ -624,17 +625,25 @@ UN_KERNEL(sign_u8, uint8_t, x > 0)
 
 /* floor, ceil and round of integers are the integers themselves; sin, cos, ...
  * of integers (NULL) are computed in float32 */
-#define FLOAT_ROW(SUF)                                                                                  \
-  {neg_##SUF,   exp_##SUF,  log_##SUF,   sqrt_##SUF, relu_##SUF, tanh_##SUF,  sigmoid_##SUF, abs_##SUF, \
-   floor_##SUF, ceil_##SUF, round_##SUF, sign_##SUF, sin_##SUF,  cos_##SUF,   log1p_##SUF,   expm1_##SUF, rsqrt_##SUF}
-#define INT_ROW(SUF)                                                                                   \
-  {neg_##SUF, NULL, NULL, NULL, relu_##SUF, NULL, NULL, abs_##SUF, same_##SUF, same_##SUF, same_##SUF,   \
-   sign_##SUF, NULL, NULL, NULL, NULL, NULL}
+#define FLOAT_ROW(SUF)                                                                                          \
+  {                                                                                                             \
+    neg_##SUF, exp_##SUF, log_##SUF, sqrt_##SUF, relu_##SUF, tanh_##SUF, sigmoid_##SUF, abs_##SUF, floor_##SUF, \
+        ceil_##SUF, round_##SUF, sign_##SUF, sin_##SUF, cos_##SUF, log1p_##SUF, expm1_##SUF, rsqrt_##SUF        \
+  }
+#define INT_ROW(SUF)                                                                                                \
+  {                                                                                                                 \
+    neg_##SUF, NULL, NULL, NULL, relu_##SUF, NULL, NULL, abs_##SUF, same_##SUF, same_##SUF, same_##SUF, sign_##SUF, \
+        NULL, NULL, NULL, NULL, NULL                                                                                \
+  }
 static const rh_loop_fn un_kernels[RH_NDTYPES][RH_NUNOPS] = {
-    FLOAT_ROW(f32), FLOAT_ROW(f64), INT_ROW(i32), INT_ROW(i64), INT_ROW(u8),
+    FLOAT_ROW(f32),
+    FLOAT_ROW(f64),
+    INT_ROW(i32),
+    INT_ROW(i64),
+    INT_ROW(u8),
     {NULL, NULL, NULL, NULL, relu_u8, NULL, NULL, abs_u8, NULL, NULL, NULL, sign_u8, NULL, NULL, NULL, NULL, NULL},
 };
-static const char *unop_name[RH_NUNOPS] = {"neg",  "exp",  "log",   "sqrt", "relu", "tanh",  "sigmoid", "abs",  "floor",
+static const char *unop_name[RH_NUNOPS] = {"neg",  "exp",   "log",  "sqrt", "relu", "tanh",  "sigmoid", "abs",  "floor",
                                            "ceil", "round", "sign", "sin",  "cos",  "log1p", "expm1",   "rsqrt"};
 
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
@@ -648,14 +657,13 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
     ct = RH_F32; /* exp, log, ... of integers give float32 */
   }
   if (out && rh_dtype_is_float(ct) && !rh_dtype_is_float(out->dtype)) {
-    rh_tensor_fail("%s_: result type %s can't be cast to the desired output type %s", unop_name[op],
-                   rh_dtype_name(ct), rh_dtype_name(out->dtype));
+    rh_tensor_fail("%s_: result type %s can't be cast to the desired output type %s", unop_name[op], rh_dtype_name(ct),
+                   rh_dtype_name(out->dtype));
     return NULL;
   }
   rh_tensor_t *ac = as_dtype(a, ct);
   if (!ac) return NULL;
-  rh_tensor_t *res =
-      (out && out->dtype == ct) ? out : rh_tensor_empty_on(rh_tensor_device(a), ct, a->ndim, a->size);
+  rh_tensor_t *res = (out && out->dtype == ct) ? out : rh_tensor_empty_on(rh_tensor_device(a), ct, a->ndim, a->size);
   if (!res) {
     rh_tensor_release(ac);
     return NULL;
@@ -665,11 +673,11 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
   rh__bcast_strides(ac, res->ndim, res->size, ast);
   int rc = 0;
   if (RH_ON_DEVICE(a))
-    rc = rh__cuda_call(rh_cuda_api()->unary(rh_tensor_device(a), op, ct, res->ndim, res->size,
-                                            rh_tensor_data(res), ost, rh_tensor_data(ac), ast));
+    rc = rh__cuda_call(rh_cuda_api()->unary(rh_tensor_device(a), op, ct, res->ndim, res->size, rh_tensor_data(res), ost,
+                                            rh_tensor_data(ac), ast));
   else
-    rh__iterate(res->ndim, res->size, rh_tensor_data(res), ost, rh_tensor_data(ac), ast, NULL, NULL,
-                un_kernels[ct][op], NULL);
+    rh__iterate(res->ndim, res->size, rh_tensor_data(res), ost, rh_tensor_data(ac), ast, NULL, NULL, un_kernels[ct][op],
+                NULL);
   rh_tensor_release(ac);
   if (res == out) {
     if (rc) return NULL;
@@ -691,13 +699,13 @@ rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out) {
  * the partial sums added in order, so a given machine always gets the same bits */
 /* built for AVX2 as well as the x86-64 baseline, picked at load time (the
  * baseline's 128-bit conversions to double halved the rate of a float32 sum) */
-#define SUM_FN(NAME, T)                                                     \
-  RH_VEC_CLONES_AVX2 static double NAME(const T *p, int64_t n) {                   \
-    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                  \
-    int64_t i = 0;                                                          \
-    for (; i + 8 <= n; i += 8)                                              \
-      for (int k = 0; k < 8; k++) a[k] += p[i + k];                         \
-    for (; i < n; i++) a[0] += p[i];                                        \
+#define SUM_FN(NAME, T)                                                       \
+  RH_VEC_CLONES_AVX2 static double NAME(const T *p, int64_t n) {              \
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                   \
+    int64_t i = 0;                                                            \
+    for (; i + 8 <= n; i += 8)                                                \
+      for (int k = 0; k < 8; k++) a[k] += p[i + k];                           \
+    for (; i < n; i++) a[0] += p[i];                                          \
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); \
   }
 SUM_FN(sum_f32, float)
@@ -716,9 +724,11 @@ static void sum_chunk(void *vctx, int64_t lo, int64_t hi) {
   int64_t per = (j->n + SUM_PARTS - 1) / SUM_PARTS;
   for (int64_t k = lo; k < hi; k++) {
     int64_t a = k * per, b = a + per < j->n ? a + per : j->n;
-    if (a >= b) { j->part[k] = 0; continue; }
-    j->part[k] = j->dt == RH_F32 ? sum_f32((const float *)j->p + a, b - a)
-                                 : sum_f64((const double *)j->p + a, b - a);
+    if (a >= b) {
+      j->part[k] = 0;
+      continue;
+    }
+    j->part[k] = j->dt == RH_F32 ? sum_f32((const float *)j->p + a, b - a) : sum_f64((const double *)j->p + a, b - a);
   }
 }
 
@@ -769,8 +779,10 @@ rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdi
   rh_dtype_t rt = a->dtype;
   if (op == RH_RED_SUM || op == RH_RED_PROD) rt = rh_dtype_is_float(a->dtype) ? a->dtype : RH_I64;
   if (op == RH_RED_MEAN && !rh_dtype_is_float(a->dtype)) {
-    rh_tensor_fail("mean(): could not infer output dtype. Input dtype must be either a floating point or "
-                   "complex dtype. Got: %s (convert with to(tensor.float32))", rh_dtype_name(a->dtype));
+    rh_tensor_fail(
+        "mean(): could not infer output dtype. Input dtype must be either a floating point or "
+        "complex dtype. Got: %s (convert with to(tensor.float32))",
+        rh_dtype_name(a->dtype));
     return NULL;
   }
   if (op == RH_RED_ARGMAX || op == RH_RED_ARGMIN) rt = RH_I64;
@@ -779,8 +791,7 @@ rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdi
   if (!src) return NULL;
   if (len == 0 && op != RH_RED_SUM && op != RH_RED_MEAN && op != RH_RED_PROD) {
     rh_tensor_release(src);
-    rh_tensor_fail("%s(): cannot reduce an empty tensor (or an empty dimension): it has no identity",
-                   redop_name(op));
+    rh_tensor_fail("%s(): cannot reduce an empty tensor (or an empty dimension): it has no identity", redop_name(op));
     return NULL;
   }
   int64_t osize[RH_MAXDIM];

@@ -46,9 +46,9 @@ static struct {
   pthread_t th[MAX_THREADS];
   int nthreads; /* workers, not counting the caller */
   int started;
-  uint64_t gen;  /* bumped per job, so a worker joins each job at most once */
-  job_t *job;    /* the job open for joining, or NULL */
-  int joined;    /* workers inside the current job */
+  uint64_t gen; /* bumped per job, so a worker joins each job at most once */
+  job_t *job;   /* the job open for joining, or NULL */
+  int joined;   /* workers inside the current job */
 } pool;
 
 static pthread_mutex_t submit_mu = PTHREAD_MUTEX_INITIALIZER;

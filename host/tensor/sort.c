@@ -156,8 +156,7 @@ static void sort_chunk(void *vj, int64_t lo, int64_t hi) {
   free(keys), free(otmp), free(order);
 }
 
-int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_tensor_t **values,
-                   rh_tensor_t **indices) {
+int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_tensor_t **values, rh_tensor_t **indices) {
   *values = *indices = NULL;
   if (rh__check_dim("sort", dim, a->ndim)) return -1;
   int64_t rows, len;

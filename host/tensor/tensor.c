@@ -54,8 +54,7 @@ static int64_t live_bytes, peak_bytes, max_alloc;
 
 static void raise_to(int64_t *mark, int64_t v) {
   int64_t m = __atomic_load_n(mark, __ATOMIC_RELAXED);
-  while (v > m && !__atomic_compare_exchange_n(mark, &m, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
+  while (v > m && !__atomic_compare_exchange_n(mark, &m, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
 }
 
 /* live_bytes += n, raising the high-water mark (what tensor.max_live_bytes() reports)
@@ -90,9 +89,9 @@ static struct {
   pthread_mutex_t mu;
   void *ptr[HUGE_SLOTS];
   size_t len[HUGE_SLOTS];
-  size_t total;   /* bytes cached */
-  size_t used;    /* bytes of big blocks handed out and not yet freed */
-  size_t hwm;     /* the most that was ever in use at once */
+  size_t total; /* bytes cached */
+  size_t used;  /* bytes of big blocks handed out and not yet freed */
+  size_t hwm;   /* the most that was ever in use at once */
 } huge = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0, 0, 0};
 
 static size_t huge_round(size_t n) { return (n + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1); }
@@ -199,8 +198,7 @@ rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *,
   return rh__storage_wrap_on(-1, data, nbytes, free_fn, ctx);
 }
 
-rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *),
-                                  void *ctx) {
+rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx) {
   rh_storage_t *s = malloc(sizeof *s);
   if (!s) return NULL;
   s->refcount = 1;
@@ -265,7 +263,8 @@ static void contiguous_strides(int ndim, const int64_t *size, int64_t *stride) {
 
 /* the bound keeps numel x the largest element size (16 bytes) inside int64 */
 int rh_shape_numel(int ndim, const int64_t *size, int64_t *numel) {
-  if (ndim < 0 || ndim > RH_MAXDIM) return rh_tensor_fail("a tensor has at most %d dimensions, got %d", RH_MAXDIM, ndim);
+  if (ndim < 0 || ndim > RH_MAXDIM)
+    return rh_tensor_fail("a tensor has at most %d dimensions, got %d", RH_MAXDIM, ndim);
   int64_t n = 1;
   for (int i = 0; i < ndim; i++)
     if (size[i] < 0) return rh_tensor_fail("negative size %lld in dimension %d", (long long)size[i], i + 1);
@@ -290,8 +289,8 @@ int rh_shape_numel(int ndim, const int64_t *size, int64_t *numel) {
 
 static int check_sizes(int ndim, const int64_t *size, int64_t *numel) { return rh_shape_numel(ndim, size, numel); }
 
-rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t dt, int64_t offset, int ndim,
-                                  const int64_t *size, const int64_t *stride) {
+rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t dt, int64_t offset, int ndim, const int64_t *size,
+                                  const int64_t *stride) {
   int64_t numel = 0;
   if (check_sizes(ndim, size, &numel)) return NULL;
   /* the highest element addressed must lie inside the storage */
@@ -379,8 +378,15 @@ void rh_dtype_store(rh_dtype_t dt, void *p, double v) {
     case RH_F32: *(float *)p = (float)v; break;
     case RH_F64: *(double *)p = v; break;
     /* out-of-range and NaN conversions to integers are undefined in C: clamp */
-    case RH_I32: *(int32_t *)p = isnan(v) ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v; break;
-    case RH_I64: *(int64_t *)p = isnan(v) ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN : (int64_t)v; break;
+    case RH_I32:
+      *(int32_t *)p = isnan(v) ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+      break;
+    case RH_I64:
+      *(int64_t *)p = isnan(v)                      ? 0
+                      : v >= 9.2233720368547758e18  ? INT64_MAX
+                      : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                    : (int64_t)v;
+      break;
     case RH_U8: *(uint8_t *)p = isnan(v) ? 0 : v >= 255 ? 255 : v <= 0 ? 0 : (uint8_t)v; break;
     case RH_BOOL: *(uint8_t *)p = v != 0; break;
     default: break;
@@ -396,7 +402,10 @@ static char *elem_ptr(const rh_tensor_t *t, const int64_t *idx) {
 /* one element of a device tensor travels by itself (item(), t[i] = v) */
 double rh_tensor_get(const rh_tensor_t *t, const int64_t *idx) {
   if (!RH_ON_DEVICE(t)) return rh__load(t->dtype, elem_ptr(t, idx));
-  union { char b[8]; double d; } v = {{0}};
+  union {
+    char b[8];
+    double d;
+  } v = {{0}};
   if (rh__cuda_call(rh_cuda_api()->d2h(rh_tensor_device(t), v.b, elem_ptr(t, idx), rh_dtype_size(t->dtype))))
     return NAN;
   return rh__load(t->dtype, v.b);
@@ -407,7 +416,10 @@ void rh_tensor_set(rh_tensor_t *t, const int64_t *idx, double x) {
     rh__store(t->dtype, elem_ptr(t, idx), x);
     return;
   }
-  union { char b[8]; double d; } v = {{0}};
+  union {
+    char b[8];
+    double d;
+  } v = {{0}};
   rh__store(t->dtype, v.b, x);
   rh__cuda_call(rh_cuda_api()->h2d(rh_tensor_device(t), elem_ptr(t, idx), v.b, rh_dtype_size(t->dtype)));
 }
@@ -443,8 +455,8 @@ rh_tensor_t *rh_tensor_arange(rh_dtype_t dt, double start, double end, double st
 /* ---- views */
 int rh__check_dim(const char *what, int dim, int ndim) {
   if (dim < 0 || dim >= (ndim > 0 ? ndim : 1))
-    return rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", what, dim + 1,
-                          ndim, ndim == 1 ? "" : "s");
+    return rh_tensor_fail("%s: dimension %d out of range (the tensor has %d dimension%s)", what, dim + 1, ndim,
+                          ndim == 1 ? "" : "s");
   return 0;
 }
 
@@ -502,7 +514,7 @@ static int infer_shape(const rh_tensor_t *t, int ndim, const int64_t *in, int64_
     goto bad;
   }
   return 0;
-bad: {
+bad : {
   char a[256], b[256];
   rh_shape_str(t->ndim, t->size, a, sizeof a);
   rh_shape_str(ndim, in, b, sizeof b);
@@ -578,8 +590,8 @@ rh_tensor_t *rh_tensor_slice(rh_tensor_t *t, int dim, int64_t start, int64_t sto
   memcpy(stride, t->stride, sizeof stride);
   size[dim] = len;
   stride[dim] = t->stride[dim] * step;
-  return rh_tensor_on_storage(t->storage, t->dtype, t->offset + (len ? start * t->stride[dim] : 0), t->ndim,
-                              size, stride);
+  return rh_tensor_on_storage(t->storage, t->dtype, t->offset + (len ? start * t->stride[dim] : 0), t->ndim, size,
+                              stride);
 }
 
 rh_tensor_t *rh_tensor_narrow(rh_tensor_t *t, int dim, int64_t start, int64_t length) {
@@ -596,8 +608,8 @@ rh_tensor_t *rh_tensor_select(rh_tensor_t *t, int dim, int64_t index) {
   if (rh__check_dim("select", dim, t->ndim)) return NULL;
   int64_t n = t->size[dim];
   if (index < -n || index >= n) {
-    rh_tensor_fail("index %lld is out of bounds for dimension %d with size %lld", (long long)(index >= 0 ? index + 1 : index),
-                   dim + 1, (long long)n);
+    rh_tensor_fail("index %lld is out of bounds for dimension %d with size %lld",
+                   (long long)(index >= 0 ? index + 1 : index), dim + 1, (long long)n);
     return NULL;
   }
   if (index < 0) index += n;
@@ -622,8 +634,8 @@ int rh__broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int 
       char sa[256], sb[256];
       rh_shape_str(na, a, sa, sizeof sa);
       rh_shape_str(nb, b, sb, sizeof sb);
-      return rh_tensor_fail("shapes %s and %s cannot be broadcast together (dimension %d: %lld vs %lld)", sa, sb,
-                            i + 1, (long long)x, (long long)y);
+      return rh_tensor_fail("shapes %s and %s cannot be broadcast together (dimension %d: %lld vs %lld)", sa, sb, i + 1,
+                            (long long)x, (long long)y);
     }
     out[i] = x == 1 ? y : x;
   }

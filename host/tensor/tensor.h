@@ -55,15 +55,41 @@ static inline uint64_t rh_tensor_version(const rh_tensor_t *t) { return t->stora
 static inline void rh_tensor_bump_version(rh_tensor_t *t) { t->storage->version++; }
 
 typedef enum {
-  RH_OP_ADD, RH_OP_SUB, RH_OP_MUL, RH_OP_DIV, RH_OP_POW, RH_OP_MAXIMUM, RH_OP_MINIMUM,
-  RH_OP_EQ, RH_OP_NE, RH_OP_LT, RH_OP_LE, RH_OP_GT, RH_OP_GE,
+  RH_OP_ADD,
+  RH_OP_SUB,
+  RH_OP_MUL,
+  RH_OP_DIV,
+  RH_OP_POW,
+  RH_OP_MAXIMUM,
+  RH_OP_MINIMUM,
+  RH_OP_EQ,
+  RH_OP_NE,
+  RH_OP_LT,
+  RH_OP_LE,
+  RH_OP_GT,
+  RH_OP_GE,
   RH_OP_REM, /* remainder with the divisor's sign (Python's %), after the comparisons */
   RH_NBINOPS
 } rh_binop_t;
 
 typedef enum {
-  RH_OP_NEG, RH_OP_EXP, RH_OP_LOG, RH_OP_SQRT, RH_OP_RELU, RH_OP_TANH, RH_OP_SIGMOID, RH_OP_ABS,
-  RH_OP_FLOOR, RH_OP_CEIL, RH_OP_ROUND, RH_OP_SIGN, RH_OP_SIN, RH_OP_COS, RH_OP_LOG1P, RH_OP_EXPM1, RH_OP_RSQRT,
+  RH_OP_NEG,
+  RH_OP_EXP,
+  RH_OP_LOG,
+  RH_OP_SQRT,
+  RH_OP_RELU,
+  RH_OP_TANH,
+  RH_OP_SIGMOID,
+  RH_OP_ABS,
+  RH_OP_FLOOR,
+  RH_OP_CEIL,
+  RH_OP_ROUND,
+  RH_OP_SIGN,
+  RH_OP_SIN,
+  RH_OP_COS,
+  RH_OP_LOG1P,
+  RH_OP_EXPM1,
+  RH_OP_RSQRT,
   RH_NUNOPS
 } rh_unop_t;
 
@@ -80,8 +106,8 @@ int rh_dtype_is_float(rh_dtype_t t);
 rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b);
 
 /* storage */
-rh_storage_t *rh_storage_new(size_t nbytes);               /* zeroed */
-rh_storage_t *rh_storage_new_uninit(size_t nbytes);        /* for memory about to be overwritten */
+rh_storage_t *rh_storage_new(size_t nbytes);        /* zeroed */
+rh_storage_t *rh_storage_new_uninit(size_t nbytes); /* for memory about to be overwritten */
 rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
 rh_storage_t *rh_storage_new_on(int device, size_t nbytes); /* uninitialised; device -1: host */
 void rh_storage_retain(rh_storage_t *s);
@@ -89,14 +115,14 @@ void rh_storage_release(rh_storage_t *s);
 int64_t rh_storage_live_bytes(void); /* host memory only */
 /* the largest host storage allocation since the last call with reset set */
 int64_t rh_storage_max_alloc(int reset);
-int64_t rh_storage_peak_bytes(void);  /* live bytes' high-water mark since the last reset */
-void rh_storage_reset_peak(void);     /* the high-water mark := the live bytes now */
+int64_t rh_storage_peak_bytes(void);   /* live bytes' high-water mark since the last reset */
+void rh_storage_reset_peak(void);      /* the high-water mark := the live bytes now */
 int64_t rh_storage_cached_bytes(void); /* freed big buffers kept for reuse */
 
 /* devices (device.c): -1 is the CPU, n >= 0 CUDA device n. Every op runs where
  * its operands are; operands on different devices are an error naming both. */
-int rh_cuda_device_count(void);   /* 0 when CUDA is unavailable */
-const char *rh_cuda_why(void);    /* why it is unavailable ("" when it is) */
+int rh_cuda_device_count(void); /* 0 when CUDA is unavailable */
+const char *rh_cuda_why(void);  /* why it is unavailable ("" when it is) */
 int rh_cuda_synchronize(int device);
 const char *rh_device_str(int device, char *buf, size_t len);
 /* the kernels library's entry points (cuda_api.h), NULL when unavailable */
@@ -107,8 +133,8 @@ rh_tensor_t *rh_tensor_empty(rh_dtype_t t, int ndim, const int64_t *size); /* un
 rh_tensor_t *rh_tensor_empty_on(int device, rh_dtype_t t, int ndim, const int64_t *size);
 /* a contiguous copy on `device` (t itself, retained, when it is there already) */
 rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device);
-rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t t, int64_t offset, int ndim,
-                                  const int64_t *size, const int64_t *stride); /* retains s */
+rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t t, int64_t offset, int ndim, const int64_t *size,
+                                  const int64_t *stride); /* retains s */
 void rh_tensor_retain(rh_tensor_t *t);
 void rh_tensor_release(rh_tensor_t *t);
 int64_t rh_tensor_numel(const rh_tensor_t *t);
@@ -143,27 +169,26 @@ rh_tensor_t *rh_tensor_narrow(rh_tensor_t *t, int dim, int64_t start, int64_t le
 rh_tensor_t *rh_tensor_select(rh_tensor_t *t, int dim, int64_t index);
 rh_tensor_t *rh_tensor_slice(rh_tensor_t *t, int dim, int64_t start, int64_t stop, int64_t step);
 rh_tensor_t *rh_tensor_expand(rh_tensor_t *t, int ndim, const int64_t *size);
-rh_tensor_t *rh_tensor_squeeze(rh_tensor_t *t, int dim);   /* dim -1: all */
+rh_tensor_t *rh_tensor_squeeze(rh_tensor_t *t, int dim); /* dim -1: all */
 rh_tensor_t *rh_tensor_unsqueeze(rh_tensor_t *t, int dim);
 
 /* copies */
 rh_tensor_t *rh_tensor_contiguous(rh_tensor_t *t); /* t itself (retained) if already */
 rh_tensor_t *rh_tensor_clone(rh_tensor_t *t);
 rh_tensor_t *rh_tensor_cast(rh_tensor_t *t, rh_dtype_t dtype); /* always a new tensor */
-int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src);        /* broadcast src into dst */
+int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src);       /* broadcast src into dst */
 int rh_tensor_fill_(rh_tensor_t *t, double v);
 
 /* ops. out NULL: a new tensor; out given: written in place (returns out retained). */
 rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out);
 /* a[i] op b[i] (or b[0] when b_scalar) over n contiguous elements, on this thread (no
  * pool, no checks of shapes): for callers that cut work into cache-sized pieces */
-int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b,
-                   int b_scalar);
+int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b, int b_scalar);
 /* 0 when rh_binary_flat has a kernel for op on dt, else -1 with the message set:
  * for callers that must refuse before they start moving bytes */
 int rh_binary_flat_check(rh_binop_t op, rh_dtype_t dt);
-rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float,
-                                     int scalar_first, rh_tensor_t *out);
+rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float, int scalar_first,
+                                     rh_tensor_t *out);
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out);
 /* dim < 0: over all elements (keepdim ignored). ARGMAX/ARGMIN give int64. */
 rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdim);
@@ -187,7 +212,7 @@ rh_tensor_t *rh_tensor_nonzero(rh_tensor_t *t, int64_t base); /* int64 [count, n
 
 /* ordering and scans along a dimension (sort.c) */
 int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_tensor_t **values,
-                   rh_tensor_t **indices); /* stable */
+                   rh_tensor_t **indices);                      /* stable */
 rh_tensor_t *rh_tensor_scan(rh_tensor_t *a, int dim, int prod); /* cumsum (0) / cumprod (1) */
 
 /* random (random.c), from the generator manual_seed seeds */

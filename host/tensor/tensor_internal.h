@@ -12,13 +12,13 @@
 int rh__broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
 
 /* An inner loop over n elements of up to three operands with byte strides. */
-typedef void (*rh_loop_fn)(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b,
-                           int64_t bs, void *ctx);
+typedef void (*rh_loop_fn)(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
+                           void *ctx);
 
 /* Runs fn over every element of `size`, operands given by base pointers and byte
  * strides (b may be NULL). Large iterations are split across the thread pool. */
-void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, const char *a,
-                 const int64_t *ast, const char *b, const int64_t *bst, rh_loop_fn fn, void *ctx);
+void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, const char *a, const int64_t *ast,
+                 const char *b, const int64_t *bst, rh_loop_fn fn, void *ctx);
 
 /* Byte strides of t viewed (broadcast) as shape (ndim, size). */
 void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out);
@@ -29,16 +29,15 @@ int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_
                    const int64_t *src_st, size_t es);
 
 /* devices (device.c) */
-rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *),
-                                  void *ctx);
-const rhc_api_t *rh_cuda_api(void);           /* NULL when unavailable */
-int rh__check_device(int device);             /* -1 with the message when it can't be used */
-int rh__cuda_call(int rc);                    /* rc != 0: copies the library's message, -1 */
+rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
+const rhc_api_t *rh_cuda_api(void); /* NULL when unavailable */
+int rh__check_device(int device);   /* -1 with the message when it can't be used */
+int rh__cuda_call(int rc);          /* rc != 0: copies the library's message, -1 */
 int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b);
 /* C[m,n] = op(A) op(B) + beta C, row-major float32/float64 through OpenBLAS
  * (matmul.c): large products split over the thread pool, whole inside a pool task */
-void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-              const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
+void rh__gemm(rh_dtype_t dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda, const void *b,
+              int64_t ldb, double beta, void *c, int64_t ldc);
 #define RH_ON_DEVICE(t) (rh_tensor_device(t) >= 0)
 /* releases the tensors of a list (a function's temporaries; NULL entries are no-ops) */
 static inline void rh__nn_release(rh_tensor_t **ts, int n) {
