@@ -61,6 +61,29 @@ describe("faults", function()
     end
   end)
 
+  it("a call whose connection cannot even be dialled fails at once, not at its timeout", function()
+    -- the dial fails inside the send (an address that cannot be parsed): the
+    -- loss must find the call already pending
+    local out = by_hand(2, [[
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        local p = rpc._agent().peers[1]
+        if p.state == "ready" then p.conn:close(); sched.sleep(0.2) end
+        p.ip, p.unix_failed = "no.such.address", true
+        local t0 = sched.now()
+        local ok, e = pcall(rpc.rpc_sync, "w1", echo, {1}, nil, 20)
+        check("unreachable", not ok and e.kind == "unreachable", e)
+        check("at once", sched.now() - t0 < 5, sched.now() - t0)
+        os.exit(0)
+      end
+      sched.sleep(8)
+      os.exit(0)
+    ]])
+    for _, name in ipairs({"unreachable", "at once"}) do
+      assert.truthy(out[0].out:find("ok " .. name, 1, true), out[0].out .. out[0].err)
+    end
+  end)
+
   it("a payload lent by a rank killed afterwards stays intact while a tensor holds it", function()
     local out = by_hand(2, [[
       local tensor = require "tensor"

@@ -138,6 +138,16 @@ local function self_call(self, id, body, segs)
   self:on_request(function(flags, rbody, rsegs) self:on_response(id, flags, rbody, rsegs) end, id, body, segs)
 end
 
+-- Sends a request frame; a frame the transport refuses fails this call alone,
+-- at once, with a serialize error.
+local function send_request(self, p, id, body, segs)
+  local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs)
+  if not sent then
+    error(errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name, error_text(why)),
+      {worker = p.name, rank = p.rank}), 0)
+  end
+end
+
 -- Starts a call; returns its Future. Serialisation errors raise here, at once.
 function C:call(to, fn, args, kwargs, timeout)
   self:check_running()
@@ -175,21 +185,19 @@ function C:call(to, fn, args, kwargs, timeout)
   if ctx and codec.ag_touch and p.rank ~= self.rank then codec.ag_touch(ctx, p.rank) end
   self.next_id = self.next_id + 1
   local id = self.next_id
-  -- The request leaves first and its record is made after: a reply is read only
-  -- in the loop, never before this returns, and the record's making then runs
-  -- while the callee works instead of before the callee starts.
+  -- To a ready peer the request leaves first and its record is made after: a
+  -- reply is read only in the loop, never before this returns, and the
+  -- record's making then runs while the callee works instead of before the
+  -- callee starts. To a peer not connected yet it leaves after: its dial may
+  -- fail at once, inside send, and that loss must find this call pending.
   local self_call_now = p.rank == self.rank
-  local inc = p.state == "ready" and p.inc or nil -- (the incarnation the request goes to)
+  local ready = p.state == "ready"
+  local inc = ready and p.inc or nil -- (the incarnation the request goes to)
   if self_call_now then
     -- a call to oneself: same semantics (arguments are copies), no socket
     sched.spawn(self_call, SELF_CALL, self, id, body, segs)
-  else
-    -- (a frame the transport refuses fails this call alone, at once)
-    local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs)
-    if not sent then
-      error(errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name, error_text(why)),
-        {worker = p.name, rank = p.rank}), 0)
-    end
+  elseif ready then
+    send_request(self, p, id, body, segs)
   end
   local fut = Future.new()
   local free = self.free_calls
@@ -205,6 +213,15 @@ function C:call(to, fn, args, kwargs, timeout)
   if timeout > 0 then
     call.agent, call.id, call.timeout = self, id, timeout
     call.timer = sched.after_into(call, timeout, call_timed_out, call)
+  end
+  if not self_call_now and not ready then
+    local ok2, err = pcall(send_request, self, p, id, body, segs)
+    if not ok2 then
+      -- (refused by the transport: the call was never made)
+      self.pending[id], p.pending[id] = nil, nil
+      if call.timer then sched.cancel(call.timer) end
+      error(err, 0)
+    end
   end
   if not self_call_now then
     -- The first request of a loop turn leaves now, not at the turn's end: its
