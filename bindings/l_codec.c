@@ -1,4 +1,5 @@
-/* l_codec.c: Lua values <-> MessagePack bytes (msgpack-c).
+/* l_codec.c: Lua values <-> MessagePack bytes (written with msgpack-c's packer,
+ * read here straight into Lua values once rh_mp_check has bounded them).
  *
  * Plain values are coded here: nil, booleans, numbers (integral doubles as msgpack
  * integers, others as doubles), binary-safe strings, and tables without metatables
@@ -18,8 +19,8 @@
  * into Lua: a fifth of a small call's instructions went to those two.
  *
  * Errors name the path of the offending value (args[2].opts.cb). Cycles and
- * nesting deeper than msgpack-c's decoder supports are refused before anything is
- * sent. */
+ * nesting deeper than the wire's limit (which rh_mp_check enforces on arrival)
+ * are refused before anything is sent. */
 #include <math.h>
 #include <msgpack.h>
 #include <stdlib.h>
@@ -28,7 +29,7 @@
 #include "codec/mpcheck.h"
 #include "rh_lua.h"
 
-#define MAX_DEPTH_LIMIT 30 /* msgpack-c's C unpacker nests at most 32 levels */
+#define MAX_DEPTH_LIMIT 30 /* the nesting a message may have (rh_mp_check refuses deeper on arrival) */
 /* RPCHOST_MAX_DEPTH lowers the nesting accepted (and sent), never above the limit */
 static int max_depth(void) {
   static int d = 0;
@@ -172,10 +173,12 @@ static int enc_gc(lua_State *L) {
 /* The encoder of an encode that no other encode is using (the usual case):
  * plain static memory, no userdata to take from the pool and give back (a
  * tenth of a small call's encoding). Busy from its take to its last byte's
- * copy, and freed by an error that enc_fail raises; a nested encode (a codec
+ * copy, and freed by an error that enc_fail raises (every error the encoder
+ * raises itself, the Lua stack's limit included); a nested encode (a codec
  * hook's, a finaliser's during an allocation) takes one from the pool. (An
- * error raised elsewhere mid-encode, out of memory, leaves it busy: every
- * encode then takes from the pool, as all did before.) */
+ * error the encoder does not raise, running out of memory or a finaliser's
+ * error rethrown from an allocation, leaves it busy: every encode then takes
+ * from the pool, as all did before, correct but slower.) */
 static enc_t enc_hot;
 static int enc_hot_busy;
 
@@ -262,7 +265,9 @@ static void enc_hook(enc_t *e, int idx) {
  * still is: its name, written as the hook would write it. 1 when written. */
 static int enc_global_function(enc_t *e, int idx) {
   lua_State *L = e->L;
-  if (ref_fn_names == LUA_NOREF) return 0;
+  /* (at the depth limit the hook's path raises the limit's error: a message
+   * must not pass or fail by whether its function was sent before) */
+  if (ref_fn_names == LUA_NOREF || e->depth >= MAX_DEPTH) return 0;
   int top = lua_gettop(L);
   rh_pushref(L, ref_fn_names);
   lua_pushvalue(L, idx);
@@ -336,7 +341,9 @@ static void enc_table(enc_t *e, int idx) {
 
 static void enc_value(enc_t *e, int idx) {
   lua_State *L = e->L;
-  luaL_checkstack(L, 8, "codec");
+  /* (through enc_fail, which frees the static encoder, as every error an
+   * encode raises itself does) */
+  if (!lua_checkstack(L, 8)) enc_fail(e, "has too many values for the Lua stack");
   switch (lua_type(L, idx)) {
     case LUA_TNIL: msgpack_pack_nil(&e->pk); break;
     case LUA_TBOOLEAN:

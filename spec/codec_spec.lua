@@ -88,6 +88,18 @@ describe("codec", function()
     for _ = 1, 40 do t = {t} end
     ok, e = pcall(codec.encode, "args", t)
     assert.truthy(e.message:find("nested more than 30 levels", 1, true), e.message)
+    -- a global function at the limit: refused the second time too, when its
+    -- name is known (the fast path does not skip the limit)
+    local function f() end
+    _G.spec_codec_deep = f
+    local d = f
+    for _ = 1, 30 do d = {d} end
+    for _ = 1, 2 do
+      ok, e = pcall(codec.encode, "args", d)
+      assert.is_false(ok)
+      assert.truthy(e.message:find("nested more than 30 levels", 1, true), e.message)
+    end
+    _G.spec_codec_deep = nil
   end)
 
   it("rejects malformed bytes with an error, never a crash", function()
