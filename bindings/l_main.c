@@ -70,17 +70,21 @@ int rh_callback(int nargs, int nresults) {
 
 /* How a rank that polls with nothing to do treats its core (host/net/conn.h,
  * conn_ring.c): RPCHOST_SPIN_YIELD=1 gives it away every empty turn, 0 only
- * while other processes switch this one out; unset (auto), also while the host
- * has more runnable tasks than the CPUs this rank may use. Where that count
- * cannot be read, whether this host's ranks (LOCAL_WORLD_SIZE from `rpchost
- * run`, Open MPI's local size under mpirun) may outnumber its cores decides. */
+ * while other processes switch this one out; unset or not a number (auto),
+ * also while the machine has more runnable tasks than online CPUs
+ * (/proc/loadavg counts the whole machine, whatever this rank's affinity).
+ * Where that count cannot be read, whether this host's ranks (LOCAL_WORLD_SIZE
+ * from `rpchost run`, Open MPI's local size under mpirun) may outnumber the
+ * CPUs this rank may use decides. */
 static void spin_policy(rh_net_t *net) {
   const char *y = getenv("RPCHOST_SPIN_YIELD");
   int cpus = rh_host_cpus(), local = rh_local_ranks();
-  net->host_cpus = cpus;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  net->host_cpus = online > 0 ? (int)online : cpus;
   net->ring_crowded = !local || local > cpus;
-  net->ring_auto = !(y && *y);
-  net->ring_yield = y && *y && atoi(y) != 0;
+  int number = y && *y >= '0' && *y <= '9';
+  net->ring_auto = !number;
+  net->ring_yield = number && atoi(y) != 0;
 }
 
 /* Incoming frame segments are read straight into tensor storages. */

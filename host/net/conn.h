@@ -63,8 +63,8 @@ struct rh_net_s {
    * the core away on every empty turn (sched_yield) when told to (ring_yield,
    * RPCHOST_SPIN_YIELD=1; l_main.c), or while the cores are wanted by others:
    * the thread was switched out involuntarily within the last CONTENTION_NS,
-   * or (ring_auto, the default) the host had more runnable tasks than this
-   * rank's CPUs (host_cpus) when last counted (/proc/loadavg; where it cannot
+   * or (ring_auto, the default) the machine had more runnable tasks than
+   * online CPUs (host_cpus) when last counted (/proc/loadavg; where it cannot
    * be read, ring_crowded says whether this host's ranks may outnumber its
    * cores); otherwise it polls the rings alone, without a system call, for
    * bursts. Counted, not assumed: four ranks on two cores of which two are
