@@ -116,5 +116,13 @@ describe("codec", function()
       for i = 1, n do b[i] = string.char(math.random(0, 255)) end
       pcall(codec.decode, table.concat(b)) -- must not crash
     end
+    -- a name whose parts are not all strings: a malformed message, said so
+    -- ([FUNC_NAME, "g", {}] and [FUNC_NAME, "m", "string", 1])
+    for _, bytes in ipairs{"\x93\xc7\x00\x10\xa1g\x90", "\x94\xc7\x00\x10\xa1m\xa6string\x01"} do
+      local ok, e = pcall(codec.decode, bytes)
+      assert.is_false(ok)
+      assert.are.equal("serialize", e.kind)
+      assert.truthy(e.message:find("malformed message: a name's part", 1, true), e.message)
+    end
   end)
 end)

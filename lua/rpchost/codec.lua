@@ -286,6 +286,12 @@ by_tag[TAG.FUNC_NAME] = function(kind, name, ...)
     return v
   end
   local p = {kind, name, ...}
+  -- (a name from the network: its parts must be strings, or it names nothing)
+  for i = 1, #p do
+    if type(p[i]) ~= "string" then
+      error(("malformed message: a name's part %d is a %s, not a string"):format(i, type(p[i])), 0)
+    end
+  end
   local v = resolve(p)
   if v == nil then lookup_failed(p) end
   return v
