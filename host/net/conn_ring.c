@@ -124,6 +124,30 @@ int rh_net_polite(rh_net_t *net, uint64_t now) {
   return net->contended;
 }
 
+/* The end of a burst begun at `from`: SPIN_BURST_NS on, but never past the
+ * polling window that the last ring traffic opened. */
+static uint64_t burst_end(const rh_net_t *net, uint64_t from) {
+  uint64_t until = from + SPIN_BURST_NS, end = net->ring_last + net->ring_spin_ns;
+  return end < until ? end : until;
+}
+
+/* Polls the rings alone until one has a frame or uv_hrtime() reaches until
+ * (with once, a single look): 1 when one had, ring_last then being now. */
+static int ring_burst(rh_net_t *net, uint64_t until, int once) {
+  for (;;) {
+    rh__rings_poll(net);
+    if (net->ring_found) {
+      net->ring_found = 0;
+      net->ring_last = uv_hrtime();
+      return 1;
+    }
+    if (once || uv_hrtime() >= until) return 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
 static void spin_cb(uv_idle_t *h) {
   rh_net_t *net = h->data;
   /* the rings first: what arrived is handed out before this turn yields */
@@ -141,18 +165,7 @@ static void spin_cb(uv_idle_t *h) {
       return;
     }
     /* a core of our own: the rings alone for a moment (see the top) */
-    uint64_t until = now + SPIN_BURST_NS, end = net->ring_last + net->ring_spin_ns;
-    if (end < until) until = end;
-    while (!net->ring_found && uv_hrtime() < until) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-      rh__rings_poll(net);
-    }
-    if (net->ring_found) {
-      net->ring_found = 0;
-      net->ring_last = uv_hrtime();
-    }
+    ring_burst(net, burst_end(net, now), 0);
     return;
   }
   /* every ring must agree to sleep: set the flags, then look once more */
@@ -192,21 +205,8 @@ int rh_net_ring_turn(rh_net_t *net) {
   uint64_t now = uv_hrtime();
   if (now - net->loop_turn_at >= SPIN_BURST_NS || now - net->ring_last >= net->ring_spin_ns) return -1;
   rh_net_flush_now(net); /* (what the tasks queued, doorbells included: the prepare hook's job) */
-  uint64_t until = net->loop_turn_at + SPIN_BURST_NS, end = net->ring_last + net->ring_spin_ns;
-  if (end < until) until = end;
-  int polite = rh_net_polite(net, now);
-  for (;;) {
-    rh__rings_poll(net);
-    if (net->ring_found) {
-      net->ring_found = 0;
-      net->ring_last = uv_hrtime();
-      return 1;
-    }
-    if (polite || uv_hrtime() >= until) return -1;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
+  /* (a polite rank looks once: its core may be another's) */
+  return ring_burst(net, burst_end(net, net->loop_turn_at), rh_net_polite(net, now)) ? 1 : -1;
 }
 
 /* Ring traffic: keep the loop polling for a while. */
