@@ -133,8 +133,12 @@ describe("the same-host collective arena", function()
       dist.init_process_group{backend = "gloo", timeout = 20}
       dist.barrier()
       ok, e = pcall(dist.broadcast, tensor.full({2}, rank), rank)
+      -- (two ranks' roots, named; not always this rank's own: a rank may hear
+      -- the first two ranks' mismatch, as the group's stop, before it calls)
+      local roots = {}
+      for d in tostring(e and e.message):gmatch("root (%d)") do roots[d] = true end
       check("root mismatch", not ok and tostring(e.message):find("collective mismatch", 1, true) and
-        tostring(e.message):find("root " .. rank, 1, true), e)
+        next(roots) ~= nil and next(roots, next(roots)) ~= nil, e)
       dist.destroy_process_group()
       -- one rank takes the arena, the other the messages (a tensor above the slot)
       dist.init_process_group{backend = "gloo", timeout = 20}
