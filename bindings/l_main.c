@@ -12,51 +12,10 @@
 #include "rh_lua.h"
 #include "tensor/tensor.h"
 
-static rh_ctx_t rh__ctx;
-
-rh_ctx_t *rh_ctx(void) { return &rh__ctx; }
-
-void rh_pushref(lua_State *L, int ref) { lua_rawgeti(L, LUA_REGISTRYINDEX, ref); }
-
-void rh_lua_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc, lua_CFunction tostring) {
-  luaL_newmetatable(L, name);
-  if (methods) {
-    lua_newtable(L);
-    luaL_register(L, NULL, methods);
-    lua_setfield(L, -2, "__index");
-  }
-  if (gc) {
-    lua_pushcfunction(L, gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  if (tostring) {
-    lua_pushcfunction(L, tostring);
-    lua_setfield(L, -2, "__tostring");
-  }
-  lua_pop(L, 1);
-}
-
-void rh_unref(lua_State *L, int *ref) {
-  if (*ref != LUA_NOREF && *ref != LUA_REFNIL) luaL_unref(L, LUA_REGISTRYINDEX, *ref);
-  *ref = LUA_NOREF;
-}
-
-int rh_error_code(lua_State *L, const char *what, int code) { return luaL_error(L, "%s: %s", what, rh_strerror(code)); }
-
-int rh_lua_push_rc(lua_State *L, int rc) {
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc));
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 int rh_callback(int nargs, int nresults) {
-  lua_State *L = rh__ctx.L;
+  lua_State *L = rh_ctx()->L;
   int base = lua_gettop(L) - nargs;
-  rh_pushref(L, rh__ctx.ref_traceback);
+  rh_pushref(L, rh_ctx()->ref_traceback);
   lua_insert(L, base);
   int rc = lua_pcall(L, nargs, nresults, base);
   lua_remove(L, base);
@@ -152,7 +111,7 @@ static int open_core(lua_State *L) {
   }
   lua_pushliteral(L, RPCHOST_VERSION);
   lua_setfield(L, -2, "version");
-  lua_pushinteger(L, rh__ctx.net.version);
+  lua_pushinteger(L, rh_ctx()->net.version);
   lua_setfield(L, -2, "protocol_version");
   return 1;
 }
@@ -171,7 +130,7 @@ int rh_lua_main(int argc, char **argv) {
     mallopt(M_MMAP_THRESHOLD, 512 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
-  rh_ctx_t *ctx = &rh__ctx;
+  rh_ctx_t *ctx = rh_ctx();
   ctx->loop = uv_default_loop();
   ctx->ref_enc_hook = ctx->ref_dec_hook = ctx->deadline_ref = LUA_NOREF;
   uint64_t max_frame = 8ull << 30;

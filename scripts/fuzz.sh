@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses (host/fuzz) with clang and runs each one for the
+# Builds the libFuzzer harnesses (host/fuzz, and bindings/fuzz_codec.c for the
+# codec's decoder into Lua values) with clang and runs each one for the
 # given number of seconds (default 10) from its seed corpus:
 #   bash scripts/fuzz.sh [seconds]
 # Exits 77 (ctest's skip) when clang with libFuzzer is not installed.
@@ -17,13 +18,17 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){return 0;}' 
 fi
 "$CC" $flags host/fuzz/fuzz_frame.c host/net/frame.c host/errors.c $(pkg-config --cflags --libs libuv) -o "$out/fuzz_frame"
 "$CC" $flags host/fuzz/fuzz_msgpack.c host/codec/mpcheck.c $(pkg-config --cflags --libs msgpack) -o "$out/fuzz_msgpack"
+"$CC" $flags -Ibindings bindings/fuzz_codec.c bindings/l_codec.c bindings/rh_lua.c host/codec/mpcheck.c host/errors.c \
+  $(pkg-config --cflags --libs luajit msgpack libuv) -lm -o "$out/fuzz_codec"
 "$CC" $flags host/fuzz/fuzz_shape.c $(ls host/tensor/*.c | grep -v '/test_') \
   $(pkg-config --cflags --libs openblas libuv) -lm -ldl -lpthread -o "$out/fuzz_shape"
-for t in frame msgpack shape; do
+for t in frame msgpack codec shape; do
   mkdir -p "$out/corpus_$t"
+  seeds=host/fuzz/corpus/$t
+  [ "$t" = codec ] && seeds=host/fuzz/corpus/msgpack # (the same bytes: MessagePack messages)
   echo "fuzz: $t for ${secs}s"
   "$out/fuzz_$t" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=1024 -print_final_stats=1 \
-    "$out/corpus_$t" "host/fuzz/corpus/$t" 2>&1 | grep -E "Done|stat::number_of_executed_units|ERROR|SUMMARY" || true
+    "$out/corpus_$t" "$seeds" 2>&1 | grep -E "Done|stat::number_of_executed_units|ERROR|SUMMARY" || true
   # a crash leaves a crash-* file and a non-zero status above; check explicitly
   if ls crash-* leak-* oom-* timeout-* >/dev/null 2>&1; then echo "fuzz: $t found a failure"; exit 1; fi
 done

@@ -1,7 +1,9 @@
-/* fuzz_msgpack.c: libFuzzer harness for what the codec does with bytes from the
- * network: the bounds check first, and msgpack-c's decoder only on what passes
- * it (as l_codec.c's decode does). Nothing may crash, leak or allocate without
- * bound. */
+/* fuzz_msgpack.c: libFuzzer harness for the bounds check of bytes from the
+ * network (rh_mp_check), and msgpack-c's decoder on what passes it: whatever
+ * the check lets through is well-formed MessagePack that a standard decoder
+ * reads within bounds. (The codec's own decoder into Lua values, which runs
+ * after the check, has its harness in bindings/fuzz_codec.c.) Nothing may
+ * crash, leak or allocate without bound. */
 #include <msgpack.h>
 
 #include "codec/mpcheck.h"
