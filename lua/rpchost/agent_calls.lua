@@ -192,6 +192,7 @@ function C:call(to, fn, args, kwargs, timeout)
   -- fail at once, inside send, and that loss must find this call pending.
   local self_call_now = p.rank == self.rank
   local ready = p.state == "ready"
+  local t0 = trace.now_us() -- (a call's time, as traces and stats show it, includes its send)
   local inc = ready and p.inc or nil -- (the incarnation the request goes to)
   if self_call_now then
     -- a call to oneself: same semantics (arguments are copies), no socket
@@ -203,7 +204,7 @@ function C:call(to, fn, args, kwargs, timeout)
   local free = self.free_calls
   local call = free[#free]
   if call then free[#free] = nil else call = {} end
-  call.fut, call.peer, call.fn, call.ctx, call.t0 = fut, p, fn, ctx, trace.now_us()
+  call.fut, call.peer, call.fn, call.ctx, call.t0 = fut, p, fn, ctx, t0
   call.inc = inc
   self.pending[id] = call
   p.pending[id] = true
