@@ -239,7 +239,7 @@ static int l_reduce(lua_State *L) {
   int op = (int)luaL_checkinteger(L, 4);
   double divisor = luaL_optnumber(L, 5, 0);
   if (op < 0 || op >= RH_NBINOPS) return luaL_error(L, "arena:reduce: unknown op %d", op);
-  if (rh_binary_flat_check((rh_binop_t)op, t->dtype) || (divisor != 0 && rh_binary_flat_check(RH_OP_DIV, t->dtype)))
+  if (rh_reduce_flat_check((rh_binop_t)op, t->dtype, divisor != 0))
     return luaL_error(L, "arena:reduce: %s", rh_tensor_errmsg());
   int64_t numel = rh_tensor_numel(t);
   uint8_t *out = rh_tensor_data(t);

@@ -134,7 +134,7 @@ int rh_cma_all_reduce(const rh_cma_peer_t *ranks, int n, int me, void *flat, rh_
   if (n < 1 || me < 0 || me >= n || numel < 0 || (unsigned)dt >= RH_NDTYPES) return -EINVAL;
   /* the kernels the pass runs, refused before any byte moves: every rank gets
    * the same arguments, so all refuse alike and none writes into a peer */
-  if (rh_binary_flat_check(op, dt) || (divisor != 0 && rh_binary_flat_check(RH_OP_DIV, dt))) return RH_ENOKERNEL;
+  if (rh_reduce_flat_check(op, dt, divisor != 0)) return RH_ENOKERNEL;
   ar_job_t j = {
       .ranks = ranks, .n = n, .me = me, .flat = flat, .dt = dt, .es = rh_dtype_size(dt), .op = op, .failed = -1};
   int64_t base = numel / n, rem = numel % n;

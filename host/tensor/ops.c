@@ -392,6 +392,10 @@ int rh_binary_flat_check(rh_binop_t op, rh_dtype_t dt) {
   return 0;
 }
 
+int rh_reduce_flat_check(rh_binop_t op, rh_dtype_t dt, int divided) {
+  return rh_binary_flat_check(op, dt) || (divided && rh_binary_flat_check(RH_OP_DIV, dt)) ? -1 : 0;
+}
+
 int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const void *a, const void *b, int b_scalar) {
   if (rh_binary_flat_check(op, dt)) return -1;
   int64_t es = (int64_t)rh_dtype_size(dt);

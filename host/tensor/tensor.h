@@ -187,6 +187,9 @@ int rh_binary_flat(rh_binop_t op, rh_dtype_t dt, int64_t n, void *out, const voi
 /* 0 when rh_binary_flat has a kernel for op on dt, else -1 with the message set:
  * for callers that must refuse before they start moving bytes */
 int rh_binary_flat_check(rh_binop_t op, rh_dtype_t dt);
+/* the same for a reduction: op, and the division of AVG when divided (the
+ * collectives' one check before any byte moves) */
+int rh_reduce_flat_check(rh_binop_t op, rh_dtype_t dt, int divided);
 rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float, int scalar_first,
                                      rh_tensor_t *out);
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out);
