@@ -95,9 +95,11 @@ describe("tensors over rpc", function()
   end
 
   -- the thresholds: a parameter server's gradients of a 768-128-30 MLP (about 400
-  -- KB in four tensors) go through a segment and live in it on the receiver (no
-  -- copy out); a 64 KiB tensor goes through the socket
-  it("sends payloads from 128 KiB through shared memory and lends them to the receiver", function()
+  -- KB in four tensors) go through a segment and are copied out of it (a receiver
+  -- that keeps them would hold the segment: see ADOPT_MIN in shm.lua); a 64 KiB
+  -- tensor goes through the socket; from 1 MiB a payload lives in the segment
+  -- on the receiver (no copy out)
+  it("sends payloads from 128 KiB through shared memory and lends those from 1 MiB to the receiver", function()
     local r = S.world(2, S.prelude .. [[
       local tensor = require "tensor"
       function sum_all(ts) local s = 0 for _, t in ipairs(ts) do s = s + t:sum():item() end return s end
@@ -108,16 +110,19 @@ describe("tensors over rpc", function()
         check("none before", rpc.rpc_sync("worker1", received) == "0 0")
         check("gradients intact", rpc.rpc_sync("worker1", sum_all, {grads}) == 128 * 768 + 128 + 30 * 128 + 30)
         local got = rpc.rpc_sync("worker1", received)
-        check("gradients lent through a segment", got == "1 0", got)
+        check("gradients copied out of a segment", got == "0 1", got)
         check("64 KiB intact", rpc.rpc_sync("worker1", sum_all, {{tensor.ones(16384)}}) == 16384)
         got = rpc.rpc_sync("worker1", received)
-        check("64 KiB through the socket", got == "1 0", got)
+        check("64 KiB through the socket", got == "0 1", got)
+        check("1 MiB intact", rpc.rpc_sync("worker1", sum_all, {{tensor.ones(256 * 1024)}}) == 256 * 1024)
+        got = rpc.rpc_sync("worker1", received)
+        check("1 MiB lent through a segment", got == "1 1", got)
       end
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
-    for _, name in ipairs({"none before", "gradients intact", "gradients lent through a segment", "64 KiB intact",
-                           "64 KiB through the socket"}) do
+    for _, name in ipairs({"none before", "gradients intact", "gradients copied out of a segment", "64 KiB intact",
+                           "64 KiB through the socket", "1 MiB intact", "1 MiB lent through a segment"}) do
       assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
     end
   end)

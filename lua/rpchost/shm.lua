@@ -40,10 +40,16 @@ M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
 -- pool is bigger, so there are always segments left for copied payloads)
 M.LOAN_SEGMENTS = 8
 M.LOAN_BYTES = 128 * 1024 * 1024
--- smaller payloads are copied out (and their segment handed back at once); from
--- MIN_BYTES up the copy saved wins (bench/tensor_rpc.lua echo: 400 KB 155 -> 143
--- us, 1 MiB 394 -> 340 us; the batch parameter server about 10% less CPU)
-M.ADOPT_MIN = tonumber(os.getenv("RPCHOST_SHM_ADOPT_MIN")) or M.MIN_BYTES
+-- smaller payloads are copied out (and their segment handed back at once). An
+-- adopted payload keeps its segment until the GC frees its tensors, so a sender
+-- whose peer keeps what it gets for a while (a model it trains on, gradients it
+-- adds up) makes a fresh segment per payload meanwhile, up to LOAN_SEGMENTS of
+-- them: pages made on one side and faulted in on the other, which under 1 MiB
+-- costs more than the copy saves. An echo that frees at once gains from adopting
+-- at 400 KB (bench/tensor_rpc.lua: 98 -> 90 us), the batch parameter server's
+-- 400 KB models and gradients lose (60 batches 2.47 -> 2.33 ms a batch copied
+-- out, peak RSS 54 -> 28 MiB); from 1 MiB adopting wins both (echo 372 -> 294 us).
+M.ADOPT_MIN = tonumber(os.getenv("RPCHOST_SHM_ADOPT_MIN")) or 1024 * 1024
 -- adopted bytes after which the GC runs a full cycle: Lua does not see the size
 -- of what a tensor holds, and a loan ends only when its tensors are collected
 local GC_EVERY = 64 * 1024 * 1024
