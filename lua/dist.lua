@@ -298,23 +298,22 @@ dist._active = active
 -- PyTorch's gloo does. nccl groups take the tensors as they are.
 local function on_device(v) return core.t_is_tensor(v) and core.t_device(v) >= 0 end
 
--- Whether any of the arguments is a device tensor or a list (that may hold one).
-local function needs_staging(...)
-  for i = 1, select("#", ...) do
-    local v = select(i, ...)
-    if type(v) == "table" and getmetatable(v) == nil or on_device(v) then return true end
-  end
-  return false
-end
+-- Whether an argument is a device tensor or a list (that may hold one).
+local function needs_staging(v) return type(v) == "table" and getmetatable(v) == nil or on_device(v) end
 
+-- (A collective takes three arguments at most: fixed ones, a, b, c, passed on
+-- from the call to the group, not varargs, which the JIT does not compile
+-- after a C call; a loop of small collectives then runs compiled.)
 local call_staged
-local function call(g, method, ...)
-  if getmetatable(g) == nccl_group.Group or not needs_staging(...) then return g[method](g, ...) end
-  return call_staged(g, method, ...)
+local function call(g, method, a, b, c)
+  if getmetatable(g) == nccl_group.Group or not (needs_staging(a) or needs_staging(b) or needs_staging(c)) then
+    return g[method](g, a, b, c)
+  end
+  return call_staged(g, method, a, b, c)
 end
 
-function call_staged(g, method, ...)
-  local args, staged = {...}, {}
+function call_staged(g, method, a, b, c)
+  local args, staged = {a, b, c}, {}
   local function host(t)
     if on_device(t) then
       local h = core.t_to_device(t, -1)
@@ -323,7 +322,7 @@ function call_staged(g, method, ...)
     end
     return t
   end
-  for i = 1, select("#", ...) do
+  for i = 1, 3 do
     local v = args[i]
     if type(v) == "table" and getmetatable(v) == nil then
       local l = {}
@@ -333,38 +332,44 @@ function call_staged(g, method, ...)
       args[i] = host(v)
     end
   end
-  local r = g[method](g, unpack(args, 1, select("#", ...)))
+  local r = g[method](g, args[1], args[2], args[3])
   for _, p in ipairs(staged) do core.t_copy_(p[1], p[2]) end
   return r
 end
 
--- g:what(...) now, listed in `active` while it runs (and traced when tracing).
+-- g:what(a, b, c) now, listed in `active` while it runs (and traced when tracing).
 -- (No closure per call: a collective is a hot path for small tensors.)
-local function run_now(g, what, async, ...)
-  local e = {what = what, since = core.now(), async = async}
+-- (nor a table: an entry that ended is the next one's, unless another task's
+-- call took it meanwhile)
+local spare_entry
+local function run_now(g, what, async, a, b, c)
+  local e = spare_entry or {}
+  spare_entry = nil
+  e.what, e.since, e.async = what, core.now(), async
   active[e] = true
   local t0 = trace.enabled() and trace.now_us()
-  local ok, err = pcall(call, g, what, ...)
+  local ok, err = pcall(call, g, what, a, b, c)
   active[e] = nil
+  spare_entry = e
   if not ok then error(err, 0) end
   if t0 then trace.complete(what, "collective", t0, trace.now_us() - t0, {async = async or nil}) end
 end
 
 local function run_async(g, what, fut, args)
-  local ok, e = pcall(run_now, g, what, true, unpack(args, 1, args.n))
+  local ok, e = pcall(run_now, g, what, true, args[1], args[2], args[3])
   g.async_running = g.async_running - 1
   if ok then fut:set_result(true) else fut:set_error(e) end
 end
 
-local function run(g, opts, what, ...)
+local function run(g, opts, what, a, b, c)
   if opts and opts.async_op then
     local fut = Future.new(what)
     -- (while it runs, its messages are not a finished call's leftovers)
     g.async_running = (g.async_running or 0) + 1
-    sched.spawn(run_async, {name = what}, g, what, fut, {n = select("#", ...), ...})
+    sched.spawn(run_async, {name = what}, g, what, fut, {a, b, c})
     return setmetatable({fut = fut}, Work)
   end
-  run_now(g, what, false, ...)
+  run_now(g, what, false, a, b, c)
 end
 
 -- all_reduce(t [, op] [, {group=, async_op=}])

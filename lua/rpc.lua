@@ -677,7 +677,13 @@ local function graceful_join(a, timeout)
       timeout = left(), abort = abort, fetch = true,
       describe = function(miss)
         local names = {}
-        for _, k in ipairs(miss) do names[#names + 1] = name_of(rank_of(k)) end
+        for _, k in ipairs(miss) do
+          local r = rank_of(k)
+          if r then names[#names + 1] = name_of(r) end
+        end
+        -- (every rank counted in, and the rank that completed the count has not
+        -- published the total yet: the wait is for the total key itself)
+        if #names == 0 then return "the world's count of calls made and taken (every rank has counted in)" end
         return store.some(names) .. " to shut down"
       end,
       missing = function()

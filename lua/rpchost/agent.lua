@@ -81,7 +81,9 @@ function M.new(o)
     running = 0, backlog = {head = 1, tail = 0}, nqueued = 0, queued = {},
     max_queued = M.max_queued(o.max_queued_requests),
     early = {}, early_paused = {}, ready = false, state = "starting",
-    mail = {}, mail_waiters = {}, mail_watch = {}, lost = {},
+    -- (mail_count: the messages in all of mail's boxes, so that a collective
+    -- can tell at once that none of its own is there)
+    mail = {}, mail_count = 0, mail_waiters = {}, mail_watch = {}, lost = {},
     stats = {calls_out = 0, calls_in = 0, world_out = 0, world_in = 0, stray_replies = 0},
     flush_turn = -1, batched = 0, free_calls = {},
   }, Agent)

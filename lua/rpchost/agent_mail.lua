@@ -105,6 +105,7 @@ function C:deliver(src, key, values)
     -- collective, shown to it for checking): then it finds this one in the box
     if sched.wake(w, values) then return end
   end
+  if box[key] == nil then self.mail_count = self.mail_count + 1 end
   box[key] = values
   -- a receiver waiting on this sender for another key of the same prefix wants
   -- to look at it (a collective checks that both sides make the same call)
@@ -166,10 +167,11 @@ end
 function C:take_other_mail(rank, key, prefix)
   local box = self.mail[rank]
   if not box then return nil end
-  box[key] = nil
+  if box[key] ~= nil then box[key] = nil; self.mail_count = self.mail_count - 1 end
   for k, v in pairs(box) do
     if type(k) == "string" and has_prefix(k, prefix) then
       box[k] = nil
+      self.mail_count = self.mail_count - 1
       return v
     end
   end
@@ -184,6 +186,7 @@ function C:take_mail(rank, prefix, pick, ctx)
   for k, v in pairs(box) do
     if type(k) == "string" and has_prefix(k, prefix) and pick(k, ctx) then
       box[k] = nil
+      self.mail_count = self.mail_count - 1
       return k, v
     end
   end
@@ -208,6 +211,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
     local v = box and box[key]
     if v then
       box[key] = nil
+      self.mail_count = self.mail_count - 1
       return unpack(v, 1, v.n)
     end
     if self.aborted and not past_abort then error(self.aborted, 0) end

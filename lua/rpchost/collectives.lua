@@ -98,8 +98,12 @@ function Call.__index(c, k)
   return v
 end
 
--- A collective in progress: its key prefix and description.
-function Group:begin(op, t, extra)
+-- A collective in progress: its key prefix and description. redop and root:
+-- the call's, where it has them.
+-- (A loop of small collectives runs this per call: no loop, and no table but
+-- the call's own when the call repeats the one before, so that the JIT
+-- compiles the whole call.)
+function Group:begin(op, t, redop, root)
   local ab = self.agent.aborted
   if ab then
     -- (the same failure, with the rank and worker it named, but said to be an
@@ -110,10 +114,17 @@ function Group:begin(op, t, extra)
       "init_process_group again)"):format(op, tostring(is and ab.message or ab)),
       is and {rank = ab.rank, worker = ab.worker} or nil), 0)
   end
-  self:check_leftovers()
+  if self.agent.mail_count > 0 then self:check_leftovers() end
   self.seq = self.seq + 1
-  local m = {op = op, dtype = t and core.t_dtype(t) or -1, numel = t and core.t_numel(t) or 0}
-  if extra then for k, v in pairs(extra) do m[k] = v end end
+  local dtype, numel = t and core.t_dtype(t) or -1, t and core.t_numel(t) or 0
+  -- (a loop repeats one call: its description and signature are made once; no
+  -- one changes a call's meta, so calls alike share it)
+  local m, sig = self.last_meta, self.last_sig
+  if not (m and m.op == op and m.dtype == dtype and m.numel == numel and m.root == root and m.redop == redop) then
+    m = {op = op, dtype = dtype, numel = numel, root = root, redop = redop}
+    sig = signature(m)
+    self.last_meta, self.last_sig = m, sig
+  end
   -- (the last few calls, to name one that a late message shows did not match)
   -- (two arrays: no table per call)
   local rs, rm = self.recent_seq, self.recent_meta
@@ -121,16 +132,6 @@ function Group:begin(op, t, extra)
   rs[self.seq % 16], rm[self.seq % 16] = self.seq, m
   -- (what: the call by its own number, as its waits name it; with async Works
   -- the group may have started later ones)
-  -- (a loop repeats one call: its signature is formatted once, not per call)
-  local last = self.last_meta
-  local sig
-  if last and last.op == m.op and last.dtype == m.dtype and last.numel == m.numel and last.root == m.root
-     and last.redop == m.redop then
-    sig = self.last_sig
-  else
-    sig = signature(m)
-    self.last_meta, self.last_sig = m, sig
-  end
   return setmetatable({meta = m, sig = sig, seq = self.seq, g = self}, Call)
 end
 
@@ -566,7 +567,7 @@ local function arena_broadcast(ar, g, c, t, root) in_place(t, arena.broadcast, g
 
 function Group:all_reduce(t, redop)
   check_redop(redop, t)
-  local c = self:begin("all_reduce", t, {redop = redop})
+  local c = self:begin("all_reduce", t, redop)
   if self.size == 1 then return end
   -- small, and every rank on this host: through the group's shared arena
   -- (where recursive doubling would run: RPCHOST_RING_BYTES, _DIRECT_BYTES
@@ -581,7 +582,7 @@ end
 
 -- broadcast / reduce: binomial trees rooted at `root` (a group index) ----------------------
 function Group:broadcast(t, root)
-  local c = self:begin("broadcast", t, {root = root})
+  local c = self:begin("broadcast", t, nil, root)
   local n = self.size
   if n == 1 then return end
   local bytes = core.t_nbytes(t)
@@ -630,7 +631,7 @@ end
 
 function Group:reduce(t, root, redop)
   check_redop(redop, t)
-  local c = self:begin("reduce", t, {root = root, redop = redop})
+  local c = self:begin("reduce", t, redop, root)
   local n = self.size
   if n == 1 then return end
   local v = (self.rank - root) % n
@@ -673,7 +674,7 @@ function Group:all_gather(list, t)
 end
 
 function Group:gather(t, list, root)
-  local c = self:begin("gather", t, {root = root})
+  local c = self:begin("gather", t, nil, root)
   if self.rank ~= root then
     self:send(c, root, "g", snapshot(t))
     return
@@ -686,7 +687,7 @@ function Group:gather(t, list, root)
 end
 
 function Group:scatter(t, list, root)
-  local c = self:begin("scatter", t, {root = root})
+  local c = self:begin("scatter", t, nil, root)
   if self.rank == root then
     check_list(list, self.size, "scatter")
     for i = 0, self.size - 1 do
@@ -701,7 +702,7 @@ end
 function Group:reduce_scatter(t, list, redop)
   check_redop(redop, t)
   check_list(list, self.size, "reduce_scatter")
-  local c = self:begin("reduce_scatter", t, {redop = redop})
+  local c = self:begin("reduce_scatter", t, redop)
   for i = 0, self.size - 1 do
     if i ~= self.rank then self:send(c, i, "p", snapshot(list[i + 1])) end
   end
