@@ -16,7 +16,8 @@ end
 -- faster). Loops that really are hot pass 1,000 within milliseconds and run
 -- as fast as before (bench/model_ops.lua's MLP loop within 1%, rpc_sync and
 -- barrier latency unchanged). A script may set its own: jit.opt.start("hotloop=56").
-jit.opt.start("hotloop=1000")
+-- (a LuaJIT built without the JIT has no jit.opt: nothing to set there)
+if jit.opt then pcall(jit.opt.start, "hotloop=1000") end
 require("rpchost.priority").adopt() -- (a rank of a launcher that raised its own priority)
 require "rpchost.compat"
 local core = require "rpchost.core"
