@@ -485,8 +485,8 @@ function rpc._check_timeout(t, what)
   return t
 end
 
-local function call_args(to, func, args, kwargs, timeout, ...)
-  if select("#", ...) > 0 then
+local function call_args(to, func, args, kwargs, timeout, extra)
+  if extra ~= nil then
     error(errors.new("config", "too many arguments: use (to, func, args, kwargs, timeout) or " ..
       "(to, func, {args=, kwargs=, timeout=})"), 0)
   end
@@ -505,15 +505,18 @@ local function callee_function(func)
   return func
 end
 
-function rpc.rpc_async(...)
+-- (fixed parameters, not varargs: the JIT cannot return into a vararg
+-- function's frame from a trace that began inside the call, so a loop of calls
+-- ran its return path interpreted; `extra` is there to refuse a sixth argument)
+function rpc.rpc_async(to, func, args, kwargs, timeout, extra)
   local a = agent("rpc_async")
-  local to, func, args, kwargs, timeout = call_args(...)
+  to, func, args, kwargs, timeout = call_args(to, func, args, kwargs, timeout, extra)
   return a:call(to, callee_function(func), args, kwargs, timeout)
 end
 
-function rpc.rpc_sync(...)
+function rpc.rpc_sync(to, func, args, kwargs, timeout, extra)
   local a = agent("rpc_sync")
-  local to, func, args, kwargs, timeout = call_args(...)
+  to, func, args, kwargs, timeout = call_args(to, func, args, kwargs, timeout, extra)
   return a:call(to, callee_function(func), args, kwargs, timeout):wait()
 end
 

@@ -243,6 +243,12 @@ describe("rpc", function()
         check("args.n not a number", refused({n = "x"}, 'args.n is "x"'))
         check("too many arguments", refused({[1e6] = 1}, "at most"))
         check("remote too", not pcall(rpc.remote, "worker1", count, {n = -1}))
+        -- a sixth argument is refused by each call form, naming the two forms that are right
+        for _, f in ipairs({rpc.rpc_sync, rpc.rpc_async, rpc.remote}) do
+          local ok, e = pcall(f, "worker1", count, {}, nil, 5, "sixth")
+          check("a sixth argument refused", not ok and e.kind == "config" and
+            tostring(e.message):find("too many arguments", 1, true), e)
+        end
         -- the one worker slot is not lost to a failing reply
         for _ = 1, 3 do
           local ok, e = pcall(rpc.rpc_sync, "worker1", bad_error, {}, nil, 5)
@@ -266,7 +272,7 @@ describe("rpc", function()
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
-    assert_oks(r, lines, {"args.n not a number", "too many arguments", "remote too", "unprintable error answered",
+    assert_oks(r, lines, {"args.n not a number", "too many arguments", "remote too", "a sixth argument refused", "unprintable error answered",
                           "still serving", "timeout nan refused", "timeout -5 refused", "timeout x refused",
                           "math.huge means no timeout", "a table error shows its fields", "next needs a function",
                           "a nil function is refused here"})
