@@ -45,7 +45,11 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   lua_pushnumber(L, (double)f->hdr.id);
   lua_pushlstring(L, (const char *)f->body, f->hdr.body_len);
   const uint8_t *p = f->segs;
-  luaL_checkstack(L, (int)f->hdr.nseg + 8, "too many segments");
+  /* the segments in one list (nil when there are none), not one argument each:
+   * a Lua handler with fixed parameters is one that LuaJIT's traces can return
+   * into (it cannot return into a vararg function's frame) */
+  if (f->hdr.nseg) lua_createtable(L, (int)f->hdr.nseg, 0);
+  else lua_pushnil(L);
   for (uint32_t i = 0; i < f->hdr.nseg; i++) {
     /* every segment reaches Lua as a 1-D uint8 tensor, never as a string: a
      * tensor's bytes made a Lua string to intern (hashing, and a memcmp against
@@ -60,7 +64,7 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
        * the storage of the tensor they become */
       st = rh_storage_new_uninit((size_t)n);
       if (!st) { /* out of memory: the frame is lost, so is its conversation */
-        lua_settop(L, lua_gettop(L) - 6 - (int)i);
+        lua_settop(L, lua_gettop(L) - 7);
         if (b->c) rh_conn_close(b->c, 0);
         return;
       }
@@ -70,10 +74,11 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
     rh_tensor_t *t = rh_tensor_on_storage(st, RH_U8, 0, 1, &n, &one);
     rh_storage_release(st);
     rh_lua_pushframetensor(L, t);
+    lua_rawseti(L, -2, (int)i + 1);
   }
   /* A frame we failed to handle leaves that conversation in an unknown state:
    * drop the connection, so whoever waits on it fails now instead of hanging. */
-  if (rh_callback(5 + (int)f->hdr.nseg, 0) != 0 && b->c) rh_conn_close(b->c, 0);
+  if (rh_callback(6, 0) != 0 && b->c) rh_conn_close(b->c, 0);
 }
 
 static void forget(lua_State *L, lconn_t *b) {

@@ -172,7 +172,7 @@ function Agent:set_ready()
   self.early, self.early_bytes = {}, 0
   for _, f in ipairs(early) do
     if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5], f[6])
-    elseif f[1]:is_open() then self:on_frame(f[1], f[2], f[3], f[4], f[5], unpack(f[6])) end
+    elseif f[1]:is_open() then self:on_frame(f[1], f[2], f[3], f[4], f[5], f[6]) end
   end
   -- (connections paused for sending too much early read on again)
   local paused = self.early_paused

@@ -39,7 +39,7 @@ local function listener_callbacks(self)
       end
       self.conns[conn] = {incoming = true}
     end,
-    frame = function(conn, ...) self:on_frame(conn, ...) end,
+    frame = function(conn, ftype, flags, id, body, segs) self:on_frame(conn, ftype, flags, id, body, segs) end,
     close = function(conn, ...) self:on_conn_close(conn, ...) end,
   }
 end
@@ -129,7 +129,7 @@ function C:dial(p)
         c:send(proto.HELLO, 0, 0, hello_body(self, c))
       end
     end,
-    frame = function(c, ...) self:on_frame(c, ...) end,
+    frame = function(c, ftype, flags, id, body, segs) self:on_frame(c, ftype, flags, id, body, segs) end,
     close = function(c, ...) self:on_conn_close(c, ...) end,
   })
   if not conn then
@@ -528,15 +528,16 @@ local EARLY_MAX = tonumber(os.getenv("RPCHOST_EARLY_MAX")) or 64 * 2 ^ 20
 -- through nothing but small handshake frames before the peer proved itself;
 -- what passed is dispatched by type, and whatever does not fit the state of
 -- the connection's handshake closes it.
-function C:on_frame(conn, ftype, flags, id, body, ...)
+-- segs: the frame's segments (1-D uint8 tensors) in a list, or nil for none.
+function C:on_frame(conn, ftype, flags, id, body, segs)
   local cst = self.conns[conn]
   if not cst or cst.learning then
     log.warn("closing a connection that sent a frame out of turn (type %d)", ftype)
     return conn:close()
   end
-  -- (one table for every use below: varargs stop LuaJIT's traces; a frame
-  -- without segments, nearly every small one, shares the read-only empty list)
-  local segs = select("#", ...) == 0 and codec.EMPTY or {...}
+  -- (a frame without segments, nearly every small one, shares the read-only
+  -- empty list)
+  segs = segs or codec.EMPTY
   if shm.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
     if not ok then
@@ -549,7 +550,7 @@ function C:on_frame(conn, ftype, flags, id, body, ...)
       end
       return
     end
-    return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, unpack(got))
+    return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
   end
   if cst and cst.rank and self.peers[cst.rank] then trace.frame_bytes(self.peers[cst.rank].name, false, body, segs) end
   if ftype == proto.RESPONSE then
