@@ -48,6 +48,7 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   /* the segments in one list (nil when there are none), not one argument each:
    * a Lua handler with fixed parameters is one that LuaJIT's traces can return
    * into (it cannot return into a vararg function's frame) */
+  luaL_checkstack(L, 8, "a frame's arguments");
   if (f->hdr.nseg) lua_createtable(L, (int)f->hdr.nseg, 0);
   else lua_pushnil(L);
   for (uint32_t i = 0; i < f->hdr.nseg; i++) {

@@ -94,6 +94,14 @@ function C:message_decoded(src, ok, key, ...)
   return self:deliver(src, key, {n = n - 2, unpack(r, 3, n)})
 end
 
+-- Takes the message under key out of box, keeping the count of stored messages.
+local function remove(self, box, key)
+  if box[key] ~= nil then
+    box[key] = nil
+    self.mail_count = self.mail_count - 1
+  end
+end
+
 -- values (packed) posted by src under key: to its waiter, or into the mailbox.
 function C:deliver(src, key, values)
   local box = self.mail[src]
@@ -167,11 +175,10 @@ end
 function C:take_other_mail(rank, key, prefix)
   local box = self.mail[rank]
   if not box then return nil end
-  if box[key] ~= nil then box[key] = nil; self.mail_count = self.mail_count - 1 end
+  remove(self, box, key)
   for k, v in pairs(box) do
     if type(k) == "string" and has_prefix(k, prefix) then
-      box[k] = nil
-      self.mail_count = self.mail_count - 1
+      remove(self, box, k)
       return v
     end
   end
@@ -185,8 +192,7 @@ function C:take_mail(rank, prefix, pick, ctx)
   if not box then return nil end
   for k, v in pairs(box) do
     if type(k) == "string" and has_prefix(k, prefix) and pick(k, ctx) then
-      box[k] = nil
-      self.mail_count = self.mail_count - 1
+      remove(self, box, k)
       return k, v
     end
   end
@@ -210,8 +216,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
     local box = self.mail[rank]
     local v = box and box[key]
     if v then
-      box[key] = nil
-      self.mail_count = self.mail_count - 1
+      remove(self, box, key)
       return unpack(v, 1, v.n)
     end
     if self.aborted and not past_abort then error(self.aborted, 0) end
