@@ -15,7 +15,7 @@ local rank, n = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
 local out = {}
 -- BIG_WORLD_PROFILE=1: LuaJIT's sampling profiler on every rank (1 ms); each
 -- prints "PROF <samples> <function> <stack>" for what it spent time in, to be
--- summed over the ranks (bench/big_world.sh --profile does)
+-- summed over the ranks (bench/README.md shows how)
 local prof = os.getenv("BIG_WORLD_PROFILE") == "1" and require("jit.profile")
 local samples = {}
 if prof then

@@ -8,6 +8,9 @@
 # shared machine everyone else's timings suffer meanwhile, and ours move with
 # theirs). The flat-cost goal: time per rank at 1,024 within 1.3x of that at 64,
 # printed last as per-rank(N)/per-rank(64) for every N measured.
+# Each size runs BIG_WORLD_RUNS times (default 3) and its row is the run of
+# median time per rank: one world of 64 lasts half a second, and a single run
+# of it moved the ratio by 0.2 from one run to the next.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${RPCHOST:-$root/build/rpchost}
@@ -17,10 +20,13 @@ err=$(mktemp)
 times=$(mktemp)
 trap 'rm -f "$err" "$times"' EXIT
 printf 'load before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
-printf '| ranks | launch to exit | per rank | pg | rpc | all_reduce | call | shutdown | CPU per rank |\n'
-printf '|---|---|---|---|---|---|---|---|---|\n'
+printf '| ranks | launch to exit | per rank | pg | rpc | all_reduce | call | shutdown | CPU per rank | per rank, every run |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|\n'
 per_rank=""
-for n in "$@"; do
+runs=${BIG_WORLD_RUNS:-3}
+# one world of $1 ranks: prints its row
+world() {
+  n=$1
   t0=$(date +%s.%N)
   # (/usr/bin/time -f, where there is one, adds the CPU time of the world)
   if [ -x /usr/bin/time ]; then
@@ -33,7 +39,7 @@ for n in "$@"; do
     cpu=""
   fi
   t1=$(date +%s.%N)
-  line=$(echo "$out" | awk -v n="$n" -v t0="$t0" -v t1="$t1" -v cpu="$cpu" '
+  echo "$out" | awk -v n="$n" -v t0="$t0" -v t1="$t1" -v cpu="$cpu" '
     $1 == "RESULT" { split($2, a, "_rank"); p = a[1]; if (!(p in last) || $3 > last[p]) last[p] = $3
                      if (!(p in first) || $3 < first[p]) first[p] = $3 }
     END {
@@ -44,8 +50,20 @@ for n in "$@"; do
       for (i = 1; i <= 5; i++) { s = s sprintf(" %.3f s |", last[ph[i]] - prev); prev = last[ph[i]] }
       c = cpu == "" ? "?" : sprintf("%.1f ms", cpu / n * 1000)
       printf "| %d | %.2f s | %.1f ms |%s %s |\n", n, total, total / n * 1000, s, c
-    }')
-  echo "$line"
+    }'
+}
+for n in "$@"; do
+  rows=""
+  i=0
+  while [ "$i" -lt "$runs" ]; do
+    rows="$rows$(world "$n")
+"
+    i=$((i + 1))
+  done
+  # (the run of median time per rank; the others' per-rank times beside it)
+  line=$(printf '%s' "$rows" | sort -t'|' -k4,4n | awk -v k="$runs" 'NR == int((k + 1) / 2)')
+  all=$(printf '%s' "$rows" | awk -F'|' '{gsub(/ ms| /, "", $4); printf "%s%s", (NR > 1 ? ", " : ""), $4}')
+  echo "$line $all ms |"
   per_rank="$per_rank $n:$(echo "$line" | awk -F'|' '{gsub(/ ms/, "", $4); print $4 + 0}')"
 done
 echo "$per_rank" | awk '{

@@ -10,6 +10,7 @@ local store = require "rpchost.store"
 local sched = require "rpchost.sched"
 local codec = require "rpchost.codec"
 local agentmod = require "rpchost.agent"
+local directory = require "rpchost.directory"
 local core = require "rpchost.core"
 
 local function record(r)
@@ -77,10 +78,11 @@ describe("store gather", function()
         build = agentmod.directory, describe = function(miss) return #miss .. " ranks" end})
     end)
     for r = 1, N - 1 do assert.are.equal(dirs[0], dirs[r]) end
-    local d = codec.raw_decode(dirs[0])
-    assert.are.equal(N, #d.names)
-    assert.are.equal("w299", d.names[300])
-    assert.are.equal(40007, d.ports[8])
+    local d = directory.open(dirs[0], N)
+    assert.are.equal(N, #d:names())
+    assert.are.equal("w299", d:names()[300])
+    assert.are.equal(40007, d:record(7).port)
+    assert.are.equal(299, d:rank_of("w299"))
     -- per rank: count_in and one wait (which brings the directory); one rank
     -- also reads the records to build it and publishes it
     assert.is_true(work.requests <= 2 * N + 3, ("%d requests for %d ranks: %s"):format(work.requests, N,
@@ -121,6 +123,47 @@ describe("store gather", function()
     assert.is_false(ok)
     assert.are.equal("timeout", e.kind)
     assert.truthy(tostring(e.message):find("waiting for ranks 2, 3 to join", 1, true), tostring(e.message))
+  end)
+end)
+
+describe("a world's directory", function()
+  local N = 1024
+  local recs = {}
+  for r = 0, N - 1 do recs[r + 1] = record(r) end
+  local raw = assert(agentmod.directory(recs))
+
+  it("is read a rank at a time: looking a rank up decodes its record, not the names", function()
+    local d = directory.open(raw, N)
+    local w = d:record(1023)
+    assert.are.same({rank = 1023, name = "w1023", ip = "127.0.0.1", port = 41023, incarnation = 0}, w)
+    assert.is_nil(d.names_list)
+    assert.is_nil(d:record(N))
+    assert.is_nil(d:record(-1))
+    assert.is_nil(d:record(1.5))
+    assert.are.equal(511, d:rank_of("w511"))
+    assert.is_nil(d:rank_of("w1024"))
+    assert.are.equal(N, #d:names())
+  end)
+
+  it("keeps a rank's Unix socket and incarnation", function()
+    local raw2 = assert(agentmod.directory({codec.encode("info", {name = "a", rank = 0, ip = "10.0.0.1",
+      port = 5, unix = "/tmp/x/5.sock", incarnation = 3})}))
+    assert.are.same({rank = 0, name = "a", ip = "10.0.0.1", port = 5, unix = "/tmp/x/5.sock", incarnation = 3},
+      directory.open(raw2, 1):record(0))
+  end)
+
+  it("refuses one that is not a directory, or not this world's, naming what is wrong", function()
+    local function refusal(s, n)
+      local ok, e = pcall(directory.open, s, n)
+      assert.is_false(ok)
+      assert.are.equal("protocol", e.kind)
+      return e.message
+    end
+    assert.truthy(refusal(raw, 64):find("1024 ranks for a world of 64", 1, true))
+    assert.truthy(refusal("garbage", N):find("not a directory", 1, true))
+    local d = codec.raw_decode(raw)
+    d.records = d.records:sub(1, -2)
+    assert.truthy(refusal(codec.raw_encode("directory", d), N):find("offsets do not match", 1, true))
   end)
 end)
 

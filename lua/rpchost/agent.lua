@@ -12,24 +12,26 @@
 -- resolves targets and shuts it down.
 --
 -- A world's static ranks are known from its directory (rpchost.store's gather:
--- every rank's record, read once at start in one piece); a peer's table (its
--- queue, pending calls, WorkerInfo) is made the first time it is looked up
--- (self.peers[r], self.by_name[name]), so that a rank of a big world pays for
--- the peers it talks to, not for all of them (1,024 peer tables per rank per
--- agent were a few ms of each rank's start-up in a world of 1,024).
+-- every rank's record, read once at start in one piece; rpchost.directory). A
+-- peer's table (its queue, pending calls, WorkerInfo) is made, from its record,
+-- the first time it is looked up (self.peers[r], self.by_name[name]), so that a
+-- rank of a big world pays for the peers it talks to, not for all of them
+-- (1,024 peer tables per rank per agent were a few ms of each rank's start-up in
+-- a world of 1,024).
 local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"
 local WorkerInfo = require "rpchost.workerinfo"
 local cma = require "rpchost.cma"
 local shm = require "rpchost.shm"
 local calls = require "rpchost.agent_calls"
+local directory = require "rpchost.directory"
 
 local M = {}
 local Agent = {}
 Agent.__index = Agent
 
 local codec = require "rpchost.codec"
-local enc, dec = codec.raw_encode, codec.raw_decode
+local dec = codec.raw_decode
 local core = require "rpchost.core"
 
 local function hex(s) return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) end
@@ -104,50 +106,22 @@ function Agent:add_peer(w)
   return p
 end
 
--- The directory of a world from every rank's record (encoded, rank r's at
--- r + 1; made once, by the rank that completes the rendezvous): a string, or
--- nil and what is wrong; check(record), when given, says what is wrong with one.
-function M.directory(recs, check)
-  local names, ips, ports, unix, inc = {}, {}, {}, {}, {}
-  for i, raw in ipairs(recs) do
-    local ok, w = pcall(codec.decode, raw)
-    if not ok or type(w) ~= "table" or type(w.name) ~= "string" or w.rank ~= i - 1 then
-      return nil, ("the store holds a malformed record for rank %d"):format(i - 1)
-    end
-    local why = check and check(w)
-    if why then return nil, why end
-    names[i], ips[i], ports[i], unix[i] = w.name, w.ip, w.port, w.unix or false
-    inc[i] = tonumber(w.incarnation) or 0
-  end
-  return enc("directory", {names = names, ips = ips, ports = ports, unix = unix, incarnations = inc})
-end
+-- The directory of a world from every rank's record (rpchost.directory's build:
+-- made once, by the rank that completes the rendezvous).
+M.directory = directory.build
 
 -- Takes the world's static ranks from a directory (M.directory's string):
--- their peer tables are made on first lookup.
+-- their peer tables are made on first lookup, from their records decoded then.
 function Agent:use_directory(raw)
-  local ok, d = pcall(dec, raw)
-  if not ok or type(d) ~= "table" or type(d.names) ~= "table" or #d.names ~= self.world_size then
-    error(errors.new("protocol", ("the world's directory at the store is malformed (%s ranks for a world " ..
-      "of %d)"):format(ok and type(d) == "table" and type(d.names) == "table" and #d.names or "no",
-      self.world_size)), 0)
-  end
+  local d = directory.open(raw, self.world_size)
   self.dir = d
   local agent = self
   setmetatable(self.peers, {__index = function(_, r)
-    if type(r) ~= "number" or r < 0 or r >= agent.world_size or r ~= math.floor(r) then return nil end
-    local i = r + 1
-    return agent:add_peer{rank = r, name = d.names[i], ip = d.ips[i], port = d.ports[i],
-                          unix = d.unix[i] or nil, incarnation = d.incarnations[i]}
+    local w = d:record(r)
+    return w and agent:add_peer(w)
   end})
   setmetatable(self.by_name, {__index = function(_, name)
-    local index = agent.dir_index
-    if not index then
-      -- (made on the first lookup of a name not met yet)
-      index = {}
-      for i, n in ipairs(d.names) do index[n] = i - 1 end
-      agent.dir_index = index
-    end
-    local r = index[name]
+    local r = d:rank_of(name)
     return r and agent.peers[r]
   end})
 end
@@ -155,7 +129,7 @@ end
 -- Every member's name known here (the directory's and those met since).
 function Agent:names()
   local names, seen = {}, {}
-  for _, n in ipairs(self.dir and self.dir.names or {}) do
+  for _, n in ipairs(self.dir and self.dir:names() or {}) do
     if not seen[n] then seen[n] = true; names[#names + 1] = n end
   end
   for _, q in pairs(self.peers) do
