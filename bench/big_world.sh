@@ -15,6 +15,10 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${RPCHOST:-$root/build/rpchost}
 [ $# -gt 0 ] || set -- 16 64 256 1024
+runs=${BIG_WORLD_RUNS:-3}
+case $runs in
+  '' | *[!0-9]* | 0) echo "BIG_WORLD_RUNS must be a whole number of runs, at least 1 (got '$runs')" >&2; exit 2 ;;
+esac
 ulimit -n 65536 2>/dev/null || true
 err=$(mktemp)
 times=$(mktemp)
@@ -23,7 +27,6 @@ printf 'load before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf '| ranks | launch to exit | per rank | pg | rpc | all_reduce | call | shutdown | CPU per rank | per rank, every run |\n'
 printf '|---|---|---|---|---|---|---|---|---|---|\n'
 per_rank=""
-runs=${BIG_WORLD_RUNS:-3}
 # one world of $1 ranks: prints its row
 world() {
   n=$1

@@ -33,7 +33,8 @@ function M.build(recs, check)
   local names, recs_out, offsets, at = {}, {}, {be32(0)}, 0
   for i, raw in ipairs(recs) do
     local ok, w = pcall(codec.decode, raw)
-    if not ok or type(w) ~= "table" or type(w.name) ~= "string" or w.rank ~= i - 1 then
+    if not ok or type(w) ~= "table" or type(w.name) ~= "string" or w.rank ~= i - 1 or type(w.ip) ~= "string" or
+        type(w.port) ~= "number" or (w.unix ~= nil and type(w.unix) ~= "string") then
       return nil, ("the store holds a malformed record for rank %d"):format(i - 1)
     end
     local why = check and check(w)
@@ -64,14 +65,26 @@ function M.open(raw, world_size)
   if d.n ~= world_size then
     malformed(("%s ranks for a world of %d"):format(tostring(d.n), world_size))
   end
-  if #d.offsets ~= 4 * (d.n + 1) or offset_at(d.offsets, d.n) ~= #d.records then
+  -- (every offset, once: a record is then always its own rank's bytes; 4 KB
+  -- of reads for 1,024 ranks)
+  local offsets = d.offsets
+  if #offsets ~= 4 * (d.n + 1) or offset_at(offsets, 0) ~= 0 or offset_at(offsets, d.n) ~= #d.records then
     malformed("its offsets do not match its records")
+  end
+  local prev = 0
+  for i = 1, d.n do
+    local at = offset_at(offsets, i)
+    if at <= prev then malformed(("rank %d's record is empty or out of order"):format(i - 1)) end
+    prev = at
   end
   return setmetatable({n = d.n, offsets = d.offsets, records = d.records, names_raw = d.names}, Dir)
 end
 
-local function record(r, ok, name, ip, port, unix, incarnation)
-  if not ok or type(name) ~= "string" or type(port) ~= "number" then malformed(("rank %d's record"):format(r)) end
+local function record(r, ok, name, ip, port, unix, incarnation, ...)
+  if not ok or select("#", ...) > 0 or type(name) ~= "string" or type(ip) ~= "string" or type(port) ~= "number" or
+      (unix ~= false and type(unix) ~= "string") or type(incarnation) ~= "number" then
+    malformed(("rank %d's record"):format(r))
+  end
   return {rank = r, name = name, ip = ip, port = port, unix = unix or nil, incarnation = incarnation}
 end
 
@@ -89,6 +102,9 @@ function Dir:names()
   if not names then
     local ok, v = pcall(codec.raw_decode, self.names_raw)
     if not ok or type(v) ~= "table" or #v ~= self.n then malformed("its names") end
+    for i = 1, self.n do
+      if type(v[i]) ~= "string" then malformed(("rank %d's name"):format(i - 1)) end
+    end
     names = v
     self.names_list = names
   end
