@@ -640,6 +640,21 @@ end
 -- missing made a world's shutdown cost the square of its size.)
 local WATCHED = 8 -- ranks each waiting rank looks at per second
 
+-- What a rank in graceful_join waits for, for its progress note and its
+-- timeout: the ranks of `miss` (the store keys still missing, "...sd/<round>/<rank>"
+-- or the round's total, "...sd/<round>/all") by name_of(rank).
+function rpc._shutdown_wait_note(miss, name_of)
+  local names = {}
+  for _, k in ipairs(miss) do
+    local r = tonumber(k:match("/(%d+)$"))
+    if r then names[#names + 1] = name_of(r) end
+  end
+  -- (every rank counted in, and the rank that completed the count has not
+  -- published the total yet: the wait is for the total key itself)
+  if #names == 0 then return "the world's count of calls made and taken (every rank has counted in)" end
+  return store.some(names) .. " to shut down"
+end
+
 local function graceful_join(a, timeout)
   local start = sched.now()
   local deadline = timeout and start + timeout or nil
@@ -678,17 +693,7 @@ local function graceful_join(a, timeout)
     local watch = (a.rank + 1) % N -- the first rank after this one not seen here yet
     local _, total = a.store:wait_for({R .. "all"}, {
       timeout = left(), abort = abort, fetch = true,
-      describe = function(miss)
-        local names = {}
-        for _, k in ipairs(miss) do
-          local r = rank_of(k)
-          if r then names[#names + 1] = name_of(r) end
-        end
-        -- (every rank counted in, and the rank that completed the count has not
-        -- published the total yet: the wait is for the total key itself)
-        if #names == 0 then return "the world's count of calls made and taken (every rank has counted in)" end
-        return store.some(names) .. " to shut down"
-      end,
+      describe = function(miss) return rpc._shutdown_wait_note(miss, name_of) end,
       missing = function()
         local keys = {}
         for r = 0, N - 1 do keys[#keys + 1] = R .. r end

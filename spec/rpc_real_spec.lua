@@ -213,6 +213,17 @@ describe("Futures", function()
 end)
 
 describe("graceful shutdown", function()
+  it("says what it waits for when every rank has counted in and the total is not out yet", function()
+    -- (the window between the last rank's count and the total's publication: a
+    -- progress note that fell in it once took the total's key for a rank's)
+    local rpc = require "rpc"
+    local function name_of(r) return ("w%d (rank %d)"):format(r, r) end
+    assert.are.equal("the world's count of calls made and taken (every rank has counted in)",
+      rpc._shutdown_wait_note({"rpc/1/sd/2/all"}, name_of))
+    assert.are.equal("w3 (rank 3), w12 (rank 12) to shut down",
+      rpc._shutdown_wait_note({"rpc/1/sd/2/3", "rpc/1/sd/2/12", "rpc/1/sd/2/all"}, name_of))
+  end)
+
   it("waits past RPCHOST_INIT_TIMEOUT with progress, names a trainer that dies, and waits for nested hops", function()
     local r = S.world(3, S.prelude .. [[
       local sched = require "rpchost.sched"
