@@ -180,18 +180,24 @@ function C:send(p, ftype, flags, id, body, segs)
   end
   trace.frame_bytes(p.name, true, body, segs)
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
-  if p.state == "none" then
-    local wait = p.await_until and p.await_until - sched.now()
-    p.await_until = nil
-    if wait and wait > 0 then
-      -- (the peer is dialling us: its connection will carry this too)
-      p.state = "awaiting"
-      sched.after(wait, function()
-        if p.state == "awaiting" then p.state = "none"; self:dial(p) end
-      end)
-    else
-      self:dial(p)
-    end
+  if p.state == "none" then self:connect_soon(p) end
+end
+
+-- Dials p now, or once the time it gave us to dial it ourselves is up. (Apart
+-- from C:send: a function that makes a closure ends every trace through its
+-- returns, LuaJIT not compiling the closing of upvalues, and send is on every
+-- call's path.)
+function C:connect_soon(p)
+  local wait = p.await_until and p.await_until - sched.now()
+  p.await_until = nil
+  if wait and wait > 0 then
+    -- (the peer is dialling us: its connection will carry this too)
+    p.state = "awaiting"
+    sched.after(wait, function()
+      if p.state == "awaiting" then p.state = "none"; self:dial(p) end
+    end)
+  else
+    self:dial(p)
   end
 end
 
