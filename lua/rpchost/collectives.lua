@@ -372,13 +372,15 @@ local function ring(g, c, flat, redop)
   end
 end
 
--- Runs fn(flat) on a flat contiguous view of t (a copy when t is not
--- contiguous, written back afterwards: collectives are in place).
+-- Runs fn(flat, a, b, c, d, e) on a flat contiguous view of t (a copy when t
+-- is not contiguous, written back afterwards: collectives are in place). (Fixed
+-- parameters, not varargs: the trace that resumes after t_is_contiguous, a C
+-- function, cannot compile a vararg, and a small all_reduce ran interpreted.)
 local FLAT = {-1}
-local function in_place(t, fn, ...)
-  if core.t_is_contiguous(t) then return fn(core.t_view(t, FLAT, false), ...) end
+local function in_place(t, fn, a, b, c, d, e)
+  if core.t_is_contiguous(t) then return fn(core.t_view(t, FLAT, false), a, b, c, d, e) end
   local work = core.t_clone(t)
-  fn(core.t_view(work, FLAT, false), ...)
+  fn(core.t_view(work, FLAT, false), a, b, c, d, e)
   core.t_copy_(t, work)
 end
 
