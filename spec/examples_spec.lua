@@ -2,7 +2,8 @@
 -- for its invariant: the parameter server's CNN learns the digits; the batch-updating parameter server leaves every trainer
 -- with the server's model after every update; the batched and the unbatched
 -- RL agents compute the same returns; the ddp_rpc replicas stay bit-identical
--- while the loss falls; the rl agent trains. The full runs are in bench/tutorials.
+-- while the loss falls; the rl agent trains, on a CartPole that follows gym's
+-- dynamics step for step. The full runs are in bench/tutorials.
 local S = require "spec.support"
 
 local function run_example(n, name, args, env)
@@ -80,6 +81,41 @@ describe("examples", function()
     local n = 0
     for _ in out:gmatch("finite true") do n = n + 1 end
     assert.are.equal(2, n, out)
+  end)
+
+  it("rl: the CartPole follows gym's dynamics, rewards and episode ends, step for step", function()
+    -- (spec/fixtures/rl/cartpole.txt: bench/fixtures/make_cartpole_fixture.py, in float64)
+    -- (each step starts from the fixture's state before it: the pole is chaotic,
+    -- and last-digit differences between two libms would grow over hundreds of steps)
+    local CartPole = dofile(S.root .. "/scripts/examples/common/cartpole.lua")
+    local env, steps, trajectories, prev = nil, 0, 0, nil
+    local function near(a, b) return math.abs(a - b) <= 1e-12 * math.max(1, math.abs(b)) end
+    for line in io.lines(S.root .. "/spec/fixtures/rl/cartpole.txt") do
+      local v = {}
+      for w in line:gmatch("%S+") do v[#v + 1] = w end
+      if v[1] == "start" then
+        env = CartPole.new()
+        env:reset()
+        prev = {tonumber(v[2]), tonumber(v[3]), tonumber(v[4]), tonumber(v[5])}
+        trajectories = trajectories + 1
+      else
+        env.x, env.x_dot, env.theta, env.theta_dot = prev[1], prev[2], prev[3], prev[4]
+        local obs, reward, done = env:step(tonumber(v[1]))
+        steps = steps + 1
+        local want = {tonumber(v[2]), tonumber(v[3]), tonumber(v[4]), tonumber(v[5])}
+        local got = {env.x, env.x_dot, env.theta, env.theta_dot}
+        for i = 1, 4 do
+          assert.is_true(near(got[i], want[i]), ("trajectory %d step %d: state[%d] %.17g, gym's %.17g"):format(
+            trajectories, env.steps, i, got[i], want[i]))
+          assert.is_true(math.abs(obs[i]:item() - want[i]) <= 1e-6 * math.max(1, math.abs(want[i])))
+        end
+        prev = want
+        assert.are.equal(tonumber(v[6]), reward)
+        assert.are.equal(v[7] == "1", done, ("trajectory %d step %d"):format(trajectories, env.steps))
+      end
+    end
+    assert.are.equal(3, trajectories)
+    assert.is_true(steps > 500) -- (the third runs to the 500-step limit)
   end)
 
   it("rl: the agent trains on the observers' CartPoles", function()
