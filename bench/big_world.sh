@@ -17,7 +17,7 @@ bin=${RPCHOST:-$root/build/rpchost}
 [ $# -gt 0 ] || set -- 16 64 256 1024
 runs=${BIG_WORLD_RUNS:-3}
 case $runs in
-  '' | *[!0-9]* | 0) echo "BIG_WORLD_RUNS must be a whole number of runs, at least 1 (got '$runs')" >&2; exit 2 ;;
+  '' | *[!0-9]* | 0 | 0*[!1-9]) echo "BIG_WORLD_RUNS must be a whole number of runs, at least 1 (got '$runs')" >&2; exit 2 ;;
 esac
 ulimit -n 65536 2>/dev/null || true
 err=$(mktemp)

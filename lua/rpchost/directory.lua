@@ -33,12 +33,14 @@ function M.build(recs, check)
   local names, recs_out, offsets, at = {}, {}, {be32(0)}, 0
   for i, raw in ipairs(recs) do
     local ok, w = pcall(codec.decode, raw)
-    if not ok or type(w) ~= "table" or type(w.name) ~= "string" or w.rank ~= i - 1 or type(w.ip) ~= "string" or
-        type(w.port) ~= "number" or (w.unix ~= nil and type(w.unix) ~= "string") then
-      return nil, ("the store holds a malformed record for rank %d"):format(i - 1)
-    end
+    local bad = ("the store holds a malformed record for rank %d"):format(i - 1)
+    if not ok or type(w) ~= "table" or type(w.name) ~= "string" or w.rank ~= i - 1 then return nil, bad end
+    -- (the caller's check first: another rpchost version's record is named so)
     local why = check and check(w)
     if why then return nil, why end
+    if type(w.ip) ~= "string" or type(w.port) ~= "number" or (w.unix ~= nil and type(w.unix) ~= "string") then
+      return nil, bad
+    end
     names[i] = w.name
     -- (what a peer needs to reach this rank; the rank is its place)
     local rec = codec.raw_encode("peer", w.name, w.ip, w.port, w.unix or false, tonumber(w.incarnation) or 0)
