@@ -526,20 +526,37 @@ static int l_listener_close(lua_State *L) {
  * Unix-domain sockets: $XDG_RUNTIME_DIR/rpchost, else /tmp/rpchost-<uid>. One
  * that exists must be a real directory owned by this user with no access for
  * others (someone else could have made it first in /tmp). */
+/* Makes path (mode 0700) if missing and checks that it is this user's private
+ * directory: NULL, or why not. */
+static const char *private_dir(lua_State *L, const char *path) {
+  if (mkdir(path, 0700) != 0 && errno != EEXIST) return lua_pushfstring(L, "cannot make %s: %s", path, strerror(errno));
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0)
+    return lua_pushfstring(L, "%s is not a private directory of this user (mode 0700)", path);
+  return NULL;
+}
+
+/* socket_dir([sub]) -> path | nil, why: this user's private directory (the Unix
+ * sockets, the world keys), or its subdirectory sub (a plain name: the bytecode
+ * cache keeps its thousands of files out of the directory the sockets' sweep
+ * reads). */
 static int l_socket_dir(lua_State *L) {
+  const char *sub = luaL_optstring(L, 1, NULL);
+  if (sub && (!*sub || strspn(sub, "abcdefghijklmnopqrstuvwxyz0123456789-_") != strlen(sub)))
+    return luaL_argerror(L, 1, "a subdirectory's plain name (a-z, 0-9, - and _)");
   char path[512];
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   if (xdg && *xdg) snprintf(path, sizeof path, "%s/rpchost", xdg);
   else snprintf(path, sizeof path, "/tmp/rpchost-%u", (unsigned)getuid());
-  if (mkdir(path, 0700) != 0 && errno != EEXIST) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "cannot make %s: %s", path, strerror(errno));
-    return 2;
+  const char *why = private_dir(L, path);
+  if (!why && sub) {
+    size_t n = strlen(path);
+    snprintf(path + n, sizeof path - n, "/%s", sub);
+    why = private_dir(L, path);
   }
-  struct stat st;
-  if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+  if (why) {
     lua_pushnil(L);
-    lua_pushfstring(L, "%s is not a private directory of this user (mode 0700)", path);
+    lua_insert(L, -2);
     return 2;
   }
   lua_pushstring(L, path);
@@ -550,7 +567,8 @@ static int l_socket_dir(lua_State *L) {
  * nobody listens on any more (a connect is refused: their rank was killed and
  * could not remove its own), at least min_age seconds old (default 10) so that a
  * rank between its bind and its listen keeps its file. Synchronous and local:
- * a connect to a Unix-domain socket answers at once. */
+ * a connect to a Unix-domain socket answers at once. Compiled modules left in
+ * dir by earlier versions (*.luac) go too. */
 static int l_sweep_sockets(lua_State *L) {
   const char *dir = luaL_checkstring(L, 1);
   double min_age = luaL_optnumber(L, 2, 10);
@@ -565,6 +583,17 @@ static int l_sweep_sockets(lua_State *L) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     size_t n = strlen(e->d_name);
+    if (strstr(e->d_name, ".luac")) {
+      /* (compiled modules where earlier versions kept them: they live in the
+       * bytecode subdirectory now, and thousands of them here made every sweep
+       * read them all) */
+      char p[1024];
+      struct stat st;
+      if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < sizeof p && lstat(p, &st) == 0 &&
+          S_ISREG(st.st_mode) && st.st_uid == me)
+        unlink(p);
+      continue;
+    }
     if (n < 6 || strcmp(e->d_name + n - 5, ".sock") != 0) continue;
     struct sockaddr_un a;
     memset(&a, 0, sizeof a);

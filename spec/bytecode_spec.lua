@@ -29,7 +29,7 @@ describe("the library from bytecode", function()
     for k, v in pairs(env or {}) do e[k] = v end
     return S.run({"-e", code}, {env = e, timeout = 30})
   end
-  local function cached() return bytecode.cache_file(core.socket_dir(), log_path) end
+  local function cached() return bytecode.cache_file(core.socket_dir("bytecode"), log_path) end
   local function compiled_from()
     local bc = read(cached())
     return bc and bc:sub(1, 64)
@@ -47,6 +47,20 @@ describe("the library from bytecode", function()
     assert.are.equal(0, r.status, r.err)
     assert.truthy(r.out:find("edited\t42", 1, true), r.out)
     assert.are.equal(core.sha256_hex(read(log_path)), compiled_from())
+  end)
+
+  it("keeps its files apart from the sockets, and a sweep removes those earlier versions left there", function()
+    run([[require("rpchost.log")]])
+    local dir = core.socket_dir()
+    assert.are.equal(dir .. "/bytecode", cached():match("^(.*)/[^/]*$"))
+    local legacy = dir .. "/" .. ("0"):rep(64) .. ".luac"
+    write(legacy, "bytecode of an earlier version")
+    core.sweep_sockets(dir)
+    assert.is_nil(read(legacy))
+    assert.truthy(read(cached()))
+    local ok, e = pcall(core.socket_dir, "../elsewhere")
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("plain name", 1, true), tostring(e))
   end)
 
   it("ignores a damaged cache file and replaces it", function()

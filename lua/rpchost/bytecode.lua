@@ -4,8 +4,9 @@
 -- use) is ~11 ms of every process's ~13 ms start, and loading their bytecode is
 -- under 1 ms. A world of 1,024 ranks spent 11 s of CPU parsing the same files,
 -- and while many ranks were busy doing so the launcher's next spawn waited for
--- the CPU behind them. Compiled chunks are kept per user, in the private
--- directory that holds the Unix sockets (mode 0700, checked), one file per
+-- the CPU behind them. Compiled chunks are kept per user, in a subdirectory
+-- ("bytecode") of the private directory that holds the Unix sockets (both
+-- mode 0700, checked; apart, so that the sockets' sweep reads none), one file per
 -- module (named by the SHA-256 of its path and the LuaJIT that compiles it),
 -- which starts with the SHA-256 of the source it was compiled from and that
 -- source's stamp (size, inode, modification time). A start compares stamps, a
@@ -38,7 +39,7 @@ end
 function M.install(lib_dir)
   if os.getenv("RPCHOST_BYTECODE") == "0" or not lib_dir or lib_dir == "" then return false end
   local core = require "rpchost.core"
-  local ok, dir = pcall(core.socket_dir)
+  local ok, dir = pcall(core.socket_dir, "bytecode")
   if not ok or not dir then return false end
   local loaders = package.loaders
   local prefix = lib_dir .. "/"
