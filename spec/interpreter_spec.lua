@@ -129,6 +129,21 @@ describe("rpchost as a Lua interpreter", function()
     assert.are.equal(0, S.run({"--help"}).status)
   end)
 
+  it("never ends a sleep or a deadline before its time (the loop's clock lags; a timer may fire early)", function()
+    local r = S.run({"-e", [[
+      local sched = require "rpchost.sched"
+      local early = 0
+      for i = 1, 150 do
+        local want = 0.003 + (i % 7) * 0.0003
+        local t0 = sched.now()
+        sched.sleep(want)
+        if sched.now() - t0 < want then early = early + 1 end
+      end
+      print("early", early)
+    ]]}, {timeout = 30})
+    assert.are.equal("early\t0\n", r.out, r.err)
+  end)
+
   it("lets a script wait (sleep) while the loop runs, and yields through user coroutines", function()
     local r = S.run({"-e", [[
       local sched = require "rpchost.sched"

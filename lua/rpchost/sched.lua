@@ -244,9 +244,13 @@ function M.cancel(e)
   if e and e.i then hremove(e) end -- (the timer may now fire early: see armed_at)
 end
 
+-- (only deadlines that are due: libuv counts a timer from the loop's cached
+-- time, which may be older than now, so the C timer can fire a little early;
+-- a deadline not yet due is armed again, at least 1 ms on, so that a sleep
+-- never returns before its time and an early firing never spins)
 on_timer = function()
   armed_at = nil
-  local t = now() + 0.0005
+  local t = now()
   while hn > 0 and heap[1].at <= t do
     local e = heap[1]
     hremove(e)
