@@ -175,9 +175,11 @@ local function ring(g, list)
   core.flush()
 end
 
+-- how often, in seconds, a waiting rank looks at the step again (see wait)
+local LOOK_AGAIN = 0.5
+
 -- Asleep in the loop until every rank is at step e (first: the index + 1 of
 -- one that is not).
-local LOOK_AGAIN = 0.5
 local function wait(g, c, ar, e, first)
   local a, key = g.agent, wake_key(g)
   local me = sched.current()
