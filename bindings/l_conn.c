@@ -522,10 +522,6 @@ static int l_listener_close(lua_State *L) {
   return 0;
 }
 
-/* socket_dir() -> path | nil, message: a directory only this user can enter, for
- * Unix-domain sockets: $XDG_RUNTIME_DIR/rpchost, else /tmp/rpchost-<uid>. One
- * that exists must be a real directory owned by this user with no access for
- * others (someone else could have made it first in /tmp). */
 /* Makes path (mode 0700) if missing and checks that it is this user's private
  * directory: NULL, or why not. */
 static const char *private_dir(lua_State *L, const char *path) {
@@ -536,10 +532,13 @@ static const char *private_dir(lua_State *L, const char *path) {
   return NULL;
 }
 
-/* socket_dir([sub]) -> path | nil, why: this user's private directory (the Unix
- * sockets, the world keys), or its subdirectory sub (a plain name: the bytecode
- * cache keeps its thousands of files out of the directory the sockets' sweep
- * reads). */
+/* socket_dir([sub]) -> path | nil, why: a directory only this user can enter,
+ * for Unix-domain sockets and the world keys: $XDG_RUNTIME_DIR/rpchost, else
+ * /tmp/rpchost-<uid>. One that exists must be a real directory owned by this user
+ * with no access for others (someone else could have made it first in /tmp).
+ * With sub (a plain name), its subdirectory of that name, checked the same way:
+ * the bytecode cache keeps its thousands of files out of the directory the
+ * sockets' sweep reads. */
 static int l_socket_dir(lua_State *L) {
   const char *sub = luaL_optstring(L, 1, NULL);
   if (sub && (!*sub || strspn(sub, "abcdefghijklmnopqrstuvwxyz0123456789-_") != strlen(sub)))
