@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RH_PROTOCOL_VERSION 2
+#define RH_PROTOCOL_VERSION 3
 
 enum {
   RH_OK = 0,
@@ -26,6 +26,8 @@ enum {
   RH_ERING = -5010,      /* a shared-memory ring's header or contents are impossible */
   RH_EARENA = -5011,     /* a collective arena's header, epoch or signature is impossible */
   RH_ENOKERNEL = -5012,  /* a reduction op has no kernel for the tensor's dtype */
+  RH_ECROWDED = -5013,   /* closed: its listener had too many connections waiting to prove themselves */
+  RH_ENOPRIVDIR = -5014, /* no private directory of this user could be had (privdir.h) */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

@@ -114,7 +114,7 @@ function dist.init_process_group(o, ...)
     end
     local loopback = store.is_loopback(assert(core.resolve(host)))
     a = agentmod.new{name = "pg" .. rank, rank = rank, world_size = world_size, timeout = timeout,
-                     world = key .. "/" .. P, allow_bytecode = false}
+                     world = key .. "/" .. P, allow_bytecode = false, role = "pg"}
     local advertise = a:listen_near(client, loopback)
     local record = codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise, port = a.port,
                                          unix = a.unix_path})

@@ -243,19 +243,9 @@ end
 -- Whether the member described by a worker record (encoded) accepts a
 -- connection now: true when it answers, false when it is gone (refused), nil
 -- when that cannot be told (within 2 s, or from the record).
-local function member_answers(raw)
-  if not raw then return false end
-  local ok, w = pcall(codec.decode, raw)
-  if not ok or type(w) ~= "table" or type(w.ip) ~= "string" or type(w.port) ~= "number" then return nil end
-  local task, result = sched.current(), nil
-  local conn = core.connect(w.ip, w.port, {connect = function(c, err)
-    result = err == nil
-    c:close()
-    sched.wake(task)
-  end})
-  if not conn then return false end
-  sched.suspend_until("a reply from member " .. tostring(w.name), 2)
-  return result
+local function member_answers(client, world, raw)
+  -- (proven by the member itself: a port someone else holds now proves nothing)
+  return require("rpchost.probe").alive(client.cred, world, raw)
 end
 
 -- Whether a rank starting in generation gen + 1 should instead take its old
@@ -264,17 +254,17 @@ end
 -- died there (it registered, never shut down, and no longer answers). One that
 -- has not registered may be a second process with the same RANK starting at
 -- the same time: the duplicate check decides that. The prefix, or nil.
-local function world_to_rejoin(client, rank, gen, world_size)
+local function world_to_rejoin(client, key, rank, gen, world_size)
   if gen < 1 then return nil end
   local prev = ("rpc/%d/"):format(gen)
   local mine = client:get(prev .. "worker/" .. rank)
   if not mine or client:get(prev .. "shutdown/" .. rank) then return nil end
-  if member_answers(mine) ~= false then return nil end -- (alive, or cannot tell: the duplicate check says)
+  if member_answers(client, key .. "/" .. prev, mine) ~= false then return nil end -- (alive, or cannot tell: the duplicate check says)
   local ws = tonumber(client:get(prev .. "world_size"))
   if ws and ws ~= world_size then return nil end
   for r = 0, (ws or world_size) - 1 do
     if r ~= rank and not client:get(prev .. "shutdown/" .. r) then
-      if member_answers(client:get(prev .. "worker/" .. r)) == true then return prev end
+      if member_answers(client, key .. "/" .. prev, client:get(prev .. "worker/" .. r)) == true then return prev end
     end
   end
   return nil
@@ -286,7 +276,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
   -- A rank restarted after it died (same RANK, the others still running) takes
   -- its place in their world, with a new incarnation its peers learn from the
   -- notice it sends them, instead of waiting in a generation nobody else joins.
-  local rejoined = gen > 1 and world_to_rejoin(client, rank, gen - 1, world_size)
+  local rejoined = gen > 1 and world_to_rejoin(client, key, rank, gen - 1, world_size)
   if rejoined then
     client:add("rpc/gen/" .. rank, -1) -- (in step with the others for the next world)
     gen, P = gen - 1, rejoined
@@ -302,7 +292,7 @@ function rpc._join(client, key, name, rank, world_size, host, opts, timeout)
     local prev = ("rpc/%d/"):format(gen - 1)
     local rec = client:get(prev .. "worker/" .. rank)
     if not rec then return end -- (it may not have registered yet)
-    if not client:get(prev .. "shutdown/" .. rank) and member_answers(rec) == true then
+    if not client:get(prev .. "shutdown/" .. rank) and member_answers(client, key .. "/" .. prev, rec) == true then
       error(errors.new("config", ("init_rpc: rank %d is already running in this world (another process " ..
         "started with RANK=%d is alive); every process needs its own RANK, 0 to %d"):format(rank, rank,
         world_size - 1)), 0)
@@ -422,7 +412,7 @@ function rpc._join_dynamic(name, opts, host, port, timeout)
     -- a member that was killed never gave its name back: take over a name
     -- whose holder no longer answers at its address
     if holder ~= tostring(rank) and tonumber(holder) and tonumber(holder) >= cur.world_size
-       and member_answers(client:get(P .. "worker/" .. holder)) == false then
+       and member_answers(client, cur.world, client:get(P .. "worker/" .. holder)) == false then
       client:delete(P .. "worker/" .. holder)
       holder = client:compare_set(P .. "name/" .. name, holder, tostring(rank))
     end

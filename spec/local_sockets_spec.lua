@@ -43,8 +43,7 @@ describe("Unix-domain sockets between ranks on one host", function()
     assert.is_nil(io.open(path), "the socket file was left behind: " .. path)
   end)
 
-  it("fall back to TCP when a peer's socket cannot be reached", function()
-    local r, lines = world(2, [[
+  local REMOVE = [[
       local sched = require "rpchost.sched"
       rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
       if rank == 1 then
@@ -54,12 +53,29 @@ describe("Unix-domain sockets between ranks on one host", function()
       else
         rpc._agent().store:wait({"removed"}, 10)
       end
-    ]] .. PROBE .. [[
+    ]]
+  it("fall back to TCP when a peer's socket cannot be reached, in a world with a token", function()
+    local r, lines = world(2, REMOVE .. PROBE .. [[
       rpc.shutdown()
-    ]])
+    ]], {env = {RPCHOST_TOKEN = "local-sockets-token"}})
     assert.are.equal(0, r.status, r.err)
     assert_oks(r, lines, {"a call works"})
     assert.truthy(lines["local false"], r.out)
+  end)
+
+  -- In a world kept to one user, the socket is where the kernel vouches for
+  -- the peer's user; TCP cannot, and a dead peer's port may be someone else's.
+  it("are not swapped for TCP in a world kept to one user: the peer is unreachable, and the socket named", function()
+    local r, lines = world(2, REMOVE .. [[
+      if rank == 0 then
+        local ok, e = pcall(rpc.rpc_sync, "worker1", math.max, {3, 4})
+        check("the call fails as unreachable", not ok and e.kind == "unreachable", tostring(e))
+        check("the message names the socket", tostring(e):find("at its Unix-domain socket", 1, true) ~= nil, tostring(e))
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert_oks(r, lines, {"the call fails as unreachable", "the message names the socket"})
   end)
   it("a killed rank's socket file is removed by the next rank that starts in the directory", function()
     local sched = require "rpchost.sched"

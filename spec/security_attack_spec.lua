@@ -85,18 +85,21 @@ describe("an attacker on the same machine", function()
         local req = codec.encode_message(1, names, os.execute, {"touch ]] .. marker .. [["})
         local list = {}
         for _, where in ipairs {{p.ip, p.port}, {"unix:" .. p.unix, 0}} do
+          local to = {rank = 1, name = "w1", port = where[2] ~= 0 and where[2] or nil,
+                      path = where[2] == 0 and p.unix or nil}
           -- a request with no hello; a hello claiming rank 0 and a request at once
           local c1 = W.open(where[1], where[2])
           c1.conn:send(W.REQUEST, 0, 1, req)
           local c2 = W.open(where[1], where[2])
-          c2.conn:send(W.HELLO, 0, 0, W.hello(a.world, 0, "w0", {auth = "user"}))
+          c2.conn:send(W.HELLO, 0, 0, W.hello(a.world, 0, "w0", {auth = {"user"}, to = to}))
           c2.conn:send(W.REQUEST, 0, 2, req)
           -- a hello, then a made-up proof once the server has proved itself
           local c3 = W.open(where[1], where[2])
-          c3.conn:send(W.HELLO, 0, 0, W.hello(a.world, 0, "w0", {auth = "user"}))
+          c3.conn:send(W.HELLO, 0, 0, W.hello(a.world, 0, "w0", {auth = {"user"}, to = to}))
           local t0 = sched.now()
           while #c3.frames == 0 and not c3.closed and sched.now() - t0 < 3 do sched.sleep(0.01) end
-          c3.conn:send(W.AUTH, 0, 0, codec.encode("auth", {proof = ("x"):rep(32)}))
+          c3.conn:send(W.AUTH, 0, 0, codec.encode("auth", {offers = codec.encode("auth", {}),
+                                                           proof = ("x"):rep(32)}))
           c3.conn:send(W.REQUEST, 0, 3, req)
           list[#list + 1], list[#list + 2], list[#list + 3] = c1, c2, c3
           W.wait_closed({c3}, 3)
@@ -157,13 +160,21 @@ describe("an attacker on the same machine", function()
         local p = a.peers[1]
         local c = W.open(p.ip, p.port)
         c.conn:send(W.HELLO, 0, 0, W.hello(a.world, 0, "pg0",
-          {cma = {pid = 1, addr = 4096, token = "xxxxxxxx"}, shm = true, auth = "user"}))
+          {cma = {pid = 1, addr = 4096, token = "xxxxxxxx"}, shm = true, auth = {"user"}, role = "pg",
+           to = {rank = 1, name = "pg1", port = p.port}}))
         local t0 = sched.now()
         while #c.frames == 0 and not c.closed and sched.now() - t0 < 3 do sched.sleep(0.01) end
         local ack = c.frames[1] and codec.decode(c.frames[1].body) or {}
+        -- (who it is, a nonce and a proof: nothing about where its memory is)
         local extra = {}
+        local allowed = {ok = true, proto = true, version = true, core = true, proof = true}
         for k in pairs(ack) do
-          if k ~= "ok" and k ~= "nonce" and k ~= "proof" then extra[#extra + 1] = k end
+          if not allowed[k] then extra[#extra + 1] = k end
+        end
+        local core_fields = type(ack.core) == "string" and codec.decode(ack.core) or {}
+        local allowed_core = {rank = true, name = true, inc = true, nonce = true, auth = true}
+        for k in pairs(core_fields) do
+          if not allowed_core[k] then extra[#extra + 1] = "core." .. k end
         end
         check("the reply to an unproven hello says nothing about the rank", ack.ok == true and #extra == 0,
           table.concat(extra, ","))

@@ -61,42 +61,51 @@ function W.wait_closed(list, timeout)
   return count()
 end
 
--- A HELLO as a rank of `world` would send it, claiming `rank` and `name`.
+-- A HELLO as a rank of `world` would send it, claiming `rank` and `name`
+-- (extra: fields to add or replace, e.g. `to`, `role`, `auth`).
 function W.hello(world, rank, name, extra)
-  local h = {proto = core.protocol_version, version = core.version, world = world, rank = rank, name = name,
-             nonce = core.random_bytes(32)}
+  local h = {proto = core.protocol_version, version = core.version, role = "rpc", world = world, rank = rank,
+             name = name, nonce = core.random_bytes(32)}
   for k, v in pairs(extra or {}) do h[k] = v end
   return codec.encode("hello", h)
 end
 
--- Opens a second connection to a peer as agent `a`'s own rank would, with the
--- whole handshake and a's credential (a member testing what a peer does with
--- frames after the proof). offers: fields for AUTH (shm = true, ...). Returns
--- the record (see W.open) with .ready set to the peer's READY fields, or nil.
-function W.join(ip, port, a, offers)
+-- The next frame that came back on r (waits, bounded), removed from r.frames.
+function W.next_frame(r, timeout)
+  local deadline = sched.now() + (timeout or 5)
+  while #r.frames == 0 and not r.closed and sched.now() < deadline do sched.sleep(0.005) end
+  return table.remove(r.frames, 1)
+end
+
+-- Opens a second connection to a peer at `where`, port (where "unix:/path" for
+-- its Unix-domain socket) as agent `a`'s own rank would, with the whole
+-- handshake and a's credential (a member testing what a peer does with frames
+-- after the proof). offers: fields for AUTH (shm = true, ...). Returns the
+-- record (see W.open) with .ready set to the peer's READY offers, or without it
+-- when the handshake failed (.why).
+function W.join(where, port, a, offers)
   local auth = require "rpchost.auth"
-  local r = W.open(ip, port)
-  if not r.conn then return r end
-  local h = {proto = core.protocol_version, version = core.version, world = a.world, rank = a.rank, name = a.name}
-  local st = auth.client_hello(h, a.cred)
-  r.conn:send(W.HELLO, 0, 0, codec.encode("hello", h))
-  local function next_frame()
-    local deadline = sched.now() + 5
-    while #r.frames == 0 and not r.closed and sched.now() < deadline do sched.sleep(0.005) end
-    return table.remove(r.frames, 1)
+  local path = where:match("^unix:(.*)$")
+  local p
+  for rank = 0, a.world_size - 1 do
+    local q = a.peers[rank]
+    if q and ((path and q.unix == path) or (not path and q.port == port)) then p = q end
   end
-  local f = next_frame()
-  local ack = f and codec.decode(f.body)
-  if not (ack and ack.ok) then return r end
-  local p = auth.client_check(st, ack, a.cred)
-  if not p then return r end
+  assert(p, "no peer listens at " .. where .. ":" .. tostring(port))
+  local r = W.open(where, port)
+  if not r.conn then return r end
+  local hs = auth.client_hello(a.cred, a.role, {world = a.world, rank = a.rank, name = a.name, inc = a.inc,
+    to = {rank = p.rank, name = p.name, port = (not path) and p.port or nil, path = path}})
+  r.conn:send(W.HELLO, 0, 0, hs.hello)
+  local f = W.next_frame(r)
+  local s, why = auth.client_ack(hs, f and codec.decode(f.body))
+  if not s then r.why = why; return r end
+  r.conn:send(W.AUTH, 0, 0, auth.client_auth(hs, offers or {}))
+  f = W.next_frame(r)
+  local o, rwhy = auth.client_ready(hs, f and codec.decode(f.body))
+  if not o then r.why = rwhy; return r end
   r.conn:prove()
-  local fields = {proof = p ~= true and p or nil}
-  for k, v in pairs(offers or {}) do fields[k] = v end
-  r.conn:send(W.AUTH, 0, 0, codec.encode("auth", fields))
-  f = next_frame()
-  local ready = f and codec.decode(f.body)
-  if ready and ready.ok then r.ready = ready end
+  r.ready = o
   return r
 end
 

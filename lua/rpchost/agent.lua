@@ -67,6 +67,9 @@ function M.new(o)
     name = o.name, rank = o.rank, world_size = o.world_size,
     timeout = o.timeout or 60, max_running = o.num_worker_threads or 16,
     allow_bytecode = o.allow_bytecode, world = o.world,
+    -- what its connections are for (a key of its own: see rpchost.auth), and
+    -- the handshakes its listeners answer (a liveness probe's too)
+    role = o.role or "rpc", roles = {[o.role or "rpc"] = true, probe = true},
     -- payloads to ranks on this host through shared memory (the "shm" channel)
     shm = o.shm ~= false and shm.enabled_by_env,
     -- collectives read tensors straight from peers' memory where the kernel lets them
@@ -142,16 +145,8 @@ end
 function Agent:set_ready()
   self.ready = true
   self.state = "running"
-  local early = self.early
-  self.early, self.early_bytes = {}, 0
-  for _, f in ipairs(early) do
-    if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5], f[6])
-    elseif f[1]:is_open() then self:on_frame(f[1], f[2], f[3], f[4], f[5], f[6]) end
-  end
-  -- (connections paused for sending too much early read on again)
-  local paused = self.early_paused
-  self.early_paused = {}
-  for conn in pairs(paused) do conn:resume() end
+  -- (connections proven meanwhile take their places; what they sent is served)
+  self:bind_all()
 end
 
 -- resolving targets ----------------------------------------------------------------

@@ -32,8 +32,7 @@ local function listener_callbacks(self)
       local why = conn:is_local() and auth.local_peer_problem(conn)
       if why then
         log.warn("refusing a connection: %s", why)
-        conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, auth = true, error = why,
-                                                     proto = core.protocol_version, version = core.version}))
+        conn:send(proto.HELLO_ACK, 0, 0, auth.refusal(why, true))
         conn:close(true)
         return
       end
@@ -99,13 +98,14 @@ function C:listen_local()
 end
 
 -- connections ----------------------------------------------------------------------
--- (who we are; nothing about where our memory is: that waits for the proof)
-local function hello_body(self, conn)
-  local h = {proto = core.protocol_version, version = core.version, world = self.world,
-             rank = self.rank, name = self.name}
+-- Our HELLO to p on conn: who we are and whom we dialled, there (its port, or
+-- its socket's path); nothing about where our memory is: that waits for the proof.
+local function hello_body(self, conn, p, unix)
   local st = self.conns[conn]
-  if st then st.auth_client = auth.client_hello(h, self.cred) end
-  return enc("hello", h)
+  st.hs = auth.client_hello(self.cred, self.role, {world = self.world, rank = self.rank, name = self.name,
+    inc = self.inc, to = {rank = p.rank, name = p.name, port = (not unix) and p.port or nil,
+                          path = unix and p.unix or nil}})
+  return st.hs.hello
 end
 
 function C:dial(p)
@@ -114,7 +114,14 @@ function C:dial(p)
   local unix = self.local_sockets and p.unix and not p.unix_failed and cma.is_loopback(p.ip)
   local conn, err = core.connect(unix and ("unix:" .. p.unix) or p.ip, p.port, {
     connect = function(c, cerr)
-      if cerr and unix then
+      if cerr and unix and self.cred and self.cred.kind == "user" then
+        -- In a world kept to one user, a peer on this host is reached through
+        -- its socket, where the kernel vouches for the user at the other end;
+        -- TCP has no such word, so a refused socket is a peer gone, not a
+        -- reason to try a port someone else may hold now.
+        self:peer_lost(p, c, ("cannot connect to %s (rank %d) at its Unix-domain socket %s: %s"):format(
+          p.name, p.rank, p.unix, cerr))
+      elseif cerr and unix then
         -- (a stale or unreachable socket file: TCP reaches the same peer)
         log.debug("cannot connect to %s at %s (%s); using TCP", p.name, p.unix, cerr)
         p.unix_failed = true
@@ -126,7 +133,7 @@ function C:dial(p)
         self:peer_lost(p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
           p.name, p.rank, p.ip, p.port, cerr))
       else
-        c:send(proto.HELLO, 0, 0, hello_body(self, c))
+        c:send(proto.HELLO, 0, 0, hello_body(self, c, p, unix))
       end
     end,
     frame = function(c, ftype, flags, id, body, segs) self:on_frame(c, ftype, flags, id, body, segs) end,
@@ -317,97 +324,129 @@ function C:conn_gone(p, conn, msg, peer_version, waited)
   end
 end
 
--- The handshake (see rpchost.auth): HELLO -> ACK -> AUTH -> READY. The server
--- learns who the client claims to be from HELLO but takes nothing from it as
--- true, and changes no peer's record, until AUTH's proof holds; only then do the
--- connection's gate open (conn:prove) and the offers (cross-memory reads,
--- shared memory, the incarnation) take effect, on both sides.
+-- The handshake (see rpchost.auth and docs/security.md): HELLO -> ACK -> AUTH
+-- -> READY, each proof a MAC over everything before it. The server answers only
+-- a HELLO of this world addressed to this rank at the listener it came in on,
+-- takes nothing the client claims as true until AUTH's proof holds, and binds
+-- a proven connection to its peer's record only once this rank knows its world
+-- (set_ready); the client accepts only the rank it dialled and opens its gate
+-- after READY's proof. Nothing is held for a connection that has not proved
+-- itself: its handshake frames are answered at once, whatever this rank's state.
+
+-- Refuses a connection's handshake: one line to the peer and the log, then closed.
+local function refuse_incoming(conn, why, is_auth)
+  log.warn("refusing a connection: %s", why)
+  conn:send(proto.HELLO_ACK, 0, 0, auth.refusal(why, is_auth))
+  conn:close(true)
+end
+
+-- Whether a HELLO's `to` names this rank at the listener conn came in on.
+local function dialled_here(self, conn, to)
+  if type(to) ~= "table" or to.rank ~= self.rank or to.name ~= self.name then return false end
+  if conn:is_local() then return to.path ~= nil and to.path == self.unix_path end
+  return to.port == self.port
+end
+
+local function describe_to(to)
+  if type(to) ~= "table" then return "no one in particular" end
+  return ("%s (rank %s) at %s"):format(tostring(to.name), tostring(to.rank),
+    to.path and tostring(to.path) or ("port " .. tostring(to.port)))
+end
+
 function C:on_hello(conn, body)
   local st = self.conns[conn]
-  local function refuse(why, kind)
-    log.warn("refusing a connection: %s", why)
-    conn:send(proto.HELLO_ACK, 0, 0, enc("hello", {ok = false, auth = kind == "auth" or nil, error = why,
-                                                 proto = core.protocol_version, version = core.version}))
-    conn:close(true)
-  end
   if not st or not st.incoming or st.hello then
     log.warn("closing a connection that sent a second or unexpected hello")
     return conn:close()
   end
-  local ok, h = pcall(dec, body)
-  if not ok or type(h) ~= "table" then return refuse("malformed hello") end
-  if h.proto ~= core.protocol_version then
-    return refuse(("protocol version mismatch: %s (rank %s) runs rpchost %s (protocol %s), %s " ..
-      "(rank %d) runs rpchost %s (protocol %d)"):format(tostring(h.name), tostring(h.rank),
-      tostring(h.version), tostring(h.proto), self.name, self.rank, core.version, core.protocol_version))
+  st.hello = true
+  local hs, why, is_auth, h = auth.server_hello(self.cred, self.roles, body)
+  if not hs and h then
+    why = ("protocol version mismatch: %s (rank %s) runs rpchost %s (protocol %s), %s (rank %d) runs rpchost " ..
+      "%s (protocol %d)"):format(tostring(h.name), tostring(h.rank), tostring(h.version), tostring(h.proto),
+      self.name, self.rank, core.version, core.protocol_version)
   end
+  if not hs then return refuse_incoming(conn, why, is_auth) end
   if h.world ~= self.world then
-    return refuse(("a rank of another world (%s) connected to %s"):format(tostring(h.world), self.name))
+    return refuse_incoming(conn, ("a rank of another world (%s) connected to %s"):format(tostring(h.world), self.name))
   end
-  local aok, fields, state = auth.server_hello(h, self.cred)
-  if not aok then return refuse(fields, "auth") end
-  local p = type(h.rank) == "number" and self.peers[h.rank]
-  if not p and self.store and type(h.rank) == "number" and h.rank >= self.world_size then
-    -- a member that joined after us: learn it from the store, then go on
-    if st.learning then return end
-    st.learning = true
-    sched.spawn(function()
-      pcall(self.learn, self, h.rank)
-      st.learning = false
-      if not conn:is_open() then return end
-      if not self.peers[h.rank] then return refuse(("unknown rank %s (%s) connected"):format(h.rank, tostring(h.name))) end
-      self:on_hello(conn, body)
-    end, {name = "learn member"})
-    return
+  if not dialled_here(self, conn, h.to) then
+    return refuse_incoming(conn, ("a connection meant for %s reached %s (rank %d) at %s: a stale address, or a " ..
+      "relay"):format(describe_to(h.to), self.name, self.rank,
+      conn:is_local() and tostring(self.unix_path) or ("port " .. self.port)), true)
   end
-  if not p or p.name ~= h.name then
-    return refuse(("unknown rank %s (%s) connected"):format(tostring(h.rank), tostring(h.name)))
-  end
-  st.hello, st.claim, st.auth_server = true, h.rank, state
-  fields.ok = true
-  conn:send(proto.HELLO_ACK, 0, 0, enc("hello", fields))
+  if type(h.rank) ~= "number" or type(h.name) ~= "string" then return refuse_incoming(conn, "malformed hello") end
+  st.hs, st.claim, st.claim_name, st.claim_inc, st.probe = hs, h.rank, h.name, h.inc, h.role == "probe"
+  conn:send(proto.HELLO_ACK, 0, 0, auth.server_ack(hs, {rank = self.rank, name = self.name, inc = self.inc}))
 end
 
 -- server: the client's proof and offers
 function C:on_auth(conn, body)
   local st = self.conns[conn]
-  if not (st and st.auth_server) then
+  if not (st and st.hs) or st.probe then
     log.warn("closing a connection that sent a proof out of turn")
     return conn:close()
   end
   local ok, a = pcall(dec, body)
-  local why = not (ok and type(a) == "table") and "malformed handshake (proof)" or
-    auth.server_check(st.auth_server, a.proof, self.cred)
-  st.auth_server = nil
-  local p = not why and self.peers[st.claim]
-  if not why and not p then why = ("rank %s left while connecting"):format(tostring(st.claim)) end
-  if why then
+  local offers, why = auth.server_auth(st.hs, ok and a or nil)
+  if not offers then
     log.warn("refusing a connection: %s", why)
-    conn:send(auth.READY_FRAME, 0, 0, enc("ready", {ok = false, error = why}))
+    conn:send(auth.READY_FRAME, 0, 0, auth.refusal(why, true))
     conn:close(true)
     return
   end
   conn:prove()
-  st.rank, st.inc = st.claim, a.inc
-  p.reads_peer, p.writes_peer = cma.accept(a.cma, conn, self.cma)
-  p.cma_pid = p.reads_peer and a.cma.pid or nil
-  st.shm = self.shm and conn:is_local() and a.shm == true
+  st.proven, st.offers = true, offers
+  st.shm = self.shm and conn:is_local() and offers.shm == true
   -- the rings (one memory file, passed with the verdict), when both want them
-  local ring = RING and a.ring == true and conn:is_local() and self:ring_offer()
-  local ready = enc("ready", {ok = true, cma = cma.offer(conn, self.cma), shm = st.shm, inc = self.inc,
-                              ring = ring and ring:inode() or nil})
+  local ring = RING and offers.ring == true and conn:is_local() and self:ring_offer()
+  local ready = auth.server_ready(st.hs, {cma = cma.offer(conn, self.cma), shm = st.shm,
+                                          ring = ring and ring:inode() or nil})
+  st.hs = nil
   if not ring then
     conn:send(auth.READY_FRAME, 0, 0, ready)
   else
     -- (attached right after the verdict: everything after it may take the ring)
-    local ok, err = conn:send_shm(ring, auth.READY_FRAME, 0, 0, ready)
-    if ok then ok, err = conn:ring_attach(ring, true) end
+    local sok, err = conn:send_shm(ring, auth.READY_FRAME, 0, 0, ready)
+    if sok then sok, err = conn:ring_attach(ring, true) end
     ring:close()
-    if not ok then
-      log.warn("closing a connection from rank %d: its shared-memory ring failed: %s", st.rank, tostring(err))
+    if not sok then
+      log.warn("closing a connection from rank %d: its shared-memory ring failed: %s", st.claim, tostring(err))
       return conn:close()
     end
   end
+  self:bind(conn)
+end
+
+-- A proven incoming connection takes its place as its peer's, once this rank
+-- knows its world (before that, set_ready binds it). The claim was proven by a
+-- holder of the world's key; the directory still has to know it.
+function C:bind(conn)
+  local st = self.conns[conn]
+  if not (st and st.proven) or st.rank or st.learning or not conn:is_open() then return end
+  if not self.ready then return end
+  local claim = st.claim
+  local p = self.peers[claim]
+  if not p and self.store and claim >= self.world_size then
+    -- a member that joined after us: learn it from the store, then go on
+    st.learning = true
+    sched.spawn(function()
+      pcall(self.learn, self, claim)
+      st.learning = false
+      self:bind(conn)
+      self:release_early()
+    end, {name = "learn member"})
+    return
+  end
+  if not p or p.name ~= st.claim_name then
+    log.warn("closing a connection from %s (rank %s): no such member in this world", tostring(st.claim_name),
+      tostring(claim))
+    return conn:close()
+  end
+  st.rank, st.inc = claim, st.claim_inc
+  local o = st.offers
+  p.reads_peer, p.writes_peer = cma.accept(o.cma, conn, self.cma)
+  p.cma_pid = p.reads_peer and o.cma.pid or nil
   self:accepted(p, conn)
 end
 
@@ -464,42 +503,41 @@ local function client_step(self, conn, body, at, what)
   return st, p, pcall(dec, body)
 end
 
--- client: the server's proof; ours goes back with our offers
+-- client: the server's proof, and that it is the rank we dialled; ours goes
+-- back with our offers
 function C:on_hello_ack(conn, body)
   local st, p, ok, a = client_step(self, conn, body, acking, "reply")
   if not st then return end
-  if not ok or type(a) ~= "table" or not a.ok then
-    local why = ok and type(a) == "table" and a.error or "malformed handshake reply"
-    return self:refuse(p, conn, why, ok and type(a) == "table" and a.auth and "auth" or "protocol")
+  local s, why, kind = auth.client_ack(st.hs, ok and a or nil)
+  if not s then return self:refuse(p, conn, why, kind) end
+  if s.rank ~= p.rank or s.name ~= p.name then
+    return self:refuse(p, conn, ("the process at %s:%d answered as %s (rank %s): not the rank dialled (a stale " ..
+      "address?)"):format(p.ip, p.port, tostring(s.name), tostring(s.rank)), "auth")
   end
-  local proof, why = auth.client_check(st.auth_client or {}, a, self.cred)
-  if proof == false then return self:refuse(p, conn, why, "auth") end
-  st.acked = true
-  conn:prove() -- (the server proved itself, or nothing can be proved in this world)
-  conn:send(auth.AUTH_FRAME, 0, 0, enc("auth", {proof = proof ~= true and proof or nil, inc = self.inc,
-    cma = cma.offer(conn, self.cma), shm = self.shm and conn:is_local() or nil,
-    ring = RING and conn:is_local() or nil}))
+  st.acked, st.peer_inc = true, s.inc
+  conn:send(auth.AUTH_FRAME, 0, 0, auth.client_auth(st.hs, {cma = cma.offer(conn, self.cma),
+    shm = self.shm and conn:is_local() or nil, ring = RING and conn:is_local() or nil}))
 end
 
--- client: the server's verdict and offers
+-- client: the server's verdict and offers, proven
 function C:on_ready(conn, body)
   local st, p, ok, a = client_step(self, conn, body, readying, "verdict")
   if not st then return end
-  if not ok or type(a) ~= "table" or not a.ok then
-    local why = ok and type(a) == "table" and tostring(a.error) or "malformed handshake verdict"
-    return self:refuse(p, conn, why, "auth")
-  end
-  if a.ring ~= nil then
-    local rok, why = self:ring_take(conn, a.ring)
+  local o, why = auth.client_ready(st.hs, ok and a or nil)
+  if not o then return self:refuse(p, conn, why, "auth") end
+  conn:prove()
+  st.hs, st.proven = nil, true
+  if o.ring ~= nil then
+    local rok, rwhy = self:ring_take(conn, o.ring)
     if not rok then
-      return self:refuse(p, conn, "cannot map its shared-memory ring: " .. tostring(why), "protocol")
+      return self:refuse(p, conn, "cannot map its shared-memory ring: " .. tostring(rwhy), "protocol")
     end
   end
-  st.ready, st.inc, p.inc = true, a.inc, a.inc
+  st.ready, st.inc, p.inc = true, st.peer_inc, st.peer_inc
   if p.dialling == conn then p.dialling = nil end
-  p.reads_peer, p.writes_peer = cma.accept(a.cma, conn, self.cma)
-  p.cma_pid = p.reads_peer and a.cma.pid or nil
-  st.shm = self.shm and conn:is_local() and a.shm == true
+  p.reads_peer, p.writes_peer = cma.accept(o.cma, conn, self.cma)
+  p.cma_pid = p.reads_peer and type(o.cma) == "table" and o.cma.pid or nil
+  st.shm = self.shm and conn:is_local() and o.shm == true
   self:peer_ready(p, conn)
 end
 
@@ -526,30 +564,81 @@ function C:segments(conn, flags, segs)
   return got
 end
 
--- Early frames held at most, in bytes, before the connections that send them are
--- paused (until this rank is ready: see set_ready).
+-- Frames of proven connections held at most, in bytes, before those connections
+-- are paused (until this rank is ready: see set_ready). Only proven ones: a
+-- connection that has not proved itself gets nothing held and is never paused.
 local EARLY_MAX = tonumber(os.getenv("RPCHOST_EARLY_MAX")) or 64 * 2 ^ 20
+
+-- Holds a frame of a proven connection that cannot be served yet (this rank's
+-- world is not ready, or the member is being learned).
+function C:hold(conn, ftype, flags, id, body, segs)
+  self.early[#self.early + 1] = {conn, ftype, flags, id, body, segs}
+  local n = #body
+  for i = 1, #segs do n = n + (type(segs[i]) == "string" and #segs[i] or segs[i]:numel()) end
+  self.early_bytes = (self.early_bytes or 0) + n
+  if self.early_bytes > EARLY_MAX and not self.early_paused[conn] then
+    self.early_paused[conn] = true
+    conn:pause()
+  end
+end
+
+-- Serves the held frames again, in order (those that still cannot be served
+-- are held again), and reads on the connections paused meanwhile.
+function C:release_early()
+  local early = self.early
+  self.early, self.early_bytes = {}, 0
+  local paused = self.early_paused
+  self.early_paused = {}
+  for _, f in ipairs(early) do
+    if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5], f[6])
+    elseif f[1]:is_open() then self:on_frame(f[1], f[2], f[3], f[4], f[5], f[6]) end
+  end
+  for conn in pairs(paused) do
+    if not self.early_paused[conn] and conn:is_open() then conn:resume() end
+  end
+end
+
+-- Binds the connections proven before this rank knew its world, then serves
+-- what they sent meanwhile (agent.set_ready).
+function C:bind_all()
+  local list = {}
+  for conn, st in pairs(self.conns) do
+    if st.proven and not st.rank then list[#list + 1] = conn end
+  end
+  for _, conn in ipairs(list) do self:bind(conn) end
+  self:release_early()
+end
 
 -- Every frame of a connection arrives here. Its gate (host/net) already let
 -- through nothing but small handshake frames before the peer proved itself;
--- what passed is dispatched by type, and whatever does not fit the state of
--- the connection's handshake closes it.
+-- handshake frames are answered at once; the rest waits, held, while the
+-- connection is proven but not yet its peer's; whatever does not fit the state
+-- of the connection's handshake closes it.
 -- segs: the frame's segments (1-D uint8 tensors) in a list, or nil for none.
 function C:on_frame(conn, ftype, flags, id, body, segs)
   local cst = self.conns[conn]
-  if not cst or cst.learning then
+  if not cst then
     log.warn("closing a connection that sent a frame out of turn (type %d)", ftype)
     return conn:close()
   end
+  if ftype == proto.HELLO then return self:on_hello(conn, body) end
+  if ftype == auth.AUTH_FRAME then return self:on_auth(conn, body) end
+  if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
+  if ftype == auth.READY_FRAME then return self:on_ready(conn, body) end
   -- (a frame without segments, nearly every small one, shares the read-only
   -- empty list)
   segs = segs or codec.EMPTY
+  if not (cst.ready and (self.ready or ftype == proto.RESPONSE)) then
+    if cst.proven then return self:hold(conn, ftype, flags, id, body, segs) end
+    log.warn("closing a connection that sent a frame (type %d) before its handshake", ftype)
+    return conn:close()
+  end
   if shm.has_flag(flags) then
     local ok, got = pcall(self.segments, self, conn, flags, segs)
     if not ok then
       log.warn("%s", tostring(got))
       local call = ftype == proto.RESPONSE and self.pending[id]
-      if call and cst.ready and call.peer.rank == cst.rank then
+      if call and call.peer.rank == cst.rank then
         self:complete_error(id, errors.new("unreachable", tostring(got)))
       elseif ftype == proto.REQUEST then
         self:send_reply(conn, id, {false, tostring(got), n = 2})
@@ -558,56 +647,10 @@ function C:on_frame(conn, ftype, flags, id, body, segs)
     end
     return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
   end
-  if cst and cst.rank and self.peers[cst.rank] then trace.frame_bytes(self.peers[cst.rank].name, false, body, segs) end
-  if ftype == proto.RESPONSE then
-    if not cst.ready then
-      log.warn("closing a connection that sent a reply before its handshake")
-      return conn:close()
-    end
-    return self:on_response(id, flags, body, segs, cst)
-  end
-  if ftype == auth.READY_FRAME then return self:on_ready(conn, body) end
-  if not self.ready then
-    -- Peers may reach us before our own rendezvous finished: hold their frames.
-    -- A stranger gets one (its hello); a proven peer is paused past EARLY_MAX.
-    if not cst.ready then
-      if cst.held then
-        log.warn("closing a connection that sent more than its hello before this rank was ready")
-        return conn:close()
-      end
-      cst.held = true
-    end
-    self.early[#self.early + 1] = {conn, ftype, flags, id, body, segs}
-    local n = #body
-    for i = 1, #segs do n = n + (type(segs[i]) == "string" and #segs[i] or segs[i]:numel()) end
-    self.early_bytes = (self.early_bytes or 0) + n
-    if self.early_bytes > EARLY_MAX and not self.early_paused[conn] then
-      self.early_paused[conn] = true
-      conn:pause()
-    end
-    return
-  end
-  if ftype == proto.REQUEST then
-    local st = self.conns[conn]
-    if not st or not st.ready then
-      log.warn("closing a connection that sent a request before its handshake")
-      conn:close()
-      return
-    end
-    return self:on_request(conn, id, body, segs)
-  end
-  if ftype == proto.MESSAGE then
-    local st = self.conns[conn]
-    if not st or not st.ready then
-      log.warn("closing a connection that sent a message before its handshake")
-      conn:close()
-      return
-    end
-    return self:on_message(st.rank, body, segs)
-  end
-  if ftype == proto.HELLO then return self:on_hello(conn, body) end
-  if ftype == auth.AUTH_FRAME then return self:on_auth(conn, body) end
-  if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
+  trace.frame_bytes(self.peers[cst.rank].name, false, body, segs)
+  if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs, cst) end
+  if ftype == proto.REQUEST then return self:on_request(conn, id, body, segs) end
+  if ftype == proto.MESSAGE then return self:on_message(cst.rank, body, segs) end
   log.warn("closing a connection that sent an unknown frame type %d", ftype)
   conn:close()
 end

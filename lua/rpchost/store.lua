@@ -187,53 +187,51 @@ function ops.wait(s, conn, id, keys, timeout, abort, fetch)
   end
 end
 
+local STORE_ROLES = {store = true}
+
 function Server:on_frame(conn, ftype, _, id, body)
   local st = self.clients[conn]
   if not st then return end
+  -- the handshake (rpchost.auth, docs/security.md), in the store's own role
   if ftype == proto.HELLO then
-    local ok, hello = pcall(dec, body)
-    if st.hello or not ok or type(hello) ~= "table" then
-      log.warn("store: closing a connection that sent a malformed hello")
-      conn:close()
-      return
-    end
-    if hello.proto ~= core.protocol_version then
-      conn:send(proto.HELLO_ACK, 0, id, enc("hello", {ok = false, proto = core.protocol_version,
-        version = core.version,
-        error = ("protocol version mismatch: the store at %s speaks rpchost protocol %d " ..
-                 "(rpchost %s), this rank speaks protocol %s (rpchost %s)"):format(
-                   self.addr, core.protocol_version, core.version, tostring(hello.proto),
-                   tostring(hello.version))}))
-      conn:close(true)
-      return
+    if st.hello then
+      log.warn("store: closing a connection that sent a second hello")
+      return conn:close()
     end
     st.hello = true
-    local ok, fields, state = auth.server_hello(hello, self.cred)
-    if not ok then
-      log.warn("store: refusing a connection: %s", fields)
-      conn:send(proto.HELLO_ACK, 0, id, enc("hello", {ok = false, auth = true, error = fields}))
+    local hs, why, is_auth, h = auth.server_hello(self.cred, STORE_ROLES, body)
+    if not hs and h then
+      why = ("protocol version mismatch: the store at %s speaks rpchost protocol %d (rpchost %s), this rank " ..
+        "speaks protocol %s (rpchost %s)"):format(self.addr, core.protocol_version, core.version,
+        tostring(h.proto), tostring(h.version))
+    elseif hs and (type(h.to) ~= "table" or h.to.port ~= self.port) then
+      hs, why, is_auth = nil, ("a connection meant for the store at port %s reached the store at %s: a stale " ..
+        "address, or a relay"):format(tostring(type(h.to) == "table" and h.to.port), self.addr), true
+    end
+    if not hs then
+      log.warn("store: refusing a connection: %s", why)
+      conn:send(proto.HELLO_ACK, 0, id, auth.refusal(why, is_auth))
       conn:close(true)
       return
     end
-    fields.ok, fields.proto, fields.version = true, core.protocol_version, core.version
-    st.auth = state
-    conn:send(proto.HELLO_ACK, 0, id, enc("hello", fields))
+    st.hs = hs
+    conn:send(proto.HELLO_ACK, 0, id, auth.server_ack(hs, {}))
     return
   end
-  if ftype == auth.AUTH_FRAME and st.auth then
+  if ftype == auth.AUTH_FRAME and st.hs then
     local ok, a = pcall(dec, body)
-    local why = not (ok and type(a) == "table") and "malformed handshake (proof)" or
-      auth.server_check(st.auth, a.proof, self.cred)
-    st.auth = nil
-    if why then
+    local offers, why = auth.server_auth(st.hs, ok and a or nil)
+    if not offers then
+      st.hs = nil
       log.warn("store: refusing a connection: %s", why)
-      conn:send(auth.READY_FRAME, 0, id, enc("ready", {ok = false, error = why}))
+      conn:send(auth.READY_FRAME, 0, id, auth.refusal(why, true))
       conn:close(true)
       return
     end
     st.ready = true
     conn:prove()
-    conn:send(auth.READY_FRAME, 0, id, enc("ready", {ok = true}))
+    conn:send(auth.READY_FRAME, 0, id, auth.server_ready(st.hs, {}))
+    st.hs = nil
     return
   end
   if ftype ~= proto.STORE or not st.ready then
@@ -404,42 +402,51 @@ function M.connect(host, port, timeout)
     end
     sched.sleep(math.min(0.05 * 2 ^ math.min(math.floor(now - start), 3), 0.5))
   end
-  -- handshake
+  -- the handshake (rpchost.auth, docs/security.md): the client offers every
+  -- credential it holds (the token, and on loopback its user's world secret),
+  -- so a rank with a token joins the store its launcher keeps to its user
   local cred = auth.client_cred(is_loopback(ip), port)
   c.cred = cred
-  local hello = {proto = core.protocol_version, version = core.version}
-  local ast = auth.client_hello(hello, cred)
+  local hs = auth.client_hello(cred, "store", {to = {port = port}}, cred and cred.kinds)
   -- A store answers at once; something else listening there (MASTER_PORT
   -- pointing at another service) never will: say so instead of waiting it out.
-  local ok, ack = pcall(c.request, c, proto.HELLO, enc("hello", hello),
+  local ok, ack = pcall(c.request, c, proto.HELLO, hs.hello,
     math.min(math.max(timeout - (sched.now() - start), 1), M.HANDSHAKE_TIMEOUT))
   if not ok then
     c:close()
-    error(errors.new(errors.is(ack) and ack.kind or "unreachable", ("%s:%d accepted a connection but did " ..
-      "not answer as an rpchost store (%s): is something else listening on that port? Check " ..
-      "MASTER_ADDR/MASTER_PORT"):format(host, port, tostring(errors.is(ack) and ack.message or ack))), 0)
+    local why = errors.is(ack) and ack.message or tostring(ack)
+    local closed = why:find("lost the store", 1, true)
+    error(errors.new(errors.is(ack) and ack.kind or "unreachable", closed and
+      ("the store at %s accepted this rank's connection, then closed it before answering (%s): it may be " ..
+       "out of file descriptors or flooded with connections (see its log), or not an rpchost store; check " ..
+       "MASTER_ADDR/MASTER_PORT and try again"):format(addr, why) or
+      ("%s:%d accepted a connection but did not answer as an rpchost store (%s): is something else listening " ..
+       "on that port, or is the store overloaded? Check MASTER_ADDR/MASTER_PORT"):format(host, port, why)), 0)
   end
-  ack = dec(ack)
-  if not ack.ok then
+  local dok, a = pcall(dec, ack)
+  local s, why, kind = auth.client_ack(hs, dok and a or nil)
+  if not s then
     c:close()
-    error(errors.new(ack.auth and "auth" or "protocol", ("the store at %s refused this rank: %s"):format(
-      addr, tostring(ack.error))), 0)
+    if dok and type(a) == "table" and not a.ok then
+      error(errors.new(a.auth and "auth" or "protocol", ("the store at %s refused this rank: %s"):format(
+        addr, tostring(a.error))), 0)
+    end
+    error(errors.new(kind or "auth", ("the store at %s: %s"):format(addr, why)), 0)
   end
-  local p, why = auth.client_check(ast, ack, cred)
-  if p == false then
+  if hs.open_store then
+    log.warn("the store at %s has no security token (its host was started without one): anyone who reaches it " ..
+      "can read and change its keys; this rank's own connections still require the token (%s)", addr,
+      auth.token_source())
+  end
+  local rok, ready = pcall(c.request, c, auth.AUTH_FRAME, auth.client_auth(hs, {}), M.HANDSHAKE_TIMEOUT)
+  if rok then rok, ready = pcall(dec, ready) end
+  local o, rwhy = auth.client_ready(hs, rok and ready or nil)
+  if not o then
     c:close()
-    error(errors.new("auth", ("the store at %s: %s"):format(addr, why)), 0)
+    if not rok then rwhy = errors.is(ready) and ready.message or tostring(ready) end
+    error(errors.new("auth", ("the store at %s refused this rank: %s"):format(addr, tostring(rwhy))), 0)
   end
   c.conn:prove() -- (the store proved itself, or nothing can be proved here)
-  local rok, ready = pcall(c.request, c, auth.AUTH_FRAME, enc("auth", {proof = p ~= true and p or nil}),
-    M.HANDSHAKE_TIMEOUT)
-  if rok then rok, ready = pcall(dec, ready) end
-  if not rok or type(ready) ~= "table" or not ready.ok then
-    c:close()
-    local why = rok and type(ready) == "table" and ready.error or
-      (errors.is(ready) and ready.message or tostring(ready))
-    error(errors.new("auth", ("the store at %s refused this rank: %s"):format(addr, tostring(why))), 0)
-  end
   return c
 end
 
