@@ -54,8 +54,13 @@ describe("multi-host worlds (network namespaces)", function()
     for i = 1, 3 do
       local e = {RANK = i - 1, WORLD_SIZE = 3, MASTER_ADDR = IP[1], MASTER_PORT = 29517,
                  RPCHOST_INIT_TIMEOUT = 20, RPCHOST_STORE_LINGER = 1}
-      for k, v in pairs(env or {}) do e[k] = v end
-      hs[i] = S.start({path}, {env = e, prefix = {"/usr/sbin/ip", "netns", "exec", NS[i]}})
+      -- (a variable given as false is unset: an empty RPCHOST_TOKEN is an error, not "none")
+      local unset = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "RPCHOST_STORE_HOSTED", "RPCHOST_ERROR_FILE"}
+      for k, v in pairs(env or {}) do
+        if v == false then unset[#unset + 1] = k else e[k] = v end
+      end
+      hs[i] = S.start({path}, {env = e, unset = unset, prefix = {"/usr/sbin/ip", "netns", "exec", NS[i]}})
     end
     return hs
   end
@@ -117,7 +122,7 @@ describe("multi-host worlds (network namespaces)", function()
         check("by name still works", rpc.rpc_sync("host1", math.max, {1, 2}) == 2)
       end
       rpc.shutdown(true, 30)
-    ]], {RPCHOST_TOKEN = ""})
+    ]], {RPCHOST_TOKEN = false})
     local r = {}
     for i = 1, 3 do r[i] = hs[i]:wait(60) end
     assert.truthy(r[1].out:find("ok closure refused", 1, true), r[1].out .. r[1].err)
