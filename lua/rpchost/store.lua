@@ -417,9 +417,9 @@ function M.connect(host, port, timeout)
     local why = errors.is(ack) and ack.message or tostring(ack)
     local closed = why:find("lost the store", 1, true)
     error(errors.new(errors.is(ack) and ack.kind or "unreachable", closed and
-      ("the store at %s accepted this rank's connection, then closed it before answering (%s): it may be " ..
-       "out of file descriptors or flooded with connections (see its log), or not an rpchost store; check " ..
-       "MASTER_ADDR/MASTER_PORT and try again"):format(addr, why) or
+      ("%s:%d accepted a connection but did not answer as an rpchost store: it closed the connection " ..
+       "(%s); a store out of file descriptors or flooded with connections does that (see its log), and so does " ..
+       "another program on that port: check MASTER_ADDR/MASTER_PORT, and try again"):format(host, port, why) or
       ("%s:%d accepted a connection but did not answer as an rpchost store (%s): is something else listening " ..
        "on that port, or is the store overloaded? Check MASTER_ADDR/MASTER_PORT"):format(host, port, why)), 0)
   end
