@@ -14,7 +14,7 @@ static const rhc_api_t *need_api(lua_State *L) {
 }
 
 static int check_dev(lua_State *L, int i) {
-  int dev = (int)luaL_checkinteger(L, i);
+  int dev = rh_lua_checkdevice(L, i);
   need_api(L);
   if (dev < 0 || dev >= rh_cuda_device_count())
     luaL_error(L, "CUDA device cuda:%d does not exist (this machine has %d)", dev, rh_cuda_device_count());
@@ -33,7 +33,7 @@ static int l_count(lua_State *L) {
 }
 
 static int l_sync(lua_State *L) {
-  if (rh_cuda_synchronize((int)luaL_checkinteger(L, 1))) return luaL_error(L, "%s", rh_tensor_errmsg());
+  if (rh_cuda_synchronize(rh_lua_checkdevice(L, 1))) return luaL_error(L, "%s", rh_tensor_errmsg());
   return 0;
 }
 

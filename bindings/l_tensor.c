@@ -27,6 +27,7 @@
  * would keep both alive forever). Tensors without state share one empty
  * sentinel environment. In-place entry points bump the storage's version. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
@@ -200,6 +201,17 @@ int rh_lua_checkdtype(lua_State *L, int i) {
   return d;
 }
 
+/* a device number at index i (see rh_lua.h): checked as a number, before the
+ * cast to int (2^32 - 2 would become -2, 0.5 or NaN would become 0) */
+int rh_lua_checkdevice(lua_State *L, int i) {
+  lua_Number d = luaL_checknumber(L, i);
+  if (!(d >= RH_CPU && d <= INT_MAX && d == floor(d)))
+    luaL_error(L, "device must be -1 (the CPU) or the index of a CUDA device (0, 1, ...), got %f", d);
+  return (int)d;
+}
+
+int rh_lua_optdevice(lua_State *L, int i) { return lua_isnoneornil(L, i) ? RH_CPU : rh_lua_checkdevice(L, i); }
+
 /* sizes from a Lua sequence at index i (see rh_lua.h) */
 int rh_lua_checksizes(lua_State *L, int i, int64_t *size) {
   luaL_checktype(L, i, LUA_TTABLE);
@@ -225,8 +237,8 @@ static int l_full(lua_State *L) {
   rh_dtype_t dt = rh_lua_checkdtype(L, 1);
   int n = rh_lua_checksizes(L, 2, size);
   double v = luaL_optnumber(L, 3, 0);
-  int device = (int)luaL_optinteger(L, 4, -1);
-  if (device < 0) return rh_lua_pushtensor(L, rh_tensor_full(dt, n, size, v));
+  int device = rh_lua_optdevice(L, 4);
+  if (device == RH_CPU) return rh_lua_pushtensor(L, rh_tensor_full(dt, n, size, v));
   /* on a device: filled there, nothing crosses the bus */
   rh_tensor_t *t = rh_tensor_empty_on(device, dt, n, size);
   if (t && rh_tensor_fill_(t, v)) {
@@ -647,7 +659,7 @@ static int l_device(lua_State *L) {
  * reference when it is there already */
 static int l_to_device(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
-  return rh_lua_pushtensor(L, rh_tensor_to_device(t, (int)luaL_checkinteger(L, 2)));
+  return rh_lua_pushtensor(L, rh_tensor_to_device(t, rh_lua_checkdevice(L, 2)));
 }
 
 /* t_memstats(reset) -> live bytes, their high-water mark (then reset to live when

@@ -135,7 +135,7 @@ static int l_empty(lua_State *L) {
   int64_t size[RH_MAXDIM];
   rh_dtype_t dt = rh_lua_checkdtype(L, 1);
   int n = rh_lua_checksizes(L, 2, size);
-  return push_or_raise(L, rh_tensor_empty_on((int)luaL_optinteger(L, 3, -1), dt, n, size));
+  return push_or_raise(L, rh_tensor_empty_on(rh_lua_optdevice(L, 3), dt, n, size));
 }
 
 int rh_open_tensor_ops(lua_State *L) {

@@ -70,6 +70,12 @@ struct rh_tensor_s *rh_lua_checktensor(lua_State *L, int i);
  * script or the network is refused before it becomes an integer). */
 int rh_lua_checkdtype(lua_State *L, int i);
 int rh_lua_checksizes(lua_State *L, int i, int64_t *size);
+/* A device number at index i: -1 (the CPU) or a CUDA device index, a whole
+ * number that fits an int, else an error naming it (a device from a script or
+ * the network is refused before it becomes an int). Whether that device exists
+ * here is the tensor core's check. optdevice: nil or none is the CPU. */
+int rh_lua_checkdevice(lua_State *L, int i);
+int rh_lua_optdevice(lua_State *L, int i);
 /* a tensor whose bytes the host may touch: on a device it is an error naming `what` */
 struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what);
 /* a tensor whose bytes are one span of host memory (what the byte movers,

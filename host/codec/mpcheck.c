@@ -21,6 +21,10 @@ const char *rh_mp_strerror(int code) {
 }
 
 int rh_mp_check(const uint8_t *p, size_t len, int max_depth, size_t *nvalues) {
+  return rh_mp_check_where(p, len, max_depth, nvalues, NULL);
+}
+
+int rh_mp_check_where(const uint8_t *p, size_t len, int max_depth, size_t *nvalues, rh_mp_where_t *where) {
   /* stack[d] = values still expected in the container open at depth d */
   uint64_t stack[MAX_STACK];
   int depth = 0;
@@ -91,7 +95,14 @@ int rh_mp_check(const uint8_t *p, size_t len, int max_depth, size_t *nvalues) {
     else top++;
     if (children > 0) {
       /* every element takes at least one byte */
-      if (children > len - off) return RH_MP_TOOMANY;
+      if (children > len - off) {
+        if (where) {
+          where->is_map = (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf;
+          where->count = where->is_map ? children / 2 : children;
+          where->left = len - off;
+        }
+        return RH_MP_TOOMANY;
+      }
       if (depth >= max_depth) return RH_MP_TOODEEP;
       stack[depth++] = children;
     }

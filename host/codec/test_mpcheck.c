@@ -25,6 +25,13 @@ int main(void) {
   CHECK(check("\xdd\xff\xff\xff\xff", 5, &n) == RH_MP_TOOMANY);
   /* map32 claiming 2^31 pairs */
   CHECK(check("\xdf\x80\x00\x00\x00\x01", 6, &n) == RH_MP_TOOMANY);
+  /* ... and where: the claimed count, the bytes that follow the header */
+  rh_mp_where_t w = {0};
+  CHECK(rh_mp_check_where((const uint8_t *)"\xdf\x80\x00\x00\x00\x01", 6, 32, &n, &w) == RH_MP_TOOMANY);
+  CHECK(w.is_map == 1 && w.count == UINT64_C(1) << 31 && w.left == 1);
+  /* an inner array claiming more than the bytes left after it: [[ 3 elements ], 1] in 4 bytes */
+  CHECK(rh_mp_check_where((const uint8_t *)"\x92\x93\x01\x02", 4, 32, &n, &w) == RH_MP_TOOMANY);
+  CHECK(w.is_map == 0 && w.count == 3 && w.left == 2);
   /* str32 longer than the message */
   CHECK(check("\xdb\x00\x00\x10\x00xyz", 8, &n) == RH_MP_TRUNCATED);
   /* ext32 longer than the message */

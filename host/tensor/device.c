@@ -109,8 +109,8 @@ static void device_free(void *ctx, void *data) {
 }
 
 rh_storage_t *rh_storage_new_on(int device, size_t nbytes) {
-  if (device < 0) return rh_storage_new_uninit(nbytes);
   if (rh__check_device(device)) return NULL;
+  if (device == RH_CPU) return rh_storage_new_uninit(nbytes);
   void *p = NULL;
   if (api->alloc(device, nbytes, &p)) {
     rh_tensor_fail("%s", api->last_error());
@@ -121,8 +121,16 @@ rh_storage_t *rh_storage_new_on(int device, size_t nbytes) {
   return s;
 }
 
+/* The one check every device number passes before the tensor core uses it: -1
+ * is the CPU, 0..n-1 the CUDA devices present. A device number may come from
+ * the network (a tensor's descriptor), so any other negative is refused here
+ * too: "device < 0 means the host" would let -2 through to the CUDA table,
+ * which is NULL without a GPU. */
 int rh__check_device(int device) {
-  if (device < 0) return 0;
+  if (device == RH_CPU) return 0;
+  if (device < 0)
+    return rh_tensor_fail("invalid device %d: a device is -1 (the CPU) or the index of a CUDA device (0, 1, ...)",
+                          device);
   load();
   if (!api) return rh_tensor_fail("CUDA is not available: %s (tensor.cuda.is_available() is false)", why);
   if (device >= ndev)
@@ -162,8 +170,8 @@ rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device) {
   size_t nbytes = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
   int rc = 0;
   if (o && nbytes) {
-    if (from < 0) rc = api->h2d(device, rh_tensor_data(o), rh_tensor_data(c), nbytes);
-    else if (device < 0) rc = api->d2h(from, rh_tensor_data(o), rh_tensor_data(c), nbytes);
+    if (from == RH_CPU) rc = api->h2d(device, rh_tensor_data(o), rh_tensor_data(c), nbytes);
+    else if (device == RH_CPU) rc = api->d2h(from, rh_tensor_data(o), rh_tensor_data(c), nbytes);
     else rc = api->d2d(device, rh_tensor_data(o), from, rh_tensor_data(c), nbytes);
   }
   rh_tensor_release(c);
@@ -176,5 +184,6 @@ rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device) {
 
 int rh_cuda_synchronize(int device) {
   if (rh__check_device(device)) return -1;
+  if (device == RH_CPU) return rh_tensor_fail("synchronize: cpu is not a CUDA device (give cuda:N or N)");
   return rh__cuda_call(api->synchronize(device));
 }

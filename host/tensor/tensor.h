@@ -120,7 +120,10 @@ void rh_storage_reset_peak(void);      /* the high-water mark := the live bytes 
 int64_t rh_storage_cached_bytes(void); /* freed big buffers kept for reuse */
 
 /* devices (device.c): -1 is the CPU, n >= 0 CUDA device n. Every op runs where
- * its operands are; operands on different devices are an error naming both. */
+ * its operands are; operands on different devices are an error naming both.
+ * Any other number (-2, a device not present) is an error wherever a device is
+ * taken: storages, empty_on, to_device, synchronize. */
+#define RH_CPU (-1)
 int rh_cuda_device_count(void); /* 0 when CUDA is unavailable */
 const char *rh_cuda_why(void);  /* why it is unavailable ("" when it is) */
 int rh_cuda_synchronize(int device);

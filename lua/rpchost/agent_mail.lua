@@ -38,16 +38,37 @@ end
 local function has_prefix(key, prefix) return key:find(prefix, 1, true) == 1 end
 
 function C:on_message(src, body, segs)
-  return self:message_decoded(src, pcall(dec_msg, body, segs))
+  return self:message_decoded(src, body, pcall(dec_msg, body, segs))
+end
+
+-- The key of a message whose values did not decode: its first value, a string
+-- the encoder wrote as a fixstr or a str8 (keys are short), or nil.
+local function key_of(body)
+  local b = type(body) == "string" and body:byte(1)
+  if not b then return nil end
+  if b >= 0xa0 and b <= 0xbf then return body:sub(2, 1 + b - 0xa0) end
+  if b == 0xd9 and #body >= 2 then return body:sub(3, 2 + body:byte(2)) end
+end
+
+-- A message that does not decode (a malformed tensor, too many values) is
+-- dropped, and the task waiting for its key, if one is, fails at once with the
+-- reason instead of waiting out its deadline.
+local function malformed(self, src, body, why)
+  log.warn("dropping a malformed message from rank %s: %s", tostring(src), why)
+  local key = key_of(body)
+  local ws = key and self.mail_waiters[src]
+  local w = ws and ws[key]
+  if w then
+    ws[key] = nil
+    sched.wake(w, errors.new("serialize", ("cannot decode the message from rank %s under %q: %s"):format(
+      tostring(src), key, why), {rank = src}))
+  end
 end
 
 -- A decoded message (the decoder's results arrive as arguments): its values
 -- make the only table, the one the mailbox keeps.
-function C:message_decoded(src, ok, key, ...)
-  if not ok then
-    log.warn("dropping a malformed message from rank %s: %s", tostring(src), tostring(key))
-    return
-  end
+function C:message_decoded(src, body, ok, key, ...)
+  if not ok then return malformed(self, src, body, tostring(key)) end
   if type(key) == "string" and key:byte(1) ~= 33 then -- (not "!...": a collective's or a user's)
     return self:deliver(src, key, {n = select("#", ...), ...})
   end

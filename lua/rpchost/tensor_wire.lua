@@ -60,9 +60,20 @@ function M.install(tensor)
   end)
 end
 
+-- The device a tensor arrives on: only what the API accepts (tensor._device_index),
+-- checked here because the number comes from a peer: nil or -1, the CPU; else a
+-- whole number 0..n-1 naming a CUDA device of this worker. Anything else fails
+-- the one message that carried it, with a line that names the device.
 local function on_device(t, dev)
-  if dev == nil then return t end
-  if type(dev) ~= "number" then error("malformed message: a tensor's device is not a number", 0) end
+  if dev == nil or dev == -1 then return t end
+  if type(dev) ~= "number" then
+    error(("malformed message: a tensor's device is a %s, not a device number (-1 for the CPU, " ..
+      "0, 1, ... for a CUDA device)"):format(type(dev)), 0)
+  end
+  if not (dev >= 0 and dev < 2 ^ 31 and dev == math.floor(dev)) then
+    error(("malformed message: a tensor's device is %s: a device is -1 (the CPU) or the index of a " ..
+      "CUDA device (0, 1, ...)"):format(tostring(dev)), 0)
+  end
   local ok, r = pcall(core.t_to_device, t, dev)
   if not ok then error(("a tensor was sent to cuda:%d of this worker: %s"):format(dev, tostring(r)), 0) end
   return r
