@@ -83,7 +83,8 @@ local function read_file(path, timeout)
 end
 
 -- A 3-rank world started by hand in which rank 2 dies; a stranger's relay takes
--- its TCP port, relaying to rank 1 and to the store in turn; rank 0 calls w2.
+-- its TCP port, relaying to rank 1, to the store and back to rank 0 itself (a
+-- reflection) in turn; rank 0 calls w2.
 local function relay_world(env)
   local port = S.free_port()
   local dir = S.tmpdir .. ("/relay-%d"):format(math.random(1e9))
@@ -131,12 +132,13 @@ local function relay_world(env)
     return S.start({path}, {env = e})
   end
   local hs = {[0] = start(0), start(1), start(2)}
-  local p1, p2 = read_file(dir .. "/port1"), read_file(dir .. "/port2")
-  assert.truthy(p1 and p2, "the ranks did not start")
+  local p0, p1, p2 = read_file(dir .. "/port0"), read_file(dir .. "/port1"), read_file(dir .. "/port2")
+  assert.truthy(p0 and p1 and p2, "the ranks did not start")
   local r2 = hs[2]:wait(30)
   assert.are.equal(3, r2.status, r2.out .. r2.err)
   -- the stranger: no token, no secret, its own runtime directory
-  local relay = S.start({S.write(RELAY), p2, marker, "127.0.0.1:" .. p1, "127.0.0.1:" .. port},
+  local relay = S.start({S.write(RELAY), p2, marker, "127.0.0.1:" .. p1, "127.0.0.1:" .. port,
+                         "127.0.0.1:" .. p0},
     {env = {XDG_RUNTIME_DIR = dir, RELAY_SECONDS = 12}, unset = {"RPCHOST_TOKEN", "RANK", "WORLD_SIZE",
                                                                    "MASTER_ADDR", "MASTER_PORT"}})
   read_file(dir .. "/nothing", 0.5)
@@ -163,7 +165,8 @@ local function assert_relay_failed(r0, r1, rr, marker)
 end
 
 describe("a stranger on the same machine, without the world's secret or token", function()
-  it("cannot relay a dialler's handshake to another rank or the store through a dead rank's port (token)", function()
+  it("cannot relay a dialler's handshake to another rank, the store or itself through a dead rank's port (token)",
+    function()
     assert_relay_failed(relay_world({RPCHOST_TOKEN = "relay-test-token"}))
   end)
 
