@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "net/privdir.h"
 #include "rh_lua.h"
 #include "tensor/tensor.h"
 
@@ -522,20 +523,15 @@ static int l_listener_close(lua_State *L) {
   return 0;
 }
 
-/* Makes path (mode 0700) if missing and checks that it is this user's private
- * directory: NULL, or why not. */
-static const char *private_dir(lua_State *L, const char *path) {
-  if (mkdir(path, 0700) != 0 && errno != EEXIST) return lua_pushfstring(L, "cannot make %s: %s", path, strerror(errno));
-  struct stat st;
-  if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0)
-    return lua_pushfstring(L, "%s is not a private directory of this user (mode 0700)", path);
-  return NULL;
-}
-
 /* socket_dir([sub]) -> path | nil, why: a directory only this user can enter,
- * for Unix-domain sockets and the world keys: $XDG_RUNTIME_DIR/rpchost, else
- * /tmp/rpchost-<uid>. One that exists must be a real directory owned by this user
- * with no access for others (someone else could have made it first in /tmp).
+ * for Unix-domain sockets and the world secrets: the first of
+ * $XDG_RUNTIME_DIR/rpchost, /run/user/<uid>/rpchost, /tmp/rpchost-<uid> and
+ * $HOME/.cache/rpchost that is, or can be made, a real directory of this user
+ * with mode 0700 (host/net/privdir.c: another user may have made one of them
+ * first). why names each one tried and what is wrong with it. Not TMPDIR's:
+ * every process of a world must find the same directory, and TMPDIR often
+ * differs between them (one per job or session); RPCHOST_TMPDIR moves /tmp,
+ * for tests.
  * With sub (a plain name), its subdirectory of that name, checked the same way:
  * the bytecode cache keeps its thousands of files out of the directory the
  * sockets' sweep reads. */
@@ -543,23 +539,21 @@ static int l_socket_dir(lua_State *L) {
   const char *sub = luaL_optstring(L, 1, NULL);
   if (sub && (!*sub || strspn(sub, "abcdefghijklmnopqrstuvwxyz0123456789-_") != strlen(sub)))
     return luaL_argerror(L, 1, "a subdirectory's plain name (a-z, 0-9, - and _)");
-  char path[512];
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  if (xdg && *xdg) snprintf(path, sizeof path, "%s/rpchost", xdg);
-  else snprintf(path, sizeof path, "/tmp/rpchost-%u", (unsigned)getuid());
-  const char *why = private_dir(L, path);
-  if (!why && sub) {
-    size_t n = strlen(path);
-    snprintf(path + n, sizeof path - n, "/%s", sub);
-    why = private_dir(L, path);
+  char cands[RH_PRIVDIR_MAX][RH_PRIVDIR_PATH], why[4096];
+  int n = rh_privdir_candidates(getenv("XDG_RUNTIME_DIR"), "/run/user", getenv("RPCHOST_TMPDIR"), getenv("HOME"),
+                                (unsigned)getuid(), cands, RH_PRIVDIR_MAX);
+  int i = rh_privdir_find(cands, n, why, sizeof why);
+  char path[RH_PRIVDIR_PATH + 64];
+  if (i >= 0) {
+    snprintf(path, sizeof path, "%s%s%s", cands[i], sub ? "/" : "", sub ? sub : "");
+    if (!sub || rh_privdir_check(path, why, sizeof why) == 0) {
+      lua_pushstring(L, path);
+      return 1;
+    }
   }
-  if (why) {
-    lua_pushnil(L);
-    lua_insert(L, -2);
-    return 2;
-  }
-  lua_pushstring(L, path);
-  return 1;
+  lua_pushnil(L);
+  lua_pushstring(L, why);
+  return 2;
 }
 
 /* sweep_sockets(dir [, min_age]) -> removed: the socket files (*.sock) in dir that

@@ -147,6 +147,10 @@ int rh_lua_main(int argc, char **argv) {
   /* seconds a connection has to complete its handshake (proof included) */
   const char *hs = getenv("RPCHOST_HANDSHAKE_TIMEOUT");
   if (hs && *hs && strtod(hs, NULL) > 0) ctx->net.handshake_ms = (uint64_t)(strtod(hs, NULL) * 1000);
+  /* how many connections one listener holds before they prove themselves (the
+   * oldest goes past it; 0: no cap; default: host/net/conn.c) */
+  const char *mu = getenv("RPCHOST_MAX_UNPROVEN");
+  if (mu && *mu >= '0' && *mu <= '9') ctx->net.max_unproven = (int)strtol(mu, NULL, 10);
   /* how long a rank keeps polling its shared-memory rings after their last
    * traffic before it sleeps (host/net/conn_ring.c): the scheduler's spin window */
   const char *spin = getenv("RPCHOST_SPIN_US");

@@ -19,6 +19,10 @@ static const struct {
     {RH_EARENA, "corrupt collective arena (impossible header or step from a peer)"},
     {RH_ENOKERNEL, "the reduction op has no kernel for this dtype"},
     {RH_EHANDSHAKE, "the peer did not complete its handshake in time (RPCHOST_HANDSHAKE_TIMEOUT)"},
+    {RH_ECROWDED,
+     "closed unproven: more connections than RPCHOST_MAX_UNPROVEN were waiting to prove themselves "
+     "on this listener, and this was the oldest"},
+    {RH_ENOPRIVDIR, "no private directory of this user for sockets and world secrets"},
 };
 
 const char *rh_strerror(int code) {

@@ -93,7 +93,7 @@ describe("descriptor floods", function()
     local r = world:wait(60)
     assert.are.equal(0, member.status, member.out .. member.err)
     assert.truthy(member.out:find("member got: x", 1, true), member.out .. member.err)
-    assert.is_true(during - before <= 300, ("rank 0 went from %d to %d descriptors"):format(before, during))
+    assert.is_true(during - before <= 256 + 8, ("rank 0 went from %d to %d descriptors"):format(before, during))
     assert.are.equal(200, oldest, "the oldest idle connections were dropped")
     assert.are.equal(0, newest, "the newest idle connections are kept (until their deadline)")
     assert.are.equal(0, r.status, r.out .. r.err)
@@ -101,7 +101,7 @@ describe("descriptor floods", function()
     assert.is_nil(r.out:find("FAIL", 1, true), r.out)
   end)
 
-  it("cannot fill the store host's descriptors: the next rank still joins", function()
+  it("cannot fill the store host's descriptors: the next rank still joins (RPCHOST_MAX_UNPROVEN=64)", function()
     local port = S.free_port()
     local path = S.write(S.prelude .. [[
       function hi() return "hi from " .. rank end
@@ -111,7 +111,8 @@ describe("descriptor floods", function()
     ]])
     local function env(rank)
       return {RANK = rank, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
-              RPCHOST_HANDSHAKE_TIMEOUT = 60, RPCHOST_STORE_HANDSHAKE_TIMEOUT = 60, RPCHOST_INIT_TIMEOUT = 60}
+              RPCHOST_HANDSHAKE_TIMEOUT = 60, RPCHOST_STORE_HANDSHAKE_TIMEOUT = 60, RPCHOST_INIT_TIMEOUT = 60,
+              RPCHOST_MAX_UNPROVEN = 64}
     end
     local h0 = S.start({path}, {env = env(0), prefix = LIMITS})
     -- rank 0 hosts the store and waits for rank 1: once it registered, flood its store
@@ -123,7 +124,9 @@ describe("descriptor floods", function()
     assert.truthy(raw, "rank 0 never registered")
     local before = fds(h0.pid)
     local list = flood("127.0.0.1", port)
-    S.sleep(0.3)
+    local t1 = S.now()
+    while count_closed(list, 1, FLOOD - 64) < FLOOD - 64 and S.now() - t1 < 3 do S.sleep(0.02) end
+    local dropped, kept = count_closed(list, 1, FLOOD - 64), 64 - count_closed(list, FLOOD - 63, FLOOD)
     local during = fds(h0.pid)
     local r1 = S.run({path}, {env = env(1), timeout = 40})
     close_all(list)
@@ -131,6 +134,119 @@ describe("descriptor floods", function()
     assert.are.equal(0, r1.status, r1.out .. r1.err)
     assert.truthy(r1.out:find("hi from 0", 1, true), r1.out)
     assert.are.equal(0, r0.status, r0.out .. r0.err)
-    assert.is_true(during - before <= 300, ("the store's host went from %d to %d descriptors"):format(before, during))
+    assert.is_true(during - before <= 64 + 8, ("the store's host went from %d to %d descriptors"):format(before, during))
+    assert.are.equal(FLOOD - 64, dropped, "all but the newest 64 idle connections were dropped")
+    assert.are.equal(64, kept, "the newest 64 were kept")
+  end)
+end)
+
+describe("the private directory of a world without a token", function()
+  -- HOME, XDG_RUNTIME_DIR and RPCHOST_TMPDIR (/tmp's stand-in) point into a
+  -- scratch directory, so that nothing of this machine's own
+  -- (/tmp/rpchost-<uid> included) is touched
+  local uid = core.getuid()
+  local root_user = uid == 0
+  local n = 0
+  local UNSET = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "RPCHOST_STORE_HOSTED", "RPCHOST_ERROR_FILE", "RPCHOST_TOKEN"}
+
+  -- a fresh scratch tree: its xdg, tmp and home directories (ours, private)
+  local function scratch()
+    n = n + 1
+    local d = ("%s/privdir-%d"):format(S.tmpdir, n)
+    os.execute(("rm -rf %s && mkdir -p %s/xdg %s/tmp %s/home %s/elsewhere && chmod 700 %s/xdg && chmod 1777 %s/tmp")
+      :format(d, d, d, d, d, d, d))
+    return {root = d, xdg = d .. "/xdg", tmp = d .. "/tmp", home = d .. "/home", elsewhere = d .. "/elsewhere"}
+  end
+
+  -- path made first by someone else: a directory of uid 65534 (nobody) where we
+  -- are root, else a symbolic link to a directory of the squatter's
+  local function squat(path, d, how)
+    if how == "owned" and root_user then
+      os.execute(("mkdir -p %s && chown 65534 %s && chmod 755 %s"):format(path, path, path))
+      return "belongs to uid 65534"
+    end
+    os.execute(("mkdir -p $(dirname %s) && ln -s %s %s"):format(path, d.elsewhere, path))
+    return "is a symbolic link"
+  end
+
+  local function env_of(d)
+    return {XDG_RUNTIME_DIR = d.xdg, RPCHOST_TMPDIR = d.tmp, HOME = d.home}
+  end
+
+  -- /run/user/<uid> is a candidate of its own where it exists: then these
+  -- worlds would use it, whatever the scratch tree holds
+  local function has_run_user()
+    local p = io.popen("stat -c %u /run/user/" .. uid .. " 2>/dev/null")
+    local owner = p:read("*l")
+    p:close()
+    return tonumber(owner) == uid
+  end
+
+  local WORLD = S.prelude .. [[
+    rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+    if rank == 0 then
+      print("socket " .. tostring(rpc._agent().unix_path))
+      check("a call works", rpc.rpc_sync("w1", "tostring", {7}) == "7")
+    end
+    rpc.shutdown()
+  ]]
+
+  it("forms where XDG_RUNTIME_DIR/rpchost and /tmp/rpchost-<uid> were squatted first, in HOME", function()
+    if has_run_user() then
+      pending("/run/user/" .. uid .. " exists here: the world would use it")
+      return
+    end
+    local d = scratch()
+    squat(d.xdg .. "/rpchost", d, "owned")
+    squat(("%s/rpchost-%d"):format(d.tmp, uid), d, "link")
+    local r = S.world(2, WORLD, {env = env_of(d), unset = UNSET, timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert.truthy(r.out:find("ok a call works", 1, true), r.out .. r.err)
+    local sock = r.out:match("socket (%S+)")
+    assert.are.equal(d.home .. "/.cache/rpchost/", sock and sock:match("^(.*/)[^/]+$"), r.out)
+    local p = io.popen("stat -c '%a %u' " .. d.home .. "/.cache/rpchost")
+    assert.are.equal("700 " .. uid, p:read("*l"))
+    p:close()
+    -- nothing was written where the squatter could read it
+    p = io.popen("ls -A " .. d.elsewhere)
+    assert.are.equal("", p:read("*a"))
+    p:close()
+  end)
+
+  it("uses /tmp/rpchost-<uid> when only XDG_RUNTIME_DIR is shared with others", function()
+    if has_run_user() then
+      pending("/run/user/" .. uid .. " exists here: the world would use it")
+      return
+    end
+    local d = scratch()
+    os.execute("chmod 777 " .. d.xdg) -- (writable by all and not sticky: anyone may replace what is in it)
+    local r = S.world(2, WORLD, {env = env_of(d), unset = UNSET, timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local sock = r.out:match("socket (%S+)")
+    assert.are.equal(("%s/rpchost-%d/"):format(d.tmp, uid), sock and sock:match("^(.*/)[^/]+$"), r.out)
+  end)
+
+  it("refuses to start when every candidate was squatted, naming each and its owner, and says what to do", function()
+    if has_run_user() then
+      pending("/run/user/" .. uid .. " exists here: the world would use it")
+      return
+    end
+    local d = scratch()
+    local x = squat(d.xdg .. "/rpchost", d, "owned")
+    local t = squat(("%s/rpchost-%d"):format(d.tmp, uid), d, "link")
+    local h = squat(d.home .. "/.cache/rpchost", d, "owned")
+    local r = S.world(2, WORLD, {env = env_of(d), unset = UNSET, timeout = 60})
+    local all = r.out .. r.err
+    assert.are_not.equal(0, r.status, all)
+    assert.truthy(all:find(d.xdg .. "/rpchost " .. x, 1, true), all)
+    assert.truthy(all:find(("%s/rpchost-%d %s"):format(d.tmp, uid, t), 1, true), all)
+    assert.truthy(all:find(d.home .. "/.cache/rpchost " .. h, 1, true), all)
+    if root_user then assert.truthy(all:find("belongs to uid 65534 (nobody)", 1, true), all) end
+    assert.truthy(all:find("XDG_RUNTIME_DIR", 1, true), all)
+    assert.truthy(all:find("RPCHOST_TOKEN", 1, true), all)
+    local p = io.popen("ls -A " .. d.elsewhere)
+    assert.are.equal("", p:read("*a"))
+    p:close()
   end)
 end)

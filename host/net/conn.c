@@ -1,10 +1,16 @@
 /* conn.c: framed connections over TCP or Unix-domain sockets, listeners and the
  * batched writer (see conn.h). Both kinds are libuv streams; only creation,
- * connecting, binding and address queries differ. */
+ * connecting, binding and address queries differ.
+ *
+ * Descriptors are what a stranger can make a rank run out of: each listener
+ * counts its accepted connections that have not proved themselves and closes
+ * the oldest past net->max_unproven, and an accept that finds the descriptor
+ * table full frees one rather than let libuv try again for ever. */
 #include "conn_priv.h"
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +29,28 @@ struct rh_listener_s {
   rh_conn_cbs_t cbs;
   rh_accept_fn on_accept;
   void *data;
+  /* accepted connections not proven yet, oldest first (conn.c's cap) */
+  rh_conn_t *unproven, *unproven_last;
+  int nunproven;
+  /* takes a connection libuv accepted when no rh_conn_t could be made for it */
+  rh_sock_t sink;
+  int sink_busy, sink_wanted, freeing;
 };
 
 static void deliver(rh_conn_t *c);
+
+/* The connection has proved itself, or is closing: its listener counts it no more. */
+static void unproven_unlink(rh_conn_t *c) {
+  rh_listener_t *l = c->listener;
+  if (!l) return;
+  if (c->prev_unproven) c->prev_unproven->next_unproven = c->next_unproven;
+  else l->unproven = c->next_unproven;
+  if (c->next_unproven) c->next_unproven->prev_unproven = c->prev_unproven;
+  else l->unproven_last = c->prev_unproven;
+  c->next_unproven = c->prev_unproven = NULL;
+  c->listener = NULL;
+  l->nunproven--;
+}
 
 /* Before each poll: frames that resumed connections had buffered go to their
  * owners (from the loop, never inside the owner's call to resume), then every
@@ -50,10 +75,22 @@ static void conn_end(rh_conn_t *c, int status, int peer_version);
 static void sweep_cb(uv_timer_t *t) {
   rh_net_t *net = t->data;
   uint64_t now = uv_now(net->loop);
+  /* (the spare descriptor out_of_descriptors gave up, taken back) */
+  if (net->spare_fd < 0) net->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (rh_conn_t *c = net->all, *next; c; c = next) {
     next = c->next_all;
     if (!c->closing && c->reader.gated && now - c->born > net->handshake_ms) conn_end(c, RH_EHANDSHAKE, 0);
   }
+}
+
+/* A sixteenth of the descriptor limit, within [16, 256]: a rank has a few
+ * listeners (RPC over TCP and a Unix socket, the process group's, the store's),
+ * and all of them together may hold only a part of its descriptors for
+ * strangers. */
+static int default_max_unproven(void) {
+  struct rlimit rl;
+  rlim_t n = getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ? 4096 : rl.rlim_cur / 16;
+  return n < 16 ? 16 : n > 256 ? 256 : (int)n;
 }
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version) {
@@ -62,6 +99,8 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
   net->max_frame = max_frame;
   net->version = version;
   net->handshake_ms = 10000;
+  net->max_unproven = default_max_unproven();
+  net->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   int rc = uv_prepare_init(loop, &net->flush);
   if (rc) return rc;
   net->flush.data = net;
@@ -82,6 +121,8 @@ void rh_net_close(rh_net_t *net) {
   if (!uv_is_closing((uv_handle_t *)&net->flush)) uv_close((uv_handle_t *)&net->flush, NULL);
   if (!uv_is_closing((uv_handle_t *)&net->sweep)) uv_close((uv_handle_t *)&net->sweep, NULL);
   rh__rings_close(net);
+  if (net->spare_fd >= 0) close(net->spare_fd);
+  net->spare_fd = -1;
 }
 
 static void release_all(rh_release_t *rel, size_t n) {
@@ -137,6 +178,7 @@ static void close_done(uv_handle_t *h) {
 static void conn_end(rh_conn_t *c, int status, int peer_version) {
   if (c->closing) return;
   c->closing = 1;
+  unproven_unlink(c);
   c->end_status = status;
   c->end_version = peer_version;
   if (!c->net->defer_close_reports) report_close(c, status, peer_version);
@@ -177,7 +219,10 @@ int rh_conn_is_local(rh_conn_t *c) { return c->local; }
 void *rh_conn_data(rh_conn_t *c) { return c->data; }
 void rh_conn_set_data(rh_conn_t *c, void *data) { c->data = data; }
 int rh_conn_is_open(rh_conn_t *c) { return !c->closing && !c->shutting; }
-void rh_conn_prove(rh_conn_t *c) { rh_reader_open_gate(&c->reader); }
+void rh_conn_prove(rh_conn_t *c) {
+  rh_reader_open_gate(&c->reader);
+  unproven_unlink(c);
+}
 int rh_conn_is_proven(rh_conn_t *c) { return !c->reader.gated; }
 size_t rh_conn_queued(rh_conn_t *c) { return c->alen + c->inflight + rh__ring_backlog(c); }
 
@@ -300,7 +345,8 @@ static int start_reading(rh_conn_t *c) {
 /* Backpressure: while paused nothing is read from the socket (the peer's writes
  * wait in the kernel, then in its own queue) and buffered frames stay put. */
 void rh_conn_pause(rh_conn_t *c) {
-  if (c->closing || c->paused) return;
+  /* (never a gated one: see conn.h) */
+  if (c->closing || c->paused || c->reader.gated) return;
   c->paused = 1;
   uv_read_stop(&c->h.stream);
 }
@@ -750,8 +796,67 @@ static int addr_name(struct sockaddr_storage *ss, char *ip, size_t iplen, int *p
 
 static void listener_closed(uv_handle_t *h) {
   rh_listener_t *l = h->data;
+  if (l->sink_busy) {
+    l->freeing = 1; /* (sink_closed frees it) */
+    return;
+  }
   free(l->path);
   free(l);
+}
+
+static void sink_take(rh_listener_t *l);
+
+static void sink_closed(uv_handle_t *h) {
+  rh_listener_t *l = h->data;
+  l->sink_busy = 0;
+  if (l->freeing) {
+    free(l->path);
+    free(l);
+  } else if (l->sink_wanted) {
+    sink_take(l);
+  }
+}
+
+/* libuv stops listening until the connection it accepted is taken: one that no
+ * rh_conn_t could be made for (out of memory) is taken into the sink and closed.
+ * The sink is one handle; a connection that comes while it closes is taken once
+ * it has closed. */
+static void sink_take(rh_listener_t *l) {
+  if (uv_is_closing(&l->h.handle)) return;
+  if (l->sink_busy) {
+    l->sink_wanted = 1;
+    return;
+  }
+  l->sink_wanted = 0;
+  uv_loop_t *loop = l->net->loop;
+  if ((l->local ? uv_pipe_init(loop, &l->sink.pipe, 0) : uv_tcp_init(loop, &l->sink.tcp)) != 0) return;
+  l->sink_busy = 1;
+  l->sink.handle.data = l;
+  (void)uv_accept(&l->h.stream, &l->sink.stream);
+  uv_close(&l->sink.handle, sink_closed);
+}
+
+/* accept found the descriptor table full (EMFILE, ENFILE) and libuv could not
+ * shed the waiting connections itself (it does, with a spare descriptor of its
+ * own, and calls us only when that is gone): libuv calls accept again at once,
+ * and again, until it says EAGAIN, which takes a free descriptor (Linux looks
+ * for one before it looks at the queue). So one is freed here, or the loop
+ * would spin for ever: the oldest unproven connection's (a flood of them is
+ * what fills a table; each newcomer takes the place of the oldest, and the
+ * turn's last accept may cost one more), else our spare, which the sweep takes
+ * back once a descriptor is free. Only another thread taking the freed
+ * descriptor first could still make it spin, as with libuv's own spare. */
+static void out_of_descriptors(rh_listener_t *l) {
+  rh_net_t *net = l->net;
+  rh_conn_t *oldest = NULL;
+  for (rh_conn_t *c = net->all; c; c = c->next_all) /* (newest first) */
+    if (c->listener && !c->closing) oldest = c;
+  if (oldest) {
+    conn_end(oldest, RH_ECROWDED, 0); /* (uv_close closes its descriptor at once) */
+  } else if (net->spare_fd >= 0) {
+    close(net->spare_fd);
+    net->spare_fd = -1;
+  }
 }
 
 /* Removes a Unix-domain listener's socket file, if it is still the one it made:
@@ -764,14 +869,35 @@ static void unlink_own(rh_listener_t *l) {
 
 static void connection_cb(uv_stream_t *server, int status) {
   rh_listener_t *l = server->data;
+  if (status == UV_EMFILE || status == UV_ENFILE) out_of_descriptors(l);
   if (status < 0) return;
   rh_conn_t *c = conn_new(l->net, &l->cbs, NULL, l->local);
-  if (!c) return;
+  if (!c) {
+    sink_take(l);
+    return;
+  }
   if (uv_accept(server, &c->h.stream) != 0 || start_reading(c) != 0) {
     c->reported = 1; /* never handed out: nobody to tell */
     conn_end(c, 0, 0);
     return;
   }
+  /* at the cap, the oldest unproven connection makes room for this one: a
+   * stranger's idle connections cannot keep out a joiner, who proves itself
+   * within milliseconds */
+  if (l->net->max_unproven > 0 && l->nunproven >= l->net->max_unproven) {
+    conn_end(l->unproven, RH_ECROWDED, 0);
+    if (uv_is_closing(&l->h.handle)) { /* (its owner closed the listener when told) */
+      c->reported = 1;
+      conn_end(c, 0, 0);
+      return;
+    }
+  }
+  c->listener = l;
+  c->prev_unproven = l->unproven_last;
+  if (l->unproven_last) l->unproven_last->next_unproven = c;
+  else l->unproven = c;
+  l->unproven_last = c;
+  l->nunproven++;
   l->on_accept(l, c);
 }
 
@@ -836,8 +962,12 @@ int rh_listener_port(rh_listener_t *l) {
 
 void *rh_listener_data(rh_listener_t *l) { return l->data; }
 
+int rh_listener_unproven(rh_listener_t *l) { return l->nunproven; }
+
 void rh_listener_close(rh_listener_t *l) {
   if (uv_is_closing(&l->h.handle)) return;
+  /* its unproven connections stay (until their proof or deadline), uncounted */
+  while (l->unproven) unproven_unlink(l->unproven);
   unlink_own(l); /* now, while the caller still holds the TCP port the name is made of */
   uv_close(&l->h.handle, listener_closed);
 }

@@ -40,6 +40,14 @@ struct rh_net_s {
   rh_conn_t *resumed;    /* resumed connections with frames still buffered */
   uv_timer_t sweep;      /* closes connections whose handshake is past its deadline */
   uint64_t handshake_ms; /* that deadline (default 10 s) */
+  /* How many accepted connections one listener holds before they prove
+   * themselves: at the cap a new one closes the oldest (0: no cap). A stranger
+   * holding idle connections would otherwise fill the descriptor table and
+   * keep real joiners out, who prove themselves within milliseconds. Default
+   * (rh_net_init): a sixteenth of the descriptor limit, at most 256 and at
+   * least 16; RPCHOST_MAX_UNPROVEN sets it (l_main.c). */
+  int max_unproven;
+  int spare_fd; /* a descriptor kept to give back when accept finds none (EMFILE) */
   uint64_t max_frame;
   uint8_t version; /* protocol version stamped on and expected in frames */
   /* where incoming segments are read to (NULL: into the frame buffer) */
@@ -126,11 +134,15 @@ int rh_conn_local(rh_conn_t *c, char *ip, size_t iplen, int *port);
 int rh_conn_is_open(rh_conn_t *c);
 /* Every connection starts gated: until its owner calls rh_conn_prove (the peer
  * has proved itself), only small handshake frames are read (see frame.h), and
- * the connection is closed if that has not happened within net->handshake_ms. */
+ * the connection is closed if that has not happened within net->handshake_ms.
+ * An accepted one also counts towards its listener's net->max_unproven until
+ * then (the oldest is closed, with RH_ECROWDED, when a new one would pass it). */
 void rh_conn_prove(rh_conn_t *c);
 int rh_conn_is_proven(rh_conn_t *c);
 /* Stops reading (backpressure) / starts again; buffered frames are handed out
- * from the loop after a resume. */
+ * from the loop after a resume. A connection still gated is never paused: it
+ * may hold only small handshake frames, and a paused stranger's EOF would go
+ * unread (it would sit in CLOSE-WAIT, holding its descriptor). */
 void rh_conn_pause(rh_conn_t *c);
 void rh_conn_resume(rh_conn_t *c);
 /* The peer process's uid on a Unix-domain connection, -1 otherwise. */
@@ -161,6 +173,8 @@ int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog)
 rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data);
 int rh_listener_bind_local(rh_listener_t *l, const char *path, int backlog);
 int rh_listener_port(rh_listener_t *l);
+/* Accepted connections of l that have not proved themselves yet (and are open). */
+int rh_listener_unproven(rh_listener_t *l);
 void *rh_listener_data(rh_listener_t *l);
 void rh_listener_close(rh_listener_t *l);
 
