@@ -31,7 +31,7 @@ local function listener_callbacks(self)
     accept = function(conn)
       local why = conn:is_local() and auth.local_peer_problem(conn)
       if why then
-        log.warn("refusing a connection: %s", why)
+        log.warn_often("refused connections", "refusing a connection: %s", why)
         conn:send(proto.HELLO_ACK, 0, 0, auth.refusal(why, true))
         conn:close(true)
         return
@@ -290,7 +290,11 @@ function C:on_conn_close(conn, status, msg, peer_version)
   self.conns[conn] = nil
   if st and st.replaced then return end
   if status ~= 0 and self.state == "running" then
-    log.warn("closed a connection%s: %s", st and st.rank and (" from rank " .. st.rank) or "", tostring(msg))
+    if st and st.proven then
+      log.warn("closed a connection%s: %s", st.rank and (" from rank " .. st.rank) or "", tostring(msg))
+    else
+      log.warn_often("closed unproven connections", "closed a connection that had not proved itself: %s", tostring(msg))
+    end
   end
   if not st or not st.rank then return end
   local p = self.peers[st.rank]
@@ -335,7 +339,7 @@ end
 
 -- Refuses a connection's handshake: one line to the peer and the log, then closed.
 local function refuse_incoming(conn, why, is_auth)
-  log.warn("refusing a connection: %s", why)
+  log.warn_often("refused connections", "refusing a connection: %s", why)
   conn:send(proto.HELLO_ACK, 0, 0, auth.refusal(why, is_auth))
   conn:close(true)
 end
@@ -390,7 +394,7 @@ function C:on_auth(conn, body)
   local ok, a = pcall(dec, body)
   local offers, why = auth.server_auth(st.hs, ok and a or nil)
   if not offers then
-    log.warn("refusing a connection: %s", why)
+    log.warn_often("refused connections", "refusing a connection: %s", why)
     conn:send(auth.READY_FRAME, 0, 0, auth.refusal(why, true))
     conn:close(true)
     return

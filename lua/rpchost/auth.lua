@@ -162,7 +162,7 @@ function M.host_cred(loopback, port)
   if not loopback then return nil end
   local path, why = M.secret_path(port)
   if not path then
-    config_error(("cannot keep this world to its user: %s; set RPCHOST_TOKEN on every rank"):format(why))
+    config_error(("cannot keep this world to its user: %s, or set RPCHOST_TOKEN on every rank"):format(why))
   end
   local s = hex(core.random_bytes(SECRET_LEN / 2))
   write_whole(path, s)

@@ -20,4 +20,28 @@ function M.warn(...) emit("warn", ...) end
 function M.error(...) emit("error", ...) end
 function M.enabled(level) return LEVELS[level] >= threshold end
 
+-- A warning that strangers can cause at will (a refused or dropped connection):
+-- the first few of each kind in a 10-second window are said in full, the rest
+-- counted and said as one line when the next window opens, so that a flood of
+-- connections cannot flood stderr too.
+local FULL, WINDOW = 3, 10
+local noisy = {}
+function M.warn_often(kind, fmt, ...)
+  local now = os.time()
+  local k = noisy[kind]
+  if not k or now - k.start >= WINDOW then
+    if k and k.more > 0 then
+      emit("warn", "%s: %d more like it in %d s", kind, k.more, now - k.start)
+    end
+    k = {start = now, said = 0, more = 0}
+    noisy[kind] = k
+  end
+  if k.said < FULL then
+    k.said = k.said + 1
+    emit("warn", fmt, ...)
+  else
+    k.more = k.more + 1
+  end
+end
+
 return M

@@ -209,7 +209,7 @@ function Server:on_frame(conn, ftype, _, id, body)
         "address, or a relay"):format(tostring(type(h.to) == "table" and h.to.port), self.addr), true
     end
     if not hs then
-      log.warn("store: refusing a connection: %s", why)
+      log.warn_often("store: refused connections", "store: refusing a connection: %s", why)
       conn:send(proto.HELLO_ACK, 0, id, auth.refusal(why, is_auth))
       conn:close(true)
       return
@@ -223,7 +223,7 @@ function Server:on_frame(conn, ftype, _, id, body)
     local offers, why = auth.server_auth(st.hs, ok and a or nil)
     if not offers then
       st.hs = nil
-      log.warn("store: refusing a connection: %s", why)
+      log.warn_often("store: refused connections", "store: refusing a connection: %s", why)
       conn:send(auth.READY_FRAME, 0, id, auth.refusal(why, true))
       conn:close(true)
       return
@@ -294,7 +294,14 @@ function M.serve(host, port)
     accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
     frame = function(conn, ...) s:on_frame(conn, ...) end,
     close = function(conn, status, msg)
-      if status ~= 0 then log.warn("store: closed a connection: %s", tostring(msg)) end
+      if status ~= 0 then
+        local st = s.clients[conn]
+        if st and st.ready then log.warn("store: closed a connection: %s", tostring(msg))
+        else
+          log.warn_often("store: closed unproven connections",
+            "store: closed a connection that had not proved itself: %s", tostring(msg))
+        end
+      end
       s:on_close(conn)
     end,
   })
