@@ -230,41 +230,11 @@ describe("a stranger on the same machine, without the world's secret or token", 
     local env = {RANK = 0, WORLD_SIZE = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
                  RPCHOST_EARLY_MAX = 65536, RPCHOST_INIT_TIMEOUT = 60}
     local h0 = S.start({path}, {env = env})
-    -- rank 0's listening ports, as /proc shows them to anyone
-    local function listening(pid)
-      local inodes = {}
-      local p = io.popen("ls -l /proc/" .. pid .. "/fd 2>/dev/null")
-      for ino in p:read("*a"):gmatch("socket:%[(%d+)%]") do inodes[ino] = true end
-      p:close()
-      local ports = {}
-      for _, file in ipairs {"/proc/net/tcp", "/proc/net/tcp6"} do
-        local f = io.open(file)
-        for line in (f and f:read("*a") or ""):gmatch("[^\n]+") do
-          local w = {}
-          for x in line:gmatch("%S+") do w[#w + 1] = x end
-          local lport = w[2] and w[2]:match(":(%x+)$")
-          if lport and w[4] == "0A" and inodes[w[10]] then ports[#ports + 1] = tonumber(lport, 16) end
-        end
-        if f then f:close() end
-      end
-      return ports
-    end
-    local function fds(pid)
-      local p = io.popen("ls /proc/" .. pid .. "/fd 2>/dev/null | wc -l")
-      local n = tonumber(p:read("*a"))
-      p:close()
-      return n or 0
-    end
-    local function rss(pid)
-      local f = io.open("/proc/" .. pid .. "/status")
-      local s = f and f:read("*a") or ""
-      if f then f:close() end
-      return (tonumber(s:match("VmRSS:%s*(%d+)")) or 0) * 1024
-    end
+    local W = require "spec.wire"
+    local listening, fds, rss = W.listening_ports, W.fds, W.rss_of
     local deadline, ports = sched.now() + 20, {}
     while #ports < 2 and sched.now() < deadline do ports = listening(h0.pid); sched.sleep(0.05) end
     assert.is_true(#ports >= 2, "rank 0 did not listen")
-    local W = require "spec.wire"
     local frame = W.header(W.HELLO, 0, 4096) .. ("z"):rep(4096)
     local rss0, most_fds = rss(h0.pid), 0
     -- the stranger: connect, one 4 KiB first frame, close; again and again

@@ -15,13 +15,7 @@ local W = require "spec.wire"
 local LIMITS = {"prlimit", "--nofile=1024:4096", "--"}
 local FLOOD = 1100
 
--- descriptors process pid has open now
-local function fds(pid)
-  local p = io.popen("ls /proc/" .. pid .. "/fd 2>/dev/null | wc -l")
-  local n = tonumber(p:read("*a"))
-  p:close()
-  return n or 0
-end
+local fds = W.fds
 
 -- FLOOD idle connections to ip:port that never say a word: the records (spec/wire.lua)
 local function flood(ip, port)

@@ -140,6 +140,42 @@ function W.forged_results()
   }
 end
 
+-- Descriptors process pid has open now.
+function W.fds(pid)
+  local p = io.popen("ls /proc/" .. pid .. "/fd 2>/dev/null | wc -l")
+  local n = tonumber(p:read("*a"))
+  p:close()
+  return n or 0
+end
+
+-- Process pid's resident memory now, in bytes.
+function W.rss_of(pid)
+  local f = io.open("/proc/" .. pid .. "/status")
+  local s = f and f:read("*a") or ""
+  if f then f:close() end
+  return (tonumber(s:match("VmRSS:%s*(%d+)")) or 0) * 1024
+end
+
+-- The TCP ports process pid listens on, as /proc shows them to anyone.
+function W.listening_ports(pid)
+  local inodes = {}
+  local p = io.popen("ls -l /proc/" .. pid .. "/fd 2>/dev/null")
+  for ino in p:read("*a"):gmatch("socket:%[(%d+)%]") do inodes[ino] = true end
+  p:close()
+  local ports = {}
+  for _, file in ipairs {"/proc/net/tcp", "/proc/net/tcp6"} do
+    local f = io.open(file)
+    for line in (f and f:read("*a") or ""):gmatch("[^\n]+") do
+      local w = {}
+      for x in line:gmatch("%S+") do w[#w + 1] = x end
+      local lport = w[2] and w[2]:match(":(%x+)$")
+      if lport and w[4] == "0A" and inodes[w[10]] then ports[#ports + 1] = tonumber(lport, 16) end
+    end
+    if f then f:close() end
+  end
+  return ports
+end
+
 -- This process's resident memory now, in bytes.
 function W.rss()
   local f = io.open("/proc/self/statm")
