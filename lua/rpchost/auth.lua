@@ -294,10 +294,14 @@ end
 -- answering with server_ack.
 function M.server_hello(cred, roles, body)
   local ok, h = pcall(dec, body)
-  if not ok or type(h) ~= "table" then return nil, "malformed hello" end
+  if not ok or type(h) ~= "table" then return nil, "malformed hello (not an rpchost peer?)" end
   if h.proto ~= core.protocol_version then return nil, nil, nil, h end -- (the caller says which versions)
   if not roles[h.role] then
-    return nil, ("a connection for another role (%s) reached this listener"):format(tostring(h.role))
+    local served = {}
+    for r in pairs(roles) do served[#served + 1] = r end
+    table.sort(served)
+    return nil, ("a connection for another role (%s) reached this listener (it serves %s): a stale address, " ..
+      "or a relay"):format(tostring(h.role), table.concat(served, ", "))
   end
   if type(h.nonce) ~= "string" or #h.nonce ~= 32 then return nil, "malformed handshake (nonce)" end
   local have = cred and cred.kind
