@@ -181,7 +181,9 @@ static void test_unproven_cap(void) {
   CHECK(until(&acc_closed[5], 1));
   CHECK(acc_status[5] == 0);
   CHECK(rh_listener_unproven(lis2) == 2);
-  for (int i = 0; i < 8; i++) rh_conn_close(cli[i], 0);
+  /* (a client whose peer ended it was freed after its close callback) */
+  for (int i = 0; i < 8; i++)
+    if (!cli_closed[i]) rh_conn_close(cli[i], 0);
   end2();
 }
 
