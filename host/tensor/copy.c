@@ -1,12 +1,20 @@
-/* copy.c: same-dtype strided copies on the host at memory speed.
+/* copy.c: every write of a whole tensor from another or from a constant
+ * (Torch7's THTensorCopy): copy_ (broadcast, any pair of dtypes, any layouts,
+ * across devices), cast, clone, contiguous, reshape when it cannot be a view,
+ * fill_ and full, and to_device (host <-> CUDA device, device <-> device).
  *
- * A copy of a permuted view (contiguous(), clone(), copy_ between layouts) reads
- * one operand with a large stride: element by element, every read touches a new
- * cache line and the copy runs at a fraction of memcpy. Here the two dimensions
- * along which the source and the destination are dense are copied in square
- * tiles that fit in L1, so both sides move whole cache lines; the tiles are
- * spread over the thread pool. Copies whose innermost dimension is dense on both
- * sides stay with the iterator (a memcpy per row), which is already at speed. */
+ * Same-dtype copies of permuted layouts run at memory speed: a copy of a
+ * permuted view (contiguous(), clone(), copy_ between layouts) reads one operand
+ * with a large stride: element by element, every read touches a new cache line
+ * and the copy runs at a fraction of memcpy. Here the two dimensions along which
+ * the source and the destination are dense are copied in square tiles that fit
+ * in L1, so both sides move whole cache lines; the tiles are spread over the
+ * thread pool. Copies whose innermost dimension is dense on both sides stay with
+ * the iterator (a memcpy per row), which is already at speed. Other copies go
+ * through the iterator with one inlined loop per (from, to) pair of dtypes.
+ *
+ * Depends on tensor.c (headers, views, broadcasting), iter.c, storage.c and
+ * device.c; reduce.c, ops.c and everything above use it. */
 #include <string.h>
 
 #include "tensor_internal.h"
@@ -194,8 +202,8 @@ static void tiled_chunk(void *vj, int64_t lo, int64_t hi) {
 
 /* Copies `size` elements of es bytes from src to dst (byte strides) when the
  * layouts call for tiles; returns 1 when it did, 0 to leave it to the iterator. */
-int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_st, const char *src,
-                   const int64_t *src_st, size_t es) {
+static int copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_st, const char *src,
+                      const int64_t *src_st, size_t es) {
   /* drop size-1 dims; a broadcast source (stride 0) is not a permutation */
   int64_t sz[RH_MAXDIM], ds[RH_MAXDIM], ss[RH_MAXDIM];
   int n = 0;
@@ -243,4 +251,253 @@ int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_
   int64_t per_tile = j.tile_r * j.tile_c, grain = per_tile >= 65536 ? 1 : 65536 / per_tile;
   rh_parallel_for(work, numel >= (1 << 18) ? grain : work, tiled_chunk, &j);
   return 1;
+}
+
+/* ---- copies between dtypes */
+typedef struct {
+  rh_dtype_t from, to;
+} cast_ctx_t;
+
+static void cast_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
+                      void *vctx) {
+  cast_ctx_t *c = vctx;
+  (void)b;
+  (void)bs;
+  if (c->from == c->to) {
+    size_t es = rh_dtype_size(c->to);
+    if (os == (int64_t)es && as == (int64_t)es) {
+      memcpy(o, a, (size_t)n * es);
+      return;
+    }
+    /* strided copies element by element, typed */
+    switch (es) {
+      case 8:
+        for (int64_t i = 0; i < n; i++) *(uint64_t *)(o + i * os) = *(const uint64_t *)(a + i * as);
+        break;
+      case 4:
+        for (int64_t i = 0; i < n; i++) *(uint32_t *)(o + i * os) = *(const uint32_t *)(a + i * as);
+        break;
+      default:
+        for (int64_t i = 0; i < n; i++) o[i * os] = a[i * as];
+        break;
+    }
+    return;
+  }
+  if (c->from == RH_I64 && c->to != RH_F32 && c->to != RH_F64) {
+    /* integer to integer without going through double */
+    for (int64_t i = 0; i < n; i++) {
+      int64_t v = *(const int64_t *)(a + i * as);
+      char *p = o + i * os;
+      switch (c->to) {
+        case RH_I32: *(int32_t *)p = (int32_t)v; break;
+        case RH_U8: *(uint8_t *)p = (uint8_t)v; break;
+        case RH_BOOL: *(uint8_t *)p = v != 0; break;
+        default: break;
+      }
+    }
+    return;
+  }
+  /* every (from, to) pair as its own inlined loop: a load and a store call per
+   * element made casts (relu's backward, masks) several times slower than a copy */
+#define LD_F32(p) ((double)*(const float *)(p))
+#define LD_F64(p) (*(const double *)(p))
+#define LD_I32(p) ((double)*(const int32_t *)(p))
+#define LD_I64(p) ((double)*(const int64_t *)(p))
+#define LD_U8(p) ((double)*(const uint8_t *)(p))
+#define LD_BOOL(p) ((double)(*(const uint8_t *)(p) != 0))
+#define ST_F32(p, v) (*(float *)(p) = (float)(v))
+#define ST_F64(p, v) (*(double *)(p) = (v))
+#define ST_ANY(p, v) rh__store(c->to, (p), (v)) /* integers: clamped as rh_dtype_store does */
+#define ST_BOOL(p, v) (*(uint8_t *)(p) = (v) != 0)
+/* dense runs with constant strides, so the compiler vectorizes them */
+#define CAST_LOOP(LD, ST, FS, TS)                                       \
+  if (as == (FS) && os == (TS)) {                                       \
+    for (int64_t i = 0; i < n; i++) ST(o + i * (TS), LD(a + i * (FS))); \
+  } else {                                                              \
+    for (int64_t i = 0; i < n; i++) ST(o + i * os, LD(a + i * as));     \
+  }
+#define CAST_TO(LD, FS)                                 \
+  switch (c->to) {                                      \
+    case RH_F32: CAST_LOOP(LD, ST_F32, FS, 4); break;   \
+    case RH_F64: CAST_LOOP(LD, ST_F64, FS, 8); break;   \
+    case RH_BOOL: CAST_LOOP(LD, ST_BOOL, FS, 1); break; \
+    default: CAST_LOOP(LD, ST_ANY, FS, os); break;      \
+  }
+  switch (c->from) {
+    case RH_F32: CAST_TO(LD_F32, 4); break;
+    case RH_F64: CAST_TO(LD_F64, 8); break;
+    case RH_I32: CAST_TO(LD_I32, 4); break;
+    case RH_I64: CAST_TO(LD_I64, 8); break;
+    case RH_U8: CAST_TO(LD_U8, 1); break;
+    case RH_BOOL: CAST_TO(LD_BOOL, 1); break;
+    default:
+      for (int64_t i = 0; i < n; i++) rh__store(c->to, o + i * os, rh__load(c->from, a + i * as));
+      break;
+  }
+#undef CAST_TO
+#undef CAST_LOOP
+#undef ST_BOOL
+#undef ST_ANY
+#undef ST_F64
+#undef ST_F32
+#undef LD_BOOL
+#undef LD_U8
+#undef LD_I64
+#undef LD_I32
+#undef LD_F64
+#undef LD_F32
+}
+
+int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src) {
+  int nd;
+  int64_t shape[RH_MAXDIM];
+  if (rh__broadcast_shape(dst->ndim, dst->size, src->ndim, src->size, &nd, shape)) return -1;
+  if (nd != dst->ndim || memcmp(shape, dst->size, sizeof(int64_t) * (size_t)nd) != 0) {
+    char a[256], b[256];
+    rh_shape_str(src->ndim, src->size, a, sizeof a);
+    rh_shape_str(dst->ndim, dst->size, b, sizeof b);
+    return rh_tensor_fail("cannot copy a tensor of shape %s into one of shape %s", a, b);
+  }
+  if (rh_tensor_device(src) != rh_tensor_device(dst)) {
+    /* across devices: a contiguous copy of src where dst lives, then a local copy */
+    rh_tensor_t *moved = rh_tensor_to_device(src, rh_tensor_device(dst));
+    if (!moved) return -1;
+    int rc = rh_tensor_copy_(dst, moved);
+    rh_tensor_release(moved);
+    return rc;
+  }
+  int64_t ost[RH_MAXDIM], ast[RH_MAXDIM];
+  rh__bcast_strides(dst, nd, shape, ost);
+  for (int d = 0; d < nd; d++) ost[d] = dst->stride[d] * (int64_t)rh_dtype_size(dst->dtype);
+  rh__bcast_strides(src, nd, shape, ast);
+  if (RH_ON_DEVICE(dst))
+    return rh__cuda_call(rh_cuda_api()->cast(rh_tensor_device(dst), src->dtype, dst->dtype, nd, shape,
+                                             rh_tensor_data(dst), ost, rh_tensor_data(src), ast));
+  if (src->dtype == dst->dtype &&
+      copy_tiled(nd, shape, rh_tensor_data(dst), ost, rh_tensor_data(src), ast, rh_dtype_size(dst->dtype)))
+    return 0;
+  cast_ctx_t c = {src->dtype, dst->dtype};
+  rh__iterate(nd, shape, rh_tensor_data(dst), ost, rh_tensor_data(src), ast, NULL, NULL, cast_loop, &c);
+  return 0;
+}
+
+/* ---- fills */
+typedef struct {
+  rh_dtype_t dt;
+  union { /* aligned for any element type */
+    char bytes[8];
+    int64_t i;
+    double d;
+  } v;
+} fill_ctx_t;
+
+/* one store per element, typed (a memcpy call per element was the slow part) */
+#define FILL_AS(T)                                            \
+  do {                                                        \
+    T v;                                                      \
+    memcpy(&v, f->v.bytes, sizeof v);                         \
+    if (os == (int64_t)sizeof(T)) {                           \
+      T *O = (T *)o;                                          \
+      for (int64_t i = 0; i < n; i++) O[i] = v;               \
+    } else {                                                  \
+      for (int64_t i = 0; i < n; i++) *(T *)(o + i * os) = v; \
+    }                                                         \
+  } while (0)
+
+static void fill_loop(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
+                      void *vctx) {
+  fill_ctx_t *f = vctx;
+  (void)a, (void)as, (void)b, (void)bs;
+  switch (rh_dtype_size(f->dt)) {
+    case 8: FILL_AS(uint64_t); break;
+    case 4: FILL_AS(uint32_t); break;
+    default: FILL_AS(uint8_t); break;
+  }
+}
+
+int rh_tensor_fill_(rh_tensor_t *t, double v) {
+  if (RH_ON_DEVICE(t)) {
+    int64_t ost[RH_MAXDIM];
+    for (int d = 0; d < t->ndim; d++) ost[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
+    return rh__cuda_call(
+        rh_cuda_api()->fill(rh_tensor_device(t), t->dtype, t->ndim, t->size, rh_tensor_data(t), ost, v));
+  }
+  if (v == 0 && rh_tensor_is_contiguous(t)) {
+    memset(rh_tensor_data(t), 0, (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype));
+    return 0;
+  }
+  fill_ctx_t f;
+  f.dt = t->dtype;
+  rh__store(t->dtype, f.v.bytes, v);
+  int64_t ost[RH_MAXDIM];
+  for (int d = 0; d < t->ndim; d++) ost[d] = t->stride[d] * (int64_t)rh_dtype_size(t->dtype);
+  rh__iterate(t->ndim, t->size, rh_tensor_data(t), ost, NULL, NULL, NULL, NULL, fill_loop, &f);
+  return 0;
+}
+
+rh_tensor_t *rh_tensor_full(rh_dtype_t dt, int ndim, const int64_t *size, double value) {
+  rh_tensor_t *t = rh_tensor_empty(dt, ndim, size);
+  if (t) rh_tensor_fill_(t, value);
+  return t;
+}
+
+/* ---- copies */
+rh_tensor_t *rh_tensor_contiguous(rh_tensor_t *t) {
+  if (rh_tensor_is_contiguous(t)) {
+    rh_tensor_retain(t);
+    return t;
+  }
+  return rh_tensor_clone(t);
+}
+
+rh_tensor_t *rh_tensor_clone(rh_tensor_t *t) { return rh_tensor_cast(t, t->dtype); }
+
+rh_tensor_t *rh_tensor_cast(rh_tensor_t *t, rh_dtype_t dtype) {
+  rh_tensor_t *o = rh_tensor_empty_on(rh_tensor_device(t), dtype, t->ndim, t->size);
+  if (!o) return NULL;
+  if (rh_tensor_copy_(o, t)) {
+    rh_tensor_release(o);
+    return NULL;
+  }
+  return o;
+}
+
+/* a view when the strides allow one (tensor.c's rule), else a contiguous copy viewed */
+rh_tensor_t *rh_tensor_reshape(rh_tensor_t *t, int ndim, const int64_t *size) {
+  int64_t shape[RH_MAXDIM], stride[RH_MAXDIM];
+  if (rh__infer_shape(t, ndim, size, shape, "reshape")) return NULL;
+  if (rh__view_strides(t, ndim, shape, stride) == 0)
+    return rh_tensor_on_storage(t->storage, t->dtype, t->offset, ndim, shape, stride);
+  rh_tensor_t *c = rh_tensor_contiguous(t);
+  if (!c) return NULL;
+  rh_tensor_t *v = rh_tensor_view(c, ndim, shape);
+  rh_tensor_release(c);
+  return v;
+}
+
+/* ---- across devices: a contiguous copy where the tensor is wanted */
+rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device) {
+  int from = rh_tensor_device(t);
+  if (from == device) {
+    rh_tensor_retain(t);
+    return t;
+  }
+  if (rh__check_device(device) || rh__check_device(from)) return NULL;
+  const rhc_api_t *api = rh_cuda_api(); /* not NULL: one of the two is a device, checked */
+  rh_tensor_t *c = rh_tensor_contiguous(t);
+  if (!c) return NULL;
+  rh_tensor_t *o = rh_tensor_empty_on(device, t->dtype, t->ndim, t->size);
+  size_t nbytes = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  int rc = 0;
+  if (o && nbytes) {
+    if (from == RH_CPU) rc = api->h2d(device, rh_tensor_data(o), rh_tensor_data(c), nbytes);
+    else if (device == RH_CPU) rc = api->d2h(from, rh_tensor_data(o), rh_tensor_data(c), nbytes);
+    else rc = api->d2d(device, rh_tensor_data(o), from, rh_tensor_data(c), nbytes);
+  }
+  rh_tensor_release(c);
+  if (o && rh__cuda_call(rc)) {
+    rh_tensor_release(o);
+    return NULL;
+  }
+  return o;
 }

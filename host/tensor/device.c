@@ -4,7 +4,11 @@
  * devices, from $RPCHOST_CUDA_LIB, else next to the executable (build tree),
  * else <exe>/../<libdir>/rpchost (installed tree). When it is missing, cannot
  * load (no CUDA runtime), or finds no device, the count is 0 and rh_cuda_why()
- * says which, so every GPU call can fail with the reason. */
+ * says which, so every GPU call can fail with the reason.
+ *
+ * It owns the library and the device numbers (the one check every number passes,
+ * the library's messages) and nothing else: device storages are storage.c's,
+ * copies to and from a device copy.c's. Depends on errmsg.c alone. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,24 +107,6 @@ const rhc_api_t *rh_cuda_api(void) {
   return api;
 }
 
-/* ---- device storages */
-static void device_free(void *ctx, void *data) {
-  if (api) api->free((int)(intptr_t)ctx, data);
-}
-
-rh_storage_t *rh_storage_new_on(int device, size_t nbytes) {
-  if (rh__check_device(device)) return NULL;
-  if (device == RH_CPU) return rh_storage_new_uninit(nbytes);
-  void *p = NULL;
-  if (api->alloc(device, nbytes, &p)) {
-    rh_tensor_fail("%s", api->last_error());
-    return NULL;
-  }
-  rh_storage_t *s = rh__storage_wrap_on(device, p, nbytes, device_free, (void *)(intptr_t)device);
-  if (!s) api->free(device, p);
-  return s;
-}
-
 /* The one check every device number passes before the tensor core uses it: -1
  * is the CPU, 0..n-1 the CUDA devices present. A device number may come from
  * the network (a tensor's descriptor), so any other negative is refused here
@@ -145,41 +131,6 @@ const char *rh_device_str(int device, char *buf, size_t len) {
   if (device < 0) snprintf(buf, len, "cpu");
   else snprintf(buf, len, "cuda:%d", device);
   return buf;
-}
-
-int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b) {
-  int da = rh_tensor_device(a), db = rh_tensor_device(b);
-  if (da == db) return 0;
-  char sa[16], sb[16];
-  return rh_tensor_fail(
-      "%s: expected all tensors to be on the same device, but found at least two devices, %s "
-      "and %s (move one with :to())",
-      what, rh_device_str(da, sa, sizeof sa), rh_device_str(db, sb, sizeof sb));
-}
-
-rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device) {
-  int from = rh_tensor_device(t);
-  if (from == device) {
-    rh_tensor_retain(t);
-    return t;
-  }
-  if (rh__check_device(device) || rh__check_device(from)) return NULL;
-  rh_tensor_t *c = rh_tensor_contiguous(t);
-  if (!c) return NULL;
-  rh_tensor_t *o = rh_tensor_empty_on(device, t->dtype, t->ndim, t->size);
-  size_t nbytes = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
-  int rc = 0;
-  if (o && nbytes) {
-    if (from == RH_CPU) rc = api->h2d(device, rh_tensor_data(o), rh_tensor_data(c), nbytes);
-    else if (device == RH_CPU) rc = api->d2h(from, rh_tensor_data(o), rh_tensor_data(c), nbytes);
-    else rc = api->d2d(device, rh_tensor_data(o), from, rh_tensor_data(c), nbytes);
-  }
-  rh_tensor_release(c);
-  if (o && rh__cuda_call(rc)) {
-    rh_tensor_release(o);
-    return NULL;
-  }
-  return o;
 }
 
 int rh_cuda_synchronize(int device) {

@@ -1,30 +1,19 @@
-/* tensor.c: storages, tensor headers, dtypes, creation, views and copies.
- * Ops live in ops.c (elementwise, reductions) and matmul.c (BLAS). */
-#include "tensor.h"
-
+/* tensor.c: tensor headers over storages (Torch7's THTensor): dtypes (sizes,
+ * names, promotion, one element's load and store), lifetime, shapes and their
+ * checked element counts, views that share storage (view, transpose, permute,
+ * slice, narrow, select, expand, squeeze, unsqueeze), broadcasting's shape rule,
+ * and access to one element.
+ *
+ * Depends on storage.c, device.c (one element of a device tensor travels by
+ * itself) and errmsg.c. Nothing here copies elements: a reshape that cannot be a
+ * view, contiguous() and the other copies are copy.c's, one floor up. */
 #include <math.h>
-#include <pthread.h>
-#include <sys/mman.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tensor_internal.h"
-
-/* ---- errors: one message per thread, read by the binding right after a failure */
-static _Thread_local char errmsg[512];
-
-const char *rh_tensor_errmsg(void) { return errmsg; }
-
-int rh_tensor_fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(errmsg, sizeof errmsg, fmt, ap);
-  va_end(ap);
-  return -1;
-}
 
 /* ---- dtypes */
 static const size_t dsize[RH_NDTYPES] = {4, 8, 4, 8, 1, 1};
@@ -47,194 +36,6 @@ rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b) {
   if (a == RH_I64 || b == RH_I64) return RH_I64;
   if (a == RH_I32 || b == RH_I32) return RH_I32;
   return RH_U8;
-}
-
-/* ---- storage */
-static int64_t live_bytes, peak_bytes, max_alloc;
-
-static void raise_to(int64_t *mark, int64_t v) {
-  int64_t m = __atomic_load_n(mark, __ATOMIC_RELAXED);
-  while (v > m && !__atomic_compare_exchange_n(mark, &m, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
-}
-
-/* live_bytes += n, raising the high-water mark (what tensor.max_live_bytes() reports)
- * and the largest allocation since the GC trigger last looked (rh_storage_max_alloc) */
-static void live_add(int64_t n) {
-  raise_to(&max_alloc, n);
-  raise_to(&peak_bytes, __atomic_add_fetch(&live_bytes, n, __ATOMIC_RELAXED));
-}
-
-/* Large buffers that are about to be written whole (received payloads, op
- * results) are mappings of their own on 2 MiB boundaries that ask for
- * transparent huge pages: 512x fewer page faults, and a peer's cross-memory
- * read walks and pins 512x fewer pages (16 MiB tensor round trips 8 -> 11
- * GiB/s). Their own mappings, not malloc's heap: a freed one goes back to the
- * system whole, where 2 MiB-aligned blocks freed into the heap fragmented it
- * (a BatchNorm2d loop grew to 6x its live set without the cache below).
- *
- * Freed ones are kept for reuse by size, up to HUGE_CACHE bytes: a fresh huge
- * page can be very slow to fault where a hypervisor reclaims free guest memory
- * (10x slower round trips after an idle pause were seen here), and tensors of
- * one shape come and go in a loop. The cache never raises the high-water mark:
- * a request it cannot serve first unmaps cached blocks until what is mapped
- * (in use + cached) plus the request fits under the most that was ever in use
- * at once, so a loop's peak is its live peak, as with PyTorch's munmap on free,
- * and its steady state still reuses what it freed. (Zeroed buffers keep calloc.) */
-#define HUGE_MIN ((size_t)4 << 20)
-#define HUGE_ALIGN ((size_t)2 << 20)
-#define HUGE_CACHE ((size_t)256 << 20)
-#define HUGE_SLOTS 32
-
-static struct {
-  pthread_mutex_t mu;
-  void *ptr[HUGE_SLOTS];
-  size_t len[HUGE_SLOTS];
-  size_t total; /* bytes cached */
-  size_t used;  /* bytes of big blocks handed out and not yet freed */
-  size_t hwm;   /* the most that was ever in use at once */
-} huge = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0, 0, 0};
-
-static size_t huge_round(size_t n) { return (n + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1); }
-
-/* a fresh mapping of len bytes on a HUGE_ALIGN boundary (len is a multiple of it) */
-static void *map_big(size_t len) {
-  size_t span = len + HUGE_ALIGN;
-  char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
-  char *a = (char *)(((uintptr_t)p + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
-  if (a > p) munmap(p, (size_t)(a - p));
-  if (p + span > a + len) munmap(a + len, (size_t)(p + span - (a + len)));
-  madvise(a, len, MADV_HUGEPAGE); /* a hint: failure is harmless */
-  return a;
-}
-
-static void *alloc_uninit(size_t nbytes) {
-  if (nbytes < HUGE_MIN) return malloc(nbytes ? nbytes : 1);
-  size_t len = huge_round(nbytes);
-  void *drop[HUGE_SLOTS];
-  size_t drop_len[HUGE_SLOTS];
-  int ndrop = 0;
-  pthread_mutex_lock(&huge.mu);
-  for (int i = 0; i < HUGE_SLOTS; i++) {
-    if (huge.ptr[i] && huge.len[i] == len) {
-      void *p = huge.ptr[i];
-      huge.ptr[i] = NULL;
-      huge.total -= len;
-      huge.used += len;
-      pthread_mutex_unlock(&huge.mu);
-      return p;
-    }
-  }
-  /* a miss: make room under the high-water mark by unmapping cached blocks */
-  for (int i = 0; i < HUGE_SLOTS && huge.used + huge.total + len > huge.hwm; i++) {
-    if (huge.ptr[i]) {
-      drop[ndrop] = huge.ptr[i];
-      drop_len[ndrop++] = huge.len[i];
-      huge.total -= huge.len[i];
-      huge.ptr[i] = NULL;
-    }
-  }
-  huge.used += len;
-  if (huge.used > huge.hwm) huge.hwm = huge.used;
-  pthread_mutex_unlock(&huge.mu);
-  for (int i = 0; i < ndrop; i++) munmap(drop[i], drop_len[i]);
-  void *p = map_big(len);
-  if (!p) {
-    pthread_mutex_lock(&huge.mu);
-    huge.used -= len;
-    pthread_mutex_unlock(&huge.mu);
-  }
-  return p;
-}
-
-static void free_data(void *p, size_t nbytes) {
-  if (nbytes < HUGE_MIN) {
-    free(p);
-    return;
-  }
-  size_t len = huge_round(nbytes);
-  pthread_mutex_lock(&huge.mu);
-  huge.used -= len;
-  if (huge.total + len <= HUGE_CACHE) {
-    for (int i = 0; i < HUGE_SLOTS; i++) {
-      if (!huge.ptr[i]) {
-        huge.ptr[i] = p;
-        huge.len[i] = len;
-        huge.total += len;
-        pthread_mutex_unlock(&huge.mu);
-        return;
-      }
-    }
-  }
-  pthread_mutex_unlock(&huge.mu);
-  munmap(p, len);
-}
-
-static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
-  rh_storage_t *s = malloc(sizeof *s);
-  if (!s) return NULL;
-  /* an allocation of 0 may return NULL; keep a valid pointer */
-  s->data = zero ? calloc(nbytes ? nbytes : 1, 1) : alloc_uninit(nbytes);
-  if (!s->data) {
-    free(s);
-    rh_tensor_fail("out of memory allocating %zu bytes", nbytes);
-    return NULL;
-  }
-  s->refcount = 1;
-  s->nbytes = nbytes;
-  s->free_fn = NULL;
-  s->free_ctx = NULL;
-  s->device = -1;
-  s->uninit = !zero;
-  s->version = 0;
-  live_add((int64_t)nbytes);
-  return s;
-}
-
-rh_storage_t *rh_storage_new(size_t nbytes) { return storage_alloc(nbytes, 1); }
-rh_storage_t *rh_storage_new_uninit(size_t nbytes) { return storage_alloc(nbytes, 0); }
-
-rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx) {
-  return rh__storage_wrap_on(-1, data, nbytes, free_fn, ctx);
-}
-
-rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx) {
-  rh_storage_t *s = malloc(sizeof *s);
-  if (!s) return NULL;
-  s->refcount = 1;
-  s->nbytes = nbytes;
-  s->data = data;
-  s->free_fn = free_fn;
-  s->free_ctx = ctx;
-  s->device = device;
-  s->uninit = 0;
-  s->version = 0;
-  if (device < 0) live_add((int64_t)nbytes);
-  return s;
-}
-
-void rh_storage_retain(rh_storage_t *s) { __atomic_add_fetch(&s->refcount, 1, __ATOMIC_RELAXED); }
-
-void rh_storage_release(rh_storage_t *s) {
-  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (s->device < 0) __atomic_sub_fetch(&live_bytes, (int64_t)s->nbytes, __ATOMIC_RELAXED);
-  if (s->free_fn) s->free_fn(s->free_ctx, s->data);
-  else if (s->device < 0 && s->uninit) free_data(s->data, s->nbytes);
-  else free(s->data);
-  free(s);
-}
-
-int64_t rh_storage_live_bytes(void) { return __atomic_load_n(&live_bytes, __ATOMIC_RELAXED); }
-int64_t rh_storage_max_alloc(int reset) {
-  return reset ? __atomic_exchange_n(&max_alloc, 0, __ATOMIC_RELAXED) : __atomic_load_n(&max_alloc, __ATOMIC_RELAXED);
-}
-int64_t rh_storage_peak_bytes(void) { return __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED); }
-void rh_storage_reset_peak(void) { __atomic_store_n(&peak_bytes, rh_storage_live_bytes(), __ATOMIC_RELAXED); }
-int64_t rh_storage_cached_bytes(void) {
-  pthread_mutex_lock(&huge.mu);
-  int64_t n = (int64_t)huge.total;
-  pthread_mutex_unlock(&huge.mu);
-  return n;
 }
 
 /* ---- tensors */
@@ -424,13 +225,7 @@ void rh_tensor_set(rh_tensor_t *t, const int64_t *idx, double x) {
   rh__cuda_call(rh_cuda_api()->h2d(rh_tensor_device(t), elem_ptr(t, idx), v.b, rh_dtype_size(t->dtype)));
 }
 
-/* ---- creation */
-rh_tensor_t *rh_tensor_full(rh_dtype_t dt, int ndim, const int64_t *size, double value) {
-  rh_tensor_t *t = rh_tensor_empty(dt, ndim, size);
-  if (t) rh_tensor_fill_(t, value);
-  return t;
-}
-
+/* ---- creation (full() fills, so it is copy.c's) */
 rh_tensor_t *rh_tensor_arange(rh_dtype_t dt, double start, double end, double step) {
   if (step == 0) {
     rh_tensor_fail("arange: step must be non-zero");
@@ -462,7 +257,7 @@ int rh__check_dim(const char *what, int dim, int ndim) {
 
 /* Strides for viewing t with a new shape without copying, if possible (PyTorch's
  * computeStride): returns 0 and fills stride, or -1. */
-static int view_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *stride) {
+int rh__view_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *stride) {
   int64_t numel = rh_tensor_numel(t);
   if (numel == 0 || t->ndim == 0) {
     contiguous_strides(ndim, size, stride);
@@ -491,7 +286,7 @@ static int view_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int
   return 0;
 }
 
-static int infer_shape(const rh_tensor_t *t, int ndim, const int64_t *in, int64_t *out, const char *what) {
+int rh__infer_shape(const rh_tensor_t *t, int ndim, const int64_t *in, int64_t *out, const char *what) {
   int infer = -1;
   int64_t known = 1;
   if (ndim > RH_MAXDIM) return rh_tensor_fail("%s: at most %d dimensions", what, RH_MAXDIM);
@@ -524,24 +319,12 @@ bad : {
 
 rh_tensor_t *rh_tensor_view(rh_tensor_t *t, int ndim, const int64_t *size) {
   int64_t shape[RH_MAXDIM], stride[RH_MAXDIM];
-  if (infer_shape(t, ndim, size, shape, "view")) return NULL;
-  if (view_strides(t, ndim, shape, stride)) {
+  if (rh__infer_shape(t, ndim, size, shape, "view")) return NULL;
+  if (rh__view_strides(t, ndim, shape, stride)) {
     rh_tensor_fail("view: size is not compatible with the input's strides (use reshape, or contiguous first)");
     return NULL;
   }
   return rh_tensor_on_storage(t->storage, t->dtype, t->offset, ndim, shape, stride);
-}
-
-rh_tensor_t *rh_tensor_reshape(rh_tensor_t *t, int ndim, const int64_t *size) {
-  int64_t shape[RH_MAXDIM], stride[RH_MAXDIM];
-  if (infer_shape(t, ndim, size, shape, "reshape")) return NULL;
-  if (view_strides(t, ndim, shape, stride) == 0)
-    return rh_tensor_on_storage(t->storage, t->dtype, t->offset, ndim, shape, stride);
-  rh_tensor_t *c = rh_tensor_contiguous(t);
-  if (!c) return NULL;
-  rh_tensor_t *v = rh_tensor_view(c, ndim, shape);
-  rh_tensor_release(c);
-  return v;
 }
 
 rh_tensor_t *rh_tensor_transpose(rh_tensor_t *t, int d0, int d1) {
@@ -719,23 +502,13 @@ rh_tensor_t *rh_tensor_unsqueeze(rh_tensor_t *t, int dim) {
   return rh_tensor_on_storage(t->storage, t->dtype, t->offset, k, size, stride);
 }
 
-/* ---- copies */
-rh_tensor_t *rh_tensor_contiguous(rh_tensor_t *t) {
-  if (rh_tensor_is_contiguous(t)) {
-    rh_tensor_retain(t);
-    return t;
-  }
-  return rh_tensor_clone(t);
-}
-
-rh_tensor_t *rh_tensor_clone(rh_tensor_t *t) { return rh_tensor_cast(t, t->dtype); }
-
-rh_tensor_t *rh_tensor_cast(rh_tensor_t *t, rh_dtype_t dtype) {
-  rh_tensor_t *o = rh_tensor_empty_on(rh_tensor_device(t), dtype, t->ndim, t->size);
-  if (!o) return NULL;
-  if (rh_tensor_copy_(o, t)) {
-    rh_tensor_release(o);
-    return NULL;
-  }
-  return o;
+/* operands of one op live on one device; else an error naming both */
+int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b) {
+  int da = rh_tensor_device(a), db = rh_tensor_device(b);
+  if (da == db) return 0;
+  char sa[16], sb[16];
+  return rh_tensor_fail(
+      "%s: expected all tensors to be on the same device, but found at least two devices, %s "
+      "and %s (move one with :to())",
+      what, rh_device_str(da, sa, sizeof sa), rh_device_str(db, sb, sizeof sb));
 }

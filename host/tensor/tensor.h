@@ -10,7 +10,15 @@
  *   rh_tensor_release(a); rh_tensor_release(b);
  *
  * Functions returning rh_tensor_t* return a new reference the caller owns, or NULL
- * with the message set. Dimensions are 0-based here; the Lua face makes them 1-based. */
+ * with the message set. Dimensions are 0-based here; the Lua face makes them 1-based.
+ *
+ * One file per floor, each calling only the floors below it (Torch7's TH split):
+ *   errmsg.c (the error message), parallel.c (the thread pool)
+ *   <- device.c (the CUDA kernels library) <- storage.c (refcounted buffers)
+ *   <- tensor.c (dtypes, headers, shapes, views), iter.c (the strided iterator)
+ *   <- copy.c (copy_, casts, contiguous, fill, to_device) <- reduce.c (sum, max,
+ *   ..., softmax) <- ops.c (elementwise) <- matmul.c, index.c, sort.c, random.c
+ *   <- nn/ (nn.h: the layers' kernels). */
 #ifndef RH_TENSOR_H
 #define RH_TENSOR_H
 
@@ -95,17 +103,17 @@ typedef enum {
 
 typedef enum { RH_RED_SUM, RH_RED_MEAN, RH_RED_MAX, RH_RED_MIN, RH_RED_ARGMAX, RH_RED_ARGMIN, RH_RED_PROD } rh_redop_t;
 
-/* errors */
+/* errors (errmsg.c) */
 const char *rh_tensor_errmsg(void);
 int rh_tensor_fail(const char *fmt, ...);
 
-/* dtypes */
+/* dtypes (tensor.c) */
 size_t rh_dtype_size(rh_dtype_t t);
 const char *rh_dtype_name(rh_dtype_t t);
 int rh_dtype_is_float(rh_dtype_t t);
 rh_dtype_t rh_dtype_promote(rh_dtype_t a, rh_dtype_t b);
 
-/* storage */
+/* storage (storage.c) */
 rh_storage_t *rh_storage_new(size_t nbytes);        /* zeroed */
 rh_storage_t *rh_storage_new_uninit(size_t nbytes); /* for memory about to be overwritten */
 rh_storage_t *rh_storage_wrap(void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
@@ -131,10 +139,10 @@ const char *rh_device_str(int device, char *buf, size_t len);
 /* the kernels library's entry points (cuda_api.h), NULL when unavailable */
 const struct rhc_api_s *rh_cuda_api(void);
 
-/* tensors: lifetime and shape */
+/* tensors: lifetime and shape (tensor.c) */
 rh_tensor_t *rh_tensor_empty(rh_dtype_t t, int ndim, const int64_t *size); /* uninitialised */
 rh_tensor_t *rh_tensor_empty_on(int device, rh_dtype_t t, int ndim, const int64_t *size);
-/* a contiguous copy on `device` (t itself, retained, when it is there already) */
+/* a contiguous copy on `device` (t itself, retained, when it is there already; copy.c) */
 rh_tensor_t *rh_tensor_to_device(rh_tensor_t *t, int device);
 rh_tensor_t *rh_tensor_on_storage(rh_storage_t *s, rh_dtype_t t, int64_t offset, int ndim, const int64_t *size,
                                   const int64_t *stride); /* retains s */
@@ -149,13 +157,13 @@ int rh_shape_str(int ndim, const int64_t *size, char *buf, size_t len);
  * count whose bytes could not be addressed (sizes from the network are hostile). */
 int rh_shape_numel(int ndim, const int64_t *size, int64_t *numel);
 
-/* creation */
+/* creation: full (copy.c), arange (tensor.c), rand/randn (random.c) */
 rh_tensor_t *rh_tensor_full(rh_dtype_t t, int ndim, const int64_t *size, double value);
 rh_tensor_t *rh_tensor_arange(rh_dtype_t t, double start, double end, double step);
 void rh_random_seed(uint64_t seed);
 rh_tensor_t *rh_tensor_rand(rh_dtype_t t, int ndim, const int64_t *size, int normal);
 
-/* one element of dtype t at p, as a double (int64 beyond 2^53 rounds) */
+/* one element of dtype t at p, as a double (int64 beyond 2^53 rounds; tensor.c) */
 double rh_dtype_load(rh_dtype_t t, const void *p);
 void rh_dtype_store(rh_dtype_t t, void *p, double v); /* clamps out-of-range integers */
 
@@ -163,7 +171,7 @@ void rh_dtype_store(rh_dtype_t t, void *p, double v); /* clamps out-of-range int
 double rh_tensor_get(const rh_tensor_t *t, const int64_t *idx);
 void rh_tensor_set(rh_tensor_t *t, const int64_t *idx, double v);
 
-/* views: share storage */
+/* views: share storage (tensor.c; reshape copies when it must: copy.c) */
 rh_tensor_t *rh_tensor_view(rh_tensor_t *t, int ndim, const int64_t *size); /* -1 infers one dim */
 rh_tensor_t *rh_tensor_reshape(rh_tensor_t *t, int ndim, const int64_t *size);
 rh_tensor_t *rh_tensor_transpose(rh_tensor_t *t, int d0, int d1);
@@ -175,14 +183,15 @@ rh_tensor_t *rh_tensor_expand(rh_tensor_t *t, int ndim, const int64_t *size);
 rh_tensor_t *rh_tensor_squeeze(rh_tensor_t *t, int dim); /* dim -1: all */
 rh_tensor_t *rh_tensor_unsqueeze(rh_tensor_t *t, int dim);
 
-/* copies */
+/* copies (copy.c) */
 rh_tensor_t *rh_tensor_contiguous(rh_tensor_t *t); /* t itself (retained) if already */
 rh_tensor_t *rh_tensor_clone(rh_tensor_t *t);
 rh_tensor_t *rh_tensor_cast(rh_tensor_t *t, rh_dtype_t dtype); /* always a new tensor */
 int rh_tensor_copy_(rh_tensor_t *dst, rh_tensor_t *src);       /* broadcast src into dst */
 int rh_tensor_fill_(rh_tensor_t *t, double v);
 
-/* ops. out NULL: a new tensor; out given: written in place (returns out retained). */
+/* elementwise ops (ops.c). out NULL: a new tensor; out given: written in place
+ * (returns out retained). */
 rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_tensor_t *out);
 /* a[i] op b[i] (or b[0] when b_scalar) over n contiguous elements, on this thread (no
  * pool, no checks of shapes): for callers that cut work into cache-sized pieces */
@@ -196,9 +205,11 @@ int rh_reduce_flat_check(rh_binop_t op, rh_dtype_t dt, int divided);
 rh_tensor_t *rh_tensor_binary_scalar(rh_binop_t op, rh_tensor_t *a, double s, int s_is_float, int scalar_first,
                                      rh_tensor_t *out);
 rh_tensor_t *rh_tensor_unary(rh_unop_t op, rh_tensor_t *a, rh_tensor_t *out);
-/* dim < 0: over all elements (keepdim ignored). ARGMAX/ARGMIN give int64. */
+/* reductions (reduce.c). dim < 0: over all elements (keepdim ignored).
+ * ARGMAX/ARGMIN give int64; SUM/PROD of integers give int64; MEAN wants floats. */
 rh_tensor_t *rh_tensor_reduce(rh_redop_t op, rh_tensor_t *a, int dim, int keepdim);
 rh_tensor_t *rh_tensor_softmax(rh_tensor_t *a, int dim, int log);
+/* matrix products (matmul.c) */
 rh_tensor_t *rh_tensor_matmul(rh_tensor_t *a, rh_tensor_t *b);
 
 /* indexing (index.c). Index tensors are int64 or int32 holding indices counted
@@ -231,7 +242,7 @@ rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, i
  * called once at start */
 void rh_blas_quiet(void);
 
-/* a pool of threads for large elementwise work */
+/* a pool of threads for large elementwise work (parallel.c) */
 void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);
 /* how many threads a rh_parallel_for job runs on (the workers and the caller) */
 int rh_parallel_threads(void);

@@ -1,6 +1,9 @@
-/* tensor_internal.h: what the tensor core's files share and nothing else sees:
- * scalar load/store by dtype, broadcasting, the strided N-d iterator, and the
- * vector builds of element loops (RH_VEC_CLONES). */
+/* tensor_internal.h: what the tensor core's files (and nn/) share and nothing
+ * else sees: scalar load/store by dtype, broadcasting, the strided N-d iterator,
+ * the device helpers, and the vector builds of element loops (RH_VEC_CLONES).
+ * Each declaration names the file that defines it; the files depend one way
+ * (errmsg.c, parallel.c <- device.c <- storage.c <- tensor.c, iter.c <- copy.c <-
+ * reduce.c <- ops.c <- matmul.c, index.c, sort.c, random.c <- nn/). */
 #ifndef RH_TENSOR_INTERNAL_H
 #define RH_TENSOR_INTERNAL_H
 
@@ -9,30 +12,52 @@
 
 #define rh__load rh_dtype_load
 #define rh__store rh_dtype_store
-int rh__broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
 
-/* An inner loop over n elements of up to three operands with byte strides. */
+/* tensor.c: broadcast shape of a and b (numpy rules); -1 with a message naming both shapes */
+int rh__broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
+/* tensor.c: the shape `size` (one -1 inferred) for t's elements, into out; else
+ * -1 with "what: shape ... is invalid for input of size ..." */
+int rh__infer_shape(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out, const char *what);
+/* tensor.c: strides viewing t as shape (ndim, size) without a copy (PyTorch's
+ * computeStride): 0 with stride filled, or -1 when only a copy can have that shape */
+int rh__view_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *stride);
+
+/* iter.c: an inner loop over n elements of up to three operands with byte strides. */
 typedef void (*rh_loop_fn)(int64_t n, char *o, int64_t os, const char *a, int64_t as, const char *b, int64_t bs,
                            void *ctx);
 
-/* Runs fn over every element of `size`, operands given by base pointers and byte
+/* iter.c: runs fn over every element of `size`, operands given by base pointers and byte
  * strides (b may be NULL). Large iterations are split across the thread pool. */
 void rh__iterate(int ndim, const int64_t *size, char *o, const int64_t *ost, const char *a, const int64_t *ast,
                  const char *b, const int64_t *bst, rh_loop_fn fn, void *ctx);
 
-/* Byte strides of t viewed (broadcast) as shape (ndim, size). */
-void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out);
+/* Byte strides of t viewed (broadcast) as shape (ndim, size). Inline: every op
+ * makes these for each operand before its loop. */
+static inline void rh__bcast_strides(const rh_tensor_t *t, int ndim, const int64_t *size, int64_t *out) {
+  int off = ndim - t->ndim;
+  int64_t es = (int64_t)rh_dtype_size(t->dtype);
+  for (int d = 0; d < ndim; d++) {
+    if (d < off || t->size[d - off] == 1 || size[d] == 1) out[d] = 0;
+    else out[d] = t->stride[d - off] * es;
+  }
+}
 
-/* copy.c: a same-dtype copy of permuted layouts in cache-sized tiles; 1 when it
- * did the copy, 0 when the layouts are better served by rh__iterate */
-int rh__copy_tiled(int ndim, const int64_t *size, char *dst, const int64_t *dst_st, const char *src,
-                   const int64_t *src_st, size_t es);
+/* copy.c: t itself (retained) when it has dtype dt, else a cast copy */
+static inline rh_tensor_t *rh__as_dtype(rh_tensor_t *t, rh_dtype_t dt) {
+  if (t->dtype == dt) {
+    rh_tensor_retain(t);
+    return t;
+  }
+  return rh_tensor_cast(t, dt);
+}
 
 /* devices (device.c) */
-rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
 const rhc_api_t *rh_cuda_api(void); /* NULL when unavailable */
 int rh__check_device(int device);   /* -1 with the message when it can't be used */
 int rh__cuda_call(int rc);          /* rc != 0: copies the library's message, -1 */
+/* storage.c: a storage over memory of `device` that free_fn gives back */
+rh_storage_t *rh__storage_wrap_on(int device, void *data, size_t nbytes, void (*free_fn)(void *, void *), void *ctx);
+/* tensor.c: 0 when a and b are on one device, else -1 with "what: ... found at least two devices" */
 int rh__same_device(const char *what, const rh_tensor_t *a, const rh_tensor_t *b);
 /* C[m,n] = op(A) op(B) + beta C, row-major float32/float64 through OpenBLAS
  * (matmul.c): large products split over the thread pool, whole inside a pool task */
