@@ -216,7 +216,7 @@ local function tensor_checks()
 end
 if not NN_ONLY then tensor_checks() end
 
--- the nn kernels (kernels/nn.cu through host/tensor/nn_cuda.c: im2col/col2im
+-- the nn kernels (kernels/nn.cu through host/tensor/nn/nn_cuda.c: im2col/col2im
 -- with cuBLAS GEMMs, the poolings; kernels/norm.cu through nn_cuda_norm.c:
 -- batch and layer norm, softmax, the LSTM cell) forward and backward through autograd
 print("# nn kernels against the CPU")

@@ -1,13 +1,13 @@
-/* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn_conv.c,
+/* l_nn.c: the raw entry points of the nn kernels (host/tensor/nn/nn_conv.c,
  * nn_pool.c, nn_norm.c: batch and layer norm, nn_rnn.c: the LSTM cell,
  * nn_softmax.c, nn_act.c: ReLU's backward, nn_linear.c) for the lua/rpchost/nn files. Geometry arrives as flat numbers
  * (0-based nothing: these are sizes); the Lua side checks shapes and names the layer in its errors, the core's message
  * is raised for anything it refuses. Each entry point but linear sends a tensor on a CUDA device to the device's
- * kernels (host/tensor/nn_cuda.c, nn_cuda_norm.c): on_dev() picks them by the
+ * kernels (host/tensor/nn/nn_cuda.c, nn_cuda_norm.c): on_dev() picks them by the
  * first tensor argument. */
 #include "rh_lua.h"
-#include "tensor/nn.h"
-#include "tensor/nn_cuda.h"
+#include "tensor/nn/nn.h"
+#include "tensor/nn/nn_cuda.h"
 
 static int check_rc(lua_State *L, int rc) {
   if (rc) return luaL_error(L, "%s", rh_tensor_errmsg());

@@ -1,6 +1,6 @@
 // emulated.cpp: librpchost_emulated.so, a stand-in for the CUDA kernels
 // library that keeps "device" memory on the host, so the suite can drive the
-// device paths of the host (host/tensor/nn_cuda.c's im2col + GEMM glue, the
+// device paths of the host (host/tensor/nn/nn_cuda.c's im2col + GEMM glue, the
 // dispatch in bindings/l_nn.c, autograd over device tensors) on a machine
 // without a GPU: RPCHOST_CUDA_LIB=<build>/librpchost_emulated.so (spec/cuda_spec.lua).
 // The nn kernels are the real ones (nn_kernels.cuh) with one thread walking

@@ -1,6 +1,6 @@
 // nn.cu: the window kernels behind nn.Conv1d/Conv2d and the 2-d poolings on a
-// device (host/tensor/nn_cuda.c calls them; cuDNN is not a dependency).
-// Convolution is im2col + cuBLAS GEMM as on the host (host/tensor/nn_conv.c),
+// device (host/tensor/nn/nn_cuda.c calls them; cuDNN is not a dependency).
+// Convolution is im2col + cuBLAS GEMM as on the host (host/tensor/nn/nn_conv.c),
 // so only the column moves live here: im2col writes one column element per
 // thread, col2im gathers each image element from the columns that read it (no
 // atomics, the sum in a fixed order). Pooling is one thread per output element

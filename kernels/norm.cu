@@ -1,6 +1,6 @@
 // norm.cu: batch norm (training statistics, running statistics, eval, backward),
 // layer norm, softmax's backward and the LSTM cell's pointwise part on a device,
-// for host/tensor/nn_cuda_norm.c. The kernels are in norm_kernels.cuh (shared
+// for host/tensor/nn/nn_cuda_norm.c. The kernels are in norm_kernels.cuh (shared
 // with kernels/emulated.cpp); here are their launchers: a block per channel or
 // row for the sums, a thread per element for the rest. float32 and float64.
 #include "common.cuh"

@@ -4,7 +4,7 @@
 // block owns a channel (batch norm) or a row (layer norm, softmax) and sums
 // over it through shared memory; block_sum works for any power-of-two
 // blockDim, 1 included (the emulation). Sums in double, as on the host
-// (host/tensor/nn_norm.c, nn_softmax.c, nn_rnn.c, whose formulas these follow).
+// (host/tensor/nn/nn_norm.c, nn_softmax.c, nn_rnn.c, whose formulas these follow).
 #pragma once
 
 #include <math.h>

@@ -34,7 +34,7 @@ typedef enum { RHC_SUM = 0, RHC_PROD, RHC_MIN, RHC_MAX, RHC_AVG } rhc_redop_t;
 
 /* the geometry of a 2-d window sweep over `planes` contiguous [h, w] planes
  * (kernels/nn.cu): convolution's im2col/col2im and pooling. Sizes checked by
- * the host (host/tensor/nn_cuda.c) before they get here. */
+ * the host (host/tensor/nn/nn_cuda.c) before they get here. */
 typedef struct {
   int64_t planes, h, w, oh, ow;
   int64_t k[2], stride[2], pad[2], dil[2];

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <tgmath.h> /* exp and tanh of a float are expf and tanhf */
 
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 static int check_pair(const char *what, rh_tensor_t *a, int64_t cols_a, rh_tensor_t *b, int64_t cols_b) {
   if (a->dtype != RH_F32 && a->dtype != RH_F64)

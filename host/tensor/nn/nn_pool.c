@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "nn_geom.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 typedef struct {
   rh_dtype_t dt;

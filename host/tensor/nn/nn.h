@@ -5,13 +5,17 @@
  * a negative code with the message in rh_tensor_errmsg(). Returned tensors are
  * new references the caller owns.
  *
+ * host/tensor/nn/ is the floor above the tensor core: its files call tensor.h's
+ * functions and tensor_internal.h's helpers (rh__gemm, the pool), and nothing in
+ * the core calls them. nn_cuda.h has the same kernels for device tensors.
+ *
  *   rh_nn_conv_t p = {{1, 1}, {1, 1}, {1, 1}, 1};   // stride, padding, dilation, groups
  *   rh_tensor_t *y = rh_nn_conv2d(x, w, b, &p);      // x [N,C,H,W], w [O,C/g,kh,kw]
  */
 #ifndef RH_NN_H
 #define RH_NN_H
 
-#include "tensor.h"
+#include "tensor/tensor.h"
 
 typedef struct {
   int64_t stride[2], pad[2], dil[2];

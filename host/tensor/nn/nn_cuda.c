@@ -10,7 +10,7 @@
 
 #include "nn_cuda.h"
 #include "nn_geom.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 #ifndef CHUNK_BYTES /* a test build may shrink it to cover the chunked path */
 #define CHUNK_BYTES (256ll << 20)

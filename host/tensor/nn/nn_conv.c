@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "nn_geom.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 #if RH_VEC_X86
 #include <immintrin.h> /* the AVX-512 gathers of im2col and col2im (chosen at run time) */
 #endif

@@ -3,7 +3,7 @@
  * both size their results by. */
 #include "nn_geom.h"
 
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 int64_t rh_nn_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil, int ceil_mode) {
   int64_t num = in + 2 * pad - (dil * (k - 1) + 1);

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "nn_cuda.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 static void *data_or_null(rh_tensor_t *t) { return t ? rh_tensor_data(t) : NULL; }
 

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "nn.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 typedef struct {
   rh_dtype_t dt;

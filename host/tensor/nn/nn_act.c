@@ -6,7 +6,7 @@
  * where a <= 0 gives 0), for contiguous host tensors of one float dtype and
  * shape; anything else is left to the composition (autograd.lua). */
 #include "nn.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 typedef struct {
   const char *g, *a;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "nn.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 /* BLAS's view of a rows x cols matrix: 0 (row-major, ld), 1 (transposed), or -1 */
 static int layout(const rh_tensor_t *t, int *ld) {

@@ -8,7 +8,7 @@
 #include <tgmath.h> /* exp and log of a float are expf and logf */
 
 #include "nn.h"
-#include "tensor_internal.h"
+#include "tensor/tensor_internal.h"
 
 typedef struct {
   rh_dtype_t dt;
