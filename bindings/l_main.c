@@ -1,11 +1,15 @@
-/* l_main.c: creates the one Lua state and the per-process context, finds the
- * Lua library, and hands the command line to lua/rpchost/cli.lua, which
- * implements the interpreter front end, the launcher and the REPL. */
+/* l_main.c: the rpchost executable's entry point. main raises the descriptor
+ * limit, creates the one Lua state and the per-process context, finds the Lua
+ * library, and hands the command line to lua/rpchost/cli.lua, which implements
+ * the interpreter front end, the launcher and the REPL. It lives with the
+ * bindings because it starts the Lua state: host/ calls nothing up here. */
+#include <errno.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -116,7 +120,34 @@ static int open_core(lua_State *L) {
   return 1;
 }
 
-int rh_lua_main(int argc, char **argv) {
+/* A rank holds a descriptor per connection: a world of hundreds of ranks, or
+ * strangers' idle connections (host/net/conn.c caps those), do not fit in the
+ * usual soft limit of 1,024. The hard limit is ours to use: raise the soft one
+ * to it (an unlimited hard limit: to what the kernel allows a process,
+ * fs.nr_open). Says nothing unless that fails. */
+static void raise_descriptor_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == rl.rlim_max) return;
+  rlim_t want = rl.rlim_max;
+  if (want == RLIM_INFINITY) {
+    unsigned long nr_open = 1u << 20;
+    FILE *f = fopen("/proc/sys/fs/nr_open", "r");
+    if (f) {
+      if (fscanf(f, "%lu", &nr_open) != 1) nr_open = 1u << 20;
+      fclose(f);
+    }
+    want = (rlim_t)nr_open;
+  }
+  rlim_t was = rl.rlim_cur;
+  if (want <= was) return;
+  rl.rlim_cur = want;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    fprintf(stderr, "rpchost: cannot raise the descriptor limit from %lu to %lu: %s\n", (unsigned long)was,
+            (unsigned long)want, strerror(errno));
+}
+
+int main(int argc, char **argv) {
+  raise_descriptor_limit(); /* before anything opens a descriptor */
   rh_blas_quiet();
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -124,7 +155,7 @@ int rh_lua_main(int argc, char **argv) {
    * come from the heap and freed ones stay mapped for the next: a fresh mmap per
    * message costs a page fault per 4 KiB, which dominated large transfers.
    * (Uninitialised tensors of 4 MiB and more are mappings of their own with a
-   * bounded cache: host/tensor/tensor.c.) RPCHOST_MALLOC_TUNE=0 keeps glibc's defaults. */
+   * bounded cache: host/tensor/storage.c.) RPCHOST_MALLOC_TUNE=0 keeps glibc's defaults. */
   const char *tune = getenv("RPCHOST_MALLOC_TUNE");
   if (!tune || strcmp(tune, "0") != 0) {
     mallopt(M_MMAP_THRESHOLD, 512 << 20);

@@ -59,8 +59,6 @@ int rh_open_cma(lua_State *L);
 int rh_open_mpi(lua_State *L);
 int rh_open_arena(lua_State *L);
 
-int rh_lua_main(int argc, char **argv);
-
 /* tensors (l_tensor.c) */
 struct rh_tensor_s;
 struct rh_tensor_s *rh_lua_totensor(lua_State *L, int i); /* NULL if not a tensor */

@@ -1,6 +1,6 @@
 /* nn_softmax.c: softmax and log-softmax over the last dimension (forward and
  * backward) for nn.functional, in the input's float dtype, rows split over the
- * thread pool. The tensor method (ops.c) takes any dimension and computes in
+ * thread pool. The tensor method (reduce.c) takes any dimension and computes in
  * float64 (a cast in, exp twice per element, a cast back); attention's scores
  * ([N*h, T, S], softmax over S) spent a fifth of a TransformerEncoderLayer's
  * non-GEMM time there, and its backward was four whole-tensor ops. */
