@@ -6,14 +6,11 @@
  * reports the end (on_close) the Lua close handler runs once, the anchors go, and
  * the box forgets the pointer: the C struct is freed later by libuv's close
  * callback and never touched from Lua again. */
-#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "net/privdir.h"
@@ -523,87 +520,31 @@ static int l_listener_close(lua_State *L) {
   return 0;
 }
 
-/* socket_dir([sub]) -> path | nil, why: a directory only this user can enter,
- * for Unix-domain sockets and the world secrets: the first of
- * $XDG_RUNTIME_DIR/rpchost, /run/user/<uid>/rpchost, /tmp/rpchost-<uid> and
- * $HOME/.cache/rpchost that is, or can be made, a real directory of this user
- * with mode 0700 (host/net/privdir.c: another user may have made one of them
- * first). why names each one tried and what is wrong with it. Not TMPDIR's:
- * every process of a world must find the same directory, and TMPDIR often
- * differs between them (one per job or session); RPCHOST_TMPDIR moves /tmp,
- * for tests.
- * With sub (a plain name), its subdirectory of that name, checked the same way:
- * the bytecode cache keeps its thousands of files out of the directory the
- * sockets' sweep reads. */
+/* socket_dir([sub]) -> path | nil, why: this user's private directory (mode
+ * 0700) for Unix-domain sockets and the world secrets, or with sub (a plain
+ * name) its subdirectory of that name: the bytecode cache keeps its thousands
+ * of files out of the directory the sockets' sweep reads. Which directory, and
+ * why none would do, is host/net/privdir.c's policy (rh_privdir_get). */
 static int l_socket_dir(lua_State *L) {
   const char *sub = luaL_optstring(L, 1, NULL);
   if (sub && (!*sub || strspn(sub, "abcdefghijklmnopqrstuvwxyz0123456789-_") != strlen(sub)))
     return luaL_argerror(L, 1, "a subdirectory's plain name (a-z, 0-9, - and _)");
-  char cands[RH_PRIVDIR_MAX][RH_PRIVDIR_PATH], why[4096];
-  int n = rh_privdir_candidates(getenv("XDG_RUNTIME_DIR"), "/run/user", getenv("RPCHOST_TMPDIR"), getenv("HOME"),
-                                (unsigned)getuid(), cands, RH_PRIVDIR_MAX);
-  int i = rh_privdir_find(cands, n, why, sizeof why);
-  char path[RH_PRIVDIR_PATH + 64];
-  if (i >= 0) {
-    snprintf(path, sizeof path, "%s%s%s", cands[i], sub ? "/" : "", sub ? sub : "");
-    if (!sub || rh_privdir_check(path, why, sizeof why) == 0) {
-      lua_pushstring(L, path);
-      return 1;
-    }
+  char path[RH_PRIVDIR_PATH + 64], why[4096];
+  if (rh_privdir_get(sub, path, sizeof path, why, sizeof why) == 0) {
+    lua_pushstring(L, path);
+    return 1;
   }
   lua_pushnil(L);
   lua_pushstring(L, why);
   return 2;
 }
 
-/* sweep_sockets(dir [, min_age]) -> removed: the socket files (*.sock) in dir that
- * nobody listens on any more (a connect is refused: their rank was killed and
- * could not remove its own), at least min_age seconds old (default 10) so that a
- * rank between its bind and its listen keeps its file. Synchronous and local:
- * a connect to a Unix-domain socket answers at once. Compiled modules left in
- * dir by earlier versions (*.luac) go too. */
+/* sweep_sockets(dir [, min_age]) -> removed: the dead ranks' socket files in dir
+ * at least min_age seconds old (default 10), removed (rh_privdir_sweep) */
 static int l_sweep_sockets(lua_State *L) {
   const char *dir = luaL_checkstring(L, 1);
   double min_age = luaL_optnumber(L, 2, 10);
-  DIR *d = opendir(dir);
-  int removed = 0;
-  if (!d) {
-    lua_pushinteger(L, 0);
-    return 1;
-  }
-  time_t now = time(NULL);
-  uid_t me = getuid();
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    size_t n = strlen(e->d_name);
-    if (strstr(e->d_name, ".luac")) {
-      /* (compiled modules where earlier versions kept them: they live in the
-       * bytecode subdirectory now, and thousands of them here made every sweep
-       * read them all) */
-      char p[1024];
-      struct stat st;
-      if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < sizeof p && lstat(p, &st) == 0 &&
-          S_ISREG(st.st_mode) && st.st_uid == me)
-        unlink(p);
-      continue;
-    }
-    if (n < 6 || strcmp(e->d_name + n - 5, ".sock") != 0) continue;
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    if ((size_t)snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, e->d_name) >= sizeof a.sun_path) continue;
-    struct stat st;
-    if (lstat(a.sun_path, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != me) continue;
-    if (difftime(now, st.st_mtime) < min_age) continue;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) break;
-    int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
-    int err = rc == 0 ? 0 : errno;
-    close(fd);
-    if (err == ECONNREFUSED && unlink(a.sun_path) == 0) removed++;
-  }
-  closedir(d);
-  lua_pushinteger(L, removed);
+  lua_pushinteger(L, rh_privdir_sweep(dir, min_age));
   return 1;
 }
 

@@ -1,17 +1,24 @@
-/* privdir.c: finds, or makes, this user's private directory (see privdir.h).
- * What is checked is the directory itself, opened without following a
- * symbolic link, so the directory made private is the one that was checked;
- * and the directory it is in, so that nobody else can rename it away and put
- * one of theirs in its place. */
+/* privdir.c: finds, or makes, this user's private directory (see privdir.h),
+ * and sweeps the sockets dead ranks left in it: the whole filesystem policy of
+ * the socket directory, here where the C tests reach it (bindings/l_conn.c only
+ * passes it to Lua). What is checked is the directory itself, opened without
+ * following a symbolic link, so the directory made private is the one that was
+ * checked; and the directory it is in, so that nobody else can rename it away
+ * and put one of theirs in its place. */
 #include "privdir.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Appends one formatted candidate to out[*n] (one that does not fit, or repeats
@@ -126,4 +133,54 @@ int rh_privdir_find(char cands[][RH_PRIVDIR_PATH], int n, char *why, size_t whyl
   if (used < whylen)
     snprintf(why + used, whylen - used, "; set XDG_RUNTIME_DIR to a directory only you can enter (mode 0700)");
   return RH_ENOPRIVDIR;
+}
+
+int rh_privdir_get(const char *sub, char *out, size_t outlen, char *why, size_t whylen) {
+  char cands[RH_PRIVDIR_MAX][RH_PRIVDIR_PATH];
+  int n = rh_privdir_candidates(getenv("XDG_RUNTIME_DIR"), "/run/user", getenv("RPCHOST_TMPDIR"), getenv("HOME"),
+                                (unsigned)getuid(), cands, RH_PRIVDIR_MAX);
+  int i = rh_privdir_find(cands, n, why, whylen);
+  if (i < 0) return RH_ENOPRIVDIR;
+  snprintf(out, outlen, "%s%s%s", cands[i], sub ? "/" : "", sub ? sub : "");
+  if (sub && rh_privdir_check(out, why, whylen) != 0) return RH_ENOPRIVDIR;
+  return 0;
+}
+
+int rh_privdir_sweep(const char *dir, double min_age) {
+  DIR *d = opendir(dir);
+  int removed = 0;
+  if (!d) return 0;
+  time_t now = time(NULL);
+  uid_t me = getuid();
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t n = strlen(e->d_name);
+    if (strstr(e->d_name, ".luac")) {
+      /* (compiled modules where earlier versions kept them: they live in the
+       * bytecode subdirectory now, and thousands of them here made every sweep
+       * read them all) */
+      char p[1024];
+      struct stat st;
+      if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < sizeof p && lstat(p, &st) == 0 &&
+          S_ISREG(st.st_mode) && st.st_uid == me)
+        unlink(p);
+      continue;
+    }
+    if (n < 6 || strcmp(e->d_name + n - 5, ".sock") != 0) continue;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if ((size_t)snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, e->d_name) >= sizeof a.sun_path) continue;
+    struct stat st;
+    if (lstat(a.sun_path, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != me) continue;
+    if (difftime(now, st.st_mtime) < min_age) continue;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    int err = rc == 0 ? 0 : errno;
+    close(fd);
+    if (err == ECONNREFUSED && unlink(a.sun_path) == 0) removed++;
+  }
+  closedir(d);
+  return removed;
 }

@@ -46,4 +46,22 @@ int rh_privdir_check(const char *path, char *why, size_t whylen);
  * to do. */
 int rh_privdir_find(char cands[][RH_PRIVDIR_PATH], int n, char *why, size_t whylen);
 
+/* This process's private directory: the first good candidate for its
+ * environment (XDG_RUNTIME_DIR, /run/user, RPCHOST_TMPDIR in place of /tmp for
+ * tests, HOME; not TMPDIR: every process of a world must find the same
+ * directory, and TMPDIR often differs between them, one per job or session).
+ * With sub (a plain name the caller checked; NULL for none), its subdirectory of
+ * that name, checked the same way. 0 with the path in out, or RH_ENOPRIVDIR with
+ * why (rh_privdir_find's or rh_privdir_check's words). */
+int rh_privdir_get(const char *sub, char *out, size_t outlen, char *why, size_t whylen);
+
+/* Removes the socket files (*.sock) of this user in dir that nobody listens on
+ * any more (a connect is refused: their rank was killed and could not remove its
+ * own) and that are at least min_age seconds old (so that a rank between its bind
+ * and its listen keeps its file); compiled modules earlier versions left there
+ * (*.luac, regular files of this user) go too. Synchronous: a connect to a
+ * Unix-domain socket answers at once. Returns how many sockets it removed (0
+ * when dir cannot be read). */
+int rh_privdir_sweep(const char *dir, double min_age);
+
 #endif

@@ -4,12 +4,19 @@
  * file, a directory of another user (where the test runs as root: chowned to
  * nobody), one others can write, and one in a directory where others could
  * replace it are refused, each named in one clause; the first good candidate
- * wins; when none is good, the message names every one and what to do. */
+ * wins; when none is good, the message names every one and what to do. The
+ * process's own directory comes from its environment (XDG_RUNTIME_DIR first),
+ * with a subdirectory checked the same way; the sweep removes the socket files
+ * nobody listens on (old enough) and leftover compiled modules, and nothing else. */
+#include <fcntl.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "net/privdir.h"
@@ -34,6 +41,70 @@ static int has(const char *s, const char *part) {
   if (strstr(s, part)) return 1;
   fprintf(stderr, "  \"%s\" does not say \"%s\"\n", s, part);
   return 0;
+}
+
+/* a Unix-domain socket file at path: listening (its descriptor returned) or
+ * left behind by a closed one (-1 returned); its times set `age` seconds back */
+static int socket_file(const char *path, int listening, int age) {
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+  if (listening) CHECK(listen(fd, 1) == 0);
+  struct timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= age;
+  t[1] = t[0];
+  CHECK(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW) == 0);
+  if (listening) return fd;
+  close(fd);
+  return -1;
+}
+
+static void plain_file(const char *path) {
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL);
+  if (f) fclose(f);
+}
+
+static void sweep(void) {
+  CHECK(mkdir(at("sockets"), 0700) == 0);
+  int live = socket_file(at("sockets/live.sock"), 1, 100);
+  socket_file(at("sockets/dead.sock"), 0, 100);
+  socket_file(at("sockets/young.sock"), 0, 0);
+  plain_file(at("sockets/file.sock"));
+  plain_file(at("sockets/old.luac"));
+  /* the dead socket, old enough, and the compiled module go (only sockets are counted) */
+  CHECK(rh_privdir_sweep(at("sockets"), 10) == 1);
+  CHECK(access(at("sockets/dead.sock"), F_OK) != 0);
+  CHECK(access(at("sockets/old.luac"), F_OK) != 0);
+  CHECK(access(at("sockets/live.sock"), F_OK) == 0);
+  CHECK(access(at("sockets/young.sock"), F_OK) == 0);
+  CHECK(access(at("sockets/file.sock"), F_OK) == 0);
+  /* with no minimum age the young dead one goes too; a listener never does */
+  CHECK(rh_privdir_sweep(at("sockets"), 0) == 1);
+  CHECK(access(at("sockets/young.sock"), F_OK) != 0);
+  CHECK(access(at("sockets/live.sock"), F_OK) == 0);
+  close(live);
+  CHECK(rh_privdir_sweep(at("missing"), 0) == 0);
+}
+
+/* the process's directory: XDG_RUNTIME_DIR's rpchost when that is good */
+static void from_environment(void) {
+  char path[RH_PRIVDIR_PATH + 64], why[4096], want[RH_PRIVDIR_PATH + 64];
+  CHECK(mkdir(at("xdg"), 0700) == 0);
+  setenv("XDG_RUNTIME_DIR", at("xdg"), 1);
+  CHECK(rh_privdir_get(NULL, path, sizeof path, why, sizeof why) == 0);
+  CHECK(strcmp(path, at("xdg/rpchost")) == 0 && mode_of(path) == 0700);
+  CHECK(rh_privdir_get("bytecode", path, sizeof path, why, sizeof why) == 0);
+  snprintf(want, sizeof want, "%s", at("xdg/rpchost/bytecode"));
+  CHECK(strcmp(path, want) == 0 && mode_of(path) == 0700);
+  /* a subdirectory that is not good is refused, saying why */
+  CHECK(symlink(at("xdg"), at("xdg/rpchost/linked")) == 0);
+  CHECK(rh_privdir_get("linked", path, sizeof path, why, sizeof why) == RH_ENOPRIVDIR);
+  CHECK(has(why, "linked is a symbolic link"));
 }
 
 int main(void) {
@@ -124,6 +195,9 @@ int main(void) {
   CHECK(has(why, "shared is this user's but others can write it"));
   CHECK(has(why, "set XDG_RUNTIME_DIR to a directory only you can enter"));
   CHECK(strchr(why, '\n') == NULL);
+
+  sweep();
+  from_environment();
 
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
