@@ -1,7 +1,7 @@
 /* rh_lua.c: what every binding shares (rh_lua.h): the per-process context,
  * registry references, class metatables and the error conventions. Its own
  * file, without the interpreter's start-up (l_main.c), so that a harness
- * (bindings/fuzz_codec.c) can link one binding with it alone. */
+ * (tests/fuzz/fuzz_codec.c) can link one binding with it alone. */
 #include "rh_lua.h"
 
 static rh_ctx_t rh__ctx;

@@ -8,7 +8,7 @@ if ! command -v clang-format >/dev/null; then
   echo "clang-format is not installed: install the Debian package clang-format (scripts/setup.sh does)" >&2
   exit 1
 fi
-files=$(find host bindings kernels bench spec -name build -prune -o \
+files=$(find host bindings kernels tests bench spec -name build -prune -o \
   \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' \) -print | sort)
 if clang-format --dry-run --Werror $files; then
   echo "format ok: $(echo "$files" | wc -l) files"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses (host/fuzz, and bindings/fuzz_codec.c for the
-# codec's decoder into Lua values) with clang and runs each one for the
-# given number of seconds (default 10) from its seed corpus:
+# Builds the libFuzzer harnesses (tests/fuzz: the frame reader, the MessagePack
+# bounds check, the codec's decoder into Lua values and the tensor shapes) with
+# clang and runs each one for the given number of seconds (default 10) from its
+# seed corpus (tests/fuzz/corpus):
 #   bash scripts/fuzz.sh [seconds]
 # Exits 77 (ctest's skip) when clang with libFuzzer is not installed.
 set -euo pipefail
@@ -16,16 +17,16 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){return 0;}' 
      "$CC" $flags -x c - -o "$out/probe" 2>/dev/null; then
   echo "fuzz: $CC cannot build libFuzzer targets (install libclang-rt-dev), skipping"; exit 77
 fi
-"$CC" $flags host/fuzz/fuzz_frame.c host/net/frame.c host/errors.c $(pkg-config --cflags --libs libuv) -o "$out/fuzz_frame"
-"$CC" $flags host/fuzz/fuzz_msgpack.c host/codec/mpcheck.c $(pkg-config --cflags --libs msgpack) -o "$out/fuzz_msgpack"
-"$CC" $flags -Ibindings bindings/fuzz_codec.c bindings/l_codec.c bindings/rh_lua.c host/codec/mpcheck.c host/errors.c \
+"$CC" $flags tests/fuzz/fuzz_frame.c host/net/frame.c host/errors.c $(pkg-config --cflags --libs libuv) -o "$out/fuzz_frame"
+"$CC" $flags tests/fuzz/fuzz_msgpack.c host/codec/mpcheck.c $(pkg-config --cflags --libs msgpack) -o "$out/fuzz_msgpack"
+"$CC" $flags -Ibindings tests/fuzz/fuzz_codec.c bindings/l_codec.c bindings/rh_lua.c host/codec/mpcheck.c host/errors.c \
   $(pkg-config --cflags --libs luajit msgpack libuv) -lm -o "$out/fuzz_codec"
-"$CC" $flags host/fuzz/fuzz_shape.c $(ls host/tensor/*.c | grep -v '/test_') \
+"$CC" $flags tests/fuzz/fuzz_shape.c host/tensor/*.c \
   $(pkg-config --cflags --libs openblas libuv) -lm -ldl -lpthread -o "$out/fuzz_shape"
 for t in frame msgpack codec shape; do
   mkdir -p "$out/corpus_$t"
-  seeds=host/fuzz/corpus/$t
-  [ "$t" = codec ] && seeds=host/fuzz/corpus/msgpack # (the same bytes: MessagePack messages)
+  seeds=tests/fuzz/corpus/$t
+  [ "$t" = codec ] && seeds=tests/fuzz/corpus/msgpack # (the same bytes: MessagePack messages)
   echo "fuzz: $t for ${secs}s"
   "$out/fuzz_$t" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=1024 -print_final_stats=1 \
     "$out/corpus_$t" "$seeds" 2>&1 | grep -E "Done|stat::number_of_executed_units|ERROR|SUMMARY" || true
