@@ -1,5 +1,5 @@
 /* main.c: the rpchost executable's entry point. All command-line handling lives in
- * the Lua front end (lua/rpchost/cli.lua) started by the binding layer; here only
+ * the Lua front end (lua/rpchost/tools/cli.lua) started by the binding layer; here only
  * what must come before anything else: the descriptor limit. */
 #include <errno.h>
 #include <stdio.h>
