@@ -7,7 +7,7 @@
  * over their authenticated connections. So a process outside the world, or a
  * rank on another host (whose pid names something else here), gets no arena.
  *
- * A step is three calls from lua/rpchost/arena.lua: start (copy in, publish),
+ * A step is three calls from lua/rpchost/net/arena.lua: start (copy in, publish),
  * spin / sleep until every rank is there, finish (reduce or copy out). The
  * spin is bounded (the caller's budget, yielding the core while the host's
  * runnable tasks outnumber its cores: rh_net_polite), so the loop is never held for long: what

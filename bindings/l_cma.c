@@ -1,7 +1,7 @@
 /* l_cma.c: cross-memory attach for Lua (host/net/cma.h): large collectives
  * between ranks on one host read and write tensor bytes straight in a peer's
- * memory, one copy instead of a pass through sockets. rpchost.cma proves per
- * connection that it works; rpchost.collectives uses it. */
+ * memory, one copy instead of a pass through sockets. rpchost.net.cma proves per
+ * connection that it works; rpchost.dist.collectives uses it. */
 #include <string.h>
 #include <unistd.h>
 

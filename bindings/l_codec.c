@@ -5,7 +5,7 @@
  * integers, others as doubles), binary-safe strings, and tables without metatables
  * (a sequence 1..n as an array, anything else as a map). Everything else - functions,
  * userdata, cdata, tables with metatables - goes through an encode hook written in
- * Lua (lua/rpchost/codec.lua), which returns a tag and the values that stand for it:
+ * Lua (lua/rpchost/wire/codec.lua), which returns a tag and the values that stand for it:
  *   tag < 16:  a leaf, coded as msgpack ext(tag, bytes)
  *   tag >= 16: a tagged array [ext(tag, ""), child values...]
  * The decoder calls the decode hook with the tag and the decoded children.

@@ -2,7 +2,7 @@
  * for Lua, through the kernels library (host/tensor/device.c loads it). Every
  * entry point raises a clear error when CUDA is unavailable; tensors handed to
  * NCCL must be contiguous and on a device. Communicators and events are light
- * userdata owned by the Lua code that made them (rpchost.nccl_group). */
+ * userdata owned by the Lua code that made them (rpchost.dist.nccl_group). */
 #include "rh_lua.h"
 #include "tensor/cuda_api.h"
 #include "tensor/tensor.h"

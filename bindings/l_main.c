@@ -1,8 +1,8 @@
 /* l_main.c: the rpchost executable's entry point. main raises the descriptor
  * limit, creates the one Lua state and the per-process context, finds the Lua
- * library, and hands the command line to lua/rpchost/cli.lua, which implements
- * the interpreter front end, the launcher and the REPL. It lives with the
- * bindings because it starts the Lua state: host/ calls nothing up here. */
+ * library, and hands the command line to lua/rpchost/tools/cli.lua, which
+ * implements the interpreter front end, the launcher and the REPL. It lives with
+ * the bindings because it starts the Lua state: host/ calls nothing up here. */
 #include <errno.h>
 #include <malloc.h>
 #include <signal.h>
@@ -217,7 +217,7 @@ int main(int argc, char **argv) {
   /* cli.main(argv) returns the exit status. */
   rh_pushref(L, ctx->ref_traceback);
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "rpchost.cli");
+  lua_pushliteral(L, "rpchost.tools.cli");
   int status = 1;
   if (lua_pcall(L, 1, 1, -3) != 0) {
     fprintf(stderr, "rpchost: cannot load its Lua library from %s: %s\n", dir, lua_tostring(L, -1));

@@ -1,8 +1,8 @@
-/* l_mpi.c: the host's MPI library for Lua (rpchost.mpi_group), a thin layer
+/* l_mpi.c: the host's MPI library for Lua (rpchost.dist.mpi_group), a thin layer
  * over host/mpi/mpi.c. Communicators are light userdata (Open MPI's handles are
  * pointers the library owns); a request is a userdata box that mpi_test
  * completes. Tensors handed to an operation are borrowed: the Lua caller keeps
- * them alive until mpi_test says the request is done (rpchost.mpi_group keeps
+ * them alive until mpi_test says the request is done (rpchost.dist.mpi_group keeps
  * those of a request it gave up on for the rest of the process). Every tensor
  * must be a contiguous host tensor: the wrapper stages the others. */
 #include <string.h>

@@ -1,5 +1,5 @@
 /* l_proc.c: child processes, their output pipes, and signal watchers for Lua.
- * The launcher (lua/rpchost/launcher.lua) is built on these.
+ * The launcher (lua/rpchost/tools/launcher.lua) is built on these.
  *
  * A process box stays anchored until the child has exited and each of its pipes
  * has reached EOF (or DRAIN_MS have passed since the exit); then the exit

@@ -1,5 +1,5 @@
 /* l_shm.c: shared-memory segments for Lua ("rpchost.Shm"): the transport's pool
- * of memfd segments (rpchost.shm) fills ours and reads the peers'. Every offset
+ * of memfd segments (rpchost.net.shm) fills ours and reads the peers'. Every offset
  * and length is checked against the segment, since they come from the wire.
  *
  * A payload in a peer's segment is either copied out (get) or adopted: the

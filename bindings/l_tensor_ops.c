@@ -1,5 +1,5 @@
 /* l_tensor_ops.c: the raw entry points of the indexing, ordering, scan and
- * random ops (host/tensor/index.c, sort.c, random.c) for lua/rpchost/tensor_ops.lua.
+ * random ops (host/tensor/index.c, sort.c, random.c) for lua/rpchost/tensor/ops.lua.
  * Like l_tensor.c: 0-based dimensions, dtype ids, and a `base` the Lua face sets
  * to 1 so that index tensors are 1-based there. Errors from the core are raised
  * with its message. In-place entry points bump the tensor's version after the

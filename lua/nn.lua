@@ -25,7 +25,7 @@ local io_ = require "rpchost.nn.serialize"
 nn.save, nn.load, nn.save_npz, nn.load_npz = io_.save, io_.load, io_.save, io_.load
 
 -- DistributedDataParallel lives with dist (it needs the process group)
-nn.DistributedDataParallel = function(...) return require("rpchost.ddp").new(...) end
+nn.DistributedDataParallel = function(...) return require("rpchost.nn.ddp").new(...) end
 nn.parallel = {DistributedDataParallel = nn.DistributedDataParallel}
 
 return nn

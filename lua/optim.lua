@@ -362,6 +362,6 @@ function optim.Adagrad(params, opts)
     initial_accumulator_value = 0, eps = 1e-10, maximize = false})
 end
 
-optim.lr_scheduler = require "rpchost.lr_scheduler"
+optim.lr_scheduler = require "rpchost.nn.lr_scheduler"
 
 return optim

@@ -80,7 +80,7 @@ describe("backpressure", function()
         check("the others were dropped", rpc.rpc_sync("w1", dropped) == 49, rpc.rpc_sync("w1", dropped))
         local q = rpc.rpc_sync("w1", function() return rpc.stats().queue end)
         check("rpc.stats shows the queue", q.dropped == 49 and q.waiting == 0 and q.limit == 10000 and q.refused == 0,
-          require("rpchost.codec").encode("q", q))
+          require("rpchost.wire.codec").encode("q", q))
       end
       rpc.shutdown()
     ]], {timeout = 60})

@@ -8,9 +8,9 @@
 local S = require "spec.support"
 local store = require "rpchost.store"
 local sched = require "rpchost.sched"
-local codec = require "rpchost.codec"
-local agentmod = require "rpchost.agent"
-local directory = require "rpchost.directory"
+local codec = require "rpchost.wire.codec"
+local agentmod = require "rpchost.rpc.agent"
+local directory = require "rpchost.wire.directory"
 local core = require "rpchost.core"
 
 local function record(r)
@@ -86,7 +86,7 @@ describe("store gather", function()
     -- per rank: count_in and one wait (which brings the directory); one rank
     -- also reads the records to build it and publishes it
     assert.is_true(work.requests <= 2 * N + 3, ("%d requests for %d ranks: %s"):format(work.requests, N,
-      require("rpchost.codec").encode("ops", work.ops)))
+      require("rpchost.wire.codec").encode("ops", work.ops)))
     assert.are.equal(N, work.ops.count_in)
     assert.are.equal(1, work.ops.multi_get)
     -- N waits for N keys each, and N reads of N records, were N^2 reads (90,000)

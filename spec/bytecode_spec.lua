@@ -73,10 +73,10 @@ describe("the library from bytecode", function()
   end)
 
   it("keeps the source's names and lines in tracebacks", function()
-    run([[require("rpchost.codec")]]) -- (compiled)
-    local r = run([[require("rpchost.codec").encode("x", coroutine.create(print))]])
+    run([[require("rpchost.wire.codec")]]) -- (compiled)
+    local r = run([[require("rpchost.wire.codec").encode("x", coroutine.create(print))]])
     assert.are_not.equal(0, r.status)
-    assert.truthy(r.err:find("rpchost/codec.lua:%d+"), r.err)
+    assert.truthy(r.err:find("rpchost/wire/codec.lua:%d+"), r.err)
   end)
 
   it("parses the source with RPCHOST_BYTECODE=0", function()

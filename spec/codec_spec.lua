@@ -1,5 +1,5 @@
 -- The codec on its own: plain values, tagged values, paths in errors, refusals.
-local codec = require "rpchost.codec"
+local codec = require "rpchost.wire.codec"
 
 local function roundtrip(...) return codec.decode(codec.encode("value", ...)) end
 

@@ -51,7 +51,7 @@ describe("collectives", function()
   -- 256 KiB pieces that do not divide evenly
   local one_pass = [[
     dist.init_process_group{backend = "gloo"}
-    local used = require("rpchost.collectives").used
+    local used = require("rpchost.dist.collectives").used
     local N = 400003
     local function input(r, dt)
       local x = (tensor.arange(N, {dtype = tensor.int64}) + r) % 3 + 1
@@ -104,7 +104,7 @@ describe("collectives", function()
   -- writes the first n-th of it into theirs meanwhile (where writing is allowed)
   local big_broadcast = [[
     dist.init_process_group{backend = "gloo"}
-    local used = require("rpchost.collectives").used
+    local used = require("rpchost.dist.collectives").used
     local N = 400003
     dist.all_reduce(tensor.ones(N)) -- (connects every pair)
     local before = used.broadcast_written

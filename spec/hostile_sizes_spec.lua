@@ -7,7 +7,7 @@ local S = require "spec.support"
 -- A script-side forger: values of class Forged encode as whatever tag and fields
 -- they carry, so a well-behaved rank can send what a hostile one would.
 local FORGER = [[
-  local codec = require "rpchost.codec"
+  local codec = require "rpchost.wire.codec"
   local core = require "rpchost.core"
   local tensor = require "tensor"
   Forged = {}

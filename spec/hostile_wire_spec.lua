@@ -13,7 +13,7 @@ local S = require "spec.support"
 -- A script-side forger: a Forged value encodes as a tensor descriptor whose
 -- device is whatever it carries (a segment, or inline bytes with inline = true).
 local FORGER = [[
-  local codec = require "rpchost.codec"
+  local codec = require "rpchost.wire.codec"
   local core = require "rpchost.core"
   local sched = require "rpchost.sched"
   local tensor = require "tensor"

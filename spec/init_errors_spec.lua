@@ -223,7 +223,7 @@ end)
 describe("_transports and _channels", function()
   it("refuse what cannot work here, naming it and what to do", function()
     local r = S.world(1, S.prelude .. [[
-      local channels = require "rpchost.channels"
+      local channels = require "rpchost.rpc.channels"
       local function msg(o, loop)
         local ok, e = pcall(channels.select, o, function() return loop ~= false end)
         return not ok and e.kind == "config" and tostring(e.message) or ("accepted: " .. tostring(e))

@@ -55,7 +55,7 @@ describe("dynamic members", function()
   end)
 
   it("an unknown worker error lists each name once (a killed member's name taken by its successor)", function()
-    local agentmod = require "rpchost.agent"
+    local agentmod = require "rpchost.rpc.agent"
     local a = agentmod.new{name = "w0", rank = 0, world_size = 1}
     a:add_peer({name = "w0", rank = 0, ip = "127.0.0.1", port = 1})
     a:add_peer({name = "repl", rank = 5, ip = "127.0.0.1", port = 2}) -- killed, never said it left
@@ -66,7 +66,7 @@ describe("dynamic members", function()
   end)
 
   it("a worker that cannot be looked up because the store is gone is unreachable, not a config error", function()
-    local agentmod, errors = require "rpchost.agent", require "rpchost.errors"
+    local agentmod, errors = require "rpchost.rpc.agent", require "rpchost.errors"
     local a = agentmod.new{name = "repl", rank = 3, world_size = 1}
     a:add_peer({name = "w0", rank = 0, ip = "127.0.0.1", port = 1})
     a.prefix = "rpc/1/"

@@ -90,13 +90,13 @@ describe("RRefs used before their owner created them", function()
           collectgarbage() collectgarbage()
           sched.sleep(0.05)
           local okd, ed = pcall(rpc.rpc_sync, "w1", function(i)
-            return require("rpchost.rref").fetch(i, 1):wait()
+            return require("rpchost.rpc.rref").fetch(i, 1):wait()
           end, {did})
           if not okd then gone = ed break end
         end
         check("deleted id named", tostring(gone):find("was deleted", 1, true), gone)
         local ok2, e2 = pcall(rpc.rpc_sync, "w1", function()
-          return require("rpchost.rref").fetch("0:999999", 0.3):wait()
+          return require("rpchost.rpc.rref").fetch("0:999999", 0.3):wait()
         end)
         check("creation that never comes is bounded", not ok2 and tostring(e2):find("has no value on its owner", 1, true), e2)
       end

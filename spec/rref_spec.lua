@@ -204,7 +204,7 @@ describe("RRef", function()
         pcall(rpc.rpc_sync, "w2", die, {}, nil, 0.5)
         ok, e = pcall(d.to_here, d)
         check("dead owner", not ok and e.kind == "unreachable", e)
-        ok, e = pcall(require("rpchost.codec").encode, "value", {d})
+        ok, e = pcall(require("rpchost.wire.codec").encode, "value", {d})
         check("no RRef outside RPC", not ok and tostring(e.message):find("only be sent as an argument or result of an RPC", 1, true), e)
         local tensor = require "tensor"
         ok, e = pcall(rpc.RRef, 1)

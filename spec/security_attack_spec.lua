@@ -8,7 +8,7 @@
 -- change a peer's record or hold memory; the world goes on.
 local S = require "spec.support"
 local core = require "rpchost.core"
-local codec = require "rpchost.codec"
+local codec = require "rpchost.wire.codec"
 local store = require "rpchost.store"
 local W = require "spec.wire"
 
@@ -74,7 +74,7 @@ describe("an attacker on the same machine", function()
     local marker = S.tmpdir .. "/pwned-" .. core.getpid()
     local r = S.world(2, S.prelude .. [[
       local W = require "spec.wire"
-      local codec = require "rpchost.codec"
+      local codec = require "rpchost.wire.codec"
       local sched = require "rpchost.sched"
       function hi() return "hi" end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
@@ -125,7 +125,7 @@ describe("an attacker on the same machine", function()
 
   it("cannot answer a call that went to another peer, even as a proven member", function()
     local r = S.world(3, S.prelude .. [[
-      local codec = require "rpchost.codec"
+      local codec = require "rpchost.wire.codec"
       function slow_echo(x) require("rpchost.sched").sleep(0.8) return "genuine " .. x end
       function forge(id)
         local a = rpc._agent()
@@ -151,7 +151,7 @@ describe("an attacker on the same machine", function()
   it("cannot change a peer's record with a hello it never proves, nor learn anything from the reply", function()
     local r = S.world(2, S.prelude .. [[
       local W = require "spec.wire"
-      local codec = require "rpchost.codec"
+      local codec = require "rpchost.wire.codec"
       local sched = require "rpchost.sched"
       local tensor = require "tensor"
       dist.init_process_group{backend = "gloo"}
@@ -339,7 +339,7 @@ describe("an attacker on the same machine", function()
       while not io.open(ports) and S.now() - t0 < 20 do S.sleep(0.05) end
       local attacker = S.write([[
         local W = require "spec.wire"
-        local codec = require "rpchost.codec"
+        local codec = require "rpchost.wire.codec"
         local store = require "rpchost.store"
         local sched = require "rpchost.sched"
         local f = io.open("]] .. ports .. [[")

@@ -17,7 +17,7 @@ local sched = require "rpchost.sched"
 local RELAY = [==[
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
-local codec = require "rpchost.codec"
+local codec = require "rpchost.wire.codec"
 local port, marker = tonumber(arg[1]), arg[2]
 local targets = {}
 for i = 3, #arg do targets[#targets + 1] = arg[i] end
@@ -177,8 +177,8 @@ describe("a stranger on the same machine, without the world's secret or token", 
   it("cannot reflect a rank's own hello or proof back at it", function()
     local r = S.world(2, S.prelude .. [[
       local W = require "spec.wire"
-      local auth = require "rpchost.auth"
-      local codec = require "rpchost.codec"
+      local auth = require "rpchost.net.auth"
+      local codec = require "rpchost.wire.codec"
       function hi() return "hi" end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then

@@ -7,7 +7,7 @@
 -- starting. (spec/security_attack_spec.lua has the attacks on the protocol.)
 local S = require "spec.support"
 local core = require "rpchost.core"
-local codec = require "rpchost.codec"
+local codec = require "rpchost.wire.codec"
 local store = require "rpchost.store"
 local W = require "spec.wire"
 

@@ -66,7 +66,7 @@ describe("security tokens", function()
   it("drop a connection that skips the proof, before it reads anything", function()
     local r = S.world(2, S.prelude .. [[
       local core, sched = require "rpchost.core", require "rpchost.sched"
-      local codec = require "rpchost.codec"
+      local codec = require "rpchost.wire.codec"
       function hi() return "still serving" end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then

@@ -1,4 +1,4 @@
--- The same-host collective arena (rpchost.arena): small barriers, all_reduces
+-- The same-host collective arena (rpchost.net.arena): small barriers, all_reduces
 -- and broadcasts of a group whose ranks share this host go through one shared
 -- memory file. Over real worlds: the same results as the message algorithms
 -- (every dtype and op, 2-4 ranks, the same bits on every rank), mismatches
@@ -12,7 +12,7 @@ local function world(n, body, opts)
     local tensor = require "tensor"
     local sched = require "rpchost.sched"
     local core = require "rpchost.core"
-    local arena = require "rpchost.arena"
+    local arena = require "rpchost.net.arena"
   ]] .. body, opts)
 end
 
@@ -172,7 +172,7 @@ describe("the same-host collective arena", function()
       local ok, e = pcall(dist.barrier)
       check("unreachable", not ok and e.kind == "unreachable" and e.rank == 2, e)
       check("quickly", sched.now() - t0 < 5, sched.now() - t0)
-      check("used", require("rpchost.arena").used.groups == 1)
+      check("used", require("rpchost.net.arena").used.groups == 1)
       os.exit(0)
     ]], nil, 40)
     for rk = 0, 1 do

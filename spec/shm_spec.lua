@@ -10,7 +10,7 @@ describe("shared-memory frames", function()
   it("refuse what does not fit, with a reply that says why, and the world goes on", function()
     local r, lines = world(2, [[
       local core, sched = require "rpchost.core", require "rpchost.sched"
-      local codec, proto, shm = require "rpchost.codec", require "rpchost.proto", require "rpchost.shm"
+      local codec, proto, shm = require "rpchost.wire.codec", require "rpchost.wire.proto", require "rpchost.net.shm"
       local tensor = require "tensor"
       function hi() return "still serving" end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})

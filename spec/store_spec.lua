@@ -133,7 +133,7 @@ describe("store", function()
   it("survives random frames (a fuzz of the store protocol) and keeps serving", function()
     local core = require "rpchost.core"
     local sched = require "rpchost.sched"
-    local codec = require "rpchost.codec"
+    local codec = require "rpchost.wire.codec"
     math.randomseed(20261130)
     local ops = {"set", "get", "add", "compare_set", "wait", "check", "missing", "multi_get", "delete",
                  "num_keys", "bogus", 42, false}

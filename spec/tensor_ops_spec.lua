@@ -1,4 +1,4 @@
--- The ops models use (lua/rpchost/tensor_ops.lua, host/tensor/index.c, sort.c,
+-- The ops models use (lua/rpchost/tensor/ops.lua, host/tensor/index.c, sort.c,
 -- random.c): every op against numpy at test time, on contiguous and strided
 -- (transposed) inputs and on each dtype it takes; every gradient against central
 -- finite differences, and the indexing gradients against numpy too; the dtype

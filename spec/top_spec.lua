@@ -2,7 +2,7 @@
 -- screen lists the workers, the call rates move while calls run, a slow call
 -- shows as the longest pending one, an RRef and a collective in progress show,
 -- and q (or Ctrl-C) leaves the world cleanly. Also the snapshot it asks for
--- (rpchost.introspect) directly, and --once.
+-- (rpchost.tools.introspect) directly, and --once.
 local S = require "spec.support"
 
 local function sh(cmd)
@@ -129,7 +129,7 @@ describe("rpchost top", function()
       local rpc = require "rpc"
       rpc.init_rpc("probe", {rpc_backend_options = rpc.TensorPipeRpcBackendOptions{
         init_method = "tcp://127.0.0.1:%d"}})
-      local snapshot = require("rpchost.introspect").snapshot
+      local snapshot = require("rpchost.tools.introspect").snapshot
       local s0 = rpc.rpc_sync("w0", snapshot, {{watcher = "probe"}})
       rpc.sleep(0.3)
       local s = rpc.rpc_sync("w0", snapshot, {{watcher = "probe", after_seq = s0.done_seq}})

@@ -3,7 +3,7 @@
 -- come, half headers, idle connections). Runs inside rpchost, in a task.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
-local codec = require "rpchost.codec"
+local codec = require "rpchost.wire.codec"
 
 local W = {}
 
@@ -84,7 +84,7 @@ end
 -- record (see W.open) with .ready set to the peer's READY offers, or without it
 -- when the handshake failed (.why).
 function W.join(where, port, a, offers)
-  local auth = require "rpchost.auth"
+  local auth = require "rpchost.net.auth"
   local path = where:match("^unix:(.*)$")
   local p
   for rank = 0, a.world_size - 1 do

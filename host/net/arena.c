@@ -1,6 +1,6 @@
 /* arena.c: the same-host collective arena (see arena.h). Only the layout, the
  * publishing and the checks live here; who maps it and how a rank waits (spin,
- * then sleep in the loop) is bindings/l_arena.c and lua/rpchost/arena.lua. */
+ * then sleep in the loop) is bindings/l_arena.c and lua/rpchost/net/arena.lua. */
 #include "arena.h"
 
 #include <string.h>

@@ -108,7 +108,7 @@ local function peer(name)
 end
 
 -- the latencies of the last RING calls that completed, for percentiles over a
--- recent window (rpchost.introspect; `rpchost top`): M.done_seq counts them all
+-- recent window (rpchost.tools.introspect; `rpchost top`): M.done_seq counts them all
 local RING = 4096
 local ring = {}
 M.done_seq = 0

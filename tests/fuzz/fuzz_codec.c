@@ -1,7 +1,7 @@
 /* fuzz_codec.c: libFuzzer harness for l_codec.c's decoder, which turns bytes
  * from the network into Lua values once rh_mp_check has bounded them. Every
  * input is decoded; whatever decodes is encoded again, and what was encoded
- * must decode (a value the codec writes, it reads). The hooks stand in for lua/rpchost/codec.lua's: tagged
+ * must decode (a value the codec writes, it reads). The hooks stand in for lua/rpchost/wire/codec.lua's: tagged
  * values come back as tables of their parts, one tag is refused with an error
  * and one decodes to nil, and functions are named through the globals as the
  * real codec names them. Nothing may crash, leak or read past the input.

@@ -2,7 +2,7 @@
 -- PyTorch's parameters (in_proj_weight, in_proj_bias, out_proj.weight/bias;
 -- self_attn, linear1, linear2, norm1, norm2), initialisation and masks
 -- (bool masks: true = not allowed; float masks are added to the scores).
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 local mod = require "rpchost.nn.module"
 local F = require "rpchost.nn.functional"
 local init = require "rpchost.nn.init"

@@ -6,9 +6,9 @@
 -- ops, whose gradients autograd already knows. Class indices are 1-based
 -- (Lua's convention, as everywhere in rpchost); optional arguments are
 -- positional as in PyTorch or a trailing table with PyTorch's keyword names.
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 local core = require "rpchost.core"
-local autograd = require "rpchost.autograd"
+local autograd = require "rpchost.autograd.engine"
 local mod = require "rpchost.nn.module"
 
 local F = {}

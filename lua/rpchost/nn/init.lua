@@ -2,7 +2,7 @@
 -- place, without recording gradients, from the generator tensor.manual_seed
 -- seeds, and returns it. Fans are PyTorch's (fan_in = size(2) * receptive
 -- field, fan_out = size(1) * receptive field).
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 
 local I = {}
 

@@ -4,7 +4,7 @@
 -- with PyTorch's keyword names), parameter and buffer names, default
 -- initialisation and printed form. Forward checks the input's shape and names
 -- the layer when it is wrong.
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 local mod = require "rpchost.nn.module"
 local F = require "rpchost.nn.functional"
 local init = require "rpchost.nn.init"

@@ -2,7 +2,7 @@
 -- forwards to its nn.functional form. Options are a trailing table:
 -- nn.CrossEntropyLoss{weight = w, ignore_index = 1, label_smoothing = 0.1,
 -- reduction = "sum"}; class targets are 1-based int64 tensors.
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 local mod = require "rpchost.nn.module"
 local F = require "rpchost.nn.functional"
 

@@ -8,7 +8,7 @@
 -- a tensor to a registered name replaces it. Everything an instance holds is
 -- plain data (no closures), so a module whose class is reachable by name
 -- (`nn.Linear`, a user's global `Net`) travels over RPC with its parameters.
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 
 local M = {}
 

@@ -5,7 +5,7 @@
 -- The input-to-hidden products of all time steps are one GEMM per layer and
 -- direction (the gates fused in one [4H, in] matrix); each step then does one
 -- [B, H] x [H, 4H] GEMM for the recurrent part.
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 local mod = require "rpchost.nn.module"
 local F = require "rpchost.nn.functional"
 local init = require "rpchost.nn.init"
@@ -68,7 +68,7 @@ end
 -- (host/tensor/nn_rnn.c) that saves one [B, 5H] block for the backward, instead
 -- of narrow/sigmoid/tanh/mul nodes each saving and scattering tensors of their own.
 local core = require "rpchost.core"
-local autograd = require "rpchost.autograd"
+local autograd = require "rpchost.autograd.engine"
 local LSTMCellFn = autograd.Function:extend("LSTMCell")
 LSTMCellFn.fresh_grads = true
 function LSTMCellFn.forward(ctx, gates, c_prev)

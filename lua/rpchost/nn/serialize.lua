@@ -3,7 +3,7 @@
 -- rpchost writes and a PyTorch state_dict exported with numpy.savez(path,
 -- **{k: v.numpy()}) loads as it is. Stored or deflated members, zip64 extra
 -- fields as numpy writes them; every length is checked against the file.
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 local core = require "rpchost.core"
 local zlib = require "rpchost.zlib"
 local mod = require "rpchost.nn.module"

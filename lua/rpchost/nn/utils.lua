@@ -1,7 +1,7 @@
 -- rpchost.nn.utils: gradient clipping (nn.utils.clip_grad_norm_,
 -- clip_grad_value_) and parameters_to_vector / vector_to_parameters, as
 -- PyTorch's torch.nn.utils; nn.utils.stateless.functional_call.
-local tensor = require "tensor"
+local tensor = require "rpchost.tensor"
 
 local U = {}
 

@@ -1,0 +1,1264 @@
+-- rpchost.autograd.engine: reverse-mode automatic differentiation for tensors.
+--
+-- Ownership. A tensor's autograd state ({requires_grad, grad_fn, output_nr, grad,
+-- final_hooks}) is a table owned by the tensor's userdata (its environment, see
+-- bindings/l_tensor.c). A node (one per recorded op) owns its backward function,
+-- the tensors it saved, and its edges: for each input, taken when the op was
+-- recorded, the input's node or, for a leaf, the leaf tensor itself. Nothing
+-- else refers to the graph, so it lives exactly as long as some tensor whose
+-- history it is, and the GC takes it with the last one (cycles through a node
+-- that refers back to its output are fine: they are plain Lua references).
+--
+-- Versions. Every storage carries a version counter that in-place writes bump
+-- (C entry points, and M.bump for writes made elsewhere). A node records the
+-- versions of the tensors it saved; backward refuses to use one that changed.
+-- In-place ops on tensors that require grad are rewritten as their out-of-place
+-- op whose result takes over the tensor's history (PyTorch's rebase).
+--
+-- Backward is iterative: a pass counts, for each node reachable from the root,
+-- the edges that lead into it, then runs nodes whose consumers have all
+-- delivered, summing incoming gradients, and frees each node as it goes unless
+-- the graph is retained. A pass may also wait for gradients that other tasks
+-- deliver into it while it runs (M._run_pass: distributed autograd's sends).
+-- Leaf gradients go to a sink: `.grad` for local autograd, a context's table
+-- for distributed autograd.
+--
+-- Gradient mode (no_grad, set_grad_enabled, backward's own switching) is a field
+-- of the running task (rpchost.sched), inherited by the tasks it spawns: a
+-- backward that yields (a distributed one waits on peers) never changes what
+-- another task records.
+--
+-- Custom differentiable ops (tensor.autograd.Function) are in
+-- rpchost.autograd.custom; the ops' derivatives are installed below (install).
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+
+local M = {}
+
+local get_state, set_state = core.t_ag, core.t_set_ag
+local t_version, is_t = core.t_version, core.t_is_tensor
+local pack = table.pack or function(...) return {n = select("#", ...), ...} end
+local current = sched.current
+
+M.state, M.set_state = get_state, set_state
+-- Records an in-place write made outside the C entry points (which bump by
+-- themselves): t and every view of it get a new version.
+M.bump = core.t_bump
+M.version = t_version
+
+-- (compatibility) autograd.meta[t] reads and writes t's state
+M.meta = setmetatable({}, {
+  __index = function(_, t) return get_state(t) end,
+  __newindex = function(_, t, v) set_state(t, v) end,
+})
+
+local function requires(t)
+  local s = get_state(t)
+  return s ~= nil and s.requires_grad == true
+end
+M.requires = requires
+
+local tensor, methods -- filled by install
+
+-- gradient mode: per task -------------------------------------------------------------
+sched.inherit("grad_enabled")
+local OUTSIDE = {} -- the "task" of code running outside any (callbacks, __gc)
+local function slot() return current() or OUTSIDE end
+
+function M.enabled() return slot().grad_enabled ~= false end
+
+-- Sets the running task's gradient mode; returns the previous one.
+function M.set_enabled(v)
+  local s = slot()
+  local old = s.grad_enabled ~= false
+  s.grad_enabled = v and true or false
+  return old
+end
+
+-- Runs fn(...) with the task's gradient mode set to `mode`, restored afterwards
+-- (also on error, and whatever other tasks do while fn waits).
+local function restore_mode(s, old, ok, ...)
+  s.grad_enabled = old
+  if not ok then error((...), 0) end
+  return ...
+end
+local function with_mode(mode, fn, ...)
+  local s = slot()
+  local old = s.grad_enabled
+  s.grad_enabled = mode
+  return restore_mode(s, old, pcall(fn, ...))
+end
+
+function M.no_grad(fn, ...) return with_mode(false, fn, ...) end
+function M.enable_grad(fn, ...) return with_mode(true, fn, ...) end
+-- set_grad_enabled(mode): sets it (returns the previous mode);
+-- set_grad_enabled(mode, fn, ...): runs fn under it
+function M.set_grad_enabled(mode, fn, ...)
+  if fn == nil then return M.set_enabled(mode) end
+  return with_mode(mode and true or false, fn, ...)
+end
+
+-- nodes --------------------------------------------------------------------------------
+local Node = {}
+Node.__index = Node
+local function node_name(n)
+  if n.label then return n.label end
+  local name = n.name:gsub("_$", "") -- an in-place op's node is named as its op: zero_ -> ZeroBackward0
+  local s = name:sub(1, 1):upper() .. (name:sub(2):gsub("_(%l)", string.upper))
+  return s .. "Backward0"
+end
+Node.__tostring = function(n) return "<" .. node_name(n) .. ">" end
+M.Node = Node
+M.node_name = node_name
+
+-- The edge an op's input gives its node: the input's node (and which of its
+-- outputs the input is), the tensor itself for a leaf that requires grad, or
+-- false when no gradient flows to it.
+local function edge_of(x)
+  local s = get_state(x)
+  if s == nil or not s.requires_grad then return false, nil end
+  if s.grad_fn then return s.grad_fn, s.output_nr end
+  return x, nil
+end
+
+local function edges_of(inputs, n)
+  local edges, nrs = {}, nil
+  for i = 1, n do
+    local x = inputs[i]
+    local e, nr = false, nil
+    if x ~= nil then e, nr = edge_of(x) end
+    edges[i] = e
+    if nr then
+      nrs = nrs or {}
+      nrs[i] = nr
+    end
+  end
+  return edges, nrs
+end
+
+-- {tensor, version, node that produced it (or false), which output of it} for
+-- each saved tensor, flat
+local function save_versions(list, out, node)
+  local sv = nil
+  for i = 1, list.n or #list do
+    local x = list[i]
+    if x ~= nil and is_t(x) then
+      local origin, nr = false, 1
+      if rawequal(x, out) then origin = node
+      else
+        local s = get_state(x)
+        if s and s.grad_fn then origin, nr = s.grad_fn, s.output_nr or 1 end
+      end
+      sv = sv or {}
+      local k = #sv
+      sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
+    end
+  end
+  return sv
+end
+
+local DTYPE_NAMES = {[0] = "float32", "float64", "int32", "int64", "uint8", "bool"}
+local function describe(t)
+  return ("[tensor.%s [%s]]"):format(DTYPE_NAMES[core.t_dtype(t)] or "?", table.concat(core.t_size(t), ", "))
+end
+
+local function check_saved(node)
+  local sv = node.saved
+  if not sv then return end
+  for i = 1, #sv, 4 do
+    local x, v = sv[i], sv[i + 1]
+    local now = t_version(x)
+    if now ~= v then
+      local origin, nr = sv[i + 2], sv[i + 3]
+      error(("one of the variables needed for gradient computation has been modified by an inplace " ..
+        "operation: %s%s is at version %d; expected version %d instead (saved by %s for its backward: " ..
+        "change a clone() of it, or change it after backward)"):format(describe(x),
+        origin and (", which is output %d of %s,"):format(nr - 1, node_name(origin)) or "", now, v,
+        node_name(node)), 0)
+    end
+  end
+end
+
+-- Whether an op on a (and b) is recorded now: callers check it before building
+-- the inputs table and the backward closure, so an op that records nothing
+-- allocates nothing for autograd.
+function M.wants(a, b)
+  if slot().grad_enabled == false then return false end
+  return (a ~= nil and is_t(a) and requires(a)) or (b ~= nil and is_t(b) and requires(b)) or false
+end
+
+-- Makes `out` the result of node (name, inputs, backward) when recording applies.
+-- inputs: the op's inputs (a sequence; `n` counts it when it has holes; entries
+-- that are not tensors requiring grad get no gradient). backward(g) returns one
+-- gradient per input (nil where none). saved: the tensors backward reads, whose
+-- versions it checks (default: the tensor inputs; {} when backward needs only
+-- shapes; include `out` when it reads the result).
+function M.record(out, name, inputs, backward, saved)
+  if core.t_dtype(out) > 1 or not M.enabled() then return out end -- only float results carry gradients
+  local n = inputs.n or #inputs
+  local any = false
+  for i = 1, n do
+    local x = inputs[i]
+    if x ~= nil and requires(x) then any = true break end
+  end
+  if not any then return out end
+  local edges, nrs = edges_of(inputs, n)
+  local node = setmetatable({name = name, backward = backward, edges = edges, nrs = nrs, n = n}, Node)
+  node.saved = save_versions(saved or inputs, out, node)
+  set_state(out, {requires_grad = true, grad_fn = node})
+  return out
+end
+
+-- Sums g over the dimensions that broadcasting added to a tensor of `sizes`.
+function M.sum_to(g, sizes)
+  local gs = core.t_size(g)
+  while #gs > #sizes do
+    g = core.t_reduce(0, g, 0, false)
+    gs = core.t_size(g)
+  end
+  for i = 1, #sizes do
+    if sizes[i] == 1 and gs[i] ~= 1 then g = core.t_reduce(0, g, i - 1, true) end
+  end
+  return g
+end
+
+-- backward ----------------------------------------------------------------------------
+-- owned: g is the engine's own buffer that nothing else refers to (pieces'
+-- sum), which becomes .grad as it is instead of being copied. A .grad that is
+-- there already takes g in place when they match (PyTorch's AccumulateGrad):
+-- a step that accumulates without zero_grad allocated a new .grad for every
+-- parameter, and left the old one and g to the collector.
+local function same_sizes(a, b)
+  local sa, sb = core.t_size(a), core.t_size(b)
+  if #sa ~= #sb then return false end
+  for i = 1, #sa do if sa[i] ~= sb[i] then return false end end
+  return true
+end
+-- The gradient after g arrives where prev (or nothing) was: g itself when owned,
+-- prev with g added in place when prev may be written (writable) and matches,
+-- else a new sum.
+local function add_grad(prev, g, owned, writable)
+  if prev == nil then return owned and g or core.t_clone(g) end
+  if writable and core.t_dtype(prev) == core.t_dtype(g) and core.t_device(prev) == core.t_device(g)
+      and same_sizes(prev, g) then
+    core.t_binary(0, prev, g, prev)
+    if owned then core.t_free(g) end
+    return prev
+  end
+  return core.t_binary(0, prev, g)
+end
+local function default_sink(t, g, owned)
+  local s = get_state(t)
+  local prev = s.grad
+  s.grad = add_grad(prev, g, owned, prev ~= nil and not requires(prev))
+end
+
+-- A piece of a gradient. The backward of an op that reads a part of its input
+-- (narrow, select, slices, index_select, gather) returns M.piece(a, g, add)
+-- instead of a tensor of a's shape that is zero outside the part: add(buf) adds
+-- the part's gradient into buf (a's shape, owned by the engine) in place. The
+-- engine keeps one such buffer per input (node or leaf) that pieces reach,
+-- allocated and zero-filled once, so a backward through many slices of one
+-- tensor costs one full-size tensor, not one per slice.
+local Piece = {}
+Piece.__index = Piece
+function M.piece(a, g, add)
+  return setmetatable({sizes = core.t_size(a), dtype = core.t_dtype(g), device = core.t_device(g), add = add}, Piece)
+end
+local function is_piece(v) return getmetatable(v) == Piece end
+M.is_piece = is_piece
+
+-- Frees t now when the pass owns it (nothing else refers to it) and is done
+-- with it: a gradient added into another, or one a consuming node has read.
+-- Its memory returns at once instead of at the next full collection, which
+-- the tensor-bytes trigger (bindings/l_tensor.c) then runs that much less often
+-- (a ResNet shard's backward made half its garbage in such gradients).
+local function release(owned, t)
+  if owned[t] then
+    owned[t] = nil
+    core.t_free(t)
+  end
+end
+
+-- Adds gradient g (a tensor or a piece) into tbl[k]. owned: the tensors this
+-- pass allocated that nothing else refers to yet; only those are added into in
+-- place (a gradient a backward returned may also be another input's, or the
+-- caller's).
+local function accumulate(tbl, k, g, owned)
+  local prev = tbl[k]
+  if is_piece(g) then
+    if prev == nil then
+      prev = core.t_full(g.dtype, g.sizes, 0, g.device)
+      owned[prev] = true
+    elseif not owned[prev] then
+      prev = core.t_clone(prev)
+      owned[prev] = true
+    end
+    g.add(prev)
+    tbl[k] = prev
+  elseif prev == nil then
+    tbl[k] = g
+  elseif owned[prev] and core.t_dtype(prev) == core.t_dtype(g) then
+    core.t_binary(0, prev, g, prev)
+    release(owned, g)
+  else
+    local r = core.t_binary(0, prev, g)
+    owned[r] = true
+    tbl[k] = r
+    release(owned, prev)
+    release(owned, g)
+  end
+end
+
+local function add_into(pending, e, nr, g, owned)
+  if e.nout then -- a node with several outputs gets one gradient per output
+    local slots = pending[e]
+    if not slots then slots = {}; pending[e] = slots end
+    accumulate(slots, nr or 1, g, owned)
+  else
+    accumulate(pending, e, g, owned)
+  end
+end
+
+local function run_node(node, g)
+  if not node.nout then
+    local apply = node.apply
+    if apply then return pack(apply(node, g)) end
+    return pack(node.backward(g))
+  end
+  local args = {}
+  for k = 1, node.nout do
+    local gk = g[k]
+    local m = node.out_meta[k]
+    -- an output no gradient reached gets zeros (PyTorch's materialize_grads)
+    if gk == nil and m then gk = core.t_full(m[2], m[1], 0, m[3]) end
+    args[k] = gk
+  end
+  local apply = node.apply
+  if apply then return pack(apply(node, unpack(args, 1, node.nout))) end
+  return pack(node.backward(unpack(args, 1, node.nout)))
+end
+
+local function free(node)
+  node.backward, node.saved, node.edges, node.nrs, node.out_meta = nil, nil, nil, nil, nil
+  node.apply, node.a, node.b, node.out, node.args = nil, nil, nil, nil, nil
+  node.ctx, node.in_sizes = nil, nil -- (an autograd.Function's: what it saved is in ctx)
+  node.freed = true
+end
+
+local SECOND_TIME = "Trying to backward through the graph a second time (or directly access saved tensors " ..
+  "after they have already been freed): pass retain_graph = true the first time"
+
+-- retain_graph = M._KEEP_UNSAVED: free what each node saved as the pass goes
+-- (PyTorch releases a node's saved variables), but leave the nodes that saved
+-- nothing (a recv, an add, a view) runnable: in distributed autograd a worker
+-- other than the root may be reached again through another send, and PyTorch
+-- runs such a node again too.
+M._KEEP_UNSAVED = setmetatable({}, {__tostring = function() return "autograd._KEEP_UNSAVED" end})
+local KEEP_UNSAVED = M._KEEP_UNSAVED
+
+-- the gradient a root starts with: grad, or 1 for a scalar
+local function seed_grad(root, grad)
+  local s = get_state(root)
+  if not s or not s.requires_grad then
+    error("element 0 of tensors does not require grad and does not have a grad_fn " ..
+          "(create the inputs with {requires_grad = true})", 4)
+  end
+  if grad ~= nil then return grad end
+  if core.t_numel(root) ~= 1 then
+    error(("grad can be implicitly created only for scalar outputs (this one has %d elements); " ..
+      "pass a gradient: t:backward(g)"):format(core.t_numel(root)), 4)
+  end
+  return core.t_full(core.t_dtype(root), core.t_size(root), 1, core.t_device(root))
+end
+
+-- A gradient gk that reached its node stops being the pass's to add into; one
+-- the pass owned that a fresh node reads (it keeps and returns none of its
+-- gradients: it is the last reader) goes on spent[1 .. ns], freed once the node
+-- ran. Returns the new ns.
+local function disown(owned, fresh, spent, ns, gk)
+  if owned[gk] and fresh then ns = ns + 1; spent[ns] = gk end
+  owned[gk] = nil
+  return ns
+end
+
+-- One backward pass. roots[i] starts with grads[i]; late[j] (optional) are
+-- tensors whose gradients may arrive while the pass runs, through
+-- pass.deliver(j, g) from another task (distributed autograd's sends on the
+-- root worker, as PyTorch's engine counts a context's send functions in the
+-- root's graph task): a node waits for them as for any other consumer, so it
+-- runs once with every gradient summed. When nothing is left to run, the late
+-- gradients still missing will not come (the pass's own RPCs, which lead to
+-- them, have returned): the nodes waiting for them run with what they have.
+-- on_pass(pass), when given, sees the pass before it starts.
+function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
+  sink = sink or default_sink
+  late = late or {}
+  -- an entry (a root or a late tensor) reaches its node, or its leaf
+  local entries = {}
+  for i, r in ipairs(roots) do entries[i] = r end
+  local nroots = #roots
+  for j, t in ipairs(late) do entries[nroots + j] = t end
+  -- how many edges (and entries) lead into each node reachable from the
+  -- entries, and into each leaf (when all of a leaf's have delivered, its
+  -- gradient is final and its hooks run: DistributedDataParallel starts
+  -- communication then)
+  local deps, leaf_edges = {}, {}
+  local stack, sp = {}, 0
+  local entry_edge, entry_nr = {}, {}
+  for k, t in ipairs(entries) do
+    local e, nr = edge_of(t)
+    entry_edge[k], entry_nr[k] = e, nr
+    if type(e) == "table" then
+      if deps[e] == nil then
+        deps[e] = 1
+        sp = sp + 1
+        stack[sp] = e
+      else
+        deps[e] = deps[e] + 1
+      end
+    elseif e then
+      leaf_edges[e] = (leaf_edges[e] or 0) + 1
+    end
+  end
+  while sp > 0 do
+    local node = stack[sp]
+    stack[sp] = nil
+    sp = sp - 1
+    local edges = node.edges
+    if edges then
+      for i = 1, node.n do
+        local e = edges[i]
+        if e then
+          if type(e) == "table" then
+            local d = deps[e]
+            if d == nil then
+              deps[e] = 1
+              sp = sp + 1
+              stack[sp] = e
+            else
+              deps[e] = d + 1
+            end
+          else
+            leaf_edges[e] = (leaf_edges[e] or 0) + 1
+          end
+        end
+      end
+    end
+  end
+  local task = slot()
+  local outer_pass, outer_mode = task.ag_pass, task.grad_enabled
+  local inbox, waiting = {}, {}
+  for j = 1, #late do waiting[j] = true end
+  local pass = {callbacks = {}, sink = sink, retain = retain_graph ~= nil and retain_graph ~= false and
+    retain_graph ~= KEEP_UNSAVED, running = true}
+  -- (from another task) whether late gradient j can still join this pass
+  function pass.accepts(j) return pass.running and waiting[j] == true end
+  -- Calls the pass started and did not wait for (pass.defer): distributed
+  -- autograd's recv nodes send their gradient back and go on, as PyTorch's
+  -- RecvRpcBackward does, so the workers a pass reaches run their parts at the
+  -- same time (a pipeline's micro-batches overlap backwards as forwards). The
+  -- pass ends when every one has returned; the first that fails fails it.
+  local npending, deferred_err, sleeping = 0, nil, false
+  local me = current()
+  local function kick()
+    if sleeping then
+      sleeping = false
+      sched.wake(me)
+    end
+  end
+  local function settled(f)
+    npending = npending - 1
+    if f.state == "error" and deferred_err == nil then deferred_err = f.err end
+    kick()
+  end
+  function pass.defer(fut)
+    if not me then return false end
+    npending = npending + 1
+    fut:_on_settle(settled)
+    return true
+  end
+  function pass.deliver(j, g)
+    waiting[j] = false
+    inbox[#inbox + 1] = {j, g}
+    kick()
+  end
+  if on_pass then on_pass(pass) end
+  task.ag_pass, task.grad_enabled = pass, false
+  local pending, owned, leaf_pieces, ready = {}, {}, {}, {}
+  local spent = {} -- (see disown: one list for the pass, emptied after each node)
+  local ok, err = pcall(function()
+    local rn = 0
+    -- gradient gi (nil: none) reaches edge e (output nr of a node, or a leaf)
+    local function arrive(e, nr, gi)
+      if type(e) == "table" then
+        if gi ~= nil then add_into(pending, e, nr, gi, owned) end
+        local d = deps[e] - 1
+        deps[e] = d
+        if d == 0 then
+          rn = rn + 1
+          ready[rn] = e
+        end
+      elseif e then
+        if gi ~= nil then
+          -- pieces for a leaf gather in one buffer, which the sink gets once
+          if is_piece(gi) then accumulate(leaf_pieces, e, gi, owned) else sink(e, gi, owned[gi]) end
+        end
+        local left = leaf_edges[e] - 1
+        leaf_edges[e] = left
+        if left == 0 then
+          local pg = leaf_pieces[e]
+          if pg ~= nil then
+            leaf_pieces[e], owned[pg] = nil, nil
+            sink(e, pg, true)
+          end
+          local ls = get_state(e)
+          local hooks = ls and ls.final_hooks
+          if hooks then for _, h in ipairs(hooks) do h(e) end end
+        end
+      end
+    end
+    for i = 1, nroots do arrive(entry_edge[i], entry_nr[i], grads[i]) end
+    while true do
+      if deferred_err ~= nil then error(deferred_err, 0) end
+      if #inbox > 0 then
+        local box = inbox
+        inbox = {}
+        for _, d in ipairs(box) do
+          local k = nroots + d[1]
+          arrive(entry_edge[k], entry_nr[k], d[2])
+        end
+      end
+      if rn == 0 and npending > 0 then
+        -- nothing to run until a call returns or a late gradient comes
+        sleeping = true
+        sched.suspend(("a distributed backward, for %d calls it made to run the parts of the graph on " ..
+          "other workers"):format(npending))
+        sleeping = false
+        goto continue
+      end
+      if rn == 0 then
+        -- nothing to run, no call out: the late gradients still missing will not come
+        for j = 1, #late do
+          if waiting[j] then
+            waiting[j] = false
+            arrive(entry_edge[nroots + j], entry_nr[nroots + j], nil)
+          end
+        end
+        if rn == 0 then break end
+      end
+      do -- (a block: the goto above may not jump into its locals' scope)
+        local node = ready[rn]
+        ready[rn] = nil
+        rn = rn - 1
+        local g = pending[node]
+        pending[node] = nil
+        -- from here on the backward may keep or pass on g (a node of several
+        -- outputs: a table of them): no more writes into it
+        local ns = 0
+        if g ~= nil then
+          if node.nout then
+            for _, gk in pairs(g) do ns = disown(owned, node.fresh, spent, ns, gk) end
+          else
+            ns = disown(owned, node.fresh, spent, ns, g)
+          end
+        end
+        local edges, nrs = node.edges, node.nrs
+        local grads_out = nil
+        if g ~= nil then
+          if node.freed then error(SECOND_TIME, 0) end
+          check_saved(node)
+          grads_out = run_node(node, g)
+          g = nil
+          for k = 1, ns do core.t_free(spent[k]); spent[k] = nil end
+          if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
+        end
+        if edges then
+          for i = 1, node.n do
+            local e = edges[i]
+            if e then
+              local gi = grads_out and grads_out[i]
+              -- a node whose backward returns new tensors of its own (node.fresh:
+              -- autograd.Function's fresh_grads) hands them over: added into in
+              -- place downstream, taken as .grad without a copy
+              if node.fresh and gi ~= nil and not is_piece(gi) then owned[gi] = true end
+              arrive(e, nrs and nrs[i], gi)
+            end
+          end
+        end
+      end
+      ::continue::
+    end
+  end)
+  pass.running = false
+  sleeping = false
+  -- Nothing the pass kept may outlive it. LuaJIT compiles a trace through
+  -- arrive() specialised to that closure and holds it as a constant until the
+  -- trace is flushed, so its upvalues outlive the pass: owned, whose keys are
+  -- the fresh gradients the sinks took as .grad, kept every parameter's
+  -- gradient of the last passes alive after zero_grad (a ResNet-18 step held
+  -- two extra sets, 90 MiB, that the GC could not free).
+  for _, t in ipairs{pending, owned, spent, leaf_pieces, ready, deps, leaf_edges, entry_edge, entry_nr, entries,
+                     inbox, waiting} do
+    for k in next, t do t[k] = nil end
+  end
+  -- callbacks queued during this pass run once it is over (even when it failed,
+  -- so communication started by hooks is never left half done)
+  task.ag_pass = outer_pass
+  for _, cb in ipairs(pass.callbacks) do
+    local cok, cerr = pcall(cb)
+    if ok and not cok then ok, err = false, cerr end
+  end
+  task.grad_enabled = outer_mode
+  if not ok then error(err, 0) end
+end
+
+-- Runs the backward pass from root with gradient `grad` (nil: 1 for a scalar).
+-- sink(tensor, grad) receives leaf gradients (default: accumulate into .grad).
+function M.backward(root, grad, retain_graph, sink)
+  grad = seed_grad(root, grad)
+  M._run_pass({root}, {grad}, retain_graph, sink)
+end
+
+-- The same from several roots at once (each node runs once, with the sum of
+-- what every root sends it); grads[i] nil: 1 for a scalar root. late, on_pass:
+-- see M._run_pass.
+function M._backward_many(roots, grads, retain_graph, sink, late, on_pass)
+  local gs = {}
+  for i, r in ipairs(roots) do gs[i] = seed_grad(r, grads and grads[i]) end
+  M._run_pass(roots, gs, retain_graph, sink, late, on_pass)
+end
+
+-- Whether the running task's current backward pass keeps the graph (nil
+-- outside a pass): a distributed backward passes it on to the workers it
+-- reaches.
+function M._current_retain()
+  local p = slot().ag_pass
+  if p then return p.retain end
+  return nil
+end
+
+-- From a node's backward: the pass waits for fut (a call that runs another
+-- worker's part of the graph) before it ends, instead of the node waiting for
+-- it now. false outside a pass run by a task: the caller must wait itself.
+function M._defer(fut)
+  local p = slot().ag_pass
+  return p ~= nil and p.defer(fut)
+end
+
+-- Runs fn when the running task's current backward pass ends (from a hook).
+function M.queue_callback(fn)
+  local p = slot().ag_pass
+  if p then p.callbacks[#p.callbacks + 1] = fn end
+end
+
+-- The sink the running task's current backward pass delivers leaf gradients
+-- to (nil outside a pass, default_sink for .grad): a hook that rewrites a
+-- gradient (DistributedDataParallel) must write it where the pass put it.
+function M._current_sink()
+  local p = slot().ag_pass
+  return p and p.sink
+end
+M._default_sink = default_sink
+M._add_grad = add_grad -- (dist_autograd's sink adds as the default one does)
+
+-- fn(t) runs each time t's gradient is final in a backward pass.
+function M.register_final_hook(t, fn)
+  local st = get_state(t)
+  if not st then st = {}; set_state(t, st) end
+  st.final_hooks = st.final_hooks or {}
+  table.insert(st.final_hooks, fn)
+end
+
+-- in-place ops ----------------------------------------------------------------------------
+local function carry_history(from, to)
+  local s = get_state(from)
+  if s and s.requires_grad then set_state(to, {requires_grad = true, grad_fn = s.grad_fn, output_nr = s.output_nr}) end
+  return to
+end
+-- A new tensor object over t's elements (so sharing its version) carrying t's
+-- history as it is now.
+local function alias_of(t) return carry_history(t, core.t_alias(t)) end
+-- A copy of t's values as they are now, carrying its history: what an op
+-- rewritten out of place reads, safe from the write that follows.
+local function snapshot(t) return carry_history(t, core.t_clone(t)) end
+
+local function check_inplace(t, what)
+  local s = get_state(t)
+  if not s or not s.requires_grad then return end
+  if not s.grad_fn then
+    error(("a leaf Variable that requires grad is being used in an in-place operation (%s): do it under " ..
+      "tensor.no_grad, or on a clone()"):format(what), 0)
+  end
+  if s.grad_fn.is_view then
+    error(("%s: an in-place operation on a view (the output of %s) of a tensor that requires grad is not " ..
+      "supported: change a clone() of the view, or the whole tensor"):format(what, node_name(s.grad_fn)), 0)
+  end
+end
+M.check_inplace = check_inplace
+
+-- Under gradient mode, a:op_(...) on a tensor that requires grad (or with an
+-- argument that does) becomes a <- op(a, ...): the out-of-place op is recorded
+-- and its result, written into a, takes over a's history. Without an
+-- out-of-place counterpart (fill_, zero_, random fills; outofplace nil or
+-- returning nil) a's old history is cut: nothing flows back through a.
+-- reads_old: outofplace's recorded op keeps a's old values for its backward
+-- (false for copy_, and for ops whose backward reads only their result: they
+-- read a itself, before the write, instead of a snapshot of it).
+local function cut_history(a, name)
+  set_state(a, {requires_grad = true, grad_fn = setmetatable({name = name, edges = {}, n = 0,
+    backward = function() end}, Node)})
+end
+
+function M.wrap_inplace(name, inplace, outofplace, reads_old)
+  return function(a, ...)
+    if not M.enabled() then return inplace(a, ...) end
+    local a_req = requires(a)
+    if not a_req then
+      local any = false
+      for i = 1, select("#", ...) do
+        if requires((select(i, ...))) then any = true break end
+      end
+      if not any then return inplace(a, ...) end
+    end
+    check_inplace(a, name)
+    local r = outofplace and outofplace(reads_old == false and alias_of(a) or snapshot(a), ...)
+    if r == nil then
+      inplace(a, ...)
+      if a_req then cut_history(a, name) end
+      return a
+    end
+    core.t_copy_(a, r) -- bumps a's version
+    local sr = get_state(r)
+    if sr and sr.requires_grad then
+      set_state(a, {requires_grad = true, grad_fn = sr.grad_fn, output_nr = sr.output_nr})
+    elseif a_req then
+      cut_history(a, name)
+    end
+    return a
+  end
+end
+
+-- custom differentiable ops (rpchost.autograd.custom)
+M._edges_of, M._save_versions = edges_of, save_versions
+M.Function = require("rpchost.autograd.custom").make(M)
+
+-- wrapping the tensor methods ---------------------------------------------------------------
+local function sizes(t) return core.t_size(t) end
+
+-- a value with the shape of `like` (numbers stay numbers)
+-- x: the input, or what a node kept of an input it does not save (see
+-- shape_of): SAME_SHAPE, or {sizes = ...}
+local SAME_SHAPE = {}
+local function grad_for(g, x)
+  if x == SAME_SHAPE then return g end
+  if not is_t(x) then
+    if type(x) == "table" and x.sizes then return M.sum_to(g, x.sizes) end
+    return nil
+  end
+  -- g has the broadcast shape, of which x's is a part: the same number of
+  -- dimensions and elements (none zero) means the same shape, nothing to sum
+  local n = core.t_numel(x)
+  if n > 0 and n == core.t_numel(g) and core.t_ndim(x) == core.t_ndim(g) then return g end
+  return M.sum_to(g, sizes(x))
+end
+
+-- Recording the element-wise ops installed below. Their nodes are "static":
+-- node.apply(node, g) is one function per kind of op, reading the op's inputs,
+-- result (kept only when saved) and extra arguments from the node (fields a,
+-- b, out, args) and its derivatives from node.op, instead of a closure made per
+-- call. So recording one
+-- allocates the node, its edges, its saved versions and the result's state and
+-- nothing else, reads each input's state once, and stays compiled (LuaJIT does
+-- not compile a function that makes a closure; the recording halves are still
+-- functions of their own so that the no-grad path stays small).
+
+-- the flat saved-versions list (see save_versions) of up to three tensors;
+-- a, sa and b, sb: the op's inputs and their states, read once by the caller
+local function save_one(sv, node, out, x, a, sa, b, sb)
+  if x == nil then return sv end
+  local st
+  if rawequal(x, out) then
+    node.out = out -- (a node keeps its result only when its backward reads it)
+  elseif rawequal(x, a) then st = sa
+  elseif rawequal(x, b) then st = sb
+  else st = get_state(x) end
+  -- (a state means a tensor; else ask)
+  if st == nil and not rawequal(x, out) and not is_t(x) then return sv end
+  local origin, nr = false, 1
+  if rawequal(x, out) then origin = node
+  elseif st and st.grad_fn then origin, nr = st.grad_fn, st.output_nr or 1 end
+  sv = sv or {}
+  local k = #sv
+  sv[k + 1], sv[k + 2], sv[k + 3], sv[k + 4] = x, t_version(x), origin, nr
+  return sv
+end
+local function save3(node, out, a, sa, b, sb, x1, x2, x3)
+  local sv = save_one(nil, node, out, x1, a, sa, b, sb)
+  sv = save_one(sv, node, out, x2, a, sa, b, sb)
+  return save_one(sv, node, out, x3, a, sa, b, sb)
+end
+
+-- the edge of an input whose state is st (nil: none), and which output it is
+local function edge_from(x, st)
+  if st == nil or not st.requires_grad then return false, nil end
+  if st.grad_fn then return st.grad_fn, st.output_nr end
+  return x, nil
+end
+
+local function binary_apply(node, g)
+  local a, b, out, op = node.a, node.b, node.out, node.op
+  return node.ra and grad_for(op.dfa(g, a, b, out), a) or nil, node.rb and grad_for(op.dfb(g, a, b, out), b) or nil
+end
+
+-- op: {name, dfa, dfb, saves} (or {name, apply, saves} for an op whose two
+-- gradients come from one function); saves(a, b, out, ra, rb) -> the (up to three)
+-- tensors the two derivatives read, given which inputs need a gradient: a
+-- weight used with an input that needs none is not saved, so changing it in
+-- place later (an optimizer step) is no error
+-- What an element-wise node keeps of input x, a tensor its derivatives do not
+-- read: only what its gradient's shape needs (SAME_SHAPE as the result, which
+-- costs nothing, or its sizes), not x itself, so an add's inputs (a
+-- BatchNorm's output and a ResNet block's identity) are not held until the
+-- backward, as PyTorch's AddBackward holds none
+local function shape_of(x, out, x1, x2, x3)
+  if not is_t(x) or rawequal(x, x1) or rawequal(x, x2) or rawequal(x, x3) then return x end
+  if core.t_numel(x) == core.t_numel(out) and core.t_ndim(x) == core.t_ndim(out) and core.t_numel(x) > 0 then
+    return SAME_SHAPE
+  end
+  return {sizes = sizes(x)}
+end
+
+local function record_binary(op, out, a, b, sa, sb)
+  if core.t_dtype(out) > 1 then return out end -- only float results carry gradients
+  local ra, rb = sa ~= nil and sa.requires_grad == true, sb ~= nil and sb.requires_grad == true
+  local ea, na = edge_from(a, sa)
+  local eb, nb = edge_from(b, sb)
+  local nrs = nil
+  if na or nb then nrs = {na, nb} end
+  local x1, x2, x3 = op.saves(a, b, out, ra, rb)
+  -- (an op with its own apply, matmul, reads its inputs' shapes itself)
+  local ka, kb = a, b
+  if not op.apply then ka, kb = shape_of(a, out, x1, x2, x3), shape_of(b, out, x1, x2, x3) end
+  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = ka, b = kb, ra = ra,
+    rb = rb, edges = {ea, eb}, nrs = nrs, n = 2}, Node)
+  node.saved = save3(node, out, a, sa, b, sb, x1, x2, x3)
+  set_state(out, {requires_grad = true, grad_fn = node})
+  return out
+end
+
+local function install_binary(name, fwd, dfa, dfb, saves)
+  local op = {name = name, dfa = dfa, dfb = dfb, saves = saves}
+  local f = function(a, b, opts)
+    local out = fwd(a, b, opts)
+    if slot().grad_enabled == false then return out end
+    -- (get_state is nil for a number, and for a tensor without autograd state)
+    local sa, sb = get_state(a), get_state(b)
+    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
+    return record_binary(op, out, a, b, sa, sb)
+  end
+  tensor[name] = f
+  methods[name] = f
+end
+
+local function unary_apply(node, g)
+  local args = node.args
+  if args == nil then return node.op.df(g, node.a, node.out) end
+  return node.op.df(g, node.a, node.out, unpack(args, 1, args.n))
+end
+
+-- op: {name, df, saves, view, fresh, result_only}; saves(a, out): the tensor df
+-- reads (nil when only shapes); view: the result shares a's elements (an
+-- in-place change of it is refused: it would bypass a's history); fresh: df
+-- returns a new tensor and keeps none (autograd.Function's fresh_grads);
+-- result_only: df reads at most the result, never the input (df gets nil for
+-- a), so the node does not keep the input alive: relu's input (a BatchNorm's
+-- or an add's output, which nothing else keeps) is freed once relu has run, as
+-- in PyTorch, whose ReLU saves its result (a ResNet block held three
+-- activations more than it needed: a third of its saved memory); the same for
+-- exp, sqrt, tanh, sigmoid (their result) and neg, clone, contiguous (nothing)
+local function record_unary(op, out, a, sa, ...)
+  if core.t_dtype(out) > 1 then return out end
+  local args = nil
+  if select("#", ...) > 0 then args = pack(...) end
+  -- (shape_only: df reads only a's sizes, kept instead of a, whose storage a
+  -- view's result shares anyway)
+  local ka = a
+  if op.result_only then ka = nil elseif op.shape_only then ka = {sizes = sizes(a)} end
+  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = ka, args = args,
+    edges = {sa.grad_fn or a}, n = 1, fresh = op.fresh}, Node)
+  if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
+  local saves = op.saves
+  if saves then node.saved = save3(node, out, a, sa, nil, nil, saves(a, out)) end
+  set_state(out, {requires_grad = true, grad_fn = node})
+  if op.view then M.mark_view(out, a) end
+  return out
+end
+
+local result_only_ops = {} -- (names: their in-place forms need no snapshot of the input)
+local function install_unary(name, fwd, df, saves, view, fresh, result_only, shape_only)
+  local op = {name = name, df = df, saves = saves, view = view, fresh = fresh, result_only = result_only,
+    shape_only = shape_only}
+  result_only_ops[name] = result_only or nil
+  local f = function(a, ...)
+    local out = fwd(a, ...)
+    -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
+    -- what was asked) returns the input itself: recording a node on it would
+    -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
+    if rawequal(out, a) or slot().grad_enabled == false then return out end
+    local sa = get_state(a)
+    if sa == nil or not sa.requires_grad then return out end
+    return record_unary(op, out, a, sa, ...)
+  end
+  methods[name] = f
+  if tensor[name] then tensor[name] = f end
+end
+
+-- out, recorded from a, shares a's elements
+function M.mark_view(out, a)
+  local s = get_state(out)
+  if s and s.grad_fn and core.t_same_storage(out, a) then s.grad_fn.is_view = true end
+  return out
+end
+
+local NOTHING = {n = 0}
+local function save_a(a) return a end
+local function save_out(_, out) return out end
+
+function M.install(t_module)
+  tensor = t_module
+  methods = tensor.methods
+  local m = methods
+  local orig = {}
+  for k, v in pairs(methods) do orig[k] = v end
+
+  local function mul(a, b) return core.t_binary(2, a, b) end
+  local function div(a, b) return core.t_binary(3, a, b) end
+  local function neg(a) return core.t_unary(0, a) end
+
+  local function no_saves() return nil end
+  -- a is read for b's gradient and b for a's (mul)
+  local function cross(a, b, _, ra, rb) return rb and a or nil, ra and b or nil end
+  local function both(a, b) return a, b end
+  install_binary("add", orig.add, function(g) return g end, function(g, _, _, _) return g end, no_saves)
+  install_binary("sub", orig.sub, function(g) return g end, function(g) return neg(g) end, no_saves)
+  install_binary("mul", orig.mul, function(g, _, b) return mul(g, b) end, function(g, a) return mul(g, a) end, cross)
+  install_binary("div", orig.div, function(g, _, b) return div(g, b) end,
+    function(g, a, b) return neg(div(mul(g, a), mul(b, b))) end,
+    function(a, b, _, _, rb) return rb and a or nil, b end)
+  install_binary("pow", orig.pow,
+    function(g, a, b)
+      local bm1 = is_t(b) and core.t_binary(1, b, 1) or b - 1
+      return mul(mul(g, b), core.t_binary(4, a, bm1))
+    end,
+    function(g, a, _, out) return mul(mul(g, out), core.t_unary(2, a)) end,
+    function(a, b, out, _, rb) return a, b, rb and out or nil end)
+  install_binary("maximum", orig.maximum,
+    function(g, a, b) return mul(g, core.t_cast(core.t_binary(12, a, b), core.t_dtype(g))) end,
+    function(g, a, b) return mul(g, core.t_cast(core.t_binary(9, a, b), core.t_dtype(g))) end, both)
+  install_binary("minimum", orig.minimum,
+    function(g, a, b) return mul(g, core.t_cast(core.t_binary(10, a, b), core.t_dtype(g))) end,
+    function(g, a, b) return mul(g, core.t_cast(core.t_binary(11, a, b), core.t_dtype(g))) end, both)
+
+  -- (these derivatives are new tensors computed from g: fresh)
+  install_unary("neg", orig.neg, function(g) return neg(g) end, nil, nil, true, true)
+  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end, save_out, nil, true, true)
+  install_unary("log", orig.log, function(g, a) return div(g, a) end, save_a, nil, true)
+  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end, save_out, nil, true, true)
+  -- one pass in C (nn_act.c) where g and the result are contiguous host floats
+  -- alike; the mask is read from the result (out > 0 exactly where a > 0), so
+  -- the input is not kept (result_only)
+  install_unary("relu", orig.relu, function(g, _, out)
+    return core.nn_relu_backward(g, out) or mul(g, core.t_cast(core.t_binary(11, out, 0), core.t_dtype(g)))
+  end, save_out, nil, true, true)
+  install_unary("tanh", orig.tanh, function(g, _, out) return mul(g, core.t_binary(1, 1, mul(out, out))) end, save_out,
+    nil, true, true)
+  install_unary("sigmoid", orig.sigmoid, function(g, _, out) return mul(g, mul(out, core.t_binary(1, 1, out))) end,
+    save_out, nil, true, true)
+  install_unary("abs", orig.abs, function(g, a)
+    local sign = core.t_binary(1, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g)),
+                                  core.t_cast(core.t_binary(9, a, 0), core.t_dtype(g)))
+    return mul(g, sign)
+  end, save_a)
+
+  -- shape ops: the gradient takes the input's shape back
+  -- (a: {sizes =}, what these nodes keep of their input: shape_only)
+  local function unview(g, a) return core.t_view(core.t_contiguous(g), a.sizes, true) end
+  install_unary("view", orig.view, unview, nil, true, nil, nil, true)
+  install_unary("reshape", orig.reshape, unview, nil, true, nil, nil, true)
+  install_unary("flatten", orig.flatten, unview, nil, true, nil, nil, true)
+  install_unary("contiguous", orig.contiguous, function(g) return g end, nil, nil, nil, true)
+  install_unary("clone", orig.clone, function(g) return g end, nil, nil, nil, true)
+  -- a copy to another device: the gradient goes back to the input's device
+  install_unary("_to_device", orig._to_device, function(g, a) return core.t_to_device(g, core.t_device(a)) end)
+  install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, a.sizes) end, nil, true, nil, nil, true)
+  install_unary("transpose", orig.transpose, function(g, _, _, d0, d1) return m.transpose(g, d0, d1) end, nil, true)
+  install_unary("t", orig.t, function(g) return core.t_ndim(g) < 2 and g or core.t_transpose(g, 0, 1) end, nil, true)
+  install_unary("permute", orig.permute, function(g, _, _, ...)
+    local dims = type((...)) == "table" and (...) or {...}
+    local inv = {}
+    for i, d in ipairs(dims) do
+      if d < 0 then d = #dims + d + 1 end
+      inv[d] = i
+    end
+    return orig.permute(g, inv)
+  end, nil, true)
+  install_unary("squeeze", orig.squeeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
+  install_unary("unsqueeze", orig.unsqueeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
+  -- pieces of a tensor: the gradient is added into the same piece of the
+  -- input's gradient buffer (M.piece: one buffer for all the pieces)
+  local function into_piece(a, piece_of)
+    return function(g)
+      return M.piece(a, g, function(buf)
+        local v = piece_of(buf)
+        core.t_binary(0, v, g, v)
+      end)
+    end
+  end
+  methods.narrow = function(a, d, start, length)
+    local out = orig.narrow(a, d, start, length)
+    if not M.enabled() or not requires(a) then return out end
+    M.record(out, "narrow", {n = 1, a}, into_piece(a, function(z) return orig.narrow(z, d, start, length) end), NOTHING)
+    return M.mark_view(out, a)
+  end
+  methods.select = function(a, d, i)
+    local out = orig.select(a, d, i)
+    if not M.enabled() or not requires(a) then return out end
+    M.record(out, "select", {n = 1, a}, into_piece(a, function(z) return orig.select(z, d, i) end), NOTHING)
+    return M.mark_view(out, a)
+  end
+  methods._slice = function(a, d0, first, stop, step)
+    local out = core.t_slice(a, d0, first, stop, step)
+    if not M.enabled() or not requires(a) then return out end
+    M.record(out, "slice", {n = 1, a}, into_piece(a, function(z) return core.t_slice(z, d0, first, stop, step) end),
+      NOTHING)
+    return M.mark_view(out, a)
+  end
+  -- to() may change the dtype and the device at once (to("cuda:1", float64), to(other)):
+  -- its node replaces the ones recorded inside it, so the gradient goes back to
+  -- both the input's dtype and the input's device
+  local function back_to(g, a) return core.t_to_device(core.t_cast(g, core.t_dtype(a)), core.t_device(a)) end
+  install_unary("to", orig.to, back_to)
+  for _, k in ipairs({"float", "double"}) do
+    install_unary(k, orig[k], back_to)
+  end
+
+  -- reductions
+  local function expand_back(g, a, d, keepdim)
+    -- g has the reduced shape; put the reduced dim back (size 1) and broadcast
+    if d ~= nil and not keepdim then g = core.t_unsqueeze(g, d) end
+    return core.t_expand(g, sizes(a))
+  end
+  local function dim_of(a, d)
+    if type(d) == "table" then d = d.dim end
+    if d == nil then return nil end
+    local n = core.t_ndim(a)
+    if d < 0 then d = n + d + 1 end
+    return d - 1
+  end
+  local function keep_of(d, keepdim)
+    if type(d) == "table" then return d.keepdim and true or false end
+    return keepdim and true or false
+  end
+  methods.sum = function(a, d, keepdim)
+    local out = orig.sum(a, d, keepdim)
+    local d0, kd = dim_of(a, d), keep_of(d, keepdim)
+    return M.record(out, "sum", {n = 1, a}, function(g)
+      if d0 == nil then return core.t_expand(core.t_view(g, {}, true), sizes(a)) end
+      return expand_back(g, a, d0, kd)
+    end, NOTHING)
+  end
+  tensor.sum = methods.sum
+  methods.mean = function(a, d, keepdim)
+    local out = orig.mean(a, d, keepdim)
+    local d0, kd = dim_of(a, d), keep_of(d, keepdim)
+    local n = d0 == nil and core.t_numel(a) or core.t_size(a, d0)
+    return M.record(out, "mean", {n = 1, a}, function(g)
+      local gg = d0 == nil and core.t_expand(core.t_view(g, {}, true), sizes(a)) or expand_back(g, a, d0, kd)
+      return core.t_binary(3, gg, n)
+    end, NOTHING)
+  end
+  tensor.mean = methods.mean
+  for _, name in ipairs({"max", "min"}) do
+    local o = orig[name]
+    methods[name] = function(a, d, keepdim)
+      if is_t(d) then return m[name == "max" and "maximum" or "minimum"](a, d) end
+      local v, idx = o(a, d, keepdim)
+      local d0, kd = dim_of(a, d), keep_of(d, keepdim)
+      M.record(v, name, {n = 1, a}, function(g)
+        local z = core.t_full(core.t_dtype(g), {core.t_numel(a)}, 0, core.t_device(g))
+        if d0 == nil then
+          -- the gradient goes to the first extreme element
+          local flat = core.t_view(core.t_contiguous(a), {-1}, true)
+          local at = core.t_item(core.t_reduce(name == "max" and 4 or 5, flat, -1, false))
+          core.t_copy_(core.t_narrow(z, 0, at, 1), core.t_view(g, {1}, true))
+          return core.t_view(z, sizes(a), true)
+        end
+        -- one-hot of the (1-based) indices along d, times g
+        local n = core.t_size(a, d0)
+        local shape = {}
+        for i = 1, core.t_ndim(a) do shape[i] = 1 end
+        shape[d0 + 1] = n
+        local pos = core.t_view(core.t_arange(3, 1, n + 1, 1), shape, true)
+        local ix = kd and idx or core.t_unsqueeze(idx, d0)
+        local onehot = core.t_cast(core.t_binary(7, pos, ix), core.t_dtype(g))
+        local gg = kd and g or core.t_unsqueeze(g, d0)
+        return core.t_binary(2, onehot, gg)
+      end, {n = 2, a, idx})
+      return v, idx
+    end
+    tensor[name] = methods[name]
+  end
+
+  methods.softmax = function(a, d)
+    local out = orig.softmax(a, d)
+    local dd = d or -1
+    return M.record(out, "softmax", {n = 1, a}, function(g)
+      local gy = orig.sum(core.t_binary(2, g, out), dd, true)
+      return core.t_binary(2, out, core.t_binary(1, g, gy))
+    end, {n = 1, out})
+  end
+  methods.log_softmax = function(a, d)
+    local out = orig.log_softmax(a, d)
+    local dd = d or -1
+    return M.record(out, "log_softmax", {n = 1, a}, function(g)
+      local gs = orig.sum(g, dd, true)
+      return core.t_binary(1, g, core.t_binary(2, core.t_unary(1, out), gs))
+    end, {n = 1, out})
+  end
+  tensor.softmax, tensor.log_softmax = methods.softmax, methods.log_softmax
+
+  -- matmul records a static node (see record_binary): its backward reads a, b
+  -- and which of them need a gradient from the node
+  local function tr(x) local n = core.t_ndim(x) return core.t_transpose(x, n - 2, n - 1) end
+  local function matmul_apply(node, g)
+    local a, b, ra, rb = node.a, node.b, node.ra, node.rb
+    local A, B, G = a, b, g
+    local na, nb = core.t_ndim(a), core.t_ndim(b)
+    if na == 1 then A = core.t_unsqueeze(a, 0); G = core.t_unsqueeze(G, core.t_ndim(G) - (nb == 1 and 0 or 1)) end
+    if nb == 1 then B = core.t_unsqueeze(b, 1); G = core.t_unsqueeze(G, core.t_ndim(G)) end
+    local ga, gb
+    if ra then
+      ga = grad_for(core.t_matmul(G, tr(B)), A)
+      if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
+    end
+    if rb then
+      gb = grad_for(core.t_matmul(tr(A), G), B)
+      if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
+    end
+    return ga, gb
+  end
+  local matmul_op = {name = "matmul", apply = matmul_apply, saves = cross}
+  methods.matmul = function(a, b)
+    local out = orig.matmul(a, b)
+    if slot().grad_enabled == false then return out end
+    local sa, sb = get_state(a), get_state(b)
+    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
+    return record_binary(matmul_op, out, a, b, sa, sb)
+  end
+  methods.mm = methods.matmul
+  tensor.matmul, tensor.mm = methods.matmul, methods.matmul
+
+
+  -- in-place ops: every method named op_ (after every install above) ---------------
+  -- copy_ reads only its source: its out-of-place form is the source brought to
+  -- the destination's shape, dtype and device
+  local function copied(dst, src)
+    local r = core.t_to_device(core.t_cast(core.t_expand(src, sizes(dst)), core.t_dtype(dst)), core.t_device(dst))
+    return M.record(r, "copy", {n = 1, src}, function(g)
+      return M.sum_to(core.t_to_device(core.t_cast(g, core.t_dtype(src)), core.t_device(src)), sizes(src))
+    end, NOTHING)
+  end
+  local NOT_OPS = {requires_grad_ = true, detach_ = true}
+  for name, f in pairs(methods) do
+    if type(name) == "string" and name:sub(-1) == "_" and not NOT_OPS[name] then
+      local base = methods[name:sub(1, -2)]
+      if name == "copy_" then
+        methods[name] = M.wrap_inplace(name, f, function(dst, src)
+          if not is_t(src) then return nil end
+          return copied(dst, src)
+        end, false)
+      else
+        -- (an op that keeps nothing of its input reads the tensor itself before
+        -- the write: no snapshot)
+        methods[name] = M.wrap_inplace(name, f, base, not result_only_ops[name:sub(1, -2)])
+      end
+    end
+  end
+
+  -- t[k] = v: under gradient mode, when t or v requires grad, t's history becomes
+  -- "t with the piece at k replaced": its gradient flows to t's old history
+  -- outside the piece and to v inside it
+  local T = core.t_metatable()
+  local plain_newindex, index = T.__newindex, T.__index
+  local function record_newindex(t, k, v)
+    check_inplace(t, "index assignment")
+    local old = alias_of(t)
+    M.no_grad(plain_newindex, t, k, v) -- bumps t's version
+    set_state(t, nil)
+    M.record(t, "copy_slices", {n = 2, old, is_t(v) and v or nil}, function(g)
+      local gt = core.t_clone(g)
+      M.no_grad(plain_newindex, gt, k, 0)
+      local gv = nil
+      if is_t(v) and requires(v) then
+        local piece = M.no_grad(index, g, k)
+        gv = M.sum_to(core.t_to_device(core.t_cast(piece, core.t_dtype(v)), core.t_device(v)), sizes(v))
+      end
+      return gt, gv
+    end, NOTHING)
+  end
+  T.__newindex = function(t, k, v)
+    if type(k) == "string" or slot().grad_enabled == false or not (requires(t) or requires(v)) then
+      return plain_newindex(t, k, v)
+    end
+    return record_newindex(t, k, v)
+  end
+
+  -- the tensor module's autograd surface
+  local function state_of(t)
+    local st = get_state(t)
+    if not st then st = {}; set_state(t, st) end
+    return st
+  end
+  tensor._grad = function(t) local st = get_state(t); return st and st.grad end
+  tensor._set_grad = function(t, g)
+    if g == nil and not get_state(t) then return end
+    state_of(t).grad = g
+  end
+  tensor._requires_grad = requires
+  tensor._set_requires_grad = function(t, v)
+    if v and not ({[0] = true, [1] = true})[core.t_dtype(t)] then
+      error("only tensors of floating point dtype can require gradients", 3)
+    end
+    local st = get_state(t)
+    if not st then
+      if not v then return end
+      st = state_of(t)
+    end
+    if st.grad_fn and not v then
+      error("you can only change requires_grad flags of leaf variables (use detach())", 3)
+    end
+    st.requires_grad = v and true or nil
+  end
+  tensor._grad_fn = function(t) local st = get_state(t); return st and st.grad_fn end
+  tensor.props._version = t_version
+  methods.backward = function(t, grad, retain_graph)
+    if type(grad) == "boolean" then grad, retain_graph = nil, grad end
+    if type(grad) == "table" and not is_t(grad) then grad, retain_graph = grad.gradient, grad.retain_graph end
+    M.backward(t, grad, retain_graph)
+  end
+  -- a new tensor object over the same elements, outside the graph; it shares the
+  -- version counter (an in-place change through it is seen by saved tensors)
+  methods.detach = function(t) return core.t_alias(t) end
+  methods.detach_ = function(t)
+    set_state(t, nil)
+    return t
+  end
+  tensor.no_grad = M.no_grad
+  tensor.enable_grad = M.enable_grad
+  tensor.set_grad_enabled = M.set_grad_enabled
+  tensor.is_grad_enabled = M.enabled
+  tensor.autograd = M
+end
+
+return M

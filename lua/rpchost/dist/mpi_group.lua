@@ -1,0 +1,470 @@
+-- rpchost.dist.mpi_group: the "mpi" backend's process group. Same methods as
+-- rpchost.dist.collectives' Group, over MPI communicators of the host's MPI library
+-- (Open MPI, loaded with dlopen by host/mpi/mpi.c), so a world started by
+-- mpirun runs its collectives on whatever interconnect MPI uses there.
+--
+-- Rank and world size come from MPI. The world still meets at a store (for
+-- rpc.init_rpc in the same processes, and to name ranks that never come):
+-- MASTER_ADDR/MASTER_PORT or init_method when given, else rank 0 hosts one on
+-- a free port and sends its address to the others with MPI_Ibcast; it is then
+-- exported as MASTER_ADDR/MASTER_PORT for init_rpc to find.
+--
+-- Every MPI call is non-blocking (MPI_Iallreduce, MPI_Isend, ...) and polled
+-- from the event loop (a short spin, then growing sleeps), so a rank waiting
+-- for MPI still serves RPCs, and a peer that never comes is a timeout naming
+-- the operation. Before each collective the group's members agree on what they
+-- call (a tiny MPI_Iallreduce of its description on a communicator of its
+-- own): a mismatch (another op, dtype, size, root) is rpchost's named mismatch
+-- error on every rank, and the group stays usable. MPI cannot cancel a
+-- collective: after a timeout the group is unusable, its buffers are kept for
+-- the rest of the process, and MPI_Finalize is skipped at exit.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local errors = require "rpchost.errors"
+local env = require "rpchost.env"
+local store = require "rpchost.store"
+local log = require "rpchost.log"
+
+local M = {}
+
+local Group = {}
+Group.__index = Group
+M.Group = Group
+
+local base = require("rpchost.dist.collectives").Group
+Group.global, Group.index_of = base.global, base.index_of
+
+local I64, U8, MAXOP = 3, 4, 3
+local REDOP = {SUM = 0, PRODUCT = 1, MIN = 2, MAX = 3, AVG = 0}
+-- (in a collective's description: AVG is told apart from SUM)
+local REDCODE = {SUM = 0, PRODUCT = 1, MIN = 2, MAX = 3, AVG = 4}
+local REDOP_NAME = {[0] = "SUM", "PRODUCT", "MIN", "MAX", "AVG"}
+local OPS = {"all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
+             "barrier", "new_group"}
+local OPCODE = {}
+for i, n in ipairs(OPS) do OPCODE[n] = i end
+local DTYPES = {[0] = "float32", "float64", "int32", "int64", "uint8", "bool"}
+
+-- the operands of requests given up on: MPI may still write into them
+M.stuck = {}
+-- why MPI cannot be finalised cleanly in this process (a request was given up on)
+M.broken = nil
+
+local function fail(kind, msg, fields) error(errors.new(kind, msg, fields), 0) end
+local function cfg(msg, ...) fail("config", msg:format(...)) end
+
+function M.available() return core.mpi_available() end
+
+-- Starts MPI (once per process): rank, world size. o.rank / o.world_size, when
+-- given, must agree with MPI's.
+function M.start(o)
+  local ok, why = core.mpi_available()
+  if not ok then cfg("init_process_group: backend \"mpi\" cannot load MPI: %s", why) end
+  local iok, rank, size = pcall(core.mpi_init)
+  if not iok then cfg("init_process_group: backend \"mpi\" cannot start MPI: %s", tostring(rank)) end
+  for _, f in ipairs{{"rank", rank}, {"world_size", size}} do
+    local given = o[f[1]]
+    if given ~= nil and given ~= f[2] then
+      cfg("init_process_group: %s = %s was given but MPI says this process is %s %d (with backend \"mpi\" " ..
+        "rank and world size come from MPI: leave them out)", f[1], tostring(given), f[1], f[2])
+    end
+  end
+  -- started by something other than mpirun (rpchost run, torchrun): each process
+  -- would be a world of its own
+  local ews, er = tonumber(os.getenv("WORLD_SIZE") or ""), tonumber(os.getenv("RANK") or "")
+  if (ews and ews ~= size) or (er and er ~= rank) then
+    cfg("init_process_group: backend \"mpi\": MPI says this process is rank %d of %d, but RANK=%s " ..
+      "WORLD_SIZE=%s; start the ranks with mpirun (mpirun -np N rpchost script.lua), not rpchost run or " ..
+      "torchrun, or use backend \"gloo\"", rank, size, tostring(os.getenv("RANK")), tostring(os.getenv("WORLD_SIZE")))
+  end
+  return rank, size
+end
+
+-- Finalises MPI at exit, after this rank's store connections are closed (and,
+-- on the rank hosting the store, after it has lingered for its clients: that
+-- hook was registered first). Registered once.
+local exit_hooked = false
+function M.finalize_at_exit()
+  if exit_hooked then return end
+  exit_hooked = true
+  sched.at_exit(function()
+    store.close_clients()
+    -- the closes (and anything queued) must leave now: MPI_Finalize blocks the loop
+    local deadline = core.now() + 5
+    core.flush()
+    while core.net_busy() > 0 and core.now() < deadline do sched.sleep(0.002) end
+    if M.broken then
+      log.warn("not finalising MPI: %s", M.broken)
+      return
+    end
+    local ok, err = pcall(core.mpi_finalize)
+    if not ok then log.warn("MPI_Finalize: %s", tostring(err)) end
+  end)
+end
+
+-- Polls an MPI request until done: the bytes a receive got. For the first
+-- SPIN seconds each poll only yields to the loop (sleep(0): other tasks and
+-- I/O run, nothing blocks), since small operations finish in microseconds and
+-- the loop's timers tick in milliseconds (and MPI's non-blocking collectives
+-- progress only while tested); a large operation spins for about as long as
+-- it should take at 1 GB/s. After that it sleeps a tenth of the time waited so
+-- far (1 to 10 ms), so a long wait costs well under 1% of a core.
+-- keep: the buffers the request uses, kept alive forever if it is given up on.
+local function wait(g, req, what, keep)
+  local spin = 0.0003
+  for _, t in ipairs(keep) do spin = spin + core.t_nbytes(t) * 1e-9 end
+  local t0 = core.now()
+  local deadline = t0 + g.timeout
+  while true do
+    local ok, done, got = pcall(core.mpi_test, req)
+    if not ok then
+      fail("unreachable", ("%s failed in MPI: %s"):format(what, tostring(done)))
+    end
+    if done then return got end
+    local now = core.now()
+    if now > deadline then
+      M.stuck[#M.stuck + 1] = keep
+      local why = ("%s did not complete within %g s"):format(what, g.timeout)
+      M.broken = why
+      if g.comm then g.broken = why end
+      fail("timeout", ("%s (a rank of the group did not call it, or is stuck); MPI cannot cancel it, so " ..
+        "this process group can run no more collectives (destroy it; MPI will not be finalised)"):format(why))
+    end
+    local waited = now - t0
+    if waited < spin then sched.sleep(0)
+    else sched.sleep(math.min(0.01, math.max(0.001, waited / 10))) end
+  end
+end
+
+local function new_group(comm, ccomm, gid, ranks, me, timeout)
+  return setmetatable({comm = comm, ccomm = ccomm, id = gid, ranks = ranks, rank = me, size = #ranks,
+                       timeout = timeout, seq = 0}, Group)
+end
+
+-- The world: MPI started, the store reached and every rank there.
+-- Returns the fields dist keeps: rank, world_size, host, port, store, key, prefix, group.
+function M.init_world(o, timeout)
+  local rank, size = M.start(o)
+  local host, port, client, key
+  local g0 = {timeout = timeout}
+  if o.init_method or (os.getenv("MASTER_ADDR") or "") ~= "" then
+    host, port = env.master(o.init_method)
+    local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
+    client, key = store.acquire(host, port, host_it, timeout)
+  else
+    -- rank 0 hosts the store on a free port and tells the others through MPI
+    local buf = core.t_full(U8, {256}, 0)
+    if rank == 0 then
+      local lsize = tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_SIZE") or "")
+      host = lsize == size and "127.0.0.1" or core.mpi_processor_name()
+      client, key, port = store.acquire(host, 0, true, timeout)
+      local addr = ("%s:%d"):format(host, port)
+      buf = core.t_from_bytes(U8, {256}, addr .. ("\0"):rep(256 - #addr))
+    end
+    local req = core.mpi_ibcast(core.mpi_world(), buf, 0)
+    wait(g0, req, "init_process_group: receiving the store's address from rank 0", {buf})
+    if rank ~= 0 then
+      local addr = core.t_bytes(buf):match("^[^%z]*")
+      host, port = addr:match("^(.*):(%d+)$")
+      port = tonumber(port)
+      if not host then cfg("init_process_group: rank 0 sent a store address that is not host:port: %q", addr) end
+      client, key = store.acquire(host, port, false, timeout)
+    end
+    if (os.getenv("MASTER_ADDR") or "") == "" then
+      -- rpc.init_rpc in this process meets at the same store
+      core.setenv("MASTER_ADDR", host)
+      core.setenv("MASTER_PORT", tostring(port))
+    end
+  end
+  M.finalize_at_exit()
+  local ok, r = pcall(function()
+    local gen = client:add("pg/gen/" .. rank, 1)
+    local P = ("pg/%d/"):format(gen)
+    local keys = {}
+    client:set(P .. "rank/" .. rank, "mpi")
+    for r = 0, size - 1 do keys[#keys + 1] = P .. "rank/" .. r end
+    -- every rank is there before the (blocking) MPI_Comm_dup below
+    client:wait_verbose(keys, timeout, P .. "abort", function(miss)
+      local ranks = {}
+      for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
+      return ("process group rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
+    end)
+    local ranks = {}
+    for r = 0, size - 1 do ranks[r + 1] = r end
+    local world = core.mpi_world()
+    local g = new_group(world, nil, 0, ranks, rank, timeout)
+    -- (non-blocking: the rank hosting the store must keep serving while others arrive)
+    local req = core.mpi_idup(world)
+    wait(g, req, "init_process_group: MPI_Comm_idup of the world", {})
+    g.ccomm = core.mpi_req_comm(req)
+    return {rank = rank, world_size = size, host = host, port = port, store = client, key = key, prefix = P,
+            group = g}
+  end)
+  if not ok then
+    store.release(key)
+    error(r, 0)
+  end
+  return r
+end
+
+-- the operand MPI works on: t itself when contiguous on the host (dist stages
+-- CUDA tensors), else a contiguous copy (copied back by done())
+local function operand(t, what)
+  if not core.t_is_tensor(t) then cfg("%s: expected a tensor, got %s", what, type(t)) end
+  if core.t_is_contiguous(t) then return t end
+  return core.t_contiguous(t)
+end
+
+local function done(t, x)
+  if x ~= t then core.t_copy_(t, x) else core.t_bump(t) end
+end
+
+local function redop(op, t, what)
+  local code = REDOP[op or "SUM"]
+  if not code then cfg("%s: unknown op %s (use dist.ReduceOp.SUM, PRODUCT, MIN, MAX or AVG)", what, tostring(op)) end
+  if op == "AVG" and core.t_dtype(t) > 1 then cfg("%s: ReduceOp.AVG needs a floating point tensor", what) end
+  return code
+end
+
+local function describe(d)
+  local op = OPS[d[1]] or "?"
+  if op == "barrier" then return "barrier()" end
+  if op == "new_group" then return ("new_group(%d ranks)"):format(d[3]) end
+  local s = ("%s(%s, %d element%s"):format(op, DTYPES[d[2]] or "?", d[3], d[3] == 1 and "" or "s")
+  if op == "broadcast" or op == "gather" or op == "scatter" then s = s .. ", root " .. d[4]
+  elseif op == "reduce" then s = s .. (", root %d, %s"):format(d[4] % 16, REDOP_NAME[math.floor(d[4] / 16)] or "?")
+  elseif op ~= "all_gather" then s = s .. ", " .. (REDOP_NAME[d[4]] or "?") end
+  return s .. ")"
+end
+
+-- Every member says what it calls; all of them fail alike, naming the first
+-- rank that differs, when they do not agree. d = {op, dtype, numel, extra}.
+local function usable(self, what)
+  if self.broken then
+    -- (only a timeout stops an MPI group: MPI cannot cancel the call left behind)
+    fail("timeout", ("%s: the process group stopped after an earlier failure (%s); destroy it and make " ..
+      "a new one"):format(what, self.broken))
+  end
+  if not self.ccomm then cfg("%s: the process group was destroyed", what) end
+end
+
+function Group:agree(what, d)
+  usable(self, what)
+  self.seq = self.seq + 1
+  local buf = core.t_from_flat(I64, {8}, {d[1], d[2], d[3], d[4], -d[1], -d[2], -d[3], -d[4]})
+  wait(self, core.mpi_iallreduce(self.ccomm, buf, MAXOP), ("%s (collective #%d)"):format(what, self.seq), {buf})
+  local v = core.t_totable(buf)
+  if v[1] == -v[5] and v[2] == -v[6] and v[3] == -v[7] and v[4] == -v[8] then return end
+  local all = core.t_full(I64, {self.size * 4}, 0)
+  local mine = core.t_from_flat(I64, {4}, d)
+  wait(self, core.mpi_iallgather(self.ccomm, mine, all, self.size), what .. ": naming a mismatch", {mine, all})
+  local a = core.t_totable(all)
+  for i = 0, self.size - 1 do
+    local o = {a[4 * i + 1], a[4 * i + 2], a[4 * i + 3], a[4 * i + 4]}
+    if o[1] ~= d[1] or o[2] ~= d[2] or o[3] ~= d[3] or o[4] ~= d[4] then
+      fail("protocol", ("collective mismatch in collective #%d: rank %d called %s but rank %d called %s " ..
+        "(every rank of a group must make the same collective calls, with the same sizes, dtypes and " ..
+        "roots, in the same order)"):format(self.seq, self:global(self.rank), describe(d), self:global(i),
+        describe(o)), {rank = self:global(i)})
+    end
+  end
+end
+
+local function desc(op, t, extra) return {OPCODE[op], core.t_dtype(t), core.t_numel(t), extra or 0} end
+
+function Group:all_reduce(t, op)
+  local code = redop(op, t, "all_reduce")
+  self:agree("all_reduce", desc("all_reduce", t, REDCODE[op or "SUM"]))
+  local x = operand(t, "all_reduce")
+  wait(self, core.mpi_iallreduce(self.comm, x, code), "all_reduce", {x})
+  if op == "AVG" then core.t_binary(3, x, self.size, x) end
+  done(t, x)
+end
+
+function Group:broadcast(t, root)
+  self:agree("broadcast", desc("broadcast", t, root))
+  local x = operand(t, "broadcast")
+  wait(self, core.mpi_ibcast(self.comm, x, root), "broadcast", {x})
+  done(t, x)
+end
+
+function Group:reduce(t, root, op)
+  local code = redop(op, t, "reduce")
+  self:agree("reduce", desc("reduce", t, root % 16 + 16 * REDCODE[op or "SUM"]))
+  local x = operand(t, "reduce")
+  wait(self, core.mpi_ireduce(self.comm, x, code, root, self.rank), "reduce", {x})
+  if self.rank == root then
+    if op == "AVG" then core.t_binary(3, x, self.size, x) end
+    done(t, x)
+  end
+end
+
+local function check_list(self, list, what)
+  if type(list) ~= "table" or #list ~= self.size then
+    cfg("%s: expected a list of %d tensors (one per rank of the group), got %s", what, self.size,
+      type(list) == "table" and (#list .. " entries") or type(list))
+  end
+  for i = 1, self.size do
+    if not core.t_is_tensor(list[i]) then cfg("%s: entry %d of the list is not a tensor", what, i) end
+  end
+end
+
+-- size x numel(t) elements of t's dtype, and the pieces in rank order copied in
+local function stacked(self, t, list)
+  local buf = core.t_full(core.t_dtype(t), {self.size, core.t_numel(t)}, 0)
+  if list then
+    for i = 1, self.size do core.t_copy_(core.t_select(buf, 0, i - 1), core.t_view(list[i], {-1}, true)) end
+  end
+  return buf
+end
+
+local function unstack(self, buf, list)
+  for i = 1, self.size do
+    core.t_copy_(list[i], core.t_view(core.t_select(buf, 0, i - 1), core.t_size(list[i]), true))
+  end
+end
+
+function Group:all_gather(list, t)
+  check_list(self, list, "all_gather")
+  self:agree("all_gather", desc("all_gather", t))
+  local x = operand(t, "all_gather")
+  local buf = stacked(self, t)
+  wait(self, core.mpi_iallgather(self.comm, x, buf, self.size), "all_gather", {x, buf})
+  unstack(self, buf, list)
+end
+
+function Group:gather(t, list, root)
+  if self.rank == root then check_list(self, list, "gather") end
+  self:agree("gather", desc("gather", t, root))
+  local x = operand(t, "gather")
+  local buf = self.rank == root and stacked(self, t) or nil
+  wait(self, core.mpi_igather(self.comm, x, buf, self.size, root), "gather", {x, buf})
+  if buf then unstack(self, buf, list) end
+end
+
+function Group:scatter(t, list, root)
+  if self.rank == root then check_list(self, list, "scatter") end
+  self:agree("scatter", desc("scatter", t, root))
+  local x = operand(t, "scatter")
+  local buf = self.rank == root and stacked(self, t, list) or nil
+  wait(self, core.mpi_iscatter(self.comm, x, buf, self.size, root), "scatter", {x, buf})
+  done(t, x)
+end
+
+function Group:reduce_scatter(t, list, op)
+  local code = redop(op, t, "reduce_scatter")
+  check_list(self, list, "reduce_scatter")
+  self:agree("reduce_scatter", desc("reduce_scatter", t, REDCODE[op or "SUM"]))
+  local x = operand(t, "reduce_scatter")
+  local buf = stacked(self, t, list)
+  wait(self, core.mpi_ireduce_scatter(self.comm, x, buf, self.size, code), "reduce_scatter", {x, buf})
+  if op == "AVG" then core.t_binary(3, x, self.size, x) end
+  done(t, x)
+end
+
+-- agreeing is itself a barrier: nobody's all_reduce completes before all have called it
+function Group:barrier() self:agree("barrier", {OPCODE.barrier, 0, 0, 0}) end
+
+local function tag_of(tag, what)
+  tag = tag or 0
+  if type(tag) ~= "number" or tag < 0 or tag > 32767 or tag ~= math.floor(tag) then
+    cfg("%s: tag must be an integer 0..32767 with backend \"mpi\", got %s", what, tostring(tag))
+  end
+  return tag
+end
+
+function Group:send_to(t, dst, tag)
+  usable(self, "send")
+  local x = operand(t, "send")
+  wait(self, core.mpi_isend(self.comm, x, dst, tag_of(tag, "send")), ("send to rank %d"):format(self:global(dst)),
+    {x})
+end
+
+function Group:recv_from(t, src, tag)
+  usable(self, "recv")
+  local x = operand(t, "recv")
+  local what = ("recv from rank %d"):format(self:global(src))
+  local ok, got = pcall(wait, self, core.mpi_irecv(self.comm, x, src, tag_of(tag, "recv")), what, {x})
+  if not ok then
+    if tostring(got):find("TRUNCATE") or tostring(got):find("truncated") then
+      fail("config", ("%s: rank %d sent more than this tensor's %d bytes (a recv's tensor must match the send's " ..
+        "size and dtype)"):format(what, self:global(src), core.t_nbytes(t)))
+    end
+    error(got, 0)
+  end
+  if got ~= core.t_nbytes(t) then
+    fail("config", ("%s: rank %d sent %d bytes but this tensor holds %d (a recv's tensor must match the send's " ..
+      "size and dtype)"):format(what, self:global(src), got, core.t_nbytes(t)))
+  end
+  done(t, x)
+  return self:global(src)
+end
+
+-- new_group on the mpi backend: every rank of the parent calls it (dist does),
+-- members and not; they agree on the ranks first (a bounded rendezvous), then
+-- the (blocking) MPI_Comm_split runs knowing that every rank is there.
+-- Returns the member's group, or nil on a rank outside it.
+function Group:split(gid, ranks, timeout)
+  local h = 7
+  for _, r in ipairs(ranks) do h = (h * 31 + r + 1) % 2147483647 end
+  self:agree("new_group", {OPCODE.new_group, 0, #ranks, h})
+  local me
+  for i, r in ipairs(ranks) do if r == self:global(self.rank) then me = i - 1 end end
+  -- (MPI_Comm_split blocks; every rank is known to be here, calling it next)
+  local comm = core.mpi_split(self.comm, me and 0 or -1, me or 0)
+  if not comm then return nil end
+  local g = new_group(comm, nil, gid, ranks, me, timeout)
+  local req = core.mpi_idup(comm)
+  wait(g, req, "new_group: MPI_Comm_idup", {})
+  g.ccomm = core.mpi_req_comm(req)
+  return g
+end
+
+-- frees the communicators (not after a timeout: MPI may still use them)
+function Group:free()
+  if self.broken or not self.ccomm then return end
+  core.mpi_free(self.ccomm)
+  if self.comm ~= core.mpi_world() then core.mpi_free(self.comm) end
+  self.ccomm = nil
+end
+
+-- One collective at a time per group, in the order they were called: MPI
+-- matches collectives by the order each rank issues them on a communicator,
+-- and async_op collectives run as tasks whose waits end in any order, so one
+-- issued while another waits could meet a different one on another rank. The
+-- group passes from one to the next waiting (FIFO), never through "free".
+local function release(self)
+  local q = self.lock_queue
+  if q and #q > 0 then sched.wake(table.remove(q, 1)) else self.busy = false end
+end
+
+local function locked(fn)
+  return function(self, ...)
+    if self.busy then
+      local me = sched.current()
+      self.lock_queue = self.lock_queue or {}
+      local q = self.lock_queue
+      q[#q + 1] = me
+      local ok, e = pcall(sched.suspend, "an earlier collective of this group")
+      if not ok then
+        -- (interrupted: out of the queue, or hand the group on if it was ours)
+        local mine = true
+        for i, t in ipairs(q) do if t == me then table.remove(q, i); mine = false break end end
+        if mine then release(self) end
+        error(e, 0)
+      end
+    else
+      self.busy = true
+    end
+    local r = table.pack(pcall(fn, self, ...))
+    release(self)
+    if not r[1] then error(r[2], 0) end
+    return unpack(r, 2, r.n)
+  end
+end
+for _, m in ipairs({"all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
+                    "barrier", "split"}) do
+  Group[m] = locked(Group[m])
+end
+
+return M

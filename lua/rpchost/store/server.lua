@@ -1,0 +1,336 @@
+-- rpchost.store.server: the store's server, TCPStore-like: keys and values
+-- (byte strings; `add` keeps decimal numbers, as TCPStore does), waits with
+-- deadlines, and the handshake every client makes first (rpchost.net.auth).
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local codec = require "rpchost.wire.codec"
+local errors = require "rpchost.errors"
+local proto = require "rpchost.wire.proto"
+local log = require "rpchost.log"
+local auth = require "rpchost.net.auth"
+
+local M = {}
+local enc, dec = codec.raw_encode, codec.raw_decode
+local is_loopback = require("rpchost.net.cma").is_loopback
+
+-- Server -----------------------------------------------------------------------
+local Server = {}
+Server.__index = Server
+
+local function reply(conn, id, ...)
+  conn:send(proto.STORE_REPLY, 0, id, enc("reply", ...))
+end
+
+-- Waits are indexed by the one key each is blocked on (the first of its keys
+-- still missing) and by their abort key, so a set wakes only the waits on that
+-- key, and each of those resumes its scan where it stopped. (A scan of every
+-- wait from its first key on every set made a world's rendezvous cost the cube
+-- of its size at the store: 1,024 ranks waiting for 1,024 keys each.)
+-- notify(k): k was written; notify() with no key: anything may have been.
+function Server:notify(k)
+  if k == nil then
+    local all = {}
+    for w in pairs(self.waiting) do all[#all + 1] = w end
+    for _, w in ipairs(all) do self:try_wait(w) end
+    return
+  end
+  local ab = self.aborting[k]
+  if ab then
+    self.aborting[k] = nil
+    for w in pairs(ab) do self:try_wait(w) end
+  end
+  local bl = self.blocked[k]
+  if bl then
+    self.blocked[k] = nil
+    for w in pairs(bl) do self:try_wait(w) end
+  end
+end
+
+-- A wait leaves every index (completed, timed out, or its client gone).
+function Server:forget(w)
+  w.finished = true
+  self.waiting[w] = nil
+  if w.on then
+    local bl = self.blocked[w.on]
+    if bl then bl[w] = nil; if next(bl) == nil then self.blocked[w.on] = nil end end
+    w.on = nil
+  end
+  if w.abort then
+    local ab = self.aborting[w.abort]
+    if ab then ab[w] = nil; if next(ab) == nil then self.aborting[w.abort] = nil end end
+  end
+  local st = self.clients[w.conn]
+  if st and st.waits then st.waits[w] = nil end
+end
+
+-- Completes a wait if it can: all keys present, or its abort key set; else
+-- files it under the first key still missing. Returns whether it completed.
+function Server:try_wait(w)
+  if w.finished then return true end
+  if w.abort and self.data[w.abort] ~= nil then
+    sched.cancel(w.timer)
+    self:forget(w)
+    reply(w.conn, w.id, true, false, self.data[w.abort])
+    return true
+  end
+  local keys, data, i = w.keys, self.data, w.pos or 1
+  while i <= #keys and data[keys[i]] ~= nil do i = i + 1 end
+  w.pos = i
+  if i > #keys then
+    -- (a key deleted after this wait passed it still counts: it was there)
+    sched.cancel(w.timer)
+    self:forget(w)
+    reply(w.conn, w.id, true, true, w.fetch and data[keys[1]] or nil)
+    return true
+  end
+  local k = keys[i]
+  if w.on ~= k then
+    if w.on then
+      local old = self.blocked[w.on]
+      if old then old[w] = nil end
+    end
+    w.on = k
+    local bl = self.blocked[k]
+    if not bl then bl = {}; self.blocked[k] = bl end
+    bl[w] = true
+  end
+  if w.abort and not w.abort_filed then
+    w.abort_filed = true
+    local ab = self.aborting[w.abort]
+    if not ab then ab = {}; self.aborting[w.abort] = ab end
+    ab[w] = true
+  end
+  if not self.waiting[w] then
+    self.waiting[w] = true
+    local st = self.clients[w.conn]
+    if st then st.waits = st.waits or {}; st.waits[w] = true end
+  end
+  return false
+end
+
+function Server:missing(keys)
+  local miss = {}
+  for _, k in ipairs(keys) do
+    if self.data[k] == nil then miss[#miss + 1] = k end
+  end
+  return miss
+end
+
+local ops = {}
+function ops.set(s, _, _, k, v) s.data[k] = v; s:notify(k); return true end
+function ops.get(s, _, _, k) return true, s.data[k] end
+function ops.add(s, _, _, k, n)
+  local cur = (tonumber(s.data[k]) or 0) + n
+  s.data[k] = tostring(cur)
+  s:notify(k)
+  return true, cur
+end
+function ops.compare_set(s, _, _, k, expected, desired)
+  local cur = s.data[k]
+  if (cur == nil and expected == "") or cur == expected then
+    s.data[k] = desired
+    s:notify(k)
+    return true, desired
+  end
+  return true, cur == nil and expected or cur
+end
+-- count_in(k, v, counter): k = v unless k is there already; the first time for
+-- k, counter counts one more. Returns the counter and whether this call counted.
+-- (How each of a world's ranks counts itself in exactly once, in one step: a
+-- restarted rank whose earlier process counted finds its key there.)
+function ops.count_in(s, _, _, k, v, counter)
+  if s.data[k] ~= nil then return true, tonumber(s.data[counter]) or 0, false end
+  s.data[k] = v
+  local n = (tonumber(s.data[counter]) or 0) + 1
+  s.data[counter] = tostring(n)
+  s:notify(k)
+  s:notify(counter)
+  return true, n, true
+end
+function ops.check(s, _, _, keys) return true, #s:missing(keys) == 0 end
+function ops.missing(s, _, _, keys) return true, s:missing(keys) end
+function ops.multi_get(s, _, _, keys)
+  local out = {}
+  for i, k in ipairs(keys) do out[i] = s.data[k] or false end
+  return true, out
+end
+function ops.delete(s, _, _, k)
+  local had = s.data[k] ~= nil
+  s.data[k] = nil
+  return true, had
+end
+function ops.num_keys(s)
+  local n = 0
+  for _ in pairs(s.data) do n = n + 1 end
+  return true, n
+end
+-- wait(keys, timeout, abort_key, fetch): replies (true, true) when all keys
+-- exist (with fetch: and the first key's value, saving a get), (true, false,
+-- abort_value) when abort_key is set, (true, false) on timeout.
+function ops.wait(s, conn, id, keys, timeout, abort, fetch)
+  local w = {conn = conn, id = id, keys = keys, abort = abort, fetch = fetch == true}
+  if s:try_wait(w) then return end
+  if timeout and timeout > 0 then
+    w.timer = sched.after(timeout, function()
+      s:forget(w)
+      reply(conn, id, true, false)
+    end)
+  end
+end
+
+local STORE_ROLES = {store = true}
+
+function Server:on_frame(conn, ftype, _, id, body)
+  local st = self.clients[conn]
+  if not st then return end
+  -- the handshake (rpchost.net.auth, docs/security.md), in the store's own role
+  if ftype == proto.HELLO then
+    if st.hello then
+      log.warn("store: closing a connection that sent a second hello")
+      return conn:close()
+    end
+    st.hello = true
+    local hs, why, is_auth, h = auth.server_hello(self.cred, STORE_ROLES, body)
+    if not hs and h then
+      why = ("protocol version mismatch: the store at %s speaks rpchost protocol %d (rpchost %s), this rank " ..
+        "speaks protocol %s (rpchost %s)"):format(self.addr, core.protocol_version, core.version,
+        tostring(h.proto), tostring(h.version))
+    elseif hs and (type(h.to) ~= "table" or h.to.port ~= self.port) then
+      hs, why, is_auth = nil, ("a connection meant for the store at port %s reached the store at %s: a stale " ..
+        "address, or a relay"):format(tostring(type(h.to) == "table" and h.to.port), self.addr), true
+    end
+    if not hs then
+      log.warn_often("store: refused connections", "store: refusing a connection: %s", why)
+      conn:send(proto.HELLO_ACK, 0, id, auth.refusal(why, is_auth))
+      conn:close(true)
+      return
+    end
+    st.hs = hs
+    conn:send(proto.HELLO_ACK, 0, id, auth.server_ack(hs, {}))
+    return
+  end
+  if ftype == auth.AUTH_FRAME and st.hs then
+    local ok, a = pcall(dec, body)
+    local offers, why = auth.server_auth(st.hs, ok and a or nil)
+    if not offers then
+      st.hs = nil
+      log.warn_often("store: refused connections", "store: refusing a connection: %s", why)
+      conn:send(auth.READY_FRAME, 0, id, auth.refusal(why, true))
+      conn:close(true)
+      return
+    end
+    st.ready = true
+    conn:prove()
+    conn:send(auth.READY_FRAME, 0, id, auth.server_ready(st.hs, {}))
+    st.hs = nil
+    return
+  end
+  if ftype ~= proto.STORE or not st.ready then
+    log.warn("store: closing a connection that sent an unexpected frame (type %d)", ftype)
+    conn:close()
+    return
+  end
+  local r = {pcall(dec, body)}
+  local op = r[2]
+  local f = r[1] and type(op) == "string" and ops[op]
+  if not f then
+    reply(conn, id, false, r[1] and type(op) == "string" and ("the store at %s has no operation '%s' " ..
+      "(does every rank run the same rpchost as the store's host?)"):format(self.addr, op:sub(1, 64)) or
+      "bad store request")
+    return
+  end
+  local res = {pcall(f, self, conn, id, unpack(r, 3, 8))}
+  if not res[1] then
+    reply(conn, id, false, tostring(res[2]))
+  elseif res[2] ~= nil then
+    reply(conn, id, unpack(res, 2, 4))
+  end
+end
+
+function Server:on_close(conn)
+  local st = self.clients[conn]
+  for w in pairs(st and st.waits or {}) do
+    sched.cancel(w.timer)
+    self:forget(w)
+  end
+  self.clients[conn] = nil
+  self.nclients = self.nclients - 1
+  if self.nclients == 0 and self.idle_task then sched.wake(self.idle_task) end
+end
+
+-- Starts a store server on host:port (port 0: any free port). Raises a config
+-- error naming the address when it cannot listen.
+function M.serve(host, port)
+  local ip, rerr = core.resolve(host)
+  if not ip then error(errors.new("config", ("cannot host the store at %s:%d: %s"):format(host, port, rerr)), 0) end
+  local bind = is_loopback(ip) and ip or "0.0.0.0"
+  if bind == "0.0.0.0" and ip ~= "0.0.0.0" then
+    -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
+    local probe, perr, pcode = core.listen(ip, 0, {accept = function(c) c:close() end})
+    if probe then probe:close()
+    elseif pcode == "EADDRNOTAVAIL" then
+      error(errors.new("config", ("cannot host the store at %s:%d: %s is not an address of this machine, " ..
+        "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
+        "its own addresses"):format(host, port, ip)), 0)
+    else
+      log.debug("could not test %s as a local address: %s", ip, tostring(perr))
+    end
+  end
+  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0}, Server)
+  if bind == "0.0.0.0" and not auth.token() then
+    log.warn("the store listens on every interface without a security token: anyone who can reach " ..
+      "port %d can join; set RPCHOST_TOKEN on every rank", port)
+  end
+  local l, err, code = core.listen(bind, port, {
+    accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
+    frame = function(conn, ...) s:on_frame(conn, ...) end,
+    close = function(conn, status, msg)
+      if status ~= 0 then
+        local st = s.clients[conn]
+        if st and st.ready then log.warn("store: closed a connection: %s", tostring(msg))
+        else
+          log.warn_often("store: closed unproven connections",
+            "store: closed a connection that had not proved itself: %s", tostring(msg))
+        end
+      end
+      s:on_close(conn)
+    end,
+  })
+  if not l then
+    local hint = code == "EADDRINUSE" and
+      " (another world or program uses this port: pick another MASTER_PORT, or let " ..
+      "`rpchost run` pick a free one)" or ""
+    error(errors.new("config", ("cannot host the store at %s:%d: %s%s"):format(host, port,
+      tostring(err), hint)), 0)
+  end
+  s.listener = l
+  s.port = l:port()
+  s.addr = ("%s:%d"):format(host, s.port)
+  -- (after the port is ours: no other store can be writing this port's secret)
+  local ok, cred, path = pcall(auth.host_cred, is_loopback(ip), s.port)
+  if not ok then
+    l:close()
+    error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr, tostring(cred))), 0)
+  end
+  s.cred, s.secret_path = cred, path
+  return s
+end
+
+-- Waits (bounded) until every client has left, then stops listening.
+function Server:linger(timeout)
+  local deadline = sched.now() + (timeout or 30)
+  while self.nclients > 0 and sched.now() < deadline do
+    self.idle_task = sched.current()
+    sched.suspend_until("store clients to leave", deadline - sched.now())
+    self.idle_task = nil
+  end
+  self:close()
+end
+
+function Server:close()
+  if self.listener then self.listener:close(); self.listener = nil end
+  auth.forget_secret(self.cred, self.secret_path)
+  self.secret_path = nil
+end
+
+return M

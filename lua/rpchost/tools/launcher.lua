@@ -1,0 +1,357 @@
+-- rpchost.tools.launcher: `rpchost run`, the torchrun of rpchost.
+--
+-- Starts --nproc-per-node ranks of one script with torchrun's variables, hosts
+-- the world's store on node 0 (on a free port when none is given, so there is no
+-- race for it), forwards SIGINT/SIGTERM, optionally prefixes output lines with the
+-- rank, and when a rank fails stops the others (SIGTERM, then SIGKILL) within 5 s,
+-- says which rank failed and why (each rank writes its uncaught error to
+-- RPCHOST_ERROR_FILE), and exits non-zero. With --max-restarts N a failed rank is
+-- instead started again in place, up to N times (each rank): the new process takes
+-- its old rank and name in the running world (rpc.init_rpc rejoins it), so an RL
+-- actor or a trainer can die without stopping the others (torchrun restarts all).
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local store = require "rpchost.store"
+
+local M = {}
+
+local USAGE = [==[
+usage: rpchost run [--nproc-per-node N] [--nnodes M] [--node-rank K]
+                   [--master-addr A] [--master-port P] [--prefix] script.lua [args...]
+  --nproc-per-node N  ranks to start on this node (default 1)
+  --nnodes M          nodes in the world (default 1); run the same command on each
+  --node-rank K       this node's index, 0..M-1 (default 0); node 0 hosts the store
+  --master-addr A     where the store is (default 127.0.0.1)
+  --master-port P     its port (default: a free port; required when --nnodes > 1)
+  --prefix            prefix every output line with [rankN]
+  --grace S           seconds between SIGTERM and SIGKILL when stopping ranks (default 3)
+  --max-restarts N    start a failed rank again in place, up to N times per rank, while
+                      the others run on (default 0: a failed rank stops the world)
+]==]
+
+local function die(msg)
+  io.stderr:write("rpchost run: ", msg, "\n")
+  return 2
+end
+
+local function parse(argv)
+  local o = {nproc = 1, nnodes = 1, node_rank = 0, addr = "127.0.0.1", port = nil, prefix = false,
+             grace = 3, max_restarts = 0}
+  local flags = {
+    ["--nproc-per-node"] = "nproc", ["--nproc_per_node"] = "nproc",
+    ["--nnodes"] = "nnodes", ["--node-rank"] = "node_rank", ["--node_rank"] = "node_rank",
+    ["--master-addr"] = "addr", ["--master_addr"] = "addr",
+    ["--master-port"] = "port", ["--master_port"] = "port", ["--grace"] = "grace",
+    ["--max-restarts"] = "max_restarts", ["--max_restarts"] = "max_restarts",
+  }
+  local i = 1
+  while argv[i] do
+    local a = argv[i]
+    local k, v = a:match("^(%-%-[%w_-]+)=(.*)$")
+    k = k or a
+    if a == "-h" or a == "--help" then return nil, "help"
+    elseif a == "--prefix" then o.prefix = true; i = i + 1
+    elseif a == "--" then i = i + 1; break
+    elseif flags[k] then
+      if v == nil then v = argv[i + 1]; i = i + 2 else i = i + 1 end
+      if v == nil then return nil, k .. " needs a value" end
+      local field = flags[k]
+      if field == "addr" then o.addr = v
+      elseif field == "grace" then
+        local n = tonumber(v)
+        if not n or n ~= n or n < 0 or n == math.huge then
+          return nil, ("%s must be a number of seconds >= 0, got '%s'"):format(k, v)
+        end
+        o.grace = n
+      else
+        local n = tonumber(v)
+        if not n or n ~= math.floor(n) or n < 0 then
+          return nil, ("%s must be a non-negative integer, got '%s'"):format(k, v)
+        end
+        o[field] = n
+      end
+    elseif a:sub(1, 2) == "--" then return nil, "unknown option " .. a
+    else break end
+  end
+  o.trace = os.getenv("RPCHOST_TRACE")
+  if o.trace == "" then o.trace = nil end
+  o.script = argv[i]
+  o.args = {}
+  for j = i + 1, #argv do o.args[#o.args + 1] = argv[j] end
+  if not o.script then return nil, "no script given" end
+  if o.nproc < 1 then return nil, "--nproc-per-node must be at least 1" end
+  if o.nnodes < 1 then return nil, "--nnodes must be at least 1" end
+  if o.node_rank >= o.nnodes then
+    return nil, ("--node-rank %d is out of range for --nnodes %d"):format(o.node_rank, o.nnodes)
+  end
+  if o.nnodes > 1 and not o.port then return nil, "--master-port is required when --nnodes > 1" end
+  if o.port and (o.port < 1 or o.port > 65535) then return nil, "--master-port must be 1-65535" end
+  return o
+end
+
+-- A private folder for the ranks' error files (no shell involved: start-up counts).
+local function tmpdir()
+  local base = os.getenv("TMPDIR") or "/tmp"
+  return assert(core.mkdtemp(base .. "/rpchost-run-XXXXXX"))
+end
+
+local read_file = require("rpchost.bytecode").read_file
+
+local function run(o)
+  local server
+  local port = o.port
+  if o.node_rank == 0 then
+    local ok, s = pcall(store.serve, o.addr, port or 0)
+    if not ok then
+      io.stderr:write("rpchost run: ", tostring(s), "\n")
+      return 1
+    end
+    server = s
+    port = s.port
+  end
+  -- (the store answers every rank: it must not wait for the CPU behind them)
+  local priority = require "rpchost.tools.priority"
+  local rank_nice = server and priority.raise()
+  local world = o.nproc * o.nnodes
+  local script, cwd, shipped = o.script, nil, nil
+  local ship = require "rpchost.tools.ship"
+  -- the node that has the script must really have it: say so once, before any
+  -- rank starts (a node without it gets it from node 0)
+  if o.nnodes == 1 or server then
+    local f, err = io.open(o.script)
+    if not f then
+      io.stderr:write("rpchost run: cannot open the script: ", tostring(err), "\n")
+      return 2
+    end
+    f:close()
+  end
+  if o.nnodes > 1 and server then
+    ship.publish(server, o.script)
+  elseif o.nnodes > 1 and not io.open(o.script) then
+    -- this node lacks the script: take it (and its modules) from node 0 via the store
+    local ok, e = pcall(function()
+      local client = store.connect(o.addr, port, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
+      local n
+      script, cwd, n, shipped = ship.fetch(client, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
+      client:close()
+      io.stderr:write(("rpchost run: received %s (%d file%s) from node 0\n"):format(o.script, n, n == 1 and "" or "s"))
+    end)
+    if not ok then
+      io.stderr:write("rpchost run: ", tostring(e), "\n")
+      return 1
+    end
+  end
+  local dir = tmpdir()
+  local exe = core.exepath()
+  local base_env = core.environ()
+  local ranks, live = {}, 0
+  local failed = nil
+  local stopping = false
+  local main_task = sched.current()
+  local signal_seen = nil
+
+  local function stop_all(sig)
+    for _, r in ipairs(ranks) do
+      if not r.exited and r.pid then core.kill(r.pid, sig) end
+    end
+  end
+
+  local function begin_stop(sig)
+    if stopping then return end
+    stopping = true
+    stop_all(sig or core.SIGTERM)
+    sched.after(o.grace, function() stop_all(core.SIGKILL) end)
+  end
+
+  local function out_writer(r, fd)
+    local partial = ""
+    local stream = fd == 1 and io.stdout or io.stderr
+    return function(chunk)
+      if chunk == nil then
+        if partial ~= "" then stream:write("[rank", r.rank, "]: ", partial, "\n") end
+        partial = ""
+        return
+      end
+      partial = partial .. chunk
+      while true do
+        local line, rest = partial:match("^([^\n]*)\n(.*)$")
+        if not line then break end
+        stream:write("[rank", r.rank, "]: ", line, "\n")
+        partial = rest
+      end
+      stream:flush()
+    end
+  end
+
+  local start_rank
+  -- r failed (why): started again when it has restarts left and the world is not
+  -- stopping; true if so
+  local function restart(r, why)
+    if stopping or r.restarts >= o.max_restarts then return false end
+    r.restarts = r.restarts + 1
+    local detail = read_file(r.errfile)
+    io.stderr:write(("rpchost run: rank %d (pid %s) failed: %s; restarting it (%d of %d)\n"):format(
+      r.rank, tostring(r.pid), why, r.restarts, o.max_restarts))
+    if detail and detail ~= "" then
+      io.stderr:write(("rpchost run: rank %d error: %s"):format(r.rank, detail))
+    end
+    os.remove(r.errfile)
+    r.exited, r.status, r.signal, r.pid = false, nil, nil, nil -- (no pid to signal meanwhile)
+    -- (a moment first: a rank that fails at once does not spin)
+    sched.after(0.2, function()
+      if stopping then
+        r.exited, r.status, r.signal = true, 1, 0
+        live = live - 1
+        sched.wake(main_task)
+        return
+      end
+      local ok, err = start_rank(r)
+      if not ok then
+        io.stderr:write("rpchost run: ", err, "\n")
+        r.exited, r.status, r.signal = true, 127, 0
+        live = live - 1
+        failed = failed or {rank = r.rank, status = 127, signal = 0, spawn_error = err}
+        begin_stop(core.SIGTERM)
+        sched.wake(main_task)
+      end
+    end)
+    return true
+  end
+
+  -- starts (or starts again) rank r's process; true, or false and why
+  function start_rank(r)
+    local rank, lr = r.rank, r.local_rank
+    local e = {}
+    for k, v in pairs(base_env) do e[k] = v end
+    e.RANK = tostring(rank)
+    e.RPCHOST_LAUNCHER_PID = tostring(core.getpid())
+    e.WORLD_SIZE = tostring(world)
+    e.LOCAL_RANK = tostring(lr)
+    e.LOCAL_WORLD_SIZE = tostring(o.nproc)
+    e.GROUP_RANK = tostring(o.node_rank)
+    e.MASTER_ADDR = o.addr
+    e.MASTER_PORT = tostring(port)
+    e.RPCHOST_ERROR_FILE = r.errfile
+    e.RPCHOST_RESTART_COUNT = tostring(r.restarts) -- (torchrun's TORCHELASTIC_RESTART_COUNT)
+    e.RPCHOST_RANK_NICE = priority.env(rank_nice)
+    if o.trace then e.RPCHOST_TRACE = ("%s.rank%d"):format(o.trace, rank) end
+    if server then e.RPCHOST_STORE_HOSTED = ("%s:%d"):format(o.addr, port) end
+    local envl = {}
+    for k, v in pairs(e) do envl[#envl + 1] = k .. "=" .. v end
+    local writers = o.prefix and {out_writer(r, 1), out_writer(r, 2)}
+    local args = {exe, script}
+    for _, x in ipairs(o.args) do args[#args + 1] = x end
+    local p, err = core.spawn{
+      file = exe, args = args, env = envl, cwd = cwd,
+      stdio = o.prefix and {"inherit", "pipe", "pipe"} or {"inherit", "inherit", "inherit"},
+      output = writers and function(fd, chunk) writers[fd](chunk) end,
+      exit = function(status, signal)
+        r.exited = true
+        r.status, r.signal = status, signal
+        if (status ~= 0 or signal ~= 0) and not failed and not (stopping and signal_seen)
+           and restart(r, signal ~= 0 and ("killed by signal %d"):format(signal) or ("exit code %d"):format(status)) then
+          return -- (still live: its next process is on the way)
+        end
+        live = live - 1
+        if (status ~= 0 or signal ~= 0) and not failed and not (stopping and signal_seen) then
+          failed = r
+          begin_stop(core.SIGTERM)
+        end
+        sched.wake(main_task)
+      end,
+    }
+    if not p then return false, err end
+    r.pid = p:pid()
+    r.proc = p
+    return true
+  end
+
+  for lr = 0, o.nproc - 1 do
+    local rank = o.node_rank * o.nproc + lr
+    local r = {rank = rank, local_rank = lr, errfile = ("%s/rank%d.err"):format(dir, rank), restarts = 0}
+    local ok, err = start_rank(r)
+    if not ok then
+      io.stderr:write("rpchost run: ", err, "\n")
+      failed = failed or {rank = rank, status = 127, signal = 0, spawn_error = err}
+      begin_stop(core.SIGTERM)
+      break
+    end
+    ranks[#ranks + 1] = r
+    live = live + 1
+    -- the store lives in this loop: let it answer the ranks already started
+    -- (their handshakes are timed) between spawns, not after the last of many
+    if lr % 8 == 7 then sched.sleep(0) end
+  end
+
+  local watchers = {}
+  for _, name in ipairs({"SIGINT", "SIGTERM"}) do
+    watchers[#watchers + 1] = core.signal(core[name], function(sig)
+      signal_seen = signal_seen or sig
+      if stopping then stop_all(core.SIGKILL) return end
+      stopping = true
+      stop_all(sig) -- forward as is; escalate if they linger
+      sched.after(o.grace + 2, function() stop_all(core.SIGKILL) end)
+    end)
+  end
+
+  while live > 0 do sched.suspend("ranks to exit") end
+  for _, w in ipairs(watchers) do w:close() end
+  -- other nodes' ranks may still be in their last store round (shutdown's
+  -- count) when this node's have left: the store waits, bounded, for their
+  -- connections to close rather than resetting them mid-request
+  if server and o.nnodes > 1 and not failed and not signal_seen then
+    server:linger(tonumber(os.getenv("RPCHOST_STORE_LINGER")) or 30)
+  elseif server then
+    server:close()
+  end
+
+  local code = 0
+  if failed then
+    local why = failed.spawn_error or (failed.signal ~= 0 and ("killed by signal %d"):format(failed.signal))
+      or ("exit code %d"):format(failed.status)
+    local detail = failed.errfile and read_file(failed.errfile)
+    io.stderr:write(("rpchost run: rank %d (pid %s) failed: %s\n"):format(failed.rank,
+      tostring(failed.pid or "-"), why))
+    if detail and detail ~= "" then
+      io.stderr:write(("rpchost run: rank %d error: %s"):format(failed.rank, detail))
+    end
+    local others = {}
+    for _, r in ipairs(ranks) do
+      if r ~= failed then others[#others + 1] = tostring(r.rank) end
+    end
+    if #others > 0 then
+      io.stderr:write(("rpchost run: stopped the other ranks (%s)\n"):format(table.concat(others, ", ")))
+    end
+    code = 1
+  elseif signal_seen then
+    code = 128 + signal_seen
+  end
+  if o.trace then
+    -- one timeline for the whole world, ranks as processes
+    local files = {}
+    for _, r in ipairs(ranks) do files[#files + 1] = ("%s.rank%d"):format(o.trace, r.rank) end
+    require("rpchost.trace").merge(files, o.trace)
+  end
+  for _, r in ipairs(ranks) do os.remove(r.errfile) end
+  core.rmdir(dir)
+  if shipped then ship.remove(cwd, shipped) end
+  return code
+end
+
+function M.main(argv)
+  local o, err = parse(argv)
+  if not o then
+    if err == "help" then io.stdout:write(USAGE) return 0 end
+    io.stderr:write(USAGE)
+    return die(err)
+  end
+  local code
+  local ok, e = sched.run(function() code = run(o) end, "launcher")
+  if not ok then
+    io.stderr:write("rpchost run: ", tostring(e), "\n")
+    return 1
+  end
+  return code
+end
+
+return M

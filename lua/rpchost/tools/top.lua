@@ -1,0 +1,247 @@
+-- rpchost.tools.top: `rpchost top`, a live view of a running world in the terminal.
+--
+--   rpchost top [--master-addr A] [--master-port P] [--token T] [--interval S]
+--               [--timeout S] [--name NAME] [--once]
+--
+-- It joins the world as the REPL does (a dynamic member: token-aware, and on
+-- loopback the same-user proof), asks every worker for
+-- rpchost.introspect.snapshot by name once an interval, and draws one line per
+-- worker: calls in/out per second, latency percentiles of its calls since the
+-- last refresh, calls pending and the longest one, live RRefs, tensor memory and
+-- collectives in progress. Counters become rates here, from the difference of
+-- two snapshots, so the workers keep nothing per watcher. `q` or Ctrl-C leave
+-- the world cleanly and give the terminal back as it was; `--once` prints one
+-- table (after two snapshots, so rates are real) and leaves.
+local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local report = require "rpchost.tools.report"
+local ffi = require "ffi"
+
+local M = {}
+
+local USAGE = [[
+usage: rpchost top [--master-addr A] [--master-port P] [--token T] [--interval S]
+                   [--timeout S] [--name NAME] [--once]
+
+Joins the world whose store is at A:P (default 127.0.0.1 and $MASTER_PORT or
+29500) and shows each worker, refreshed every S seconds (default 1):
+  IN/s OUT/s   calls received / completed per second (top's own calls left out)
+  p50 p90 p99  latency of the calls the worker made since the last refresh
+  PEND         its calls waiting for a reply; the longest is shown below the table
+  RUN/Q        incoming calls running in handlers / queued for one
+  OWN/HELD     RRefs whose value it owns / UserRRefs it holds to others' values
+  TENSORS      bytes of live tensor storage (and CUDA memory when in use)
+  COLLECTIVE   the collective it is in, and for how long
+Keys: q (or Ctrl-C) leaves. --once prints one table and leaves. --timeout: seconds
+to wait for the world to be found (default 10, or $RPCHOST_INIT_TIMEOUT).
+]]
+
+-- terminal ---------------------------------------------------------------------------------
+pcall(ffi.cdef, [[
+struct rh_termios { unsigned int c_iflag, c_oflag, c_cflag, c_lflag; unsigned char c_line;
+                    unsigned char c_cc[32]; unsigned int c_ispeed, c_ospeed; };
+struct rh_pollfd { int fd; short events; short revents; };
+int tcgetattr(int fd, struct rh_termios *t);
+int tcsetattr(int fd, int when, const struct rh_termios *t);
+int poll(struct rh_pollfd *fds, unsigned long n, int timeout);
+long read(int fd, void *buf, unsigned long n);
+]])
+local ICANON, ECHO, VTIME, VMIN, TCSANOW = 2, 8, 5, 6, 0
+
+-- Puts the terminal in cbreak mode (keys arrive one by one, unechoed; Ctrl-C
+-- still raises SIGINT); returns the function that restores it.
+local function cbreak()
+  if not core.isatty(0) then return function() end end
+  local saved = ffi.new("struct rh_termios")
+  if ffi.C.tcgetattr(0, saved) ~= 0 then return function() end end
+  local t = ffi.new("struct rh_termios")
+  ffi.copy(t, saved, ffi.sizeof(t))
+  t.c_lflag = bit.band(t.c_lflag, bit.bnot(ICANON + ECHO))
+  t.c_cc[VMIN], t.c_cc[VTIME] = 1, 0
+  ffi.C.tcsetattr(0, TCSANOW, t)
+  return function() ffi.C.tcsetattr(0, TCSANOW, saved) end
+end
+
+-- the keys typed since the last look (never blocks)
+local pfd, kbuf = ffi.new("struct rh_pollfd[1]"), ffi.new("char[64]")
+local function keys()
+  pfd[0].fd, pfd[0].events, pfd[0].revents = 0, 1, 0
+  if ffi.C.poll(pfd, 1, 0) <= 0 then return "" end
+  local n = ffi.C.read(0, kbuf, 64)
+  if n <= 0 then return nil end -- (stdin closed)
+  return ffi.string(kbuf, n)
+end
+
+-- formatting ---------------------------------------------------------------------------------
+local function bytes(n)
+  if not n then return "-" end
+  local units, i = {"B", "KiB", "MiB", "GiB", "TiB"}, 1
+  while n >= 1024 and i < #units do n, i = n / 1024, i + 1 end
+  return (i == 1 and "%d %s" or "%.1f %s"):format(n, units[i])
+end
+
+local function us(v)
+  if not v then return "-" end
+  if v < 1000 then return ("%dus"):format(v) end
+  if v < 1e6 then return ("%.1fms"):format(v / 1e3) end
+  return ("%.2fs"):format(v / 1e6)
+end
+
+local function rate(now, prev, field)
+  if not prev or not now.time or now.time <= prev.time then return "-" end
+  return ("%.0f"):format((now[field] - prev[field]) / (now.time - prev.time))
+end
+
+local COLS = "%-16s %4s %8s %8s %7s %7s %7s %5s %7s %8s %9s  %s"
+
+-- The screen for one refresh: a list of lines.
+function M.render(where, workers, snaps, prevs, errs)
+  local lines = {
+    ("rpchost top - the world at %s - %d worker%s - %s   (q quits)"):format(where, #workers,
+      #workers == 1 and "" or "s", os.date("%H:%M:%S")),
+    "",
+    COLS:format("WORKER", "RANK", "IN/s", "OUT/s", "p50", "p90", "p99", "PEND", "RUN/Q", "OWN/HELD",
+      "TENSORS", "COLLECTIVE"),
+  }
+  local notes = {}
+  for _, w in ipairs(workers) do
+    local s, p = snaps[w.id], prevs[w.id]
+    if s then
+      local coll = s.collectives and s.collectives[1]
+      local mem = bytes(s.tensor_bytes) .. (s.cuda_bytes and (" +" .. bytes(s.cuda_bytes) .. " cuda") or "")
+      lines[#lines + 1] = COLS:format(w.name, w.id, rate(s, p, "calls_in"), rate(s, p, "calls_out"),
+        us(s.p50_us), us(s.p90_us), us(s.p99_us), s.pending, ("%d/%d"):format(s.handling or 0, s.queued or 0),
+        ("%d/%d"):format(s.rrefs_owned or 0, s.rrefs_held or 0), mem,
+        coll and ("%s %.1fs%s"):format(coll.what, coll.running,
+          #s.collectives > 1 and (" (+%d)"):format(#s.collectives - 1) or "") or "-")
+      if s.oldest then
+        notes[#notes + 1] = ("  %s: longest pending call: %s on %s, waiting %.1f s"):format(
+          w.name, s.oldest.fn, s.oldest.to, s.oldest.waited)
+      end
+    else
+      lines[#lines + 1] = ("%-16s %4s  %s"):format(w.name, w.id, errs[w.id] or "no answer yet")
+    end
+  end
+  if #notes > 0 then
+    lines[#lines + 1] = ""
+    for _, n in ipairs(notes) do lines[#lines + 1] = n end
+  end
+  return lines
+end
+
+-- the world ------------------------------------------------------------------------------------
+local function parse(argv)
+  local o, i = {interval = 1}, 1
+  local takes = {["--master-addr"] = "addr", ["--master-port"] = "port", ["--name"] = "name",
+                 ["--token"] = "token", ["--interval"] = "interval", ["--timeout"] = "timeout"}
+  while argv[i] do
+    local a = argv[i]
+    if takes[a] then
+      local v = argv[i + 1]
+      if v == nil or v:sub(1, 2) == "--" then return nil, a .. " needs a value" end
+      if (a == "--master-port" or a == "--interval" or a == "--timeout") and not tonumber(v) then
+        return nil, ("%s must be a number, got '%s'"):format(a, v)
+      end
+      o[takes[a]] = v
+      i = i + 2
+    elseif a == "--once" then o.once = true; i = i + 1
+    elseif a == "-h" or a == "--help" then return nil, "help"
+    else return nil, "unknown option " .. a end
+  end
+  o.interval = tonumber(o.interval)
+  if o.interval <= 0 then return nil, "--interval must be more than 0 seconds" end
+  return o
+end
+
+function M.main(argv)
+  local o, why = parse(argv)
+  if not o then
+    if why == "help" then io.stdout:write(USAGE) return 0 end
+    io.stderr:write("rpchost top: ", why, " (rpchost top --help)\n")
+    return 2
+  end
+  if o.token then core.setenv("RPCHOST_TOKEN", o.token) end
+  for _, k in ipairs({"RANK", "WORLD_SIZE", "LOCAL_RANK"}) do core.setenv(k, nil) end
+  local tty = core.isatty(1)
+  local restore = function() end
+  local ok, err = sched.run(function()
+    local rpc = require "rpc"
+    -- (a module function: it travels by name, and the worker requires the module)
+    local snapshot = require("rpchost.tools.introspect").snapshot
+    local where = ("%s:%s"):format(o.addr or "127.0.0.1", o.port or os.getenv("MASTER_PORT") or "29500")
+    local me = o.name or ("top-" .. core.getpid())
+    -- (a watcher pointed at no world says so soon, not after a training job's 300 s)
+    local wait = tonumber(o.timeout) or tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 10
+    rpc.init_rpc(me, {rpc_backend_options = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://" .. where,
+      init_timeout = wait}})
+    local quit = false
+    local sigs = {}
+    for _, name in ipairs({"SIGINT", "SIGTERM"}) do
+      sigs[#sigs + 1] = core.signal(core[name], function() quit = true end)
+    end
+    if not o.once then
+      restore = cbreak()
+      if tty then io.stdout:write("\27[?1049h\27[?25l") end -- the alternate screen, no cursor
+    end
+    local snaps, prevs, errs = {}, {}, {}
+    local rounds = 0
+    while not quit do
+      local workers = {}
+      for _, w in ipairs(rpc.workers()) do
+        if w.name ~= me then workers[#workers + 1] = w end
+      end
+      table.sort(workers, function(x, y) return x.id < y.id end)
+      local futs = {}
+      for _, w in ipairs(workers) do
+        local prev = snaps[w.id]
+        local okc, f = pcall(rpc.rpc_async, w.name, snapshot,
+          {{watcher = me, after_seq = prev and prev.done_seq}}, nil, math.max(2, 2 * o.interval))
+        futs[w.id] = okc and f or nil
+        if not okc then errs[w.id] = tostring(f) end
+      end
+      for _, w in ipairs(workers) do
+        local f = futs[w.id]
+        if f then
+          local okw, s = pcall(f.wait, f)
+          prevs[w.id] = snaps[w.id]
+          if okw then snaps[w.id], errs[w.id] = s, nil
+          else snaps[w.id], errs[w.id] = nil, tostring(type(s) == "table" and s.message or s) end
+        end
+      end
+      rounds = rounds + 1
+      if o.once then
+        if rounds >= 2 then
+          io.stdout:write(table.concat(M.render(where, workers, snaps, prevs, errs), "\n"), "\n")
+          break
+        end
+      else
+        local lines = M.render(where, workers, snaps, prevs, errs)
+        io.stdout:write(tty and "\27[H\27[2J" or "\n", table.concat(lines, "\n"), "\n")
+        io.stdout:flush()
+      end
+      -- wait for the next refresh, looking at the keyboard ten times a second
+      local t_end = core.now() + o.interval
+      while not quit and core.now() < t_end do
+        if not o.once and core.isatty(0) then
+          local k = keys()
+          if k == nil or k:find("[qQ\3]") then quit = true end
+        end
+        if not quit then rpc.sleep(math.min(0.1, o.interval)) end
+      end
+    end
+    restore()
+    if tty and not o.once then io.stdout:write("\27[?25h\27[?1049l") end
+    for _, s in ipairs(sigs) do s:close() end
+    pcall(rpc.shutdown)
+  end, "top")
+  restore()
+  if not ok then
+    if tty and not o.once then io.stdout:write("\27[?25h\27[?1049l") end
+    -- (an error object says what to do; a traceback is for bugs)
+    io.stderr:write("rpchost top: ", require("rpchost.errors").is(err) and tostring(err) or report.format_error(err), "\n")
+    return 1
+  end
+  return 0
+end
+
+return M

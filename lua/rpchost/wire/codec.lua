@@ -1,0 +1,491 @@
+-- rpchost.wire.codec: the Lua half of the value codec (the C half is l_codec.c).
+--
+-- C codes plain values; this module decides what everything else becomes:
+--   * functions reachable from the globals or a loaded module travel by name
+--     (like PyTorch pickles by qualified name) and are looked up on the callee,
+--     requiring the module there if needed; so do classes (callable tables
+--     reachable by name, such as nn.Linear) and names given as strings;
+--   * other Lua functions travel by value (bytecode and upvalues), and the callee
+--     accepts them only when `allow_bytecode` is set for the message's source;
+--     there they see the callee's globals and the rpchost modules;
+--   * objects whose metatable has a codec registered (WorkerInfo, error objects,
+--     later tensors and RRefs) use it; tables whose metatable is reachable by name
+--     (a class) travel as their fields plus that name;
+--   * 64-bit integer cdata travel exactly.
+-- Anything else (coroutines, foreign userdata) is an error naming its path.
+local core = require "rpchost.core"
+local ffi = require "ffi"
+local errors = require "rpchost.errors"
+
+local M = {}
+
+local TAG = {INT64 = 1, UINT64 = 2, FUNC_NAME = 16, FUNC_VALUE = 17, ERROR = 18,
+             WORKER_INFO = 19, OBJECT = 20, NAMED = 21, RREF = 22, TENSOR = 23, FUNC_VALUE_ASYNC = 24}
+
+-- Marks that travel with a function sent by value (set by the agent: whether a
+-- function is an async_execution one, and how to mark one that arrives).
+M.is_async = function() return false end
+M.mark_async = function() end
+M.TAG = TAG
+
+-- Set by the receiver around decode: may by-value functions be loaded?
+M.allow_bytecode = false
+M.bytecode_refusal = "a function sent by value (a closure) was refused: only a loopback-only " ..
+  "world accepts bytecode; send a global or module function, which travels by name"
+
+-- names: value <-> where it is reachable -------------------------------------
+local names = setmetatable({}, {__mode = "k"})
+-- functions whose name is a global's (the C codec writes and reads those
+-- itself while that global is still the function: bindings/l_codec.c)
+local global_names = setmetatable({}, {__mode = "k"})
+
+-- The value a dotted name ("mod.fn", "nn.Linear", "rpchost.rref.fetch") has
+-- here: a global path first, else the longest prefix that is a module (loaded,
+-- or required now), then its fields.
+local function resolve_dotted(name)
+  local parts = {}
+  for part in name:gmatch("[^.]+") do parts[#parts + 1] = part end
+  local function walk(v, from)
+    for i = from, #parts do
+      if type(v) ~= "table" then return nil end
+      v = rawget(v, parts[i])
+    end
+    return v
+  end
+  local v = walk(rawget(_G, parts[1]), 2)
+  if v ~= nil then return v end
+  for i = #parts, 1, -1 do
+    local mod = table.concat(parts, ".", 1, i)
+    local m = package.loaded[mod]
+    if m == nil then
+      local ok, r = pcall(require, mod)
+      m = ok and r or nil
+    end
+    if m ~= nil then return walk(m, i + 1) end
+  end
+  return nil
+end
+
+local function resolve(path)
+  local v
+  if path[1] == "s" then return type(path[2]) == "string" and resolve_dotted(path[2]) or nil end
+  if path[1] == "g" then
+    v = rawget(_G, path[2])
+  else
+    v = package.loaded[path[2]]
+    if v == nil then
+      local ok, m = pcall(require, path[2])
+      v = ok and m or nil
+    end
+  end
+  for i = 3, #path do
+    if type(v) ~= "table" then return nil end
+    v = rawget(v, path[i])
+  end
+  return v
+end
+M.resolve = resolve
+
+local function note(v, path)
+  local t = type(v)
+  if (t == "function" or t == "table") and names[v] == nil then names[v] = path end
+end
+
+-- Names are found breadth first (the shortest name wins) through the globals
+-- and the loaded modules, into tables of tables to this depth (a class at
+-- models.resnet.Bottleneck), looking at this many entries at most.
+local SCAN_DEPTH, SCAN_BUDGET = 5, 50000
+M.SCAN_DEPTH = SCAN_DEPTH
+-- An object: an instance of a class (its metatable indexes itself) or a value
+-- with a codec of its own (an RRef, a tensor).
+local by_mt_ref
+local function is_object(v)
+  local mt = getmetatable(v)
+  return mt ~= nil and (rawget(mt, "__index") == mt or by_mt_ref[mt] ~= nil)
+end
+
+local function scan()
+  local queue, head, seen, budget = {}, 1, {[_G] = true, [package] = true, [package.loaded] = true}, SCAN_BUDGET
+  local function visit(t, path)
+    for k, v in pairs(t) do
+      budget = budget - 1
+      if budget <= 0 then return end
+      if type(k) == "string" then
+        local tv = type(v)
+        if tv == "function" or tv == "table" then
+          local p = {unpack(path)}
+          p[#p + 1] = k
+          note(v, p)
+          -- (into namespaces and classes, not into lists or objects: those hold
+          -- data, and a live object the scan touched could outlive its holder)
+          if tv == "table" and not seen[v] and #p < SCAN_DEPTH + 1 and rawget(v, 1) == nil and not is_object(v) then
+            seen[v] = true
+            queue[#queue + 1] = {v, p}
+          end
+        end
+      end
+    end
+  end
+  visit(_G, {"g"})
+  for mod, m in pairs(package.loaded) do
+    if type(mod) == "string" and m ~= _G then
+      note(m, {"m", mod})
+      if type(m) == "table" and not seen[m] then
+        seen[m] = true
+        queue[#queue + 1] = {m, {"m", mod}}
+      end
+    end
+  end
+  while head <= #queue and budget > 0 do
+    local item = queue[head]
+    head = head + 1
+    visit(item[1], item[2])
+  end
+end
+
+-- The path by which `v` (a function or table) is reachable, or nil.
+function M.name_of(v)
+  local p = names[v]
+  if p and resolve(p) == v then return p end
+  names[v], global_names[v] = nil, nil
+  scan()
+  p = names[v]
+  if p and resolve(p) == v then return p end
+  return nil
+end
+
+function M.path_string(p)
+  if p[1] == "s" then return tostring(p[2]) end
+  if p[1] == "g" then return table.concat(p, ".", 2) end
+  local s = p[2]
+  if #p > 2 then s = s .. "." .. table.concat(p, ".", 3) end
+  return s
+end
+
+-- codecs registered per metatable and per tag ----------------------------------
+local by_mt = {}     -- metatable -> function(v) return tag, ... end
+by_mt_ref = by_mt
+local by_tag = {}    -- tag -> function(...) return value end
+
+function M.register(mt, tag, encode, decode)
+  if mt then by_mt[mt] = encode end
+  if tag then by_tag[tag] = decode end
+end
+
+local Named = {} -- marks a table that travels as a reference to its name
+Named.__index = Named
+
+local function encode_function(f)
+  local p = M.name_of(f)
+  if p then
+    if p[1] == "g" and p[3] == nil and type(p[2]) == "string" then global_names[f] = p[2] end
+    return TAG.FUNC_NAME, unpack(p)
+  end
+  local ok, code = pcall(string.dump, f)
+  if not ok then
+    error("a C function that is not reachable by name cannot be sent (make it a global or a module field)", 0)
+  end
+  local ups = {}
+  local n = 0
+  for i = 1, 255 do
+    local name, v = debug.getupvalue(f, i)
+    if name == nil then break end
+    n = i
+    -- Modules and globals captured by a closure refer to the callee's own copy.
+    if type(v) == "table" and getmetatable(v) == nil then
+      local vp = M.name_of(v)
+      if vp then v = setmetatable({path = vp}, Named) end
+    end
+    ups[i] = v
+  end
+  return M.is_async(f) and TAG.FUNC_VALUE_ASYNC or TAG.FUNC_VALUE, code, unpack(ups, 1, n)
+end
+
+by_mt[Named] = function(v) return TAG.NAMED, unpack(v.path) end
+Named.__tostring = function(v) return M.path_string(v.path) end
+
+-- What a name made by by_name stands for here (any other value as it is).
+function M.named_value(v)
+  if getmetatable(v) ~= Named then return v end
+  local x = resolve(v.path)
+  if x == nil then
+    error(errors.new("config", ("function or value '%s' is not defined on this worker"):format(M.path_string(v.path))), 0)
+  end
+  return x
+end
+
+-- A dotted name ("mod.fn") standing for what has that name on the callee: a
+-- call's function given as a string (how the REPL calls what only the world
+-- defines). It travels as that name and is looked up there.
+function M.by_name(s)
+  if type(s) ~= "string" or not s:match("^[%a_][%w_]*$") and not s:match("^[%a_][%w_]*[%w_.]*[%w_]$")
+     or s:find("..", 1, true) then
+    error(errors.new("config", ("'%s' is not a function name: name one as \"fn\" or \"mod.fn\" (letters, digits, " ..
+      "'_', parts joined by '.')"):format(tostring(s))), 0)
+  end
+  return setmetatable({path = {"s", s}}, Named)
+end
+
+local function encode_hook(v)
+  local t = type(v)
+  if t == "function" then return encode_function(v) end
+  if t == "table" or t == "userdata" then
+    local mt = getmetatable(v)
+    local enc = by_mt[mt]
+    if enc then return enc(v) end
+    -- a class (a callable table that is itself a metatable: nn.Linear, a user's
+    -- Net) travels by name, like a function, so the callee uses its own class
+    if t == "table" and mt ~= nil and mt.__call ~= nil and rawget(v, "__index") ~= nil then
+      local p = M.name_of(v)
+      if p then return TAG.NAMED, unpack(p) end
+    end
+    if t == "table" and mt ~= nil then
+      -- an object of a class reachable by name: its fields and the class's name
+      local p = M.name_of(mt)
+      if p then
+        local fields = {}
+        for k, x in pairs(v) do fields[k] = x end
+        return TAG.OBJECT, fields, unpack(p)
+      end
+      -- a class (nn.Linear, a user's ParameterServer: a table reachable by
+      -- name that is no instance) is the callee's own, by that name; an
+      -- instance of an unnamed class is refused below, never swapped for the
+      -- callee's object of the same name
+      if not is_object(v) then
+        p = M.name_of(v)
+        if p then return TAG.NAMED, unpack(p) end
+      end
+      error(("a table with a metatable cannot be sent: neither it nor its metatable (its class) is " ..
+        "reachable by name (looked in the globals and the loaded modules, %d levels deep); make the " ..
+        "class a global or a module field, or send a plain table"):format(SCAN_DEPTH), 0)
+    end
+    error(("a %s cannot be sent"):format(t == "userdata" and "userdata of unknown type" or t), 0)
+  end
+  if t == "cdata" then
+    if ffi.istype("int64_t", v) then
+      return TAG.INT64, ffi.string(ffi.new("int64_t[1]", v), 8)
+    elseif ffi.istype("uint64_t", v) then
+      return TAG.UINT64, ffi.string(ffi.new("uint64_t[1]", v), 8)
+    end
+    error("a cdata value other than int64_t/uint64_t cannot be sent", 0)
+  end
+  if t == "thread" then error("a coroutine cannot be sent", 0) end
+  error(("a %s cannot be sent"):format(t), 0)
+end
+
+local function lookup_failed(p)
+  error(("function or value '%s' is not defined on this worker (it travels by name: " ..
+         "define it, or require its module, on every worker)"):format(M.path_string(p)), 0)
+end
+
+by_tag[TAG.FUNC_NAME] = function(kind, name, ...)
+  -- (a global, the usual case, is one lookup: no path table per call)
+  if kind == "g" and select("#", ...) == 0 and type(name) == "string" then
+    local v = rawget(_G, name)
+    if v == nil then lookup_failed({kind, name}) end
+    return v
+  end
+  local p = {kind, name, ...}
+  -- (a name from the network: its parts must be strings, or it names nothing)
+  for i = 1, #p do
+    if type(p[i]) ~= "string" then
+      error(("malformed message: a name's part %d is a %s, not a string"):format(i, type(p[i])), 0)
+    end
+  end
+  local v = resolve(p)
+  if v == nil then lookup_failed(p) end
+  return v
+end
+by_tag[TAG.NAMED] = by_tag[TAG.FUNC_NAME]
+-- The globals a function sent by value sees: this worker's, and the rpchost
+-- modules by their usual names even where this worker's script keeps them in
+-- locals (a closure typed at the REPL says `tensor.ones(2)`). Assignments go to
+-- the real globals.
+local MODULES = {rpc = "rpc", dist = "dist", tensor = "tensor", nn = "nn", optim = "optim",
+                 dist_autograd = "dist_autograd"}
+local remote_env = setmetatable({}, {
+  __index = function(_, k)
+    local v = rawget(_G, k)
+    if v == nil and MODULES[k] then v = require(MODULES[k]) end
+    return v
+  end,
+  __newindex = _G,
+})
+M.remote_env = remote_env
+
+by_tag[TAG.FUNC_VALUE] = function(code, ...)
+  if not M.allow_bytecode then error(M.bytecode_refusal, 0) end
+  local f, err = load(code, "=remote function", "b")
+  if not f then error("cannot load a function sent by value: " .. tostring(err), 0) end
+  setfenv(f, remote_env)
+  for i = 1, select("#", ...) do
+    debug.setupvalue(f, i, (select(i, ...)))
+  end
+  return f
+end
+by_tag[TAG.FUNC_VALUE_ASYNC] = function(...)
+  local f = by_tag[TAG.FUNC_VALUE](...)
+  M.mark_async(f)
+  return f
+end
+by_tag[TAG.OBJECT] = function(fields, ...)
+  local p = {...}
+  local mt = resolve(p)
+  if type(mt) ~= "table" then lookup_failed(p) end
+  return setmetatable(fields, mt)
+end
+-- a 64-bit integer is exactly 8 bytes: a shorter payload from the network would
+-- make ffi.copy read past it, a longer one is not a value this codec wrote
+local function int64_payload(s, what)
+  if type(s) ~= "string" or #s ~= 8 then
+    error(("malformed message: a %s value has %d payload bytes, not 8"):format(what,
+      type(s) == "string" and #s or 0), 0)
+  end
+  return s
+end
+by_tag[TAG.INT64] = function(s)
+  local b = ffi.new("int64_t[1]"); ffi.copy(b, int64_payload(s, "int64"), 8); return b[0]
+end
+by_tag[TAG.UINT64] = function(s)
+  local b = ffi.new("uint64_t[1]"); ffi.copy(b, int64_payload(s, "uint64"), 8); return b[0]
+end
+
+-- error objects travel as their fields
+M.register(errors.Error, TAG.ERROR, function(e)
+  local f = {}
+  for k, v in pairs(e) do
+    if k ~= "local_traceback" then f[k] = v end
+  end
+  return TAG.ERROR, f
+end, function(f) return setmetatable(f, errors.Error) end)
+
+local function decode_hook(tag, ...)
+  local dec = by_tag[tag]
+  if not dec and tag == TAG.TENSOR then
+    -- a tensor sent to a rank whose script never required "tensor": load the
+    -- module (it registers its decoder) rather than call the message malformed
+    local ok, why = pcall(require, "tensor")
+    if not ok then
+      error("a tensor arrived but the tensor module cannot be loaded here: " .. tostring(why), 0)
+    end
+    dec = by_tag[tag]
+  end
+  if not dec then error(("malformed message: unknown value tag %d"):format(tag), 0) end
+  return dec(...)
+end
+
+core.set_codec_hooks(encode_hook, decode_hook)
+core.set_codec_names(global_names, _G, TAG.FUNC_NAME)
+
+-- Messages with payload segments: bulk values (tensors) registered with
+-- `segment` travel beside the encoded body instead of inside it. Most messages
+-- have none: they share one read-only empty list, and the bookkeeping tables are
+-- reused from message to message (nothing is allocated per small message).
+local EMPTY = setmetatable({}, {__newindex = function()
+  error("rpchost.wire.codec: the shared empty segment list is read-only", 2)
+end})
+M.EMPTY = EMPTY
+M.out_segments = nil -- list being filled by the encode in progress (made on first use)
+M.in_segments = nil  -- segments of the message being decoded
+M.in_cache = nil     -- segment number -> decoded value (sharing is kept)
+local encoding = false
+local out_index, index_used = {}, false -- value -> its segment number (cleared after use)
+
+-- Registers v as a segment of the message being encoded (once per value); returns
+-- its number, or nil when no message is being encoded (the caller then inlines).
+function M.segment(v, payload)
+  if not encoding then return nil end
+  local segs = M.out_segments
+  if not segs then
+    segs = {}
+    M.out_segments = segs
+  end
+  local i = out_index[v]
+  if i then return i end
+  segs[#segs + 1] = payload
+  i = #segs
+  out_index[v] = i
+  index_used = true
+  return i
+end
+
+-- The segment number v already has in the message being encoded, or nil.
+function M.segment_index(v)
+  return encoding and out_index[v] or nil
+end
+
+-- Values whose encoding has effects (an RRef fork) register them here; they run
+-- only if the whole message encodes.
+M.dest_rank = nil -- the rank the message being encoded goes to
+local actions, nactions = {}, 0
+function M.after_encode(fn)
+  if encoding then
+    nactions = nactions + 1
+    actions[nactions] = fn
+  end
+end
+
+local function finish_encode()
+  local segs = M.out_segments or EMPTY
+  M.out_segments, M.dest_rank, encoding = nil, nil, false
+  if index_used then
+    out_index, index_used = {}, false
+  end
+  return segs
+end
+
+-- encode with segments for a message to rank `dest`: body, {segments}
+-- (the list is M.EMPTY, shared and read-only, when there are none)
+function M.encode_message(dest, root, ...)
+  M.out_segments, M.dest_rank, encoding = nil, dest, true
+  nactions = 0
+  local ok, body = pcall(core.encode, root, ...)
+  local segs = finish_encode()
+  local n, todo = nactions, actions
+  if n > 0 then actions = {} end -- (an action may itself encode a message)
+  nactions = 0
+  if not ok then error(body, 0) end
+  for i = 1, n do todo[i]() end
+  return body, segs
+end
+
+-- decode with segments (a table of the frame's segments, or nil)
+local function decoded_message(ok, ...)
+  M.in_segments, M.in_cache = nil, nil
+  if not ok then error((...), 0) end
+  return ...
+end
+-- UserRRefs that arrived in the message being decoded and wait for their
+-- owner's confirmation (filled by rpchost.rpc.rref, nil when none; a request that
+-- brings some runs once codec.await_confirmed(list, timeout) returns).
+M.unconfirmed = nil
+M.await_confirmed = function() end
+function M.decode_message(body, segs)
+  M.unconfirmed = nil
+  if segs and #segs > 0 then M.in_segments, M.in_cache = segs, {}
+  else M.in_segments, M.in_cache = EMPTY, EMPTY end
+  return decoded_message(pcall(core.decode, body))
+end
+
+-- encode(names, ...) -> bytes; raises a "serialize" error object naming the path.
+function M.encode(root, ...)
+  local ok, s = pcall(core.encode, root, ...)
+  if ok then return s end
+  if errors.is(s) then error(s, 0) end
+  error(errors.new("serialize", "cannot send " .. tostring(s)), 0)
+end
+
+-- decode(bytes) -> values; raises a "serialize" error object.
+local function decoded(ok, ...)
+  if ok then return ... end
+  local e = ...
+  if errors.is(e) then error(e, 0) end
+  error(errors.new("serialize", tostring(e)), 0)
+end
+function M.decode(s) return decoded(pcall(core.decode, s)) end
+
+-- Fast paths without the pcall wrapping (caller handles errors).
+M.raw_encode = core.encode
+M.raw_decode = core.decode
+
+return M
