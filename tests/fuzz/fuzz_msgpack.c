@@ -2,7 +2,7 @@
  * network (rh_mp_check), and msgpack-c's decoder on what passes it: whatever
  * the check lets through is well-formed MessagePack that a standard decoder
  * reads within bounds. (The codec's own decoder into Lua values, which runs
- * after the check, has its harness in bindings/fuzz_codec.c.) Nothing may
+ * after the check, has its harness in fuzz_codec.c.) Nothing may
  * crash, leak or allocate without bound. */
 #include <msgpack.h>
 
