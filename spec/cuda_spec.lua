@@ -160,7 +160,7 @@ describe("bench/gpu's kernel check", function()
 
   -- kernels/emulated.cpp keeps "device" memory on the host and runs the real nn
   -- kernels (kernels/nn_kernels.cuh) one thread at a time: conv and pooling of
-  -- cuda:0 tensors go through host/tensor/nn_cuda.c's im2col + GEMM glue and
+  -- cuda:0 tensors go through host/tensor/nn/nn_cuda.c's im2col + GEMM glue and
   -- autograd exactly as on a GPU, checked against the CPU kernels
   it("runs its nn checks on the emulated device (--nn)", function()
     local lib = S.bin:match("^(.*)/[^/]*$") .. "/librpchost_emulated.so"

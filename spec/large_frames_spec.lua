@@ -1,7 +1,7 @@
 -- Messages at and past the frame limit (RPCHOST_MAX_FRAME), over real ranks.
 -- A call or a result that would not fit one frame is refused before a byte is
 -- sent, naming its size and the limit, and the connection carries on; segments
--- larger than one write are split (host/net/test_conn.c covers the split with a
+-- larger than one write are split (tests/c/test_conn.c covers the split with a
 -- small write size). The real 4 GiB + 1 KiB round trip needs ~13 GiB of memory
 -- and runs when RPCHOST_SPEC_HUGE=1.
 local S = require "spec.support"

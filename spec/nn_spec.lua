@@ -443,7 +443,7 @@ describe("nn gradients against finite differences (float64)", function()
 end)
 
 -- The C kernels split a batch over the thread pool and run several samples'
--- columns through one GEMM (host/tensor/nn_conv.c); a batch of one takes
+-- columns through one GEMM (host/tensor/nn/nn_conv.c); a batch of one takes
 -- neither path, so each sample alone is the reference for the batch.
 describe("nn kernels over a batch equal them sample by sample", function()
   local function close(what, got, want)
@@ -513,7 +513,7 @@ describe("nn kernels over a batch equal them sample by sample", function()
   end)
 end)
 
--- The column matrix (host/tensor/nn_conv.c) is gathered through an offset
+-- The column matrix (host/tensor/nn/nn_conv.c) is gathered through an offset
 -- table for narrow outputs (under 16 wide: AVX-512 gathers for float32) and
 -- copied row by row for wide ones (vectors for stride 1, a loop of its own for
 -- stride 2); col2im adds back the same two ways. Here each geometry is checked
@@ -588,7 +588,7 @@ describe("convolution's column paths against a tap-by-tap reference", function()
 end)
 
 -- Batch norm's float32 statistics are summed in float32 vector lanes folded
--- into double every 256 terms (host/tensor/nn_norm.c), short maps a whole row
+-- into double every 256 terms (host/tensor/nn/nn_norm.c), short maps a whole row
 -- of channels at a time: they must stay as close to the float64 answer as
 -- double sums were, for long and short maps, many channels of short maps
 -- (several row chunks), large batches (several folds) and a mean far from 0.
@@ -627,7 +627,7 @@ describe("batch norm in float32 against float64", function()
   end
 end)
 
--- ReLU's backward is one C pass (host/tensor/nn_act.c) for contiguous host
+-- ReLU's backward is one C pass (host/tensor/nn/nn_act.c) for contiguous host
 -- floats and the composition g * (a > 0) otherwise; both must agree, and
 -- where a <= 0 the gradient is 0 even when g is not finite (PyTorch's
 -- threshold_backward), where g * 0 made NaN of an infinite or NaN gradient.

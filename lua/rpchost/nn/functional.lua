@@ -1,6 +1,6 @@
 -- rpchost.nn.functional: PyTorch's torch.nn.functional, the stateless forms the
 -- layers are built on (F.conv2d, F.max_pool2d, F.dropout, F.nll_loss ...).
--- Convolution and pooling run the C kernels (host/tensor/nn_conv.c,
+-- Convolution and pooling run the C kernels (host/tensor/nn/nn_conv.c,
 -- nn_pool.c; on a CUDA device nn_cuda.c and kernels/nn.cu, with no copy through
 -- the host) under tensor.autograd.Function; the rest is composed of tensor
 -- ops, whose gradients autograd already knows. Class indices are 1-based
@@ -144,7 +144,7 @@ local function dim_arg(x, dim, what)
   return dim
 end
 -- over the last dimension of a float tensor: one C node each way
--- (host/tensor/nn_softmax.c; on a device nn_cuda_norm.c) in the tensor's
+-- (host/tensor/nn/nn_softmax.c; on a device nn_cuda_norm.c) in the tensor's
 -- dtype; else the tensor methods
 local SoftmaxFn = autograd.Function:extend("NativeSoftmax")
 SoftmaxFn.fresh_grads = true -- its backward returns new tensors (C results, GEMMs)
@@ -167,7 +167,7 @@ function F.log_softmax(x, dim) return softmax_of(x, dim_arg(x, dim), true) end
 
 -- linear(x, w, b): x [*, in] is one [rows, in] GEMM whatever its leading dims
 -- (a batched matmul against a broadcast weight would be one small GEMM per row block)
--- On host floats one C node (host/tensor/nn_linear.c: the bias under the GEMM,
+-- On host floats one C node (host/tensor/nn/nn_linear.c: the bias under the GEMM,
 -- as PyTorch's addmm); its backward gets the weight's gradient in the weight's
 -- own layout (g^T x), not as the transpose of x^T g.
 local LinearFn = autograd.Function:extend("NativeLinear")
@@ -391,7 +391,7 @@ function F.avg_pool1d(x, ...)
 end
 
 -- normalisation -----------------------------------------------------------------------
--- one pass per channel in C (host/tensor/nn_norm.c; kernels/norm.cu on a device)
+-- one pass per channel in C (host/tensor/nn/nn_norm.c; kernels/norm.cu on a device)
 local BatchNormFn = autograd.Function:extend("NativeBatchNorm")
 BatchNormFn.fresh_grads = true
 function BatchNormFn.forward(ctx, x, w, b, rm, rv, training, momentum, eps)
@@ -404,7 +404,7 @@ function BatchNormFn.backward(ctx, g)
   return core.nn_batch_norm_backward(g, ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training, n[1], n[2], n[3])
 end
 
--- (on a CUDA device host/tensor/nn_cuda_norm.c's kernels: every operand on x's device)
+-- (on a CUDA device host/tensor/nn/nn_cuda_norm.c's kernels: every operand on x's device)
 local function native_ok(x, ...)
   if not mod.is_float(x) then return false end
   for i = 1, select("#", ...) do
@@ -464,7 +464,7 @@ function F.batch_norm(x, running_mean, running_var, ...)
 end
 
 -- layer_norm(x, normalized_shape, weight, bias, eps)
--- one C node for host tensors (host/tensor/nn_norm.c): two passes over x
+-- one C node for host tensors (host/tensor/nn/nn_norm.c): two passes over x
 -- forward and backward, where the composition below saves five tensors of x's size
 local LayerNormFn = autograd.Function:extend("NativeLayerNorm")
 LayerNormFn.fresh_grads = true

@@ -65,7 +65,7 @@ end
 
 -- The LSTM cell's pointwise part as one autograd node: from the pre-activation
 -- gates [B, 4H] and c_prev to (h, c), one pass in C each way
--- (host/tensor/nn_rnn.c) that saves one [B, 5H] block for the backward, instead
+-- (host/tensor/nn/nn_rnn.c) that saves one [B, 5H] block for the backward, instead
 -- of narrow/sigmoid/tanh/mul nodes each saving and scattering tensors of their own.
 local core = require "rpchost.core"
 local autograd = require "rpchost.autograd.engine"
@@ -92,7 +92,7 @@ local function lstm_cell_ops(gates, c_prev)
 end
 
 local function lstm_cell(gates, c_prev)
-  -- host/tensor/nn_rnn.c on the host, nn_cuda_norm.c (kernels/norm.cu) on a device
+  -- host/tensor/nn/nn_rnn.c on the host, nn_cuda_norm.c (kernels/norm.cu) on a device
   if (gates.dtype == tensor.float32 or gates.dtype == tensor.float64) and c_prev.device == gates.device then
     return LSTMCellFn.apply(gates, c_prev)
   end
