@@ -68,10 +68,10 @@ describe("codec", function()
     assert.is_false(ok)
     assert.are.equal("serialize", e.kind)
     assert.truthy(e.message:find("only a loopback-only world accepts bytecode", 1, true))
-    codec.allow_bytecode = true
-    local f = codec.decode(s)
-    codec.allow_bytecode = false
+    local f = codec.decode(s, codec.decode_context{allow_bytecode = true})
     assert.are.equal(15, f(5))
+    -- (only in the context that allows it: the next decode refuses again)
+    assert.is_false((pcall(codec.decode, s)))
   end)
 
   it("names the path of what cannot be sent", function()

@@ -12,13 +12,13 @@ local FORGER = [[
   local tensor = require "tensor"
   Forged = {}
   Forged.__index = Forged
-  codec.register(Forged, nil, function(v)
+  codec.register_extension{mt = Forged, encode = function(ctx, v)
     if v.segment then
-      local i = codec.segment(v, core.t_contiguous(v.segment))
+      local i = codec.segment(ctx, v, core.t_contiguous(v.segment))
       return codec.TAG.TENSOR, v.dtype, v.sizes, i
     end
     return v.tag, unpack(v.fields)
-  end)
+  end}
   local function forged(t) return setmetatable(t, Forged) end
   function echo(...) return ... end
 ]]

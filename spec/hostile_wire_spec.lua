@@ -19,10 +19,10 @@ local FORGER = [[
   local tensor = require "tensor"
   Forged = {}
   Forged.__index = Forged
-  codec.register(Forged, nil, function(v)
-    local data = v.inline and core.t_bytes(v.t) or codec.segment(v, core.t_contiguous(v.t))
+  codec.register_extension{mt = Forged, encode = function(ctx, v)
+    local data = v.inline and core.t_bytes(v.t) or codec.segment(ctx, v, core.t_contiguous(v.t))
     return codec.TAG.TENSOR, core.t_dtype(v.t), core.t_size(v.t), data, nil, nil, v.device
-  end)
+  end}
   function forged(device, inline)
     return setmetatable({t = tensor.ones(2, 3), device = device, inline = inline}, Forged)
   end

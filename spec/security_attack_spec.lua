@@ -82,7 +82,8 @@ describe("an attacker on the same machine", function()
         local a = rpc._agent()
         local p = a.peers[1]
         local names = {"func", "args", "kwargs", "ctx", "device_map"}
-        local req = codec.encode_message(1, names, os.execute, {"touch ]] .. marker .. [["})
+        local req = codec.encode_message(codec.encode_context{dest = 1}, names, os.execute,
+          {"touch ]] .. marker .. [["})
         local list = {}
         for _, where in ipairs {{p.ip, p.port}, {"unix:" .. p.unix, 0}} do
           local to = {rank = 1, name = "w1", port = where[2] ~= 0 and where[2] or nil,
@@ -129,7 +130,8 @@ describe("an attacker on the same machine", function()
       function slow_echo(x) require("rpchost.sched").sleep(0.8) return "genuine " .. x end
       function forge(id)
         local a = rpc._agent()
-        a:send(a.peers[0], 4, 0, id, codec.encode_message(0, "result", "FORGED"), {})
+        local body = codec.encode_message(codec.encode_context{dest = 0}, "result", "FORGED")
+        a:send(a.peers[0], 4, 0, id, body, {})
         return true
       end
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
@@ -346,7 +348,8 @@ describe("an attacker on the same machine", function()
         local ip, port, unix, sport, world = f:read("*l"):match("^(%S+) (%d+) (%S+) (%d+) (%S+)$")
         f:close()
         local names = {"func", "args", "kwargs", "ctx", "device_map"}
-        local req = codec.encode_message(1, names, os.execute, {"touch ]] .. marker .. [["})
+        local req = codec.encode_message(codec.encode_context{dest = 1}, names, os.execute,
+          {"touch ]] .. marker .. [["})
         local c = W.open(ip, tonumber(port))
         c.conn:send(W.HELLO, 0, 0, W.hello(world, 0, "w0"))
         c.conn:send(W.REQUEST, 0, 1, req)

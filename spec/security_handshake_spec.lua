@@ -22,7 +22,7 @@ local port, marker = tonumber(arg[1]), arg[2]
 local targets = {}
 for i = 3, #arg do targets[#targets + 1] = arg[i] end
 local names = {"func", "args", "kwargs", "ctx", "device_map"}
-local forged = codec.encode_message(1, names, os.execute, {"touch " .. marker})
+local forged = codec.encode_message(codec.encode_context{dest = 1}, names, os.execute, {"touch " .. marker})
 local turn, pairs_of = 0, {}
 local function verdict(body)
   local ok, v = pcall(codec.decode, body)

@@ -132,11 +132,11 @@ function W.forged_results()
   local evil = package.loaded.rh_evil_module.f
   local secret = "PWNED-BYTECODE"
   return {
-    codec.encode_message(0, "result", "FORGED"),
+    codec.encode_message(codec.encode_context{dest = 0}, "result", "FORGED"),
     codec.encode("error", require("rpchost.errors").new("remote", "FORGED-ERROR")),
-    codec.encode_message(0, "result", function() print(secret) return secret end),
-    codec.encode_message(0, "result", os.execute),
-    (codec.encode_message(0, "result", evil)),
+    codec.encode_message(codec.encode_context{dest = 0}, "result", function() print(secret) return secret end),
+    codec.encode_message(codec.encode_context{dest = 0}, "result", os.execute),
+    (codec.encode_message(codec.encode_context{dest = 0}, "result", evil)),
   }
 end
 

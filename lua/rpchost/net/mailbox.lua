@@ -14,6 +14,12 @@ local shm = require "rpchost.net.shm"
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 
 local C = {}
+
+-- The codec's contexts of the messages posted and received: one each, reused
+-- (their values travel in no autograd context, with no device map, and a
+-- function sent by value is never loaded from one).
+local mail_out = codec.encode_context()
+local mail_in = codec.decode_context()
 local NO_MAIL = {} -- (an empty mailbox, never written)
 
 -- one-way keyed messages ----------------------------------------------------------------
@@ -23,7 +29,9 @@ local NO_MAIL = {} -- (an empty mailbox, never written)
 -- them; fails at once if that rank is lost or the wait is aborted.
 function C:post(rank, key, ...)
   local p = self:peer_of(rank)
-  local body, segs = enc_msg(p.rank, "message", key, ...)
+  local out = mail_out
+  out.dest = p.rank
+  local body, segs = enc_msg(out, "message", key, ...)
   if p.rank == self.rank then
     self:on_message(self.rank, body, segs)
   else
@@ -38,7 +46,7 @@ end
 local function has_prefix(key, prefix) return key:find(prefix, 1, true) == 1 end
 
 function C:on_message(src, body, segs)
-  return self:message_decoded(src, body, pcall(dec_msg, body, segs))
+  return self:message_decoded(src, body, pcall(dec_msg, mail_in, body, segs))
 end
 
 -- The key of a message whose values did not decode: its first value, a string
@@ -68,6 +76,7 @@ end
 -- A decoded message (the decoder's results arrive as arguments): its values
 -- make the only table, the one the mailbox keeps.
 function C:message_decoded(src, body, ok, key, ...)
+  mail_in.unconfirmed = false -- (a message's UserRRefs wait for no confirmation: nothing keeps them here)
   if not ok then return malformed(self, src, body, tostring(key)) end
   if type(key) == "string" and key:byte(1) ~= 33 then -- (not "!...": a collective's or a user's)
     return self:deliver(src, key, {n = select("#", ...), ...})

@@ -272,7 +272,7 @@ function Agent:close(why)
 end
 
 -- the methods of the parts (their module-level helpers are not methods)
-local helpers = {need_running = true, arg_count_problem = true, error_text = true}
+local helpers = {need_running = true, arg_count_problem = true, error_text = true, set_hooks = true}
 for _, part in ipairs {require "rpchost.net.connections", calls, require "rpchost.net.mailbox"} do
   for k, f in pairs(part) do
     if type(f) == "function" and not helpers[k] then Agent[k] = f end

@@ -14,15 +14,18 @@ local trace = require "rpchost.trace"
 local device_maps = require "rpchost.rpc.device_maps"
 local bit = require "bit"
 
-local enc, dec = codec.raw_encode, codec.raw_decode
+local enc = codec.raw_encode
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 -- (a request carries the seconds its caller will still wait, 0 for no limit: a
 -- duration, not a time, so the two hosts' clocks need not agree)
 local REQ_NAMES = {"func", "args", "kwargs", "ctx", "device_map", "timeout"}
+-- The codec's contexts of the messages a call is made of: one per kind and
+-- direction, reused message after message (no table per call).
+local request_out, reply_in = codec.encode_context(), codec.decode_context()
+local request_in, reply_out = codec.decode_context(), codec.encode_context()
 -- where CUDA tensors in the message being encoded go (rpchost.tensor.wire reads
--- it): a call to oneself keeps them where they are; otherwise one reused table
--- per direction, filled per message (no allocation on the hot path)
-local SAME_DEVICES = {identity = true}
+-- it): a call to oneself keeps them where they are (device_maps.IDENTITY);
+-- otherwise one reused table per direction, filled per message
 local request_devices, reply_devices = {}, {reply = true}
 
 -- the distributed autograd context of the running task, if any
@@ -56,13 +59,28 @@ end
 -- async_execution marks (weak: the wrapped function decides its lifetime)
 local async_functions = setmetatable({}, {__mode = "k"})
 -- (a closure sent by value keeps its mark)
-codec.is_async = function(f) return async_functions[f] == true end
-codec.mark_async = function(f) async_functions[f] = true end
+codec.set_hooks{is_async = function(f) return async_functions[f] == true end,
+                mark_async = function(f) async_functions[f] = true end}
 -- A Future arriving elsewhere would never complete there: refuse to send one.
-codec.register(Future, nil, function()
+codec.register_extension{mt = Future, encode = function()
   error("a Future cannot be sent (it would never complete on the other side): wait for its value, " ..
     "or mark the function with rpc.functions.async_execution to reply with the value when it comes", 0)
-end)
+end}
+
+-- What the rest of the rpc layer tells the calls (registered, not written in):
+-- autograd_touch(ag, rank): a call made inside autograd context ag reached rank
+-- (rpchost.rpc.dist_autograd); await_confirmed(list, timeout): waits until the
+-- owners of a request's UserRRefs confirmed them (rpchost.rpc.rref).
+local autograd_touch, await_confirmed = nil, function() end
+local HOOKS = {autograd_touch = true, await_confirmed = true}
+local function set_hooks(h)
+  for k, f in pairs(h) do
+    if not HOOKS[k] then error(("rpchost.rpc.calls.set_hooks: no hook named '%s'"):format(tostring(k)), 2) end
+    if type(f) ~= "function" then error(("rpchost.rpc.calls.set_hooks: %s must be a function"):format(k), 2) end
+  end
+  if h.autograd_touch then autograd_touch = h.autograd_touch end
+  if h.await_confirmed then await_confirmed = h.await_confirmed end
+end
 
 -- Lua passes at most this many arguments (its C stack limit, with room to spare).
 local MAX_ARGS = 7000
@@ -96,7 +114,7 @@ local inline_functions = setmetatable({}, {__mode = "k"})
 local error_text -- (defined below, with the errors a handler raises)
 
 local C = {async_functions = async_functions, inline_functions = inline_functions, MAX_ARGS = MAX_ARGS,
-           arg_count_problem = arg_count_problem}
+           arg_count_problem = arg_count_problem, set_hooks = set_hooks}
 
 -- outgoing calls -----------------------------------------------------------------------
 function C:check_running()
@@ -169,12 +187,12 @@ function C:call(to, fn, args, kwargs, timeout)
   -- CUDA tensors go where this worker's device map for `to` says; the map
   -- travels with the request so the reply can come back through its inverse
   local dmap = self.device_maps and self.device_maps[p.rank]
-  codec.ag_out = ctx
+  local out = request_out
+  out.dest, out.ag = p.rank, ctx or false
   request_devices.map, request_devices.to = dmap, p.name
-  codec.out_devices = p.rank == self.rank and SAME_DEVICES or request_devices
+  out.devices = p.rank == self.rank and device_maps.IDENTITY or request_devices
   if timeout == nil or timeout < 0 then timeout = self.timeout end
-  local ok, body, segs = pcall(enc_msg, p.rank, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap, timeout)
-  codec.ag_out, codec.out_devices = nil, nil
+  local ok, body, segs = pcall(enc_msg, out, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap, timeout)
   if not ok then
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
@@ -182,7 +200,7 @@ function C:call(to, fn, args, kwargs, timeout)
   local big = p.rank ~= self.rank and too_big("the call to " .. p.name, body, segs)
   if big then error(errors.new("serialize", big, {worker = p.name, rank = p.rank}), 0) end
   -- the context now reaches p: its release must too (dist_autograd)
-  if ctx and codec.ag_touch and p.rank ~= self.rank then codec.ag_touch(ctx, p.rank) end
+  if ctx and autograd_touch and p.rank ~= self.rank then autograd_touch(ctx, p.rank) end
   self.next_id = self.next_id + 1
   local id = self.next_id
   -- To a ready peer the request leaves first and its record is made after: a
@@ -279,7 +297,8 @@ end
 -- A decoded reply completes its future (the decoder's results arrive as
 -- arguments: the future's table of values is the only one a reply makes).
 local function response_decoded(fut, peer, flags, ok, ...)
-  codec.allow_bytecode, codec.ag_src = false, nil
+  -- (a reply's UserRRefs wait for no confirmation: nothing keeps them here)
+  reply_in.unconfirmed = false
   if not ok then
     fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
       peer.name, tostring((...))), {worker = peer.name, rank = peer.rank}))
@@ -306,8 +325,9 @@ function C:on_response(id, flags, body, segs, from)
   call = self:take(id, bit.band(flags, proto.FLAG_ERROR) ~= 0)
   local fut, peer = call.fut, call.peer
   self:recycle(call)
-  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, peer.rank
-  return response_decoded(fut, peer, flags, pcall(dec_msg, body, segs))
+  local cin = reply_in
+  cin.allow_bytecode, cin.src = self.allow_bytecode, peer.rank
+  return response_decoded(fut, peer, flags, pcall(dec_msg, cin, body, segs))
 end
 
 -- incoming calls ------------------------------------------------------------------------
@@ -397,11 +417,11 @@ function C:send_results(to, id, rmap, ctx, ok, ...)
     local dest = self:rank_of(to)
     local caller = self.peers[dest or -1]
     if ctx == nil then ctx = task_ctx() end
-    codec.ag_out = ctx or nil
+    local out = reply_out
+    out.dest, out.ag = dest, ctx or false
     reply_devices.map, reply_devices.to = rmap, caller and caller.name or "the caller"
-    codec.out_devices = dest == self.rank and SAME_DEVICES or reply_devices
-    local eok, body, segs = pcall(enc_msg, dest, "result", ...)
-    codec.ag_out, codec.out_devices = nil, nil
+    out.devices = dest == self.rank and device_maps.IDENTITY or reply_devices
+    local eok, body, segs = pcall(enc_msg, out, "result", ...)
     local big = eok and dest ~= self.rank and too_big("the result", body, segs)
     if eok and not big then return reply(self, to, id, 0, body, segs) end
     err = errors.new("serialize", "cannot send the result back: " .. tostring(big or body))
@@ -549,7 +569,7 @@ local QUEUE_SOURCE = "set rpc_backend_options max_queued_requests on that worker
 
 local AWAITING_RREFS = {name = "request awaiting its RRefs"}
 local function dispatch_confirmed(self, unconfirmed, to, id, ...)
-  local ok, err = pcall(codec.await_confirmed, unconfirmed, self.timeout)
+  local ok, err = pcall(await_confirmed, unconfirmed, self.timeout)
   if not ok then return self:send_reply(to, id, {false, err, n = 2}) end
   self:dispatch(to, id, ...)
 end
@@ -567,15 +587,15 @@ function C:on_request(to, id, body, segs)
   local from = self.peers[src or -1]
   trace.call_in(from and from.name or "?")
   local queued_at = trace.enabled() and trace.now_us() or nil
-  codec.allow_bytecode, codec.ag_src = self.allow_bytecode, src
-  return request_decoded(self, to, id, queued_at, pcall(dec_msg, body, segs))
+  local cin = request_in
+  cin.allow_bytecode, cin.src = self.allow_bytecode, src
+  return request_decoded(self, to, id, queued_at, pcall(dec_msg, cin, body, segs))
 end
 
 -- (the decoder's results arrive as arguments: no table for them)
 function request_decoded(self, to, id, queued_at, ok, fn, args, kwargs, ctx, dmap, timeout)
-  codec.allow_bytecode, codec.ag_src = false, nil
-  local unconfirmed = codec.unconfirmed
-  codec.unconfirmed = nil
+  local unconfirmed = request_in.unconfirmed
+  request_in.unconfirmed = false
   if not ok then
     return self:send_reply(to, id, {false, "cannot run the call: " .. tostring(fn), n = 2})
   end

@@ -14,6 +14,10 @@ local errors = require "rpchost.errors"
 
 local M = {}
 
+-- Where CUDA tensors of a message to oneself go (the codec's encode context's
+-- devices, read by rpchost.tensor.wire): they stay where they are.
+M.IDENTITY = {identity = true}
+
 local function fail(msg) error(errors.new("config", "init_rpc: " .. msg), 0) end
 
 -- 0, 1, "cuda:1", "cuda" -> index; anything else -> nil

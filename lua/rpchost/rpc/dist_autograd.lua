@@ -22,12 +22,12 @@
 -- each tells the ones it knows, so the release reaches every worker the context
 -- touched however many hops away, and the tensors it holds there are freed.
 local sched = require "rpchost.sched"
-local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local autograd = require "rpchost.autograd.engine"
 local core = require "rpchost.core"
 local Future = require "rpchost.future"
 local calls = require "rpchost.rpc.calls"
+local tensor_wire = require "rpchost.tensor.wire"
 require "rpchost.tensor"
 
 local M = {}
@@ -154,13 +154,17 @@ function M._count()
 end
 
 -- wire hooks ---------------------------------------------------------------------------
+-- (registered below with the tensor codec and the calls; each gets the codec's
+-- context of the message: wctx.ag the autograd context it travels in, wctx.dest
+-- where it goes, wctx.src where it came from)
+
 -- outgoing tensor that requires gradients: remember it under a send id
-codec.ag_register = function(id, t)
+local function autograd_send(wctx, t)
   if not autograd.requires(t) then return nil end
-  local c = get(id, true)
+  local c = get(wctx.ag, true)
   c.nsend = c.nsend + 1
   c.sends[c.nsend] = t
-  local dest = codec.dest_rank
+  local dest = wctx.dest
   if dest then c.peers[dest] = true end
   return c.nsend
 end
@@ -168,14 +172,15 @@ end
 -- a call made inside context `id` goes to worker `dest`: the release must reach it
 -- (a call without tensors that require grad, made in a context already released
 -- here, carries nothing that needs it: the context is not made again for it)
-codec.ag_touch = function(id, dest)
+local function autograd_touch(id, dest)
   if released[id] and not contexts[id] then return end
   local c = get(id, true)
   c.peers[dest] = true
 end
 
 -- incoming: the tensor becomes the output of a recv node
-codec.ag_attach = function(id, src, send, t)
+local function autograd_recv(wctx, id, send, t)
+  local src = wctx.src
   local c = get(id, true)
   c.peers[src] = true
   autograd.set_state(t, {requires_grad = true, grad_fn = setmetatable({
@@ -196,6 +201,8 @@ codec.ag_attach = function(id, src, send, t)
   }, autograd.Node)})
   return t
 end
+tensor_wire.set_hooks{autograd_send = autograd_send, autograd_recv = autograd_recv}
+calls.set_hooks{autograd_touch = autograd_touch}
 
 -- One sink per context: a callable object that carries the table it fills, so
 -- that a hook running in a pass can find it (M._sink_grads: DistributedDataParallel

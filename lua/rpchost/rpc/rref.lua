@@ -19,6 +19,7 @@ local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local Future = require "rpchost.future"
 local agentmod = require "rpchost.rpc.agent"
+local calls = require "rpchost.rpc.calls"
 
 local M = {}
 
@@ -264,8 +265,8 @@ end
 
 -- Waits until every UserRRef of a request's arguments is confirmed by its owner
 -- (PyTorch confirms pending user RRefs before the callee runs, so
--- confirmed_by_owner() holds there and the owner knows of the fork). The agent
--- calls it (as codec.await_confirmed) for a request that brought such RRefs.
+-- confirmed_by_owner() holds there and the owner knows of the fork). The agent's
+-- calls call it (their await_confirmed hook) for a request that brought such RRefs.
 function M.await_confirmed(list, timeout)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   for _, r in ipairs(list) do
@@ -295,7 +296,7 @@ function M.await_confirmed(list, timeout)
     end
   end
 end
-codec.await_confirmed = M.await_confirmed
+calls.set_hooks{await_confirmed = M.await_confirmed}
 -- (these note state and never wait: run as they arrive, see agent_calls)
 agentmod.inline_functions[M.add_fork] = true
 agentmod.inline_functions[M.delete_forks] = true
@@ -339,8 +340,9 @@ end
 -- serialisation: forks on the way out, handles on the way in -------------------------------
 local TAG = codec.TAG.RREF
 
-codec.register(RRef, TAG, function(r)
-  local dest = codec.dest_rank
+-- (ctx: the codec's context of the message, nil outside one)
+local function encode_rref(ctx, r)
+  local dest = ctx and ctx.dest
   if dest == nil or not agent then
     error("an RRef can only be sent as an argument or result of an RPC " ..
           "(it cannot be saved or encoded on its own)", 0)
@@ -350,19 +352,21 @@ codec.register(RRef, TAG, function(r)
     if dest ~= agent.rank then
       fork = new_id()
       local e = owners[r.id]
-      codec.after_encode(function() if e then e.forks[fork] = true end end)
+      codec.after_encode(ctx, function() if e then e.forks[fork] = true end end)
     end
   elseif dest ~= r.owner_rank then
     fork = new_id()
     local owner_rank, id, f = r.owner_rank, r.id, fork
-    codec.after_encode(function()
+    codec.after_encode(ctx, function()
       -- must reach the owner before any delete of our own fork (same connection)
       local ok, fut = pcall(agent.call, agent, owner_rank, M.add_fork, {id, f, dest}, nil, 0)
       if ok then fut:add_done_callback(function() end) end
     end)
   end
   return TAG, r.id, r.owner_rank, fork, r.owned and true or false
-end, function(id, owner_rank, fork, from_owner)
+end
+
+local function decode_rref(ctx, id, owner_rank, fork, from_owner)
   if not agent then error("an RRef arrived outside RPC", 0) end
   if owner_rank == agent.rank then
     if not owners[id] then
@@ -377,13 +381,17 @@ end, function(id, owner_rank, fork, from_owner)
   if not fork then error("malformed RRef: a user handle without a fork", 0) end
   local r = user_handle(id, owner_rank, fork, from_owner)
   if not from_owner and not confirmed[id .. "/" .. fork] then
-    -- (a request that brings it waits for the owner's confirmation: codec.await_confirmed)
-    local l = codec.unconfirmed or {}
-    codec.unconfirmed = l
-    l[#l + 1] = r
+    -- (a request that brings it waits for the owner's confirmation: the
+    -- agent reads the message's list once it decoded, see M.await_confirmed)
+    if ctx then
+      local l = ctx.unconfirmed
+      if not l then l = {}; ctx.unconfirmed = l end
+      l[#l + 1] = r
+    end
   end
   return r
-end)
+end
+codec.register_extension{mt = RRef, tag = TAG, encode = encode_rref, decode = decode_rref}
 
 -- public API ------------------------------------------------------------------------------------
 function M.attach(a)

@@ -7,15 +7,34 @@
 -- Outside a message (codec.encode used directly) the bytes are inlined. A CUDA
 -- tensor is sent as host bytes with the device it lands on (device_maps). A
 -- tensor of no elements (a zero-size dimension anywhere) is an empty segment.
+-- Everything about the message (its segments, devices, autograd context, where
+-- it came from) is in the codec's context, which the codec passes in.
 local core = require "rpchost.core"
 local codec = require "rpchost.wire.codec"
 
 local M = {}
 
+-- Distributed autograd's part (registered by rpchost.rpc.dist_autograd, which
+-- stands above this layer: set_hooks):
+--   autograd_send(ctx, t) -> send id or nil: t leaves in the message ctx
+--     encodes, inside its autograd context ctx.ag; an id when t requires grad;
+--   autograd_recv(ctx, ag, send, t) -> t: t arrived as send id `send` of
+--     autograd context `ag`, from ctx.src; its gradient goes back there.
+local autograd_send, autograd_recv = nil, nil
+local HOOKS = {autograd_send = true, autograd_recv = true}
+function M.set_hooks(h)
+  for k, f in pairs(h) do
+    if not HOOKS[k] then error(("rpchost.tensor.wire.set_hooks: no hook named '%s'"):format(tostring(k)), 2) end
+    if type(f) ~= "function" then error(("rpchost.tensor.wire.set_hooks: %s must be a function"):format(k), 2) end
+  end
+  if h.autograd_send then autograd_send = h.autograd_send end
+  if h.autograd_recv then autograd_recv = h.autograd_recv end
+end
+
 -- The device a CUDA tensor on local device `dev` arrives on, by the map of the
--- message being encoded (rpchost.rpc.device_maps); an error that says how to map it.
-local function target_device(dev)
-  local out = codec.out_devices
+-- message ctx encodes (rpchost.rpc.device_maps); an error that says how to map it.
+local function target_device(ctx, dev)
+  local out = ctx and ctx.devices
   if out and out.identity then return dev end
   local d = out and out.map and out.map[dev]
   if d then return d end
@@ -31,33 +50,33 @@ end
 
 function M.install(tensor)
   local T = core.t_metatable()
-  codec.register(T, codec.TAG.TENSOR, function(t)
+  codec.register_extension{mt = T, tag = codec.TAG.TENSOR, encode = function(ctx, t)
     local dtype, sizes = core.t_dtype(t), core.t_size(t)
     local dev, host = core.t_device(t), t
     -- a CUDA tensor travels as host bytes tagged with the device it lands on
     -- (copied to the host once per message, however often it appears in it)
-    if dev >= 0 then dev = target_device(dev) else dev = nil end
-    local i = codec.segment_index(t)
+    if dev >= 0 then dev = target_device(ctx, dev) else dev = nil end
+    local i = codec.segment_index(ctx, t)
     if not i then
       if dev then host = core.t_to_device(t, -1) end
       -- (a contiguous tensor is its own payload: an alias of it would keep its
       -- memory alive until a collection after its owner freed it)
-      i = codec.segment(t, core.t_is_contiguous(host) and host or core.t_contiguous(host))
+      i = codec.segment(ctx, t, core.t_is_contiguous(host) and host or core.t_contiguous(host))
     end
     -- inside a distributed autograd context, a tensor that requires gradients
     -- carries the context and a send id, so gradients can flow back to it
-    local ctx, send = codec.ag_out, nil
-    if ctx and codec.ag_register then send = codec.ag_register(ctx, t) end
+    local ag, send = ctx and ctx.ag, nil
+    if ag and autograd_send then send = autograd_send(ctx, t) end
     -- outside one, requires_grad travels as a flag: the copy is a leaf that
     -- requires gradients (a model fetched from a parameter server can be trained)
     local rg = not send and tensor._requires_grad ~= nil and tensor._requires_grad(t) or nil
-    return codec.TAG.TENSOR, dtype, sizes, i or core.t_bytes(host), send and ctx or nil, send, dev, rg
-  end, function(dtype, sizes, data, ctx, send, dev, rg)
-    local t = M.decode(dtype, sizes, data, dev)
-    if send and codec.ag_attach and codec.ag_src then t = codec.ag_attach(ctx, codec.ag_src, send, t)
+    return codec.TAG.TENSOR, dtype, sizes, i or core.t_bytes(host), send and ag or nil, send, dev, rg
+  end, decode = function(ctx, dtype, sizes, data, ag, send, dev, rg)
+    local t = M.decode(ctx, dtype, sizes, data, dev)
+    if send and autograd_recv and ctx and ctx.src then t = autograd_recv(ctx, ag, send, t)
     elseif rg == true and not tensor._requires_grad(t) then tensor._set_requires_grad(t, true) end
     return t
-  end)
+  end}
 end
 
 -- The device a tensor arrives on: only what the API accepts (tensor._device_index),
@@ -79,9 +98,11 @@ local function on_device(t, dev)
   return r
 end
 
-function M.decode(dtype, sizes, data, dev)
+-- A tensor of the message ctx decodes (nil: outside a message, where only
+-- inlined bytes can be).
+function M.decode(ctx, dtype, sizes, data, dev)
   if type(data) == "string" then return on_device(core.t_from_bytes(dtype, sizes, data), dev) end
-  local segs, cache = codec.in_segments, codec.in_cache
+  local segs, cache = ctx and ctx.segments, ctx and ctx.cache
   if type(data) ~= "number" or not segs or segs[data] == nil then
     error("malformed message: a tensor refers to a missing payload segment", 0)
   end

@@ -13,6 +13,16 @@
 --     (a class) travel as their fields plus that name;
 --   * 64-bit integer cdata travel exactly.
 -- Anything else (coroutines, foreign userdata) is an error naming its path.
+--
+-- A message's state lives in a context passed in, not in this module: an
+-- encode context (encode_context: where the message goes, where its CUDA
+-- tensors land, its autograd context, and the payload segments the encode
+-- fills) or a decode context (decode_context: where it came from, whether it
+-- may bring bytecode, its segments, and what its values left to do after).
+-- The codecs registered for values (register_extension) get that context as
+-- their first argument, as PyTorch's _InternalRPCPickler keeps its tensor table
+-- inside serialize. What the layers above decide (which functions are
+-- async_execution ones) is registered with set_hooks.
 local core = require "rpchost.core"
 local ffi = require "ffi"
 local errors = require "rpchost.errors"
@@ -22,14 +32,28 @@ local M = {}
 local TAG = {INT64 = 1, UINT64 = 2, FUNC_NAME = 16, FUNC_VALUE = 17, ERROR = 18,
              WORKER_INFO = 19, OBJECT = 20, NAMED = 21, RREF = 22, TENSOR = 23, FUNC_VALUE_ASYNC = 24}
 
--- Marks that travel with a function sent by value (set by the agent: whether a
--- function is an async_execution one, and how to mark one that arrives).
-M.is_async = function() return false end
-M.mark_async = function() end
 M.TAG = TAG
 
--- Set by the receiver around decode: may by-value functions be loaded?
-M.allow_bytecode = false
+-- Marks that travel with a function sent by value: whether a function is an
+-- async_execution one, and how to mark one that arrives (registered by the rpc
+-- layer, which owns the marks: set_hooks).
+local is_async = function() return false end
+local mark_async = function() end
+local HOOKS = {is_async = true, mark_async = true}
+
+-- set_hooks{is_async = fn(f) -> bool, mark_async = fn(f)}: what the layers
+-- above decide about values this codec carries. Only those keys.
+function M.set_hooks(h)
+  for k, f in pairs(h) do
+    if not HOOKS[k] then error(("rpchost.wire.codec.set_hooks: no hook named '%s'"):format(tostring(k)), 2) end
+    if type(f) ~= "function" then error(("rpchost.wire.codec.set_hooks: %s must be a function"):format(k), 2) end
+  end
+  if h.is_async then is_async = h.is_async end
+  if h.mark_async then mark_async = h.mark_async end
+end
+
+-- (a decode context's allow_bytecode, set by the receiver: may by-value
+-- functions be loaded? Refused when not, and outside a message)
 M.bytecode_refusal = "a function sent by value (a closure) was refused: only a loopback-only " ..
   "world accepts bytecode; send a global or module function, which travels by name"
 
@@ -163,13 +187,29 @@ function M.path_string(p)
 end
 
 -- codecs registered per metatable and per tag ----------------------------------
-local by_mt = {}     -- metatable -> function(v) return tag, ... end
+-- Each gets the message's context first: an encode context while a message is
+-- encoded, a decode context while one is decoded, nil outside a message
+-- (M.encode, M.decode without one).
+local by_mt = {}     -- metatable -> function(ctx, v) return tag, ... end
 by_mt_ref = by_mt
-local by_tag = {}    -- tag -> function(...) return value end
+local by_tag = {}    -- tag -> function(ctx, ...) return value end
 
-function M.register(mt, tag, encode, decode)
-  if mt then by_mt[mt] = encode end
-  if tag then by_tag[tag] = decode end
+-- register_extension{mt = <metatable>, tag = <TAG value>, encode = fn(ctx, v) ->
+-- tag, ..., decode = fn(ctx, ...) -> value}: how values of a metatable travel
+-- and how a tag's values are made again (either half may be left out: a
+-- metatable that must not travel raises from its encode).
+function M.register_extension(x)
+  local function check(f, what)
+    if type(f) ~= "function" then error("rpchost.wire.codec.register_extension: " .. what .. " must be a function", 3) end
+  end
+  if x.mt ~= nil then
+    check(x.encode, "encode")
+    by_mt[x.mt] = x.encode
+  end
+  if x.tag ~= nil then
+    check(x.decode, "decode")
+    by_tag[x.tag] = x.decode
+  end
 end
 
 local Named = {} -- marks a table that travels as a reference to its name
@@ -198,10 +238,10 @@ local function encode_function(f)
     end
     ups[i] = v
   end
-  return M.is_async(f) and TAG.FUNC_VALUE_ASYNC or TAG.FUNC_VALUE, code, unpack(ups, 1, n)
+  return is_async(f) and TAG.FUNC_VALUE_ASYNC or TAG.FUNC_VALUE, code, unpack(ups, 1, n)
 end
 
-by_mt[Named] = function(v) return TAG.NAMED, unpack(v.path) end
+by_mt[Named] = function(_, v) return TAG.NAMED, unpack(v.path) end
 Named.__tostring = function(v) return M.path_string(v.path) end
 
 -- What a name made by by_name stands for here (any other value as it is).
@@ -226,13 +266,17 @@ function M.by_name(s)
   return setmetatable({path = {"s", s}}, Named)
 end
 
+-- the context of the message being encoded, and of the one being decoded (nil
+-- outside encode_message and decode_message): given to the value codecs
+local out_ctx, in_ctx = nil, nil
+
 local function encode_hook(v)
   local t = type(v)
   if t == "function" then return encode_function(v) end
   if t == "table" or t == "userdata" then
     local mt = getmetatable(v)
     local enc = by_mt[mt]
-    if enc then return enc(v) end
+    if enc then return enc(out_ctx, v) end
     -- a class (a callable table that is itself a metatable: nn.Linear, a user's
     -- Net) travels by name, like a function, so the callee uses its own class
     if t == "table" and mt ~= nil and mt.__call ~= nil and rawget(v, "__index") ~= nil then
@@ -278,7 +322,7 @@ local function lookup_failed(p)
          "define it, or require its module, on every worker)"):format(M.path_string(p)), 0)
 end
 
-by_tag[TAG.FUNC_NAME] = function(kind, name, ...)
+by_tag[TAG.FUNC_NAME] = function(_, kind, name, ...)
   -- (a global, the usual case, is one lookup: no path table per call)
   if kind == "g" and select("#", ...) == 0 and type(name) == "string" then
     local v = rawget(_G, name)
@@ -313,8 +357,8 @@ local remote_env = setmetatable({}, {
 })
 M.remote_env = remote_env
 
-by_tag[TAG.FUNC_VALUE] = function(code, ...)
-  if not M.allow_bytecode then error(M.bytecode_refusal, 0) end
+by_tag[TAG.FUNC_VALUE] = function(ctx, code, ...)
+  if not (ctx and ctx.allow_bytecode) then error(M.bytecode_refusal, 0) end
   local f, err = load(code, "=remote function", "b")
   if not f then error("cannot load a function sent by value: " .. tostring(err), 0) end
   setfenv(f, remote_env)
@@ -323,12 +367,12 @@ by_tag[TAG.FUNC_VALUE] = function(code, ...)
   end
   return f
 end
-by_tag[TAG.FUNC_VALUE_ASYNC] = function(...)
-  local f = by_tag[TAG.FUNC_VALUE](...)
-  M.mark_async(f)
+by_tag[TAG.FUNC_VALUE_ASYNC] = function(ctx, ...)
+  local f = by_tag[TAG.FUNC_VALUE](ctx, ...)
+  mark_async(f)
   return f
 end
-by_tag[TAG.OBJECT] = function(fields, ...)
+by_tag[TAG.OBJECT] = function(_, fields, ...)
   local p = {...}
   local mt = resolve(p)
   if type(mt) ~= "table" then lookup_failed(p) end
@@ -343,21 +387,23 @@ local function int64_payload(s, what)
   end
   return s
 end
-by_tag[TAG.INT64] = function(s)
+by_tag[TAG.INT64] = function(_, s)
   local b = ffi.new("int64_t[1]"); ffi.copy(b, int64_payload(s, "int64"), 8); return b[0]
 end
-by_tag[TAG.UINT64] = function(s)
+by_tag[TAG.UINT64] = function(_, s)
   local b = ffi.new("uint64_t[1]"); ffi.copy(b, int64_payload(s, "uint64"), 8); return b[0]
 end
 
 -- error objects travel as their fields
-M.register(errors.Error, TAG.ERROR, function(e)
-  local f = {}
-  for k, v in pairs(e) do
-    if k ~= "local_traceback" then f[k] = v end
-  end
-  return TAG.ERROR, f
-end, function(f) return setmetatable(f, errors.Error) end)
+M.register_extension{mt = errors.Error, tag = TAG.ERROR,
+  encode = function(_, e)
+    local f = {}
+    for k, v in pairs(e) do
+      if k ~= "local_traceback" then f[k] = v end
+    end
+    return TAG.ERROR, f
+  end,
+  decode = function(_, f) return setmetatable(f, errors.Error) end}
 
 local function decode_hook(tag, ...)
   local dec = by_tag[tag]
@@ -371,7 +417,7 @@ local function decode_hook(tag, ...)
     dec = by_tag[tag]
   end
   if not dec then error(("malformed message: unknown value tag %d"):format(tag), 0) end
-  return dec(...)
+  return dec(in_ctx, ...)
 end
 
 core.set_codec_hooks(encode_hook, decode_hook)
@@ -379,92 +425,120 @@ core.set_codec_names(global_names, _G, TAG.FUNC_NAME)
 
 -- Messages with payload segments: bulk values (tensors) registered with
 -- `segment` travel beside the encoded body instead of inside it. Most messages
--- have none: they share one read-only empty list, and the bookkeeping tables are
--- reused from message to message (nothing is allocated per small message).
+-- have none: they share one read-only empty list, and a context is reused from
+-- message to message by whoever sends or receives them (nothing is allocated
+-- per small message).
 local EMPTY = setmetatable({}, {__newindex = function()
   error("rpchost.wire.codec: the shared empty segment list is read-only", 2)
 end})
 M.EMPTY = EMPTY
-M.out_segments = nil -- list being filled by the encode in progress (made on first use)
-M.in_segments = nil  -- segments of the message being decoded
-M.in_cache = nil     -- segment number -> decoded value (sharing is kept)
-local encoding = false
-local out_index, index_used = {}, false -- value -> its segment number (cleared after use)
 
--- Registers v as a segment of the message being encoded (once per value); returns
--- its number, or nil when no message is being encoded (the caller then inlines).
-function M.segment(v, payload)
-  if not encoding then return nil end
-  local segs = M.out_segments
+-- An encode context: its owner sets, before each encode_message,
+--   dest     the rank the message goes to (an RRef's fork is made for it);
+--   devices  where CUDA tensors land (rpchost.tensor.wire reads it: {identity =
+--            true} keeps them where they are; else {map =, to =, reply =});
+--   ag       the distributed autograd context the message travels in, or false;
+-- and the encode fills, for that message only (cleared when it returns):
+--   segments the payload list (made on first use), index (value -> its segment
+--            number), actions (what runs once the whole message encoded).
+-- fields: a table to make the context of (its dest, devices, ag), or nil.
+function M.encode_context(fields)
+  local c = fields or {}
+  -- (false, not nil: the keys stay in the table, which keeps its shape)
+  c.segments, c.index, c.actions, c.nactions = false, false, false, 0
+  if c.ag == nil then c.ag = false end
+  return c
+end
+
+-- A decode context: its owner sets, before each decode_message,
+--   src             the rank a call's request or reply came from, where the
+--                   gradients of its tensors go back (nil for other messages);
+--   allow_bytecode  whether functions sent by value may be loaded;
+-- the decode sets segments and cache (segment number -> the value made of it,
+-- so sharing is kept) for the message and clears them after; values that leave
+-- work for after the decode note it (unconfirmed: the UserRRefs that wait for
+-- their owner's confirmation, rpchost.rpc.rref), read by the owner once
+-- decode_message returned and reset by the next one.
+function M.decode_context(fields)
+  local c = fields or {}
+  c.segments, c.cache, c.unconfirmed = false, false, false
+  if c.allow_bytecode == nil then c.allow_bytecode = false end
+  return c
+end
+
+-- Registers v as a segment of the message ctx encodes (once per value); returns
+-- its number, or nil outside a message (ctx nil: the caller then inlines).
+function M.segment(ctx, v, payload)
+  if not ctx then return nil end
+  local segs = ctx.segments
   if not segs then
     segs = {}
-    M.out_segments = segs
+    ctx.segments = segs
   end
-  local i = out_index[v]
+  local index = ctx.index
+  if not index then
+    index = {}
+    ctx.index = index
+  end
+  local i = index[v]
   if i then return i end
   segs[#segs + 1] = payload
   i = #segs
-  out_index[v] = i
-  index_used = true
+  index[v] = i
   return i
 end
 
--- The segment number v already has in the message being encoded, or nil.
-function M.segment_index(v)
-  return encoding and out_index[v] or nil
+-- The segment number v already has in the message ctx encodes, or nil.
+function M.segment_index(ctx, v)
+  local index = ctx and ctx.index
+  return index and index[v] or nil
 end
 
 -- Values whose encoding has effects (an RRef fork) register them here; they run
--- only if the whole message encodes.
-M.dest_rank = nil -- the rank the message being encoded goes to
-local actions, nactions = {}, 0
-function M.after_encode(fn)
-  if encoding then
-    nactions = nactions + 1
-    actions[nactions] = fn
+-- only if the whole message encodes (nothing happens outside a message).
+function M.after_encode(ctx, fn)
+  if not ctx then return end
+  local actions = ctx.actions
+  if not actions then
+    actions = {}
+    ctx.actions = actions
   end
+  local n = ctx.nactions + 1
+  ctx.nactions = n
+  actions[n] = fn
 end
 
-local function finish_encode()
-  local segs = M.out_segments or EMPTY
-  M.out_segments, M.dest_rank, encoding = nil, nil, false
-  if index_used then
-    out_index, index_used = {}, false
-  end
-  return segs
-end
-
--- encode with segments for a message to rank `dest`: body, {segments}
--- (the list is M.EMPTY, shared and read-only, when there are none)
-function M.encode_message(dest, root, ...)
-  M.out_segments, M.dest_rank, encoding = nil, dest, true
-  nactions = 0
+-- encode with segments for the message ctx describes: body, {segments} (the
+-- list is M.EMPTY, shared and read-only, when there are none)
+function M.encode_message(ctx, root, ...)
+  local prev = out_ctx
+  out_ctx = ctx
   local ok, body = pcall(core.encode, root, ...)
-  local segs = finish_encode()
-  local n, todo = nactions, actions
-  if n > 0 then actions = {} end -- (an action may itself encode a message)
-  nactions = 0
+  out_ctx = prev
+  local segs = ctx.segments or EMPTY
+  -- (what this message filled goes with it: an action may itself encode a
+  -- message with this same context)
+  local n, todo = ctx.nactions, ctx.actions
+  ctx.segments, ctx.index, ctx.actions, ctx.nactions = false, false, false, 0
   if not ok then error(body, 0) end
   for i = 1, n do todo[i]() end
   return body, segs
 end
 
--- decode with segments (a table of the frame's segments, or nil)
-local function decoded_message(ok, ...)
-  M.in_segments, M.in_cache = nil, nil
+-- decode with segments (a table of the frame's segments, or nil) in ctx
+local function decoded_message(ctx, prev, ok, ...)
+  in_ctx = prev
+  ctx.segments, ctx.cache = false, false
   if not ok then error((...), 0) end
   return ...
 end
--- UserRRefs that arrived in the message being decoded and wait for their
--- owner's confirmation (filled by rpchost.rpc.rref, nil when none; a request that
--- brings some runs once codec.await_confirmed(list, timeout) returns).
-M.unconfirmed = nil
-M.await_confirmed = function() end
-function M.decode_message(body, segs)
-  M.unconfirmed = nil
-  if segs and #segs > 0 then M.in_segments, M.in_cache = segs, {}
-  else M.in_segments, M.in_cache = EMPTY, EMPTY end
-  return decoded_message(pcall(core.decode, body))
+function M.decode_message(ctx, body, segs)
+  ctx.unconfirmed = false
+  if segs and #segs > 0 then ctx.segments, ctx.cache = segs, {}
+  else ctx.segments, ctx.cache = EMPTY, EMPTY end
+  local prev = in_ctx
+  in_ctx = ctx
+  return decoded_message(ctx, prev, pcall(core.decode, body))
 end
 
 -- encode(names, ...) -> bytes; raises a "serialize" error object naming the path.
@@ -475,14 +549,21 @@ function M.encode(root, ...)
   error(errors.new("serialize", "cannot send " .. tostring(s)), 0)
 end
 
--- decode(bytes) -> values; raises a "serialize" error object.
-local function decoded(ok, ...)
+-- decode(bytes[, ctx]) -> values; raises a "serialize" error object. With a
+-- decode context, the values decode as a message's would in it (its
+-- allow_bytecode, its src), with no segments.
+local function decoded(prev, ok, ...)
+  in_ctx = prev
   if ok then return ... end
   local e = ...
   if errors.is(e) then error(e, 0) end
   error(errors.new("serialize", tostring(e)), 0)
 end
-function M.decode(s) return decoded(pcall(core.decode, s)) end
+function M.decode(s, ctx)
+  local prev = in_ctx
+  in_ctx = ctx
+  return decoded(prev, pcall(core.decode, s))
+end
 
 -- Fast paths without the pcall wrapping (caller handles errors).
 M.raw_encode = core.encode

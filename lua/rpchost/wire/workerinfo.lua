@@ -12,8 +12,8 @@ end
 
 function WorkerInfo.is(v) return getmetatable(v) == WorkerInfo end
 
-codec.register(WorkerInfo, codec.TAG.WORKER_INFO,
-  function(w) return codec.TAG.WORKER_INFO, w.id, w.name end,
-  function(id, name) return WorkerInfo.new(id, name) end)
+codec.register_extension{mt = WorkerInfo, tag = codec.TAG.WORKER_INFO,
+  encode = function(_, w) return codec.TAG.WORKER_INFO, w.id, w.name end,
+  decode = function(_, id, name) return WorkerInfo.new(id, name) end}
 
 return WorkerInfo
