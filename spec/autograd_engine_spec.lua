@@ -5,6 +5,7 @@
 local tensor = require "tensor"
 local optim = require "optim"
 local sched = require "rpchost.sched"
+local S = require "spec.support"
 local autograd = tensor.autograd
 
 local f64 = {dtype = tensor.float64}
@@ -24,7 +25,7 @@ end
 
 local MODIFIED = "one of the variables needed for gradient computation has been modified by an inplace operation"
 
-describe("autograd graph ownership", function()
+describe("autograd graph ownership #unit", function()
   -- (the work runs in functions of its own: a dead local of the running function
   -- may still sit in a stack slot the GC marks, which would make these flaky)
   it("frees the graph with the last tensor that refers to it", function()
@@ -75,7 +76,7 @@ describe("autograd graph ownership", function()
   end)
 end)
 
-describe("autograd version counters", function()
+describe("autograd version counters #unit", function()
   it("count in-place writes, shared by views and detach()", function()
     local t = tensor.zeros(2, 3, f64)
     assert.are.equal(0, t._version)
@@ -214,7 +215,7 @@ describe("autograd version counters", function()
   end)
 end)
 
-describe("autograd on deep graphs", function()
+describe("autograd on deep graphs #unit", function()
   it("runs backward over 100,000 nodes without recursion", function()
     local x = tensor.ones(1, {dtype = tensor.float64, requires_grad = true})
     local y = x
@@ -246,7 +247,7 @@ describe("autograd on deep graphs", function()
   end)
 end)
 
-describe("autograd gradients of pieces", function()
+describe("autograd gradients of pieces #unit", function()
   -- counts the full-size tensors (numel of x) that core entry points create while fn runs
   local core = require "rpchost.core"
   local function full_size_allocations(numel, fn)
@@ -326,15 +327,13 @@ describe("autograd gradients of pieces", function()
   end)
 end)
 
-describe("autograd gradient mode", function()
+describe("autograd gradient mode #unit", function()
   local function run_tasks(fns)
     local left = #fns
     for _, fn in ipairs(fns) do
       sched.spawn(function() fn(); left = left - 1 end)
     end
-    local deadline = sched.now() + 10
-    while left > 0 and sched.now() < deadline do sched.sleep(0.001) end
-    assert.are.equal(0, left, "tasks did not finish")
+    S.wait_until(function() return left == 0 end, 10, function() return left .. " tasks to finish" end, 0.001)
   end
 
   it("is state of the running task, inherited by the tasks it spawns", function()
@@ -347,7 +346,7 @@ describe("autograd gradient mode", function()
           seen.inside = (x * 2).requires_grad
           local child_done = false
           sched.spawn(function() seen.child = (x * 2).requires_grad; child_done = true end)
-          while not child_done do sched.sleep(0.001) end
+          S.wait_until(function() return child_done end, 10, "the child task", 0.001)
         end)
         seen.after = (x * 2).requires_grad
       end,
@@ -389,7 +388,7 @@ describe("autograd gradient mode", function()
   end)
 end)
 
-describe("tensor.autograd.Function", function()
+describe("tensor.autograd.Function #unit", function()
   local Exp = autograd.Function:extend("MyExp")
   function Exp.forward(ctx, x)
     local y = x:exp()

@@ -3,7 +3,7 @@ local codec = require "rpchost.wire.codec"
 
 local function roundtrip(...) return codec.decode(codec.encode("value", ...)) end
 
-describe("codec", function()
+describe("codec #unit", function()
   it("round-trips plain values exactly", function()
     local a, b, c, d, e, f = roundtrip(nil, false, 2^53 + 2, -1.25, "a\0b", {1, {2, {3}}, k = {x = true}})
     assert.is_nil(a)

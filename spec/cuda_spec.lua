@@ -24,7 +24,7 @@ local function fails_with(fn, text)
   return msg
 end
 
-describe("CUDA without a GPU", function()
+describe("CUDA without a GPU #world", function()
   if has_gpu then
     pending("this machine has a GPU: bench/gpu checks the GPU side")
     return
@@ -102,7 +102,7 @@ describe("CUDA without a GPU", function()
   end)
 end)
 
-describe("device_maps and devices", function()
+describe("device_maps and devices #unit", function()
   local function init_with(o)
     return function()
       rpc.init_rpc("w", {rank = 0, world_size = 1, rpc_backend_options = rpc.TensorPipeRpcBackendOptions(o)})
@@ -138,7 +138,7 @@ describe("device_maps and devices", function()
   end)
 end)
 
-describe("the nccl backend", function()
+describe("the nccl backend #unit", function()
   it("says why it cannot start here", function()
     if has_gpu then return pending("this machine has a GPU") end
     local msg = fails_with(function()
@@ -149,7 +149,7 @@ describe("the nccl backend", function()
   end)
 end)
 
-describe("bench/gpu's kernel check", function()
+describe("bench/gpu's kernel check #world", function()
   it("runs its checks with the CPU standing in for the GPU (--dry-run)", function()
     local r = S.run({"bench/gpu_check.lua", "--dry-run"}, {timeout = 120})
     assert.are.equal(0, r.status, r.out .. r.err)

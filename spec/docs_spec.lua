@@ -83,7 +83,7 @@ local function names_after(prefix, list)
   return found
 end
 
-describe("the documentation", function()
+describe("the documentation #world", function()
   it("runs every block marked runnable and prints what its comments promise", function()
     local ran = 0
     for _, path in ipairs(all_docs) do
@@ -108,7 +108,9 @@ describe("the documentation", function()
     end
     assert.is_true(ran >= 10, "only " .. ran .. " runnable blocks found")
   end)
+end)
 
+describe("the documentation #unit", function()
   it("names only what exists, and names every public function of each documented table", function()
     local checked, problems = 0, {}
     for _, path in ipairs(pages) do

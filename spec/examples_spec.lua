@@ -20,7 +20,7 @@ local function example(n, name, args, env)
   return r.out
 end
 
-describe("examples", function()
+describe("examples #world", function()
   it("parameter_server: the CNN learns the digits through the server; a missing data file names the package", function()
     local out = example(2, "parameter_server/main.lua", {"--epochs", "2"})
     local acc = out:match("accuracy ([%d%.]+)")

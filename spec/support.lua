@@ -9,20 +9,49 @@ local S = {}
 S.bin = os.getenv("RPCHOST_BIN") or core.exepath()
 S.root = os.getenv("RPCHOST_SOURCE_DIR") or "."
 
+-- The spec's scratch directory; a process the spec started that loads this
+-- file (a world script requiring spec.wire) shares it instead of making its own.
 local tmp_counter = 0
-local tmpdir = (os.getenv("TMPDIR") or "/tmp") .. ("/rpchost-spec-%d"):format(core.getpid())
-os.execute("mkdir -p " .. tmpdir)
+local tmpdir = os.getenv("RPCHOST_SPEC_TMPDIR") or
+  (os.getenv("TMPDIR") or "/tmp") .. ("/rpchost-spec-%d"):format(core.getpid())
+if not os.getenv("RPCHOST_SPEC_TMPDIR") then os.execute("mkdir -p " .. tmpdir) end
 S.tmpdir = tmpdir
 
--- Writes `text` to a fresh file and returns its path.
+-- Writes `text` to a fresh file and returns its path (the text is remembered:
+-- a process started on the file has it as its result's .script).
+local written = {}
 function S.write(text, name)
   tmp_counter = tmp_counter + 1
   local path = ("%s/%s"):format(tmpdir, name or ("script%d.lua"):format(tmp_counter))
   local f = assert(io.open(path, "w"))
   f:write(text)
   f:close()
+  written[path] = text
   return path
 end
+
+-- The one way a spec waits for something to happen: wait_until(cond, timeout,
+-- what[, every]) calls cond every `every` s (default 0.01) while the loop runs,
+-- and returns its first true value; past `timeout` s it raises an error naming
+-- `what` (a string, or a function called then, for the state worth showing).
+-- World scripts have it too: it is in S.prelude, from this same text.
+local WAIT_UNTIL = [==[
+local function wait_until(cond, timeout, what, every)
+  local sched = require "rpchost.sched"
+  local deadline = sched.now() + timeout
+  while true do
+    local v = cond()
+    if v then return v end
+    local left = deadline - sched.now()
+    if left <= 0 then
+      if type(what) == "function" then what = what() end
+      error(("waited %g s in vain for %s"):format(timeout, tostring(what)), 2)
+    end
+    sched.sleep(math.min(every or 0.01, left))
+  end
+end
+]==]
+S.wait_until = assert(loadstring(WAIT_UNTIL .. "return wait_until", "=spec/support.lua:wait_until"))()
 
 -- A port nothing listens on right now.
 function S.free_port()
@@ -35,6 +64,7 @@ end
 local function merged_env(extra, unset)
   local e = core.environ()
   for _, k in ipairs(unset or {}) do e[k] = nil end
+  e.RPCHOST_SPEC_TMPDIR = tmpdir
   for k, v in pairs(extra or {}) do e[k] = tostring(v) end
   local l = {}
   for k, v in pairs(e) do l[#l + 1] = k .. "=" .. v end
@@ -70,6 +100,7 @@ function S.start(args, opts)
   assert(p, err)
   h.proc = p
   h.pid = p:pid()
+  for _, a in ipairs(args) do h.script = h.script or written[a] end -- (for S.assert_checks)
   function h:wait(timeout)
     timeout = timeout or 60
     local deadline = sched.now() + timeout
@@ -81,10 +112,11 @@ function S.start(args, opts)
     if not self.done then
       self.timed_out = true
       core.kill(self.pid, core.SIGKILL)
-      while not self.done do sched.sleep(0.01) end
+      S.wait_until(function() return self.done end, 10, "process " .. self.pid .. " to end after SIGKILL")
     end
     return {status = self.status, signal = self.signal, out = table.concat(self.out),
-            err = table.concat(self.err), elapsed = self.elapsed, timed_out = self.timed_out or false}
+            err = table.concat(self.err), elapsed = self.elapsed, timed_out = self.timed_out or false,
+            script = self.script}
   end
   function h:kill(sig) core.kill(self.pid, sig or core.SIGTERM) end
   return h
@@ -153,6 +185,119 @@ function S.assert_oks(r, lines, names)
   assert.is_nil(r.out:find("FAIL", 1, true), r.out)
 end
 
+-- The string literal that starts at text[i] ("...", '...' or [=[...]=]): its
+-- value and the position after it; nil where none starts there.
+local function literal_at(text, i)
+  local q = text:sub(i, i)
+  local j
+  if q == '"' or q == "'" then
+    j = i + 1
+    while j <= #text do
+      local c = text:sub(j, j)
+      if c == "\\" then j = j + 1 elseif c == q then break elseif c == "\n" then return nil end
+      j = j + 1
+    end
+  else
+    local eq = text:match("^%[(=*)%[", i)
+    if not eq then return nil end
+    local _, e = text:find("]" .. eq .. "]", i, true)
+    j = e
+  end
+  if not j or j > #text then return nil end
+  local f = loadstring("return " .. text:sub(i, j))
+  return f and f(), j + 1
+end
+
+-- The checks a world script makes, as its text names them: the literal first
+-- argument of every check("<name>", ...) call (names), and the literal start
+-- of every name built at run time, check("<start>" .. x, ...) (starts). A call
+-- whose first argument starts with no literal names nothing here.
+function S.check_names(text)
+  local names, starts, seen = {}, {}, {}
+  local pos = 1
+  while true do
+    local s, e = text:find("check%s*%(%s*", pos)
+    if not s then break end
+    pos = e + 1
+    if not text:sub(s - 1, s - 1):match("[%w_.:]") then
+      local name, after = literal_at(text, e + 1)
+      if type(name) == "string" then
+        local list = text:find("^%s*%.%.", after) and starts or names
+        if not seen[list] then seen[list] = {} end
+        if not seen[list][name] then seen[list][name] = true; list[#list + 1] = name end
+      end
+    end
+  end
+  return names, starts
+end
+
+-- The names of the checks that printed "ok <name>" in stdout text (a line may
+-- carry the launcher's --prefix): a list, and a set by name.
+local function oks_in(out)
+  local oks = {}
+  for line in out:gmatch("[^\n]+") do
+    local name = line:gsub("^%[rank%d+%]: ", ""):match("^ok (.*)$")
+    if name then oks[#oks + 1] = name; oks[name] = true end
+  end
+  return oks
+end
+
+-- Each world check is named once, in its script: every check the script's
+-- text names (S.check_names) printed "ok <name>", and no check printed FAIL.
+-- r: what S.world, S.run or a handle's wait returned, whose .script is the
+-- script it ran (any file S.write made), or results by rank (S.by_hand's, or a
+-- spec's own table of them), where opts.on is the rank (or list of ranks)
+-- whose stdout must hold every ok; no rank may print FAIL. opts.times: how
+-- many times each check named in full must print ok in each of those outputs
+-- (a check every rank of a launcher's world makes: the world's size); without
+-- it, at least once. opts.script: the script's text, where the results do not
+-- carry it.
+function S.assert_checks(r, opts)
+  opts = opts or {}
+  local by_rank = r.out == nil
+  local results = by_rank and r or {r}
+  local on = by_rank and opts.on or 1
+  assert(on ~= nil, "S.assert_checks: results by rank need opts.on, the rank(s) whose output holds the checks")
+  on = type(on) == "table" and on or {on}
+  local script = opts.script
+  for _, res in pairs(results) do script = script or res.script end
+  assert(script, "S.assert_checks: no script text (pass opts.script)")
+  local names, starts = S.check_names(script)
+  assert(#names + #starts > 0, "S.assert_checks: the script names no check")
+  local function all_output()
+    local t = {}
+    for k, res in pairs(results) do
+      t[#t + 1] = ("%s\nstdout:\n%s\nstderr:\n%s"):format(by_rank and ("rank " .. tostring(k)) or "", res.out,
+        res.err)
+    end
+    return table.concat(t, "\n")
+  end
+  for k, res in pairs(results) do
+    assert.is_nil(res.out:find("FAIL", 1, true), ("a check failed%s:\n%s\nstderr:\n%s"):format(
+      by_rank and (" on rank " .. tostring(k)) or "", res.out, res.err))
+  end
+  for _, k in ipairs(on) do
+    local res = results[k]
+    assert(res, "S.assert_checks: no result for rank " .. tostring(k))
+    local oks = oks_in(res.out)
+    local where = by_rank and (" on rank " .. tostring(k)) or ""
+    for _, name in ipairs(names) do
+      assert.is_true(oks[name] == true, ("missing 'ok %s'%s\n%s"):format(name, where, all_output()))
+      if opts.times then
+        local n = 0
+        for _, ok in ipairs(oks) do if ok == name then n = n + 1 end end
+        assert.are.equal(opts.times, n, ("'ok %s' %d times%s, not %d\n%s"):format(name, n, where, opts.times,
+          all_output()))
+      end
+    end
+    for _, start in ipairs(starts) do
+      local found = false
+      for _, name in ipairs(oks) do found = found or name:sub(1, #start) == start end
+      assert.is_true(found, ("no 'ok %s...'%s\n%s"):format(start, where, all_output()))
+    end
+  end
+end
+
 -- Compares the gradients of sum(f(inputs) * w) with central differences (the
 -- inputs float64 tensors; w random, fixed by a seed). Raises naming the element.
 function S.gradcheck(name, f, inputs, tol)
@@ -189,8 +334,9 @@ end
 S.sleep = sched.sleep
 S.now = sched.now
 
--- A prelude for world scripts: rank, world size, and a check helper that
--- prints "ok <name>" or "FAIL <name>: <why>".
+-- A prelude for world scripts: rank, world size, a check helper that prints
+-- "ok <name>" or "FAIL <name>: <why>" (S.assert_checks reads what they name),
+-- and wait_until (as S.wait_until, inside the world script).
 S.prelude = [==[
 local rpc = require "rpc"
 local dist = require "dist"
@@ -202,6 +348,6 @@ local function raises(fn, ...)
   local ok, e = pcall(fn, ...)
   return not ok, e
 end
-]==]
+]==] .. WAIT_UNTIL
 
 return S
