@@ -10,6 +10,7 @@ local env = require "rpchost.env"
 local log = require "rpchost.log"
 local store = require "rpchost.store"
 local agentmod = require "rpchost.rpc.agent"
+local callee = require "rpchost.rpc.callee"
 local channels = require "rpchost.rpc.channels"
 local device_maps = require "rpchost.rpc.device_maps"
 local Future = require "rpchost.future"
@@ -439,7 +440,7 @@ function rpc.functions.async_execution(fn)
     error(errors.new("config", "async_execution expects a function"), 2)
   end
   local wrapped = function(...) return fn(...) end
-  agentmod.async_functions[wrapped] = true
+  callee.mark_async(wrapped)
   return wrapped
 end
 

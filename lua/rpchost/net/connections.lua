@@ -1,8 +1,14 @@
--- rpchost.net.connections: an agent's connections (part of rpchost.rpc.agent).
+-- rpchost.net.connections: an endpoint's connections (rpchost.rpc.agent composes them).
 --
 -- Listening (TCP and the Unix-domain socket), dialling peers, the handshake
 -- (HELLO, ACK, the token proof), a peer's state as its connections come and go,
 -- and the dispatch of every arriving frame to the calls or the mailbox.
+--
+-- Its functions take the endpoint (the agent: its peers, conns, lost, early
+-- frames) as their first argument and call one another directly. What stands
+-- outside this file they reach only through the endpoint's callbacks, a table
+-- given at its construction (ep.cb, holding at least M.CALLBACKS), each called
+-- as cb.name(ep, ...): this layer never calls the rpc layer by a method name.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local codec = require "rpchost.wire.codec"
@@ -23,6 +29,38 @@ local RING = os.getenv("RPCHOST_SHM_RING") ~= "0"
 
 local C = {}
 
+-- The callbacks an endpoint gives these connections (ep.cb):
+C.CALLBACKS = {
+  "on_request",     -- (ep, to, id, body, segs): a request frame; to is its connection
+  "on_response",    -- (ep, id, flags, body, segs, from): a reply frame; from is its connection's state
+  "reply_failed",   -- (ep, id, rank, err): a reply from rank could not be read: its call fails
+  "send_reply",     -- (ep, to, id, {ok, ...}): answers a request that could not be read
+  "complete_error", -- (ep, id, err): a call failed (its peer is lost, its request refused)
+  "on_message",     -- (ep, rank, body, segs): a mailbox message frame
+  "fail_receivers", -- (ep, rank, err): rank is lost: who waits for its messages fails
+  "post",           -- (ep, rank, key, ...): a one-way message (shared memory's acknowledgements)
+  "learn",          -- (ep, rank): looks a member that joined later up in the store
+}
+
+-- A message must fit one frame (RPCHOST_MAX_FRAME, the same limit every rank
+-- reads): one that would not is refused before a byte is sent, so it cannot jam
+-- its connection, with its size and the limit. nil when it fits.
+local frame_limit, frame_header
+function C.too_big(what, body, segs)
+  if not frame_limit then
+    local st = core.net_stats()
+    frame_limit, frame_header = st.max_frame, st.frame_header
+  end
+  local n = frame_header + #body + 8 * #segs
+  for i = 1, #segs do
+    local s = segs[i]
+    n = n + (type(s) == "string" and #s or core.t_nbytes(s))
+  end
+  if n <= frame_limit then return nil end
+  return ("%s is %.0f bytes, more than the largest message a worker sends or accepts (%.0f bytes); " ..
+    "send it in parts, or raise RPCHOST_MAX_FRAME on every worker"):format(what, n, frame_limit)
+end
+
 -- listening --------------------------------------------------------------------
 -- What both listeners do with a connection. A Unix-domain peer of another user
 -- is refused before anything it sends is read (the kernel tells us its uid).
@@ -38,8 +76,8 @@ local function listener_callbacks(self)
       end
       self.conns[conn] = {incoming = true}
     end,
-    frame = function(conn, ftype, flags, id, body, segs) self:on_frame(conn, ftype, flags, id, body, segs) end,
-    close = function(conn, ...) self:on_conn_close(conn, ...) end,
+    frame = function(conn, ftype, flags, id, body, segs) C.on_frame(self, conn, ftype, flags, id, body, segs) end,
+    close = function(conn, ...) C.on_conn_close(self, conn, ...) end,
   }
 end
 
@@ -64,11 +102,11 @@ function C:listen_near(store_client, loopback)
   -- (what proves our connections: the world's token or secret, as the store's did)
   self.cred = store_client.cred
   if loopback then
-    self:listen("127.0.0.1")
-    if self.local_sockets then self:listen_local() end
+    C.listen(self, "127.0.0.1")
+    if self.local_sockets then C.listen_local(self) end
     return "127.0.0.1"
   end
-  self:listen("0.0.0.0")
+  C.listen(self, "0.0.0.0")
   return store_client.conn:local_addr() or "127.0.0.1"
 end
 
@@ -119,7 +157,7 @@ function C:dial(p)
         -- its socket, where the kernel vouches for the user at the other end;
         -- TCP has no such word, so a refused socket is a peer gone, not a
         -- reason to try a port someone else may hold now.
-        self:peer_lost(p, c, ("cannot connect to %s (rank %d) at its Unix-domain socket %s: %s"):format(
+        C.peer_lost(self, p, c, ("cannot connect to %s (rank %d) at its Unix-domain socket %s: %s"):format(
           p.name, p.rank, p.unix, cerr))
       elseif cerr and unix then
         -- (a stale or unreachable socket file: TCP reaches the same peer)
@@ -128,19 +166,19 @@ function C:dial(p)
         local st = self.conns[c]
         if st then st.replaced = true end -- its close is expected: no warning, no loss
         if p.dialling == c then p.dialling = nil end
-        self:dial(p)
+        C.dial(self, p)
       elseif cerr then
-        self:peer_lost(p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
+        C.peer_lost(self, p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
           p.name, p.rank, p.ip, p.port, cerr))
       else
         c:send(proto.HELLO, 0, 0, hello_body(self, c, p, unix))
       end
     end,
-    frame = function(c, ftype, flags, id, body, segs) self:on_frame(c, ftype, flags, id, body, segs) end,
-    close = function(c, ...) self:on_conn_close(c, ...) end,
+    frame = function(c, ftype, flags, id, body, segs) C.on_frame(self, c, ftype, flags, id, body, segs) end,
+    close = function(c, ...) C.on_conn_close(self, c, ...) end,
   })
   if not conn then
-    self:peer_lost(p, nil, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
+    C.peer_lost(self, p, nil, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
       p.name, p.rank, p.ip, p.port, tostring(err)))
     return
   end
@@ -164,7 +202,7 @@ function C:peer_ready(p, conn)
     if not ok then
       log.warn("a frame to %s could not be sent: %s", p.name, tostring(err))
       if m[1] == proto.REQUEST then
-        self:complete_error(m[3], errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name,
+        self.cb.complete_error(self, m[3], errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name,
           tostring(err)), {worker = p.name, rank = p.rank}))
       end
     end
@@ -187,7 +225,7 @@ function C:send(p, ftype, flags, id, body, segs)
   end
   trace.frame_bytes(p.name, true, body, segs)
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
-  if p.state == "none" then self:connect_soon(p) end
+  if p.state == "none" then C.connect_soon(self, p) end
 end
 
 -- Dials p now, or once the time it gave us to dial it ourselves is up. (Apart
@@ -201,10 +239,10 @@ function C:connect_soon(p)
     -- (the peer is dialling us: its connection will carry this too)
     p.state = "awaiting"
     sched.after(wait, function()
-      if p.state == "awaiting" then p.state = "none"; self:dial(p) end
+      if p.state == "awaiting" then p.state = "none"; C.dial(self, p) end
     end)
   else
-    self:dial(p)
+    C.dial(self, p)
   end
 end
 
@@ -221,7 +259,7 @@ end
 -- How segments dropped from the pool are announced to p: made once per peer
 -- (apart from send_shm, which a closure would keep LuaJIT from compiling).
 local function shm_drop_of(self, p)
-  p.shm_drop = function(sid) pcall(self.post, self, p.rank, "!shm_drop", sid) end
+  p.shm_drop = function(sid) pcall(self.cb.post, self, p.rank, "!shm_drop", sid) end
   return p.shm_drop
 end
 
@@ -248,7 +286,7 @@ function C:gone(r)
     return (tostring(self.lost[r].message or self.lost[r]):gsub("^.- is unreachable: ", ""))
   end
   p.probed = true
-  self:dial(p)
+  C.dial(self, p)
   return nil
 end
 
@@ -261,13 +299,13 @@ function C:peer_lost(p, conn, why, kind)
   p.queue = {}
   shm.forget(p) -- the peer is gone: nothing will read our segments, nor send in its
   if self.state == "closed" then return end
-  self:fail_receivers(p.rank, errors.new(kind or "unreachable",
+  self.cb.fail_receivers(self, p.rank, errors.new(kind or "unreachable",
     ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why), {worker = p.name, rank = p.rank}))
   local ids = {}
   for id in pairs(p.pending) do ids[#ids + 1] = id end
   table.sort(ids)
   for _, id in ipairs(ids) do
-    self:complete_error(id, errors.new(kind or "unreachable",
+    self.cb.complete_error(self, id, errors.new(kind or "unreachable",
       ("%s (rank %d) is unreachable: %s"):format(p.name, p.rank, why),
       {worker = p.name, rank = p.rank}))
   end
@@ -299,7 +337,7 @@ function C:on_conn_close(conn, status, msg, peer_version)
   if not st or not st.rank then return end
   local p = self.peers[st.rank]
   if not p then return end
-  self:conn_gone(p, conn, msg, peer_version, 0)
+  C.conn_gone(self, p, conn, msg, peer_version, 0)
 end
 
 -- p's connection `conn` is gone: another one takes over, or p is lost.
@@ -310,20 +348,20 @@ end
 -- the peer lost.
 function C:conn_gone(p, conn, msg, peer_version, waited)
   if p.conn ~= conn and p.dialling ~= conn then return end
-  if self:take_over(p) then return end
+  if C.take_over(self, p) then return end
   if (peer_version == nil or peer_version == 0) and waited < 5 and self.state == "running" then
     for c, s in pairs(self.conns) do
       if c:is_open() and not s.ready and (s.rank == p.rank or s.rank == nil) then
-        sched.after(0.05, function() self:conn_gone(p, conn, msg, peer_version, waited + 1) end)
+        sched.after(0.05, function() C.conn_gone(self, p, conn, msg, peer_version, waited + 1) end)
         return
       end
     end
   end
   if peer_version and peer_version ~= 0 then
-    self:peer_lost(p, conn, ("protocol version mismatch: it speaks rpchost protocol %d, this " ..
+    C.peer_lost(self, p, conn, ("protocol version mismatch: it speaks rpchost protocol %d, this " ..
       "rank speaks %d"):format(peer_version, core.protocol_version), "protocol")
   else
-    self:peer_lost(p, conn, msg and ("connection lost (" .. msg .. ")") or
+    C.peer_lost(self, p, conn, msg and ("connection lost (" .. msg .. ")") or
       "its connection closed (the process may have exited or died)")
   end
 end
@@ -403,7 +441,7 @@ function C:on_auth(conn, body)
   st.proven, st.offers = true, offers
   st.shm = self.shm and conn:is_local() and offers.shm == true
   -- the rings (one memory file, passed with the verdict), when both want them
-  local ring = RING and offers.ring == true and conn:is_local() and self:ring_offer()
+  local ring = RING and offers.ring == true and conn:is_local() and C.ring_offer(self)
   local ready = auth.server_ready(st.hs, {cma = cma.offer(conn, self.cma), shm = st.shm,
                                           ring = ring and ring:inode() or nil})
   st.hs = nil
@@ -419,7 +457,7 @@ function C:on_auth(conn, body)
       return conn:close()
     end
   end
-  self:bind(conn)
+  C.bind(self, conn)
 end
 
 -- A proven incoming connection takes its place as its peer's, once this rank
@@ -435,10 +473,10 @@ function C:bind(conn)
     -- a member that joined after us: learn it from the store, then go on
     st.learning = true
     sched.spawn(function()
-      pcall(self.learn, self, claim)
+      pcall(self.cb.learn, self, claim)
       st.learning = false
-      self:bind(conn)
-      self:release_early()
+      C.bind(self, conn)
+      C.release_early(self)
     end, {name = "learn member"})
     return
   end
@@ -451,7 +489,7 @@ function C:bind(conn)
   local o = st.offers
   p.reads_peer, p.writes_peer = cma.accept(o.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and o.cma.pid or nil
-  self:accepted(p, conn)
+  C.accepted(self, p, conn)
 end
 
 -- A new pair of rings to offer, or nil (then the socket carries everything).
@@ -478,13 +516,13 @@ function C:accepted(p, conn)
   p.inc = st.inc
   if p.state ~= "ready" then
     if p.dialling then p.dialling = nil end
-    self:peer_ready(p, conn)
+    C.peer_ready(self, p, conn)
   end
 end
 
 -- A handshake that cannot go on: the peer is lost (why, of kind) and conn closed.
 function C:refuse(p, conn, why, kind)
-  self:peer_lost(p, conn, why, kind)
+  C.peer_lost(self, p, conn, why, kind)
   conn:close()
 end
 
@@ -513,9 +551,9 @@ function C:on_hello_ack(conn, body)
   local st, p, ok, a = client_step(self, conn, body, acking, "reply")
   if not st then return end
   local s, why, kind = auth.client_ack(st.hs, ok and a or nil)
-  if not s then return self:refuse(p, conn, why, kind) end
+  if not s then return C.refuse(self, p, conn, why, kind) end
   if s.rank ~= p.rank or s.name ~= p.name then
-    return self:refuse(p, conn, ("the process at %s:%d answered as %s (rank %s): not the rank dialled (a stale " ..
+    return C.refuse(self, p, conn, ("the process at %s:%d answered as %s (rank %s): not the rank dialled (a stale " ..
       "address?)"):format(p.ip, p.port, tostring(s.name), tostring(s.rank)), "auth")
   end
   st.acked, st.peer_inc = true, s.inc
@@ -528,13 +566,13 @@ function C:on_ready(conn, body)
   local st, p, ok, a = client_step(self, conn, body, readying, "verdict")
   if not st then return end
   local o, why = auth.client_ready(st.hs, ok and a or nil)
-  if not o then return self:refuse(p, conn, why, "auth") end
+  if not o then return C.refuse(self, p, conn, why, "auth") end
   conn:prove()
   st.hs, st.proven = nil, true
   if o.ring ~= nil then
-    local rok, rwhy = self:ring_take(conn, o.ring)
+    local rok, rwhy = C.ring_take(self, conn, o.ring)
     if not rok then
-      return self:refuse(p, conn, "cannot map its shared-memory ring: " .. tostring(rwhy), "protocol")
+      return C.refuse(self, p, conn, "cannot map its shared-memory ring: " .. tostring(rwhy), "protocol")
     end
   end
   st.ready, st.inc, p.inc = true, st.peer_inc, st.peer_inc
@@ -542,7 +580,7 @@ function C:on_ready(conn, body)
   p.reads_peer, p.writes_peer = cma.accept(o.cma, conn, self.cma)
   p.cma_pid = p.reads_peer and type(o.cma) == "table" and o.cma.pid or nil
   st.shm = self.shm and conn:is_local() and o.shm == true
-  self:peer_ready(p, conn)
+  C.peer_ready(self, p, conn)
 end
 
 -- Segments of a frame: copied out of the sender's shared memory when they are a
@@ -555,7 +593,7 @@ function C:segments(conn, flags, segs)
   local answer = p.shm_answer
   if not answer then
     answer = function(sid)
-      if self.state ~= "closed" then pcall(self.post, self, p.rank, "!shm_ack", sid) end
+      if self.state ~= "closed" then pcall(self.cb.post, self, p.rank, "!shm_ack", sid) end
     end
     p.shm_answer = answer
   end
@@ -594,8 +632,8 @@ function C:release_early()
   local paused = self.early_paused
   self.early_paused = {}
   for _, f in ipairs(early) do
-    if type(f[1]) == "function" then self:on_request(f[1], f[4], f[5], f[6])
-    elseif f[1]:is_open() then self:on_frame(f[1], f[2], f[3], f[4], f[5], f[6]) end
+    if type(f[1]) == "function" then self.cb.on_request(self, f[1], f[4], f[5], f[6])
+    elseif f[1]:is_open() then C.on_frame(self, f[1], f[2], f[3], f[4], f[5], f[6]) end
   end
   for conn in pairs(paused) do
     if not self.early_paused[conn] and conn:is_open() then conn:resume() end
@@ -609,8 +647,8 @@ function C:bind_all()
   for conn, st in pairs(self.conns) do
     if st.proven and not st.rank then list[#list + 1] = conn end
   end
-  for _, conn in ipairs(list) do self:bind(conn) end
-  self:release_early()
+  for _, conn in ipairs(list) do C.bind(self, conn) end
+  C.release_early(self)
 end
 
 -- Every frame of a connection arrives here. Its gate (host/net) already let
@@ -625,36 +663,36 @@ function C:on_frame(conn, ftype, flags, id, body, segs)
     log.warn("closing a connection that sent a frame out of turn (type %d)", ftype)
     return conn:close()
   end
-  if ftype == proto.HELLO then return self:on_hello(conn, body) end
-  if ftype == auth.AUTH_FRAME then return self:on_auth(conn, body) end
-  if ftype == proto.HELLO_ACK then return self:on_hello_ack(conn, body) end
-  if ftype == auth.READY_FRAME then return self:on_ready(conn, body) end
+  if ftype == proto.HELLO then return C.on_hello(self, conn, body) end
+  if ftype == auth.AUTH_FRAME then return C.on_auth(self, conn, body) end
+  if ftype == proto.HELLO_ACK then return C.on_hello_ack(self, conn, body) end
+  if ftype == auth.READY_FRAME then return C.on_ready(self, conn, body) end
   -- (a frame without segments, nearly every small one, shares the read-only
   -- empty list)
   segs = segs or codec.EMPTY
   if not (cst.ready and (self.ready or ftype == proto.RESPONSE)) then
-    if cst.proven then return self:hold(conn, ftype, flags, id, body, segs) end
+    if cst.proven then return C.hold(self, conn, ftype, flags, id, body, segs) end
     log.warn("closing a connection that sent a frame (type %d) before its handshake", ftype)
     return conn:close()
   end
   if shm.has_flag(flags) then
-    local ok, got = pcall(self.segments, self, conn, flags, segs)
+    local ok, got = pcall(C.segments, self, conn, flags, segs)
     if not ok then
       log.warn("%s", tostring(got))
-      local call = ftype == proto.RESPONSE and self.pending[id]
-      if call and call.peer.rank == cst.rank then
-        self:complete_error(id, errors.new("unreachable", tostring(got)))
+      if ftype == proto.RESPONSE then
+        self.cb.reply_failed(self, id, cst.rank, errors.new("unreachable", tostring(got)))
       elseif ftype == proto.REQUEST then
-        self:send_reply(conn, id, {false, tostring(got), n = 2})
+        self.cb.send_reply(self, conn, id, {false, tostring(got), n = 2})
       end
       return
     end
-    return self:on_frame(conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
+    return C.on_frame(self, conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
   end
   trace.frame_bytes(self.peers[cst.rank].name, false, body, segs)
-  if ftype == proto.RESPONSE then return self:on_response(id, flags, body, segs, cst) end
-  if ftype == proto.REQUEST then return self:on_request(conn, id, body, segs) end
-  if ftype == proto.MESSAGE then return self:on_message(cst.rank, body, segs) end
+  local cb = self.cb
+  if ftype == proto.RESPONSE then return cb.on_response(self, id, flags, body, segs, cst) end
+  if ftype == proto.REQUEST then return cb.on_request(self, conn, id, body, segs) end
+  if ftype == proto.MESSAGE then return cb.on_message(self, cst.rank, body, segs) end
   log.warn("closing a connection that sent an unknown frame type %d", ftype)
   conn:close()
 end

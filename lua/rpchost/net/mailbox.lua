@@ -1,9 +1,14 @@
--- rpchost.net.mailbox: an agent's mailbox (part of rpchost.rpc.agent).
+-- rpchost.net.mailbox: an endpoint's mailbox (rpchost.rpc.agent composes it).
 --
 -- One-way keyed messages between ranks: what the collectives, shared-memory
 -- acknowledgements and membership notices travel as. post sends; receive waits
 -- (bounded) for a key from a rank and fails at once when that rank is lost or
 -- the group is aborted.
+--
+-- Its functions take the endpoint (the agent: its mail, mail_waiters,
+-- mail_watch, lost) as their first argument and call one another directly;
+-- what stands outside this file they reach only through the endpoint's
+-- callbacks (ep.cb, given at its construction, holding at least M.CALLBACKS).
 local sched = require "rpchost.sched"
 local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
@@ -14,6 +19,14 @@ local shm = require "rpchost.net.shm"
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 
 local C = {}
+
+-- The callbacks an endpoint gives its mailbox (ep.cb):
+C.CALLBACKS = {
+  "peer_of",        -- (ep, rank) -> peer: the peer a message goes to (raises when there is none)
+  "send",           -- (ep, peer, ftype, flags, id, body, segs) -> taken: sends a frame (connections)
+  "peer_lost",      -- (ep, peer, conn, why): a dynamic member left (connections)
+  "cancel_request", -- (ep, rank, id): rank's caller stopped waiting for call id (the callee)
+}
 
 -- The codec's contexts of the messages posted and received: one each, reused
 -- (their values travel in no autograd context, with no device map, and a
@@ -28,14 +41,14 @@ local NO_MAIL = {} -- (an empty mailbox, never written)
 -- receive(rank, key, timeout): the values posted by rank under key, waiting for
 -- them; fails at once if that rank is lost or the wait is aborted.
 function C:post(rank, key, ...)
-  local p = self:peer_of(rank)
+  local p = self.cb.peer_of(self, rank)
   local out = mail_out
   out.dest = p.rank
   local body, segs = enc_msg(out, "message", key, ...)
   if p.rank == self.rank then
-    self:on_message(self.rank, body, segs)
+    C.on_message(self, self.rank, body, segs)
   else
-    local taken = self:send(p, proto.MESSAGE, 0, 0, body, segs)
+    local taken = self.cb.send(self, p, proto.MESSAGE, 0, 0, body, segs)
     sched.expect_soon()
     return taken
   end
@@ -46,7 +59,7 @@ end
 local function has_prefix(key, prefix) return key:find(prefix, 1, true) == 1 end
 
 function C:on_message(src, body, segs)
-  return self:message_decoded(src, body, pcall(dec_msg, mail_in, body, segs))
+  return C.message_decoded(self, src, body, pcall(dec_msg, mail_in, body, segs))
 end
 
 -- The key of a message whose values did not decode: its first value, a string
@@ -79,7 +92,7 @@ function C:message_decoded(src, body, ok, key, ...)
   mail_in.unconfirmed = false -- (a message's UserRRefs wait for no confirmation: nothing keeps them here)
   if not ok then return malformed(self, src, body, tostring(key)) end
   if type(key) == "string" and key:byte(1) ~= 33 then -- (not "!...": a collective's or a user's)
-    return self:deliver(src, key, {n = select("#", ...), ...})
+    return C.deliver(self, src, key, {n = select("#", ...), ...})
   end
   local r = {n = select("#", ...) + 2, true, key, ...}
   if key == "!shm_ack" or key == "!shm_drop" then
@@ -89,7 +102,7 @@ function C:message_decoded(src, body, ok, key, ...)
   end
   if key == "!cancel" then
     -- a caller stopped waiting for its call r[3]: drop it if it is still queued
-    if type(r[3]) == "number" then self:cancel_request(src, r[3]) end
+    if type(r[3]) == "number" then self.cb.cancel_request(self, src, r[3]) end
     return
   end
   if key == "!reborn" then
@@ -109,7 +122,7 @@ function C:message_decoded(src, body, ok, key, ...)
     local p = self.peers[src]
     if p then
       p.left = true
-      self:peer_lost(p, nil, "it left the world")
+      self.cb.peer_lost(self, p, nil, "it left the world")
       self.peers[src] = nil
       if self.by_name[p.name] == p then self.by_name[p.name] = nil end
     end
@@ -117,11 +130,11 @@ function C:message_decoded(src, body, ok, key, ...)
   end
   if key == "!abort" then
     -- a peer found the group out of step: every wait of ours fails with its reason
-    self:abort_receivers(r[3])
+    C.abort_receivers(self, r[3])
     return
   end
   local n = r.n
-  return self:deliver(src, key, {n = n - 2, unpack(r, 3, n)})
+  return C.deliver(self, src, key, {n = n - 2, unpack(r, 3, n)})
 end
 
 -- Takes the message under key out of box, keeping the count of stored messages.
@@ -252,10 +265,10 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
     if self.aborted and not past_abort then error(self.aborted, 0) end
     if self.lost[rank] then error(self.lost[rank], 0) end
     if prefix and not watch then watch = {prefix = prefix, key = key} end -- (once, and only to wait)
-    self:wait_mail(rank, key, me, watch)
+    C.wait_mail(self, rank, key, me, watch)
     local left = deadline and deadline - sched.now() or nil
     local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
-    self:unwait_mail(rank, key, me)
+    C.unwait_mail(self, rank, key, me)
     if not woke then
       error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
         what or "a message", rank), {rank = rank}), 0)

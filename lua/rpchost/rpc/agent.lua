@@ -6,10 +6,16 @@
 -- requests. A peer whose connection drops fails every call pending on it at once
 -- with kind "unreachable"; the next call dials again.
 --
--- The agent's parts live in files of their own: rpchost.net.connections (connections
--- and the handshake), rpchost.rpc.calls (calls, requests and replies) and
--- rpchost.net.mailbox (the mailbox the collectives use); this file makes an agent,
--- resolves targets and shuts it down.
+-- The agent is composed of parts in files of their own, named below where the
+-- agent takes their methods (the end of this file): the caller half
+-- (rpchost.rpc.caller: calls out and their replies), the callee half
+-- (rpchost.rpc.callee: requests in, their handlers and replies), the
+-- connections (rpchost.net.connections: listening, dialling, the handshake,
+-- sending, arriving frames) and the mailbox (rpchost.net.mailbox: the keyed
+-- messages the collectives use). Each part's functions take the agent, whose
+-- table holds the state they share; the net parts reach the rpc layer only
+-- through the callbacks an agent is given at its construction (a.cb). This file
+-- makes an agent, resolves targets and shuts it down.
 --
 -- A world's static ranks are known from its directory (rpchost.store's gather:
 -- every rank's record, read once at start in one piece; rpchost.wire.directory). A
@@ -23,7 +29,10 @@ local errors = require "rpchost.errors"
 local WorkerInfo = require "rpchost.wire.workerinfo"
 local cma = require "rpchost.net.cma"
 local shm = require "rpchost.net.shm"
-local calls = require "rpchost.rpc.calls"
+local connections = require "rpchost.net.connections"
+local mailbox = require "rpchost.net.mailbox"
+local caller = require "rpchost.rpc.caller"
+local callee = require "rpchost.rpc.callee"
 local directory = require "rpchost.wire.directory"
 
 local M = {}
@@ -73,8 +82,11 @@ function M.max_queued(v)
   return v
 end
 
+local CALLBACKS -- (what the net parts call outside themselves: made below, with the class)
+
 function M.new(o)
   local a = setmetatable({
+    cb = CALLBACKS,
     name = o.name, rank = o.rank, world_size = o.world_size,
     timeout = o.timeout or default_timeout, max_running = o.num_worker_threads or 16,
     allow_bytecode = o.allow_bytecode, world = o.world,
@@ -92,7 +104,7 @@ function M.new(o)
     peers = {}, by_name = {}, conns = {}, pending = {}, next_id = random_id(),
     -- this process's incarnation: a peer that restarts has another
     inc = hex(core.random_bytes(8)),
-    -- requests waiting for one of max_running handler slots (agent_calls): a
+    -- requests waiting for one of max_running handler slots (rpc.callee): a
     -- FIFO of at most max_queued, and the queued ones by caller rank and call id
     running = 0, backlog = {head = 1, tail = 0}, nqueued = 0, queued = {},
     max_queued = M.max_queued(o.max_queued_requests),
@@ -157,7 +169,7 @@ function Agent:set_ready()
   self.ready = true
   self.state = "running"
   -- (connections proven meanwhile take their places; what they sent is served)
-  self:bind_all()
+  connections.bind_all(self)
 end
 
 -- resolving targets ----------------------------------------------------------------
@@ -264,23 +276,58 @@ function Agent:close(why)
   local ids = {}
   for id in pairs(self.pending) do ids[#ids + 1] = id end
   for _, id in ipairs(ids) do
-    self:complete_error(id, errors.new("shutdown", why or "RPC was shut down before the call completed"))
+    caller.complete_error(self, id, errors.new("shutdown", why or "RPC was shut down before the call completed"))
   end
   for conn in pairs(self.conns) do conn:close(true) end
   self.conns = {}
   for _, p in pairs(self.peers) do p.conn = nil; p.state = "none"; p.queue = {} end
 end
 
--- the methods of the parts (their module-level helpers are not methods)
-local helpers = {need_running = true, arg_count_problem = true, error_text = true, set_hooks = true}
-for _, part in ipairs {require "rpchost.net.connections", calls, require "rpchost.net.mailbox"} do
-  for k, f in pairs(part) do
-    if type(f) == "function" and not helpers[k] then Agent[k] = f end
+-- a when it is a running agent; else the shutdown error saying `what` needs RPC.
+function M.need_running(a, what)
+  if not a or a.state ~= "running" then
+    error(errors.new("shutdown", ("%s: RPC is not initialised on this worker (call rpc.init_rpc " ..
+      "first) or has been shut down"):format(what)), 0)
+  end
+  return a
+end
+
+-- the parts ---------------------------------------------------------------------------------
+-- What the agent offers of each part, by name (each is the part's own function:
+-- a method call costs what it did when the parts' methods were copied in).
+-- the caller half: calls this rank makes
+Agent.call = caller.call
+Agent.complete_error = caller.complete_error
+-- the callee half: requests this rank serves
+Agent.remote_error = callee.remote_error
+-- the connections
+Agent.listen_near = connections.listen_near
+Agent.send = connections.send
+Agent.send_shm = connections.send_shm
+Agent.await_dial = connections.await_dial
+Agent.gone = connections.gone
+-- the mailbox
+Agent.post = mailbox.post
+Agent.receive = mailbox.receive
+Agent.abort_receivers = mailbox.abort_receivers
+Agent.wait_mail = mailbox.wait_mail
+Agent.unwait_mail = mailbox.unwait_mail
+Agent.take_other_mail = mailbox.take_other_mail
+Agent.take_mail = mailbox.take_mail
+
+-- What the connections and the mailbox call outside themselves, given to every
+-- agent at its construction (a.cb): each part's CALLBACKS names what it needs.
+CALLBACKS = {
+  on_request = callee.on_request, send_reply = callee.send_reply, cancel_request = callee.cancel_request,
+  on_response = caller.on_response, reply_failed = caller.reply_failed, complete_error = caller.complete_error,
+  on_message = mailbox.on_message, fail_receivers = mailbox.fail_receivers, post = mailbox.post,
+  send = connections.send, peer_lost = connections.peer_lost,
+  peer_of = Agent.peer_of, learn = Agent.learn,
+}
+for _, part in ipairs {connections, mailbox} do
+  for _, name in ipairs(part.CALLBACKS) do
+    assert(type(CALLBACKS[name]) == "function", "rpchost.rpc.agent: no callback " .. name)
   end
 end
--- what other modules use of the calls
-M.async_functions, M.inline_functions = calls.async_functions, calls.inline_functions
-M.need_running, M.arg_count_problem, M.error_text = calls.need_running, calls.arg_count_problem, calls.error_text
-M.MAX_ARGS = calls.MAX_ARGS
 
 return M

@@ -26,7 +26,8 @@ local errors = require "rpchost.errors"
 local autograd = require "rpchost.autograd.engine"
 local core = require "rpchost.core"
 local Future = require "rpchost.future"
-local calls = require "rpchost.rpc.calls"
+local caller = require "rpchost.rpc.caller"
+local callee = require "rpchost.rpc.callee"
 local tensor_wire = require "rpchost.tensor.wire"
 require "rpchost.tensor"
 
@@ -154,7 +155,7 @@ function M._count()
 end
 
 -- wire hooks ---------------------------------------------------------------------------
--- (registered below with the tensor codec and the calls; each gets the codec's
+-- (registered below with the tensor codec and the caller; each gets the codec's
 -- context of the message: wctx.ag the autograd context it travels in, wctx.dest
 -- where it goes, wctx.src where it came from)
 
@@ -202,7 +203,7 @@ local function autograd_recv(wctx, id, send, t)
   return t
 end
 tensor_wire.set_hooks{autograd_send = autograd_send, autograd_recv = autograd_recv}
-calls.set_hooks{autograd_touch = autograd_touch}
+caller.set_hooks{autograd_touch = autograd_touch}
 
 -- One sink per context: a callable object that carries the table it fills, so
 -- that a hook running in a pass can find it (M._sink_grads: DistributedDataParallel
@@ -275,10 +276,10 @@ function M._propagate(id, send, g, retain)
   end, {name = "distributed backward"})
   return fut
 end
-calls.async_functions[M._propagate] = true
--- (both start their work and return: run as they arrive, see agent_calls)
-calls.inline_functions[M._propagate] = true
-calls.inline_functions[M._release] = true
+callee.mark_async(M._propagate)
+-- (both start their work and return: run as they arrive, see rpchost.rpc.callee)
+callee.mark_inline(M._propagate)
+callee.mark_inline(M._release)
 
 -- backward(ctx_id, {roots}, [retain_graph])
 function M.backward(id, roots, retain_graph)

@@ -19,7 +19,7 @@ local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local Future = require "rpchost.future"
 local agentmod = require "rpchost.rpc.agent"
-local calls = require "rpchost.rpc.calls"
+local callee = require "rpchost.rpc.callee"
 
 local M = {}
 
@@ -137,7 +137,7 @@ end
 -- Sets the entry's value from fn's results (a Future's, for an async_execution fn).
 local function settle_value(e, id, fn, r)
   if not r[1] then return e.value:set_error(creation_failed(id, r[2])) end
-  if not agentmod.async_functions[fn] then return e.value:set_packed(pack(unpack(r, 2, r.n))) end
+  if not callee.is_async(fn) then return e.value:set_packed(pack(unpack(r, 2, r.n))) end
   local fut = r[2]
   if not Future.is(fut) then
     return e.value:set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
@@ -162,7 +162,7 @@ function M.create(id, fork, fn, args, kwargs)
   local ctx = sched.current() and sched.current().ag_ctx
   sched.spawn(function()
     sched.current().ag_ctx = ctx
-    local bad = args and agentmod.arg_count_problem(args)
+    local bad = args and callee.arg_count_problem(args)
     if bad then return e.value:set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
@@ -195,7 +195,7 @@ local function run_method(v, method, ...)
   if not ok or (type(f) ~= "function" and not (getmetatable(f) and getmetatable(f).__call)) then
     error(("the RRef's value (%s) has no method '%s'"):format(type(v), tostring(method)), 0)
   end
-  if agentmod.async_functions[f] then
+  if callee.is_async(f) then
     local fut = f(v, ...)
     if not Future.is(fut) then
       error(("an async_execution method must return a Future, got %s ('%s')"):format(type(fut), tostring(method)), 0)
@@ -217,11 +217,11 @@ function M.call_method(id, wait, method, ...)
 end
 
 -- (these three reply with a Future's values when it completes)
-agentmod.async_functions[M.create] = true
-agentmod.async_functions[M.fetch] = true
-agentmod.async_functions[M.call_method] = true
--- (a fetch only looks the value up: answered as it arrives, see agent_calls)
-agentmod.inline_functions[M.fetch] = true
+callee.mark_async(M.create)
+callee.mark_async(M.fetch)
+callee.mark_async(M.call_method)
+-- (a fetch only looks the value up: answered as it arrives, see rpchost.rpc.callee)
+callee.mark_inline(M.fetch)
 
 -- add_fork: a user forked this RRef to `to`; confirm to the new holder (the
 -- entry may still be pending: the fork is recorded all the same)
@@ -265,8 +265,8 @@ end
 
 -- Waits until every UserRRef of a request's arguments is confirmed by its owner
 -- (PyTorch confirms pending user RRefs before the callee runs, so
--- confirmed_by_owner() holds there and the owner knows of the fork). The agent's
--- calls call it (their await_confirmed hook) for a request that brought such RRefs.
+-- confirmed_by_owner() holds there and the owner knows of the fork). The callee
+-- calls it (its await_confirmed hook) for a request that brought such RRefs.
 function M.await_confirmed(list, timeout)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   for _, r in ipairs(list) do
@@ -296,11 +296,11 @@ function M.await_confirmed(list, timeout)
     end
   end
 end
-calls.set_hooks{await_confirmed = M.await_confirmed}
--- (these note state and never wait: run as they arrive, see agent_calls)
-agentmod.inline_functions[M.add_fork] = true
-agentmod.inline_functions[M.delete_forks] = true
-agentmod.inline_functions[M.confirm] = true
+callee.set_hooks{await_confirmed = M.await_confirmed}
+-- (these note state and never wait: run as they arrive, see rpchost.rpc.callee)
+callee.mark_inline(M.add_fork)
+callee.mark_inline(M.delete_forks)
+callee.mark_inline(M.confirm)
 
 -- flushing deletes, once per loop turn -------------------------------------------------
 -- (runs every loop turn: the common empty case is a function of its own, which
@@ -382,7 +382,7 @@ local function decode_rref(ctx, id, owner_rank, fork, from_owner)
   local r = user_handle(id, owner_rank, fork, from_owner)
   if not from_owner and not confirmed[id .. "/" .. fork] then
     -- (a request that brings it waits for the owner's confirmation: the
-    -- agent reads the message's list once it decoded, see M.await_confirmed)
+    -- callee reads the message's list once it decoded, see M.await_confirmed)
     if ctx then
       local l = ctx.unconfirmed
       if not l then l = {}; ctx.unconfirmed = l end
@@ -418,7 +418,7 @@ end
 -- rpc.remote(to, fn, args, kwargs, timeout): returns at once
 function M.remote(to, fn, args, kwargs, timeout)
   local p = agent:peer_of(to)
-  local bad = type(args) == "table" and agentmod.arg_count_problem(args)
+  local bad = type(args) == "table" and callee.arg_count_problem(args)
   if bad then error(errors.new("config", bad), 0) end
   local id = new_id()
   if p.rank == agent.rank then
@@ -561,7 +561,7 @@ function M.backward_here(r, ctx_id, retain_graph)
   return fut
 end
 
-agentmod.async_functions[M.backward_here] = true
+callee.mark_async(M.backward_here)
 
 function RRef:backward(ctx_id, retain_graph)
   running("backward")
