@@ -54,7 +54,7 @@ local function check_tree(bin, docdir, mandir, cudadir)
   end
 end
 
-describe("the installed rpchost", function()
+describe("the installed rpchost #world", function()
   it("runs the demo from an install prefix, with its docs and man page", function()
     if not have_build then pending("no CMake build folder beside " .. S.bin) return end
     local prefix = S.tmpdir .. "/prefix"

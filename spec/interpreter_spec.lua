@@ -1,7 +1,7 @@
 -- Interpreter mode: rpchost behaves like luajit on the command line.
 local S = require "spec.support"
 
-describe("rpchost as a Lua interpreter", function()
+describe("rpchost as a Lua interpreter #world", function()
   it("runs -e chunks in order and prints -v version", function()
     local r = S.run({"-v", "-e", "x = 20", "-e", "print(x + 1)"})
     assert.are.equal(0, r.status)
@@ -83,18 +83,14 @@ describe("rpchost as a Lua interpreter", function()
     -- while rank 0 still waits for it to leave
     local errfile = os.tmpname()
     os.remove(errfile)
-    local path = S.write([[
-      local rpc, sched = require "rpc", require "rpchost.sched"
-      local rank = tonumber(os.getenv("RANK"))
+    local path = S.write(S.prelude .. [[
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
       if rank == 0 then error("boom after init") end
-      local t0, seen = sched.now(), false
-      while not seen and sched.now() - t0 < 5 do
+      local seen = wait_until(function()
         local f = io.open("]] .. errfile .. [[")
-        seen = f ~= nil
         if f then f:close() end
-        sched.sleep(0.05)
-      end
+        return f ~= nil
+      end, 5, "rank 0's error report", 0.05)
       print("seen early " .. tostring(seen))
       os.exit(0)
     ]])

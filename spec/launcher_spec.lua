@@ -2,7 +2,7 @@
 local S = require "spec.support"
 local core = require "rpchost.core"
 
-describe("rpchost run", function()
+describe("rpchost run #world", function()
   it("starts N ranks with torchrun's variables on a free port", function()
     local r = S.world(3, [[
       print(("rank=%s world=%s local=%s lws=%s addr=%s port=%s"):format(os.getenv "RANK",
@@ -51,15 +51,26 @@ describe("rpchost run", function()
   end)
 
   it("notices a failed rank at once even when a child of it keeps its output open", function()
+    -- (the children write down their pids: the spec ends them, and only them)
+    local pids = S.tmpdir .. "/sleep_pids"
+    os.remove(pids)
     local r = S.world(2, [[
       if os.getenv("RANK") == "1" then
-        os.execute("sleep 8 > /dev/null 2>&1 &") -- (dup'ed pipes of the rank's stdout stay with it)
-        os.execute("sleep 8 &")
+        -- (dup'ed pipes of the rank's stdout stay with them)
+        os.execute("sleep 8 > /dev/null 2>&1 & echo $! >> ]] .. pids .. [[")
+        os.execute("sleep 8 & echo $! >> ]] .. pids .. [[")
         error("rank 1 fails")
       end
       require("rpchost.sched").sleep(30)
     ]], {launcher_args = {"--prefix"}, timeout = 20})
-    os.execute("pkill -f '^sleep 8$' 2>/dev/null")
+    local n = 0
+    for pid in io.lines(pids) do
+      local f = io.open("/proc/" .. pid .. "/cmdline")
+      if f and f:read("*a") == "sleep\0" .. "8\0" then core.kill(tonumber(pid), core.SIGKILL) end
+      if f then f:close() end
+      n = n + 1
+    end
+    assert.are.equal(2, n)
     assert.is_true(r.elapsed < 5, "took " .. r.elapsed)
     assert.truthy(r.err:find("rank 1 fails", 1, true), r.err)
   end)
@@ -83,8 +94,8 @@ describe("rpchost run", function()
       sched.sleep(60)
     ]])
     local h = S.start({"run", "--nproc-per-node", "2", path})
-    local t0 = S.now()
-    while select(2, table.concat(h.out):gsub("ready", "")) < 2 and S.now() - t0 < 10 do S.sleep(0.02) end
+    S.wait_until(function() return select(2, table.concat(h.out):gsub("ready", "")) == 2 end, 10, "both ranks ready",
+      0.02)
     h:kill(core.SIGTERM)
     local r = h:wait(10)
     assert.is_false(r.timed_out)
@@ -104,8 +115,8 @@ describe("rpchost run", function()
       sched.sleep(60)
     ]])
     local h = S.start({"run", "--nproc-per-node", "2", path}, {env = {RPCHOST_TRACE = trace}})
-    local t0 = S.now()
-    while select(2, table.concat(h.out):gsub("socket ", "")) < 2 and S.now() - t0 < 10 do S.sleep(0.02) end
+    S.wait_until(function() return select(2, table.concat(h.out):gsub("socket ", "")) == 2 end, 10,
+      "both ranks' sockets", 0.02)
     h:kill(core.SIGINT)
     local r = h:wait(10)
     assert.are.equal(128 + core.SIGINT, r.status, r.err)
@@ -123,21 +134,19 @@ describe("rpchost run", function()
       require("rpchost.sched").sleep(60)
     ]])
     local h = S.start({"run", "--nproc-per-node", "2", path})
-    local t0 = S.now()
-    while select(2, table.concat(h.out):gsub("pid ", "")) < 2 and S.now() - t0 < 10 do S.sleep(0.02) end
+    S.wait_until(function() return select(2, table.concat(h.out):gsub("pid ", "")) == 2 end, 10, "both ranks' pids",
+      0.02)
     h:kill(core.SIGKILL)
     h:wait(5)
     local pids = {}
     for pid in table.concat(h.out):gmatch("pid (%d+)") do pids[#pids + 1] = tonumber(pid) end
     assert.are.equal(2, #pids)
-    local deadline = S.now() + 5
     local alive
-    repeat
+    S.wait_until(function()
       alive = 0
       for _, pid in ipairs(pids) do if io.open("/proc/" .. pid .. "/stat") then alive = alive + 1 end end
-      S.sleep(0.05)
-    until alive == 0 or S.now() > deadline
-    assert.are.equal(0, alive, "ranks still running after their launcher was killed")
+      return alive == 0
+    end, 5, function() return alive .. " ranks to end after their launcher was killed" end, 0.05)
   end)
 
   it("rejects bad options with a clear message", function()
@@ -230,7 +239,7 @@ describe("rpchost run", function()
   end)
 end)
 
-describe("script shipping", function()
+describe("script shipping #world", function()
   it("gives a node that lacks the script the script and the modules beside it", function()
     local port = S.free_port()
     local a, b = S.tmpdir .. "/node_a", S.tmpdir .. "/node_b"
@@ -270,7 +279,7 @@ describe("script shipping", function()
   end)
 end)
 
-describe("ranks started by hand", function()
+describe("ranks started by hand #world", function()
   local function by_hand(vars_for, n, script)
     local path = S.write(script)
     local hs = {}
