@@ -92,7 +92,7 @@ local function cycles(mods)
   return table.concat(found, "\n")
 end
 
-describe("the Lua half's layers", function()
+describe("the Lua half's layers #unit", function()
   local mods = modules()
 
   it("put every module in a layer", function()

@@ -4,7 +4,7 @@
 -- keep everything on TCP.
 local S = require "spec.support"
 
-local world, assert_oks = S.checked_world, S.assert_oks
+local world = S.checked_world
 
 -- prints "path <file>" for rank 0's socket and checks how rank 0 reached rank 1
 local PROBE = [[
@@ -19,7 +19,7 @@ local PROBE = [[
   end
 ]]
 
-describe("Unix-domain sockets between ranks on one host", function()
+describe("Unix-domain sockets between ranks on one host #world", function()
   it("are used in a loopback world, in a private directory, and removed at exit", function()
     local r, lines = world(2, [[
       rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
@@ -36,7 +36,7 @@ describe("Unix-domain sockets between ranks on one host", function()
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
-    assert_oks(r, lines, {"a call works", "the socket file exists while the world runs", "its directory is private"})
+    S.assert_checks(r)
     assert.truthy(lines["local true"], r.out)
     local path = r.out:match("path (%S+)")
     assert.truthy(path and path ~= "nil", r.out)
@@ -59,7 +59,7 @@ describe("Unix-domain sockets between ranks on one host", function()
       rpc.shutdown()
     ]], {env = {RPCHOST_TOKEN = "local-sockets-token"}})
     assert.are.equal(0, r.status, r.err)
-    assert_oks(r, lines, {"a call works"})
+    S.assert_checks(r)
     assert.truthy(lines["local false"], r.out)
   end)
 
@@ -75,7 +75,7 @@ describe("Unix-domain sockets between ranks on one host", function()
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.out .. r.err)
-    assert_oks(r, lines, {"the call fails as unreachable", "the message names the socket"})
+    S.assert_checks(r)
   end)
   it("a killed rank's socket file is removed by the next rank that starts in the directory", function()
     local sched = require "rpchost.sched"
@@ -87,12 +87,9 @@ describe("Unix-domain sockets between ranks on one host", function()
     ]])
     local h = S.start({path}, {env = {RANK = 0, WORLD_SIZE = 1, MASTER_ADDR = "127.0.0.1",
                                       MASTER_PORT = S.free_port()}})
-    local deadline, sock = sched.now() + 20, nil
-    while not sock and sched.now() < deadline do
-      sock = table.concat(h.out):match("path (%S+)")
-      sched.sleep(0.05)
-    end
-    assert.truthy(sock and sock ~= "nil", table.concat(h.out) .. table.concat(h.err))
+    local sock = S.wait_until(function() return table.concat(h.out):match("path (%S+)") end, 20,
+      function() return "the victim's socket path:\n" .. table.concat(h.out) .. table.concat(h.err) end, 0.05)
+    assert.truthy(sock ~= "nil", table.concat(h.out) .. table.concat(h.err))
     require("rpchost.core").kill(h.pid, 9)
     h:wait(10)
     local function exists(f) return os.execute(("test -S %q"):format(f)) == 0 end
@@ -104,7 +101,7 @@ describe("Unix-domain sockets between ranks on one host", function()
     ]] .. PROBE .. [[
       rpc.shutdown()
     ]])
-    assert_oks(r, lines, {"a call works"})
+    S.assert_checks(r)
     assert.is_false(exists(sock), "the stale socket file was left behind: " .. sock)
   end)
 
@@ -116,7 +113,7 @@ describe("Unix-domain sockets between ranks on one host", function()
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
-    assert_oks(r, lines, {"a call works"})
+    S.assert_checks(r)
     assert.truthy(lines["path nil"] and lines["local false"], r.out)
     r, lines = world(2, [[
       rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
@@ -124,6 +121,7 @@ describe("Unix-domain sockets between ranks on one host", function()
       rpc.shutdown()
     ]], {env = {RPCHOST_UNIX = "0"}})
     assert.are.equal(0, r.status, r.err)
+    S.assert_checks(r)
     assert.truthy(lines["path nil"] and lines["local false"], r.out)
   end)
 end)

@@ -4,16 +4,14 @@
 local S = require "spec.support"
 local core = require "rpchost.core"
 
-describe("dynamic members", function()
+describe("dynamic members #world", function()
   it("take over the name of a killed member, and only live members are listed", function()
     local port = S.free_port()
     local env = {MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RANK = 0, WORLD_SIZE = 1,
                  DONE_FILE = S.tmpdir .. "/membership_done"}
     local static = S.start({S.write(S.prelude .. [[
       rpc.init_rpc("w0", {rank = 0, world_size = 1})
-      local sched = require "rpchost.sched"
-      local t0 = sched.now()
-      while not io.open(os.getenv("DONE_FILE")) and sched.now() - t0 < 30 do sched.sleep(0.05) end
+      wait_until(function() return io.open(os.getenv("DONE_FILE")) end, 30, "the spec's word that it is done", 0.05)
       local names = {}
       for _, w in ipairs(rpc.workers()) do names[#names + 1] = w.name end
       table.sort(names)
@@ -32,8 +30,8 @@ describe("dynamic members", function()
       return S.start({member}, {env = {MASTER_PORT = port, NAME = name, STAY = stay}})
     end
     local function wait_joined(h)
-      local t0 = S.now()
-      while not table.concat(h.out):find("joined", 1, true) and S.now() - t0 < 20 do S.sleep(0.05) end
+      S.wait_until(function() return table.concat(h.out):find("joined", 1, true) end, 20,
+        function() return "the member to join:\n" .. table.concat(h.out) .. table.concat(h.err) end, 0.05)
       return table.concat(h.out)
     end
     local first = join("A", 30)
@@ -90,15 +88,12 @@ describe("dynamic members", function()
       hs[rk] = S.start({static}, {env = {MASTER_ADDR = "127.0.0.1", MASTER_PORT = port, RANK = rk, WORLD_SIZE = 2,
                                          RPCHOST_STORE_LINGER = 0}})
     end
-    local member = S.write([[
-      local rpc, sched = require "rpc", require "rpchost.sched"
-      local function check(name, cond, why) print((cond and "ok " or "FAIL ") .. name .. (cond and "" or (": " .. tostring(why)))) end
+    local member = S.write(S.prelude .. [[
       rpc._join_dynamic("tool", {}, "127.0.0.1", tonumber(os.getenv("MASTER_PORT")), 20)
       check("reaches w0 and w1", rpc.rpc_sync("w0", math.max, {1, 2}) == 2 and rpc.rpc_sync("w1", math.max, {3, 4}) == 4)
       print("joined"); io.stdout:flush()
       -- (the spec kills w0, the store host, now)
-      local t0 = sched.now()
-      while not io.open(os.getenv("KILLED")) and sched.now() - t0 < 20 do sched.sleep(0.05) end
+      wait_until(function() return io.open(os.getenv("KILLED")) end, 20, "the spec's word that w0 was killed", 0.05)
       check("still reaches w1", rpc.rpc_sync("w1", math.max, {5, 6}, nil, 5) == 6)
       local ok, e = pcall(rpc.rpc_sync, "w0", math.max, {1, 2}, nil, 5)
       check("w0 is unreachable", not ok and e.kind == "unreachable", e)
@@ -109,22 +104,17 @@ describe("dynamic members", function()
     ]])
     local killed = S.tmpdir .. "/store_host_killed"
     os.remove(killed)
-    local t0 = S.now()
-    while not (table.concat(hs[0].out):find("up") and table.concat(hs[1].out):find("up")) and S.now() - t0 < 20 do
-      S.sleep(0.05)
-    end
+    S.wait_until(function() return table.concat(hs[0].out):find("up") and table.concat(hs[1].out):find("up") end, 20,
+      "both static ranks up", 0.05)
     local m = S.start({member}, {env = {MASTER_PORT = port, KILLED = killed}})
-    t0 = S.now()
-    while not table.concat(m.out):find("joined", 1, true) and S.now() - t0 < 20 do S.sleep(0.05) end
+    S.wait_until(function() return table.concat(m.out):find("joined", 1, true) end, 20,
+      function() return "the tool to join:\n" .. table.concat(m.out) .. table.concat(m.err) end, 0.05)
     hs[0]:kill(core.SIGKILL)
     hs[0]:wait(5)
     io.open(killed, "w"):close()
     local r = m:wait(40)
     hs[1]:kill(core.SIGKILL)
     hs[1]:wait(5)
-    for _, name in ipairs({"reaches w0 and w1", "still reaches w1", "w0 is unreachable",
-                           "an unknown name is unreachable, not config", "still reaches w1 after"}) do
-      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
-    end
+    S.assert_checks(r)
   end)
 end)
