@@ -65,9 +65,7 @@ describe("rpchost run #world", function()
     ]], {launcher_args = {"--prefix"}, timeout = 20})
     local n = 0
     for pid in io.lines(pids) do
-      local f = io.open("/proc/" .. pid .. "/cmdline")
-      if f and f:read("*a") == "sleep\0" .. "8\0" then core.kill(tonumber(pid), core.SIGKILL) end
-      if f then f:close() end
+      S.kill_pid(pid, "sleep 8")
       n = n + 1
     end
     assert.are.equal(2, n)

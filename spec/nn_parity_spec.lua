@@ -86,7 +86,7 @@ end
 
 local function one(m, ins) return m(ins[1]) end
 
-describe("nn layers match PyTorch", function()
+describe("nn layers match PyTorch #unit", function()
   layer_case("conv2d_stride_pad", function() return nn.Conv2d(3, 4, 3, {stride = 2, padding = 1}) end, one)
   layer_case("conv2d_groups_dilation", function() return nn.Conv2d(4, 6, 3, {padding = 2, dilation = 2, groups = 2}) end, one)
   layer_case("conv2d_1x1_nobias", function() return nn.Conv2d(5, 3, 1, {bias = false}) end, one)
@@ -143,7 +143,7 @@ describe("nn layers match PyTorch", function()
   layer_case("flatten", function() return nn.Flatten() end, one)
 end)
 
-describe("nn losses match PyTorch", function()
+describe("nn losses match PyTorch #unit", function()
   local function loss_case(name, fn, kw)
     it(name, function()
       local fx = fixture("loss_" .. name)
@@ -190,7 +190,7 @@ describe("nn losses match PyTorch", function()
   end)
 end)
 
-describe("optim matches PyTorch", function()
+describe("optim matches PyTorch #unit", function()
   local function optim_case(name, make, g1, g2)
     it(name, function()
       local fx = fixture("optim_" .. name)
@@ -230,7 +230,7 @@ describe("optim matches PyTorch", function()
     {lr_decay = 0.1})
 end)
 
-describe("lr_scheduler matches PyTorch", function()
+describe("lr_scheduler matches PyTorch #unit", function()
   local S = optim.lr_scheduler
   local cases = {
     step = function(o) return S.StepLR(o, 3, {gamma = 0.5}) end,
@@ -255,7 +255,7 @@ describe("lr_scheduler matches PyTorch", function()
   end
 end)
 
-describe("distributions match PyTorch", function()
+describe("distributions match PyTorch #unit", function()
   it("Categorical, Normal, Bernoulli log_prob and entropy", function()
     local fx = fixture("distributions")
     local D = tensor.distributions

@@ -26,7 +26,7 @@ local function names(list)
   return table.concat(out, " ")
 end
 
-describe("nn.Module", function()
+describe("nn.Module #unit", function()
   it("registers parameters, buffers and submodules by assignment and by name, in order", function()
     local Net = nn.Module:extend("Net")
     function Net:__init(h)
@@ -180,7 +180,7 @@ describe("nn.Module", function()
   end)
 end)
 
-describe("nn bad input", function()
+describe("nn bad input #unit", function()
   it("names the layer, the expected shape and the one given", function()
     raises("Conv2d(1, 32, 3): expected input [N, 1, H, W], got [64, 64]", function()
       nn.Conv2d(1, 32, 3)(tensor.zeros(64, 64))
@@ -219,7 +219,7 @@ describe("nn bad input", function()
   end)
 end)
 
-describe("nn default initialisation", function()
+describe("nn default initialisation #unit", function()
   it("is PyTorch's per layer", function()
     tensor.manual_seed(3)
     local l = nn.Linear(400, 300)
@@ -284,7 +284,7 @@ local function params_and(m, ...)
   return list
 end
 
-describe("nn gradients against finite differences (float64)", function()
+describe("nn gradients against finite differences (float64) #unit", function()
   local function x64(...) return tensor.randn(..., {dtype = tensor.float64, requires_grad = true}) end
   it("convolution", function()
     tensor.manual_seed(1)
@@ -445,7 +445,7 @@ end)
 -- The C kernels split a batch over the thread pool and run several samples'
 -- columns through one GEMM (host/tensor/nn/nn_conv.c); a batch of one takes
 -- neither path, so each sample alone is the reference for the batch.
-describe("nn kernels over a batch equal them sample by sample", function()
+describe("nn kernels over a batch equal them sample by sample #unit", function()
   local function close(what, got, want)
     local err = (got - want):abs():max():item()
     local scale = math.max(1, want:abs():max():item())
@@ -521,7 +521,7 @@ end)
 -- zero-padded input times the tap's [O, C] weights), and the gradients by the
 -- adjoint identities <y, gy> = <x, gx> = <w, gw> (a convolution is linear in
 -- each).
-describe("convolution's column paths against a tap-by-tap reference", function()
+describe("convolution's column paths against a tap-by-tap reference #unit", function()
   local F = nn.functional
   local function reference(x, w, stride, pad, dil)
     local n, c, h, wd = x:size(1), x:size(2), x:size(3), x:size(4)
@@ -592,7 +592,7 @@ end)
 -- of channels at a time: they must stay as close to the float64 answer as
 -- double sums were, for long and short maps, many channels of short maps
 -- (several row chunks), large batches (several folds) and a mean far from 0.
-describe("batch norm in float32 against float64", function()
+describe("batch norm in float32 against float64 #unit", function()
   local F = nn.functional
   local function run(x, w, b, g)
     local rm, rv = tensor.zeros({x:size(2)}, {dtype = x.dtype}), tensor.ones({x:size(2)}, {dtype = x.dtype})
@@ -631,7 +631,7 @@ end)
 -- floats and the composition g * (a > 0) otherwise; both must agree, and
 -- where a <= 0 the gradient is 0 even when g is not finite (PyTorch's
 -- threshold_backward), where g * 0 made NaN of an infinite or NaN gradient.
-describe("ReLU backward", function()
+describe("ReLU backward #unit", function()
   for _, dt in ipairs{tensor.float32, tensor.float64} do
     it("equals g * (a > 0) for contiguous and strided gradients, " .. tostring(dt), function()
       tensor.manual_seed(21)
@@ -658,7 +658,7 @@ describe("ReLU backward", function()
   end)
 end)
 
-describe("matrix products split over the thread pool", function()
+describe("matrix products split over the thread pool #unit", function()
   -- products of 2^23 multiply-adds or more are cut into row or column blocks;
   -- ten rows at a time stay whole, so they are the reference
   for _, sz in ipairs{{320, 150, 200, "rows"}, {20, 640, 800, "columns"}} do
@@ -697,7 +697,7 @@ describe("matrix products split over the thread pool", function()
   end
 end)
 
-describe("nn in training", function()
+describe("nn in training #unit", function()
   it("dropout scales kept values in training and is the identity in eval", function()
     tensor.manual_seed(8)
     local d = nn.Dropout(0.25)
@@ -782,7 +782,7 @@ describe("nn in training", function()
   end)
 end)
 
-describe("nn.utils.stateless.functional_call", function()
+describe("nn.utils.stateless.functional_call #unit", function()
   local fc = nn.utils.stateless.functional_call
   it("runs the module on the given tensors, restores its own, and differentiates through them", function()
     tensor.manual_seed(3)
@@ -822,7 +822,7 @@ describe("nn.utils.stateless.functional_call", function()
   end)
 end)
 
-describe("optim and data behaviour", function()
+describe("optim and data behaviour #unit", function()
   it("an optimizer prints as PyTorch's: its groups' options, betas as a tuple, no initial_lr until a scheduler", function()
     local m = nn.Linear(3, 1)
     local o = optim.Adam(m:parameters(), {lr = 1e-3})
@@ -919,7 +919,7 @@ describe("optim and data behaviour", function()
   end)
 end)
 
-describe("nn over rpc", function()
+describe("nn over rpc #world", function()
   it("a module travels by name with its parameters and trains remotely", function()
     local r = S.world(2, S.prelude .. [[
       local tensor = require "tensor"
@@ -945,13 +945,11 @@ describe("nn over rpc", function()
       rpc.shutdown()
     ]], {timeout = 60})
     assert.are.equal(0, r.status, r.err)
-    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
-    for _, name in ipairs{"same output", "buffers travel", "printed", "remote nn.Linear"} do
-      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
-    end
+    S.assert_checks(r)
   end)
+end)
 
-describe("containers and optimizer closures", function()
+describe("containers and optimizer closures #unit", function()
   it("index Sequential and ModuleList by position, and run a step's closure once", function()
     local s = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
     assert.are.equal(s:get(1), s[1])
@@ -964,5 +962,4 @@ describe("containers and optimizer closures", function()
     opt:step(function() calls = calls + 1 end) -- (returns nothing)
     assert.are.equal(1, calls)
   end)
-end)
 end)

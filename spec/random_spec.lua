@@ -30,7 +30,7 @@ end
 -- the 0.001 critical value of the KS distance for n samples
 local function ks_bound(n) return 1.95 / math.sqrt(n) end
 
-describe("randn", function()
+describe("randn #unit", function()
   for _, dt in ipairs({tensor.float64, tensor.float32}) do
     it("is standard normal in " .. tostring(dt), function()
       tensor.manual_seed(7)

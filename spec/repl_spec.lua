@@ -12,7 +12,7 @@ end
 
 local have_tmux = os.execute("command -v tmux >/dev/null 2>&1") == 0
 
-describe("rpchost repl", function()
+describe("rpchost repl #world", function()
   it("joins a world, calls and is called, survives Ctrl-C, completes, and leaves", function()
     if not have_tmux then pending("tmux is not installed") return end
     local port = S.free_port()
@@ -22,13 +22,13 @@ describe("rpchost repl", function()
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
         local t0 = sched.now()
-        while sched.now() - t0 < 40 do
+        local member = wait_until(function()
           -- the member runs what it can name: here, rpc's own function
           local ok, r = pcall(rpc.rpc_sync, "me", rpc.get_worker_info, nil, nil, 1)
-          if ok then print("w0 called the member: " .. r.name) io.stdout:flush() break end
-          sched.sleep(0.2)
-        end
-        while sched.now() - t0 < 60 and #rpc.workers() > 2 do sched.sleep(0.2) end
+          return ok and r
+        end, 40, "the member to answer", 0.2)
+        print("w0 called the member: " .. member.name) io.stdout:flush()
+        wait_until(function() return #rpc.workers() <= 2 end, 60 - (sched.now() - t0), "the member to leave", 0.2)
         print("member left, workers: " .. #rpc.workers())
       end
       rpc.shutdown()
@@ -38,45 +38,43 @@ describe("rpchost repl", function()
     local errfile = S.tmpdir .. "/repl_stderr.txt"
     sh(("tmux new-session -d -s %s -x 160 -y 50 'HOME=%s exec %s repl --master-port %d --name me 2>%s'"):format(
       session, S.tmpdir, S.bin, port, errfile))
+    local pane = sh(("tmux display-message -p -t %s '#{pane_pid}'"):format(session)):match("%d+")
     local function screen() return sh(("tmux capture-pane -p -t %s -S -200"):format(session)) end
     local function wait_for(text, secs)
-      local t0 = S.now()
-      while S.now() - t0 < (secs or 15) do
-        if screen():find(text, 1, true) then return true end
-        S.sleep(0.1)
-      end
-      return false
+      S.wait_until(function() return screen():find(text, 1, true) end, secs or 15,
+        function() return ("%q on the REPL's screen:\n%s"):format(text, screen()) end, 0.1)
     end
     local function send(keys) sh(("tmux send-keys -t %s %s"):format(session, keys)) end
     local function line(text) send(("'%s' Enter"):format(text:gsub("'", "'\\''"))) end
 
     local ok, err = pcall(function()
-      assert.is_true(wait_for("joined the world", 20), screen())
+      wait_for("joined the world", 20)
       line('=rpc.rpc_sync("w1", math.max, {3, 9}) + 1000')
-      assert.is_true(wait_for("1009"), screen())
+      wait_for("1009")
       line('k = 7')
       line('=rpc.rpc_sync("w1", function(x) return x * 6 + 10000 end, {k})')
-      assert.is_true(wait_for("10042"), screen())
+      wait_for("10042")
       line('=rpc.rpc_sync("w1", function() require("rpchost.sched").sleep(30) return 1 end)')
       S.sleep(0.5)
       send("C-c")
-      assert.is_true(wait_for("interrupted"), screen())
+      wait_for("interrupted")
       line('=20000 + 2')
-      assert.is_true(wait_for("20002"), screen())
+      wait_for("20002")
       -- Ctrl-C at a continuation prompt drops the unfinished chunk
       line('y = (')
       S.sleep(0.3)
       send("C-c")
       S.sleep(0.3)
       line('=30000 + 3')
-      assert.is_true(wait_for("30003"), screen())
+      wait_for("30003")
       send("'rpc.rpc_as' Tab")
-      assert.is_true(wait_for("rpc.rpc_async"), screen())
+      wait_for("rpc.rpc_async")
       send("C-u")
       send("C-d")
     end)
     local r = world:wait(60)
     sh(("tmux kill-session -t %s"):format(session))
+    if pane then S.kill_pid(pane, "repl --master-port " .. port) end
     local ef = io.open(errfile)
     local errtext = ef and ef:read("*a") or ""
     if ef then ef:close() end
@@ -87,7 +85,7 @@ describe("rpchost repl", function()
   end)
 end)
 
-describe("rpchost repl, as a user meets it", function()
+describe("rpchost repl, as a user meets it #world", function()
   it("is told when the world stops, hides its own frames, completes objects, tensors and RRefs", function()
     if not have_tmux then pending("tmux is not installed") return end
     local port = S.free_port()
@@ -98,8 +96,7 @@ describe("rpchost repl, as a user meets it", function()
       -- keep running until the member says so (it sets the flag on w0)
       if rank == 0 then
         function stop_now() stopping = true return true end
-        local t0 = sched.now()
-        while not stopping and sched.now() - t0 < 60 do sched.sleep(0.1) end
+        wait_until(function() return stopping end, 60, "the member to say stop", 0.1)
       end
       rpc.shutdown()
     ]])})
@@ -109,30 +106,26 @@ describe("rpchost repl, as a user meets it", function()
     -- (stderr to the terminal too: the error text is part of what the user sees)
     sh(("tmux new-session -d -s %s -x 200 -y 60 'HOME=%s exec %s repl --master-port %d --name me2'"):format(
       session, S.tmpdir, S.bin, port))
+    local pane = sh(("tmux display-message -p -t %s '#{pane_pid}'"):format(session)):match("%d+")
     local function screen() return sh(("tmux capture-pane -p -t %s -S -300"):format(session)) end
     local function wait_for(text, secs)
-      local t0 = S.now()
-      while S.now() - t0 < (secs or 15) do
-        if screen():find(text, 1, true) then return true end
-        S.sleep(0.1)
-      end
-      return false
+      S.wait_until(function() return screen():find(text, 1, true) end, secs or 15,
+        function() return ("%q on the REPL's screen:\n%s"):format(text, screen()) end, 0.1)
     end
     local function send(keys) sh(("tmux send-keys -t %s %s"):format(session, keys)) end
     local function line(text) send(("'%s' Enter"):format(text:gsub("'", "'\\''"))) end
     local function complete_shows(typed, want)
       send(("'%s' Tab Tab"):format(typed))
-      local ok = wait_for(want, 5)
+      wait_for(want, 5)
       send("C-u")
-      return ok
     end
 
     local ok, err = pcall(function()
-      assert.is_true(wait_for("joined the world", 20), screen())
+      wait_for("joined the world", 20)
       -- its own frames are hidden: the user's line is shown, the REPL's task is not
       line('function oops() error("boom here") end')
       line('oops()')
-      assert.is_true(wait_for("boom here"), screen())
+      wait_for("boom here")
       S.sleep(0.3)
       local sc = screen()
       assert.is_nil(sc:find("repl.lua", 1, true), sc)
@@ -141,29 +134,27 @@ describe("rpchost repl, as a user meets it", function()
       -- completion: an instance's own fields and its class's methods, tensors, RRefs
       line('Acc = {} Acc.__index = Acc function Acc:bump() self.total = self.total + 1 end')
       line('acc = setmetatable({total = 0, label_field = 1}, Acc)')
-      assert.is_true(complete_shows("acc.label_", "acc.label_field"), screen())
-      assert.is_true(complete_shows("acc:bu", "acc:bump"), screen())
+      complete_shows("acc.label_", "acc.label_field")
+      complete_shows("acc:bu", "acc:bump")
       line('tt = tensor.ones(2)')
-      assert.is_true(complete_shows("tt:resh", "tt:reshape"), screen())
-      assert.is_true(complete_shows("tt.requires_g", "tt.requires_grad"), screen())
+      complete_shows("tt:resh", "tt:reshape")
+      complete_shows("tt.requires_g", "tt.requires_grad")
       line('rr = rpc.remote("w1", tensor.ones, {2})')
-      assert.is_true(complete_shows("rr:to_h", "rr:to_here"), screen())
-      assert.is_true(complete_shows("rr:confirmed_", "rr:confirmed_by_owner"), screen())
+      complete_shows("rr:to_h", "rr:to_here")
+      complete_shows("rr:confirmed_", "rr:confirmed_by_owner")
       -- the world stops: the REPL says so
       line('=rpc.rpc_sync("w0", "stop_now")')
-      assert.is_true(wait_for("true"), screen())
-      assert.is_true(wait_for("the world this REPL joined has stopped", 30), screen())
+      wait_for("true")
+      wait_for("the world this REPL joined has stopped", 30)
       -- and Ctrl-D still leaves at once
       send("C-d")
-      local t0 = S.now()
-      while S.now() - t0 < 10 and os.execute(("tmux has-session -t %s 2>/dev/null"):format(session)) == 0 do
-        S.sleep(0.2)
-      end
-      assert.is_true(S.now() - t0 < 10, "the REPL did not leave after Ctrl-D: " .. screen())
+      S.wait_until(function() return os.execute(("tmux has-session -t %s 2>/dev/null"):format(session)) ~= 0 end, 10,
+        function() return "the REPL to leave after Ctrl-D: " .. screen() end, 0.2)
     end)
     local r = world:wait(60)
     local sc = screen()
     sh(("tmux kill-session -t %s"):format(session))
+    if pane then S.kill_pid(pane, "repl --master-port " .. port) end
     assert.is_true(ok, tostring(err))
     assert.are.equal(0, r.status, r.err)
   end)

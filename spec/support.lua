@@ -122,6 +122,19 @@ function S.start(args, opts)
   return h
 end
 
+-- Kills (SIGKILL) a process the spec started through a shell (a backgrounded
+-- child, a tmux pane), by the pid written down when it started, and only while
+-- its command line still holds `cmd` (by then the pid could be another's):
+-- never by name. Returns whether it killed it.
+function S.kill_pid(pid, cmd)
+  local f = io.open("/proc/" .. tostring(pid) .. "/cmdline")
+  local line = f and f:read("*a"):gsub("%z", " ") or ""
+  if f then f:close() end
+  if not line:find(cmd, 1, true) then return false end
+  core.kill(tonumber(pid), core.SIGKILL)
+  return true
+end
+
 -- Runs rpchost with args and waits (bounded). Returns the result table.
 function S.run(args, opts)
   return S.start(args, opts):wait(opts and opts.timeout or 60)

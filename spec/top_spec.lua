@@ -25,16 +25,15 @@ local WORLD = S.prelude .. [[
   local marker = arg[1]
   local function gone() local f = io.open(marker) if f then f:close() return true end return false end
   local t = tensor.ones(4)
-  local t0 = rpc.time()
   if rank == 0 then
     local r = rpc.remote("w1", tensor.ones, {256})
     local slowf = rpc.rpc_async("w1", slow, {600}, nil, 0)
-    while not gone() and rpc.time() - t0 < 90 do
+    wait_until(function()
+      if gone() then return true end
       local fs = {}
       for i = 1, 20 do fs[i] = rpc.rpc_async("w1", math.max, {i, 3}) end
       rpc.wait_all(fs)
-      rpc.sleep(0.005)
-    end
+    end, 90, "the watchers to go", 0.005)
     dist.all_reduce(t)
     print("sum " .. t[1]:item())
     r = nil
@@ -47,7 +46,7 @@ local WORLD = S.prelude .. [[
   dist.destroy_process_group()
 ]]
 
-describe("rpchost top", function()
+describe("rpchost top #world", function()
   it("shows a world under load live and leaves on q and on Ctrl-C", function()
     if not have_tmux then pending("tmux is not installed") return end
     local port = S.free_port()
@@ -57,60 +56,55 @@ describe("rpchost top", function()
     local session = "rhtop" .. require("rpchost.core").getpid()
     sh(("tmux kill-session -t %s"):format(session))
     local function screen() return sh(("tmux capture-pane -p -t %s"):format(session)) end
-    local function wait_for(pred, secs)
-      local t0 = S.now()
-      while S.now() - t0 < (secs or 15) do
-        local s = screen()
-        if pred(s) then return true, s end
-        S.sleep(0.1)
-      end
-      return false, screen()
+    -- the screen once pred(screen) holds (raises, showing it, after secs)
+    local function wait_for(pred, secs, what)
+      local s
+      S.wait_until(function() s = screen(); return pred(s) end, secs or 15,
+        function() return what .. " on top's screen:\n" .. s end, 0.1)
+      return s
     end
     local function has(text) return function(s) return s:find(text, 1, true) ~= nil end end
     -- the calls w1 received per second, as the screen shows them
     local function rate_in(s) return tonumber(s:match("\nw1%s+1%s+(%d+)")) end
+    -- (the pane's shell is ended by its pid too, once its session is killed)
+    local panes = {}
     local function start_top(tag)
       sh(("tmux new-session -d -s %s -x 170 -y 40 '%s top --master-port %d --interval 0.3; echo %s-exit=$?; sleep 60'"):format(
         session, S.bin, port, tag))
+      panes[#panes + 1] = sh(("tmux display-message -p -t %s '#{pane_pid}'"):format(session)):match("%d+")
     end
 
     local ok, err = pcall(function()
       start_top("first")
-      local seen, s = wait_for(function(x) return (rate_in(x) or 0) > 0 end, 25)
-      assert.is_true(seen, s)
+      local s = wait_for(function(x) return (rate_in(x) or 0) > 0 end, 25, "calls to w1")
       assert.truthy(s:find("WORKER", 1, true), s)
       assert.truthy(s:find("\nw0 ", 1, true), s)
       -- the numbers move: several refreshes give several different rates
       local rates = {}
       local distinct = 0
-      local t0 = S.now()
-      while distinct < 3 and S.now() - t0 < 15 do
+      S.wait_until(function()
         local r = rate_in(screen())
         if r and not rates[r] then rates[r] = true distinct = distinct + 1 end
-        S.sleep(0.3)
-      end
-      assert.is_true(distinct >= 3, "the IN/s of w1 did not change: " .. screen())
+        return distinct >= 3
+      end, 15, function() return "the IN/s of w1 to change: " .. screen() end, 0.3)
       -- the slow call is w0's longest pending call; w1 owns the RRef, w0 holds it;
       -- w1 is in its all_reduce
-      seen, s = wait_for(has("w0: longest pending call: slow on w1"), 10)
-      assert.is_true(seen, s)
+      s = wait_for(has("w0: longest pending call: slow on w1"), 10, "the slow call")
       assert.truthy(s:match("\nw0 [^\n]- 0/1 "), s)
       assert.truthy(s:match("\nw1 [^\n]- 1/0 "), s)
       assert.truthy(s:match("\nw1 [^\n]-all_reduce [%d.]+s"), s)
       -- q leaves, with status 0, and the terminal comes back
       sh(("tmux send-keys -t %s q"):format(session))
-      seen, s = wait_for(has("first-exit=0"), 10)
-      assert.is_true(seen, s)
+      wait_for(has("first-exit=0"), 10, "top's exit status 0 after q")
       sh(("tmux kill-session -t %s"):format(session))
       -- and again, left with Ctrl-C
       start_top("second")
-      seen, s = wait_for(function(x) return (rate_in(x) or 0) > 0 end, 25)
-      assert.is_true(seen, s)
+      wait_for(function(x) return (rate_in(x) or 0) > 0 end, 25, "calls to w1")
       sh(("tmux send-keys -t %s C-c"):format(session))
-      seen, s = wait_for(has("second-exit=0"), 10)
-      assert.is_true(seen, s)
+      wait_for(has("second-exit=0"), 10, "top's exit status 0 after Ctrl-C")
     end)
     sh(("tmux kill-session -t %s"):format(session))
+    for _, pid in pairs(panes) do S.kill_pid(pid, "top --master-port " .. port) end
     local f = io.open(marker, "w") f:write("done") f:close()
     local r = world:wait(60)
     assert.is_true(ok, tostring(err))
