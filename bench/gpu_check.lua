@@ -145,7 +145,7 @@ local function tensor_checks()
     check("a CPU scalar meets a CUDA tensor", ok and e == 18, e)
   end
 
-  -- the ops of lua/rpchost/tensor/ops.lua: their kernels (kernels/elementwise.cu's
+  -- the ops of lua/rpchost/tensor/math.lua and indexing.lua: their kernels (kernels/elementwise.cu's
   -- new unary ops and remainder, kernels/index.cu with the mask ops, kernels/sort.cu)
   -- on every dtype, contiguous and strided
   print("# tensor_ops against the CPU")

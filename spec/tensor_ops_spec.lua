@@ -1,4 +1,4 @@
--- The ops models use (lua/rpchost/tensor/ops.lua, host/tensor/index.c, sort.c,
+-- The ops models use (lua/rpchost/tensor/{shape,math,indexing,random}.lua, host/tensor/index.c, sort.c,
 -- random.c): every op against numpy at test time, on contiguous and strided
 -- (transposed) inputs and on each dtype it takes; every gradient against central
 -- finite differences, and the indexing gradients against numpy too; the dtype
@@ -632,7 +632,7 @@ describe("in-place ops", function()
       function() x:sin_() end,
       function() x:remainder_(2) end,
       function() x[tensor.tensor({1LL})] = 0 end,
-      -- and the core in-place families of lua/tensor.lua
+      -- and the core in-place families (math.lua, indexing.lua)
       function() x:add_(1) end,
       function() x:exp_() end,
       function() x:copy_(tensor.ones(3, 2)) end,
@@ -649,15 +649,24 @@ describe("in-place ops", function()
     assert.are.same({{3, 3}, {4, 0}, {0, 0}}, x:totable())
   end)
 
-  it("are refused on a tensor that requires grad while recording (they are not in the graph)", function()
+  it("follow autograd's one in-place rule: refused on a leaf that requires grad, recorded on other tensors", function()
+    -- (spec/autograd_inplace_spec.lua checks the rule for every in-place op)
     local w = tensor.randn(3, 2, {requires_grad = true})
-    raises("masked_fill_: an in-place op on a tensor that requires grad is not recorded by autograd; use masked_fill",
-      function() return w:masked_fill_(w:gt(0), 0) end)
-    raises("index_add_: an in-place op", function() return w:index_add_(1, tensor.tensor({1LL}), tensor.ones(1, 2)) end)
-    raises("index assignment: assigning into a tensor that requires grad",
-      function() w[tensor.tensor({1LL})] = 0 end)
+    local LEAF = "a leaf Variable that requires grad is being used in an in-place operation"
+    raises(LEAF .. " (masked_fill_)", function() return w:masked_fill_(w:gt(0), 0) end)
+    raises(LEAF .. " (index_add_)", function() return w:index_add_(1, tensor.tensor({1LL}), tensor.ones(1, 2)) end)
+    raises(LEAF .. " (index assignment)", function() w[tensor.tensor({1LL})] = 0 end)
+    -- on a result it is recorded: the gradient is the out-of-place op's
     local y = w * 2
-    raises("sin_: an in-place op", function() return y:sin_() end)
+    y:sin_()
+    assert.are.equal("<SinBackward0>", tostring(y.grad_fn))
+    y:sum():backward()
+    assert.is_true(w.grad:allclose((w:detach() * 2):cos() * 2))
+    w.grad = nil
+    local z = w * 1
+    z[tensor.tensor({2LL})] = 0
+    z:sum():backward()
+    assert.are.same({{1, 1}, {0, 0}, {1, 1}}, w.grad:totable())
     -- under no_grad they run (optimizer-style updates)
     tensor.no_grad(function() w:masked_fill_(w:gt(0), 0) end)
     assert.is_true(w:le(0):all():item())

@@ -12,8 +12,9 @@
 -- Versions. Every storage carries a version counter that in-place writes bump
 -- (C entry points, and M.bump for writes made elsewhere). A node records the
 -- versions of the tensors it saved; backward refuses to use one that changed.
--- In-place ops on tensors that require grad are rewritten as their out-of-place
--- op whose result takes over the tensor's history (PyTorch's rebase).
+-- In-place ops follow one rule under autograd (see "in-place ops" below): an
+-- error on a leaf that requires grad, else rewritten as their out-of-place op
+-- whose result takes over the tensor's history (PyTorch's rebase).
 --
 -- Backward is iterative: a pass counts, for each node reachable from the root,
 -- the edges that lead into it, then runs nodes whose consumers have all
@@ -28,8 +29,10 @@
 -- backward that yields (a distributed one waits on peers) never changes what
 -- another task records.
 --
--- Custom differentiable ops (tensor.autograd.Function) are in
--- rpchost.autograd.custom; the ops' derivatives are installed below (install).
+-- This file is the engine only: it knows no op. Every built-in op's derivative
+-- is one entry of rpchost.autograd.rules, which the op's forward records its
+-- node with (record1, record2, record_n below); custom differentiable ops
+-- (tensor.autograd.Function) are in rpchost.autograd.custom.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 
@@ -57,8 +60,6 @@ local function requires(t)
   return s ~= nil and s.requires_grad == true
 end
 M.requires = requires
-
-local tensor, methods -- filled by install
 
 -- gradient mode: per task -------------------------------------------------------------
 sched.inherit("grad_enabled")
@@ -103,6 +104,8 @@ local Node = {}
 Node.__index = Node
 local function node_name(n)
   if n.label then return n.label end
+  local op = n.op -- (a rule's node: rpchost.autograd.rules)
+  if op and op.label then return op.label end
   local name = n.name:gsub("_$", "") -- an in-place op's node is named as its op: zero_ -> ZeroBackward0
   local s = name:sub(1, 1):upper() .. (name:sub(2):gsub("_(%l)", string.upper))
   return s .. "Backward0"
@@ -179,12 +182,13 @@ local function check_saved(node)
   end
 end
 
--- Whether an op on a (and b) is recorded now: callers check it before building
--- the inputs table and the backward closure, so an op that records nothing
--- allocates nothing for autograd.
-function M.wants(a, b)
+-- Whether an op on a (and b, c) is recorded now: callers check it before
+-- building the inputs table, so an op that records nothing allocates nothing
+-- for autograd.
+function M.wants(a, b, c)
   if slot().grad_enabled == false then return false end
-  return (a ~= nil and is_t(a) and requires(a)) or (b ~= nil and is_t(b) and requires(b)) or false
+  return (a ~= nil and is_t(a) and requires(a)) or (b ~= nil and is_t(b) and requires(b)) or
+    (c ~= nil and is_t(c) and requires(c)) or false
 end
 
 -- Makes `out` the result of node (name, inputs, backward) when recording applies.
@@ -670,87 +674,31 @@ function M.register_final_hook(t, fn)
   table.insert(st.final_hooks, fn)
 end
 
--- in-place ops ----------------------------------------------------------------------------
-local function carry_history(from, to)
-  local s = get_state(from)
-  if s and s.requires_grad then set_state(to, {requires_grad = true, grad_fn = s.grad_fn, output_nr = s.output_nr}) end
-  return to
-end
--- A new tensor object over t's elements (so sharing its version) carrying t's
--- history as it is now.
-local function alias_of(t) return carry_history(t, core.t_alias(t)) end
--- A copy of t's values as they are now, carrying its history: what an op
--- rewritten out of place reads, safe from the write that follows.
-local function snapshot(t) return carry_history(t, core.t_clone(t)) end
-
-local function check_inplace(t, what)
-  local s = get_state(t)
-  if not s or not s.requires_grad then return end
-  if not s.grad_fn then
-    error(("a leaf Variable that requires grad is being used in an in-place operation (%s): do it under " ..
-      "tensor.no_grad, or on a clone()"):format(what), 0)
-  end
-  if s.grad_fn.is_view then
-    error(("%s: an in-place operation on a view (the output of %s) of a tensor that requires grad is not " ..
-      "supported: change a clone() of the view, or the whole tensor"):format(what, node_name(s.grad_fn)), 0)
-  end
-end
-M.check_inplace = check_inplace
-
--- Under gradient mode, a:op_(...) on a tensor that requires grad (or with an
--- argument that does) becomes a <- op(a, ...): the out-of-place op is recorded
--- and its result, written into a, takes over a's history. Without an
--- out-of-place counterpart (fill_, zero_, random fills; outofplace nil or
--- returning nil) a's old history is cut: nothing flows back through a.
--- reads_old: outofplace's recorded op keeps a's old values for its backward
--- (false for copy_, and for ops whose backward reads only their result: they
--- read a itself, before the write, instead of a snapshot of it).
-local function cut_history(a, name)
-  set_state(a, {requires_grad = true, grad_fn = setmetatable({name = name, edges = {}, n = 0,
-    backward = function() end}, Node)})
-end
-
-function M.wrap_inplace(name, inplace, outofplace, reads_old)
-  return function(a, ...)
-    if not M.enabled() then return inplace(a, ...) end
-    local a_req = requires(a)
-    if not a_req then
-      local any = false
-      for i = 1, select("#", ...) do
-        if requires((select(i, ...))) then any = true break end
-      end
-      if not any then return inplace(a, ...) end
-    end
-    check_inplace(a, name)
-    local r = outofplace and outofplace(reads_old == false and alias_of(a) or snapshot(a), ...)
-    if r == nil then
-      inplace(a, ...)
-      if a_req then cut_history(a, name) end
-      return a
-    end
-    core.t_copy_(a, r) -- bumps a's version
-    local sr = get_state(r)
-    if sr and sr.requires_grad then
-      set_state(a, {requires_grad = true, grad_fn = sr.grad_fn, output_nr = sr.output_nr})
-    elseif a_req then
-      cut_history(a, name)
-    end
-    return a
-  end
-end
-
--- custom differentiable ops (rpchost.autograd.custom)
-M._edges_of, M._save_versions = edges_of, save_versions
-M.Function = require("rpchost.autograd.custom").make(M)
-
--- wrapping the tensor methods ---------------------------------------------------------------
+-- recording an op with its rule ----------------------------------------------------------
+-- An op's forward (lua/rpchost/tensor/*.lua, nn/functional.lua, nn/rnn.lua)
+-- records its node with its rule from rpchost.autograd.rules, through one of the
+-- three recorders below: record2 for an element-wise op of two operands (and
+-- matmul), record1 for an op of one tensor (views, element-wise functions,
+-- reductions, the pieces of a tensor...), record_n for the rest (several
+-- inputs or several results). Each checks first whether anything is recorded
+-- (gradient mode on, an input that requires grad), so the forward stays one
+-- call and an op that records nothing allocates nothing for autograd.
+--
+-- Their nodes are "static": node.apply is the rule's grad, one function per
+-- op, reading the op's inputs, result (kept only when saved) and other
+-- arguments from the node (fields a, b, out, args) instead of a closure made
+-- per call. So recording one allocates the node, its edges, its saved versions
+-- and the result's state and nothing else, reads each input's state once, and
+-- stays compiled (LuaJIT does not compile a function that makes a closure; the
+-- recording halves are functions of their own so that the no-grad path stays
+-- small).
 local function sizes(t) return core.t_size(t) end
 
--- a value with the shape of `like` (numbers stay numbers)
--- x: the input, or what a node kept of an input it does not save (see
--- shape_of): SAME_SHAPE, or {sizes = ...}
+-- g, a gradient of the broadcast result, summed to the shape of x: the input,
+-- or what a node kept of an input it does not save (see shape_of): SAME_SHAPE,
+-- or {sizes = ...}; nil for a number
 local SAME_SHAPE = {}
-local function grad_for(g, x)
+local function unbroadcast(g, x)
   if x == SAME_SHAPE then return g end
   if not is_t(x) then
     if type(x) == "table" and x.sizes then return M.sum_to(g, x.sizes) end
@@ -762,16 +710,7 @@ local function grad_for(g, x)
   if n > 0 and n == core.t_numel(g) and core.t_ndim(x) == core.t_ndim(g) then return g end
   return M.sum_to(g, sizes(x))
 end
-
--- Recording the element-wise ops installed below. Their nodes are "static":
--- node.apply(node, g) is one function per kind of op, reading the op's inputs,
--- result (kept only when saved) and extra arguments from the node (fields a,
--- b, out, args) and its derivatives from node.op, instead of a closure made per
--- call. So recording one
--- allocates the node, its edges, its saved versions and the result's state and
--- nothing else, reads each input's state once, and stays compiled (LuaJIT does
--- not compile a function that makes a closure; the recording halves are still
--- functions of their own so that the no-grad path stays small).
+M.unbroadcast = unbroadcast
 
 -- the flat saved-versions list (see save_versions) of up to three tensors;
 -- a, sa and b, sb: the op's inputs and their states, read once by the caller
@@ -806,16 +745,6 @@ local function edge_from(x, st)
   return x, nil
 end
 
-local function binary_apply(node, g)
-  local a, b, out, op = node.a, node.b, node.out, node.op
-  return node.ra and grad_for(op.dfa(g, a, b, out), a) or nil, node.rb and grad_for(op.dfb(g, a, b, out), b) or nil
-end
-
--- op: {name, dfa, dfb, saves} (or {name, apply, saves} for an op whose two
--- gradients come from one function); saves(a, b, out, ra, rb) -> the (up to three)
--- tensors the two derivatives read, given which inputs need a gradient: a
--- weight used with an input that needs none is not saved, so changing it in
--- place later (an optimizer step) is no error
 -- What an element-wise node keeps of input x, a tensor its derivatives do not
 -- read: only what its gradient's shape needs (SAME_SHAPE as the result, which
 -- costs nothing, or its sizes), not x itself, so an add's inputs (a
@@ -836,82 +765,103 @@ local function record_binary(op, out, a, b, sa, sb)
   local eb, nb = edge_from(b, sb)
   local nrs = nil
   if na or nb then nrs = {na, nb} end
-  local x1, x2, x3 = op.saves(a, b, out, ra, rb)
-  -- (an op with its own apply, matmul, reads its inputs' shapes itself)
+  local x1, x2, x3
+  local saves = op.saves
+  if saves then x1, x2, x3 = saves(a, b, out, nil, ra, rb) end
+  -- (an op that reads its inputs' shapes itself, matmul, keeps them)
   local ka, kb = a, b
-  if not op.apply then ka, kb = shape_of(a, out, x1, x2, x3), shape_of(b, out, x1, x2, x3) end
-  local node = setmetatable({name = op.name, apply = op.apply or binary_apply, op = op, a = ka, b = kb, ra = ra,
-    rb = rb, edges = {ea, eb}, nrs = nrs, n = 2}, Node)
+  if not op.keeps_inputs then ka, kb = shape_of(a, out, x1, x2, x3), shape_of(b, out, x1, x2, x3) end
+  local node = setmetatable({name = op.name, apply = op.grad, op = op, a = ka, b = kb, ra = ra, rb = rb,
+    edges = {ea, eb}, nrs = nrs, n = 2}, Node)
   node.saved = save3(node, out, a, sa, b, sb, x1, x2, x3)
   set_state(out, {requires_grad = true, grad_fn = node})
   return out
 end
 
-local function install_binary(name, fwd, dfa, dfb, saves)
-  local op = {name = name, dfa = dfa, dfb = dfb, saves = saves}
-  local f = function(a, b, opts)
-    local out = fwd(a, b, opts)
-    if slot().grad_enabled == false then return out end
-    -- (get_state is nil for a number, and for a tensor without autograd state)
-    local sa, sb = get_state(a), get_state(b)
-    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
-    return record_binary(op, out, a, b, sa, sb)
-  end
-  tensor[name] = f
-  methods[name] = f
+-- Records out = op(a, b) with rule op when a or b (tensors or numbers) requires
+-- grad under gradient mode; returns out.
+function M.record2(op, out, a, b)
+  if slot().grad_enabled == false then return out end
+  -- (get_state is nil for a number, and for a tensor without autograd state)
+  local sa, sb = get_state(a), get_state(b)
+  if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
+  return record_binary(op, out, a, b, sa, sb)
 end
 
-local function unary_apply(node, g)
-  local args = node.args
-  if args == nil then return node.op.df(g, node.a, node.out) end
-  return node.op.df(g, node.a, node.out, unpack(args, 1, args.n))
-end
-
--- op: {name, df, saves, view, fresh, result_only}; saves(a, out): the tensor df
--- reads (nil when only shapes); view: the result shares a's elements (an
--- in-place change of it is refused: it would bypass a's history); fresh: df
--- returns a new tensor and keeps none (autograd.Function's fresh_grads);
--- result_only: df reads at most the result, never the input (df gets nil for
--- a), so the node does not keep the input alive: relu's input (a BatchNorm's
--- or an add's output, which nothing else keeps) is freed once relu has run, as
--- in PyTorch, whose ReLU saves its result (a ResNet block held three
--- activations more than it needed: a third of its saved memory); the same for
--- exp, sqrt, tanh, sigmoid (their result) and neg, clone, contiguous (nothing)
-local function record_unary(op, out, a, sa, ...)
+-- What a node of one input keeps of it: the input itself, nothing
+-- (op.result_only: grad reads at most the result, and gets n.a == nil), or its
+-- sizes (op.shape_only: n.a = {sizes =}, for views, whose result shares the
+-- input's storage anyway). relu's input (a BatchNorm's or an add's output,
+-- which nothing else keeps) is freed once relu has run, as in PyTorch, whose
+-- ReLU saves its result (a ResNet block held three activations more than it
+-- needed: a third of its saved memory).
+local function record_unary(op, out, a, sa, x1, x2, x3, x4)
   if core.t_dtype(out) > 1 then return out end
   local args = nil
-  if select("#", ...) > 0 then args = pack(...) end
-  -- (shape_only: df reads only a's sizes, kept instead of a, whose storage a
-  -- view's result shares anyway)
+  if x1 ~= nil or x2 ~= nil or x3 ~= nil or x4 ~= nil then args = {x1, x2, x3, x4} end
   local ka = a
   if op.result_only then ka = nil elseif op.shape_only then ka = {sizes = sizes(a)} end
-  local node = setmetatable({name = op.name, apply = unary_apply, op = op, a = ka, args = args,
+  local node = setmetatable({name = op.name, apply = op.grad, op = op, a = ka, args = args,
     edges = {sa.grad_fn or a}, n = 1, fresh = op.fresh}, Node)
   if sa.grad_fn and sa.output_nr then node.nrs = {sa.output_nr} end
   local saves = op.saves
-  if saves then node.saved = save3(node, out, a, sa, nil, nil, saves(a, out)) end
+  if saves then node.saved = save3(node, out, a, sa, nil, nil, saves(a, nil, out, args)) end
   set_state(out, {requires_grad = true, grad_fn = node})
   if op.view then M.mark_view(out, a) end
   return out
 end
 
-local result_only_ops = {} -- (names: their in-place forms need no snapshot of the input)
-local function install_unary(name, fwd, df, saves, view, fresh, result_only, shape_only)
-  local op = {name = name, df = df, saves = saves, view = view, fresh = fresh, result_only = result_only,
-    shape_only = shape_only}
-  result_only_ops[name] = result_only or nil
-  local f = function(a, ...)
-    local out = fwd(a, ...)
-    -- a no-op (to() / cpu() / cuda() / contiguous() where the tensor already is
-    -- what was asked) returns the input itself: recording a node on it would
-    -- make it its own grad_fn (a leaf would lose its .grad and its hooks)
-    if rawequal(out, a) or slot().grad_enabled == false then return out end
-    local sa = get_state(a)
-    if sa == nil or not sa.requires_grad then return out end
-    return record_unary(op, out, a, sa, ...)
+-- Records out = op(a, x1, .., x4) with rule op when a requires grad under
+-- gradient mode (the node keeps the other arguments as n.args, up to four:
+-- fixed parameters, since a trace that starts inside a vararg function cannot
+-- return from it, and a C call here starts one); returns out. A no-op (to() /
+-- cpu() / contiguous() where the tensor already is what was asked) returns the
+-- input itself: recording a node on it would make it its own grad_fn (a leaf
+-- would lose its .grad and its hooks).
+function M.record1(op, out, a, x1, x2, x3, x4)
+  if rawequal(out, a) or slot().grad_enabled == false then return out end
+  local sa = get_state(a)
+  if sa == nil or not sa.requires_grad then return out end
+  return record_unary(op, out, a, sa, x1, x2, x3, x4)
+end
+
+-- Records out = op(inputs...) with rule op when an input requires grad under
+-- gradient mode; returns out. inputs: the op's tensor inputs, in the order of
+-- the gradients its rule returns ({n =} counts it when it has holes); the node
+-- keeps none of them, only args (whatever the rule reads) and what the rule
+-- saves (its saves gets inputs[1], inputs[2]). out: the result, or for an op
+-- of several results the list of them ({n =}): the rule's grad then gets one
+-- gradient per result (zeros for one no gradient reached; integer results
+-- carry none).
+function M.record_n(op, out, inputs, args)
+  if slot().grad_enabled == false then return out end
+  local n = inputs.n or #inputs
+  local any = false
+  for i = 1, n do
+    local x = inputs[i]
+    if x ~= nil and requires(x) then any = true break end
   end
-  methods[name] = f
-  if tensor[name] then tensor[name] = f end
+  if not any then return out end
+  local single = is_t(out)
+  if single and core.t_dtype(out) > 1 then return out end
+  local edges, nrs = edges_of(inputs, n)
+  local node = setmetatable({name = op.name, apply = op.grad, op = op, args = args, edges = edges, nrs = nrs, n = n,
+    fresh = op.fresh}, Node)
+  local saves = op.saves
+  if saves then node.saved = save3(node, out, nil, nil, nil, nil, saves(inputs[1], inputs[2], out, args)) end
+  if single then
+    set_state(out, {requires_grad = true, grad_fn = node})
+    return out
+  end
+  node.nout, node.out_meta = out.n, {}
+  for k = 1, out.n do
+    local o = out[k]
+    if is_t(o) and core.t_dtype(o) <= 1 then
+      node.out_meta[k] = {core.t_size(o), core.t_dtype(o), core.t_device(o)}
+      set_state(o, {requires_grad = true, grad_fn = node, output_nr = k})
+    end
+  end
+  return out
 end
 
 -- out, recorded from a, shares a's elements
@@ -921,291 +871,127 @@ function M.mark_view(out, a)
   return out
 end
 
-local NOTHING = {n = 0}
-local function save_a(a) return a end
-local function save_out(_, out) return out end
+-- in-place ops ----------------------------------------------------------------------------
+-- The one rule for in-place ops under autograd (PyTorch's), applied by install
+-- below to every in-place method (every method named op_) and to index
+-- assignment (t[k] = v), whichever file defines them:
+--  * on a leaf that requires grad it is an error that names the op (do it under
+--    tensor.no_grad, or on a clone());
+--  * on a view of a tensor that requires grad (a result that shares its
+--    input's elements) it is an error too: the write would bypass the
+--    input's history;
+--  * otherwise, when the tensor or an argument requires grad, it is recorded:
+--    a:op_(...) becomes a <- op(a, ...), the out-of-place op recorded with its
+--    rule and its result written into a (which bumps a's version), a taking
+--    over the result's history (PyTorch's rebase). A node that saved a for its
+--    backward sees the new version and fails at backward, naming a.
+-- Without gradient mode, or when nothing involved requires grad, the op runs as
+-- it is (its C entry point bumps the version all the same).
+local function carry_history(from, to)
+  local s = get_state(from)
+  if s and s.requires_grad then set_state(to, {requires_grad = true, grad_fn = s.grad_fn, output_nr = s.output_nr}) end
+  return to
+end
+-- A new tensor object over t's elements (so sharing its version) carrying t's
+-- history as it is now.
+local function alias_of(t) return carry_history(t, core.t_alias(t)) end
+-- A copy of t's values as they are now, carrying its history: what an op
+-- rewritten out of place reads, safe from the write that follows.
+local function snapshot(t) return carry_history(t, core.t_clone(t)) end
 
-function M.install(t_module)
-  tensor = t_module
-  methods = tensor.methods
-  local m = methods
-  local orig = {}
-  for k, v in pairs(methods) do orig[k] = v end
+local function check_inplace(t, what)
+  local s = get_state(t)
+  if not s or not s.requires_grad then return end
+  if not s.grad_fn then
+    error(("a leaf Variable that requires grad is being used in an in-place operation (%s): do it under " ..
+      "tensor.no_grad, or on a clone()"):format(what), 0)
+  end
+  if s.grad_fn.is_view then
+    error(("%s: an in-place operation on a view (the output of %s) of a tensor that requires grad is not " ..
+      "supported: change a clone() of the view, or the whole tensor"):format(what, node_name(s.grad_fn)), 0)
+  end
+end
+M.check_inplace = check_inplace
 
-  local function mul(a, b) return core.t_binary(2, a, b) end
-  local function div(a, b) return core.t_binary(3, a, b) end
-  local function neg(a) return core.t_unary(0, a) end
+-- Without an out-of-place counterpart (fill_, zero_; outofplace nil or
+-- returning nil) a's old history is cut: nothing flows back through a, whose
+-- every element the op overwrote.
+local function cut_history(a, name)
+  set_state(a, {requires_grad = true, grad_fn = setmetatable({name = name, edges = {}, n = 0,
+    backward = function() end}, Node)})
+end
 
-  local function no_saves() return nil end
-  -- a is read for b's gradient and b for a's (mul)
-  local function cross(a, b, _, ra, rb) return rb and a or nil, ra and b or nil end
-  local function both(a, b) return a, b end
-  install_binary("add", orig.add, function(g) return g end, function(g, _, _, _) return g end, no_saves)
-  install_binary("sub", orig.sub, function(g) return g end, function(g) return neg(g) end, no_saves)
-  install_binary("mul", orig.mul, function(g, _, b) return mul(g, b) end, function(g, a) return mul(g, a) end, cross)
-  install_binary("div", orig.div, function(g, _, b) return div(g, b) end,
-    function(g, a, b) return neg(div(mul(g, a), mul(b, b))) end,
-    function(a, b, _, _, rb) return rb and a or nil, b end)
-  install_binary("pow", orig.pow,
-    function(g, a, b)
-      local bm1 = is_t(b) and core.t_binary(1, b, 1) or b - 1
-      return mul(mul(g, b), core.t_binary(4, a, bm1))
-    end,
-    function(g, a, _, out) return mul(mul(g, out), core.t_unary(2, a)) end,
-    function(a, b, out, _, rb) return a, b, rb and out or nil end)
-  install_binary("maximum", orig.maximum,
-    function(g, a, b) return mul(g, core.t_cast(core.t_binary(12, a, b), core.t_dtype(g))) end,
-    function(g, a, b) return mul(g, core.t_cast(core.t_binary(9, a, b), core.t_dtype(g))) end, both)
-  install_binary("minimum", orig.minimum,
-    function(g, a, b) return mul(g, core.t_cast(core.t_binary(10, a, b), core.t_dtype(g))) end,
-    function(g, a, b) return mul(g, core.t_cast(core.t_binary(11, a, b), core.t_dtype(g))) end, both)
-
-  -- (these derivatives are new tensors computed from g: fresh)
-  install_unary("neg", orig.neg, function(g) return neg(g) end, nil, nil, true, true)
-  install_unary("exp", orig.exp, function(g, _, out) return mul(g, out) end, save_out, nil, true, true)
-  install_unary("log", orig.log, function(g, a) return div(g, a) end, save_a, nil, true)
-  install_unary("sqrt", orig.sqrt, function(g, _, out) return div(g, mul(out, 2)) end, save_out, nil, true, true)
-  -- one pass in C (nn_act.c) where g and the result are contiguous host floats
-  -- alike; the mask is read from the result (out > 0 exactly where a > 0), so
-  -- the input is not kept (result_only)
-  install_unary("relu", orig.relu, function(g, _, out)
-    return core.nn_relu_backward(g, out) or mul(g, core.t_cast(core.t_binary(11, out, 0), core.t_dtype(g)))
-  end, save_out, nil, true, true)
-  install_unary("tanh", orig.tanh, function(g, _, out) return mul(g, core.t_binary(1, 1, mul(out, out))) end, save_out,
-    nil, true, true)
-  install_unary("sigmoid", orig.sigmoid, function(g, _, out) return mul(g, mul(out, core.t_binary(1, 1, out))) end,
-    save_out, nil, true, true)
-  install_unary("abs", orig.abs, function(g, a)
-    local sign = core.t_binary(1, core.t_cast(core.t_binary(11, a, 0), core.t_dtype(g)),
-                                  core.t_cast(core.t_binary(9, a, 0), core.t_dtype(g)))
-    return mul(g, sign)
-  end, save_a)
-
-  -- shape ops: the gradient takes the input's shape back
-  -- (a: {sizes =}, what these nodes keep of their input: shape_only)
-  local function unview(g, a) return core.t_view(core.t_contiguous(g), a.sizes, true) end
-  install_unary("view", orig.view, unview, nil, true, nil, nil, true)
-  install_unary("reshape", orig.reshape, unview, nil, true, nil, nil, true)
-  install_unary("flatten", orig.flatten, unview, nil, true, nil, nil, true)
-  install_unary("contiguous", orig.contiguous, function(g) return g end, nil, nil, nil, true)
-  install_unary("clone", orig.clone, function(g) return g end, nil, nil, nil, true)
-  -- a copy to another device: the gradient goes back to the input's device
-  install_unary("_to_device", orig._to_device, function(g, a) return core.t_to_device(g, core.t_device(a)) end)
-  install_unary("expand", orig.expand, function(g, a) return M.sum_to(g, a.sizes) end, nil, true, nil, nil, true)
-  install_unary("transpose", orig.transpose, function(g, _, _, d0, d1) return m.transpose(g, d0, d1) end, nil, true)
-  install_unary("t", orig.t, function(g) return core.t_ndim(g) < 2 and g or core.t_transpose(g, 0, 1) end, nil, true)
-  install_unary("permute", orig.permute, function(g, _, _, ...)
-    local dims = type((...)) == "table" and (...) or {...}
-    local inv = {}
-    for i, d in ipairs(dims) do
-      if d < 0 then d = #dims + d + 1 end
-      inv[d] = i
+-- The in-place method `name` (inplace) under the rule above; outofplace: its
+-- recorded out-of-place form. reads_old: outofplace's recorded op keeps a's old
+-- values for its backward (false for ops whose rule reads only their result, or
+-- nothing of a, as copy_: they read a itself, before the write, instead of a
+-- snapshot of it).
+function M.wrap_inplace(name, inplace, outofplace, reads_old)
+  return function(a, ...)
+    if not M.enabled() then return inplace(a, ...) end
+    local a_req = requires(a)
+    if not a_req then
+      local any = false
+      for i = 1, select("#", ...) do
+        if requires((select(i, ...))) then any = true break end
+      end
+      if not any then return inplace(a, ...) end
     end
-    return orig.permute(g, inv)
-  end, nil, true)
-  install_unary("squeeze", orig.squeeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
-  install_unary("unsqueeze", orig.unsqueeze, function(g, a) return core.t_view(core.t_contiguous(g), sizes(a), true) end, nil, true)
-  -- pieces of a tensor: the gradient is added into the same piece of the
-  -- input's gradient buffer (M.piece: one buffer for all the pieces)
-  local function into_piece(a, piece_of)
-    return function(g)
-      return M.piece(a, g, function(buf)
-        local v = piece_of(buf)
-        core.t_binary(0, v, g, v)
-      end)
+    check_inplace(a, name)
+    local r = outofplace and outofplace(reads_old == false and alias_of(a) or snapshot(a), ...)
+    if r == nil then
+      inplace(a, ...)
+      if a_req then cut_history(a, name) end
+      return a
     end
-  end
-  methods.narrow = function(a, d, start, length)
-    local out = orig.narrow(a, d, start, length)
-    if not M.enabled() or not requires(a) then return out end
-    M.record(out, "narrow", {n = 1, a}, into_piece(a, function(z) return orig.narrow(z, d, start, length) end), NOTHING)
-    return M.mark_view(out, a)
-  end
-  methods.select = function(a, d, i)
-    local out = orig.select(a, d, i)
-    if not M.enabled() or not requires(a) then return out end
-    M.record(out, "select", {n = 1, a}, into_piece(a, function(z) return orig.select(z, d, i) end), NOTHING)
-    return M.mark_view(out, a)
-  end
-  methods._slice = function(a, d0, first, stop, step)
-    local out = core.t_slice(a, d0, first, stop, step)
-    if not M.enabled() or not requires(a) then return out end
-    M.record(out, "slice", {n = 1, a}, into_piece(a, function(z) return core.t_slice(z, d0, first, stop, step) end),
-      NOTHING)
-    return M.mark_view(out, a)
-  end
-  -- to() may change the dtype and the device at once (to("cuda:1", float64), to(other)):
-  -- its node replaces the ones recorded inside it, so the gradient goes back to
-  -- both the input's dtype and the input's device
-  local function back_to(g, a) return core.t_to_device(core.t_cast(g, core.t_dtype(a)), core.t_device(a)) end
-  install_unary("to", orig.to, back_to)
-  for _, k in ipairs({"float", "double"}) do
-    install_unary(k, orig[k], back_to)
-  end
-
-  -- reductions
-  local function expand_back(g, a, d, keepdim)
-    -- g has the reduced shape; put the reduced dim back (size 1) and broadcast
-    if d ~= nil and not keepdim then g = core.t_unsqueeze(g, d) end
-    return core.t_expand(g, sizes(a))
-  end
-  local function dim_of(a, d)
-    if type(d) == "table" then d = d.dim end
-    if d == nil then return nil end
-    local n = core.t_ndim(a)
-    if d < 0 then d = n + d + 1 end
-    return d - 1
-  end
-  local function keep_of(d, keepdim)
-    if type(d) == "table" then return d.keepdim and true or false end
-    return keepdim and true or false
-  end
-  methods.sum = function(a, d, keepdim)
-    local out = orig.sum(a, d, keepdim)
-    local d0, kd = dim_of(a, d), keep_of(d, keepdim)
-    return M.record(out, "sum", {n = 1, a}, function(g)
-      if d0 == nil then return core.t_expand(core.t_view(g, {}, true), sizes(a)) end
-      return expand_back(g, a, d0, kd)
-    end, NOTHING)
-  end
-  tensor.sum = methods.sum
-  methods.mean = function(a, d, keepdim)
-    local out = orig.mean(a, d, keepdim)
-    local d0, kd = dim_of(a, d), keep_of(d, keepdim)
-    local n = d0 == nil and core.t_numel(a) or core.t_size(a, d0)
-    return M.record(out, "mean", {n = 1, a}, function(g)
-      local gg = d0 == nil and core.t_expand(core.t_view(g, {}, true), sizes(a)) or expand_back(g, a, d0, kd)
-      return core.t_binary(3, gg, n)
-    end, NOTHING)
-  end
-  tensor.mean = methods.mean
-  for _, name in ipairs({"max", "min"}) do
-    local o = orig[name]
-    methods[name] = function(a, d, keepdim)
-      if is_t(d) then return m[name == "max" and "maximum" or "minimum"](a, d) end
-      local v, idx = o(a, d, keepdim)
-      local d0, kd = dim_of(a, d), keep_of(d, keepdim)
-      M.record(v, name, {n = 1, a}, function(g)
-        local z = core.t_full(core.t_dtype(g), {core.t_numel(a)}, 0, core.t_device(g))
-        if d0 == nil then
-          -- the gradient goes to the first extreme element
-          local flat = core.t_view(core.t_contiguous(a), {-1}, true)
-          local at = core.t_item(core.t_reduce(name == "max" and 4 or 5, flat, -1, false))
-          core.t_copy_(core.t_narrow(z, 0, at, 1), core.t_view(g, {1}, true))
-          return core.t_view(z, sizes(a), true)
-        end
-        -- one-hot of the (1-based) indices along d, times g
-        local n = core.t_size(a, d0)
-        local shape = {}
-        for i = 1, core.t_ndim(a) do shape[i] = 1 end
-        shape[d0 + 1] = n
-        local pos = core.t_view(core.t_arange(3, 1, n + 1, 1), shape, true)
-        local ix = kd and idx or core.t_unsqueeze(idx, d0)
-        local onehot = core.t_cast(core.t_binary(7, pos, ix), core.t_dtype(g))
-        local gg = kd and g or core.t_unsqueeze(g, d0)
-        return core.t_binary(2, onehot, gg)
-      end, {n = 2, a, idx})
-      return v, idx
+    core.t_copy_(a, r) -- bumps a's version
+    local sr = get_state(r)
+    if sr and sr.requires_grad then
+      set_state(a, {requires_grad = true, grad_fn = sr.grad_fn, output_nr = sr.output_nr})
+    elseif a_req then
+      cut_history(a, name)
     end
-    tensor[name] = methods[name]
+    return a
   end
+end
 
-  methods.softmax = function(a, d)
-    local out = orig.softmax(a, d)
-    local dd = d or -1
-    return M.record(out, "softmax", {n = 1, a}, function(g)
-      local gy = orig.sum(core.t_binary(2, g, out), dd, true)
-      return core.t_binary(2, out, core.t_binary(1, g, gy))
-    end, {n = 1, out})
-  end
-  methods.log_softmax = function(a, d)
-    local out = orig.log_softmax(a, d)
-    local dd = d or -1
-    return M.record(out, "log_softmax", {n = 1, a}, function(g)
-      local gs = orig.sum(g, dd, true)
-      return core.t_binary(1, g, core.t_binary(2, core.t_unary(1, out), gs))
-    end, {n = 1, out})
-  end
-  tensor.softmax, tensor.log_softmax = methods.softmax, methods.log_softmax
+-- custom differentiable ops (rpchost.autograd.custom)
+M._edges_of, M._save_versions = edges_of, save_versions
+M.Function = require("rpchost.autograd.custom").make(M)
 
-  -- matmul records a static node (see record_binary): its backward reads a, b
-  -- and which of them need a gradient from the node
-  local function tr(x) local n = core.t_ndim(x) return core.t_transpose(x, n - 2, n - 1) end
-  local function matmul_apply(node, g)
-    local a, b, ra, rb = node.a, node.b, node.ra, node.rb
-    local A, B, G = a, b, g
-    local na, nb = core.t_ndim(a), core.t_ndim(b)
-    if na == 1 then A = core.t_unsqueeze(a, 0); G = core.t_unsqueeze(G, core.t_ndim(G) - (nb == 1 and 0 or 1)) end
-    if nb == 1 then B = core.t_unsqueeze(b, 1); G = core.t_unsqueeze(G, core.t_ndim(G)) end
-    local ga, gb
-    if ra then
-      ga = grad_for(core.t_matmul(G, tr(B)), A)
-      if na == 1 then ga = core.t_view(core.t_contiguous(ga), sizes(a), true) end
-    end
-    if rb then
-      gb = grad_for(core.t_matmul(tr(A), G), B)
-      if nb == 1 then gb = core.t_view(core.t_contiguous(gb), sizes(b), true) end
-    end
-    return ga, gb
-  end
-  local matmul_op = {name = "matmul", apply = matmul_apply, saves = cross}
-  methods.matmul = function(a, b)
-    local out = orig.matmul(a, b)
-    if slot().grad_enabled == false then return out end
-    local sa, sb = get_state(a), get_state(b)
-    if not ((sa ~= nil and sa.requires_grad) or (sb ~= nil and sb.requires_grad)) then return out end
-    return record_binary(matmul_op, out, a, b, sa, sb)
-  end
-  methods.mm = methods.matmul
-  tensor.matmul, tensor.mm = methods.matmul, methods.matmul
+-- the tensor API's autograd ------------------------------------------------------------------
+-- install(tensor, rules), the last step of the tensor API's assembly
+-- (rpchost.tensor): the autograd fields and methods of tensors, and the in-place
+-- rule above on every in-place method there is then and on index assignment.
+-- The out-of-place form of op_ is tensor._out_of_place[op_] when the API has
+-- one that is not public (copy_, index_copy_...), else the method op.
+local NOT_OPS = {requires_grad_ = true, detach_ = true} -- (autograd's own setters, not ops)
+M._NOT_INPLACE_OPS = NOT_OPS
 
-
-  -- in-place ops: every method named op_ (after every install above) ---------------
-  -- copy_ reads only its source: its out-of-place form is the source brought to
-  -- the destination's shape, dtype and device
-  local function copied(dst, src)
-    local r = core.t_to_device(core.t_cast(core.t_expand(src, sizes(dst)), core.t_dtype(dst)), core.t_device(dst))
-    return M.record(r, "copy", {n = 1, src}, function(g)
-      return M.sum_to(core.t_to_device(core.t_cast(g, core.t_dtype(src)), core.t_device(src)), sizes(src))
-    end, NOTHING)
-  end
-  local NOT_OPS = {requires_grad_ = true, detach_ = true}
+function M.install(tensor, rules)
+  local methods = tensor.methods
+  local out_of_place = tensor._out_of_place or {}
   for name, f in pairs(methods) do
     if type(name) == "string" and name:sub(-1) == "_" and not NOT_OPS[name] then
-      local base = methods[name:sub(1, -2)]
-      if name == "copy_" then
-        methods[name] = M.wrap_inplace(name, f, function(dst, src)
-          if not is_t(src) then return nil end
-          return copied(dst, src)
-        end, false)
-      else
-        -- (an op that keeps nothing of its input reads the tensor itself before
-        -- the write: no snapshot)
-        methods[name] = M.wrap_inplace(name, f, base, not result_only_ops[name:sub(1, -2)])
-      end
+      local base = name:sub(1, -2)
+      local rule = rules[base]
+      methods[name] = M.wrap_inplace(name, f, out_of_place[name] or methods[base], not (rule and rule.result_only))
     end
   end
 
-  -- t[k] = v: under gradient mode, when t or v requires grad, t's history becomes
-  -- "t with the piece at k replaced": its gradient flows to t's old history
-  -- outside the piece and to v inside it
+  -- t[k] = v (index assignment): the same rule; when it is recorded, t's history
+  -- becomes "t with the piece at k replaced": its gradient flows to t's old
+  -- history outside the piece and to v inside it
   local T = core.t_metatable()
-  local plain_newindex, index = T.__newindex, T.__index
+  local plain_newindex = T.__newindex
+  local copy_slices = rules.copy_slices
   local function record_newindex(t, k, v)
     check_inplace(t, "index assignment")
     local old = alias_of(t)
     M.no_grad(plain_newindex, t, k, v) -- bumps t's version
     set_state(t, nil)
-    M.record(t, "copy_slices", {n = 2, old, is_t(v) and v or nil}, function(g)
-      local gt = core.t_clone(g)
-      M.no_grad(plain_newindex, gt, k, 0)
-      local gv = nil
-      if is_t(v) and requires(v) then
-        local piece = M.no_grad(index, g, k)
-        gv = M.sum_to(core.t_to_device(core.t_cast(piece, core.t_dtype(v)), core.t_device(v)), sizes(v))
-      end
-      return gt, gv
-    end, NOTHING)
+    local tv = is_t(v) and v or nil
+    M.record_n(copy_slices, t, {n = 2, old, tv}, {k, tv})
   end
   T.__newindex = function(t, k, v)
     if type(k) == "string" or slot().grad_enabled == false or not (requires(t) or requires(v)) then
