@@ -2,18 +2,21 @@
 -- layers are built on (F.conv2d, F.max_pool2d, F.dropout, F.nll_loss ...).
 -- Convolution and pooling run the C kernels (host/tensor/nn/nn_conv.c,
 -- nn_pool.c; on a CUDA device nn_cuda.c and kernels/nn.cu, with no copy through
--- the host) under tensor.autograd.Function; the rest is composed of tensor
--- ops, whose gradients autograd already knows. Class indices are 1-based
+-- the host), as do linear, softmax and the norms: each one autograd node, whose
+-- derivative is its rule in rpchost.autograd.rules; the rest is composed of
+-- tensor ops, whose gradients autograd already knows. Class indices are 1-based
 -- (Lua's convention, as everywhere in rpchost); optional arguments are
 -- positional as in PyTorch or a trailing table with PyTorch's keyword names.
 local tensor = require "rpchost.tensor"
 local core = require "rpchost.core"
 local autograd = require "rpchost.autograd.engine"
+local R = require "rpchost.autograd.rules"
 local mod = require "rpchost.nn.module"
 
 local F = {}
 local unpack = table.unpack or unpack
 local shape_of = mod.shape_of
+local record1, record_n, wants = autograd.record1, autograd.record_n, autograd.wants
 
 local function opts_of(...)
   local n = select("#", ...)
@@ -90,39 +93,17 @@ function F.softplus(x, beta, threshold)
 end
 function F.logsigmoid(x) return -F.softplus(-x) end
 
--- erf by Abramowitz & Stegun 7.1.26 refined (|error| < 1.5e-7, below float32's
--- resolution); GELU's gradient uses the exact density
-local function erf(x)
-  local s = x:sign()
-  local a = x:abs()
-  local t = 1 / (a * 0.3275911 + 1)
-  local y = 1 - (((((t * 1.061405429 - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t) *
-    (-(a * a)):exp()
-  return s * y
-end
+-- erf by Abramowitz & Stegun 7.1.26 refined (the gelu rule's, whose gradient
+-- uses the exact density)
+local erf = R.gelu.erf
 F._erf = erf
-local Gelu = autograd.Function:extend("Gelu")
-function Gelu.forward(ctx, x, approximate)
-  ctx:save_for_backward(x)
-  ctx.approximate = approximate
+-- GELU as one node (the composition below is its forward, run unrecorded)
+local function gelu_forward(x, approximate)
   if approximate == "tanh" then
     local k = math.sqrt(2 / math.pi)
     return x * 0.5 * (((x + x * x * x * 0.044715) * k):tanh() + 1)
   end
   return x * 0.5 * (erf(x / math.sqrt(2)) + 1)
-end
-function Gelu.backward(ctx, g)
-  local x = ctx.saved_tensors[1]
-  if ctx.approximate == "tanh" then
-    local k = math.sqrt(2 / math.pi)
-    local inner = (x + x * x * x * 0.044715) * k
-    local th = inner:tanh()
-    local d = (th + 1) * 0.5 + x * 0.5 * (1 - th * th) * k * (x * x * 0.134145 + 1)
-    return g * d
-  end
-  local cdf = (erf(x / math.sqrt(2)) + 1) * 0.5
-  local pdf = (-(x * x) * 0.5):exp() * (1 / math.sqrt(2 * math.pi))
-  return g * (cdf + x * pdf)
 end
 function F.gelu(x, approximate)
   if type(approximate) == "table" then approximate = approximate.approximate end
@@ -130,7 +111,8 @@ function F.gelu(x, approximate)
   if approximate ~= "none" and approximate ~= "tanh" then
     error("gelu: approximate must be 'none' or 'tanh', got " .. tostring(approximate), 2)
   end
-  return Gelu.apply(x, approximate)
+  if not wants(x) then return gelu_forward(x, approximate) end
+  return record1(R.gelu, autograd.no_grad(gelu_forward, x, approximate), x, approximate)
 end
 
 local function dim_arg(x, dim, what)
@@ -146,18 +128,11 @@ end
 -- over the last dimension of a float tensor: one C node each way
 -- (host/tensor/nn/nn_softmax.c; on a device nn_cuda_norm.c) in the tensor's
 -- dtype; else the tensor methods
-local SoftmaxFn = autograd.Function:extend("NativeSoftmax")
-SoftmaxFn.fresh_grads = true -- its backward returns new tensors (C results, GEMMs)
-function SoftmaxFn.forward(ctx, x, log_)
-  local y = core.nn_softmax(x, log_)
-  ctx.y, ctx.log = y, log_
-  return y
-end
-function SoftmaxFn.backward(ctx, g) return core.nn_softmax_backward(ctx.y, g, ctx.log) end
 local function softmax_of(x, dim, log_)
   if dim == x:dim() and x:dim() > 0 and x:size(dim) > 0 and
       (x.dtype == tensor.float32 or x.dtype == tensor.float64) then
-    return SoftmaxFn.apply(x, log_)
+    local y = core.nn_softmax(x, log_)
+    return record1(R.native_softmax, y, x, y, log_)
   end
   if log_ then return x:log_softmax(dim) end
   return x:softmax(dim)
@@ -170,16 +145,6 @@ function F.log_softmax(x, dim) return softmax_of(x, dim_arg(x, dim), true) end
 -- On host floats one C node (host/tensor/nn/nn_linear.c: the bias under the GEMM,
 -- as PyTorch's addmm); its backward gets the weight's gradient in the weight's
 -- own layout (g^T x), not as the transpose of x^T g.
-local LinearFn = autograd.Function:extend("NativeLinear")
-LinearFn.fresh_grads = true
-function LinearFn.forward(ctx, x, w, b)
-  ctx.x, ctx.w = x, w
-  return core.nn_linear(x, w, b)
-end
-function LinearFn.backward(ctx, g)
-  local n = ctx.needs_input_grad
-  return n[1] and g:matmul(ctx.w) or nil, n[2] and g:t():matmul(ctx.x) or nil, n[3] and g:sum(1) or nil
-end
 
 function F.linear(x, w, b)
   if x:dim() > 2 then
@@ -190,7 +155,9 @@ function F.linear(x, w, b)
   if x:dim() == 2 and w:dim() == 2 and x.device == "cpu" and (x.dtype == tensor.float32 or x.dtype == tensor.float64)
       and w.dtype == x.dtype and w.device == "cpu" and (b == nil or (b.dtype == x.dtype and b.device == "cpu" and
       b:dim() == 1)) and x:size(2) == w:size(2) then
-    return LinearFn.apply(x, w, b)
+    local y = core.nn_linear(x, w, b)
+    if not wants(x, w, b) then return y end
+    return record_n(R.linear, y, {n = 3, x, w, b}, {x, w})
   end
   local y = x:matmul(w:t())
   if b ~= nil then y = y + b end
@@ -224,20 +191,6 @@ function F.dropout2d(x, ...) local y = dropout_over("dropout2d", 2, x, ...); ret
 function F.dropout1d(x, ...) local y = dropout_over("dropout1d", 1, x, ...); return y end
 
 -- convolution ---------------------------------------------------------------------------
-local Conv = autograd.Function:extend("Convolution")
-Conv.fresh_grads = true
-function Conv.forward(ctx, x, w, b, p)
-  ctx.p = p
-  ctx:save_for_backward(x, w)
-  return core.nn_conv2d(x, w, b, unpack(p))
-end
-function Conv.backward(ctx, g)
-  local x, w = ctx.saved_tensors[1], ctx.saved_tensors[2]
-  local n = ctx.needs_input_grad
-  local p = ctx.p
-  local gx, gw, gb = core.nn_conv2d_backward(x, w, g, p[1], p[2], p[3], p[4], p[5], p[6], p[7], n[1], n[2], n[3])
-  return gx, gw, gb
-end
 
 local function same_padding(k, dil, what)
   local pads = {}
@@ -271,7 +224,9 @@ function F.conv2d(x, w, ...)
       shape_str(x), w:size(2) * groups, x:size(2)), 2)
   end
   local p = {stride[1], stride[2], pad[1], pad[2], dil[1], dil[2], groups}
-  return Conv.apply(x, w, a.bias, p)
+  local y = core.nn_conv2d(x, w, a.bias, unpack(p))
+  if not wants(x, w, a.bias) then return y end
+  return record_n(R.conv2d, y, {n = 3, x, w, a.bias}, {x, w, p})
 end
 
 -- conv1d: conv2d over [N, C, 1, L]
@@ -290,16 +245,6 @@ function F.conv1d(x, w, ...)
 end
 
 -- pooling -------------------------------------------------------------------------------
-local MaxPool = autograd.Function:extend("MaxPool2DWithIndices")
-MaxPool.fresh_grads = true
-function MaxPool.forward(ctx, x, p)
-  local y, idx = core.nn_max_pool2d(x, unpack(p))
-  ctx.idx, ctx.h, ctx.w = idx, x:size(3), x:size(4)
-  return y, idx
-end
-function MaxPool.backward(ctx, g)
-  return core.nn_max_pool2d_backward(g, ctx.idx, ctx.h, ctx.w)
-end
 
 local function pool_params(a, what, dilation)
   local k = pair(a.kernel_size, what .. " kernel_size")
@@ -329,21 +274,10 @@ function F.max_pool2d(x, ...)
     return y:squeeze(1)
   end
   local p = pool_params(a, "max_pool2d", true)
-  local y, idx = MaxPool.apply(x, p)
+  local y, idx = core.nn_max_pool2d(x, unpack(p))
+  record1(R.max_pool2d, y, x, idx, x:size(3), x:size(4))
   if a.return_indices then return y, idx + 1LL end
   return y
-end
-
-local AvgPool = autograd.Function:extend("AvgPool2D")
-AvgPool.fresh_grads = true
-function AvgPool.forward(ctx, x, p)
-  ctx.p, ctx.h, ctx.w = p, x:size(3), x:size(4)
-  return core.nn_avg_pool2d(x, unpack(p))
-end
-function AvgPool.backward(ctx, g)
-  local p = {unpack(ctx.p)}
-  p[#p + 1], p[#p + 2] = ctx.h, ctx.w
-  return core.nn_avg_pool2d_backward(g, unpack(p))
 end
 
 -- avg_pool2d(x, kernel_size, stride = kernel_size, padding = 0, ceil_mode = false,
@@ -353,16 +287,8 @@ function F.avg_pool2d(x, ...)
   batched4(x, "avg_pool2d")
   if x:dim() == 3 then return F.avg_pool2d(x:unsqueeze(1), a):squeeze(1) end
   local p = pool_params(a, "avg_pool2d", false)
-  return AvgPool.apply(x, p)
+  return record1(R.avg_pool2d, core.nn_avg_pool2d(x, unpack(p)), x, p, x:size(3), x:size(4))
 end
-
-local Adaptive = autograd.Function:extend("AdaptiveAvgPool2D")
-Adaptive.fresh_grads = true
-function Adaptive.forward(ctx, x, oh, ow)
-  ctx.h, ctx.w = x:size(3), x:size(4)
-  return core.nn_adaptive_avg_pool2d(x, oh, ow)
-end
-function Adaptive.backward(ctx, g) return core.nn_adaptive_avg_pool2d_backward(g, ctx.h, ctx.w) end
 
 -- adaptive_avg_pool2d(x, output_size): output_size a number, a pair, or a pair
 -- with nil (Lua: 0 or false) keeping that dimension
@@ -374,7 +300,7 @@ function F.adaptive_avg_pool2d(x, size)
   if type(s) ~= "table" then error("adaptive_avg_pool2d: output_size must be a number or a pair", 2) end
   local oh = (s[1] == nil or s[1] == false or s[1] == 0) and x:size(3) or s[1]
   local ow = (s[2] == nil or s[2] == false or s[2] == 0) and x:size(4) or s[2]
-  return Adaptive.apply(x, oh, ow)
+  return record1(R.adaptive_avg_pool2d, core.nn_adaptive_avg_pool2d(x, oh, ow), x, x:size(3), x:size(4))
 end
 
 function F.max_pool1d(x, ...)
@@ -392,16 +318,10 @@ end
 
 -- normalisation -----------------------------------------------------------------------
 -- one pass per channel in C (host/tensor/nn/nn_norm.c; kernels/norm.cu on a device)
-local BatchNormFn = autograd.Function:extend("NativeBatchNorm")
-BatchNormFn.fresh_grads = true
-function BatchNormFn.forward(ctx, x, w, b, rm, rv, training, momentum, eps)
+local function batch_norm_native(x, w, b, rm, rv, training, momentum, eps)
   local y, mean, invstd = core.nn_batch_norm(x, w, b, rm, rv, training, momentum, eps)
-  ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training = x, w, mean, invstd, training
-  return y
-end
-function BatchNormFn.backward(ctx, g)
-  local n = ctx.needs_input_grad
-  return core.nn_batch_norm_backward(g, ctx.x, ctx.w, ctx.mean, ctx.invstd, ctx.training, n[1], n[2], n[3])
+  if not wants(x, w, b) then return y end
+  return record_n(R.batch_norm, y, {n = 3, x, w, b}, {x, w, mean, invstd, training})
 end
 
 -- (on a CUDA device host/tensor/nn/nn_cuda_norm.c's kernels: every operand on x's device)
@@ -426,7 +346,7 @@ function F.batch_norm(x, running_mean, running_var, ...)
   if native_ok(x, a.weight, a.bias, running_mean, running_var) then
     local m = a.momentum
     if m == nil then m = 0.1 end
-    return BatchNormFn.apply(x, a.weight, a.bias, a.training and running_mean or (not training and running_mean) or nil,
+    return batch_norm_native(x, a.weight, a.bias, a.training and running_mean or (not training and running_mean) or nil,
       a.training and running_var or (not training and running_var) or nil, training and true or false, m, eps)
   end
   local dims = {1}
@@ -466,19 +386,10 @@ end
 -- layer_norm(x, normalized_shape, weight, bias, eps)
 -- one C node for host tensors (host/tensor/nn/nn_norm.c): two passes over x
 -- forward and backward, where the composition below saves five tensors of x's size
-local LayerNormFn = autograd.Function:extend("NativeLayerNorm")
-LayerNormFn.fresh_grads = true
-function LayerNormFn.forward(ctx, x, w, b, d, eps)
+local function layer_norm_native(x, w, b, d, eps)
   local y, mean, rstd = core.nn_layer_norm(x, d, w, b, eps)
-  ctx.x, ctx.w, ctx.d, ctx.mean, ctx.rstd = x, w, d, mean, rstd
-  return y
-end
-function LayerNormFn.backward(ctx, g)
-  local n = ctx.needs_input_grad
-  local gx, gw, gb = core.nn_layer_norm_backward(g, ctx.x, ctx.d, ctx.w, ctx.mean, ctx.rstd, n[1], n[2], n[3])
-  if gw ~= nil then gw = gw:view(ctx.w:size()) end
-  if gb ~= nil then gb = gb:view(ctx.w:size()) end
-  return gx, gw, gb
+  if not wants(x, w, b) then return y end
+  return record_n(R.layer_norm, y, {n = 3, x, w, b}, {x, w, d, mean, rstd})
 end
 
 function F.layer_norm(x, normalized_shape, ...)
@@ -497,7 +408,7 @@ function F.layer_norm(x, normalized_shape, ...)
   end
   local shaped = function(v) return v == nil or v:numel() == d end
   if d > 0 and native_ok(x, a.weight, a.bias) and shaped(a.weight) and shaped(a.bias) then
-    return LayerNormFn.apply(x, a.weight, a.bias, d, a.eps or 1e-5)
+    return layer_norm_native(x, a.weight, a.bias, d, a.eps or 1e-5)
   end
   local mean = mean_dims(x, dims, true)
   local d = x - mean
@@ -544,24 +455,12 @@ local function as_index(t, what)
   return t
 end
 
-local EmbeddingFn = autograd.Function:extend("Embedding")
-function EmbeddingFn.forward(ctx, w, idx, padding_idx)
-  ctx.idx, ctx.rows, ctx.padding_idx = idx, w:size(1), padding_idx
-  return w:index_select(1, idx)
-end
-function EmbeddingFn.backward(ctx, g)
-  local gw = tensor.zeros(ctx.rows, g:size(2), {dtype = g.dtype, device = g.device})
-  gw:index_add_(1, ctx.idx, g)
-  if ctx.padding_idx then gw:select(1, ctx.padding_idx):zero_() end
-  return gw
-end
-
 -- rows of w: index_select's own backward adds into the engine's one gradient
--- buffer per weight (a piece), which becomes .grad without a copy; the node
--- above is for a padding row, which gets no gradient
+-- buffer per weight (a piece), which becomes .grad without a copy; with a
+-- padding row, which gets no gradient, one node of the embedding rule
 local function rows_of(w, idx, padding_idx)
-  if padding_idx == nil then return w:index_select(1, idx) end
-  return EmbeddingFn.apply(w, idx, padding_idx)
+  if padding_idx == nil or not wants(w) then return w:index_select(1, idx) end
+  return record1(R.embedding, autograd.no_grad(w.index_select, w, 1, idx), w, idx, w:size(1), padding_idx)
 end
 
 local function check_range(idx, n, what)

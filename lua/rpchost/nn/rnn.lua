@@ -63,21 +63,19 @@ local function repr(self)
   return s
 end
 
--- The LSTM cell's pointwise part as one autograd node: from the pre-activation
--- gates [B, 4H] and c_prev to (h, c), one pass in C each way
--- (host/tensor/nn/nn_rnn.c) that saves one [B, 5H] block for the backward, instead
--- of narrow/sigmoid/tanh/mul nodes each saving and scattering tensors of their own.
+-- The LSTM cell's pointwise part as one autograd node (the lstm_cell rule of
+-- rpchost.autograd.rules): from the pre-activation gates [B, 4H] and c_prev to
+-- (h, c), one pass in C each way (host/tensor/nn/nn_rnn.c) that saves one
+-- [B, 5H] block for the backward, instead of narrow/sigmoid/tanh/mul nodes each
+-- saving and scattering tensors of their own.
 local core = require "rpchost.core"
 local autograd = require "rpchost.autograd.engine"
-local LSTMCellFn = autograd.Function:extend("LSTMCell")
-LSTMCellFn.fresh_grads = true
-function LSTMCellFn.forward(ctx, gates, c_prev)
+local rules = require "rpchost.autograd.rules"
+local function lstm_cell_native(gates, c_prev)
   local h, c, ws = core.nn_lstm_cell(gates, c_prev)
-  ctx.c_prev, ctx.ws = c_prev, ws
-  return h, c
-end
-function LSTMCellFn.backward(ctx, gh, gc)
-  return core.nn_lstm_cell_backward(gh, gc, ctx.c_prev, ctx.ws)
+  if not autograd.wants(gates, c_prev) then return h, c end
+  local outs = autograd.record_n(rules.lstm_cell, {n = 2, h, c}, {n = 2, gates, c_prev}, {c_prev, ws})
+  return outs[1], outs[2]
 end
 
 -- the cell in tensor ops, for dtypes the kernels do not take
@@ -94,21 +92,21 @@ end
 local function lstm_cell(gates, c_prev)
   -- host/tensor/nn/nn_rnn.c on the host, nn_cuda_norm.c (kernels/norm.cu) on a device
   if (gates.dtype == tensor.float32 or gates.dtype == tensor.float64) and c_prev.device == gates.device then
-    return LSTMCellFn.apply(gates, c_prev)
+    return lstm_cell_native(gates, c_prev)
   end
   return lstm_cell_ops(gates, c_prev)
 end
 
 -- A whole LSTM layer (one direction) as one autograd node on host float
--- tensors: the forward saves, per step, the cell's [B, 5H] block and c_prev (and
--- the outputs, which are the next steps' h_prev) instead of a graph of nodes
--- per step; the backward runs the steps back with one [B, 4H] x [4H, H] product
--- each, keeps every step's gate gradients in one [T, B, 4H] tensor, and then
--- gets the weights' and the input's gradients as one GEMM each over all steps
--- (not 2 x T thin per-step products and T accumulations of a [4H, H] gradient).
-local LSTMLayerFn = autograd.Function:extend("LSTMLayer")
-LSTMLayerFn.fresh_grads = true
-function LSTMLayerFn.forward(ctx, x, wih, whh, bih, bhh, h0, c0, reverse)
+-- tensors (the lstm_layer rule of rpchost.autograd.rules): the forward saves,
+-- per step, the cell's [B, 5H] block and c_prev (and the outputs, which are the
+-- next steps' h_prev) instead of a graph of nodes per step; the backward runs
+-- the steps back with one [B, 4H] x [4H, H] product each, keeps every step's
+-- gate gradients in one [T, B, 4H] tensor, and then gets the weights' and the
+-- input's gradients as one GEMM each over all steps (not 2 x T thin per-step
+-- products and T accumulations of a [4H, H] gradient). The forward runs
+-- unrecorded; its by-products go to the node (args).
+local function lstm_layer_forward(x, wih, whh, bih, bhh, h0, c0, reverse)
   local T, B, H = x:size(1), x:size(2), whh:size(2)
   local xi = x:reshape(T * B, x:size(3)):matmul(wih:t())
   if bih ~= nil then xi:add_(bih + bhh) end
@@ -125,36 +123,18 @@ function LSTMLayerFn.forward(ctx, x, wih, whh, bih, bhh, h0, c0, reverse)
     out:select(1, t):copy_(hn)
     h, c = hn, cn
   end
-  ctx.x, ctx.wih, ctx.whh, ctx.h0, ctx.out, ctx.ws, ctx.cs, ctx.reverse = x, wih, whh, h0, out, ws, cs, reverse
-  return out, h, c
+  return out, h, c, ws, cs
 end
-function LSTMLayerFn.backward(ctx, gout, ghn, gcn)
-  local x, whh, out = ctx.x, ctx.whh, ctx.out
-  local T, B, H = x:size(1), x:size(2), whh:size(2)
-  local n = ctx.needs_input_grad
-  local G = tensor.empty({T, B, 4 * H}, {dtype = x.dtype})
-  local dh, dc = ghn, gcn
-  for s = T, 1, -1 do
-    local t = ctx.reverse and (T - s + 1) or s
-    local gh = gout ~= nil and gout:select(1, t) or nil
-    if dh ~= nil then gh = gh ~= nil and gh + dh or dh end
-    local gg, gcp = core.nn_lstm_cell_backward(gh, dc, ctx.cs[t], ctx.ws[t])
-    G:select(1, t):copy_(gg)
-    dh, dc = gg:matmul(whh), gcp
+local function lstm_layer_native(x, wih, whh, bih, bhh, h0, c0, reverse)
+  local wants = autograd.wants
+  if not (wants(x, wih, whh) or wants(bih, bhh, h0) or wants(c0)) then
+    local out, h, c = lstm_layer_forward(x, wih, whh, bih, bhh, h0, c0, reverse)
+    return out, h, c
   end
-  local G2 = G:view(T * B, 4 * H)
-  local gx, gwih, gwhh, gb
-  if n[1] then gx = G2:matmul(ctx.wih):view(T, B, x:size(3)) end
-  if n[2] then gwih = G2:t():matmul(x:reshape(T * B, x:size(3))) end
-  if n[3] then
-    -- h_prev of every step: the outputs shifted by one, h0 where the sweep starts
-    local h0 = ctx.h0:unsqueeze(1)
-    local hp = T == 1 and h0 or (ctx.reverse and tensor.cat({out:narrow(1, 2, T - 1), h0}, 1)
-      or tensor.cat({h0, out:narrow(1, 1, T - 1)}, 1))
-    gwhh = G2:t():matmul(hp:view(T * B, H))
-  end
-  if n[4] or n[5] then gb = G2:sum(1) end
-  return gx, gwih, gwhh, n[4] and gb or nil, n[5] and (n[4] and gb:clone() or gb) or nil, dh, dc
+  local out, h, c, ws, cs = autograd.no_grad(lstm_layer_forward, x, wih, whh, bih, bhh, h0, c0, reverse)
+  local outs = autograd.record_n(rules.lstm_layer, {n = 3, out, h, c}, {n = 7, x, wih, whh, bih, bhh, h0, c0},
+    {x, wih, whh, h0, out, ws, cs, reverse})
+  return outs[1], outs[2], outs[3]
 end
 
 local function native_lstm(x, wih, whh, bih)
@@ -170,7 +150,7 @@ local function run_direction(self, x, sfx, h, c, reverse)
   local wih, whh = self["weight_ih" .. sfx], self["weight_hh" .. sfx]
   local bih, bhh = self["bias_ih" .. sfx], self["bias_hh" .. sfx]
   if self.mode == "LSTM" and native_lstm(x, wih, whh, bih) and h.dtype == x.dtype and c.dtype == x.dtype then
-    return LSTMLayerFn.apply(x, wih, whh, bih, bhh, h, c, reverse and true or false)
+    return lstm_layer_native(x, wih, whh, bih, bhh, h, c, reverse and true or false)
   end
   -- all time steps' input products at once: [T*B, in] x [in, gH]
   local xi = x:reshape(T * B, x:size(3)):matmul(wih:t())
