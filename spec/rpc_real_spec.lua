@@ -8,17 +8,18 @@ local S = require "spec.support"
 -- a world started by hand, not under the launcher (which stops the world when a rank dies)
 local by_hand = S.by_hand
 
-local function world(n, body, names, opts)
-  local r, lines = S.checked_world(n, [[
+-- (opts.times: how many ranks make each check, S.assert_checks)
+local function world(n, body, opts)
+  local r = S.checked_world(n, [[
     local tensor = require "tensor"
     local sched = require "rpchost.sched"
   ]] .. body, opts)
   assert.are.equal(0, r.status, r.out .. r.err)
-  S.assert_oks(r, lines, names)
+  S.assert_checks(r, {times = opts and opts.times})
   return r
 end
 
-describe("RRefs used before their owner created them", function()
+describe("RRefs used before their owner created them #world", function()
   it("wait on the owner (fetch, proxies, forks) and arrive confirmed as arguments", function()
     world(4, [[
       function slow_make(i) return {i = i, get = function(self) return self.i end} end
@@ -86,14 +87,14 @@ describe("RRefs used before their owner created them", function()
         local did = d.id
         d = nil
         local gone
-        for _ = 1, 50 do
+        wait_until(function()
           collectgarbage() collectgarbage()
-          sched.sleep(0.05)
           local okd, ed = pcall(rpc.rpc_sync, "w1", function(i)
             return require("rpchost.rpc.rref").fetch(i, 1):wait()
           end, {did})
-          if not okd then gone = ed break end
-        end
+          if not okd then gone = ed end
+          return gone
+        end, 3, "the owner to delete the RRef", 0.05)
         check("deleted id named", tostring(gone):find("was deleted", 1, true), gone)
         local ok2, e2 = pcall(rpc.rpc_sync, "w1", function()
           return require("rpchost.rpc.rref").fetch("0:999999", 0.3):wait()
@@ -101,12 +102,11 @@ describe("RRefs used before their owner created them", function()
         check("creation that never comes is bounded", not ok2 and tostring(e2):find("has no value on its owner", 1, true), e2)
       end
       rpc.shutdown()
-    ]], {"300 RRefs used before their creating call arrived", "300 RRefs used by third workers before creation", "confirmed when they arrive as arguments",
-         "failed creation named", "deleted id named", "creation that never comes is bounded"}, {timeout = 120})
+    ]], {timeout = 120})
   end)
 end)
 
-describe("remote() and async_execution", function()
+describe("remote() and async_execution #world", function()
   it("remote()'s timeout covers running; async_execution works through every call form", function()
     world(3, [[
       function slow(s) sched.sleep(s) return "late" end
@@ -175,14 +175,11 @@ describe("remote() and async_execution", function()
         check("async without a Future is an error everywhere", all)
       end
       rpc.shutdown()
-    ]], {"remote timeout raised at to_here", "remote timeout is prompt", "remote within its timeout",
-         "rpc_sync async", "rpc_async async", "remote async", "chained async", "remote chained async",
-         "proxy rpc_sync async", "proxy rpc_async async", "proxy remote async", "owner proxy async",
-         "async without a Future is an error everywhere"}, {timeout = 60})
+    ]], {timeout = 60})
   end)
 end)
 
-describe("Futures", function()
+describe("Futures #world", function()
   it("wait_all exits early and keeps every value; rpc.Future completes once; rpc.sleep and rpc.time", function()
     world(2, [[
       function two(a) return a, a + 1 end
@@ -207,12 +204,11 @@ describe("Futures", function()
         check("rpc.sleep and rpc.time", d >= 0.19 and d < 1.5 and math.abs(rpc.time() - os.time()) < 2, d)
       end
       rpc.shutdown()
-    ]], {"wait_all values", "wait_all exits early", "rpc.Future completed by the program",
-         "completing twice raises", "rpc.sleep and rpc.time"}, {timeout = 60})
+    ]], {timeout = 60})
   end)
 end)
 
-describe("graceful shutdown", function()
+describe("graceful shutdown #world", function()
   it("says what it waits for when every rank has counted in and the total is not out yet", function()
     -- (the window between the last rank's count and the total's publication: a
     -- progress note that fell in it once took the total's key for a rank's)
@@ -228,15 +224,12 @@ describe("graceful shutdown", function()
     local r = S.world(3, S.prelude .. [[
       local sched = require "rpchost.sched"
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
-      if rank == 2 then sched.sleep(6) print("ok trainer done") end
+      if rank == 2 then sched.sleep(6) end
       rpc.shutdown()
-      print("ok shut down " .. rank)
+      check("shut down", true) -- (every rank: rank 2 once its 6 s are over)
     ]], {env = {RPCHOST_INIT_TIMEOUT = 2, RPCHOST_PROGRESS_INTERVAL = 1}, timeout = 60})
     assert.are.equal(0, r.status, r.out .. r.err)
-    local lines = S.lines(r.out)
-    for _, n in ipairs {"trainer done", "shut down 0", "shut down 1", "shut down 2"} do
-      assert.is_true(lines["ok " .. n] == true, r.out .. r.err)
-    end
+    S.assert_checks(r, {times = 3})
     assert.truthy(r.err:find("w2 (rank 2) to shut down", 1, true), r.err)
     assert.truthy(r.err:find("no time limit", 1, true), r.err)
     -- a trainer killed during the shutdown is named within seconds
@@ -247,13 +240,11 @@ describe("graceful shutdown", function()
       if rank == 2 then sched.sleep(3) core.kill(core.getpid(), core.SIGKILL) end
       local t0 = sched.now()
       local ok, e = pcall(rpc.shutdown)
-      check("dead trainer named " .. rank, not ok and tostring(e):find("w2 (rank 2)", 1, true) and sched.now() - t0 < 12, e)
+      check("dead trainer named", not ok and tostring(e):find("w2 (rank 2)", 1, true) and sched.now() - t0 < 12, e)
       if rank == 0 then sched.sleep(3) end -- (it hosts the store the other one still reads)
       os.exit(0)
     ]], {RPCHOST_INIT_TIMEOUT = 1})
-    for rk = 0, 1 do
-      assert.truthy(k[rk].out:find("ok dead trainer named " .. rk, 1, true), k[rk].out .. k[rk].err)
-    end
+    S.assert_checks(k, {on = {0, 1}})
     -- a bound given to shutdown is kept
     local b = S.world(2, S.prelude .. [[
       local sched = require "rpchost.sched"
@@ -264,7 +255,7 @@ describe("graceful shutdown", function()
       check("bounded shutdown", not ok and e.kind == "timeout" and sched.now() - t0 < 3, e)
       os.exit(0)
     ]], {timeout = 60})
-    assert.is_true(S.lines(b.out)["ok bounded shutdown"] == true, b.out .. b.err)
+    S.assert_checks(b)
   end)
 
   it("waits for work that handlers start while it runs (42 nested hops)", function()
@@ -279,12 +270,12 @@ describe("graceful shutdown", function()
       if rank == 0 then rpc.rpc_async("w1", hop, {42}) end
       rpc.shutdown()
       -- (each rank ran half of them)
-      check("hops " .. rank, hops == 21, hops)
-    ]], {"hops 0", "hops 1"}, {timeout = 60})
+      check("hops", hops == 21, hops)
+    ]], {timeout = 60, times = 2})
   end)
 end)
 
-describe("values over RPC", function()
+describe("values over RPC #world", function()
   it("tensors with a zero-size dimension travel; leaves keep requires_grad; no value hangs a call", function()
     world(2, [[
       function id(x) return x end
@@ -321,12 +312,11 @@ describe("values over RPC", function()
         check("and comes back a leaf", q.requires_grad == true and q.grad_fn == nil)
       end
       rpc.shutdown()
-    ]], {"empty tensors travel", "a call beside them", "mixed message", "unsendable value fails fast",
-         "and the next call works", "requires_grad travels", "and comes back a leaf"}, {timeout = 60})
+    ]], {timeout = 60})
   end)
 end)
 
-describe("classes, objects and names over RPC", function()
+describe("classes, objects and names over RPC #world", function()
   it("builds nn.Linear remotely, proxies forward, trains the fetched module; names by string", function()
     world(3, [[
       local nn = require "nn"
@@ -384,16 +374,11 @@ describe("classes, objects and names over RPC", function()
         check("closure sees tensor on the callee", rpc.rpc_sync("w2", f) == 5)
       end
       rpc.shutdown()
-    ]], {"proxy forward", "fetched module", "backward through the fetched module", "rpc_sync with a class",
-         "a user's ParameterServer", "objects of a deep class travel", "a deep class by value",
-         "refusal names the path and where it looked", "remote refusal reads func",
-         "string name rpc_sync", "string name rpc_async", "string name remote", "string name remote to self",
-         "string name of a module function", "unknown string name", "malformed string name",
-         "closure sees tensor on the callee"}, {timeout = 60})
+    ]], {timeout = 60})
   end)
 end)
 
-describe("option checking", function()
+describe("option checking #world", function()
   it("names the field and the type; DistributedOptimizer raises constructor errors at construction", function()
     world(2, [[
       local optim = require "optim"
@@ -420,7 +405,6 @@ describe("option checking", function()
         check("a good one constructs", o ~= nil)
       end
       rpc.shutdown()
-    ]], {"rpc_timeout type", "num_worker_threads type", "plain table as options", "number as options",
-         "optimizer error at construction", "a good one constructs"}, {timeout = 60})
+    ]], {timeout = 60})
   end)
 end)

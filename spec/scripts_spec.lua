@@ -1,7 +1,7 @@
 -- The example scripts in scripts/ run under the launcher and print what the seed prints.
 local S = require "spec.support"
 
-describe("example scripts", function()
+describe("example scripts #world", function()
   it("demo.lua: rank 0 calls worker_function on worker_1", function()
     local r = S.run({"run", "--nproc-per-node", "2", S.root .. "/scripts/demo.lua"})
     assert.are.equal(0, r.status, r.err)

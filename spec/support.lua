@@ -260,53 +260,59 @@ end
 -- r: what S.world, S.run or a handle's wait returned, whose .script is the
 -- script it ran (any file S.write made), or results by rank (S.by_hand's, or a
 -- spec's own table of them), where opts.on is the rank (or list of ranks)
--- whose stdout must hold every ok; no rank may print FAIL. opts.times: how
--- many times each check named in full must print ok in each of those outputs
--- (a check every rank of a launcher's world makes: the world's size); without
--- it, at least once. opts.script: the script's text, where the results do not
--- carry it.
+-- whose stdout must hold every ok, or "any" where each check is made in a
+-- branch of one rank only (each ok must then be in some rank's stdout); no
+-- rank may print FAIL. opts.times: how many times each check named in full
+-- must print ok in each of those outputs (a check every rank of a launcher's
+-- world makes: the world's size); without it, at least once. opts.script: the
+-- script's text, where the results do not carry it.
 function S.assert_checks(r, opts)
   opts = opts or {}
   local by_rank = r.out == nil
   local results = by_rank and r or {r}
-  local on = by_rank and opts.on or 1
-  assert(on ~= nil, "S.assert_checks: results by rank need opts.on, the rank(s) whose output holds the checks")
-  on = type(on) == "table" and on or {on}
   local script = opts.script
   for _, res in pairs(results) do script = script or res.script end
   assert(script, "S.assert_checks: no script text (pass opts.script)")
   local names, starts = S.check_names(script)
   assert(#names + #starts > 0, "S.assert_checks: the script names no check")
-  local function all_output()
-    local t = {}
-    for k, res in pairs(results) do
-      t[#t + 1] = ("%s\nstdout:\n%s\nstderr:\n%s"):format(by_rank and ("rank " .. tostring(k)) or "", res.out,
-        res.err)
-    end
-    return table.concat(t, "\n")
-  end
+  local all = {}
   for k, res in pairs(results) do
-    assert.is_nil(res.out:find("FAIL", 1, true), ("a check failed%s:\n%s\nstderr:\n%s"):format(
-      by_rank and (" on rank " .. tostring(k)) or "", res.out, res.err))
-  end
-  for _, k in ipairs(on) do
-    local res = results[k]
-    assert(res, "S.assert_checks: no result for rank " .. tostring(k))
-    local oks = oks_in(res.out)
     local where = by_rank and (" on rank " .. tostring(k)) or ""
+    all[#all + 1] = ("stdout%s:\n%s\nstderr%s:\n%s"):format(where, res.out, where, res.err)
+    assert.is_nil(res.out:find("FAIL", 1, true), ("a check failed%s:\n%s\nstderr:\n%s"):format(where, res.out,
+      res.err))
+  end
+  all = table.concat(all, "\n")
+  -- the outputs that must hold every ok: the world's; each rank's that opts.on
+  -- names; or, with on = "any", all ranks' together
+  local outputs = {}
+  if not by_rank then
+    outputs[1] = {out = r.out, where = ""}
+  elseif opts.on == "any" then
+    local t = {}
+    for _, res in pairs(results) do t[#t + 1] = res.out end
+    outputs[1] = {out = table.concat(t, "\n"), where = " on any rank"}
+  else
+    assert(opts.on ~= nil, "S.assert_checks: results by rank need opts.on, the rank(s) whose output holds the checks")
+    for _, k in ipairs(type(opts.on) == "table" and opts.on or {opts.on}) do
+      assert(results[k], "S.assert_checks: no result for rank " .. tostring(k))
+      outputs[#outputs + 1] = {out = results[k].out, where = " on rank " .. tostring(k)}
+    end
+  end
+  for _, o in ipairs(outputs) do
+    local oks = oks_in(o.out)
     for _, name in ipairs(names) do
-      assert.is_true(oks[name] == true, ("missing 'ok %s'%s\n%s"):format(name, where, all_output()))
+      assert.is_true(oks[name] == true, ("missing 'ok %s'%s\n%s"):format(name, o.where, all))
       if opts.times then
         local n = 0
         for _, ok in ipairs(oks) do if ok == name then n = n + 1 end end
-        assert.are.equal(opts.times, n, ("'ok %s' %d times%s, not %d\n%s"):format(name, n, where, opts.times,
-          all_output()))
+        assert.are.equal(opts.times, n, ("'ok %s' %d times%s, not %d\n%s"):format(name, n, o.where, opts.times, all))
       end
     end
     for _, start in ipairs(starts) do
       local found = false
       for _, name in ipairs(oks) do found = found or name:sub(1, #start) == start end
-      assert.is_true(found, ("no 'ok %s...'%s\n%s"):format(start, where, all_output()))
+      assert.is_true(found, ("no 'ok %s...'%s\n%s"):format(start, o.where, all))
     end
   end
 end
