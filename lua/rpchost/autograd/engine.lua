@@ -916,9 +916,10 @@ M.check_inplace = check_inplace
 -- Without an out-of-place counterpart (fill_, zero_; outofplace nil or
 -- returning nil) a's old history is cut: nothing flows back through a, whose
 -- every element the op overwrote.
+local function no_gradient() end
 local function cut_history(a, name)
   set_state(a, {requires_grad = true, grad_fn = setmetatable({name = name, edges = {}, n = 0,
-    backward = function() end}, Node)})
+    backward = no_gradient}, Node)})
 end
 
 -- The in-place method `name` (inplace) under the rule above; outofplace: its
