@@ -34,20 +34,18 @@ local function close_all(list)
   for _, r in ipairs(list) do if r.conn then r.conn:close() end end
 end
 
-local function wait_file(path, timeout)
-  local t0 = S.now()
-  while S.now() - t0 < timeout do
+-- path's text once a whole line is in it (raises after timeout s, naming what)
+local function wait_file(path, timeout, what)
+  return S.wait_until(function()
     local f = io.open(path)
-    if f then
-      local s = f:read("*a")
-      f:close()
-      if s:find("\n", 1, true) then return s end
-    end
-    S.sleep(0.05)
-  end
+    if not f then return nil end
+    local s = f:read("*a")
+    f:close()
+    return s:find("\n", 1, true) and s
+  end, timeout, what, 0.05)
 end
 
-describe("descriptor floods", function()
+describe("descriptor floods #world", function()
   it("cannot fill a rank's descriptors with idle connections: a new member still joins and calls it", function()
     local info, done = S.tmpdir .. "/flood-info", S.tmpdir .. "/flood-done"
     os.remove(info); os.remove(done)
@@ -63,13 +61,11 @@ describe("descriptor floods", function()
         f:close()
         os.rename("]] .. info .. [[.tmp", "]] .. info .. [[")
       end
-      local t0 = sched.now()
-      while not io.open("]] .. done .. [[") and sched.now() - t0 < 60 do sched.sleep(0.05) end
+      wait_until(function() return io.open("]] .. done .. [[") end, 60, "the spec's word that the flood is over", 0.05)
       if rank == 1 then check("the world goes on", rpc.rpc_sync("w0", hi) == "hi from 0") end
       rpc.shutdown()
     ]])}, {prefix = LIMITS, env = {RPCHOST_HANDSHAKE_TIMEOUT = 60, RPCHOST_STORE_HANDSHAKE_TIMEOUT = 60}})
-    local line = wait_file(info, 30)
-    assert.truthy(line, "rank 0 never said where it listens")
+    local line = wait_file(info, 30, "rank 0 to say where it listens")
     local port, pid, master = line:match("^(%d+) (%d+) (%d+)")
     local before = fds(pid)
     local list = flood("127.0.0.1", tonumber(port))
@@ -91,8 +87,7 @@ describe("descriptor floods", function()
     assert.are.equal(200, oldest, "the oldest idle connections were dropped")
     assert.are.equal(0, newest, "the newest idle connections are kept (until their deadline)")
     assert.are.equal(0, r.status, r.out .. r.err)
-    assert.truthy(r.out:find("ok the world goes on", 1, true), r.out .. r.err)
-    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
+    S.assert_checks(r)
   end)
 
   it("cannot fill the store host's descriptors: the next rank still joins (RPCHOST_MAX_UNPROVEN=64)", function()
@@ -111,15 +106,13 @@ describe("descriptor floods", function()
     local h0 = S.start({path}, {env = env(0), prefix = LIMITS})
     -- rank 0 hosts the store and waits for rank 1: once it registered, flood its store
     local client = store.connect("127.0.0.1", port, 10)
-    local raw
-    local t0 = S.now()
-    while not raw and S.now() - t0 < 10 do raw = client:get("rpc/1/worker/0"); if not raw then S.sleep(0.05) end end
+    S.wait_until(function() return client:get("rpc/1/worker/0") end, 10, "rank 0 to register", 0.05)
     client:close()
-    assert.truthy(raw, "rank 0 never registered")
     local before = fds(h0.pid)
     local list = flood("127.0.0.1", port)
-    local t1 = S.now()
-    while count_closed(list, 1, FLOOD - 64) < FLOOD - 64 and S.now() - t1 < 3 do S.sleep(0.02) end
+    S.wait_until(function() return count_closed(list, 1, FLOOD - 64) == FLOOD - 64 end, 3,
+      function() return ("all but the newest 64 idle connections dropped (%d of %d)"):format(
+        count_closed(list, 1, FLOOD - 64), FLOOD - 64) end, 0.02)
     local dropped, kept = count_closed(list, 1, FLOOD - 64), 64 - count_closed(list, FLOOD - 63, FLOOD)
     local during = fds(h0.pid)
     local r1 = S.run({path}, {env = env(1), timeout = 40})
@@ -134,7 +127,7 @@ describe("descriptor floods", function()
   end)
 end)
 
-describe("the private directory of a world without a token", function()
+describe("the private directory of a world without a token #world", function()
   -- HOME, XDG_RUNTIME_DIR and RPCHOST_TMPDIR (/tmp's stand-in) point into a
   -- scratch directory, so that nothing of this machine's own
   -- (/tmp/rpchost-<uid> included) is touched
@@ -196,7 +189,7 @@ describe("the private directory of a world without a token", function()
     squat(("%s/rpchost-%d"):format(d.tmp, uid), d, "link")
     local r = S.world(2, WORLD, {env = env_of(d), unset = UNSET, timeout = 60})
     assert.are.equal(0, r.status, r.out .. r.err)
-    assert.truthy(r.out:find("ok a call works", 1, true), r.out .. r.err)
+    S.assert_checks(r)
     local sock = r.out:match("socket (%S+)")
     assert.are.equal(d.home .. "/.cache/rpchost/", sock and sock:match("^(.*/)[^/]+$"), r.out)
     local p = io.popen("stat -c '%a %u' " .. d.home .. "/.cache/rpchost")
@@ -217,6 +210,7 @@ describe("the private directory of a world without a token", function()
     os.execute("chmod 777 " .. d.xdg) -- (writable by all and not sticky: anyone may replace what is in it)
     local r = S.world(2, WORLD, {env = env_of(d), unset = UNSET, timeout = 60})
     assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_checks(r)
     local sock = r.out:match("socket (%S+)")
     assert.are.equal(("%s/rpchost-%d/"):format(d.tmp, uid), sock and sock:match("^(.*/)[^/]+$"), r.out)
   end)

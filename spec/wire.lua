@@ -4,6 +4,7 @@
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local codec = require "rpchost.wire.codec"
+local wait_until = require("spec.support").wait_until
 
 local W = {}
 
@@ -25,7 +26,8 @@ W.u64 = u64
 
 -- Opens a raw connection to ip:port (ip "unix:/path" for a Unix-domain socket).
 -- Returns a record: .conn, .closed (when the other side ended it: the time),
--- .frames (what came back: {type, id, body}), .err (a connect error).
+-- .frames (what came back: {type, id, body}), .err (a connect error). (The
+-- connect's callback wakes the task, not a poll: floods open a thousand.)
 function W.open(ip, port)
   local r = {frames = {}, opened = sched.now()}
   local task = sched.current()
@@ -51,13 +53,13 @@ end
 
 -- Waits (bounded) until every record in `list` is closed; returns how many are.
 function W.wait_closed(list, timeout)
-  local deadline = sched.now() + timeout
   local function count()
     local n = 0
     for _, r in ipairs(list) do if r.closed or not r.conn then n = n + 1 end end
     return n
   end
-  while count() < #list and sched.now() < deadline do sched.sleep(0.02) end
+  wait_until(function() return count() == #list end, timeout,
+    function() return ("%d of %d raw connections to be closed"):format(#list - count(), #list) end, 0.02)
   return count()
 end
 
@@ -70,10 +72,10 @@ function W.hello(world, rank, name, extra)
   return codec.encode("hello", h)
 end
 
--- The next frame that came back on r (waits, bounded), removed from r.frames.
+-- The next frame that came back on r (waits, bounded), removed from r.frames;
+-- nil when r was closed with none.
 function W.next_frame(r, timeout)
-  local deadline = sched.now() + (timeout or 5)
-  while #r.frames == 0 and not r.closed and sched.now() < deadline do sched.sleep(0.005) end
+  wait_until(function() return #r.frames > 0 or r.closed end, timeout or 5, "a frame back on a raw connection", 0.005)
   return table.remove(r.frames, 1)
 end
 
@@ -109,19 +111,20 @@ function W.join(where, port, a, offers)
   return r
 end
 
--- The body of the first frame of type ftype and id that came back (waits, bounded).
+-- The body of the first frame of type ftype and id that came back (waits,
+-- bounded); nil when r was closed without it.
 function W.reply(r, ftype, id, timeout)
-  local deadline = sched.now() + (timeout or 5)
-  while sched.now() < deadline do
+  local body
+  wait_until(function()
     for i, f in ipairs(r.frames) do
       if f.type == ftype and f.id == id then
-        table.remove(r.frames, i)
-        return f.body
+        body = table.remove(r.frames, i).body
+        return true
       end
     end
-    if r.closed then return nil end
-    sched.sleep(0.005)
-  end
+    return r.closed
+  end, timeout or 5, ("frame %d, id %s, back on a raw connection"):format(ftype, tostring(id)), 0.005)
+  return body
 end
 
 -- Bodies an attacker might put in a forged RESPONSE: a plain value, an error
