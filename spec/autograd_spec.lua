@@ -13,7 +13,7 @@ local function r(...)
   return tensor.randn(sizes, f64)
 end
 
-describe("autograd", function()
+describe("autograd #unit", function()
   before_each(function() tensor.manual_seed(3) end)
 
   it("differentiates elementwise ops with broadcasting", function()
@@ -113,7 +113,7 @@ describe("autograd", function()
   end)
 end)
 
-describe("nn and optim", function()
+describe("nn and optim #unit", function()
   it("builds modules, lists parameters and learns with SGD and Adam", function()
     tensor.manual_seed(1)
     local model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))

@@ -15,7 +15,7 @@ local function write(path, s)
   f:close()
 end
 
-describe("the library from bytecode", function()
+describe("the library from bytecode #world", function()
   local lib, log_path
   setup(function()
     lib = S.tmpdir .. "/bclib" .. core.getpid()

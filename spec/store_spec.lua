@@ -2,7 +2,7 @@
 local S = require "spec.support"
 local store = require "rpchost.store"
 
-describe("store", function()
+describe("store #unit", function()
   local server, client
 
   setup(function()
@@ -108,24 +108,20 @@ describe("store", function()
     -- drop every server-side connection by closing the listener and the clients
     for conn in pairs(s2.clients) do conn:close() end
     s2:close()
-    local t0 = S.now()
-    while not result and S.now() - t0 < 5 do sched.sleep(0.01) end
+    S.wait_until(function() return result end, 5, "the pending wait to fail")
     assert.is_false(result[1])
     assert.are.equal("unreachable", result[2].kind)
   end)
 
   it("closes a connection that sends garbage, and keeps serving others", function()
     local core = require "rpchost.core"
-    local sched = require "rpchost.sched"
     local closed = false
     local conn = core.connect("127.0.0.1", server.port, {
       connect = function(c) c:send(99, 0, 0, "garbage") end,
       close = function() closed = true end,
     })
     assert.truthy(conn)
-    local t0 = S.now()
-    while not closed and S.now() - t0 < 5 do sched.sleep(0.01) end
-    assert.is_true(closed)
+    S.wait_until(function() return closed end, 5, "the store to close the garbage's connection")
     client:set("still", "alive")
     assert.are.equal("alive", client:get("still"))
   end)

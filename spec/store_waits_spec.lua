@@ -9,7 +9,7 @@ local sched = require "rpchost.sched"
 
 local function empty(t) return next(t) == nil end
 
-describe("store waits", function()
+describe("store waits #unit", function()
   local server, client, other
 
   before_each(function()
@@ -47,9 +47,7 @@ describe("store waits", function()
     end
     S.sleep(0.1) -- (every wait is at the store, blocked on k1)
     for i = 1, N do other:set(keys[i], "x") end
-    local deadline = S.now() + 10
-    while done < W and S.now() < deadline do S.sleep(0.01) end
-    assert.are.equal(W, done)
+    S.wait_until(function() return done == W end, 10, function() return ("%d of %d waits to end"):format(W - done, W) end)
     for w = 1, W do assert.is_true(results[w]) end
     -- each set reads, per wait blocked on it, that key and the next: about 2 W N;
     -- rescanning every wait from its first key on every set was W N^2 / 2
@@ -66,8 +64,7 @@ describe("store waits", function()
     end
     S.sleep(0.1)
     other:set("stop", "why")
-    local deadline = S.now() + 5
-    while not (got[1] and got[2] and got[3]) and S.now() < deadline do S.sleep(0.01) end
+    S.wait_until(function() return got[1] and got[2] and got[3] end, 5, "the three aborted waits to end")
     for i = 1, 3 do
       assert.is_false(got[i][1])
       assert.are.equal("why", got[i][2])
@@ -86,8 +83,7 @@ describe("store waits", function()
     S.sleep(0.05)
     assert.is_false(empty(server.waiting)) -- (gone's)
     gone:close()
-    local deadline = S.now() + 5
-    while not empty(server.waiting) and S.now() < deadline do S.sleep(0.01) end
+    S.wait_until(function() return empty(server.waiting) end, 5, "the store to forget the gone client's wait")
     assert.is_true(empty(server.waiting) and empty(server.blocked) and empty(server.aborting))
   end)
 
@@ -97,8 +93,7 @@ describe("store waits", function()
     S.sleep(0.05)
     server.data.s1, server.data.s2 = "1", "1"
     server:notify()
-    local deadline = S.now() + 5
-    while ok == nil and S.now() < deadline do S.sleep(0.01) end
+    S.wait_until(function() return ok ~= nil end, 5, "the wait to end")
     assert.is_true(ok)
   end)
 

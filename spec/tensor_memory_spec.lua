@@ -10,7 +10,7 @@ local function run(src)
   return r
 end
 
-describe("tensor memory", function()
+describe("tensor memory #world", function()
   it("keeps a loop's garbage within the GC trigger's allowance", function()
     -- four 4 MiB results per step, three of them live at once (a few more sit in
     -- stale stack slots until overwritten); each becomes garbage the next step.

@@ -31,7 +31,7 @@ end
 
 local gradcheck = S.gradcheck
 
-describe("the dtype rule", function()
+describe("the dtype rule #unit", function()
   it("gives Lua numbers the default dtype, 5LL int64, booleans bool, index results int64", function()
     assert.are.equal(tensor.float32, tensor.tensor({1.0, 2.0}).dtype)
     assert.are.equal(tensor.float32, tensor.full({2}, 3.0).dtype)
@@ -80,7 +80,7 @@ describe("the dtype rule", function()
   end)
 end)
 
-describe("argument parsing", function()
+describe("argument parsing #unit", function()
   it("takes sizes as varargs, a table or a Size, and empty or all-nil options", function()
     local s = tensor.zeros(2, 3):size()
     assert.are.equal("Size([2, 3])", tostring(tensor.zeros({2, 3}):size()))
@@ -123,7 +123,7 @@ describe("argument parsing", function()
   end)
 end)
 
-describe("tensor ops agree with numpy", function()
+describe("tensor ops agree with numpy #unit", function()
   it("on float64, contiguous and transposed, and on the integer and bool dtypes", function()
     if not numpy_ok() then pending("python3-numpy is not installed") return end
     local dir = S.tmpdir .. "/ops"
@@ -356,7 +356,7 @@ np.save(d + '/g_clamp.npy', np.where((a >= -0.5) & (a <= 0.5), w, 0))
   end)
 end)
 
-describe("tensor op gradients", function()
+describe("tensor op gradients #unit", function()
   local function r(...) return tensor.randn({...}, f64) end
   before_each(function() tensor.manual_seed(9) end)
 
@@ -440,7 +440,7 @@ describe("tensor op gradients", function()
   end)
 end)
 
-describe("indexing with tensors", function()
+describe("indexing with tensors #unit", function()
   it("assigns through int64 indices and bool masks", function()
     local x = tensor.zeros(4, 3)
     x[tensor.tensor({2LL, 4LL})] = 7
@@ -494,7 +494,7 @@ describe("indexing with tensors", function()
   end)
 end)
 
-describe("strided copies", function()
+describe("strided copies #unit", function()
   it("copy every permuted layout of every dtype element for element (the tiled path included)", function()
     local function eq(u, w)
       if type(u) == "table" then
@@ -545,7 +545,7 @@ describe("strided copies", function()
   end)
 end)
 
-describe("large gathers", function()
+describe("large gathers #unit", function()
   it("checked in every thread: the same values as the int32 path, the first bad index named", function()
     tensor.manual_seed(9)
     local n = 200000
@@ -564,7 +564,7 @@ describe("large gathers", function()
   end)
 end)
 
-describe("large scatters", function()
+describe("large scatters #unit", function()
   it("split across threads give the serial answer (last store wins, every add counted)", function()
     tensor.manual_seed(8)
     for _, d in ipairs({1, 2}) do
@@ -594,7 +594,7 @@ describe("large scatters", function()
   end)
 end)
 
-describe("random ops", function()
+describe("random ops #unit", function()
   it("repeat under manual_seed and draw what they promise", function()
     tensor.manual_seed(4)
     local p1, i1 = tensor.randperm(10), tensor.randint(-3, 4, {1000})
@@ -617,7 +617,7 @@ describe("random ops", function()
   end)
 end)
 
-describe("in-place ops", function()
+describe("in-place ops #unit", function()
   it("change the tensor they are called on and move its version once per write", function()
     local x = tensor.zeros(3, 2)
     local idx = tensor.tensor({{1LL, 2LL}})

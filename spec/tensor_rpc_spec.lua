@@ -2,7 +2,7 @@
 -- tensor functions, views sending only their elements, sharing kept, 1 GiB.
 local S = require "spec.support"
 
-describe("tensors over rpc", function()
+describe("tensors over rpc #world", function()
   it("travel as arguments and results, views and sharing included", function()
     local r = S.world(2, S.prelude .. [[
       local tensor = require "tensor"
@@ -41,11 +41,7 @@ describe("tensors over rpc", function()
       rpc.shutdown()
     ]], {timeout = 60})
     assert.are.equal(0, r.status, r.err)
-    assert.is_nil(r.out:find("FAIL", 1, true), r.out)
-    for _, name in ipairs({"tensor.add by name", "transposed view", "sharing kept", "sharing kept in results",
-                           "dtype bool", "0-dim", "empty", "views send only their elements", "tensors in tables"}) do
-      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
-    end
+    S.assert_checks(r)
   end)
 
   it("round-trips a 1 GiB tensor intact", function()
@@ -63,7 +59,7 @@ describe("tensors over rpc", function()
       rpc.shutdown()
     ]], {timeout = 120})
     assert.are.equal(0, r.status, r.err)
-    assert.truthy(r.out:find("ok 1 GiB intact", 1, true), r.out .. r.err)
+    S.assert_checks(r)
   end)
 
   -- (rank 1 says whether anything reached it through a shared-memory segment)
@@ -89,7 +85,7 @@ describe("tensors over rpc", function()
         rpc.shutdown()
       ]])
       assert.are.equal(0, r.status, r.err)
-      assert.truthy(r.out:find("ok intact", 1, true), r.out .. r.err)
+      S.assert_checks(r)
       assert.truthy(r.out:find("shm " .. case[2], 1, true), r.out)
     end)
   end
@@ -121,10 +117,7 @@ describe("tensors over rpc", function()
       rpc.shutdown()
     ]])
     assert.are.equal(0, r.status, r.err)
-    for _, name in ipairs({"none before", "gradients intact", "gradients copied out of a segment", "64 KiB intact",
-                           "64 KiB through the socket", "1 MiB intact", "1 MiB lent through a segment"}) do
-      assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
-    end
+    S.assert_checks(r)
   end)
 
   -- what goes through the segments: several tensors per message (sizes that are
@@ -173,14 +166,13 @@ describe("tensors over rpc", function()
           check("an adopted tensor can be changed", x:equal(a + 1))
           -- once both sides let go of what they received, every segment comes back
           x, y, z, futs = nil, nil, nil, nil
-          local sched = require "rpchost.sched"
-          local t0, mine, theirs = sched.now()
-          repeat
+          local mine, theirs
+          wait_until(function()
             collect()
             rpc.rpc_sync("worker1", collect)
-            sched.sleep(0.05)
             mine, theirs = busy_segments(), rpc.rpc_sync("worker1", busy_segments)
-          until (mine == 0 and theirs == 0) or sched.now() - t0 > 5
+            return mine == 0 and theirs == 0
+          end, 5, function() return ("every segment back (%d and %d lent)"):format(mine, theirs) end, 0.05)
           check("every segment came back", mine == 0 and theirs == 0, mine .. " " .. theirs)
           local adopted, copied = rpc.rpc_sync("worker1", received_by)
           print("adopted " .. tostring(adopted > 0) .. " copied " .. tostring(copied > 0))
@@ -189,10 +181,7 @@ describe("tensors over rpc", function()
         rpc.shutdown()
       ]], {env = case[2]})
       assert.are.equal(0, r.status, r.err)
-      for _, name in ipairs({"several tensors in one message", "eight in flight", "ten kept", "an adopted tensor can be changed",
-                             "every segment came back"}) do
-        assert.truthy(r.out:find("ok " .. name, 1, true), name .. "\n" .. r.out .. r.err)
-      end
+      S.assert_checks(r)
       assert.truthy(r.out:find("shm " .. case[3], 1, true), r.out)
       -- with shared memory on, big payloads were adopted, and past the loan limit copied
       local used = case[3] == "true" and "true" or "false"
@@ -219,6 +208,6 @@ describe("tensors over rpc", function()
       end
       rpc.shutdown()
     ]])
-    S.assert_oks(r, S.lines(r.out), {"callee had no tensor module", "tensor echoed"})
+    S.assert_checks(r)
   end)
 end)

@@ -20,7 +20,7 @@ local function raises(pattern, fn, ...)
   assert.truthy(tostring(e):find(pattern, 1, true), ("error %q does not contain %q"):format(tostring(e), pattern))
 end
 
-describe("tensor creation", function()
+describe("tensor creation #unit", function()
   it("makes zeros, ones, full, arange with the dtype rule (Lua numbers: the default dtype)", function()
     same(tensor.zeros(2, 3), {{0, 0, 0}, {0, 0, 0}}, tensor.float32)
     same(tensor.zeros({2, 3}), {{0, 0, 0}, {0, 0, 0}})
@@ -67,7 +67,7 @@ describe("tensor creation", function()
   end)
 end)
 
-describe("tensor dtypes", function()
+describe("tensor dtypes #unit", function()
   it("promotes like PyTorch", function()
     local i64, i32, u8 = tensor.tensor({1LL}), tensor.tensor({1}, {dtype = tensor.int32}), tensor.tensor({1}, {dtype = tensor.uint8})
     local f32, f64, b = tensor.tensor({1.5}), tensor.tensor({1.5}, {dtype = tensor.float64}), tensor.tensor({true})
@@ -100,7 +100,7 @@ describe("tensor dtypes", function()
   end)
 end)
 
-describe("tensor views", function()
+describe("tensor views #unit", function()
   it("view, reshape, transpose, permute, narrow, select share storage", function()
     local a = tensor.arange(6):view(2, 3)
     same(a, {{0, 1, 2}, {3, 4, 5}})
@@ -148,7 +148,7 @@ describe("tensor views", function()
   end)
 end)
 
-describe("tensor ops", function()
+describe("tensor ops #unit", function()
   it("computes elementwise ops with broadcasting, on contiguous and strided inputs", function()
     local a = tensor.tensor({{1, 2, 3}, {4, 5, 6}}, {dtype = tensor.float64})
     local row = tensor.tensor({10, 20, 30}, {dtype = tensor.float64})
@@ -238,7 +238,7 @@ describe("tensor ops", function()
   end)
 end)
 
-describe("tensor printing", function()
+describe("tensor printing #unit", function()
   it("prints like PyTorch", function()
     assert.are.equal("tensor([[1., 1.],\n        [1., 1.]])", tostring(tensor.ones(2, 2)))
     assert.are.equal("tensor([1, 2, 3])", tostring(tensor.tensor({1LL, 2LL, 3LL})))
@@ -255,7 +255,7 @@ describe("tensor printing", function()
   end)
 end)
 
-describe("tensor .npy files", function()
+describe("tensor .npy files #unit", function()
   local py = "/usr/bin/python3"
   local function numpy_ok() return os.execute(py .. " -c 'import numpy' 2>/dev/null") == 0 end
 
@@ -302,7 +302,7 @@ np.save("%s/scalar.npy", np.float64(2.5))
   end)
 end)
 
-describe("tensor results agree with numpy", function()
+describe("tensor results agree with numpy #unit", function()
   it("on random inputs, contiguous and transposed", function()
     local py = "/usr/bin/python3"
     if os.execute(py .. " -c 'import numpy' 2>/dev/null") ~= 0 then pending("python3-numpy is not installed") return end
@@ -341,7 +341,7 @@ for k, v in d.items(): np.save("%s/np_" + k + ".npy", v)
   end)
 end)
 
-describe("tensor memory", function()
+describe("tensor memory #unit", function()
   it("returns live tensor bytes to the baseline once collected", function()
     collectgarbage()
     collectgarbage()
@@ -358,7 +358,7 @@ describe("tensor memory", function()
   end)
 end)
 
-describe("large tensor storage", function()
+describe("large tensor storage #unit", function()
   it("reuses freed large buffers without mixing up values", function()
     -- storages of 4 MiB and more are kept for reuse after they are freed (on huge
     -- pages): a new tensor of the same size may get an old buffer, and must hold
