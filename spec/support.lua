@@ -1,6 +1,10 @@
 -- spec/support.lua: helpers for specs that start real rpchost processes.
 -- Specs run inside rpchost (busted --lua=rpchost), so these helpers block the
--- spec's task while the loop runs child processes; every wait is bounded.
+-- spec's task while the loop runs child processes; every wait is bounded, and
+-- every wait for something to happen is S.wait_until. A world script names
+-- each of its checks once, in check("<name>", ...): S.assert_checks reads the
+-- names from the script. Processes are ended by their own pid, never by name.
+-- (The tiers a spec's describe blocks are tagged with: README, "Tests".)
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 
@@ -188,15 +192,7 @@ function S.checked_world(n, body, opts)
   return r, S.lines(r.out)
 end
 
--- Every named check printed "ok <name>", and none printed FAIL.
 local assert = require "luassert" -- (busted's assert lives in the specs' environment)
-function S.assert_oks(r, lines, names)
-  for _, name in ipairs(names) do
-    assert.is_true(lines["ok " .. name] == true, ("missing 'ok %s'\nstdout:\n%s\nstderr:\n%s"):format(
-      name, r.out, r.err))
-  end
-  assert.is_nil(r.out:find("FAIL", 1, true), r.out)
-end
 
 -- The string literal that starts at text[i] ("...", '...' or [=[...]=]): its
 -- value and the position after it; nil where none starts there.
