@@ -103,11 +103,13 @@ local function ours(src)
   local rest = src:sub(#ROOT + 1)
   return rest == "tensor.lua" or rest:sub(1, 7) == "tensor/" or rest:sub(1, 9) == "autograd/"
 end
+-- (the level for error() in the function that called user_level: its caller's
+-- frames are numbered one lower than here)
 local function user_level()
   for lvl = 3, 20 do
     local info = debug.getinfo(lvl, "S")
     if not info then return 2 end
-    if not ours(info.source) then return lvl end
+    if not ours(info.source) then return lvl - 1 end
   end
   return 2
 end
