@@ -65,7 +65,9 @@ for name, op in pairs(BIN) do
     local f = function(a, b, opts)
       local a0, b0 = a, b
       if type(opts) == "table" and opts.alpha and (name == "add" or name == "sub") then
-        b = call(core.t_binary, BIN.mul, operand(b, name), opts.alpha)
+        -- (scaled through the recorded mul, so that b's gradient is alpha * g)
+        if type(b) == "number" then b = b * opts.alpha else b = tensor.mul(b, opts.alpha) end
+        b0 = b
       end
       a, b = scalar_pair(operand(a, name), operand(b, name))
       if state.default_dtype ~= float32 then a, b = float_scalar_default(a, b, name) end
