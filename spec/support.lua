@@ -4,7 +4,7 @@
 -- every wait for something to happen is S.wait_until. A world script names
 -- each of its checks once, in check("<name>", ...): S.assert_checks reads the
 -- names from the script. Processes are ended by their own pid, never by name.
--- (The tiers a spec's describe blocks are tagged with: README, "Tests".)
+-- (The tiers a spec's describe blocks are tagged with: README, "Quick start".)
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 
@@ -14,19 +14,21 @@ S.bin = os.getenv("RPCHOST_BIN") or core.exepath()
 S.root = os.getenv("RPCHOST_SOURCE_DIR") or "."
 
 -- The spec's scratch directory; a process the spec started that loads this
--- file (a world script requiring spec.wire) shares it instead of making its own.
+-- file (a world script requiring spec.wire) shares it instead of making its own
+-- (and names what it writes there after its pid).
 local tmp_counter = 0
-local tmpdir = os.getenv("RPCHOST_SPEC_TMPDIR") or
-  (os.getenv("TMPDIR") or "/tmp") .. ("/rpchost-spec-%d"):format(core.getpid())
-if not os.getenv("RPCHOST_SPEC_TMPDIR") then os.execute("mkdir -p " .. tmpdir) end
+local shared = os.getenv("RPCHOST_SPEC_TMPDIR")
+local tmpdir = shared or (os.getenv("TMPDIR") or "/tmp") .. ("/rpchost-spec-%d"):format(core.getpid())
+if not shared then os.execute("mkdir -p " .. tmpdir) end
 S.tmpdir = tmpdir
+local script_name = shared and ("script-" .. core.getpid() .. "-%d.lua") or "script%d.lua"
 
 -- Writes `text` to a fresh file and returns its path (the text is remembered:
 -- a process started on the file has it as its result's .script).
 local written = {}
 function S.write(text, name)
   tmp_counter = tmp_counter + 1
-  local path = ("%s/%s"):format(tmpdir, name or ("script%d.lua"):format(tmp_counter))
+  local path = ("%s/%s"):format(tmpdir, name or script_name:format(tmp_counter))
   local f = assert(io.open(path, "w"))
   f:write(text)
   f:close()
