@@ -197,15 +197,19 @@ end
 -- gradient per input (nil where none). saved: the tensors backward reads, whose
 -- versions it checks (default: the tensor inputs; {} when backward needs only
 -- shapes; include `out` when it reads the result).
+-- Whether any of inputs[1..n] (nils allowed) requires grad.
+local function any_requires(inputs, n)
+  for i = 1, n do
+    local x = inputs[i]
+    if x ~= nil and requires(x) then return true end
+  end
+  return false
+end
+
 function M.record(out, name, inputs, backward, saved)
   if core.t_dtype(out) > 1 or not M.enabled() then return out end -- only float results carry gradients
   local n = inputs.n or #inputs
-  local any = false
-  for i = 1, n do
-    local x = inputs[i]
-    if x ~= nil and requires(x) then any = true break end
-  end
-  if not any then return out end
+  if not any_requires(inputs, n) then return out end
   local edges, nrs = edges_of(inputs, n)
   local node = setmetatable({name = name, backward = backward, edges = edges, nrs = nrs, n = n}, Node)
   node.saved = save_versions(saved or inputs, out, node)
@@ -836,12 +840,7 @@ end
 function M.record_n(op, out, inputs, args)
   if slot().grad_enabled == false then return out end
   local n = inputs.n or #inputs
-  local any = false
-  for i = 1, n do
-    local x = inputs[i]
-    if x ~= nil and requires(x) then any = true break end
-  end
-  if not any then return out end
+  if not any_requires(inputs, n) then return out end
   local single = is_t(out)
   if single and core.t_dtype(out) > 1 then return out end
   local edges, nrs = edges_of(inputs, n)
