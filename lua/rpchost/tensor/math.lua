@@ -305,18 +305,16 @@ end
 tensor.logsumexp, methods.logsumexp = logsumexp, logsumexp
 
 -- scans along a dimension
-local function cumsum(t, d)
-  if d == nil then error("cumsum: give the dimension, e.g. cumsum(t, 1)", 2) end
-  local d0 = dim0(t, d, "cumsum")
-  return record1(R.cumsum, call(core.t_scan, t, d0, false), t, d0)
+for _, scan in ipairs {{"cumsum", false}, {"cumprod", true}} do
+  local name, product = scan[1], scan[2]
+  local rule = R[name]
+  local f = function(t, d)
+    if d == nil then error(("%s: give the dimension, e.g. %s(t, 1)"):format(name, name), 2) end
+    local d0 = dim0(t, d, name)
+    return record1(rule, call(core.t_scan, t, d0, product), t, d0)
+  end
+  tensor[name], methods[name] = f, f
 end
-tensor.cumsum, methods.cumsum = cumsum, cumsum
-local function cumprod(t, d)
-  if d == nil then error("cumprod: give the dimension, e.g. cumprod(t, 1)", 2) end
-  local d0 = dim0(t, d, "cumprod")
-  return record1(R.cumprod, call(core.t_scan, t, d0, true), t, d0)
-end
-tensor.cumprod, methods.cumprod = cumprod, cumprod
 
 local function bool_reduce(op, name)
   return function(t, d, keepdim)
