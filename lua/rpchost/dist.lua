@@ -457,60 +457,11 @@ dist.isend = function(t, dst, opts)
   return setmetatable({fut = fut}, Work)
 end
 
--- DistributedSampler(n, {rank=, world_size=, shuffle=true, seed=0, drop_last=false}):
--- this rank's share of 1..n, disjoint from the others', reshuffled per epoch with
--- set_epoch. Iterate with `for i in sampler:iter()` or use sampler:indices().
-local Sampler = {}
-Sampler.__index = Sampler
-Sampler.__len = function(s) return s.num_samples end
-
+-- DistributedSampler(n, {rank=, world_size=, shuffle=true, seed=0, drop_last=false})
+-- (rpchost.dist.sampler): rank and world size default to this process group's
 function dist.DistributedSampler(n, o)
   o = o or {}
-  local rank = o.rank or (state and state.rank) or env.rank() or 0
-  local world = o.world_size or (state and state.world_size) or env.world_size() or 1
-  if type(n) ~= "number" or n < 0 then cfg("DistributedSampler: n must be a count of samples") end
-  if rank < 0 or rank >= world then cfg("DistributedSampler: rank %d is out of range for world_size %d", rank, world) end
-  local s = setmetatable({n = n, rank = rank, world = world, shuffle = o.shuffle ~= false, seed = o.seed or 0,
-                          drop_last = o.drop_last, epoch = 0}, Sampler)
-  if s.drop_last then s.num_samples = math.floor(n / world)
-  else s.num_samples = math.ceil(n / world) end
-  return s
-end
-
-function Sampler:set_epoch(e) self.epoch = e end
-function Sampler:len() return self.num_samples end
-
-function Sampler:indices()
-  local idx = {}
-  for i = 1, self.n do idx[i] = i end
-  if self.shuffle then
-    -- a small seeded generator (the same on every rank for a seed and epoch)
-    local x = (self.seed * 1000003 + self.epoch * 7919 + 12345) % 2147483647
-    if x == 0 then x = 1 end
-    for i = self.n, 2, -1 do
-      x = (x * 48271) % 2147483647
-      local j = x % i + 1
-      idx[i], idx[j] = idx[j], idx[i]
-    end
-  end
-  local total = self.num_samples * self.world
-  if self.drop_last then
-    for i = #idx, total + 1, -1 do idx[i] = nil end
-  else
-    local k = 1
-    while #idx < total do idx[#idx + 1] = idx[k]; k = k + 1 end -- pad by wrapping around
-  end
-  local mine = {}
-  for i = self.rank + 1, total, self.world do mine[#mine + 1] = idx[i] end
-  return mine
-end
-
-function Sampler:iter()
-  local mine, i = self:indices(), 0
-  return function()
-    i = i + 1
-    return mine[i]
-  end
+  return require("rpchost.dist.sampler").new(n, o, state and state.rank, state and state.world_size)
 end
 
 -- host, port of the group's store (rpc checks that it meets at the same place)
