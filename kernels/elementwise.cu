@@ -8,7 +8,7 @@
 namespace rhc {
 
 // op codes: rh_binop_t and rh_unop_t (host/tensor/tensor.h)
-enum { ADD, SUB, MUL, DIV, POW, MAXIMUM, MINIMUM, EQ, NE, LT, LE, GT, GE, REM };
+enum { ADD, SUB, MUL, DIV, POW, MAXIMUM, MINIMUM, EQ, NE, LT, LE, GT, GE, REM, BAND, BOR, BXOR };
 enum { NEG, EXP, LOG, SQRT, RELU, TANH, SIGMOID, ABS, FLOOR, CEIL, ROUND, SIGN, SIN, COS, LOG1P, EXPM1, RSQRT };
 
 template <typename T>
@@ -30,8 +30,15 @@ template <typename T>
 __device__ inline T arith(int op, T x, T y) {
   if constexpr (std::is_same<T, bool>::value) {
     // bool arithmetic as PyTorch: + and max are or, * and min are and
-    return (op == ADD || op == MAXIMUM) ? (x || y) : (x && y);
+    if (op == BXOR) return x != y;
+    return (op == ADD || op == MAXIMUM || op == BOR) ? (x || y) : (x && y);
   } else {
+    if constexpr (std::is_integral<T>::value) {
+      // (the host refuses bitwise ops on floating point tensors)
+      if (op == BAND) return x & y;
+      if (op == BOR) return x | y;
+      if (op == BXOR) return x ^ y;
+    }
     switch (op) {
       case ADD: return x + y;
       case SUB: return x - y;

@@ -90,31 +90,47 @@ static inline float frem_f(float x, float y) {
   BIN_KERNEL(gt_##SUF, T, uint8_t, x > y)                \
   BIN_KERNEL(ge_##SUF, T, uint8_t, x >= y)               \
   BIN_KERNEL(rem_##SUF, T, T, REMEXPR)
+/* bitwise ops exist for integers only (floats have none, as in PyTorch) */
+#define BITWISE(T, SUF)              \
+  BIN_KERNEL(band_##SUF, T, T, x &y) \
+  BIN_KERNEL(bor_##SUF, T, T, x | y) \
+  BIN_KERNEL(bxor_##SUF, T, T, x ^ y)
 
 ARITH(float, f32, powf(x, y), frem_f(x, y))
 ARITH(double, f64, pow(x, y), frem(x, y))
 ARITH(int32_t, i32, (int32_t)ipow(x, y), IREM(int32_t, x, y))
 ARITH(int64_t, i64, ipow(x, y), IREM(int64_t, x, y))
 ARITH(uint8_t, u8, (uint8_t)ipow(x, y), (uint8_t)(x % y))
+BITWISE(int32_t, i32)
+BITWISE(int64_t, i64)
+BITWISE(uint8_t, u8)
 /* bool arithmetic as PyTorch: + is or, * is and */
 BIN_KERNEL(add_b, uint8_t, uint8_t, (x | y) != 0)
 BIN_KERNEL(mul_b, uint8_t, uint8_t, (x & y) != 0)
 BIN_KERNEL(max_b, uint8_t, uint8_t, (x | y) != 0)
 BIN_KERNEL(min_b, uint8_t, uint8_t, (x & y) != 0)
+BIN_KERNEL(bxor_b, uint8_t, uint8_t, (x ^ y) != 0)
 
-#define ROW(SUF)                                                                                               \
+#define ROW(SUF, AND, OR, XOR)                                                                                 \
   {                                                                                                            \
     add_##SUF, sub_##SUF, mul_##SUF, div_##SUF, pow_##SUF, max_##SUF, min_##SUF, eq_##SUF, ne_##SUF, lt_##SUF, \
-        le_##SUF, gt_##SUF, ge_##SUF, rem_##SUF                                                                \
+        le_##SUF, gt_##SUF, ge_##SUF, rem_##SUF, AND, OR, XOR                                                  \
   }
 
 static const rh_loop_fn bin_kernels[RH_NDTYPES][RH_NBINOPS] = {
-    ROW(f32), ROW(f64), ROW(i32),
-    ROW(i64), ROW(u8),  {add_b, NULL, mul_b, NULL, NULL, max_b, min_b, eq_u8, ne_u8, lt_u8, le_u8, gt_u8, ge_u8, NULL},
+    ROW(f32, NULL, NULL, NULL),
+    ROW(f64, NULL, NULL, NULL),
+    ROW(i32, band_i32, bor_i32, bxor_i32),
+    ROW(i64, band_i64, bor_i64, bxor_i64),
+    ROW(u8, band_u8, bor_u8, bxor_u8),
+    /* bool: and and or are min and max */
+    {add_b, NULL, mul_b, NULL, NULL, max_b, min_b, eq_u8, ne_u8, lt_u8, le_u8, gt_u8, ge_u8, NULL, min_b, max_b,
+     bxor_b},
 };
 
-static const char *binop_name[RH_NBINOPS] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                             "eq",  "ne",  "lt",  "le",  "gt",  "ge",      "remainder"};
+static const char *binop_name[RH_NBINOPS] = {
+    "add", "sub", "mul", "div", "pow",       "maximum",     "minimum",    "eq",         "ne",
+    "lt",  "le",  "gt",  "ge",  "remainder", "bitwise_and", "bitwise_or", "bitwise_xor"};
 
 static int is_compare(rh_binop_t op) { return op >= RH_OP_EQ && op <= RH_OP_GE; }
 
@@ -216,6 +232,11 @@ rh_tensor_t *rh_tensor_binary(rh_binop_t op, rh_tensor_t *a, rh_tensor_t *b, rh_
   if (is_compare(op)) rt = RH_BOOL;
   if (ct == RH_BOOL && !bin_kernels[RH_BOOL][op]) {
     rh_tensor_fail("%s: not supported for bool tensors (use logical operations, or convert with to())", binop_name[op]);
+    return NULL;
+  }
+  if (!bin_kernels[ct][op]) {
+    rh_tensor_fail("%s: not supported for %s tensors (bitwise operations take integer and bool tensors)",
+                   binop_name[op], rh_dtype_name(ct));
     return NULL;
   }
   if (op == RH_OP_POW && !rh_dtype_is_float(ct) && b->dtype != RH_BOOL) {

@@ -76,7 +76,10 @@ typedef enum {
   RH_OP_LE,
   RH_OP_GT,
   RH_OP_GE,
-  RH_OP_REM, /* remainder with the divisor's sign (Python's %), after the comparisons */
+  RH_OP_REM,  /* remainder with the divisor's sign (Python's %), after the comparisons */
+  RH_OP_BAND, /* bitwise and, or, xor: integer and bool tensors only */
+  RH_OP_BOR,
+  RH_OP_BXOR,
   RH_NBINOPS
 } rh_binop_t;
 

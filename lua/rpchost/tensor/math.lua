@@ -22,7 +22,8 @@ local BASE = 1 -- index tensors are 1-based here
 
 -- element-wise ----------------------------------------------------------------------------
 local BIN = {add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
-             eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12, remainder = 13}
+             eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12, remainder = 13,
+             bitwise_and = 14, bitwise_or = 15, bitwise_xor = 16} -- (integer and bool tensors)
 local UN = {neg = 0, exp = 1, log = 2, sqrt = 3, relu = 4, tanh = 5, sigmoid = 6, abs = 7,
             floor = 8, ceil = 9, round = 10, sign = 11, sin = 12, cos = 13, log1p = 14, expm1 = 15, rsqrt = 16}
 tensor._BIN, tensor._UN = BIN, UN
