@@ -176,10 +176,12 @@ local function sizes_and_options_(allow_infer, ...)
 end
 local function sizes_and_options(...) return sizes_and_options_(false, ...) end
 
-local function check_opts(opts, what)
+-- (`also`: one more option the caller takes, as the random ops take generator)
+local function check_opts(opts, what, also)
   for k in pairs(opts) do
-    if k ~= "dtype" and k ~= "requires_grad" and k ~= "device" then
-      error(("%s: unknown option '%s' (dtype, requires_grad, device)"):format(what, tostring(k)), 3)
+    if k ~= "dtype" and k ~= "requires_grad" and k ~= "device" and k ~= also then
+      error(("%s: unknown option '%s' (dtype, requires_grad, device%s)"):format(what, tostring(k),
+        also and ", " .. also or ""), 3)
     end
   end
   if opts.dtype ~= nil and not is_dtype(opts.dtype) then
