@@ -1,7 +1,8 @@
 -- The random ops against PyTorch: the generator is torch 1.13's CPU generator,
--- so rand, randn, randint, randperm, and Generator's seeds and saved states are
--- compared value for value with what torch gave (spec/fixtures/random/,
--- written by scripts/gen_random_fixtures.py; the suite never needs torch).
+-- so rand, randn, randint, randperm, Generator's seeds and saved states, and
+-- DistributedSampler's order are compared value for value with what torch gave
+-- (spec/fixtures/random/, written by scripts/gen_random_fixtures.py; the suite
+-- never needs torch).
 -- Then randn's samples are standard normal: their distribution
 -- (Kolmogorov-Smirnov against the normal CDF), their tails, and joint normality
 -- of samples far and near in the buffer (a pair of independent standard normals
@@ -15,6 +16,7 @@ local core = require "rpchost.core"
 
 local FIXTURES = "spec/fixtures/random/"
 local fx = dofile(FIXTURES .. "streams.lua")
+local sampler_fx = dofile(FIXTURES .. "sampler.lua")
 
 -- t's elements as a Lua list: numbers, or int64 cdata (exact) for an int64 t
 local function elements(t)
@@ -187,6 +189,26 @@ describe("the generator is torch's #unit", function()
     assert.has_error(function() tensor.zeros(2, {generator = tensor.Generator()}) end,
       "zeros: unknown option 'generator' (dtype, requires_grad, device)")
   end)
+end)
+
+describe("DistributedSampler shuffles as torch's #unit", function()
+  local dist = require "dist"
+  it("gives rank 0 of 3 torch's 5, 6, 1, 3 (1-based) of 10 items for seed 0, epoch 0", function()
+    assert.are.same({5, 6, 1, 3}, dist.DistributedSampler(10, {rank = 0, world_size = 3, seed = 0}):indices())
+  end)
+  for _, c in ipairs(sampler_fx.cases) do
+    local name = ("n %d, world %d, seed %d, epoch %d, drop_last %s, shuffle %s"):format(c.n, c.world, c.seed, c.epoch,
+      tostring(c.drop_last), tostring(c.shuffle))
+    it("gives every rank torch's indices: " .. name, function()
+      for r = 0, c.world - 1 do
+        local s = dist.DistributedSampler(c.n, {rank = r, world_size = c.world, seed = c.seed, drop_last = c.drop_last,
+          shuffle = c.shuffle})
+        s:set_epoch(c.epoch)
+        same_list(s:indices(), c.ranks[r + 1], "rank " .. r, 1)
+        assert.are.equal(#c.ranks[r + 1], s:len())
+      end
+    end)
+  end
 end)
 
 -- erfc with fractional error below 1.2e-7 (Numerical Recipes' erfcc)
