@@ -9,7 +9,7 @@
 -- has a uniform angle and an exponential squared radius), for both float dtypes
 -- and sizes that end mid-block. Seeds are fixed, so the statistics cannot
 -- flake: the bounds are the 1-in-1000 critical values, which a wrong generator
--- exceeds by far.
+-- exceeds by far. Last, int64 tensors print exactly.
 local ffi = require "ffi"
 local tensor = require "tensor"
 local core = require "rpchost.core"
@@ -312,3 +312,15 @@ describe("randn #unit", function()
   end)
 end)
 
+describe("printing int64 tensors #unit", function()
+  it("prints every value exactly, past 2^53 too", function()
+    local t = tensor.tensor({9007199254740993LL, -9007199254740993LL, 1LL})
+    assert.are.equal("tensor([ 9007199254740993, -9007199254740993,                 1])", tostring(t))
+    assert.are.equal("tensor(9223372036854775807)", tostring(tensor.tensor(9223372036854775807LL)))
+    assert.are.equal("tensor([-9223372036854775808])", tostring(tensor.tensor({-9223372036854775807LL - 1})))
+    -- a summarised one keeps its shown values exact
+    local big = tensor.arange(0, 2000):long() + tensor.tensor(9007199254740993LL)
+    assert.matches("9007199254740993,", tostring(big), 1, true)
+    assert.matches("9007199254742992]", tostring(big), 1, true)
+  end)
+end)
