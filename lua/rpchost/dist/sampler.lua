@@ -31,17 +31,17 @@ function Sampler:set_epoch(e) self.epoch = e end
 function Sampler:len() return self.num_samples end
 
 function Sampler:indices()
-  local idx = {}
-  for i = 1, self.n do idx[i] = i end
+  local idx
   if self.shuffle then
-    -- a small seeded generator (the same on every rank for a seed and epoch)
-    local x = (self.seed * 1000003 + self.epoch * 7919 + 12345) % 2147483647
-    if x == 0 then x = 1 end
-    for i = self.n, 2, -1 do
-      x = (x * 48271) % 2147483647
-      local j = x % i + 1
-      idx[i], idx[j] = idx[j], idx[i]
-    end
+    -- torch's draw, so that code ported from PyTorch sees its data order: a
+    -- generator seeded with seed + epoch (the same on every rank) and randperm
+    -- (1-based here: torch's permutation + 1)
+    local tensor = require "rpchost.tensor"
+    local g = tensor.Generator():manual_seed(self.seed + self.epoch)
+    idx = tensor.randperm(self.n, {generator = g}):totable()
+  else
+    idx = {}
+    for i = 1, self.n do idx[i] = i end
   end
   local total = self.num_samples * self.world
   if self.drop_last then
