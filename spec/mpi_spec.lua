@@ -428,7 +428,7 @@ describe("the mpi backend #world", function()
     assert_clean(r, 4 * 3)
   end)
 
-  it("receives from any rank and says who sent, in the world and a subgroup, 3 ranks", function()
+  it("receives from any rank and says who sent, in posting order, in the world and a subgroup, 3 ranks", function()
     local r = mpi_world(3, group_prelude .. [[
       if me == 0 then
         local got = {}
@@ -448,6 +448,19 @@ describe("the mpi backend #world", function()
         if me == 2 then g:send_to(tensor.ones(3), 0, 6) else g:send_to(tensor.ones(1), 0, 7) end
       end
       g:barrier()
+      -- a receive posted first gets the first message, though a later one is waited on first
+      if me == 0 then
+        local a, b = tensor.zeros(1), tensor.zeros(1)
+        local h = g:recv_post(a, 1, 3)
+        local from = g:recv_from(b, nil, 3)
+        local from_a = g:recv_wait(h)
+        check("posting order", from == 1 and from_a == 1 and a:totable()[1] == 1 and b:totable()[1] == 2,
+          a:totable()[1] .. " " .. b:totable()[1])
+      elseif me == 1 then
+        g:send_to(tensor.ones(1), 0, 3)
+        g:send_to(tensor.ones(1) * 2, 0, 3)
+      end
+      g:barrier()
       -- in a subgroup of global ranks 0 and 2 the sender is named by its global rank
       local sub = dist.new_group({0, 2})
       if me == 0 then
@@ -461,7 +474,7 @@ describe("the mpi backend #world", function()
       check("done", true)
       dist.destroy_process_group()
     ]])
-    assert_clean(r, 4 + 3)
+    assert_clean(r, 5 + 3)
   end)
 
   it("refuses rank/world_size that disagree with MPI", function()

@@ -598,15 +598,25 @@ function Group:send_to(t, dst, tag)
     {x})
 end
 
--- src nil: from whichever rank sends first (MPI_ANY_SOURCE). Returns the
--- sender's global rank.
-function Group:recv_from(t, src, tag)
+-- A receive takes its place among src's messages under tag when it is posted
+-- (MPI_Irecv now: MPI matches receives in the order they are posted, so an
+-- irecv then a recv from one rank gives the first message to the irecv), and
+-- completes in recv_wait, which must follow (the handle holds the buffer MPI
+-- writes into). src nil: from whichever rank sends first (MPI_ANY_SOURCE).
+function Group:recv_post(t, src, tag)
   usable(self, "recv")
   local x = operand(t, "recv")
-  local what = src and ("recv from rank %d"):format(self:global(src)) or "recv from any rank"
-  local got, msg, from = wait(self, core.mpi_irecv(self.comm, x, src, tag_of(tag, "recv")), what, {x}, true)
+  local req = core.mpi_irecv(self.comm, x, src, tag_of(tag, "recv"))
+  return {t = t, x = x, src = src, req = req,
+          what = src and ("recv from rank %d"):format(self:global(src)) or "recv from any rank"}
+end
+
+-- -> the sender's global rank
+function Group:recv_wait(h)
+  local t, what = h.t, h.what
+  local got, msg, from = wait(self, h.req, what, {h.x}, true)
   if got == nil then
-    from = src or from
+    from = h.src or from
     if msg:find("TRUNCATE") or msg:find("truncated") then
       fail("config", ("%s: %s sent more than this tensor's %d bytes (a recv's tensor must match the send's " ..
         "size and dtype)"):format(what, from and ("rank " .. self:global(from)) or "a rank", core.t_nbytes(t)),
@@ -614,14 +624,16 @@ function Group:recv_from(t, src, tag)
     end
     fail("unreachable", ("%s failed in MPI: %s"):format(what, msg))
   end
-  from = src or msg
+  from = h.src or msg
   if got ~= core.t_nbytes(t) then
     fail("config", ("%s: rank %d sent %d bytes but this tensor holds %d (a recv's tensor must match the send's " ..
       "size and dtype)"):format(what, self:global(from), got, core.t_nbytes(t)), {rank = self:global(from)})
   end
-  done(t, x)
+  done(t, h.x)
   return self:global(from)
 end
+
+function Group:recv_from(t, src, tag) return self:recv_wait(self:recv_post(t, src, tag)) end
 
 -- new_group on the mpi backend: every rank of the parent calls it (dist does),
 -- members and not; they agree on the ranks first (a bounded rendezvous), then
