@@ -181,6 +181,7 @@ function Future:next(fn)
   return out
 end
 Future["then"] = Future.next
+Future.then_ = Future.next -- (PyTorch's spelling)
 
 function Future.is(v) return getmetatable(v) == Future end
 

@@ -18,7 +18,9 @@ require "rpchost.tensor" -- tensors must be able to travel (their codec lives th
 
 local M = {}
 
-local BIN = {SUM = 0, PRODUCT = 2, MAX = 5, MIN = 6, AVG = 0}
+local BIN = {SUM = 0, PRODUCT = 2, MAX = 5, MIN = 6, AVG = 0, BAND = 14, BOR = 15, BXOR = 16}
+-- (reductions with no meaning on floating point numbers)
+local BITWISE = {BAND = true, BOR = true, BXOR = true}
 -- at or above this size all_reduce uses the ring (RPCHOST_RING_BYTES to tune)
 M.RING_BYTES = tonumber(os.getenv("RPCHOST_RING_BYTES")) or 256 * 1024
 -- at or above this size, ranks on one host read each other's tensors directly
@@ -56,7 +58,9 @@ local function describe(m)
     return m.op .. "()" -- a call without a tensor (barrier)
   end
   local dtype = ({"float32", "float64", "int32", "int64", "uint8", "bool"})[(m.dtype or -1) + 1] or "?"
-  local s = ("%s(%s, %d element%s"):format(m.op, dtype, m.numel or 0, m.numel == 1 and "" or "s")
+  -- (numel -1: a call whose sizes may differ by rank, all_to_all's)
+  local s = (m.numel or 0) < 0 and ("%s(%s"):format(m.op, dtype)
+    or ("%s(%s, %d element%s"):format(m.op, dtype, m.numel or 0, m.numel == 1 and "" or "s")
   if m.root then s = s .. ", root " .. m.root end
   if m.redop then s = s .. ", " .. m.redop end
   return s .. ")"
@@ -79,7 +83,7 @@ end
 -- The description a received signature stands for (nil for anything else).
 local function parse_signature(sig)
   if type(sig) ~= "string" then return nil end
-  local op, dtype, numel, root, redop = sig:match("^([^|]*)|(%-?%d+)|(%d+)|([^|]*)|([^|]*)$")
+  local op, dtype, numel, root, redop = sig:match("^([^|]*)|(%-?%d+)|(%-?%d+)|([^|]*)|([^|]*)$")
   if not op then return nil end
   return {op = op, dtype = tonumber(dtype), numel = tonumber(numel), root = tonumber(root),
           redop = redop ~= "" and redop or nil}
@@ -102,8 +106,9 @@ end
 -- the call's, where it has them.
 -- (A loop of small collectives runs this per call: no loop, and no table but
 -- the call's own when the call repeats the one before, so that the JIT
--- compiles the whole call.)
-function Group:begin(op, t, redop, root)
+-- compiles the whole call.) numel: the size the call is known by, where not
+-- t's (-1: sizes that may differ by rank).
+function Group:begin(op, t, redop, root, numel)
   local ab = self.agent.aborted
   if ab then
     -- (the same failure, with the rank and worker it named, but said to be an
@@ -116,7 +121,8 @@ function Group:begin(op, t, redop, root)
   end
   if self.agent.mail_count > 0 then self:check_leftovers() end
   self.seq = self.seq + 1
-  local dtype, numel = t and core.t_dtype(t) or -1, t and core.t_numel(t) or 0
+  local dtype = t and core.t_dtype(t) or -1
+  numel = numel or t and core.t_numel(t) or 0
   -- (a loop repeats one call: its description and signature are made once; no
   -- one changes a call's meta, so calls alike share it)
   local m, sig = self.last_meta, self.last_sig
@@ -386,13 +392,18 @@ end
 
 local function check_redop(redop, t)
   if not BIN[redop] then
-    error(errors.new("config", ("unknown reduce op %s (dist.ReduceOp.SUM, PRODUCT, MIN, MAX, AVG)"):format(
-      tostring(redop))), 0)
+    error(errors.new("config", ("unknown reduce op %s (dist.ReduceOp.SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, " ..
+      "BXOR)"):format(tostring(redop))), 0)
   end
   if redop == "AVG" and core.t_dtype(t) > 1 then
     error(errors.new("config", "ReduceOp.AVG needs a floating point tensor"), 0)
   end
+  if BITWISE[redop] and core.t_dtype(t) <= 1 then
+    error(errors.new("config", ("Cannot use ReduceOp.%s with non-integral dtype %s (bitwise reductions take " ..
+      "integer and bool tensors)"):format(redop, core.t_dtype(t) == 0 and "float32" or "float64")), 0)
+  end
 end
+M.check_redop = check_redop
 
 -- Direct transfers between ranks on one host ---------------------------------------------
 -- When every rank of the group can read every other's memory (cross-memory attach,
@@ -406,13 +417,20 @@ end
 -- message what it can do with all the others (known once connections exist: a
 -- rank not yet connected to some peer says "nothing", so the first large
 -- collective of a group may still go by the ring).
-function Group:direct_peers(c, flat)
+-- What this rank can do with every other's memory: 2 (read and write), 1
+-- (read), 0 (not with all of them).
+function Group:direct_level()
   local can = 2
   for i = 0, self.size - 1 do
     local p = i ~= self.rank and self.agent.peers[self:global(i)]
     if i ~= self.rank and not (p and p.reads_peer and p.cma_pid) then can = 0
     elseif p and not p.writes_peer then can = math.min(can, 1) end
   end
+  return can
+end
+
+function Group:direct_peers(c, flat)
+  local can = self:direct_level()
   local info = core.t_full(1, {2}, can)
   core.t_fill_(core.t_narrow(info, 0, 0, 1), core.t_address(flat))
   for i = 0, self.size - 1 do
@@ -734,6 +752,270 @@ function Group:barrier()
   end
 end
 
+-- flat outputs and per-rank pieces: all_gather_into_tensor, reduce_scatter_tensor, all_to_all ------
+-- (what FSDP, ZeRO and expert parallelism live on). On one host, when every
+-- rank can read every other's memory, each rank reads what it needs straight
+-- out of the peers' inputs (one copy per byte, as Open MPI's shared-memory
+-- transport makes it); otherwise the pieces travel as messages.
+
+local I64 = 3
+
+-- Each rank tells each peer, in one message, what it can do with the peers'
+-- memory and what vals(i) gives for group rank i (numbers: addresses, counts);
+-- returns {i -> {pid =, v = {numbers}}} and the level every rank can do (0, 1,
+-- 2: see direct_level), the same on every rank.
+function Group:exchange(c, step, vals)
+  local can = self:direct_level()
+  for i = 0, self.size - 1 do
+    if i ~= self.rank then
+      local v = vals(i)
+      local flat = {can}
+      for k = 1, #v do flat[k + 1] = v[k] end
+      self:send(c, i, step, core.t_from_flat(I64, {#flat}, flat))
+    end
+  end
+  local got, all = {}, can
+  for i = 0, self.size - 1 do
+    if i ~= self.rank then
+      local x = core.t_totable(self:recv(c, i, step))
+      local p = self.agent.peers[self:global(i)]
+      all = math.min(all, x[1] or 0)
+      got[i] = {pid = p and p.cma_pid, v = {unpack(x, 2)}}
+    end
+  end
+  return got, all
+end
+
+-- a contiguous flat view of t (or of a contiguous copy of it)
+local function flat_of(t)
+  if core.t_is_contiguous(t) then return core.t_view(t, FLAT, false) end
+  return core.t_view(core.t_contiguous(t), FLAT, false)
+end
+
+-- reads count elements at the peer's address addr into dst (a flat view)
+local function read_at(pid, addr, dst)
+  if core.t_numel(dst) == 0 then return end
+  read_into({pid = pid, addr = addr}, dst, 0, dst)
+end
+
+local function gather_into_flat(out, g, c, t)
+  local n, me = g.size, g.rank
+  local src = flat_of(t)
+  local k = core.t_numel(src)
+  local function piece(i) return core.t_narrow(out, 0, i * k, k) end
+  if core.t_nbytes(src) * n >= M.DIRECT_BYTES and k > 0 then
+    local peers, level = g:exchange(c, "addr", function() return {core.t_address(src)} end)
+    if level >= 1 then
+      core.t_copy_(piece(me), src)
+      for i = 0, n - 1 do
+        if i ~= me then read_at(peers[i].pid, peers[i].v[1], piece(i)) end
+      end
+      M.used.direct = M.used.direct + 1
+      g:barrier() -- every input stays as it is until everyone has read it
+      return
+    end
+  end
+  local snap = snapshot(src)
+  for i = 0, n - 1 do
+    if i ~= me then g:send(c, i, "g", snap) end
+  end
+  core.t_copy_(piece(me), src)
+  for i = 0, n - 1 do
+    if i ~= me then copy_recv(g, c, i, "g", piece(i)) end
+  end
+end
+
+-- all_gather_into_tensor: out (size x numel(t) elements, checked by dist)
+-- gets every rank's t in rank order.
+function Group:all_gather_into(out, t)
+  local c = self:begin("all_gather_into_tensor", t)
+  if self.size == 1 then core.t_copy_(out, core.t_view(t, core.t_size(out), true)) return end
+  in_place(out, gather_into_flat, self, c, t)
+end
+
+local function scatter_reduce_flat(out, g, c, t, redop)
+  local n, me = g.size, g.rank
+  local src = flat_of(t)
+  local k = core.t_numel(out)
+  local mine = core.t_narrow(src, 0, me * k, k)
+  -- (the pieces in rank order, one rule on every rank)
+  local function add(i, piece)
+    if i == 0 then core.t_copy_(out, piece)
+    else combine(out, piece, redop) end
+  end
+  if core.t_nbytes(src) >= M.DIRECT_BYTES and k > 0 then
+    local peers, level = g:exchange(c, "addr", function() return {core.t_address(src)} end)
+    if level >= 1 then
+      local es = core.dtype_size(core.t_dtype(src))
+      local dt = core.t_dtype(src)
+      local tmp = g.scratch
+      if not tmp or g.scratch_len ~= k or g.scratch_dt ~= dt then
+        tmp = core.t_full(dt, {k}, 0)
+        g.scratch, g.scratch_len, g.scratch_dt = tmp, k, dt
+      end
+      for i = 0, n - 1 do
+        if i == me then add(i, mine)
+        else
+          read_at(peers[i].pid, peers[i].v[1] + me * k * es, tmp)
+          add(i, tmp)
+        end
+      end
+      M.used.direct = M.used.direct + 1
+      g:barrier() -- every input stays as it is until everyone has read it
+      return
+    end
+  end
+  for i = 0, n - 1 do
+    if i ~= me then g:send(c, i, "p", snapshot(core.t_narrow(src, 0, i * k, k))) end
+  end
+  for i = 0, n - 1 do
+    if i == me then add(i, mine)
+    else
+      local x = g:recv(c, i, "p")
+      add(i, x)
+      spent(x)
+    end
+  end
+end
+
+-- reduce_scatter_tensor: rank r's out gets the reduction of every rank's r-th
+-- block of t (t has size x numel(out) elements, checked by dist).
+function Group:reduce_scatter_into(out, t, redop)
+  check_redop(redop, t)
+  local c = self:begin("reduce_scatter_tensor", t, redop)
+  if self.size > 1 then
+    in_place(out, scatter_reduce_flat, self, c, t, redop)
+  else
+    core.t_copy_(out, core.t_view(t, core.t_size(out), true))
+  end
+  if redop == "AVG" then core.t_binary(3, out, self.size, out) end
+end
+
+local function mismatch_counts(g, c, i, sent, want, what)
+  g:abort(errors.new("config", ("%s: rank %d sends %d element%s to rank %d, but rank %d expects %d from it " ..
+    "(the output split sizes of a rank must equal the input split sizes the others use for it)"):format(what,
+    g:global(i), sent, sent == 1 and "" or "s", g.agent.rank, g.agent.rank, want), {rank = g:global(i)}))
+end
+
+local function offsets(counts)
+  local off, at = {}, 0
+  for i = 1, #counts do off[i] = at; at = at + counts[i] end
+  return off
+end
+
+local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
+  local n, me = g.size, g.rank
+  local src = flat_of(t)
+  local es = core.dtype_size(core.t_dtype(src))
+  local in_off, out_off = offsets(in_counts), offsets(out_counts)
+  local function seg(flat, off, counts, i) return core.t_narrow(flat, 0, off[i + 1], counts[i + 1]) end
+  -- each rank tells each peer where its piece lies and how long it is: the
+  -- sizes are checked before any byte moves, and the bytes decide the path
+  local addr = core.t_numel(src) > 0 and core.t_address(src) or 0
+  local peers, level = g:exchange(c, "addr", function(i)
+    return {addr + in_off[i + 1] * es, in_counts[i + 1], core.t_nbytes(src)}
+  end)
+  local most = core.t_nbytes(src)
+  for i, p in pairs(peers) do
+    if p.v[2] ~= out_counts[i + 1] then mismatch_counts(g, c, i, p.v[2] or -1, out_counts[i + 1], c.meta.op) end
+    most = math.max(most, p.v[3] or 0)
+  end
+  if out_counts[me + 1] ~= in_counts[me + 1] then mismatch_counts(g, c, me, in_counts[me + 1], out_counts[me + 1], c.meta.op) end
+  core.t_copy_(seg(out, out_off, out_counts, me), seg(src, in_off, in_counts, me))
+  if level >= 1 and most >= M.DIRECT_BYTES then
+    for i = 0, n - 1 do
+      if i ~= me then read_at(peers[i].pid, peers[i].v[1], seg(out, out_off, out_counts, i)) end
+    end
+    M.used.direct = M.used.direct + 1
+    g:barrier() -- every input stays as it is until everyone has read it
+    return
+  end
+  for i = 0, n - 1 do
+    if i ~= me and in_counts[i + 1] > 0 then g:send(c, i, "x", snapshot(seg(src, in_off, in_counts, i))) end
+  end
+  for i = 0, n - 1 do
+    if i ~= me and out_counts[i + 1] > 0 then copy_recv(g, c, i, "x", seg(out, out_off, out_counts, i)) end
+  end
+end
+
+-- all_to_all_single: in_counts[i + 1] elements of t (consecutive, in rank
+-- order) go to group rank i; out_counts[i + 1] elements come from it into out
+-- (counts are elements, checked against the tensors by dist; the ranks'
+-- counts are checked against each other here).
+function Group:all_to_all_single(out, t, out_counts, in_counts)
+  local c = self:begin("all_to_all_single", t, nil, nil, -1)
+  in_place(out, all_to_all_flat, self, c, t, out_counts, in_counts)
+end
+
+-- all_to_all: ins[i + 1] goes to group rank i, outs[i + 1] comes from it
+-- (sizes may differ from pair to pair; dtypes are the same).
+function Group:all_to_all(outs, ins)
+  local n, me = self.size, self.rank
+  local c = self:begin("all_to_all", ins[me + 1], nil, nil, -1)
+  for i = 0, n - 1 do
+    if i ~= me then self:send(c, i, "a", snapshot(ins[i + 1])) end
+  end
+  core.t_copy_(outs[me + 1], ins[me + 1])
+  for i = 0, n - 1 do
+    if i ~= me then
+      local x = self:recv(c, i, "a")
+      local want = core.t_numel(outs[i + 1])
+      if core.t_numel(x) ~= want then mismatch_counts(self, c, i, core.t_numel(x), want, "all_to_all") end
+      core.t_copy_(outs[i + 1], core.t_view(x, core.t_size(outs[i + 1]), true))
+      spent(x)
+    end
+  end
+end
+
+-- monitored_barrier: group rank 0 hears from every other rank within timeout
+-- seconds, or names those it did not hear from; then it releases them (or
+-- tells them that it failed). Keys of its own ("mb<group>:<n>:"), outside the
+-- collectives' sequence: a rank that never comes leaves no gap in it.
+function Group:monitored_barrier(timeout, wait_all)
+  local a, me, n = self.agent, self.rank, self.size
+  self.mb_seq = (self.mb_seq or 0) + 1
+  local key = ("mb%s:%d:"):format(self.id, self.mb_seq)
+  local ms = math.floor(timeout * 1000 + 0.5)
+  if me ~= 0 then
+    a:post(self:global(0), key .. "in", true)
+    core.flush()
+    local ok, v = pcall(a.receive, a, self:global(0), key .. "out", timeout > 0 and timeout or 0.001,
+      "monitored_barrier's release by rank " .. self:global(0))
+    if ok and v == true then return end
+    local why = ok and tostring(v) or tostring(errors.is(v) and v.message or v)
+    error(errors.new(ok and "protocol" or (errors.is(v) and v.kind or "timeout"), ("monitored_barrier: Rank %d " ..
+      "successfully reached monitoredBarrier, but received errors while waiting for send/recv from rank %d: %s"):format(
+      self:global(me), self:global(0), why), {rank = self:global(0)}), 0)
+  end
+  local sched = require "rpchost.sched"
+  local deadline = sched.now() + timeout
+  local came, failed, err = {}, {}, nil
+  for i = 1, n - 1 do
+    local left = deadline - sched.now()
+    if left <= 0 and not wait_all then
+      err = ("Rank %d timed out in monitoredBarrier after %d ms"):format(self:global(0), ms)
+      break
+    end
+    local ok = pcall(a.receive, a, self:global(i), key .. "in", math.max(left, 0.001), "monitored_barrier")
+    if ok then
+      came[#came + 1] = i
+    else
+      failed[#failed + 1] = self:global(i)
+      if not wait_all then break end
+    end
+  end
+  if not err and #failed == 1 and not wait_all then
+    err = ("Rank %d failed to pass monitoredBarrier in %d ms"):format(failed[1], ms)
+  elseif not err and #failed > 0 then
+    err = ("Rank%s %s failed to pass monitoredBarrier in %d ms"):format(#failed > 1 and "s" or "",
+      table.concat(failed, ", "), ms)
+  end
+  -- the ranks that came go on, or learn why they cannot
+  for _, i in ipairs(came) do pcall(a.post, a, self:global(i), key .. "out", err or true) end
+  core.flush()
+  if err then error(errors.new("timeout", "monitored_barrier: " .. err, {rank = failed[1]}), 0) end
+end
+
 -- point to point: the n-th send from a to b with a tag meets the n-th recv -------------------
 function Group:send_to(t, dst, tag)
   local key = dst .. ":" .. (tag or 0)
@@ -742,18 +1024,49 @@ function Group:send_to(t, dst, tag)
     {op = "send", dtype = core.t_dtype(t), numel = core.t_numel(t)}, snapshot(t))
 end
 
-function Group:recv_from(t, src, tag)
+local function p2p_key(g, tag, n) return ("p2p%s:%s:%d"):format(g.id, tag or 0, n) end
+
+-- A receive takes its place among src's messages under tag when it is posted
+-- (irecv, then recv: the first message goes to the irecv), and completes in
+-- recv_wait. With src nil it takes whichever rank's next message comes first,
+-- matched when waited on.
+function Group:recv_post(t, src, tag)
+  if src == nil then return {t = t, tag = tag} end
   local key = src .. ":" .. (tag or 0)
-  self.p2p_in[key] = (self.p2p_in[key] or 0) + 1
-  local meta, x = self.agent:receive(self:global(src), ("p2p%s:%s:%d"):format(self.id, tag or 0,
-    self.p2p_in[key]), self.timeout, "recv")
-  if meta.dtype ~= core.t_dtype(t) or meta.numel ~= core.t_numel(t) then
-    error(errors.new("protocol", ("recv: rank %d sent %s but this rank expects %s"):format(self:global(src),
-      describe(meta), describe({op = "recv", dtype = core.t_dtype(t), numel = core.t_numel(t)})),
-      {rank = self:global(src)}), 0)
+  local n = (self.p2p_in[key] or 0) + 1
+  self.p2p_in[key] = n
+  return {t = t, src = src, tag = tag, key = p2p_key(self, tag, n)}
+end
+
+-- -> the sender's global rank
+function Group:recv_wait(h)
+  local t, src, meta, x = h.t, h.src, nil, nil
+  if src then
+    meta, x = self.agent:receive(self:global(src), h.key, self.timeout, "recv")
+  else
+    local globals, keys, index = {}, {}, {}
+    for i = 0, self.size - 1 do
+      if i ~= self.rank then
+        local n = #globals + 1
+        globals[n], index[n] = self:global(i), i
+        keys[n] = p2p_key(self, h.tag, (self.p2p_in[i .. ":" .. (h.tag or 0)] or 0) + 1)
+      end
+    end
+    local j
+    j, meta, x = self.agent:receive_any(globals, keys, self.timeout, "recv from any rank")
+    src = index[j]
+    local key = src .. ":" .. (h.tag or 0)
+    self.p2p_in[key] = (self.p2p_in[key] or 0) + 1
+  end
+  if type(meta) ~= "table" or meta.dtype ~= core.t_dtype(t) or meta.numel ~= core.t_numel(t) then
+    error(errors.new("protocol", ("recv: rank %d sent %s but this rank expects %s (a recv's tensor must match the " ..
+      "send's size and dtype)"):format(self:global(src), type(meta) == "table" and describe(meta) or "something else",
+      describe({op = "recv", dtype = core.t_dtype(t), numel = core.t_numel(t)})), {rank = self:global(src)}), 0)
   end
   core.t_copy_(t, core.t_view(x, core.t_size(t), true))
   return self:global(src)
 end
+
+function Group:recv_from(t, src, tag) return self:recv_wait(self:recv_post(t, src, tag)) end
 
 return M

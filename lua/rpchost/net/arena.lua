@@ -45,8 +45,8 @@ M.used = {barrier = 0, all_reduce = 0, broadcast = 0, groups = 0}
 
 local KIND = {barrier = 1, all_reduce = 2, broadcast = 3}
 local KIND_NAME = {"barrier", "all_reduce", "broadcast"}
-local REDOP = {SUM = 1, PRODUCT = 2, MAX = 3, MIN = 4, AVG = 5}
-local REDOP_NAME = {"SUM", "PRODUCT", "MAX", "MIN", "AVG"}
+local REDOP = {SUM = 1, PRODUCT = 2, MAX = 3, MIN = 4, AVG = 5, BAND = 6, BOR = 7, BXOR = 8}
+local REDOP_NAME = {"SUM", "PRODUCT", "MAX", "MIN", "AVG", "BAND", "BOR", "BXOR"}
 -- a set-up that did not happen: the group keeps its message algorithms
 local NONE = false
 

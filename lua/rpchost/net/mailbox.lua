@@ -59,7 +59,47 @@ end
 local function has_prefix(key, prefix) return key:find(prefix, 1, true) == 1 end
 
 function C:on_message(src, body, segs)
-  return C.message_decoded(self, src, body, pcall(dec_msg, mail_in, body, segs))
+  -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
+-- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
+-- for one to come: a receive from whichever rank sends first (dist.recv
+-- without src). Fails at once when any of those ranks is lost or the wait is
+-- aborted, as receive does.
+function C:receive_any(ranks, keys, timeout, what)
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local waiter = {any_task = sched.current()}
+  while true do
+    for i, rank in ipairs(ranks) do
+      local box = self.mail[rank]
+      local v = box and box[keys[i]]
+      if v then
+        remove(self, box, keys[i])
+        return i, unpack(v, 1, v.n)
+      end
+    end
+    if self.aborted then error(self.aborted, 0) end
+    for _, rank in ipairs(ranks) do
+      if self.lost[rank] then error(self.lost[rank], 0) end
+    end
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if not ws then ws = {}; self.mail_waiters[rank] = ws end
+      ws[keys[i]] = waiter
+    end
+    local left = deadline and deadline - sched.now() or nil
+    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
+    end
+    if not woke then
+      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
+        what or "a message from any rank")), 0)
+    end
+    if errors.is(got) then error(got, 0) end
+  end
+end
+
+return C.message_decoded(self, src, body, pcall(dec_msg, mail_in, body, segs))
 end
 
 -- The key of a message whose values did not decode: its first value, a string
@@ -92,7 +132,47 @@ function C:message_decoded(src, body, ok, key, ...)
   mail_in.unconfirmed = false -- (a message's UserRRefs wait for no confirmation: nothing keeps them here)
   if not ok then return malformed(self, src, body, tostring(key)) end
   if type(key) == "string" and key:byte(1) ~= 33 then -- (not "!...": a collective's or a user's)
-    return C.deliver(self, src, key, {n = select("#", ...), ...})
+    -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
+-- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
+-- for one to come: a receive from whichever rank sends first (dist.recv
+-- without src). Fails at once when any of those ranks is lost or the wait is
+-- aborted, as receive does.
+function C:receive_any(ranks, keys, timeout, what)
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local waiter = {any_task = sched.current()}
+  while true do
+    for i, rank in ipairs(ranks) do
+      local box = self.mail[rank]
+      local v = box and box[keys[i]]
+      if v then
+        remove(self, box, keys[i])
+        return i, unpack(v, 1, v.n)
+      end
+    end
+    if self.aborted then error(self.aborted, 0) end
+    for _, rank in ipairs(ranks) do
+      if self.lost[rank] then error(self.lost[rank], 0) end
+    end
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if not ws then ws = {}; self.mail_waiters[rank] = ws end
+      ws[keys[i]] = waiter
+    end
+    local left = deadline and deadline - sched.now() or nil
+    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
+    end
+    if not woke then
+      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
+        what or "a message from any rank")), 0)
+    end
+    if errors.is(got) then error(got, 0) end
+  end
+end
+
+return C.deliver(self, src, key, {n = select("#", ...), ...})
   end
   local r = {n = select("#", ...) + 2, true, key, ...}
   if key == "!shm_ack" or key == "!shm_drop" then
@@ -134,7 +214,47 @@ function C:message_decoded(src, body, ok, key, ...)
     return
   end
   local n = r.n
-  return C.deliver(self, src, key, {n = n - 2, unpack(r, 3, n)})
+  -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
+-- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
+-- for one to come: a receive from whichever rank sends first (dist.recv
+-- without src). Fails at once when any of those ranks is lost or the wait is
+-- aborted, as receive does.
+function C:receive_any(ranks, keys, timeout, what)
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local waiter = {any_task = sched.current()}
+  while true do
+    for i, rank in ipairs(ranks) do
+      local box = self.mail[rank]
+      local v = box and box[keys[i]]
+      if v then
+        remove(self, box, keys[i])
+        return i, unpack(v, 1, v.n)
+      end
+    end
+    if self.aborted then error(self.aborted, 0) end
+    for _, rank in ipairs(ranks) do
+      if self.lost[rank] then error(self.lost[rank], 0) end
+    end
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if not ws then ws = {}; self.mail_waiters[rank] = ws end
+      ws[keys[i]] = waiter
+    end
+    local left = deadline and deadline - sched.now() or nil
+    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
+    end
+    if not woke then
+      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
+        what or "a message from any rank")), 0)
+    end
+    if errors.is(got) then error(got, 0) end
+  end
+end
+
+return C.deliver(self, src, key, {n = n - 2, unpack(r, 3, n)})
 end
 
 -- Takes the message under key out of box, keeping the count of stored messages.
@@ -153,8 +273,12 @@ function C:deliver(src, key, values)
   if w then
     self.mail_waiters[src][key] = nil
     -- the waiter may already be woken this turn (by another message of its
-    -- collective, shown to it for checking): then it finds this one in the box
-    if sched.wake(w, values) then return end
+    -- collective, shown to it for checking): then it finds this one in the box.
+    -- A receive from any of several ranks (receive_any) is woken only: it
+    -- looks in the boxes, where this message goes, to learn who sent what.
+    local anyone = w.any_task
+    if anyone then sched.wake(anyone)
+    elseif sched.wake(w, values) then return end
   end
   if box[key] == nil then self.mail_count = self.mail_count + 1 end
   box[key] = values
@@ -176,7 +300,7 @@ function C:fail_receivers(rank, err)
   local ws = self.mail_waiters[rank]
   if not ws then return end
   self.mail_waiters[rank] = {}
-  for _, t in pairs(ws) do sched.wake(t, err) end
+  for _, t in pairs(ws) do sched.wake(t.any_task or t, err) end
 end
 
 -- Wakes every receiver with err (a collective that must stop everywhere).
@@ -184,7 +308,7 @@ function C:abort_receivers(err)
   self.aborted = err
   for rank, ws in pairs(self.mail_waiters) do
     self.mail_waiters[rank] = {}
-    for _, t in pairs(ws) do sched.wake(t, err) end
+    for _, t in pairs(ws) do sched.wake(t.any_task or t, err) end
   end
 end
 
@@ -281,6 +405,46 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
         return unpack(got, 1, got.n)
       end
     end
+  end
+end
+
+-- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
+-- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
+-- for one to come: a receive from whichever rank sends first (dist.recv
+-- without src). Fails at once when any of those ranks is lost or the wait is
+-- aborted, as receive does.
+function C:receive_any(ranks, keys, timeout, what)
+  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
+  local waiter = {any_task = sched.current()}
+  while true do
+    for i, rank in ipairs(ranks) do
+      local box = self.mail[rank]
+      local v = box and box[keys[i]]
+      if v then
+        remove(self, box, keys[i])
+        return i, unpack(v, 1, v.n)
+      end
+    end
+    if self.aborted then error(self.aborted, 0) end
+    for _, rank in ipairs(ranks) do
+      if self.lost[rank] then error(self.lost[rank], 0) end
+    end
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if not ws then ws = {}; self.mail_waiters[rank] = ws end
+      ws[keys[i]] = waiter
+    end
+    local left = deadline and deadline - sched.now() or nil
+    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
+    for i, rank in ipairs(ranks) do
+      local ws = self.mail_waiters[rank]
+      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
+    end
+    if not woke then
+      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
+        what or "a message from any rank")), 0)
+    end
+    if errors.is(got) then error(got, 0) end
   end
 end
 

@@ -309,6 +309,7 @@ Agent.gone = connections.gone
 -- the mailbox
 Agent.post = mailbox.post
 Agent.receive = mailbox.receive
+Agent.receive_any = mailbox.receive_any
 Agent.abort_receivers = mailbox.abort_receivers
 Agent.wait_mail = mailbox.wait_mail
 Agent.unwait_mail = mailbox.unwait_mail
