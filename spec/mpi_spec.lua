@@ -4,9 +4,9 @@
 -- processes with the store's address sent through MPI, a mismatched collective
 -- named on every rank, a rank that never calls bounded by the timeout, and the
 -- errors for a library that is missing or not Open MPI. Also (issue 32) the
--- bitwise reductions, the flat gather/reduce-scatter, all_to_all_single and
--- all_to_all with uneven splits (a mismatched split named on every rank), and
--- a receive from any rank that says who sent.
+-- bitwise reductions, all_gather_into_tensor and reduce_scatter_tensor,
+-- all_to_all_single and all_to_all with uneven splits (a mismatched split named
+-- on every rank), and receives from any rank that say who sent.
 local S = require "spec.support"
 local core = require "rpchost.core"
 
@@ -208,12 +208,11 @@ describe("the mpi backend #world", function()
     assert.are.equal(3, count_oks(r.out), r.out .. r.err)
   end)
 
-  -- (issue 32) The group's methods are called directly: dist's public faces
-  -- (all_gather_into_tensor, ...) call these same methods.
-  local group_prelude = [[
+  -- (issue 32) the c10d functions on the mpi backend
+  local prelude_32 = [[
     dist.init_process_group{backend = "mpi", timeout = 20}
     local me, n = dist.get_rank(), dist.get_world_size()
-    local g = require("rpchost.dist")._group().group
+    local R = dist.ReduceOp
     local function same(t, want)
       local got = t:contiguous():view(-1):totable()
       if #got ~= #want then return false end
@@ -227,7 +226,7 @@ describe("the mpi backend #world", function()
   ]]
 
   it("reduces with BAND, BOR and BXOR on int32, int64, uint8 and bool, and refuses floats on every rank", function()
-    local r = mpi_world(3, group_prelude .. [[
+    local r = mpi_world(3, prelude_32 .. [[
       local bit = require "bit"
       local F = {BAND = bit.band, BOR = bit.bor, BXOR = bit.bxor}
       local L = {BAND = function(a, b) return a and b end, BOR = function(a, b) return a or b end,
@@ -263,35 +262,35 @@ describe("the mpi backend #world", function()
       for _, dt in ipairs({"int32", "int64", "uint8", "bool"}) do
         for _, op in ipairs({"BAND", "BOR", "BXOR"}) do
           local t = input(me, dt, 6)
-          g:all_reduce(t, op)
+          dist.all_reduce(t, R[op])
           check("all_reduce " .. op .. " " .. dt, same(t, expected(op, dt, 6)), t)
         end
         local t = input(me, dt, 6)
-        g:reduce(t, 2, "BXOR")
+        dist.reduce(t, 2, R.BXOR)
         check("reduce BXOR " .. dt, me ~= 2 or same(t, expected("BXOR", dt, 6)), t)
-        -- rank q's input is every rank's 2-element block q..: the blocks are 2 elements each
+        -- rank q gets block q (2 elements) of the reduction
         local want = expected("BOR", dt, 6)
         local out = tensor.zeros(2, {dtype = tensor[dt]})
-        g:reduce_scatter_into(out, input(me, dt, 6), "BOR")
-        check("reduce_scatter_into BOR " .. dt, same(out, {want[2 * me + 1], want[2 * me + 2]}), out)
+        dist.reduce_scatter_tensor(out, input(me, dt, 6), R.BOR)
+        check("reduce_scatter_tensor BOR " .. dt, same(out, {want[2 * me + 1], want[2 * me + 2]}), out)
         local list = {}
         local full = input(me, dt, 6)
         for q = 1, 3 do list[q] = full:narrow(1, 2 * q - 1, 2):clone() end
         local out2 = tensor.zeros(2, {dtype = tensor[dt]})
-        g:reduce_scatter(out2, list, "BAND")
+        dist.reduce_scatter(out2, list, R.BAND)
         want = expected("BAND", dt, 6)
         check("reduce_scatter BAND " .. dt, same(out2, {want[2 * me + 1], want[2 * me + 2]}), out2)
       end
       for _, dt in ipairs({"float32", "float64"}) do
-        local ok, e = pcall(g.all_reduce, g, tensor.ones(3, {dtype = tensor[dt]}), "BAND")
+        local ok, e = pcall(dist.all_reduce, tensor.ones(3, {dtype = tensor[dt]}), R.BAND)
         check("BAND refused on " .. dt, not ok and e.kind == "config" and
           tostring(e):find("Cannot use ReduceOp.BAND with non-integral dtype " .. dt, 1, true), e)
-        ok, e = pcall(g.reduce_scatter_into, g, tensor.zeros(1, {dtype = tensor[dt]}),
-          tensor.zeros(3, {dtype = tensor[dt]}), "BXOR")
+        ok, e = pcall(dist.reduce_scatter_tensor, tensor.zeros(1, {dtype = tensor[dt]}),
+          tensor.zeros(3, {dtype = tensor[dt]}), R.BXOR)
         check("BXOR refused on " .. dt, not ok and tostring(e):find("ReduceOp.BXOR with non-integral", 1, true), e)
       end
       local t = tensor.tensor({6, 3}, {dtype = tensor.int32})
-      g:all_reduce(t, "BAND")
+      dist.all_reduce(t, R.BAND)
       check("usable after", same(t, {6, 3}), t)
       dist.destroy_process_group()
     ]])
@@ -299,29 +298,27 @@ describe("the mpi backend #world", function()
   end)
 
   it("gathers into one flat, stacked or strided tensor and reduce-scatters from one (SUM, AVG), 3 ranks", function()
-    local r = mpi_world(3, group_prelude .. [[
+    local r = mpi_world(3, prelude_32 .. [[
       local k = 4
       local function piece(q) return tensor.arange(k):float() + q * 10 end
       local want = {}
       for q = 0, n - 1 do for i = 0, k - 1 do want[#want + 1] = q * 10 + i end end
       local flat = tensor.zeros(n * k)
-      g:all_gather_into(flat, piece(me))
-      check("all_gather_into flat [n*k]", same(flat, want), flat)
+      dist.all_gather_into_tensor(flat, piece(me))
+      check("all_gather_into_tensor flat [n*k]", same(flat, want), flat)
       local stacked = tensor.zeros(n, k, {dtype = tensor.int64})
-      g:all_gather_into(stacked, piece(me):long())
-      check("all_gather_into stacked [n, k]", same(stacked, want) and stacked:size(1) == n, stacked)
+      dist._all_gather_base(stacked, piece(me):long())
+      check("_all_gather_base stacked [n, k]", same(stacked, want) and stacked:size(1) == n, stacked)
       local strided = tensor.zeros(k, n):t() -- [n, k], not contiguous
-      g:all_gather_into(strided, piece(me))
-      check("all_gather_into strided", same(strided, want), strided)
-      -- a rank whose output is the wrong size is named on every rank
-      local ok, e = pcall(g.all_gather_into, g, tensor.zeros(n * k + (me == 1 and 1 or 0)), piece(me))
-      check("other output size named", not ok and tostring(e):find("collective mismatch", 1, true) and
-        tostring(e):find("into float32[13]", 1, true) and tostring(e):find("into float32[12]", 1, true), e)
-      -- the same wrong output on every rank fails every rank
-      ok, e = pcall(g.all_gather_into, g, tensor.zeros(n * k - 1), piece(me))
-      check("wrong output size", not ok and e.kind == "config" and
-        tostring(e):find("the output has 11 elements; it must have 12", 1, true), e)
-      -- reduce_scatter_into: rank q gets the reduction of block q of every rank's input
+      dist.all_gather_into_tensor(strided, piece(me))
+      check("all_gather_into_tensor strided", same(strided, want), strided)
+      -- a rank whose input (and so output) has another size is named on every rank
+      local kk = me == 1 and 5 or 4
+      local ok, e = pcall(dist.all_gather_into_tensor, tensor.zeros(n * kk), tensor.zeros(kk))
+      check("other size named", not ok and tostring(e):find("collective mismatch", 1, true) and
+        tostring(e):find("all_gather_into_tensor(float32, 5 elements, into float32[15])", 1, true) and
+        tostring(e):find("all_gather_into_tensor(float32, 4 elements, into float32[12])", 1, true), e)
+      -- reduce_scatter_tensor: rank q gets the reduction of block q of every rank's input
       local function input(q, dt)
         local v = {}
         for i = 0, n * k - 1 do v[#v + 1] = (q + 1) * (i + 1) end
@@ -333,35 +330,39 @@ describe("the mpi backend #world", function()
         return v
       end
       local out = tensor.zeros(k, {dtype = tensor.int32})
-      g:reduce_scatter_into(out, input(me, "int32"), "SUM")
-      check("reduce_scatter_into SUM", same(out, block(1 + 2 + 3)), out)
+      dist.reduce_scatter_tensor(out, input(me, "int32"), R.SUM)
+      check("reduce_scatter_tensor SUM", same(out, block(1 + 2 + 3)), out)
       local avg = tensor.zeros(k)
-      g:reduce_scatter_into(avg, input(me, "float32"), "AVG")
-      check("reduce_scatter_into AVG", same(avg, block(2)), avg)
-      local rs = tensor.zeros(2, k):t() -- ([k, 2]: the first column is the output)
-      g:reduce_scatter_into(rs:select(2, 1), input(me, "float64"):float(), "MAX")
-      check("reduce_scatter_into strided MAX", same(rs:select(2, 1), block(3)), rs)
+      dist._reduce_scatter_base(avg, input(me, "float32"), R.AVG)
+      check("_reduce_scatter_base AVG", same(avg, block(2)), avg)
+      local rs = tensor.zeros(k, 2) -- (its first column, strided, is the output)
+      dist.reduce_scatter_tensor(rs:select(2, 1), input(me, "float64"):float(), R.MAX)
+      check("reduce_scatter_tensor strided MAX", same(rs:select(2, 1), block(3)) and same(rs:select(2, 2), {0, 0, 0, 0}),
+        rs)
+      local ok2, e2 = pcall(dist.reduce_scatter_tensor, tensor.zeros(k, {dtype = tensor.int32}),
+        input(me, "int32"), R.AVG)
+      check("AVG refused on int32", not ok2 and tostring(e2):find("AVG needs a floating point tensor", 1, true), e2)
       dist.destroy_process_group()
     ]])
     assert_clean(r, 3 * 8)
   end)
 
   it("runs all_to_all_single with even and uneven splits, and names a mismatched split on every rank", function()
-    local r = mpi_world(3, group_prelude .. [[
-      -- even: 2 elements to each rank
-      local out = tensor.zeros(2 * n)
-      g:all_to_all_single(out, tensor.arange(2 * n):float() + me * 100, {2, 2, 2}, {2, 2, 2})
+    local r = mpi_world(3, prelude_32 .. [[
+      -- even (no splits): 2 rows of 2 to each rank
+      local out = tensor.zeros(2 * n, 2)
+      dist.all_to_all_single(out, (tensor.arange(4 * n):float() + me * 100):view(2 * n, 2))
       local want = {}
-      for q = 0, n - 1 do want[#want + 1] = q * 100 + 2 * me; want[#want + 1] = q * 100 + 2 * me + 1 end
+      for q = 0, n - 1 do for i = 4 * me, 4 * me + 3 do want[#want + 1] = q * 100 + i end end
       check("even splits", same(out, want), out)
-      -- uneven: rank q sends j + 1 elements (valued 10q + j) to rank j; each rank gets me + 1 from each
+      -- uneven: rank q sends j + 1 rows (valued 10q + j) to rank j; each rank gets me + 1 from each
       local vals, ins, outs = {}, {}, {}
       for j = 0, n - 1 do
         ins[j + 1], outs[j + 1] = j + 1, me + 1
         for _ = 1, j + 1 do vals[#vals + 1] = 10 * me + j end
       end
       local o = tensor.zeros(n * (me + 1), {dtype = tensor.int64})
-      g:all_to_all_single(o, tensor.tensor(vals, {dtype = tensor.int64}), outs, ins)
+      dist.all_to_all_single(o, tensor.tensor(vals, {dtype = tensor.int64}), outs, ins)
       want = {}
       for q = 0, n - 1 do for _ = 1, me + 1 do want[#want + 1] = 10 * q + me end end
       check("uneven splits", same(o, want), o)
@@ -370,24 +371,24 @@ describe("the mpi backend #world", function()
       local z_out = me == 0 and {3, 3, 3} or me == 1 and {1, 1, 1} or {0, 1, 1}
       local total = 0
       for _, c in ipairs(z_out) do total = total + c end
-      local so = tensor.zeros(2, total):select(1, 2)
+      local so = tensor.zeros(total, 2):select(2, 1)
       local src = tensor.ones(3 + 1 + (me == 0 and 0 or 1)) * (me + 1)
-      g:all_to_all_single(so, src, z_out, z_in)
+      dist.all_to_all_single(so, src, z_out, z_in)
       want = {}
       for q = 0, n - 1 do for _ = 1, z_out[q + 1] do want[#want + 1] = q + 1 end end
       check("strided output, empty segment", same(so, want), so)
-      -- rank 1 sends 3 elements to rank 0, which expects 2
+      -- rank 1 sends 3 rows to rank 0, which expects 2
       local bad_in = me == 1 and {3, 1, 2} or {2, 2, 2}
-      local ok, e = pcall(g.all_to_all_single, g, tensor.zeros(6), tensor.zeros(6), {2, 2, 2}, bad_in)
+      local ok, e = pcall(dist.all_to_all_single, tensor.zeros(6), tensor.zeros(6), {2, 2, 2}, bad_in)
       check("mismatched split named", not ok and e.kind == "config" and tostring(e):find(
-        "rank 0 expects 2 elements from rank 1 (its output_split_sizes[2]) but rank 1 sends it 3 " ..
-        "(its input_split_sizes[1])", 1, true), e)
+        "rank 1 sends 3 elements to rank 0, but rank 0 expects 2 from it", 1, true) and
+        tostring(e):find("rank 1's input_split_sizes[1], rank 0's output_split_sizes[2]", 1, true), e)
       -- every rank splits evenly, but rank 2 by another count
       local c = me == 2 and 3 or 2
-      ok, e = pcall(g.all_to_all_single, g, tensor.zeros(3 * c), tensor.zeros(3 * c), {c, c, c}, {c, c, c})
-      check("mismatched even split named", not ok and tostring(e):find("expects 2 elements from rank 2", 1, true), e)
+      ok, e = pcall(dist.all_to_all_single, tensor.zeros(3 * c), tensor.zeros(3 * c))
+      check("mismatched even split named", not ok and tostring(e):find("rank 2 sends 3 elements to rank 0, but rank 0 expects 2", 1, true), e)
       local t = tensor.ones(2)
-      g:all_reduce(t)
+      dist.all_reduce(t)
       check("usable after", same(t, {3, 3}), t)
       dist.destroy_process_group()
     ]])
@@ -395,7 +396,7 @@ describe("the mpi backend #world", function()
   end)
 
   it("runs all_to_all with a different size and shape for every pair, 4 ranks", function()
-    local r = mpi_world(4, group_prelude .. [[
+    local r = mpi_world(4, prelude_32 .. [[
       -- rank q sends rank j a [q + 1, j + 1] tensor of 100q + 10j + index
       local function block(q, j)
         local v = {}
@@ -408,67 +409,67 @@ describe("the mpi backend #world", function()
         outs[j + 1] = tensor.zeros(j + 1, me + 1, {dtype = tensor.int32})
       end
       outs[n] = tensor.zeros(me + 1, n, {dtype = tensor.int32}):t() -- (strided: [n, me + 1])
-      g:all_to_all(outs, ins)
+      dist.all_to_all(outs, ins)
       local ok = true
       for q = 0, n - 1 do ok = ok and same(outs[q + 1], block(q, me)) end
       check("all_to_all per-pair sizes", ok, outs[2])
-      local e1 = {}
-      for j = 1, n do e1[j] = tensor.zeros(0) end
-      g:all_to_all(e1, {tensor.zeros(0), tensor.zeros(0), tensor.zeros(0), tensor.zeros(0)})
+      local e1, e2 = {}, {}
+      for j = 1, n do e1[j], e2[j] = tensor.zeros(0), tensor.zeros(0) end
+      dist.all_to_all(e1, e2)
       check("all empty", true)
       -- rank 3 expects one element too many from rank 0
       local o2, i2 = {}, {}
       for j = 1, n do o2[j], i2[j] = tensor.zeros(2), tensor.ones(2) end
       if me == 3 then o2[1] = tensor.zeros(3) end
-      local okm, e = pcall(g.all_to_all, g, o2, i2)
+      local okm, e = pcall(dist.all_to_all, o2, i2)
       check("mismatch named", not okm and tostring(e):find(
-        "rank 3 expects 3 elements from rank 0 (its output_tensor_list[1]) but rank 0 sends it 2", 1, true), e)
+        "rank 0 sends 2 elements to rank 3, but rank 3 expects 3 from it", 1, true), e)
       dist.destroy_process_group()
     ]])
     assert_clean(r, 4 * 3)
   end)
 
   it("receives from any rank and says who sent, in posting order, in the world and a subgroup, 3 ranks", function()
-    local r = mpi_world(3, group_prelude .. [[
+    local r = mpi_world(3, prelude_32 .. [[
       if me == 0 then
         local got = {}
         for _ = 1, 2 do
           local t = tensor.zeros(2)
-          local from = g:recv_from(t, nil, 5)
+          local from = dist.recv(t, {tag = 5})
           got[from] = t:totable()[1]
         end
         check("both senders", got[1] == 10 and got[2] == 20, got[1] .. " " .. tostring(got[2]))
-        local ok, e = pcall(g.recv_from, g, tensor.zeros(2), nil, 6)
+        local ok, e = pcall(dist.recv, tensor.zeros(2), {tag = 6})
         check("too big named", not ok and e.kind == "config" and
           tostring(e):find("recv from any rank: rank 2 sent more than this tensor's 8 bytes", 1, true), e)
-        ok, e = pcall(g.recv_from, g, tensor.zeros(2), nil, 7)
+        ok, e = pcall(dist.recv, tensor.zeros(2), nil, {tag = 7})
         check("too small named", not ok and tostring(e):find("rank 1 sent 4 bytes but this tensor holds 8", 1, true), e)
       else
-        g:send_to(tensor.ones(2) * (10 * me), 0, 5)
-        if me == 2 then g:send_to(tensor.ones(3), 0, 6) else g:send_to(tensor.ones(1), 0, 7) end
+        dist.send(tensor.ones(2) * (10 * me), 0, {tag = 5})
+        if me == 2 then dist.send(tensor.ones(3), 0, {tag = 6}) else dist.send(tensor.ones(1), 0, {tag = 7}) end
       end
-      g:barrier()
-      -- a receive posted first gets the first message, though a later one is waited on first
+      dist.barrier()
+      -- an irecv takes its place when made: a receive made later but waited on first
+      -- gets the second message
       if me == 0 then
         local a, b = tensor.zeros(1), tensor.zeros(1)
-        local h = g:recv_post(a, 1, 3)
-        local from = g:recv_from(b, nil, 3)
-        local from_a = g:recv_wait(h)
-        check("posting order", from == 1 and from_a == 1 and a:totable()[1] == 1 and b:totable()[1] == 2,
-          a:totable()[1] .. " " .. b:totable()[1])
+        local w = dist.irecv(a, 1, {tag = 3})
+        local from = dist.recv(b, {tag = 3})
+        w:wait()
+        check("posting order", from == 1 and w:source_rank() == 1 and a:item() == 1 and b:item() == 2,
+          a:item() .. " " .. b:item())
       elseif me == 1 then
-        g:send_to(tensor.ones(1), 0, 3)
-        g:send_to(tensor.ones(1) * 2, 0, 3)
+        dist.send(tensor.ones(1), 0, {tag = 3})
+        dist.send(tensor.ones(1) * 2, 0, {tag = 3})
       end
-      g:barrier()
       -- in a subgroup of global ranks 0 and 2 the sender is named by its global rank
       local sub = dist.new_group({0, 2})
       if me == 0 then
         local t = tensor.zeros(1)
-        local from = sub:recv_from(t, nil, 0)
-        check("subgroup sender is global rank 2", from == 2 and t:totable()[1] == 7, from)
+        local from = dist.recv(t, {group = sub})
+        check("subgroup sender is global rank 2", from == 2 and t:item() == 7, from)
       elseif me == 2 then
-        sub:send_to(tensor.ones(1) * 7, 0, 0)
+        dist.send(tensor.ones(1) * 7, 0, {group = sub})
       end
       dist.barrier()
       check("done", true)

@@ -511,9 +511,11 @@ local function check_splits(self, what, out_counts, in_counts, out_field, in_fie
     local from, expects, sends = a[3 * r + 1], a[3 * r + 2], a[3 * r + 3]
     if from >= 0 then
       local rr, rf = self:global(r), self:global(from)
-      fail("config", ("%s: rank %d expects %d elements from rank %d (its %s[%d]) but rank %d sends it %d (its " ..
-        "%s[%d]); what a rank sends another must be what that one expects from it"):format(what, rr, expects, rf,
-        out_field, from + 1, rf, sends, in_field, r + 1), {rank = rf})
+      -- (the gloo backend's wording, and which entries of the two lists differ)
+      fail("config", ("%s: rank %d sends %d element%s to rank %d, but rank %d expects %d from it (the output " ..
+        "split sizes of a rank must equal the input split sizes the others use for it: rank %d's %s[%d], rank " ..
+        "%d's %s[%d])"):format(what, rf, sends, sends == 1 and "" or "s", rr, rr, expects, rf, in_field, r + 1, rr,
+        out_field, from + 1), {rank = rf})
     end
   end
 end
