@@ -944,16 +944,29 @@ end
 
 local function piece_bytes(t, off, len) return core.t_bytes(core.t_contiguous(core.t_narrow(t, 0, off, len))) end
 
+-- (an nccl group's tensors live on its device: the bytes go there and back)
+local function on_group(g, t)
+  if getmetatable(g) == nccl_group.Group then return core.t_to_device(t, g.device) end
+  return t
+end
+local function to_host(t) return core.t_device(t) >= 0 and core.t_to_device(t, -1) or t end
+
+-- every rank's size (-1: could not encode), known to every rank
+local function all_sizes(g, what, s, why)
+  local sizes = on_group(g, core.t_full(I64, {g.size}, 0))
+  g:all_gather_into(sizes, on_group(g, core.t_full(I64, {1}, s and #s or -1)))
+  local sz = core.t_totable(to_host(sizes))
+  check_sizes(g, what, sz, function(i) return g:global(i - 1) end, why)
+  return sz, math.max(unpack(sz))
+end
+
 local function all_gather_objects(g, list, obj)
   local what = "all_gather_object"
   local s, why = encode_object(obj)
-  local sizes = core.t_full(I64, {g.size}, 0)
-  g:all_gather_into(sizes, core.t_full(I64, {1}, s and #s or -1))
-  local sz = core.t_totable(sizes)
-  check_sizes(g, what, sz, function(i) return g:global(i - 1) end, why)
-  local most = math.max(unpack(sz))
-  local out = core.t_full(U8, {g.size * most}, 0)
-  g:all_gather_into(out, bytes_tensor(s, most))
+  local sz, most = all_sizes(g, what, s, why)
+  local out = on_group(g, core.t_full(U8, {g.size * most}, 0))
+  g:all_gather_into(out, on_group(g, bytes_tensor(s, most)))
+  out = to_host(out)
   for i = 1, g.size do list[i] = decode_object(piece_bytes(out, (i - 1) * most, sz[i]), what, g:global(i - 1)) end
 end
 
@@ -969,21 +982,17 @@ end
 local function gather_objects(g, obj, list, root)
   local what = "gather_object"
   local s, why = encode_object(obj)
-  local sizes = core.t_full(I64, {g.size}, 0)
   -- (every rank learns every size: the largest pads the pieces, and a failure
   -- anywhere is known everywhere)
-  g:all_gather_into(sizes, core.t_full(I64, {1}, s and #s or -1))
-  local sz = core.t_totable(sizes)
-  check_sizes(g, what, sz, function(i) return g:global(i - 1) end, why)
-  local most = math.max(unpack(sz))
+  local sz, most = all_sizes(g, what, s, why)
   local pieces = nil
   if g.rank == root then
     pieces = {}
-    for i = 1, g.size do pieces[i] = core.t_full(U8, {most}, 0) end
+    for i = 1, g.size do pieces[i] = on_group(g, core.t_full(U8, {most}, 0)) end
   end
-  g:gather(bytes_tensor(s, most), pieces, root)
+  g:gather(on_group(g, bytes_tensor(s, most)), pieces, root)
   if pieces then
-    for i = 1, g.size do list[i] = decode_object(piece_bytes(pieces[i], 0, sz[i]), what, g:global(i - 1)) end
+    for i = 1, g.size do list[i] = decode_object(piece_bytes(to_host(pieces[i]), 0, sz[i]), what, g:global(i - 1)) end
   end
 end
 
@@ -1010,16 +1019,16 @@ local function broadcast_objects(g, list, root)
     local n = #list
     s, why = encode_object({n = n, unpack(list, 1, n)})
   end
-  local size = core.t_full(I64, {1}, s and #s or -1)
+  local size = on_group(g, core.t_full(I64, {1}, s and #s or -1))
   g:broadcast(size, root)
-  local n = core.t_item(size)
+  local n = core.t_item(to_host(size))
   if n < 0 then
     check_sizes(g, what, {-1}, function() return g:global(root) end, why)
   end
-  local buf = bytes_tensor(s, n)
+  local buf = on_group(g, bytes_tensor(s, n))
   g:broadcast(buf, root)
   if g.rank ~= root then
-    local v = decode_object(core.t_bytes(buf), what, g:global(root))
+    local v = decode_object(core.t_bytes(to_host(buf)), what, g:global(root))
     for i = 1, math.max(#list, v.n) do list[i] = v[i] end
   end
 end
@@ -1052,20 +1061,20 @@ local function scatter_objects(g, out, ins, root)
       end
     end
     heads = {}
-    for i = 1, g.size do heads[i] = core.t_from_flat(I64, {2}, {why and -1 or #s[i], why and -1 or most}) end
+    for i = 1, g.size do heads[i] = on_group(g, core.t_from_flat(I64, {2}, {why and -1 or #s[i], why and -1 or most})) end
   end
-  local head = core.t_full(I64, {2}, 0)
+  local head = on_group(g, core.t_full(I64, {2}, 0))
   g:scatter(head, heads, root)
-  local h = core.t_totable(head)
+  local h = core.t_totable(to_host(head))
   if h[1] < 0 then check_sizes(g, what, {-1}, function() return g:global(root) end, why) end
   local pieces = nil
   if heads then
     pieces = {}
-    for i = 1, g.size do pieces[i] = bytes_tensor(s[i], h[2]) end
+    for i = 1, g.size do pieces[i] = on_group(g, bytes_tensor(s[i], h[2])) end
   end
-  local buf = core.t_full(U8, {h[2]}, 0)
+  local buf = on_group(g, core.t_full(U8, {h[2]}, 0))
   g:scatter(buf, pieces, root)
-  out[1] = decode_object(piece_bytes(buf, 0, h[1]), what, g:global(root))
+  out[1] = decode_object(piece_bytes(to_host(buf), 0, h[1]), what, g:global(root))
 end
 
 -- scatter_object_list(out, ins_on_src, src [, opts]): out[1] becomes ins[r + 1] of src

@@ -133,6 +133,10 @@ end
 
 local function redop(op, t, what)
   local code = REDOP[op or "SUM"]
+  if op == "BAND" or op == "BOR" or op == "BXOR" then
+    fail("config", ("%s: Cannot use ReduceOp.%s with NCCL (NCCL has no bitwise reductions; use a gloo group)"):format(
+      what, op))
+  end
   if not code then fail("config", ("%s: unknown op %s (use dist.ReduceOp.SUM, ...)"):format(what, tostring(op))) end
   if op == "AVG" and core.t_dtype(t) > 1 then
     fail("config", what .. ": AVG needs a floating point tensor on the nccl backend")
@@ -256,6 +260,81 @@ end
 function Group:scatter(t, list, root)
   rooted(self, "scatter", t, list, root, "recv", "send")
   if self.rank == root then core.t_copy_(t, list[root + 1]) end
+end
+
+-- the flat forms: NCCL's own collectives straight into the output
+function Group:all_gather_into(out, t)
+  need_comm(self, "all_gather_into_tensor")
+  local x = operand(self, t, "all_gather_into_tensor")
+  in_place(self, out, "all_gather_into_tensor", function(o) core.nccl_all_gather(self.comm, x, o, self.size) end)
+end
+
+function Group:reduce_scatter_into(out, t, op)
+  local code = redop(op, t, "reduce_scatter_tensor")
+  need_comm(self, "reduce_scatter_tensor")
+  local x = operand(self, t, "reduce_scatter_tensor")
+  in_place(self, out, "reduce_scatter_tensor", function(o) core.nccl_reduce_scatter(self.comm, x, o, code, self.size) end)
+end
+
+-- Every rank's counts of elements for every peer (one small all_gather), so
+-- that counts that disagree are an error naming both ranks before the data
+-- moves (NCCL would wait, or write past a piece, instead).
+local function check_counts(self, what, sends)
+  local all = core.t_full(3, {self.size * self.size}, 0, self.device)
+  local mine = core.t_to_device(core.t_from_flat(3, {self.size}, sends), self.device)
+  core.nccl_all_gather(self.comm, mine, all, self.size)
+  self:finish(what)
+  local c = core.t_totable(core.t_to_device(all, -1))
+  return function(i, want)
+    local sent = c[i * self.size + self.rank + 1]
+    if sent ~= want then
+      fail("config", ("%s: rank %d sends %d element%s to rank %d, but rank %d expects %d from it (the output " ..
+        "split sizes of a rank must equal the input split sizes the others use for it)"):format(what, self:global(i),
+        sent, sent == 1 and "" or "s", self:global(self.rank), self:global(self.rank), want))
+    end
+  end
+end
+
+-- all_to_all_single and all_to_all: one fused group of sends and receives
+function Group:all_to_all_single(out, t, out_counts, in_counts)
+  local what = "all_to_all_single"
+  need_comm(self, what)
+  local check = check_counts(self, what, in_counts)
+  for i = 0, self.size - 1 do check(i, out_counts[i + 1]) end
+  local x = core.t_view(operand(self, t, what), {-1}, false)
+  local o = operand(self, out, what)
+  local of = core.t_view(o, {-1}, false)
+  local ops, at_in, at_out = {}, 0, 0
+  for i = 0, self.size - 1 do
+    local ni, no = in_counts[i + 1], out_counts[i + 1]
+    local piece_in, piece_out = core.t_narrow(x, 0, at_in, ni), core.t_narrow(of, 0, at_out, no)
+    if i == self.rank then core.t_copy_(piece_out, piece_in)
+    else
+      if ni > 0 then ops[#ops + 1] = {"send", piece_in, piece_in, i} end
+      if no > 0 then ops[#ops + 1] = {"recv", piece_out, piece_out, i} end
+    end
+    at_in, at_out = at_in + ni, at_out + no
+  end
+  if #ops > 0 then p2p(self, what, ops) end
+  if o ~= out then core.t_copy_(out, o) else core.t_bump(out) end
+end
+
+function Group:all_to_all(outs, ins)
+  local what = "all_to_all"
+  need_comm(self, what)
+  local sends = {}
+  for i = 1, self.size do sends[i] = core.t_numel(ins[i]) end
+  local check = check_counts(self, what, sends)
+  local ops = {}
+  for i = 0, self.size - 1 do
+    check(i, core.t_numel(outs[i + 1]))
+    if i == self.rank then core.t_copy_(outs[i + 1], ins[i + 1])
+    else
+      ops[#ops + 1] = {"send", ins[i + 1], operand(self, ins[i + 1], what), i}
+      ops[#ops + 1] = {"recv", outs[i + 1], operand(self, outs[i + 1], what), i}
+    end
+  end
+  if #ops > 0 then p2p(self, what, ops) end
 end
 
 function Group:barrier()
