@@ -120,8 +120,8 @@ static void expect(const float *buf, int blocks, int n, const char *what, long b
     int at[3] = {0, n / 2, n - 1};
     for (int k = 0; k < 3; k++)
       if (buf[(size_t)j * n + at[k]] != want(j)) {
-        fprintf(stderr, "mpi_peer: rank %d: %s %ld bytes: block %d element %d is %g, want %g\n", rank, what, bytes,
-                j, at[k], buf[(size_t)j * n + at[k]], want(j));
+        fprintf(stderr, "mpi_peer: rank %d: %s %ld bytes: block %d element %d is %g, want %g\n", rank, what, bytes, j,
+                at[k], buf[(size_t)j * n + at[k]], want(j));
         MPI_Abort(MPI_COMM_WORLD, 3);
       }
   }
