@@ -2,6 +2,7 @@
 -- indices, as torch.utils.data.distributed.DistributedSampler draws them.
 local errors = require "rpchost.errors"
 local env = require "rpchost.env"
+local sized = require "rpchost.sized"
 
 local M = {}
 
@@ -9,10 +10,11 @@ local function cfg(msg, ...) error(errors.new("config", msg:format(...)), 0) end
 
 -- DistributedSampler(n, {rank=, world_size=, shuffle=true, seed=0, drop_last=false}):
 -- this rank's share of 1..n, disjoint from the others', reshuffled per epoch with
--- set_epoch. Iterate with `for i in sampler:iter()` or use sampler:indices().
-local Sampler = {}
+-- set_epoch. Iterate with `for i in sampler:iter()` or use sampler:indices();
+-- `#sampler` (or sampler:len()) is this rank's count. A sampler is a sized
+-- object (rpchost.sized: a userdata proxy, so that `#` counts it).
+local Sampler = {name = "DistributedSampler", __sized = true}
 Sampler.__index = Sampler
-Sampler.__len = function(s) return s.num_samples end
 
 function M.new(n, o, pg_rank, pg_world)
   o = o or {}
@@ -24,7 +26,7 @@ function M.new(n, o, pg_rank, pg_world)
                           drop_last = o.drop_last, epoch = 0}, Sampler)
   if s.drop_last then s.num_samples = math.floor(n / world)
   else s.num_samples = math.ceil(n / world) end
-  return s
+  return sized.new(s)
 end
 
 function Sampler:set_epoch(e) self.epoch = e end

@@ -16,6 +16,7 @@
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local report = require "rpchost.tools.report"
+local sized = require "rpchost.sized"
 
 local M = {}
 
@@ -25,6 +26,7 @@ local function is_ident(k) return type(k) == "string" and k:match("^[%a_][%w_]*$
 function M.pretty(v, indent, seen, depth)
   indent, seen, depth = indent or "", seen or {}, depth or 0
   if type(v) == "string" then return ("%q"):format(v) end
+  v = sized.raw(v) -- (a sized object, a DataLoader or a sampler, shows as the table behind it)
   if type(v) ~= "table" or getmetatable(v) and getmetatable(v).__tostring then return tostring(v) end
   if seen[v] then return "<cycle>" end
   if depth >= 4 then return "{...}" end
@@ -62,7 +64,8 @@ local function names_of(v)
       if type(k) == "string" and not seen[k] then seen[k] = true; out[#out + 1] = k end
     end
   end
-  if type(v) == "table" then add(v) end
+  local own = sized.raw(v)
+  if type(own) == "table" then add(own) end
   local tensor = package.loaded["rpchost.tensor"]
   if tensor and tensor.is_tensor and tensor.is_tensor(v) then
     add(tensor.methods)
