@@ -26,10 +26,22 @@ local M = {}
 local agent = nil          -- the running agent (set by attach)
 local owners = {}          -- rref id -> owner entry
 local tombstones = {}      -- "id/fork" deleted before its add arrived
-local freed = {}           -- ids whose owner entry was freed
 local pending_deletes = {} -- filled by __gc sentinels: {owner rank, id, fork} or {nil, id}
 local live_forks = {}      -- fork key -> true, for stats and shutdown (weak values not needed)
 local counter = 0
+-- Bounded records (a run makes millions of RRefs; what is remembered of each
+-- one that ended must not grow with them). Ids are "<creator rank>:<n>", n
+-- counting up on each worker, and the messages that matter arrive in n's order
+-- (docs/architecture.md, "RRef protocol"):
+local created_max = {} -- owner: creator rank -> the highest n created here (an id at or below
+                       -- it that has no entry was freed)
+-- user: fork key -> true for each fork decoded here whose owner's confirmation
+-- has not come yet, and the other way round: confirmations that came before
+-- their fork was decoded. Each entry goes when its other half comes: both
+-- hold only what is on its way.
+local awaiting = {}
+local early = {}
+local handles = setmetatable({}, {__mode = "v"}) -- user: fork key -> its live handle
 
 local pack = function(...) return {n = select("#", ...), ...} end
 
@@ -40,6 +52,28 @@ M.RRef = RRef
 local function new_id()
   counter = counter + 1
   return ("%d:%d"):format(agent.rank, counter)
+end
+
+-- an id's (or fork's) creator rank and number
+local function split_id(id)
+  local c, n = id:match("^(%d+):(%d+)$")
+  return tonumber(c), tonumber(n)
+end
+
+-- owner: id's value was made here (by its creation, or as a local RRef)
+local function note_created(id)
+  local c, n = split_id(id)
+  if c and n > (created_max[c] or 0) then created_max[c] = n end
+end
+
+-- owner: whether id had an entry here that was freed. Creations from one
+-- creator arrive in the order of its numbers (one connection; a local RRef's
+-- at once), so an id without an entry at or below the highest created is one
+-- that was freed; above it, one whose creation is still on its way.
+local function was_freed(id)
+  if owners[id] then return false end
+  local c, n = split_id(id)
+  return c ~= nil and n <= (created_max[c] or 0)
 end
 
 -- A userdata whose __gc runs `fn`: LuaJIT's tables have no __gc of their own.
@@ -65,6 +99,7 @@ local function user_handle(id, owner_rank, fork, confirmed)
   local r = setmetatable({id = id, owner_rank = owner_rank, fork = fork, owned = false,
                           confirmed = confirmed}, RRef)
   r.sentinel = sentinel(function() pending_deletes[#pending_deletes + 1] = {owner_rank, id, fork} end)
+  if not confirmed then handles[key] = r end -- (its confirmation marks it, see M.confirm)
   return r
 end
 
@@ -77,8 +112,7 @@ end
 local function maybe_free(id)
   local e = owners[id]
   if e and e.local_refs <= 0 and next(e.forks) == nil then
-    owners[id] = nil
-    freed[id] = true
+    owners[id] = nil -- (was_freed says so from now on)
   end
 end
 
@@ -90,7 +124,7 @@ end
 local function lookup(id)
   local e = owners[id]
   if e then return e end
-  if freed[id] then
+  if was_freed(id) then
     error(("RRef %s was deleted on its owner %s: every reference to it had been released"):format(
       id, agent.name), 0)
   end
@@ -155,6 +189,7 @@ end
 function M.create(id, fork, fn, args, kwargs)
   local e = owners[id] or new_entry(id)
   e.awaiting = nil
+  note_created(id)
   if fork then
     if tombstones[id .. "/" .. fork] then tombstones[id .. "/" .. fork] = nil
     else e.forks[fork] = true end
@@ -227,9 +262,15 @@ callee.mark_inline(M.fetch)
 -- entry may still be pending: the fork is recorded all the same)
 function M.add_fork(id, fork, to)
   local key = id .. "/" .. fork
-  if tombstones[key] then tombstones[key] = nil return true end
-  local e = lookup(id)
-  e.forks[fork] = true
+  if tombstones[key] then
+    -- (its holder already dropped it; the confirmation still goes, so that the
+    -- holder's record of waiting for one goes too)
+    tombstones[key] = nil
+  else
+    local e = lookup(id)
+    e.forks[fork] = true
+  end
+  -- (a fork is never made for the owner itself: `to` is another worker)
   if to ~= agent.rank then agent:call(to, M.confirm, {id, fork}):add_done_callback(function() end) end
   return true
 end
@@ -249,12 +290,21 @@ function M.delete_forks(list)
   return true
 end
 
--- user-side: the owner confirmed our fork
-local confirmed = {}
+-- user-side: the owner confirmed a fork decoded here (its handle, if still
+-- alive, is marked), or one still on its way (early; kept until it comes).
 local confirm_waiters = {} -- fork key -> tasks waiting for its confirmation
 function M.confirm(id, fork)
   local key = id .. "/" .. fork
-  confirmed[key] = true
+  if awaiting[key] then
+    awaiting[key] = nil
+    local r = handles[key]
+    if r then
+      r.confirmed = true
+      handles[key] = nil
+    end
+  else
+    early[key] = true -- (its fork is still on its way here)
+  end
   local waiting = confirm_waiters[key]
   if waiting then
     confirm_waiters[key] = nil
@@ -271,7 +321,7 @@ function M.await_confirmed(list, timeout)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   for _, r in ipairs(list) do
     local key = r.id .. "/" .. r.fork
-    while not (r.confirmed or confirmed[key]) do
+    while not r.confirmed do
       if agent == nil or agent.state ~= "running" then
         error(errors.new("shutdown", ("RPC shut down while RRef %s waited for its owner's confirmation"):format(r.id)), 0)
       end
@@ -370,7 +420,7 @@ local function decode_rref(ctx, id, owner_rank, fork, from_owner)
   if not agent then error("an RRef arrived outside RPC", 0) end
   if owner_rank == agent.rank then
     if not owners[id] then
-      if freed[id] then
+      if was_freed(id) then
         error(("an RRef (%s) owned here arrived after its value was deleted"):format(id), 0)
       end
       -- its creation request is queued behind this message: the entry waits for it
@@ -379,8 +429,20 @@ local function decode_rref(ctx, id, owner_rank, fork, from_owner)
     return owner_handle(id)
   end
   if not fork then error("malformed RRef: a user handle without a fork", 0) end
-  local r = user_handle(id, owner_rank, fork, from_owner)
-  if not from_owner and not confirmed[id .. "/" .. fork] then
+  local key = id .. "/" .. fork
+  local confirmed = from_owner
+  if not confirmed then
+    -- (messages from different workers decode in any order: the owner's
+    -- confirmation may have come first)
+    if early[key] then
+      early[key] = nil
+      confirmed = true
+    else
+      awaiting[key] = true
+    end
+  end
+  local r = user_handle(id, owner_rank, fork, confirmed)
+  if not confirmed then
     -- (a request that brings it waits for the owner's confirmation: the
     -- callee reads the message's list once it decoded, see M.await_confirmed)
     if ctx then
@@ -396,7 +458,9 @@ codec.register_extension{mt = RRef, tag = TAG, encode = encode_rref, decode = de
 -- public API ------------------------------------------------------------------------------------
 function M.attach(a)
   agent = a
-  owners, tombstones, pending_deletes, live_forks, confirmed, freed = {}, {}, {}, {}, {}, {}
+  owners, tombstones, pending_deletes, live_forks = {}, {}, {}, {}
+  created_max, awaiting, early = {}, {}, {}
+  handles = setmetatable({}, {__mode = "v"})
   confirm_waiters = {}
 end
 
@@ -411,6 +475,7 @@ function M.local_rref(value)
   end
   local id = new_id()
   local e = new_entry(id)
+  note_created(id)
   e.value:set_result(value)
   return owner_handle(id)
 end
@@ -496,7 +561,7 @@ function RRef:owner_name() return running("owner_name").peers[self.owner_rank].n
 function RRef:is_owner() return self.owned end
 function RRef:confirmed_by_owner()
   if self.owned then return true end
-  return self.confirmed or confirmed[self.id .. "/" .. self.fork] == true
+  return self.confirmed == true
 end
 
 RRef.__tostring = function(r)
@@ -597,9 +662,20 @@ function M.stats()
     n_owners = n_owners + 1
     for _ in pairs(e.forks) do n_forks = n_forks + 1 end
   end
-  local n_user = 0
-  for _ in pairs(live_forks) do n_user = n_user + 1 end
-  return {owners = n_owners, owner_forks = n_forks, user_forks = n_user, pending_deletes = #pending_deletes}
+  local function count(t)
+    local k = 0
+    for _ in pairs(t) do k = k + 1 end
+    return k
+  end
+  return {owners = n_owners, owner_forks = n_forks, user_forks = count(live_forks), pending_deletes = #pending_deletes,
+          tombstones = count(tombstones), early_confirmations = count(early), awaiting_confirmation = count(awaiting),
+          creators = count(created_max), confirm_waiters = count(confirm_waiters)}
+end
+
+-- A worker that left for good (a dynamic member): what is remembered of the
+-- ids it made goes.
+function M.forget(rank)
+  created_max[rank] = nil
 end
 
 -- at graceful shutdown: give up every fork we hold (the owners free what is left)
