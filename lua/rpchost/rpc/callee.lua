@@ -146,8 +146,10 @@ M.describe_fn = describe_fn
 -- names it or as a string says (an RRef proxy's call names the method, not
 -- rpchost's call_method that runs it), and its callee. Made only when a
 -- message or a future's description needs it: no string per call.
+local function fn_text(fn) return type(fn) == "string" and fn or describe_fn(fn) end
+M.fn_text = fn_text
 function M.call_text(fn, to_name)
-  return ("the call of %s on %s"):format(type(fn) == "string" and fn or describe_fn(fn), to_name)
+  return ("the call of %s on %s"):format(fn_text(fn), to_name)
 end
 
 -- replies ----------------------------------------------------------------------------

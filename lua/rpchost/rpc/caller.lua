@@ -24,8 +24,7 @@ local bit = require "bit"
 
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local too_big = connections.too_big
-local task_ctx, describe_fn, error_text = callee.task_ctx, callee.describe_fn, callee.error_text
-local call_text = callee.call_text
+local task_ctx, error_text, call_text = callee.task_ctx, callee.error_text, callee.call_text
 local arg_count_problem = callee.arg_count_problem
 
 local M = {}
@@ -99,8 +98,9 @@ local function send_request(self, p, id, body, segs)
 end
 
 -- Starts a call; returns its Future. Serialisation errors raise here, at once.
--- what: how messages name the function, when not as describe_fn does (an RRef
--- proxy's call of rpchost's call_method names the method); nil otherwise.
+-- what: what messages and the future name as the function, when not fn itself
+-- (rpchost's own call_method or create): an RRef proxy's method, as a string,
+-- or the function a remote() runs; nil otherwise.
 function M.call(self, to, fn, args, kwargs, timeout, what)
   check_running(self)
   local p = self:peer_of(to)
@@ -204,7 +204,7 @@ local function take(self, id, failed)
   local dur = trace.now_us() - call.t0
   trace.call_done(call.peer.name, dur, failed)
   if trace.enabled() then
-    trace.complete("call " .. describe_fn(call.fn), "rpc", call.t0, dur,
+    trace.complete("call " .. callee.fn_text(call.what or call.fn), "rpc", call.t0, dur,
                    {to = call.peer.name, id = id, failed = failed or nil})
   end
   return call
