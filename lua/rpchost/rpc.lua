@@ -142,6 +142,13 @@ end
 -- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
 -- positional form init_rpc(name, backend, rank, world_size, rpc_backend_options).
 function rpc.init_rpc(name, a, b, c, d)
+  if type(a) == "number" then
+    -- (PyTorch's keyword habit, init_rpc(name, rank, world_size), would pass
+    -- the rank as the backend)
+    error(errors.new("config", ("init_rpc: the second argument is the table of options, got the number %s: " ..
+      "pass rpc.init_rpc(name, {rank = %s, world_size = %s}) (the positional form is (name, backend, rank, " ..
+      "world_size, rpc_backend_options))"):format(tostring(a), tostring(a), b ~= nil and tostring(b) or "N")), 0)
+  end
   local o
   if type(a) == "table" and not is_options(a) then o = a
   else o = {backend = a, rank = b, world_size = c, rpc_backend_options = d} end
@@ -263,8 +270,6 @@ local function only_option_keys(t)
   return any
 end
 
--- (to, func, args, kwargs, timeout) or (to, func, {args=, kwargs=, timeout=})
--- or (to, func, args, {timeout=, kwargs=})
 -- A call's timeout: nil or -1 (the default), 0 or math.huge (none), or seconds.
 function rpc._check_timeout(t, what)
   if t == nil or t == -1 or t == 0 then return t end
@@ -276,6 +281,10 @@ function rpc._check_timeout(t, what)
   return t
 end
 
+-- (to, func, args, kwargs, timeout) or (to, func, {args=, kwargs=, timeout=}):
+-- the fourth argument is kwargs, always (PyTorch's order). A third argument
+-- that holds only those option keys is the options table, since a list of
+-- arguments has no string keys.
 local function call_args(to, func, args, kwargs, timeout, extra)
   if extra ~= nil then
     error(errors.new("config", "too many arguments: use (to, func, args, kwargs, timeout) or " ..
@@ -283,9 +292,6 @@ local function call_args(to, func, args, kwargs, timeout, extra)
   end
   if kwargs == nil and timeout == nil and only_option_keys(args) then
     return to, func, args.args, args.kwargs, rpc._check_timeout(args.timeout)
-  end
-  if timeout == nil and only_option_keys(kwargs) and kwargs.args == nil then
-    return to, func, args, kwargs.kwargs, rpc._check_timeout(kwargs.timeout)
   end
   return to, func, args, kwargs, rpc._check_timeout(timeout)
 end

@@ -135,7 +135,7 @@ end
 
 local function done_future(values)
   local f = Future.new()
-  f:set_packed(values)
+  f:_set_packed(values)
   return f
 end
 
@@ -148,20 +148,24 @@ local function when_created(e, id, wait)
   local out = Future.new("RRef " .. id)
   local timer = sched.after(wait, function()
     local why = e.awaiting and "the call that creates it has not arrived" or "the call that creates it is still running"
-    if out:set_error(errors.new("timeout", ("RRef %s has no value on its owner %s after %g s: %s"):format(
+    if out:_set_error(callee.deadline_error(("RRef %s has no value on its owner %s after %g s: %s"):format(
         id, agent.name, wait, why), {worker = agent.name, rank = agent.rank})) then
       if e.awaiting and owners[id] == e and next(e.forks) == nil and e.local_refs <= 0 then owners[id] = nil end
     end
   end)
   v:_on_settle(function(f)
     sched.cancel(timer)
-    if f.state == "error" then out:set_error(f.err) else out:set_packed(f.values) end
+    if f.state == "error" then out:_set_error(f.err) else out:_set_packed(f.values) end
   end)
   return out
 end
 
 -- The error of a failed creation, saying so (whoever uses the RRef sees it).
 local function creation_failed(id, err)
+  if callee.is_deadline_error(err) then -- (the caller's deadline: still a timeout)
+    return callee.deadline_error(("the creation of RRef %s failed: %s"):format(id, tostring(err.message)),
+      {worker = agent.name, rank = agent.rank})
+  end
   local ok, re = pcall(agent.remote_error, agent, err)
   if not ok then re = errors.new("remote", tostring(err), {worker = agent.name, rank = agent.rank}) end
   re.message = ("the creation of RRef %s failed: %s"):format(id, tostring(re.message))
@@ -170,15 +174,15 @@ end
 
 -- Sets the entry's value from fn's results (a Future's, for an async_execution fn).
 local function settle_value(e, id, fn, r)
-  if not r[1] then return e.value:set_error(creation_failed(id, r[2])) end
-  if not callee.is_async(fn) then return e.value:set_packed(pack(unpack(r, 2, r.n))) end
+  if not r[1] then return e.value:_set_error(creation_failed(id, r[2])) end
+  if not callee.is_async(fn) then return e.value:_set_packed(pack(unpack(r, 2, r.n))) end
   local fut = r[2]
   if not Future.is(fut) then
-    return e.value:set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
+    return e.value:_set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
       type(fut))))
   end
   fut:_on_settle(function(f)
-    if f.state == "error" then e.value:set_error(creation_failed(id, f.err)) else e.value:set_packed(f.values) end
+    if f.state == "error" then e.value:_set_error(creation_failed(id, f.err)) else e.value:_set_packed(f.values) end
   end)
 end
 
@@ -198,14 +202,14 @@ function M.create(id, fork, fn, args, kwargs)
   sched.spawn(function()
     sched.current().ag_ctx = ctx
     local bad = args and callee.arg_count_problem(args)
-    if bad then return e.value:set_error(errors.new("config", bad)) end
+    if bad then return e.value:_set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
     settle_value(e, id, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
   end, {name = "remote " .. id})
   local out = Future.new("creation of RRef " .. id)
   e.value:_on_settle(function(f)
-    if f.state == "error" then out:set_error(f.err) else out:set_result(true) end
+    if f.state == "error" then out:_set_error(f.err) else out:_set_result(true) end
   end)
   return out
 end
@@ -476,23 +480,41 @@ function M.local_rref(value)
   local id = new_id()
   local e = new_entry(id)
   note_created(id)
-  e.value:set_result(value)
+  e.value:_set_result(value)
   return owner_handle(id)
 end
 
--- rpc.remote(to, fn, args, kwargs, timeout): returns at once
-function M.remote(to, fn, args, kwargs, timeout)
+-- A remote() to oneself has its timeout too (PyTorch's does): a value not made
+-- within it fails the RRef with the timeout, which to_here() raises, and the
+-- value that comes later is dropped (its completion, a second one, is ignored).
+local function create_within(id, timeout, what)
+  if timeout == nil or timeout < 0 then timeout = agent.timeout end
+  local v = owners[id].value
+  if timeout <= 0 or v.state ~= "pending" then return end
+  local name = agent.name
+  local timer = sched.after(timeout, function()
+    v:_set_error(errors.new("timeout", ("rpc.remote(): RRef %s was not created on %s in time: %s timed out after %g s"):format(
+      id, name, callee.call_text(what, name), timeout), {worker = name, rank = agent and agent.rank}))
+  end)
+  v:_on_settle(function() sched.cancel(timer) end)
+end
+
+-- rpc.remote(to, fn, args, kwargs, timeout): returns at once. what: how
+-- messages name fn, when not by its own name (see rpchost.rpc.caller's call).
+function M.remote(to, fn, args, kwargs, timeout, what)
   local p = agent:peer_of(to)
   local bad = type(args) == "table" and callee.arg_count_problem(args)
   if bad then error(errors.new("config", bad), 0) end
   local id = new_id()
   if p.rank == agent.rank then
     M.create(id, nil, codec.named_value(fn), args or {}, kwargs)
+    create_within(id, timeout, what or fn)
     return owner_handle(id)
   end
   local fork = new_id()
   -- (answered when the value is made: the timeout covers running fn)
-  local ok, c = pcall(agent.call, agent, p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
+  local ok, c = pcall(agent.call, agent, p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout,
+                      what or fn)
   if not ok then
     -- (name the parts as the caller gave them, not as the creating message holds them)
     if errors.is(c) and type(c.message) == "string" then
@@ -515,8 +537,7 @@ local function check_creation(r)
     if errors.is(e) and e.kind == "timeout" and not r.creation_err then
       -- (say what timed out: the remote() call, not the protocol message under it)
       r.creation_err = errors.new("timeout", ("rpc.remote(): RRef %s was not created on %s in time: %s"):format(
-        r.id, agent.peers[r.owner_rank].name, tostring(e.message):gsub("%(rpchost%.rref%.create%) ", "")),
-        {worker = e.worker, rank = e.rank})
+        r.id, agent.peers[r.owner_rank].name, tostring(e.message)), {worker = e.worker, rank = e.rank})
     end
     error(r.creation_err or e, 0)
   end
@@ -570,6 +591,30 @@ RRef.__tostring = function(r)
   return ("UserRRef(owner=%s, id=%s, fork=%s)"):format(name, r.id, r.fork)
 end
 
+-- A proxy's call of a method of an RRef this worker owns: it runs here, and
+-- fails with kind timeout past the call's timeout as a call to another
+-- worker does (what it runs goes on, as there).
+local function owned_call(args, what)
+  local fut = Future._described(callee.call_text, what, agent.name)
+  local wait = args[2]
+  local timer = wait > 0 and sched.after(wait, function()
+    fut:_set_error(errors.new("timeout", ("%s timed out after %g s"):format(callee.call_text(what, agent.name), wait),
+      {worker = agent.name, rank = agent.rank}))
+  end)
+  local function settled(err, values)
+    if timer then sched.cancel(timer) end
+    if err then fut:_set_error(agent:remote_error(err)) else fut:_set_packed(values) end
+  end
+  sched.spawn(function()
+    local ok, f = pcall(M.call_method, unpack(args, 1, args.n))
+    if not ok then return settled(f) end
+    f:add_done_callback(function(g)
+      if g.state == "error" then settled(g.err) else settled(nil, g.values) end
+    end)
+  end, {name = "rref method"})
+  return fut
+end
+
 -- proxies: r:rpc_sync():m(...), r:rpc_async():m(...), r:remote():m(...)
 local function proxy(r, mode, timeout)
   return setmetatable({}, {
@@ -578,20 +623,12 @@ local function proxy(r, mode, timeout)
         running(mode .. "():" .. tostring(method))
         check_creation(r)
         local args = pack(r.id, bound(timeout), method, ...)
-        if mode == "remote" then return M.remote(r.owner_rank, M.call_method, args, nil, timeout) end
+        -- (messages name the method, not rpchost's call_method that runs it)
+        local what = ("method '%s' of RRef %s"):format(tostring(method), r.id)
+        if mode == "remote" then return M.remote(r.owner_rank, M.call_method, args, nil, timeout, what) end
         local fut
-        if r.owned then
-          fut = Future.new("rref method")
-          sched.spawn(function()
-            local ok, f = pcall(M.call_method, unpack(args, 1, args.n))
-            if not ok then return fut:set_error(agent:remote_error(f)) end
-            f:add_done_callback(function(g)
-              if g.state == "error" then fut:set_error(agent:remote_error(g.err)) else fut:set_packed(g.values) end
-            end)
-          end, {name = "rref method"})
-        else
-          fut = agent:call(r.owner_rank, M.call_method, args, nil, timeout)
-        end
+        if r.owned then fut = owned_call(args, what)
+        else fut = agent:call(r.owner_rank, M.call_method, args, nil, timeout, what) end
         if mode == "rpc_async" then return fut end
         return fut:wait()
       end
@@ -621,18 +658,22 @@ function M.backward_here(r, ctx_id, retain_graph)
   sched.spawn(function()
     sched.current().ag_ctx = ctx
     local ok, err = pcall(backward_local, r, ctx_id, retain_graph)
-    if ok then fut:set_result(true) else fut:set_error(agent:remote_error(err)) end
+    if ok then fut:_set_result(true) else fut:_set_error(agent:remote_error(err)) end
   end, {name = "rref backward"})
   return fut
 end
 
 callee.mark_async(M.backward_here)
 
+-- (returns nothing, as PyTorch's returns None)
 function RRef:backward(ctx_id, retain_graph)
   running("backward")
-  if self.owned then return backward_local(self, ctx_id, retain_graph) end
+  if self.owned then
+    backward_local(self, ctx_id, retain_graph)
+    return
+  end
   check_creation(self)
-  return agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
+  agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
 end
 
 -- Waits until the RRef's value exists on its owner (raises its creation's error).
