@@ -153,13 +153,21 @@ function M.call_text(fn, to_name)
 end
 
 -- replies ----------------------------------------------------------------------------
--- A reply goes back on the connection its request came in on (to), or, for a
--- call to oneself, to the function the caller gave (to is a function).
+-- A reply goes to the caller on the connection everything else of this
+-- worker's for it goes on (p.conn), so that it stays in order with what this
+-- worker sends after it: two ranks that dialled each other hold two
+-- connections, and a reply sent back on its request's while a later call (an
+-- RRef's delete) went on the other could arrive after that call (the owner
+-- then freed an RRef the reply was bringing back to it). The request's own
+-- connection (to) takes it when the peer has no other ready one; for a call to
+-- oneself, the function the caller gave (to is a function).
 local function reply(self, to, id, flags, body, segs)
   segs = segs or codec.EMPTY -- (shared, read-only)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
+  local main = p and p.state == "ready" and p.conn
+  if main and main ~= to and main:is_open() then to = main end
   -- (counted once it left: the caller is waiting for it)
   if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
     trace.frame_bytes(p.name, true, body, segs)
