@@ -360,6 +360,38 @@ function rpc._rref_stats()
   return rref.stats()
 end
 
+-- debug_info(): this worker's bookkeeping as counts (PyTorch's _get_debug_info,
+-- with its names where it has them): each returns to its baseline when the work
+-- that filled it ends, which the soak checks over long runs.
+local function count(t)
+  local k = 0
+  if t then for _ in pairs(t) do k = k + 1 end end
+  return k
+end
+
+function rpc.debug_info()
+  local a = agent("debug_info")
+  rref.flush()
+  local r = rref.stats()
+  local info = {
+    num_owner_rrefs = r.owners, num_owner_forks = r.owner_forks, num_user_rrefs = r.user_forks,
+    num_pending_users = r.awaiting_confirmation, num_early_confirmations = r.early_confirmations,
+    num_pending_deletes = r.pending_deletes, num_tombstones = r.tombstones, num_rref_creators = r.creators,
+    num_confirm_waiters = r.confirm_waiters,
+    num_pending_requests = count(a.pending), num_queued_requests = a.nqueued or 0,
+    num_known_peers = count(a.peers), world_size = a.world_size, num_connections = count(a.conns),
+    num_mail = a.mail_count or 0,
+    num_timers = sched.timer_count(),
+  }
+  local ok, dag = pcall(require, "rpchost.rpc.dist_autograd")
+  if ok and type(dag) == "table" and dag._debug_counts then
+    for k, v in pairs(dag._debug_counts()) do info["dist_autograd_" .. k] = v end
+  end
+  local st = require("rpchost.store").debug_counts()
+  if st then for k, v in pairs(st) do info["num_" .. k] = v end end
+  return info
+end
+
 -- workers -------------------------------------------------------------------------------------
 function rpc.get_worker_info(name)
   local a = agent("get_worker_info")
