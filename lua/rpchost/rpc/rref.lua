@@ -718,6 +718,7 @@ end
 function M.forget(rank)
   created_max[rank] = nil
 end
+agentmod.on_member_left(M.forget)
 
 -- at graceful shutdown: give up every fork we hold (the owners free what is left)
 function M.release_all()
