@@ -75,6 +75,8 @@ end
 function dist.init_process_group(o, ...)
   if type(o) == "string" then o = {backend = o, init_method = (select(1, ...))} end
   o = o or {}
+  errors.check_options(o, {"backend", "init_method", "rank", "world_size", "timeout", "device_id", "store",
+    "group_name", "pg_options"}, "init_process_group")
   if state then cfg("init_process_group: the default process group is already initialised") end
   local backend = BACKENDS[o.backend or "gloo"]
   if not backend then
@@ -271,6 +273,7 @@ function dist.new_group(ranks, opts)
   if type(ranks) == "table" and ranks[1] == nil and next(ranks) ~= nil and (ranks.ranks or ranks.timeout) then
     ranks, opts = ranks.ranks, ranks
   end
+  errors.check_options(opts, {"ranks", "timeout", "backend", "pg_options"}, "new_group")
   s.groups = s.groups + 1
   if ranks == nil then
     ranks = {}
@@ -310,8 +313,12 @@ local function is_opts(v)
   return v.group ~= nil or v.async_op ~= nil or v.tag ~= nil or next(v) == nil
 end
 
+local OPTION_FIELDS = {"group", "async_op", "tag"}
 local function options(v)
   if v == NON_MEMBER or v == dist.GroupMember.WORLD or is_group(v) then return {group = v} end
+  if type(v) == "table" and getmetatable(v) == nil and next(v) ~= nil then
+    errors.check_options(v, OPTION_FIELDS, "a collective's options table")
+  end
   return v
 end
 
@@ -775,7 +782,9 @@ end
 -- rank that never calls it does not throw the group's later calls out of step.
 function dist.monitored_barrier(a, timeout, wait_all)
   local o = {}
-  if type(a) == "table" and not is_group(a) and a ~= NON_MEMBER and getmetatable(a) == nil then o = a
+  if type(a) == "table" and not is_group(a) and a ~= NON_MEMBER and getmetatable(a) == nil then
+    o = a
+    errors.check_options(o, {"group", "timeout", "wait_all_ranks"}, "monitored_barrier")
   else o = {group = a, timeout = timeout, wait_all_ranks = wait_all} end
   local s = need("monitored_barrier")
   local g = group_of({group = o.group}, "monitored_barrier")

@@ -150,7 +150,12 @@ function rpc.init_rpc(name, a, b, c, d)
       "world_size, rpc_backend_options))"):format(tostring(a), tostring(a), b ~= nil and tostring(b) or "N")), 0)
   end
   local o
-  if type(a) == "table" and not is_options(a) then o = a
+  if type(a) == "table" and not is_options(a) then
+    o = a
+    errors.check_options(o, {"backend", "rank", "world_size", "rpc_backend_options"}, "init_rpc",
+      {fields = {"num_worker_threads", "rpc_timeout", "init_method", "device_maps", "devices", "security_token",
+                 "init_timeout", "max_queued_requests"},
+       where = "rpc.TensorPipeRpcBackendOptions{...}: pass it as rpc_backend_options = rpc.TensorPipeRpcBackendOptions{...}"})
   else o = {backend = a, rank = b, world_size = c, rpc_backend_options = d} end
   for k, v in pairs(o) do
     if k == "rpc_backend_options" and not is_options(v) then
