@@ -190,6 +190,47 @@ describe("init_rpc refuses bad input #world", function()
     S.assert_checks(r)
   end)
 
+  -- (issue 33: refused when dist came first, accepted when rpc did)
+  it("holds dist and rpc to one address whichever starts first, naming both when they differ", function()
+    local port = S.free_port()
+    local r = S.world(2, S.prelude .. ([[
+      local other = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://127.0.0.1:%d"}
+      local same = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://localhost:" .. os.getenv("MASTER_PORT")}
+      -- rpc first, then dist elsewhere: refused before anything waits
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = other})
+      local t0 = rpc.time()
+      local ok, e = pcall(dist.init_process_group, {backend = "gloo", rank = rank, world_size = 2})
+      check("rpc first: refused", not ok and e.kind == "config" and
+        tostring(e.message):find("init_process_group: RPC meets at 127.0.0.1:%d but init_process_group " ..
+          "was pointed at 127.0.0.1:" .. os.getenv("MASTER_PORT"), 1, true) ~= nil, e)
+      check("rpc first: at once", rpc.time() - t0 < 2, rpc.time() - t0)
+      check("rpc first: no group", not dist.is_initialized())
+      rpc.shutdown()
+      -- dist first, then rpc elsewhere: the same rule
+      dist.init_process_group{backend = "gloo", rank = rank, world_size = 2}
+      ok, e = pcall(rpc.init_rpc, "w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = other})
+      check("dist first: refused", not ok and e.kind == "config" and
+        tostring(e.message):find("init_rpc: the process group meets at 127.0.0.1:" .. os.getenv("MASTER_PORT") ..
+          " but init_rpc was pointed at 127.0.0.1:%d", 1, true) ~= nil, e)
+      -- one address (by another name for the same host) is accepted, in this order too
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = same})
+      check("dist first, same address: one world", rpc.rpc_sync("w" .. (1 - rank), math.max, {rank, 7}) == 7)
+      rpc.shutdown()
+      dist.destroy_process_group()
+      -- and rpc first on the address dist then uses
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = same})
+      dist.init_process_group{backend = "gloo", rank = rank, world_size = 2}
+      local t = require("tensor").ones(2)
+      dist.all_reduce(t)
+      check("rpc first, same address: both work", t[1]:item() == 2 and
+        rpc.rpc_sync("w" .. (1 - rank), math.max, {rank, 9}) == 9)
+      rpc.shutdown()
+      dist.destroy_process_group()
+    ]]):format(port, port, port), {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_checks(r, {times = 2})
+  end)
+
   it("errors, naming both addresses, when dist and rpc are pointed at different stores", function()
     local port = S.free_port()
     local r = S.world(2, S.prelude .. ([[
