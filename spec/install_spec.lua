@@ -40,6 +40,13 @@ local function check_tree(bin, docdir, mandir, cudadir)
     "io.write('testing: ', w.ranks[1].out)\""):format(env, bin))
   assert.are.equal(0, rc, out)
   assert.truthy(out:find("testing: 1\t" .. bin, 1, true), out)
+  -- an error shows the script's frames, not the installed library's (whose
+  -- long paths a traceback shortens to their tails)
+  local failing = S.write("local function f() local t = nil; return t.x + 1 end\nlocal v = f()\nprint(v)\n")
+  out = sh(("cd / && %s %s %s"):format(env, bin, failing))
+  assert.truthy(out:find("stack traceback:", 1, true), out)
+  assert.truthy(out:find(failing .. ":2: in main chunk", 1, true), out)
+  assert.is_nil(out:find("rpchost/lua/rpchost/", 1, true), out)
   -- --help points at the installed docs, and they are there
   out = sh(("cd / && %s --help"):format(bin))
   assert.truthy(out:find("man rpchost", 1, true), out)

@@ -103,6 +103,22 @@ describe("rpchost run #world", function()
     assert.truthy(r.err:find("rpchost/sched.lua:", 1, true), r.err)
   end)
 
+  it("tells the library's frames from the user's, also by the tails of long paths", function()
+    local report = require "rpchost.tools.report"
+    local lib = package.searchpath("rpchost.errors", package.path):match("^(.*/)rpchost/errors%.lua$")
+    local full = lib .. "rpchost/rpc/agent.lua"
+    assert.is_true(report.library_source(full))
+    assert.is_true(report.library_source(lib .. "rpc.lua"))
+    -- (LuaJIT keeps the last 56 characters of a long path behind "...")
+    local long = lib .. "rpchost/tools/introspect.lua"
+    assert.is_true(report.library_source("..." .. long:sub(-40)))
+    -- a user's files, even in folders named like the library's
+    assert.is_false(report.library_source("/home/u/job.lua"))
+    assert.is_false(report.library_source("/home/u/rpchost/sched.lua"))
+    assert.is_false(report.library_source(lib .. "mymodule.lua"))
+    assert.is_false(report.library_source("...e/u/projects/share/rpchost/lua/train.lua"))
+  end)
+
   -- ranks share the launcher's terminal: every line leaves a rank in one write,
   -- even one the script writes in pieces (io.stderr:write("a", "b", "\n"))
   it("never tears the lines of ranks writing at once to the terminal they share", function()

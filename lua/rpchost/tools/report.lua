@@ -24,17 +24,23 @@ local FACES = {["rpc.lua"] = true, ["dist.lua"] = true, ["tensor.lua"] = true, [
                ["optim.lua"] = true, ["dist_autograd.lua"] = true}
 
 -- Whether a traceback's source (a frame's short_src: "/x/lua/rpchost/sched.lua",
--- or, past 60 characters, "...lua/rpchost/rpc/agent.lua") is a file of the
--- library. A truncated one is the library's when the library has a file that
--- ends the same way.
+-- or, past 60 characters, ".../share/rpchost/lua/rpchost/rpc/agent.lua") is a
+-- file of the library: the library's folder, then a module's path in it. Of a
+-- truncated one, what is left of the folder must end the library's.
+local function module_path(rel) return rel:find("^rpchost/[%w_/]+%.lua$") ~= nil or FACES[rel] == true end
 local function library_source(src)
-  if not lib_root then return false end
+  if not lib_root or not src then return false end
   local tail = src:match("^%.%.%.(.*)$")
-  local rel = (tail or src):match("rpchost/[%w_/]+%.lua$") or (tail or src):match("[%w_]+%.lua$")
-  if not rel or not (rel:find("^rpchost/") or FACES[rel]) then return false end
-  local full = lib_root .. rel
-  if tail then return full:sub(-#tail) == tail end
-  return src == full
+  if not tail then
+    return src:sub(1, #lib_root) == lib_root and module_path(src:sub(#lib_root + 1))
+  end
+  for i = 1, #tail do
+    if tail:sub(i, i) == "/" then
+      local head = tail:sub(1, i)
+      if #head <= #lib_root and lib_root:sub(-#head) == head and module_path(tail:sub(i + 1)) then return true end
+    end
+  end
+  return false
 end
 M.library_source = library_source
 
