@@ -60,11 +60,26 @@ local function nccl_device(o)
   return (env.local_rank() or 0) % n
 end
 
+-- RPC already running here meets at the same address as the process group
+-- (rpchost.store.check_meeting; init_rpc checks the same when it comes second).
+local function meets_with_rpc(host, port)
+  local a = agentmod.current()
+  if not (a and a.state == "running" and a.store_key) then return end
+  local rh, rp = a.store_key:match("^(.*):(%d+)$")
+  store.check_meeting({fn = "init_process_group"}, host, port, {what = "RPC"}, rh, tonumber(rp))
+end
+
 -- backend "mpi": rank and size from MPI, collectives through it (rpchost.dist.mpi_group);
 -- no agent of its own (MPI carries the collectives)
 local function init_mpi(o)
   local timeout = env.init_timeout(o.timeout)
   local w = mpi_group.init_world(o, timeout)
+  -- (MPI gives the address, which only now is known)
+  local ok, err = pcall(meets_with_rpc, w.host, w.port)
+  if not ok then
+    store.release(w.key)
+    error(err, 0)
+  end
   state = {rank = w.rank, world_size = w.world_size, backend = "mpi", host = w.host, port = w.port,
            store = w.store, key = w.key, prefix = w.prefix, timeout = timeout, groups = 0, group = w.group,
            nccl_groups = {}}
@@ -102,6 +117,7 @@ function dist.init_process_group(o, ...)
       world_size, world_size - 1)
   end
   local host, port = env.master(o.init_method)
+  meets_with_rpc(host, port)
   local timeout = env.init_timeout(o.timeout)
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
   local client, key = store.acquire(host, port, host_it, timeout)

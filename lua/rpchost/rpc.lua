@@ -139,6 +139,17 @@ local function with_channels(opts, host)
     {__index = opts})
 end
 
+-- A process group already running here meets at the same address as RPC
+-- (rpchost.store.check_meeting; init_process_group checks the same when it
+-- comes second).
+local function meets_with_dist(host, port)
+  local dist = package.loaded["rpchost.dist"]
+  if dist and dist.is_initialized() then
+    local dh, dp = dist._store_address()
+    store.check_meeting({fn = "init_rpc"}, host, port, {what = "the process group"}, dh, dp)
+  end
+end
+
 -- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
 -- positional form init_rpc(name, backend, rank, world_size, rpc_backend_options).
 function rpc.init_rpc(name, a, b, c, d)
@@ -222,6 +233,7 @@ function rpc.init_rpc(name, a, b, c, d)
     -- no world size: join the world that is running there, as a dynamic member
     local host, port = env.master(opts.init_method)
     opts = with_channels(opts, host)
+    meets_with_dist(host, port)
     if opts.security_token ~= nil then require("rpchost.net.auth").set_token(opts.security_token) end
     log.who = name
     return rpc._join_dynamic(name, opts, host, port, env.init_timeout(opts.init_timeout))
@@ -232,14 +244,7 @@ function rpc.init_rpc(name, a, b, c, d)
   end
   local host, port = env.master(opts.init_method)
   opts = with_channels(opts, host)
-  local dist = package.loaded["rpchost.dist"]
-  if dist and dist.is_initialized() then
-    local dh, dp = dist._store_address()
-    if dh ~= host or dp ~= port then
-      error(errors.new("config", ("init_rpc: the process group meets at %s:%d but init_rpc was " ..
-        "pointed at %s:%d; both must use the same address (one shared store)"):format(dh, dp, host, port)), 0)
-    end
-  end
+  meets_with_dist(host, port)
   local timeout = env.init_timeout(opts.init_timeout)
   if opts.security_token ~= nil then require("rpchost.net.auth").set_token(opts.security_token) end
   log.who = name
