@@ -83,6 +83,12 @@ M.MAX_ARGS = MAX_ARGS
 -- The keys of args that are not list positions (nor its count n), as text
 -- ('x', 'timeout'), a few at most; and its largest position.
 local function non_list_keys(args)
+  -- A plain list (the usual args) has no key after its length: one next(), no
+  -- loop. (LuaJIT 2.1.0-beta3 compiles the pairs() loop below wrongly once it
+  -- is hot: on a fresh list of six it met keys of other tables, a message body
+  -- and a time, under a stream of distributed backward messages.)
+  local len = #args
+  if next(args, len > 0 and len or nil) == nil then return nil, len end
   local bad, top = nil, 0
   for k in pairs(args) do
     if type(k) == "number" and k >= 1 and k == math.floor(k) then
