@@ -15,8 +15,10 @@ describe("options tables #unit", function()
 
   it("init_rpc names a misspelt key and where a backend option goes", function()
     local m = refused(rpc.init_rpc, "w", {rank = 0, world_size = 1, rpc_timout = 3})
-    assert.truthy(m:find("init_rpc has no option 'rpc_timout' (options: backend, rank, rpc_backend_options, " ..
-      "world_size); 'rpc_timeout' is an option of rpc.TensorPipeRpcBackendOptions{...}", 1, true), m)
+    assert.truthy(m:find("init_rpc has no option 'rpc_timout', did you mean 'rpc_timeout'? (options: backend, rank, " ..
+      "rpc_backend_options, rpc_timeout, world_size)", 1, true), m)
+    m = refused(rpc.init_rpc, "w", {rank = 0, world_size = 1, num_worker_thread = 3})
+    assert.truthy(m:find("'num_worker_threads' is an option of rpc.TensorPipeRpcBackendOptions{...}", 1, true), m)
     m = refused(rpc.init_rpc, "w", {rank = 0, wrld_size = 1})
     assert.truthy(m:find("init_rpc has no option 'wrld_size', did you mean 'world_size'?", 1, true), m)
   end)

@@ -163,8 +163,8 @@ function rpc.init_rpc(name, a, b, c, d)
   local o
   if type(a) == "table" and not is_options(a) then
     o = a
-    errors.check_options(o, {"backend", "rank", "world_size", "rpc_backend_options"}, "init_rpc",
-      {fields = {"num_worker_threads", "rpc_timeout", "init_method", "device_maps", "devices", "security_token",
+    errors.check_options(o, {"backend", "rank", "world_size", "rpc_backend_options", "rpc_timeout"}, "init_rpc",
+      {fields = {"num_worker_threads", "init_method", "device_maps", "devices", "security_token",
                  "init_timeout", "max_queued_requests"},
        where = "rpc.TensorPipeRpcBackendOptions{...}: pass it as rpc_backend_options = rpc.TensorPipeRpcBackendOptions{...}"})
   else o = {backend = a, rank = b, world_size = c, rpc_backend_options = d} end

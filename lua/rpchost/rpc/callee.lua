@@ -171,14 +171,21 @@ end
 -- RRef's delete) went on the other could arrive after that call (the owner
 -- then freed an RRef the reply was bringing back to it). The request's own
 -- connection (to) takes it when the peer has no other ready one; for a call to
--- oneself, the function the caller gave (to is a function).
+-- oneself, the function the caller gave (to is a function). Two connections to
+-- one peer exist when both dialled each other: then this worker's own (the one
+-- its calls go on) carries the reply.
 local function reply(self, to, id, flags, body, segs)
   segs = segs or codec.EMPTY -- (shared, read-only)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
   local main = p and p.state == "ready" and p.conn
-  if main and main ~= to and main:is_open() then to = main end
+  -- (only where both dialled: a second connection the peer itself opened, a
+  -- reconnection, gets its replies on itself)
+  if main and main ~= to and main:is_open() then
+    local ms = self.conns[main]
+    if ms and ms.dialled then to = main end
+  end
   -- (counted once it left: the caller is waiting for it)
   if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
     trace.frame_bytes(p.name, true, body, segs)
