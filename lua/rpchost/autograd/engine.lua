@@ -666,10 +666,27 @@ function M._defer(fut)
   return p ~= nil and p.defer(fut)
 end
 
--- Runs fn when the running task's current backward pass ends (from a hook).
+-- Runs fn when the running task's current backward pass ends (from a hook);
+-- a reentrant pass (M._reentrant_backward) is part of the pass it runs in, so
+-- fn waits for the outermost one (DistributedDataParallel's end of backward
+-- must not run when a checkpoint's recomputation ends).
 function M.queue_callback(fn)
   local p = slot().ag_pass
+  while p and p.parent do p = p.parent end
   if p then p.callbacks[#p.callbacks + 1] = fn end
+end
+
+-- A backward pass run from inside a node's backward (PyTorch's reentrant
+-- backward: nn.utils.checkpoint's recomputation). Its leaf gradients go to
+-- sink(t, g, owned) (default: where the running pass sends them); hooks that
+-- ask where gradients go (M._current_sink) see the running pass's sink, and
+-- what they queue (M.queue_callback) runs when the running pass ends.
+function M._reentrant_backward(roots, grads, sink)
+  local outer = slot().ag_pass
+  local outer_sink = outer and outer.sink or default_sink
+  M._backward_many(roots, grads, nil, sink or outer_sink, nil, function(p)
+    p.parent, p.sink = outer, outer_sink
+  end)
 end
 
 -- The sink the running task's current backward pass delivers leaf gradients
