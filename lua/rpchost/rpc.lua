@@ -16,6 +16,10 @@ local device_maps = require "rpchost.rpc.device_maps"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.wire.workerinfo"
 local rref = require "rpchost.rpc.rref"
+-- (loaded with rpc, not when a script first asks for it: a worker that never
+-- requires dist_autograd still joins the contexts its callers' requests carry,
+-- for an RRef's backward, a DistributedOptimizer's step, a gradient's return)
+local dist_autograd = require "rpchost.rpc.dist_autograd"
 local membership = require "rpchost.rpc.membership"
 
 local rpc = {}
@@ -394,10 +398,7 @@ function rpc.debug_info()
     num_mail = a.mail_count or 0,
     num_timers = sched.timer_count(),
   }
-  local ok, dag = pcall(require, "rpchost.rpc.dist_autograd")
-  if ok and type(dag) == "table" and dag._debug_counts then
-    for k, v in pairs(dag._debug_counts()) do info["dist_autograd_" .. k] = v end
-  end
+  for k, v in pairs(dist_autograd._debug_counts()) do info["dist_autograd_" .. k] = v end
   local st = require("rpchost.store").debug_counts()
   if st then for k, v in pairs(st) do info["num_" .. k] = v end end
   return info
