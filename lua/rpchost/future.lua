@@ -3,6 +3,7 @@
 -- tasks (they yield), callbacks run as their own tasks so they may wait too.
 local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"
+local log = require "rpchost.log"
 
 local Future = {}
 Future.__index = Future
@@ -128,28 +129,84 @@ local function result(f)
   return unpack(f.values, 1, f.values.n)
 end
 
--- Waits until done (at most `timeout` seconds; nil or 0: no limit) and returns the
--- values, or raises the error.
+-- Every wait has a deadline and, while it waits long, says what for. A
+-- Future rpchost completes is bounded by what completes it (a call by its
+-- timeout, a collective by its group's), so wait() adds none; one the program
+-- makes (rpc.Future()) is completed by nothing else, and wait() without a
+-- timeout waits at most the default the rpc layer registers (rpc_timeout).
+-- Either way, every RPCHOST_PROGRESS_INTERVAL seconds a wait says what it
+-- waits for. (The note's deadline and the default limit are weak: a wait
+-- nothing else could end is still reported as a deadlock at once.)
+local default_wait = nil
+function Future._set_default_wait(fn) default_wait = fn end
+local PROGRESS = tonumber(os.getenv("RPCHOST_PROGRESS_INTERVAL")) or 10
+
+-- How long the running task may wait for f: the limit in seconds (nil: none)
+-- and whether it is the program's own (a timeout it passed).
+local function limit_of(f, timeout)
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout) then
+    error(errors.new("config", ("Future:wait: timeout must be a number of seconds (-1: the default, 0: none), " ..
+      "got %s"):format(type(timeout) == "number" and tostring(timeout) or type(timeout))), 3)
+  end
+  if timeout ~= nil and timeout >= 0 then return timeout > 0 and timeout or nil, true end
+  if f.program and default_wait then
+    local d = default_wait()
+    return d and d > 0 and d or nil, false
+  end
+  return nil, false
+end
+
+local function note(f, waited, limit, strong)
+  local suffix = limit and (" of %g s"):format(limit) or ((strong or f.program) and ", no time limit" or "")
+  log.info("waiting for %s (%d s%s)", what_of(f) or "a Future", waited, suffix)
+end
+
+-- Suspends until f completes or `limit` seconds pass (false then), noting
+-- its progress; `strong`: the limit is the program's, a deadline like any.
+local function wait_noting(f, limit, strong)
+  local start = sched.now()
+  local next_note = start + PROGRESS
+  while true do
+    local now = sched.now()
+    local left = limit and start + limit - now
+    local slice = PROGRESS > 0 and next_note - now or nil
+    if left and (not slice or left <= slice) then slice = left end
+    -- (the future itself says what the task waits for: no string per wait)
+    -- (under the program's own limit every slice is a deadline like any: the
+    -- loop would be alive until that limit anyway)
+    local arm = (strong and limit) and sched.suspend_until or sched.suspend_weak
+    local woke = arm(f, slice and math.max(slice, 0.001))
+    if woke or f.state ~= "pending" then return true end
+    now = sched.now()
+    if limit and now - start >= limit - 1e-3 then return false end
+    if PROGRESS > 0 and now >= next_note then
+      note(f, now - start, limit, strong)
+      next_note = now + PROGRESS
+    end
+  end
+end
+
+-- Waits until done and returns the values, or raises the error. timeout: at
+-- most that many seconds; 0: no limit; nil or -1: the default (see above).
 function Future:wait(timeout)
   if self.state == "pending" then
+    if not sched.can_wait() then error(sched.cannot_wait(self), 2) end
     local t = sched.current()
-    if not t then
-      error("Future:wait() called outside a task (from a __gc metamethod or a C callback)", 2)
-    end
+    local limit, strong = limit_of(self, timeout)
     if not self.waiter then self.waiter = t
     else
       self.waiters = self.waiters or {}
       table.insert(self.waiters, t)
     end
-    -- (the future itself says what the task waits for: no string per wait)
-    local woke = sched.suspend_until(self, timeout)
+    local woke = wait_noting(self, limit, strong)
     if not woke and self.state == "pending" then
       if self.waiter == t then self.waiter = nil end
       for i, w in ipairs(self.waiters or {}) do
         if w == t then table.remove(self.waiters, i) break end
       end
-      error(errors.new("timeout", ("Future:wait timed out after %g s waiting for %s (which goes on)"):format(
-        timeout, what_of(self) or "a Future")), 0)
+      error(errors.new("timeout", ("Future:wait timed out after %g s waiting for %s (which goes on)%s"):format(
+        limit, what_of(self) or "a Future", strong and "" or
+        ": that is the default limit of a wait (rpc_timeout); pass fut:wait(seconds), or 0 for none")), 0)
     end
   end
   return result(self)
@@ -238,7 +295,9 @@ setmetatable(Future, {__call = function(_, what)
     local info = debug.getinfo(2, "Sl")
     what = info and ("rpc.Future() made at %s:%d"):format(info.short_src, info.currentline or 0)
   end
-  return Future.new(what)
+  local f = Future.new(what)
+  f.program = true -- (its wait's default limit: see Future:wait)
+  return f
 end})
 
 -- Waits for every future; returns the list of their results (the value of a
@@ -278,9 +337,7 @@ function Future.wait_all(futs)
     end
   end
   if not failed and left > 0 then
-    if not t then
-      error("wait_all() called outside a task (from a __gc metamethod or a C callback)", 2)
-    end
+    if not sched.can_wait() then error(sched.cannot_wait("wait_all of " .. n .. " futures"), 2) end
     sleeping = true
     sched.suspend("wait_all of " .. n .. " futures")
     sleeping = false

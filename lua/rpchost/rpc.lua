@@ -339,7 +339,7 @@ function rpc.sleep(s)
     error(errors.new("config", ("rpc.sleep: seconds must be a number >= 0, got %s"):format(
       type(s) == "number" and tostring(s) or type(s))), 2)
   end
-  if not sched.current() then error(errors.new("config", "rpc.sleep called outside a task"), 2) end
+  if not sched.can_wait() then error(sched.cannot_wait(("rpc.sleep(%g)"):format(s)), 2) end
   sched.sleep(s)
 end
 
@@ -429,6 +429,8 @@ function rpc.get_rpc_timeout()
   local current = agentmod.current()
   return current and current.timeout or agentmod.default_timeout()
 end
+-- (a program's Future waited for without a timeout waits at most this long)
+Future._set_default_wait(rpc.get_rpc_timeout)
 
 function rpc._set_rpc_timeout(s)
   if s == math.huge then s = 0 end
