@@ -64,7 +64,7 @@ function M.acquire(host, port, host_it, timeout)
         if x.server == server then x.client:close(); shared[k] = nil end
       end
       server:linger(tonumber(os.getenv("RPCHOST_STORE_LINGER")) or 30)
-    end)
+    end, true)
   end
   local client = M.connect(host, port, timeout)
   shared[key] = {client = client, server = server, refs = 1}

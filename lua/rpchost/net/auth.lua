@@ -179,13 +179,17 @@ function M.host_cred(loopback, port)
   end
   local s = hex(core.random_bytes(SECRET_LEN / 2))
   write_whole(path, s)
-  return {kind = "user", kinds = {"user"}, secret = s, port = port}, path
+  -- (held while the store runs: the file of a store that was killed is then
+  -- one nobody holds, which the next world's sweep removes)
+  local hold = core.hold_file(path)
+  return {kind = "user", kinds = {"user"}, secret = s, port = port, hold = hold}, path
 end
 
 -- Removes a secret file if it is still the one this credential wrote.
 function M.forget_secret(cred, path)
   if not (cred and path) then return end
   if read_secret(path) == cred.secret then os.remove(path) end
+  if cred.hold then core.release_file(cred.hold); cred.hold = nil end
 end
 
 -- keys ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ local store = require "rpchost.store"
 local agentmod = require "rpchost.rpc.agent"
 local rref = require "rpchost.rpc.rref"
 local device_maps = require "rpchost.rpc.device_maps"
+local compat = require "rpchost.compat"
 
 local M = {}
 
@@ -296,7 +297,9 @@ local function departure_note(a)
 end
 
 local function leave_note(a, text)
-  if a.state ~= "running" or a.dynamic or not a.store then return end
+  -- (once: a signal's note is not overwritten by the os.exit that follows it)
+  if a.state ~= "running" or a.dynamic or not a.store or a.left_noted then return end
+  a.left_noted = true
   -- (said, not asked: at exit and in a signal's callback nothing may wait;
   -- what is queued is written before the process ends)
   pcall(a.store.tell, a.store, "set", a.prefix .. "left/" .. a.rank, text)
@@ -308,6 +311,9 @@ end
 function M.note_departures(a, rejoined)
   if rejoined then pcall(a.store.tell, a.store, "delete", a.prefix .. "left/" .. a.rank) end
   sched.at_exit(function() leave_note(a, departure_note(a)) end)
+  compat.before_exit(function()
+    leave_note(a, "exited without calling rpc.shutdown(): its script called os.exit()")
+  end)
   sched.on_terminate(function(self)
     leave_note(self, "was stopped by a signal (SIGTERM or SIGINT) before it called rpc.shutdown()")
   end, a)
@@ -322,7 +328,37 @@ function M.departure(a, r, why)
     why)
 end
 
+-- A store that is gone during a graceful shutdown took its host with it: in a
+-- world started by hand that is rank 0 (under `rpchost run`, the launcher,
+-- which stops the ranks itself): the error names it, at once.
+local function store_gone(a, e)
+  if not (errors.is(e) and e.kind == "unreachable" and a.rank ~= 0 and a.store) then return e end
+  local msg = tostring(e.message)
+  if not (msg:find("^the store at ") or msg:find("^lost the store at ")) then return e end
+  local host, port = tostring(a.store.addr):match("^(.*):(%d+)$")
+  if host and store.hosted_by_launcher(host, tonumber(port)) then return e end
+  local name = a.peers[0] and a.peers[0].name or "?"
+  return errors.new("unreachable", ("%s (its host, %s (rank 0), is gone: it died or exited before the others " ..
+    "were done; see its output)"):format(msg, name), {worker = name, rank = 0})
+end
+
+-- The store's wait ran out of the shutdown's time: said as the shutdown's
+-- timeout, the one the program gave (the store's words give what was left of
+-- it when the wait began, as a raw float).
+local function gave_up(e, timeout)
+  if not (errors.is(e) and e.kind == "timeout" and timeout) then return e end
+  local what = tostring(e.message):match("^gave up after [^ ]+ s waiting for (.*)$")
+  if not what then return e end
+  return errors.new("timeout", ("shutdown gave up after %g s waiting for %s"):format(timeout, what),
+    {worker = e.worker, rank = e.rank})
+end
+
 function M.graceful_join(a, timeout)
+  local ok, e = pcall(M.graceful_join_, a, timeout)
+  if not ok then error(gave_up(store_gone(a, e), timeout), 0) end
+end
+
+function M.graceful_join_(a, timeout)
   local start = sched.now()
   local deadline = timeout and start + timeout or nil
   local function left() return deadline and math.max(deadline - sched.now(), 0.001) or math.huge end
@@ -379,6 +415,12 @@ function M.graceful_join(a, timeout)
         local missing = {}
         for _, k in ipairs(a.store:missing(keys)) do missing[k] = true end
         local moving = true
+        local function found_gone(r, why)
+          local msg = dead(r, why)
+          pcall(a.store.set, a.store, abort, codec.encode("sd", {message = msg, rank = r}))
+          error(errors.new("unreachable", msg, {worker = a.peers[r].name, rank = r}), 0)
+        end
+        local quiet = {} -- (missing, their connections open: their notes are asked for below)
         for _, k in ipairs(keys) do
           local r = rank_of(k)
           if not missing[k] then
@@ -386,11 +428,19 @@ function M.graceful_join(a, timeout)
           else
             moving = false
             local why = a:gone(r)
-            if why then
-              local msg = dead(r, why)
-              pcall(a.store.set, a.store, abort, codec.encode("sd", {message = msg, rank = r}))
-              error(errors.new("unreachable", msg, {worker = a.peers[r].name, rank = r}), 0)
-            end
+            if why then found_gone(r, why) end
+            quiet[#quiet + 1] = r
+          end
+        end
+        -- a rank that left while its process lives on (a store's host
+        -- lingering for its clients keeps its connections open) said so
+        if #quiet > 0 then
+          local notes = {}
+          for i, r in ipairs(quiet) do notes[i] = P .. "left/" .. r end
+          local absent = {}
+          for _, k in ipairs(a.store:missing(notes)) do absent[k] = true end
+          for i, r in ipairs(quiet) do
+            if not absent[notes[i]] then found_gone(r, "it left") end
           end
         end
       end,

@@ -259,36 +259,33 @@ function Server:on_close(conn)
   if self.nclients == 0 and self.idle_task then sched.wake(self.idle_task) end
 end
 
+-- seconds a connection to the store has to prove itself before it is closed
+-- (else RPCHOST_HANDSHAKE_TIMEOUT's, every listener's)
+local HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT"))
+local EHANDSHAKE = -5009 -- (host/rh.h: RH_EHANDSHAKE, the status of a connection closed for it)
+
 -- Starts a store server on host:port (port 0: any free port). Raises a config
 -- error naming the address when it cannot listen.
 function M.serve(host, port)
   local ip, rerr = core.resolve(host)
   if not ip then error(errors.new("config", ("cannot host the store at %s:%d: %s"):format(host, port, rerr)), 0) end
-  local bind = is_loopback(ip) and ip or "0.0.0.0"
-  if bind == "0.0.0.0" and ip ~= "0.0.0.0" then
-    -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
-    local probe, perr, pcode = core.listen(ip, 0, {accept = function(c) c:close() end})
-    if probe then probe:close()
-    elseif pcode == "EADDRNOTAVAIL" then
-      error(errors.new("config", ("cannot host the store at %s:%d: %s is not an address of this machine, " ..
-        "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
-        "its own addresses"):format(host, port, ip)), 0)
-    else
-      log.debug("could not test %s as a local address: %s", ip, tostring(perr))
-    end
-  end
+  -- (the address named, never more: a store told to listen at one address
+  -- does not listen on every interface; 0.0.0.0 names them all)
+  local bind = ip
   local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0}, Server)
-  if bind == "0.0.0.0" and not auth.token() then
-    log.warn("the store listens on every interface without a security token: anyone who can reach " ..
-      "port %d can join; set RPCHOST_TOKEN on every rank", port)
-  end
   local l, err, code = core.listen(bind, port, {
+    -- (a connection that does not prove itself in time is closed: the store's
+    -- own deadline, docs/environment.md)
+    handshake_timeout = HANDSHAKE_TIMEOUT,
     accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
     frame = function(conn, ...) s:on_frame(conn, ...) end,
     close = function(conn, status, msg)
       if status ~= 0 then
         local st = s.clients[conn]
         if st and st.ready then log.warn("store: closed a connection: %s", tostring(msg))
+        elseif status == EHANDSHAKE then
+          log.warn_often("store: closed unproven connections", "store: closed a connection that had not " ..
+            "proved itself within %g s (RPCHOST_STORE_HANDSHAKE_TIMEOUT)", HANDSHAKE_TIMEOUT or tonumber(os.getenv("RPCHOST_HANDSHAKE_TIMEOUT")) or 10)
         else
           log.warn_often("store: closed unproven connections",
             "store: closed a connection that had not proved itself: %s", tostring(msg))
@@ -298,6 +295,12 @@ function M.serve(host, port)
     end,
   })
   if not l then
+    if code == "EADDRNOTAVAIL" then
+      -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
+      error(errors.new("config", ("cannot host the store at %s:%d: %s is not an address of this machine, " ..
+        "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
+        "its own addresses"):format(host, port, ip)), 0)
+    end
     local hint = code == "EADDRINUSE" and
       " (another world or program uses this port: pick another MASTER_PORT, or let " ..
       "`rpchost run` pick a free one)" or ""
@@ -306,12 +309,19 @@ function M.serve(host, port)
   end
   s.listener = l
   s.port = l:port()
+  if not is_loopback(ip) and not auth.token() then
+    -- (the port it got: a launcher's store asks for port 0)
+    log.warn("the store listens on %s without a security token: anyone who can reach it can join; " ..
+      "set RPCHOST_TOKEN on every rank", ip == "0.0.0.0" and ("every interface, port %d"):format(s.port) or
+      ("%s:%d"):format(ip, s.port))
+  end
   s.addr = ("%s:%d"):format(host, s.port)
   -- (after the port is ours: no other store can be writing this port's secret)
   local ok, cred, path = pcall(auth.host_cred, is_loopback(ip), s.port)
   if not ok then
     l:close()
-    error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr, tostring(cred))), 0)
+    error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr,
+      errors.is(cred) and cred.message or tostring(cred))), 0)
   end
   s.cred, s.secret_path = cred, path
   return s
