@@ -88,7 +88,15 @@ end
 
 -- init_process_group{backend=, init_method=, rank=, world_size=, timeout=, device_id=}
 function dist.init_process_group(o, ...)
-  if type(o) == "string" then o = {backend = o, init_method = (select(1, ...))} end
+  if type(o) == "string" then
+    -- (PyTorch's positional form, or the backend then a trailing options table)
+    local rest = (select(1, ...))
+    if type(rest) == "table" then
+      local t = {backend = o}
+      for k, v in pairs(rest) do t[k] = v end
+      o = t
+    else o = {backend = o, init_method = rest} end
+  end
   o = o or {}
   errors.check_options(o, {"backend", "init_method", "rank", "world_size", "timeout", "device_id", "store",
     "group_name", "pg_options"}, "init_process_group")
@@ -367,9 +375,12 @@ end
 -- A list of one tensor per group member, each of t's shape: checked before
 -- anything is sent, naming the one that is not.
 local function check_list(list, t, g, what, field)
-  if type(list) ~= "table" then cfg("%s: %s must be a list of %d tensors, got %s", what, field, g.size, type(list)) end
+  -- (the words of every backend's check: docs/troubleshooting.md quotes them)
+  if type(list) ~= "table" then
+    cfg("%s: expected a list of %d tensors (one per rank of the group), got %s as %s", what, g.size, type(list), field)
+  end
   if #list ~= g.size then
-    cfg("%s: %s has %d tensors; the group has %d members, one each", what, field, #list, g.size)
+    cfg("%s: expected a list of %d tensors (one per rank of the group), got %d in %s", what, g.size, #list, field)
   end
   local want = core.t_size(t)
   for i, x in ipairs(list) do

@@ -36,8 +36,9 @@ usage: rpchost [options] [script [args...]]     run a script (one rank), like lu
        rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]
                                                 join a running world interactively
        rpchost top  [--master-addr A --master-port P] [--token T] [--interval S]
+                    [--timeout S] [--name NAME] [--once]
                                                 watch a running world live (q quits)
-       rpchost plot LOGDIR [-o FILE] [--smoothing W]
+       rpchost plot LOGDIR [-o FILE] [--smoothing W] [--title TEXT]
                                                 draw a SummaryWriter's curves as HTML
 
 Subcommands: run, repl, top, plot (each takes --help).
