@@ -175,6 +175,8 @@ function M.remote_error(self, e)
     if not message then message = s end
     if type(e) == "table" and not tb then tb = rawget(e, "local_traceback") end
   end
+  -- (a local traceback is made as debug.traceback("") makes it: after a newline)
+  if type(tb) == "string" then tb = tb:gsub("^\n+", "") end
   return errors.new("remote", message, {worker = self.name, rank = self.rank, traceback = tb})
 end
 
@@ -250,6 +252,8 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   if task then
     -- (assigned only when they differ: a field set to nil is still a new key)
     if task.ag_ctx ~= ctx then task.ag_ctx = ctx end
+    -- (what the traceback names when a tail call left the function no frame)
+    task.entry = fn
     if task.grad_enabled ~= nil then task.grad_enabled = nil end
   else
     rctx = ctx or false
