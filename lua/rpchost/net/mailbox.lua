@@ -25,7 +25,8 @@ C.CALLBACKS = {
   "peer_of",        -- (ep, rank) -> peer: the peer a message goes to (raises when there is none)
   "send",           -- (ep, peer, ftype, flags, id, body, segs) -> taken: sends a frame (connections)
   "peer_lost",      -- (ep, peer, conn, why): a dynamic member left (connections)
-  "cancel_request", -- (ep, rank, id): rank's caller stopped waiting for call id (the callee)
+  "cancel_request", -- (ep, rank, id, running): rank's caller stopped waiting for call id; running: stop
+                    -- it even if it runs already (the callee)
 }
 
 -- The codec's contexts of the messages posted and received: one each, reused
@@ -181,8 +182,9 @@ return C.deliver(self, src, key, {n = select("#", ...), ...})
     return
   end
   if key == "!cancel" then
-    -- a caller stopped waiting for its call r[3]: drop it if it is still queued
-    if type(r[3]) == "number" then self.cb.cancel_request(self, src, r[3]) end
+    -- a caller stopped waiting for its call r[3]: drop it if it is still queued;
+    -- r[4] "running": it cancelled the call, which stops even if it runs
+    if type(r[3]) == "number" then self.cb.cancel_request(self, src, r[3], r[4] == "running") end
     return
   end
   if key == "!reborn" then
