@@ -1,4 +1,5 @@
--- bench/collectives.lua: dist collectives (all_reduce, broadcast, barrier), rpchost side.
+-- bench/collectives.lua: dist collectives (all_reduce, broadcast, barrier, and the flat
+-- forms all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor), rpchost side.
 --
 -- Why: dist is rpchost's torch.distributed with a gloo-named CPU backend; this measures
 -- its collectives the same way bench/torch_collectives.py measures PyTorch's gloo.
@@ -9,14 +10,20 @@
 -- duration every rank derives the same repetition count, at most REPS and about
 -- MAX_SECONDS of work, so the world stops by itself and all ranks agree. Timed tensors
 -- are zeros (no overflow or denormals); a separate untimed call checks the values.
--- Counterpart: bench/torch_collectives.py. Driven by bench/collectives_bench.py.
+-- Counterpart: bench/torch_collectives.py (and bench/mpi_peer.c for the flat forms).
+-- Driven by bench/collectives_bench.py, bench/mpi_bench.py and bench/flat_collectives_bench.py.
 --
 -- usage: rpchost run --nproc-per-node N bench/collectives.lua MAX_SECONDS STEP...
 --   STEP: ar:BYTES:REPS (all_reduce SUM float32), bc:BYTES:REPS (broadcast from rank 0),
 --         barrier:REPS, idle:SECONDS (CPU time of every rank while rank 0 sleeps
---         SECONDS and the others wait for it in dist.barrier()).
+--         SECONDS and the others wait for it in dist.barrier()),
+--         a2a:BYTES:REPS (all_to_all_single(out, in), equal splits; BYTES = each rank's
+--         input, and output, tensor: BYTES / world go to each rank),
+--         ag:BYTES:REPS (all_gather_into_tensor(out, t); BYTES = the output, t = BYTES / world),
+--         rs:BYTES:REPS (reduce_scatter_tensor(out, t) SUM; BYTES = the input, out = BYTES / world).
 -- output (rank 0): "RESULT ar<BYTES>_med_s <s>", "..._best_s", "..._reps", likewise
--- bc<BYTES>_* and barrier_*; "idle_cpu_ms_rank<r>" and "idle_wall_ms"; "world_size".
+-- bc<BYTES>_*, a2a<BYTES>_*, ag<BYTES>_*, rs<BYTES>_* and barrier_*; "idle_cpu_ms_rank<r>"
+-- and "idle_wall_ms"; "world_size".
 local dist = require "dist"
 local tensor = require "tensor"
 local sched = require "rpchost.sched"
@@ -49,9 +56,9 @@ end
 local max_s = tonumber(arg[1]) or 10
 local steps = {}
 for i = 2, #arg do
-  local kind, a, b = arg[i]:match("^(%a+):([%d.]+):?(%d*)$")
-  assert(kind, "expected ar:BYTES:REPS, bc:BYTES:REPS, barrier:REPS or idle:SECONDS, got " .. tostring(arg[i]))
-  if kind == "ar" or kind == "bc" then
+  local kind, a, b = arg[i]:match("^(%w+):([%d.]+):?(%d*)$")
+  assert(kind, "expected ar|bc|a2a|ag|rs:BYTES:REPS, barrier:REPS or idle:SECONDS, got " .. tostring(arg[i]))
+  if kind == "ar" or kind == "bc" or kind == "a2a" or kind == "ag" or kind == "rs" then
     steps[#steps + 1] = {kind = kind, bytes = tonumber(a), reps = tonumber(b)}
   elseif kind == "barrier" then
     steps[#steps + 1] = {kind = kind, reps = tonumber(a)}
@@ -136,6 +143,51 @@ for _, st in ipairs(steps) do
     local t = tensor.zeros(n)
     report(("bc%d"):format(st.bytes), timed(function() dist.broadcast(t, 0) end, st.reps))
     t = nil
+  elseif st.kind == "a2a" or st.kind == "ag" or st.kind == "rs" then
+    -- the flat forms: `big` holds world blocks of `n` floats, `small` one block
+    -- (a2a: both tensors are `big`, and block j of rank r's input goes to rank j)
+    local n = math.floor(st.bytes / 4 / world)
+    local key = ("%s%d"):format(st.kind, st.bytes)
+    local function filled(blocks, value)
+      local t = tensor.empty({n * blocks}, {dtype = tensor.float32})
+      for j, b in ipairs(blocks > 1 and t:chunk(blocks) or {t}) do b:fill_(value(j - 1)) end
+      return t
+    end
+    -- every block j of `t` holds `want(j)` (first, middle and last element)
+    local function expect(t, blocks, want, what)
+      for j = 0, blocks - 1 do
+        for _, i in ipairs {1, math.floor(n / 2) + 1, n} do
+          local v = t[j * n + i]:item()
+          check(v == want(j), ("%s %d bytes: block %d element %d is %s, want %s"):format(what, st.bytes, j, i,
+            tostring(v), tostring(want(j))))
+        end
+      end
+    end
+    local op
+    if st.kind == "a2a" then
+      -- rank r sends r * world + j to rank j, so rank r receives j * world + r from rank j
+      local c = filled(world, function(j) return rank * world + j end)
+      local o = tensor.zeros(n * world)
+      dist.all_to_all_single(o, c)
+      expect(o, world, function(j) return j * world + rank end, "all_to_all_single")
+      local tin, tout = tensor.zeros(n * world), tensor.zeros(n * world)
+      op = function() dist.all_to_all_single(tout, tin) end
+    elseif st.kind == "ag" then
+      local o = tensor.zeros(n * world)
+      dist.all_gather_into_tensor(o, filled(1, function() return rank + 1 end))
+      expect(o, world, function(j) return j + 1 end, "all_gather_into_tensor")
+      local t, out = tensor.zeros(n), tensor.zeros(n * world)
+      op = function() dist.all_gather_into_tensor(out, t) end
+    else
+      -- block j of rank r's input is (r + 1) * (j + 1): rank j's sum is (j + 1) * world * (world + 1) / 2
+      local o = tensor.zeros(n)
+      dist.reduce_scatter_tensor(o, filled(world, function(j) return (rank + 1) * (j + 1) end))
+      expect(o, 1, function() return (rank + 1) * world * (world + 1) / 2 end, "reduce_scatter_tensor")
+      local t, out = tensor.zeros(n * world), tensor.zeros(n)
+      op = function() dist.reduce_scatter_tensor(out, t) end
+    end
+    report(key, timed(op, st.reps))
+    op = nil
   elseif st.kind == "barrier" then
     report("barrier", timed(function() dist.barrier() end, st.reps))
   elseif st.kind == "idle" then

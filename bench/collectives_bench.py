@@ -65,7 +65,11 @@ def rpchost_run(exe, n, cfg):
 
 
 def torch_run(n, cfg):
-    argv = plan(cfg)
+    return torch_world(n, plan(cfg))
+
+
+def torch_world(n, argv):
+    """bench/torch_collectives.py --nproc n ARGV (its ranks started here): the RESULT values."""
     procs = torch_collectives.spawn_ranks(n, argv, stderr=subprocess.PIPE)
     out, codes, timed_out, err = torch_rpc.wait_ranks(procs, RUN_TIMEOUT)
     if timed_out:

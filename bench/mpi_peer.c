@@ -8,11 +8,19 @@
  * barrier, each rank times its own op, and a repetition's time is the largest
  * over the ranks. Each step stops after MAX_SECONDS or REPS repetitions.
  *
- * usage: mpirun -np N mpi_peer MAX_SECONDS
+ * usage: mpirun -np N mpi_peer MAX_SECONDS [STEP...]
  * output (rank 0): "RESULT <key> <value>" lines, keys as bench/collectives.lua's
  * (ar<BYTES>_med_s, bc<BYTES>_med_s, barrier_med_s, idle_cpu_ms_rank<r>) plus
  * pingpong_p50_us / pingpong_p99_us (8 bytes between ranks 0 and 1, one way
- * and back; the other ranks wait in MPI_Barrier meanwhile, as MPI ranks do). */
+ * and back; the other ranks wait in MPI_Barrier meanwhile, as MPI ranks do).
+ *
+ * With STEPs (bench/flat_collectives_bench.py), only those run, in order, with
+ * collectives.lua's syntax and sizes: a2a:BYTES:REPS (MPI_Alltoall; BYTES = each
+ * rank's send and receive buffer, BYTES / N to each rank), ag:BYTES:REPS
+ * (MPI_Allgather; BYTES = the output, BYTES / N from each rank), rs:BYTES:REPS
+ * (MPI_Reduce_scatter_block SUM; BYTES = the input, BYTES / N out), all float.
+ * Each is checked once (the values collectives.lua checks) before it is timed;
+ * keys a2a<BYTES>_med_s, ag<BYTES>_med_s, rs<BYTES>_med_s. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,12 +96,99 @@ static void bar(void *p) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* the flat forms: big holds world blocks of n floats, small one block */
+typedef struct {
+  float *big, *big2, *small;
+  int n;
+} flat_t;
+static void a2a(void *p) {
+  flat_t *f = p;
+  MPI_Alltoall(f->big, f->n, MPI_FLOAT, f->big2, f->n, MPI_FLOAT, MPI_COMM_WORLD);
+}
+static void ag(void *p) {
+  flat_t *f = p;
+  MPI_Allgather(f->small, f->n, MPI_FLOAT, f->big, f->n, MPI_FLOAT, MPI_COMM_WORLD);
+}
+static void rs(void *p) {
+  flat_t *f = p;
+  MPI_Reduce_scatter_block(f->big, f->small, f->n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+}
+
+/* block j of buf (blocks of n) holds want(j) at its first, middle and last element */
+static void expect(const float *buf, int blocks, int n, const char *what, long bytes, float (*want)(int)) {
+  for (int j = 0; j < blocks; j++) {
+    int at[3] = {0, n / 2, n - 1};
+    for (int k = 0; k < 3; k++)
+      if (buf[(size_t)j * n + at[k]] != want(j)) {
+        fprintf(stderr, "mpi_peer: rank %d: %s %ld bytes: block %d element %d is %g, want %g\n", rank, what, bytes, j,
+                at[k], buf[(size_t)j * n + at[k]], want(j));
+        MPI_Abort(MPI_COMM_WORLD, 3);
+      }
+  }
+}
+static float want_a2a(int j) { return (float)(j * world + rank); }
+static float want_ag(int j) { return (float)(j + 1); }
+static float want_rs(int j) {
+  (void)j;
+  return (float)((rank + 1) * world * (world + 1) / 2);
+}
+
+/* one STEP (kind:BYTES:REPS), checked, then timed */
+static void flat_step(const char *step) {
+  char kind[8];
+  long bytes;
+  int reps;
+  if (sscanf(step, "%7[a-z0-9]:%ld:%d", kind, &bytes, &reps) != 3 ||
+      (strcmp(kind, "a2a") && strcmp(kind, "ag") && strcmp(kind, "rs"))) {
+    if (rank == 0) fprintf(stderr, "mpi_peer: expected a2a|ag|rs:BYTES:REPS, got %s\n", step);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  int n = (int)(bytes / 4 / world);
+  size_t nb = (size_t)n * world;
+  flat_t f = {malloc(nb * 4), malloc(nb * 4), malloc((size_t)n * 4), n};
+  if (!f.big || !f.big2 || !f.small) MPI_Abort(MPI_COMM_WORLD, 4);
+  op_fn op;
+  if (!strcmp(kind, "a2a")) {
+    for (int j = 0; j < world; j++)
+      for (int i = 0; i < n; i++) f.big[(size_t)j * n + i] = (float)(rank * world + j);
+    a2a(&f);
+    expect(f.big2, world, n, "MPI_Alltoall", bytes, want_a2a);
+    op = a2a;
+  } else if (!strcmp(kind, "ag")) {
+    for (int i = 0; i < n; i++) f.small[i] = (float)(rank + 1);
+    ag(&f);
+    expect(f.big, world, n, "MPI_Allgather", bytes, want_ag);
+    op = ag;
+  } else {
+    for (int j = 0; j < world; j++)
+      for (int i = 0; i < n; i++) f.big[(size_t)j * n + i] = (float)((rank + 1) * (j + 1));
+    rs(&f);
+    expect(f.small, 1, n, "MPI_Reduce_scatter_block", bytes, want_rs);
+    op = rs;
+  }
+  /* timed on zeros, as the other sides are */
+  memset(f.big, 0, nb * 4);
+  memset(f.big2, 0, nb * 4);
+  memset(f.small, 0, (size_t)n * 4);
+  double med = timed(op, &f, reps);
+  if (rank == 0) printf("RESULT %s%ld_med_s %.9f\n", kind, bytes, med);
+  free(f.big);
+  free(f.big2);
+  free(f.small);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   max_s = argc > 1 ? atof(argv[1]) : 2;
   if (rank == 0) printf("RESULT world_size %d\n", world);
+  if (argc > 2) {
+    for (int i = 2; i < argc; i++) flat_step(argv[i]);
+    fflush(stdout);
+    MPI_Finalize();
+    return 0;
+  }
 
   /* ping-pong, 8 bytes */
   {

@@ -8,8 +8,18 @@ MAX of the per-rank times after the loop). A few untimed warm-up repetitions com
 from the slowest rank's warm-up every rank derives the same repetition count (at most
 REPS, about MAX_SECONDS of work). Timed tensors are zeros; an untimed call checks values.
 
+The flat forms (a2a, ag, rs): gloo in torch 1.13 has all_to_all_single, but neither
+all_gather_into_tensor ("no support for _allgather_base in Gloo process group") nor any
+reduce_scatter. Each is tried first; where gloo refuses it, the rank prints
+"RESULT <key>_unsupported 1" and times instead what a PyTorch user on gloo does, under
+"<key>_alt_*": all_gather into the chunks of the output (views: the data lands in the
+output, no copy), and all_reduce of the input followed by a copy of this rank's
+slice (narrow) into the output. (The all_reduce overwrites the input; a caller who
+needs it back would also pay for a clone, which is not timed here.)
+
 usage: /usr/bin/python3 bench/torch_collectives.py --nproc N MAX_SECONDS STEP...
-  STEP: ar:BYTES:REPS | bc:BYTES:REPS | barrier:REPS | idle:SECONDS (as in collectives.lua)
+  STEP: ar:BYTES:REPS | bc:BYTES:REPS | barrier:REPS | idle:SECONDS |
+        a2a:BYTES:REPS | ag:BYTES:REPS | rs:BYTES:REPS (as in collectives.lua)
   Without RANK in the environment it starts N ranks itself (free loopback port,
   GLOO_SOCKET_IFNAME=lo) and waits for them (killing them after --timeout seconds).
 output (rank 0): RESULT lines, see bench/collectives.lua.
@@ -33,14 +43,14 @@ def parse_steps(args):
     steps = []
     for a in args:
         p = a.split(":")
-        if p[0] in ("ar", "bc") and len(p) == 3:
+        if p[0] in ("ar", "bc", "a2a", "ag", "rs") and len(p) == 3:
             steps.append((p[0], int(p[1]), int(p[2])))
         elif p[0] == "barrier" and len(p) == 2:
             steps.append(("barrier", int(p[1]), None))
         elif p[0] == "idle" and len(p) == 2:
             steps.append(("idle", float(p[1]), None))
         else:
-            raise SystemExit(f"expected ar:BYTES:REPS, bc:BYTES:REPS, barrier:REPS or idle:SECONDS, got {a}")
+            raise SystemExit(f"expected ar|bc|a2a|ag|rs:BYTES:REPS, barrier:REPS or idle:SECONDS, got {a}")
     return steps
 
 
@@ -86,6 +96,77 @@ def rank_main(max_s, steps):
         if not cond:
             raise SystemExit("collectives bench: " + msg)
 
+    def unsupported(fn):
+        """True when gloo refuses the op (raised on every rank before any data moves)."""
+        try:
+            fn()
+            return False
+        except RuntimeError as e:
+            if "support" not in str(e):
+                raise
+            return True
+
+    def flat(kind, nbytes, reps):
+        """a2a / ag / rs of nbytes (see collectives.lua): checked once, then timed; the
+        gloo workaround under <key>_alt where gloo lacks the op."""
+        n = nbytes // 4 // world
+        key = f"{kind}{nbytes}"
+
+        def filled(blocks, value):
+            t = torch.empty(n * blocks, dtype=torch.float32)
+            for j, c in enumerate(t.chunk(blocks)):
+                c.fill_(float(value(j)))
+            return t
+
+        def expect(t, blocks, want, what):
+            for j in range(blocks):
+                for i in (0, n // 2, n - 1):
+                    v = t[j * n + i].item()
+                    check(v == want(j), f"{what} {nbytes} bytes: block {j} element {i} is {v}, want {want(j)}")
+
+        if kind == "a2a":
+            o = torch.zeros(n * world)
+            dist.all_to_all_single(o, filled(world, lambda j: rank * world + j))
+            expect(o, world, lambda j: j * world + rank, "all_to_all_single")
+            tin, tout = torch.zeros(n * world), torch.zeros(n * world)
+            report(key, timed(lambda: dist.all_to_all_single(tout, tin), reps))
+            return
+        if kind == "ag":
+            o = torch.zeros(n * world)
+            src = filled(1, lambda j: rank + 1)
+            native = lambda: dist.all_gather_into_tensor(o, src)
+            alt = lambda: dist.all_gather(list(o.chunk(world)), src)
+            t, dst = torch.zeros(n), torch.zeros(n * world)
+            timed_native = lambda: dist.all_gather_into_tensor(dst, t)
+            dsts = list(dst.chunk(world))
+            timed_alt = lambda: dist.all_gather(dsts, t)
+            want, what = (lambda j: j + 1), "all_gather_into_tensor"
+            blocks = world
+        else:
+            o = torch.zeros(n)
+            src = filled(world, lambda j: (rank + 1) * (j + 1))
+
+            def alt():
+                dist.all_reduce(src)
+                o.copy_(src.narrow(0, rank * n, n))
+            native = lambda: dist.reduce_scatter_tensor(o, src)
+            t, dst = torch.zeros(n * world), torch.zeros(n)
+            timed_native = lambda: dist.reduce_scatter_tensor(dst, t)
+
+            def timed_alt():
+                dist.all_reduce(t)
+                dst.copy_(t.narrow(0, rank * n, n))
+            want, what = (lambda j: (rank + 1) * world * (world + 1) / 2), "reduce_scatter_tensor"
+            blocks = 1
+        if unsupported(native):
+            out.append(f"RESULT {key}_unsupported 1")
+            alt()
+            expect(o, blocks, want, what + " (gloo workaround)")
+            report(key + "_alt", timed(timed_alt, reps))
+        else:
+            expect(o, blocks, want, what)
+            report(key, timed(timed_native, reps))
+
     for kind, a, b in steps:
         if kind == "ar":
             n = a // 4
@@ -108,6 +189,8 @@ def rank_main(max_s, steps):
             t = torch.zeros(n, dtype=torch.float32)
             report(f"bc{a}", timed(lambda: dist.broadcast(t, 0), b))
             del t
+        elif kind in ("a2a", "ag", "rs"):
+            flat(kind, a, b)
         elif kind == "barrier":
             report("barrier", timed(dist.barrier, a))
         elif kind == "idle":

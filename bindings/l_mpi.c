@@ -5,6 +5,7 @@
  * them alive until mpi_test says the request is done (rpchost.dist.mpi_group keeps
  * those of a request it gave up on for the rest of the process). Every tensor
  * must be a contiguous host tensor: the wrapper stages the others. */
+#include <stdint.h>
 #include <string.h>
 
 #include "mpi/mpi.h"
@@ -17,6 +18,7 @@ typedef struct {
   rh_mpi_req_t r;
   int done;
   rh_mpi_comm_t comm; /* what an MPI_Comm_idup makes */
+  int ints[];         /* MPI_Ialltoallv's counts and displacements, read by MPI until done */
 } req_t;
 
 static int mpi_err(lua_State *L) { return luaL_error(L, "%s", rh_mpi_error()); }
@@ -32,6 +34,16 @@ static void *span(lua_State *L, int i, size_t *count, rh_dtype_t *dt, const char
   *count = (size_t)rh_tensor_numel(t);
   *dt = t->dtype;
   return rh_tensor_data(t);
+}
+
+/* a request box with room for nints ints that live as long as it does */
+static req_t *new_req_ints(lua_State *L, size_t nints) {
+  size_t bytes = sizeof(req_t) + nints * sizeof(int);
+  req_t *q = lua_newuserdata(L, bytes);
+  memset(q, 0, bytes);
+  luaL_getmetatable(L, REQ_MT);
+  lua_setmetatable(L, -2);
+  return q;
 }
 
 static req_t *new_req(lua_State *L) {
@@ -209,6 +221,61 @@ static int l_iscatter(lua_State *L) {
   return started(L, q, rh_mpi_iscatter(check_comm(L, 1), b, a, n, dt, (int)luaL_checkinteger(L, 5), &q->r));
 }
 
+/* (comm, send, recv, size): send and recv hold size x count elements each */
+static int l_ialltoall(lua_State *L) {
+  size_t ns, nr;
+  rh_dtype_t ds, dr;
+  void *s = span(L, 2, &ns, &ds, "all_to_all");
+  void *r = span(L, 3, &nr, &dr, "all_to_all");
+  lua_Integer size = luaL_checkinteger(L, 4);
+  if (size < 1) return luaL_argerror(L, 4, "the group size must be positive");
+  if (ds != dr) return luaL_error(L, "all_to_all: the buffers' dtypes differ");
+  if (ns != nr || ns % (size_t)size)
+    return luaL_error(L, "all_to_all: both buffers must hold %d blocks of the same number of elements", (int)size);
+  req_t *q = new_req(L);
+  return started(L, q, rh_mpi_ialltoall(check_comm(L, 1), s, r, ns / (size_t)size, ds, &q->r));
+}
+
+/* a list of n element counts (Lua numbers) into out[n]; their sum */
+static size_t counts(lua_State *L, int i, int n, size_t *out, const char *what) {
+  luaL_checktype(L, i, LUA_TTABLE);
+  if ((int)lua_objlen(L, i) != n) luaL_error(L, "all_to_all: %s must list %d counts, one per rank", what, n);
+  size_t sum = 0;
+  for (int k = 0; k < n; k++) {
+    lua_rawgeti(L, i, k + 1);
+    lua_Number v = lua_tonumber(L, -1);
+    if (!lua_isnumber(L, -1) || !(v >= 0 && v <= 9007199254740992.0) || v != (lua_Number)(int64_t)v)
+      luaL_error(L, "all_to_all: %s[%d] must be a count of elements (an integer >= 0)", what, k + 1);
+    lua_pop(L, 1);
+    out[k] = (size_t)v;
+    sum += out[k];
+  }
+  return sum;
+}
+
+/* (comm, send, send_counts, recv, recv_counts): segments back to back in rank
+ * order; the counts must add up to the buffers' elements, so MPI never reads
+ * or writes past them */
+static int l_ialltoallv(lua_State *L) {
+  size_t ns, nr;
+  rh_dtype_t ds, dr;
+  rh_mpi_comm_t c = check_comm(L, 1);
+  void *s = span(L, 2, &ns, &ds, "all_to_all");
+  void *r = span(L, 4, &nr, &dr, "all_to_all");
+  if (ds != dr) return luaL_error(L, "all_to_all: the buffers' dtypes differ");
+  int n = (int)lua_objlen(L, 3);
+  if (n < 1) return luaL_argerror(L, 3, "expected a list of counts, one per rank");
+  size_t *sc = lua_newuserdata(L, 2 * (size_t)n * sizeof *sc); /* (garbage, even when a check raises) */
+  size_t *rc = sc + n;
+  size_t ss = counts(L, 3, n, sc, "the send counts"), rs = counts(L, 5, n, rc, "the receive counts");
+  if (ss != ns)
+    return luaL_error(L, "all_to_all: the send counts add up to %zu elements but the buffer has %zu", ss, ns);
+  if (rs != nr)
+    return luaL_error(L, "all_to_all: the receive counts add up to %zu elements but the buffer has %zu", rs, nr);
+  req_t *q = new_req_ints(L, 4 * (size_t)n);
+  return started(L, q, rh_mpi_ialltoallv(c, s, sc, r, rc, n, ds, q->ints, &q->r));
+}
+
 static int l_ibarrier(lua_State *L) {
   rh_mpi_comm_t c = check_comm(L, 1);
   req_t *q = new_req(L);
@@ -225,25 +292,33 @@ static int l_isend(lua_State *L) {
                               (int)luaL_checkinteger(L, 4), &q->r));
 }
 
+/* (comm, t, src, tag): src nil receives from any rank */
 static int l_irecv(lua_State *L) {
   size_t n;
   rh_dtype_t dt;
   void *p = span(L, 2, &n, &dt, "recv");
+  int src = lua_isnoneornil(L, 3) ? RH_MPI_ANY_SOURCE : (int)luaL_checkinteger(L, 3);
+  if (src < 0 && src != RH_MPI_ANY_SOURCE) return luaL_argerror(L, 3, "expected a rank >= 0 or nil (any rank)");
   req_t *q = new_req(L);
   return started(L, q,
-                 rh_mpi_irecv(check_comm(L, 1), p, n * rh_dtype_size(dt), (int)luaL_checkinteger(L, 3),
-                              (int)luaL_checkinteger(L, 4), &q->r));
+                 rh_mpi_irecv(check_comm(L, 1), p, n * rh_dtype_size(dt), src, (int)luaL_checkinteger(L, 4), &q->r));
 }
 
-/* mpi_test(req) -> true, bytes_received | false; raises MPI's failure */
+/* mpi_test(req) -> true, bytes_received, source | false; a failed request is
+ * nil, MPI's message, source (the sender when MPI says, else -1): a receive
+ * from any rank that was too small has no other way to say who sent */
 static int l_test(lua_State *L) {
   req_t *q = luaL_checkudata(L, 1, REQ_MT);
   size_t got = 0;
+  int source = -1;
   if (!q->done) {
     int done = 0;
-    if (rh_mpi_test(&q->r, &done, &got)) {
+    if (rh_mpi_test(&q->r, &done, &got, &source)) {
       q->done = 1; /* (a failed request is not tested again) */
-      return mpi_err(L);
+      lua_pushnil(L);
+      lua_pushstring(L, rh_mpi_error());
+      lua_pushinteger(L, source);
+      return 3;
     }
     q->done = done;
     if (!done) {
@@ -253,7 +328,8 @@ static int l_test(lua_State *L) {
   }
   lua_pushboolean(L, 1);
   lua_pushnumber(L, (double)got);
-  return 2;
+  lua_pushinteger(L, source);
+  return 3;
 }
 
 int rh_open_mpi(lua_State *L) {
@@ -277,6 +353,8 @@ int rh_open_mpi(lua_State *L) {
                                  {"mpi_ireduce_scatter", l_ireduce_scatter},
                                  {"mpi_igather", l_igather},
                                  {"mpi_iscatter", l_iscatter},
+                                 {"mpi_ialltoall", l_ialltoall},
+                                 {"mpi_ialltoallv", l_ialltoallv},
                                  {"mpi_ibarrier", l_ibarrier},
                                  {"mpi_isend", l_isend},
                                  {"mpi_irecv", l_irecv},

@@ -257,12 +257,7 @@ static int l_rand(lua_State *L) {
   int64_t size[RH_MAXDIM];
   rh_dtype_t dt = rh_lua_checkdtype(L, 1);
   int n = rh_lua_checksizes(L, 2, size);
-  return rh_lua_pushtensor(L, rh_tensor_rand(dt, n, size, lua_toboolean(L, 3)));
-}
-
-static int l_seed(lua_State *L) {
-  rh_random_seed((uint64_t)luaL_checknumber(L, 1));
-  return 0;
+  return rh_lua_pushtensor(L, rh_tensor_rand(dt, n, size, lua_toboolean(L, 3), rh_lua_optgenerator(L, 4)));
 }
 
 /* from_flat(dtype, sizes, values) : values a flat Lua sequence of numbers/booleans */
@@ -701,7 +696,6 @@ int rh_open_tensor(lua_State *L) {
   static const luaL_Reg fns[] = {{"t_full", l_full},
                                  {"t_arange", l_arange},
                                  {"t_rand", l_rand},
-                                 {"t_seed", l_seed},
                                  {"t_from_flat", l_from_flat},
                                  {"t_from_bytes", l_from_bytes},
                                  {"t_bytes", l_bytes},

@@ -95,19 +95,19 @@ static int l_scan(lua_State *L) {
   return push_or_raise(L, rh_tensor_scan(rh_lua_checktensor(L, 1), (int)luaL_checkinteger(L, 2), lua_toboolean(L, 3)));
 }
 
-/* randint(dtype, low, high, sizes) */
+/* randint(dtype, low, high, sizes, generator) */
 static int l_randint(lua_State *L) {
   int64_t size[RH_MAXDIM];
   rh_dtype_t dt = rh_lua_checkdtype(L, 1);
   int64_t low = (int64_t)luaL_checknumber(L, 2), high = (int64_t)luaL_checknumber(L, 3);
   int n = rh_lua_checksizes(L, 4, size);
-  return push_or_raise(L, rh_tensor_randint(dt, low, high, n, size));
+  return push_or_raise(L, rh_tensor_randint(dt, low, high, n, size, rh_lua_optgenerator(L, 5)));
 }
 
-/* randperm(dtype, n, base) */
+/* randperm(dtype, n, base, generator) */
 static int l_randperm(lua_State *L) {
   return push_or_raise(L, rh_tensor_randperm(rh_lua_checkdtype(L, 1), (int64_t)luaL_checknumber(L, 2),
-                                             (int64_t)luaL_optnumber(L, 3, 0)));
+                                             (int64_t)luaL_optnumber(L, 3, 0), rh_lua_optgenerator(L, 4)));
 }
 
 static int l_bernoulli(lua_State *L) { return push_or_raise(L, rh_tensor_bernoulli(rh_lua_checktensor(L, 1))); }

@@ -58,6 +58,7 @@ int rh_open_shm(lua_State *L);
 int rh_open_cma(lua_State *L);
 int rh_open_mpi(lua_State *L);
 int rh_open_arena(lua_State *L);
+int rh_open_generator(lua_State *L);
 
 /* tensors (l_tensor.c) */
 struct rh_tensor_s;
@@ -84,6 +85,11 @@ int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t); /* takes the referen
 /* The same for a segment of a received frame: t_reinterpret of it hands its
  * tensor on to the result and leaves it freed (no other value shares those bytes). */
 int rh_lua_pushframetensor(lua_State *L, struct rh_tensor_s *t);
+
+/* random generators (l_generator.c): the one at index i, NULL for nil or none
+ * (the default generator) */
+struct rh_rng_s;
+struct rh_rng_s *rh_lua_optgenerator(lua_State *L, int i);
 
 /* shared-memory segments (l_shm.c) */
 #include "net/shm.h"

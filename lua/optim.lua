@@ -8,6 +8,7 @@
 -- rpc.DistributedOptimizer sends by name.
 local tensor = require "tensor"
 local core = require "rpchost.core"
+local sized = require "rpchost.sized"
 
 local optim = {}
 
@@ -15,7 +16,8 @@ local Optimizer = {}
 Optimizer.__index = Optimizer
 optim.Optimizer = Optimizer
 
-local function is_module(v) return type(v) == "table" and getmetatable(v) ~= nil and v.parameters ~= nil end
+-- (a module: a table, or a sized one such as nn.Sequential, with parameters())
+local function is_module(v) return sized.is_object(v) and getmetatable(v) ~= nil and v.parameters ~= nil end
 
 local function check_params(list, what, level)
   for i, p in ipairs(list) do
@@ -26,8 +28,8 @@ end
 
 -- params: a list of tensors, a module, or a list of groups {params = {...}, lr = ...}
 local function groups_of(params, defaults, what)
-  if type(params) ~= "table" then error(what .. ": expected a list of parameters (or of param groups)", 4) end
   if is_module(params) then params = params:parameters() end
+  if type(params) ~= "table" then error(what .. ": expected a list of parameters (or of param groups)", 4) end
   if tensor.is_tensor(params) then params = {params} end
   if #params == 0 then error(what .. ": got an empty parameter list", 4) end
   local groups = {}

@@ -21,7 +21,7 @@ floor_of() {
     copy.c.o) echo 4 ;;
     reduce.c.o) echo 5 ;;
     ops.c.o) echo 6 ;;
-    matmul.c.o | index.c.o | sort.c.o | random.c.o) echo 7 ;;
+    matmul.c.o | index.c.o | sort.c.o | random.c.o | generator.c.o) echo 7 ;;
     nn_*.c.o) echo 8 ;;
     *) echo -1 ;;
   esac

@@ -59,7 +59,10 @@ describe("examples #world", function()
   end)
 
   it("ddp_rpc: the DDP replicas stay bit-identical and the loss falls", function()
-    local out = example(4, "ddp_rpc/main.lua", {"--epochs", "8"})
+    -- (each epoch draws new random batches, so one epoch's loss is noisy around a
+    -- falling trend: 8 epochs outlast the noise for some streams only, not for
+    -- torch's generator's with the example's seeds; 30 do, in about 0.3 s)
+    local out = example(4, "ddp_rpc/main.lua", {"--epochs", "30"})
     assert.truthy(out:find("replicas_max_diff 0 ", 1, true), out)
     local first, last = out:match("first_loss ([%d%.]+)  last_loss ([%d%.]+)")
     assert.is_true(tonumber(last) < tonumber(first), out)

@@ -3,7 +3,10 @@
 -- exact values, async Works, subgroups, point to point, rpc.init_rpc in the same
 -- processes with the store's address sent through MPI, a mismatched collective
 -- named on every rank, a rank that never calls bounded by the timeout, and the
--- errors for a library that is missing or not Open MPI.
+-- errors for a library that is missing or not Open MPI. Also (issue 32) the
+-- bitwise reductions, all_gather_into_tensor and reduce_scatter_tensor,
+-- all_to_all_single and all_to_all with uneven splits (a mismatched split named
+-- on every rank), and receives from any rank that say who sent.
 local S = require "spec.support"
 local core = require "rpchost.core"
 
@@ -203,6 +206,276 @@ describe("the mpi backend #world", function()
     assert.is_true(S.now() - t0 < 40, "the world took too long")
     S.assert_checks(r)
     assert.are.equal(3, count_oks(r.out), r.out .. r.err)
+  end)
+
+  -- (issue 32) the c10d functions on the mpi backend
+  local prelude_32 = [[
+    dist.init_process_group{backend = "mpi", timeout = 20}
+    local me, n = dist.get_rank(), dist.get_world_size()
+    local R = dist.ReduceOp
+    local function same(t, want)
+      local got = t:contiguous():view(-1):totable()
+      if #got ~= #want then return false end
+      for i = 1, #want do
+        if type(want[i]) == "number" then
+          if math.abs(got[i] - want[i]) > 1e-6 * math.max(1, math.abs(want[i])) then return false end
+        elseif got[i] ~= want[i] then return false end
+      end
+      return true
+    end
+  ]]
+
+  it("reduces with BAND, BOR and BXOR on int32, int64, uint8 and bool, and refuses floats on every rank", function()
+    local r = mpi_world(3, prelude_32 .. [[
+      local bit = require "bit"
+      local F = {BAND = bit.band, BOR = bit.bor, BXOR = bit.bxor}
+      local L = {BAND = function(a, b) return a and b end, BOR = function(a, b) return a or b end,
+                 BXOR = function(a, b) return a ~= b end}
+      -- element 1 negative (all high bits set), element 2 with bit 40 set for int64:
+      -- with 3 ranks both survive all three ops, so the 32-bit bit library checks them
+      local function base(r, i, dt)
+        if dt == "bool" then return (r + i) % 2 == 0 or i % 3 == 0 end
+        if i == 1 and dt ~= "uint8" then return -1 - r end
+        return bit.band(0x5A + 37 * r + 11 * i, 0xFF)
+      end
+      local function high(i, dt) return (dt == "int64" and i == 2) and 2 ^ 40 or 0 end
+      local function value(r, i, dt)
+        if dt == "bool" then return base(r, i, dt) end
+        return base(r, i, dt) + high(i, dt)
+      end
+      local function input(r, dt, k)
+        local v = {}
+        for i = 1, k do v[i] = value(r, i, dt) end
+        return tensor.tensor(v, {dtype = tensor[dt]})
+      end
+      local function expected(op, dt, k)
+        local out = {}
+        for i = 1, k do
+          local acc = base(0, i, dt)
+          for q = 1, n - 1 do acc = (dt == "bool" and L or F)[op](acc, base(q, i, dt)) end
+          if dt ~= "bool" then acc = acc + high(i, dt) end
+          out[i] = acc
+        end
+        return out
+      end
+      check("3 ranks", n == 3)
+      for _, dt in ipairs({"int32", "int64", "uint8", "bool"}) do
+        for _, op in ipairs({"BAND", "BOR", "BXOR"}) do
+          local t = input(me, dt, 6)
+          dist.all_reduce(t, R[op])
+          check("all_reduce " .. op .. " " .. dt, same(t, expected(op, dt, 6)), t)
+        end
+        local t = input(me, dt, 6)
+        dist.reduce(t, 2, R.BXOR)
+        check("reduce BXOR " .. dt, me ~= 2 or same(t, expected("BXOR", dt, 6)), t)
+        -- rank q gets block q (2 elements) of the reduction
+        local want = expected("BOR", dt, 6)
+        local out = tensor.zeros(2, {dtype = tensor[dt]})
+        dist.reduce_scatter_tensor(out, input(me, dt, 6), R.BOR)
+        check("reduce_scatter_tensor BOR " .. dt, same(out, {want[2 * me + 1], want[2 * me + 2]}), out)
+        local list = {}
+        local full = input(me, dt, 6)
+        for q = 1, 3 do list[q] = full:narrow(1, 2 * q - 1, 2):clone() end
+        local out2 = tensor.zeros(2, {dtype = tensor[dt]})
+        dist.reduce_scatter(out2, list, R.BAND)
+        want = expected("BAND", dt, 6)
+        check("reduce_scatter BAND " .. dt, same(out2, {want[2 * me + 1], want[2 * me + 2]}), out2)
+      end
+      for _, dt in ipairs({"float32", "float64"}) do
+        local ok, e = pcall(dist.all_reduce, tensor.ones(3, {dtype = tensor[dt]}), R.BAND)
+        check("BAND refused on " .. dt, not ok and e.kind == "config" and
+          tostring(e):find("Cannot use ReduceOp.BAND with non-integral dtype " .. dt, 1, true), e)
+        ok, e = pcall(dist.reduce_scatter_tensor, tensor.zeros(1, {dtype = tensor[dt]}),
+          tensor.zeros(3, {dtype = tensor[dt]}), R.BXOR)
+        check("BXOR refused on " .. dt, not ok and tostring(e):find("ReduceOp.BXOR with non-integral", 1, true), e)
+      end
+      local t = tensor.tensor({6, 3}, {dtype = tensor.int32})
+      dist.all_reduce(t, R.BAND)
+      check("usable after", same(t, {6, 3}), t)
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 3 * (1 + 4 * 6 + 4 + 1))
+  end)
+
+  it("gathers into one flat, stacked or strided tensor and reduce-scatters from one (SUM, AVG), 3 ranks", function()
+    local r = mpi_world(3, prelude_32 .. [[
+      local k = 4
+      local function piece(q) return tensor.arange(k):float() + q * 10 end
+      local want = {}
+      for q = 0, n - 1 do for i = 0, k - 1 do want[#want + 1] = q * 10 + i end end
+      local flat = tensor.zeros(n * k)
+      dist.all_gather_into_tensor(flat, piece(me))
+      check("all_gather_into_tensor flat [n*k]", same(flat, want), flat)
+      local stacked = tensor.zeros(n, k, {dtype = tensor.int64})
+      dist._all_gather_base(stacked, piece(me):long())
+      check("_all_gather_base stacked [n, k]", same(stacked, want) and stacked:size(1) == n, stacked)
+      local strided = tensor.zeros(k, n):t() -- [n, k], not contiguous
+      dist.all_gather_into_tensor(strided, piece(me))
+      check("all_gather_into_tensor strided", same(strided, want), strided)
+      -- a rank whose input (and so output) has another size is named on every rank
+      local kk = me == 1 and 5 or 4
+      local ok, e = pcall(dist.all_gather_into_tensor, tensor.zeros(n * kk), tensor.zeros(kk))
+      check("other size named", not ok and tostring(e):find("collective mismatch", 1, true) and
+        tostring(e):find("all_gather_into_tensor(float32, 5 elements, into float32[15])", 1, true) and
+        tostring(e):find("all_gather_into_tensor(float32, 4 elements, into float32[12])", 1, true), e)
+      -- reduce_scatter_tensor: rank q gets the reduction of block q of every rank's input
+      local function input(q, dt)
+        local v = {}
+        for i = 0, n * k - 1 do v[#v + 1] = (q + 1) * (i + 1) end
+        return tensor.tensor(v, {dtype = tensor[dt]})
+      end
+      local function block(scale)
+        local v = {}
+        for i = me * k, me * k + k - 1 do v[#v + 1] = scale * (i + 1) end
+        return v
+      end
+      local out = tensor.zeros(k, {dtype = tensor.int32})
+      dist.reduce_scatter_tensor(out, input(me, "int32"), R.SUM)
+      check("reduce_scatter_tensor SUM", same(out, block(1 + 2 + 3)), out)
+      local avg = tensor.zeros(k)
+      dist._reduce_scatter_base(avg, input(me, "float32"), R.AVG)
+      check("_reduce_scatter_base AVG", same(avg, block(2)), avg)
+      local rs = tensor.zeros(k, 2) -- (its first column, strided, is the output)
+      dist.reduce_scatter_tensor(rs:select(2, 1), input(me, "float64"):float(), R.MAX)
+      check("reduce_scatter_tensor strided MAX", same(rs:select(2, 1), block(3)) and same(rs:select(2, 2), {0, 0, 0, 0}),
+        rs)
+      local ok2, e2 = pcall(dist.reduce_scatter_tensor, tensor.zeros(k, {dtype = tensor.int32}),
+        input(me, "int32"), R.AVG)
+      check("AVG refused on int32", not ok2 and tostring(e2):find("AVG needs a floating point tensor", 1, true), e2)
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 3 * 8)
+  end)
+
+  it("runs all_to_all_single with even and uneven splits, and names a mismatched split on every rank", function()
+    local r = mpi_world(3, prelude_32 .. [[
+      -- even (no splits): 2 rows of 2 to each rank
+      local out = tensor.zeros(2 * n, 2)
+      dist.all_to_all_single(out, (tensor.arange(4 * n):float() + me * 100):view(2 * n, 2))
+      local want = {}
+      for q = 0, n - 1 do for i = 4 * me, 4 * me + 3 do want[#want + 1] = q * 100 + i end end
+      check("even splits", same(out, want), out)
+      -- uneven: rank q sends j + 1 rows (valued 10q + j) to rank j; each rank gets me + 1 from each
+      local vals, ins, outs = {}, {}, {}
+      for j = 0, n - 1 do
+        ins[j + 1], outs[j + 1] = j + 1, me + 1
+        for _ = 1, j + 1 do vals[#vals + 1] = 10 * me + j end
+      end
+      local o = tensor.zeros(n * (me + 1), {dtype = tensor.int64})
+      dist.all_to_all_single(o, tensor.tensor(vals, {dtype = tensor.int64}), outs, ins)
+      want = {}
+      for q = 0, n - 1 do for _ = 1, me + 1 do want[#want + 1] = 10 * q + me end end
+      check("uneven splits", same(o, want), o)
+      -- a strided output, and an empty segment (rank 0 sends nothing to rank 2)
+      local z_in = me == 0 and {3, 1, 0} or {3, 1, 1}
+      local z_out = me == 0 and {3, 3, 3} or me == 1 and {1, 1, 1} or {0, 1, 1}
+      local total = 0
+      for _, c in ipairs(z_out) do total = total + c end
+      local so = tensor.zeros(total, 2):select(2, 1)
+      local src = tensor.ones(3 + 1 + (me == 0 and 0 or 1)) * (me + 1)
+      dist.all_to_all_single(so, src, z_out, z_in)
+      want = {}
+      for q = 0, n - 1 do for _ = 1, z_out[q + 1] do want[#want + 1] = q + 1 end end
+      check("strided output, empty segment", same(so, want), so)
+      -- rank 1 sends 3 rows to rank 0, which expects 2
+      local bad_in = me == 1 and {3, 1, 2} or {2, 2, 2}
+      local ok, e = pcall(dist.all_to_all_single, tensor.zeros(6), tensor.zeros(6), {2, 2, 2}, bad_in)
+      check("mismatched split named", not ok and e.kind == "config" and tostring(e):find(
+        "rank 1 sends 3 elements to rank 0, but rank 0 expects 2 from it", 1, true) and
+        tostring(e):find("rank 1's input_split_sizes[1], rank 0's output_split_sizes[2]", 1, true), e)
+      -- every rank splits evenly, but rank 2 by another count
+      local c = me == 2 and 3 or 2
+      ok, e = pcall(dist.all_to_all_single, tensor.zeros(3 * c), tensor.zeros(3 * c))
+      check("mismatched even split named", not ok and tostring(e):find("rank 2 sends 3 elements to rank 0, but rank 0 expects 2", 1, true), e)
+      local t = tensor.ones(2)
+      dist.all_reduce(t)
+      check("usable after", same(t, {3, 3}), t)
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 3 * 6)
+  end)
+
+  it("runs all_to_all with a different size and shape for every pair, 4 ranks", function()
+    local r = mpi_world(4, prelude_32 .. [[
+      -- rank q sends rank j a [q + 1, j + 1] tensor of 100q + 10j + index
+      local function block(q, j)
+        local v = {}
+        for i = 0, (q + 1) * (j + 1) - 1 do v[#v + 1] = 100 * q + 10 * j + i end
+        return v
+      end
+      local ins, outs = {}, {}
+      for j = 0, n - 1 do
+        ins[j + 1] = tensor.tensor(block(me, j), {dtype = tensor.int32}):view(me + 1, j + 1)
+        outs[j + 1] = tensor.zeros(j + 1, me + 1, {dtype = tensor.int32})
+      end
+      outs[n] = tensor.zeros(me + 1, n, {dtype = tensor.int32}):t() -- (strided: [n, me + 1])
+      dist.all_to_all(outs, ins)
+      local ok = true
+      for q = 0, n - 1 do ok = ok and same(outs[q + 1], block(q, me)) end
+      check("all_to_all per-pair sizes", ok, outs[2])
+      local e1, e2 = {}, {}
+      for j = 1, n do e1[j], e2[j] = tensor.zeros(0), tensor.zeros(0) end
+      dist.all_to_all(e1, e2)
+      check("all empty", true)
+      -- rank 3 expects one element too many from rank 0
+      local o2, i2 = {}, {}
+      for j = 1, n do o2[j], i2[j] = tensor.zeros(2), tensor.ones(2) end
+      if me == 3 then o2[1] = tensor.zeros(3) end
+      local okm, e = pcall(dist.all_to_all, o2, i2)
+      check("mismatch named", not okm and tostring(e):find(
+        "rank 0 sends 2 elements to rank 3, but rank 3 expects 3 from it", 1, true), e)
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 4 * 3)
+  end)
+
+  it("receives from any rank and says who sent, in posting order, in the world and a subgroup, 3 ranks", function()
+    local r = mpi_world(3, prelude_32 .. [[
+      if me == 0 then
+        local got = {}
+        for _ = 1, 2 do
+          local t = tensor.zeros(2)
+          local from = dist.recv(t, {tag = 5})
+          got[from] = t:totable()[1]
+        end
+        check("both senders", got[1] == 10 and got[2] == 20, got[1] .. " " .. tostring(got[2]))
+        local ok, e = pcall(dist.recv, tensor.zeros(2), {tag = 6})
+        check("too big named", not ok and e.kind == "config" and
+          tostring(e):find("recv from any rank: rank 2 sent more than this tensor's 8 bytes", 1, true), e)
+        ok, e = pcall(dist.recv, tensor.zeros(2), nil, {tag = 7})
+        check("too small named", not ok and tostring(e):find("rank 1 sent 4 bytes but this tensor holds 8", 1, true), e)
+      else
+        dist.send(tensor.ones(2) * (10 * me), 0, {tag = 5})
+        if me == 2 then dist.send(tensor.ones(3), 0, {tag = 6}) else dist.send(tensor.ones(1), 0, {tag = 7}) end
+      end
+      dist.barrier()
+      -- an irecv takes its place when made: a receive made later but waited on first
+      -- gets the second message
+      if me == 0 then
+        local a, b = tensor.zeros(1), tensor.zeros(1)
+        local w = dist.irecv(a, 1, {tag = 3})
+        local from = dist.recv(b, {tag = 3})
+        w:wait()
+        check("posting order", from == 1 and w:source_rank() == 1 and a:item() == 1 and b:item() == 2,
+          a:item() .. " " .. b:item())
+      elseif me == 1 then
+        dist.send(tensor.ones(1), 0, {tag = 3})
+        dist.send(tensor.ones(1) * 2, 0, {tag = 3})
+      end
+      -- in a subgroup of global ranks 0 and 2 the sender is named by its global rank
+      local sub = dist.new_group({0, 2})
+      if me == 0 then
+        local t = tensor.zeros(1)
+        local from = dist.recv(t, {group = sub})
+        check("subgroup sender is global rank 2", from == 2 and t:item() == 7, from)
+      elseif me == 2 then
+        dist.send(tensor.ones(1) * 7, 0, {group = sub})
+      end
+      dist.barrier()
+      check("done", true)
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 5 + 3)
   end)
 
   it("refuses rank/world_size that disagree with MPI", function()

@@ -140,7 +140,7 @@ describe("remote() and async_execution #world", function()
         local ok, e = pcall(r.to_here, r)
         check("remote timeout raised at to_here", not ok and e.kind == "timeout", e)
         check("remote timeout is prompt", sched.now() - t0 < 2, sched.now() - t0)
-        local r2 = rpc.remote("w1", slow, {0.1}, {timeout = 5})
+        local r2 = rpc.remote("w1", slow, {0.1}, nil, 5)
         check("remote within its timeout", r2:to_here() == "late")
         -- 3. async_execution through every form
         check("rpc_sync async", rpc.rpc_sync("w1", add_later, {1, 2}) == 3)

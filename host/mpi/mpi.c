@@ -44,13 +44,15 @@ static struct {
   int (*Ireduce_scatter_block)(const void *, void *, int, H, H, H, H *);
   int (*Igather)(const void *, int, H, void *, int, H, int, H, H *);
   int (*Iscatter)(const void *, int, H, void *, int, H, int, H, H *);
+  int (*Ialltoall)(const void *, int, H, void *, int, H, H, H *);
+  int (*Ialltoallv)(const void *, const int *, const int *, H, void *, const int *, const int *, H, H, H *);
   int (*Ibarrier)(H, H *);
   int (*Isend)(const void *, int, H, int, int, H, H *);
   int (*Irecv)(void *, int, H, int, int, H, H *);
   int (*Test)(H *, int *, void *);
   int (*Get_count)(const void *, H, int *);
   /* predefined handles */
-  H world, dtype[RH_NDTYPES], byte, op[4], lor, land, errors_return;
+  H world, dtype[RH_NDTYPES], byte, op[RH_MPI_NOPS], lor, land, lxor, errors_return;
 } mpi;
 
 static _Thread_local char last[768] = "no error";
@@ -136,12 +138,15 @@ int rh_mpi_load(void) {
            sym(&mpi.Ireduce, "MPI_Ireduce") && sym(&mpi.Ibcast, "MPI_Ibcast") &&
            sym(&mpi.Iallgather, "MPI_Iallgather") && sym(&mpi.Ireduce_scatter_block, "MPI_Ireduce_scatter_block") &&
            sym(&mpi.Igather, "MPI_Igather") && sym(&mpi.Iscatter, "MPI_Iscatter") &&
+           sym(&mpi.Ialltoall, "MPI_Ialltoall") && sym(&mpi.Ialltoallv, "MPI_Ialltoallv") &&
            sym(&mpi.Ibarrier, "MPI_Ibarrier") && sym(&mpi.Isend, "MPI_Isend") && sym(&mpi.Irecv, "MPI_Irecv") &&
            sym(&mpi.Test, "MPI_Test") && sym(&mpi.Get_count, "MPI_Get_count") &&
            global(&mpi.world, "ompi_mpi_comm_world") && global(&mpi.byte, "ompi_mpi_byte") &&
            global(&mpi.op[RH_MPI_SUM], "ompi_mpi_op_sum") && global(&mpi.op[RH_MPI_PROD], "ompi_mpi_op_prod") &&
            global(&mpi.op[RH_MPI_MIN], "ompi_mpi_op_min") && global(&mpi.op[RH_MPI_MAX], "ompi_mpi_op_max") &&
-           global(&mpi.lor, "ompi_mpi_op_lor") && global(&mpi.land, "ompi_mpi_op_land") &&
+           global(&mpi.op[RH_MPI_BAND], "ompi_mpi_op_band") && global(&mpi.op[RH_MPI_BOR], "ompi_mpi_op_bor") &&
+           global(&mpi.op[RH_MPI_BXOR], "ompi_mpi_op_bxor") && global(&mpi.lor, "ompi_mpi_op_lor") &&
+           global(&mpi.land, "ompi_mpi_op_land") && global(&mpi.lxor, "ompi_mpi_op_lxor") &&
            global(&mpi.errors_return, "ompi_mpi_errors_return");
   for (int i = 0; ok && i < RH_NDTYPES; i++) ok = global(&mpi.dtype[i], dt[i]);
   if (!ok) {
@@ -236,10 +241,21 @@ static int count_of(size_t count, const char *what, int *out) {
   return 0;
 }
 
-/* the MPI op for a dtype: bool has only the logical ones (SUM/MAX are "or") */
-static H op_of(int op, rh_dtype_t dt) {
-  if (dt == RH_BOOL) return (op == RH_MPI_SUM || op == RH_MPI_MAX) ? mpi.lor : mpi.land;
-  return mpi.op[op];
+static const char *const op_names[RH_MPI_NOPS] = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+
+/* The MPI op for a dtype. Bool has only the logical ops in MPI (SUM and MAX
+ * are "or", PRODUCT and MIN "and", the bitwise ones their logical twins); the
+ * bitwise ops are not defined on floating types, which MPI would only report
+ * as MPI_ERR_OP, so they are refused here by name (PyTorch's wording). */
+static int op_of(int op, rh_dtype_t dt, const char *what, H *out) {
+  if (op < 0 || op >= RH_MPI_NOPS) return fail("%s: unknown reduction op %d", what, op);
+  if (op >= RH_MPI_BAND && rh_dtype_is_float(dt))
+    return fail("%s: Cannot use ReduceOp.%s with non-integral dtype %s (bitwise ops take integer and bool tensors)",
+                what, op_names[op], rh_dtype_name(dt));
+  if (dt != RH_BOOL) *out = mpi.op[op];
+  else if (op == RH_MPI_BXOR) *out = mpi.lxor;
+  else *out = (op == RH_MPI_SUM || op == RH_MPI_MAX || op == RH_MPI_BOR) ? mpi.lor : mpi.land;
+  return 0;
 }
 
 #define PRE(what)                                                                     \
@@ -250,14 +266,17 @@ static H op_of(int op, rh_dtype_t dt) {
 
 int rh_mpi_iallreduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, rh_mpi_req_t *r) {
   PRE("MPI_Iallreduce");
-  return check(mpi.Iallreduce((void *)1 /* MPI_IN_PLACE */, buf, n, mpi.dtype[dt], op_of(op, dt), c, r),
-               "MPI_Iallreduce");
+  H o;
+  if ((rc = op_of(op, dt, "MPI_Iallreduce", &o))) return rc;
+  return check(mpi.Iallreduce((void *)1 /* MPI_IN_PLACE */, buf, n, mpi.dtype[dt], o, c, r), "MPI_Iallreduce");
 }
 
 int rh_mpi_ireduce(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int op, int root, int me, rh_mpi_req_t *r) {
   PRE("MPI_Ireduce");
+  H o;
+  if ((rc = op_of(op, dt, "MPI_Ireduce", &o))) return rc;
   const void *send = me == root ? (void *)1 : buf;
-  return check(mpi.Ireduce(send, me == root ? buf : NULL, n, mpi.dtype[dt], op_of(op, dt), root, c, r), "MPI_Ireduce");
+  return check(mpi.Ireduce(send, me == root ? buf : NULL, n, mpi.dtype[dt], o, root, c, r), "MPI_Ireduce");
 }
 
 int rh_mpi_ibcast(rh_mpi_comm_t c, void *buf, size_t count, rh_dtype_t dt, int root, rh_mpi_req_t *r) {
@@ -273,8 +292,9 @@ int rh_mpi_iallgather(rh_mpi_comm_t c, const void *send, void *recv, size_t coun
 int rh_mpi_ireduce_scatter(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, int op,
                            rh_mpi_req_t *r) {
   PRE("MPI_Ireduce_scatter_block");
-  return check(mpi.Ireduce_scatter_block(send, recv, n, mpi.dtype[dt], op_of(op, dt), c, r),
-               "MPI_Ireduce_scatter_block");
+  H o;
+  if ((rc = op_of(op, dt, "MPI_Ireduce_scatter_block", &o))) return rc;
+  return check(mpi.Ireduce_scatter_block(send, recv, n, mpi.dtype[dt], o, c, r), "MPI_Ireduce_scatter_block");
 }
 
 int rh_mpi_igather(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, int root,
@@ -287,6 +307,47 @@ int rh_mpi_iscatter(rh_mpi_comm_t c, const void *send, void *recv, size_t count,
                     rh_mpi_req_t *r) {
   PRE("MPI_Iscatter");
   return check(mpi.Iscatter(send, n, mpi.dtype[dt], recv, n, mpi.dtype[dt], root, c, r), "MPI_Iscatter");
+}
+
+int rh_mpi_ialltoall(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, rh_mpi_req_t *r) {
+  PRE("MPI_Ialltoall");
+  return check(mpi.Ialltoall(send, n, mpi.dtype[dt], recv, n, mpi.dtype[dt], c, r), "MPI_Ialltoall");
+}
+
+/* counts -> ints[0..n) and their running sums (the segments lie back to back in
+ * rank order) -> ints[n..2n); each must fit MPI's int */
+static int counts_displs(const size_t *counts, int n, int *ints, const char *dir) {
+  size_t at = 0;
+  for (int i = 0; i < n; i++) {
+    if (counts[i] > INT_MAX)
+      return fail(
+          "MPI_Ialltoallv: %zu elements %s rank %d is more than MPI's int count (2^31 - 1); split the tensor "
+          "or the exchange",
+          counts[i], dir, i);
+    if (at > INT_MAX)
+      return fail(
+          "MPI_Ialltoallv: the elements %s rank %d start at element %zu, past MPI's int displacements "
+          "(2^31 - 1); split the tensor or the exchange",
+          dir, i, at);
+    ints[i] = (int)counts[i];
+    ints[n + i] = (int)at;
+    at += counts[i];
+  }
+  return 0;
+}
+
+int rh_mpi_ialltoallv(rh_mpi_comm_t c, const void *send, const size_t *scounts, void *recv, const size_t *rcounts,
+                      int n, rh_dtype_t dt, int *ints, rh_mpi_req_t *r) {
+  int size = 0, rc = need();
+  if (rc) return rc;
+  if ((unsigned)dt >= RH_NDTYPES) return fail("MPI_Ialltoallv: unknown dtype %d", (int)dt);
+  if ((rc = check(mpi.Comm_size(c, &size), "MPI_Comm_size"))) return rc;
+  if (n != size) return fail("MPI_Ialltoallv: %d counts given for a communicator of %d ranks (one per rank)", n, size);
+  if ((rc = counts_displs(scounts, n, ints, "for")) || (rc = counts_displs(rcounts, n, ints + 2 * n, "from")))
+    return rc;
+  return check(
+      mpi.Ialltoallv(send, ints, ints + n, mpi.dtype[dt], recv, ints + 2 * n, ints + 3 * n, mpi.dtype[dt], c, r),
+      "MPI_Ialltoallv");
 }
 
 int rh_mpi_ibarrier(rh_mpi_comm_t c, rh_mpi_req_t *r) {
@@ -309,14 +370,20 @@ int rh_mpi_irecv(rh_mpi_comm_t c, void *buf, size_t bytes, int src, int tag, rh_
   return check(mpi.Irecv(buf, n, mpi.byte, src, tag, c, r), "MPI_Irecv");
 }
 
-int rh_mpi_test(rh_mpi_req_t *r, int *done, size_t *got) {
+int rh_mpi_test(rh_mpi_req_t *r, int *done, size_t *got, int *source) {
   int rc = need();
   if (rc) return rc;
-  /* MPI_Status: Open MPI's is 24 bytes; room to spare */
+  /* MPI_Status: Open MPI's is 24 bytes and opens with int MPI_SOURCE, MPI_TAG,
+   * MPI_ERROR; room to spare. MPI_SOURCE starts at -1: MPI writes it only for a
+   * completed receive. */
   _Alignas(8) unsigned char status[64];
   memset(status, 0, sizeof status);
+  int unknown = -1;
+  memcpy(status, &unknown, sizeof unknown);
   int flag = 0;
-  if ((rc = check(mpi.Test(r, &flag, status), "MPI_Test"))) return rc;
+  rc = check(mpi.Test(r, &flag, status), "MPI_Test");
+  if (source) memcpy(source, status, sizeof *source);
+  if (rc) return rc;
   *done = flag;
   if (flag && got) {
     int n = 0;

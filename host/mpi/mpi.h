@@ -11,7 +11,7 @@
  *   rh_mpi_req_t r;
  *   rh_mpi_iallreduce(rh_mpi_world(), buf, n, RH_F32, RH_MPI_SUM, &r);
  *   int done = 0;
- *   while (!done && rh_mpi_test(&r, &done, NULL) == 0) poll_something_else();
+ *   while (!done && rh_mpi_test(&r, &done, NULL, NULL) == 0) poll_something_else();
  */
 #ifndef RH_MPI_H
 #define RH_MPI_H
@@ -25,7 +25,9 @@
 typedef void *rh_mpi_comm_t;
 typedef void *rh_mpi_req_t;
 
-enum { RH_MPI_SUM, RH_MPI_PROD, RH_MPI_MIN, RH_MPI_MAX };
+/* Reduction ops. The bitwise ones take integer and bool tensors only (bool's are
+ * MPI's logical LAND/LOR/LXOR); on a floating dtype they are refused by name. */
+enum { RH_MPI_SUM, RH_MPI_PROD, RH_MPI_MIN, RH_MPI_MAX, RH_MPI_BAND, RH_MPI_BOR, RH_MPI_BXOR, RH_MPI_NOPS };
 
 /* The message of the last failure on this thread; never NULL. */
 const char *rh_mpi_error(void);
@@ -69,12 +71,29 @@ int rh_mpi_igather(rh_mpi_comm_t c, const void *send, void *recv, size_t count, 
 /* send (size x count) matters only at root */
 int rh_mpi_iscatter(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, int root,
                     rh_mpi_req_t *r);
+/* send and recv each hold size x count elements: block i of send goes to rank i,
+ * block i of recv comes from rank i */
+int rh_mpi_ialltoall(rh_mpi_comm_t c, const void *send, void *recv, size_t count, rh_dtype_t dt, rh_mpi_req_t *r);
+/* MPI_Ialltoallv with segments packed in rank order: scounts[i] elements of
+ * send go to rank i, rcounts[i] elements of recv come from rank i (n = the
+ * communicator's size, checked). MPI reads the int counts and displacements
+ * while the request runs, so they are written into ints[4 * n], which the
+ * caller keeps alive until the request completes. Every count and
+ * displacement must fit MPI's int; the error names the rank and the limit. */
+int rh_mpi_ialltoallv(rh_mpi_comm_t c, const void *send, const size_t *scounts, void *recv, const size_t *rcounts,
+                      int n, rh_dtype_t dt, int *ints, rh_mpi_req_t *r);
 int rh_mpi_ibarrier(rh_mpi_comm_t c, rh_mpi_req_t *r);
 int rh_mpi_isend(rh_mpi_comm_t c, const void *buf, size_t bytes, int dst, int tag, rh_mpi_req_t *r);
+/* src RH_MPI_ANY_SOURCE receives from whichever rank sends first; rh_mpi_test
+ * says which */
+#define RH_MPI_ANY_SOURCE (-1) /* Open MPI's MPI_ANY_SOURCE */
 int rh_mpi_irecv(rh_mpi_comm_t c, void *buf, size_t bytes, int src, int tag, rh_mpi_req_t *r);
 
 /* MPI_Test: *done becomes 1 when the request completed (it is then freed);
- * *got, when not NULL, the bytes a receive got. A failed request is RH_EMPI. */
-int rh_mpi_test(rh_mpi_req_t *r, int *done, size_t *got);
+ * *got, when not NULL, the bytes a receive got; *source, when not NULL, the
+ * rank (in the request's communicator) a receive got them from, else -1. A
+ * failed request is RH_EMPI, with *source set when MPI said who sent (a
+ * truncated receive from any rank). */
+int rh_mpi_test(rh_mpi_req_t *r, int *done, size_t *got, int *source);
 
 #endif

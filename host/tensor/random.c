@@ -1,196 +1,221 @@
 /* random.c: random tensors: rand, randn, randint, randperm, bernoulli and
- * multinomial, and the one generator they all draw from (xoshiro256**;
- * manual_seed seeds it, so every one of them repeats). Drawn on the host, in
- * order, then moved where the caller wants them: a seed gives the same numbers
- * on every device.
- * randn is Box-Muller over blocks of pairs, both the cosine and the sine of each
- * pair kept, with its own log and sincos: straight-line polynomials the compiler
- * can vectorise, accurate to about an ulp (so the samples are as exactly normal
- * as libm's would be), instead of two libm calls per element. */
+ * multinomial, drawn from generator.c's generator (PyTorch 1.13's CPU one) in
+ * the order and by the arithmetic of torch's CPU kernels, so that a seed gives
+ * torch's numbers (spec/random_spec.lua checks them against fixtures that
+ * scripts/gen_random_fixtures.py wrote with torch):
+ *   rand      one draw per element: float32 the low 24 bits of a 32-bit draw
+ *             over 2^24, float64 the low 53 bits of a 64-bit draw over 2^53;
+ *   randint   low + draw mod (high - low), modulo bias and all: a 64-bit draw
+ *             when the range is 2^32 or more (int64 and float dtypes), else 32;
+ *   randperm  swaps i with i + (32-bit draw mod (n - i)), i = 0 .. n - 2;
+ *   randn     Box-Muller. Below 16 elements one sample at a time from two
+ *             53-bit uniforms, the pair's sine kept in the generator for the
+ *             next sample (next call included). From 16 on, every uniform is
+ *             drawn first and turned 16 at a time (u[j] with u[j + 8]), a
+ *             ragged end by drawing 16 more over the last 16: float64 with
+ *             libm's log, sin and cos, float32 as torch's AVX2 kernel does it
+ *             (the kernel torch picks on x86-64 CPUs with AVX2), whose float
+ *             log and sincos (avx_mathfun's, Cephes' polynomials) are written
+ *             out below one lane at a time.
+ * bernoulli and multinomial draw 53-bit uniforms from the default generator
+ * but are rpchost's own algorithms, not torch's. Everything is drawn on the
+ * host, in order, then moved where the caller wants it: a seed gives the same
+ * numbers on every device. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tensor_internal.h"
 
-/* xoshiro256** with splitmix64 seeding: fast, good, seedable */
-static uint64_t rng[4] = {0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull, 42};
+static rh_rng_t *gen_or_default(rh_rng_t *g) { return g ? g : rh_rng_default(); }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+/* torch's uniform_real_distribution on [0, 1) */
+static inline float uniform_f32(rh_rng_t *g) { return (float)(rh_rng_u32(g) & 0xFFFFFFu) * 0x1.0p-24f; }
+static inline double uniform_f64(rh_rng_t *g) { return (double)(rh_rng_u64(g) & ((1ull << 53) - 1)) * 0x1.0p-53; }
 
-/* inline: randn and rand draw in loops */
-static inline uint64_t next_u64(void) {
-  uint64_t r = rotl(rng[1] * 5, 7) * 9, t = rng[1] << 17;
-  rng[2] ^= rng[0];
-  rng[3] ^= rng[1];
-  rng[1] ^= rng[2];
-  rng[0] ^= rng[3];
-  rng[2] ^= t;
-  rng[3] = rotl(rng[3], 45);
-  return r;
-}
-
-void rh_random_seed(uint64_t seed) {
-  for (int i = 0; i < 4; i++) {
-    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    rng[i] = z ^ (z >> 31);
-  }
-}
-
-static inline double uniform01(void) { return (double)(next_u64() >> 11) * 0x1.0p-53; }
-
-/* uniform in [0, n) without modulo bias (Lemire's method) */
-static uint64_t below(uint64_t n) {
-  if (n == 0) return 0;
-  uint64_t x = next_u64();
-  __uint128_t m = (__uint128_t)x * n;
-  uint64_t l = (uint64_t)m;
-  if (l < n) {
-    uint64_t t = -n % n;
-    while (l < t) {
-      x = next_u64();
-      m = (__uint128_t)x * n;
-      l = (uint64_t)m;
-    }
-  }
-  return (uint64_t)(m >> 64);
-}
-
-/* Bits as a double and back (integer operations on the bits vectorise where
- * double <-> int64 conversions do not, on plain x86-64). */
-static inline uint64_t bits_of(double x) {
-  uint64_t b;
+static inline uint32_t bits_f32(float x) {
+  uint32_t b;
   memcpy(&b, &x, sizeof b);
   return b;
 }
-static inline double of_bits(uint64_t b) {
-  double x;
+static inline float f32_of(uint32_t b) {
+  float x;
   memcpy(&x, &b, sizeof x);
   return x;
 }
 
-/* log(u) for u in (0, 1] that are multiples of 2^-53 (so normal numbers): u =
- * m * 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s) with s = (m-1)/(m+1),
- * |s| < 0.172, whose odd series to s^21 is below an ulp of the result. No
- * branches nor int64 conversions, so that a loop of it vectorises. */
-static inline double log_unit(double u) {
-  uint64_t b = bits_of(u), mant = b & 0x000FFFFFFFFFFFFFull;
-  /* 1 where the mantissa is past sqrt(2): then m is halved and e one more */
-  uint64_t big = (0x6A09E667F3BCCull - mant) >> 63;
-  /* the exponent as a double: 2^52 + field, less 2^52 + the bias */
-  double e = of_bits(((b >> 52) + big) | 0x4330000000000000ull) - (0x1.0p52 + 1023.0);
-  double m = of_bits((mant | 0x3FF0000000000000ull) - (big << 52));
-  double s = (m - 1.0) / (m + 1.0), z = s * s;
-  double p = 1.0 / 21;
-  p = p * z + 1.0 / 19;
-  p = p * z + 1.0 / 17;
-  p = p * z + 1.0 / 15;
-  p = p * z + 1.0 / 13;
-  p = p * z + 1.0 / 11;
-  p = p * z + 1.0 / 9;
-  p = p * z + 1.0 / 7;
-  p = p * z + 1.0 / 5;
-  p = p * z + 1.0 / 3;
-  /* ln 2 split so that e * LN2_HI is exact */
-  return e * 6.93147180369123816490e-01 + (2.0 * s + (2.0 * s * z * p + e * 1.90821492927058770002e-10));
+/* avx_mathfun's constants, float-rounded from the same decimals as there */
+static const float LOG_SQRTHF = 0.707106781186547524, LOG_P0 = 7.0376836292E-2, LOG_P1 = -1.1514610310E-1,
+                   LOG_P2 = 1.1676998740E-1, LOG_P3 = -1.2420140846E-1, LOG_P4 = 1.4249322787E-1,
+                   LOG_P5 = -1.6668057665E-1, LOG_P6 = 2.0000714765E-1, LOG_P7 = -2.4999993993E-1,
+                   LOG_P8 = 3.3333331174E-1, LOG_Q1 = -2.12194440e-4, LOG_Q2 = 0.693359375;
+static const float TRIG_FOPI = 1.27323954473516, TRIG_MDP1 = -0.78515625, TRIG_MDP2 = -2.4187564849853515625e-4,
+                   TRIG_MDP3 = -3.77489497744594108e-8, SIN_P0 = -1.9515295891E-4, SIN_P1 = 8.3321608736E-3,
+                   SIN_P2 = -1.6666654611E-1, COS_P0 = 2.443315711809948E-005, COS_P1 = -1.388731625493765E-003,
+                   COS_P2 = 4.166664568298827E-002;
+
+/* log256_ps for one lane, x in [2^-24, 1] (1 - a uniform). The fmaf calls are
+ * where GCC fused torch's multiply and add intrinsics into one rounding (it
+ * compiles them as plain vector arithmetic and contracts them): a multiply
+ * whose only use is an add, the first such in each add. This file is ISO C,
+ * so GCC fuses nothing here by itself; z * 0.5f and e * LOG_Q2 are exact, so
+ * fused or not they give the same. */
+static inline __attribute__((always_inline)) float avx_log(float x) {
+  uint32_t b = bits_f32(x);
+  float e = (float)((int32_t)(b >> 23) - 0x7f) + 1.0f;
+  float m = f32_of((b & ~0x7f800000u) | 0x3f000000u); /* the mantissa, in [0.5, 1) */
+  uint32_t small = m < LOG_SQRTHF ? 0xffffffffu : 0;  /* then m doubles and e drops by one */
+  float tmp = f32_of(bits_f32(m) & small);
+  m = m - 1.0f;
+  e = e - f32_of(0x3f800000u & small);
+  m = m + tmp;
+  float z = m * m;
+  float y = fmaf(LOG_P0, m, LOG_P1);
+  y = fmaf(y, m, LOG_P2);
+  y = fmaf(y, m, LOG_P3);
+  y = fmaf(y, m, LOG_P4);
+  y = fmaf(y, m, LOG_P5);
+  y = fmaf(y, m, LOG_P6);
+  y = fmaf(y, m, LOG_P7);
+  y = fmaf(y, m, LOG_P8);
+  y = y * m;
+  y = fmaf(y, z, e * LOG_Q1);
+  y = y - z * 0.5f;
+  m = m + y;
+  return m + e * LOG_Q2;
 }
 
-/* cos and sin of 2 pi u for u in [0, 1): u = k/4 + r with |r| <= 1/8 (exact in
- * binary), Taylor series of the angle 2 pi r (|.| <= pi/4) to within an ulp, then
- * turned by k quarter turns, (cos, sin) -> (-sin, cos) each, by bit masks. */
-static inline void sincos_turn(double u, double *c_out, double *s_out) {
-  /* k = u * 4 rounded, in the low bits of 1.5 * 2^52 + u * 4 */
-  double kr = u * 4.0 + 0x1.8p52;
-  uint64_t k = bits_of(kr);
-  double r = u - (kr - 0x1.8p52) * 0.25, t = 6.283185307179586 * r, z = t * t;
-  double s = -1.0 / 1307674368000.0;
-  s = s * z + 1.0 / 6227020800.0;
-  s = s * z - 1.0 / 39916800.0;
-  s = s * z + 1.0 / 362880.0;
-  s = s * z - 1.0 / 5040.0;
-  s = s * z + 1.0 / 120.0;
-  s = s * z - 1.0 / 6.0;
-  s = t + t * z * s;
-  double c = 1.0 / 20922789888000.0;
-  c = c * z - 1.0 / 87178291200.0;
-  c = c * z + 1.0 / 479001600.0;
-  c = c * z - 1.0 / 3628800.0;
-  c = c * z + 1.0 / 40320.0;
-  c = c * z - 1.0 / 720.0;
-  c = c * z + 1.0 / 24.0;
-  c = 1.0 - 0.5 * z + z * z * c;
-  /* odd k swaps the two; k = 1, 2 negate the cosine, k = 2, 3 the sine */
-  uint64_t swap = 0 - (k & 1), cb = bits_of(c), sb = bits_of(s);
-  uint64_t x = (sb & swap) | (cb & ~swap), y = (cb & swap) | (sb & ~swap);
-  *c_out = of_bits(x ^ ((((k + 1) >> 1) & 1) << 63));
-  *s_out = of_bits(y ^ (((k >> 1) & 1) << 63));
+/* sincos256_ps for one lane, x >= 0 (2 pi u; the sign handling of a negative x
+ * is left out): reduced by multiples of pi/4 in three exact-ish parts, one
+ * polynomial for the sine and one for the cosine, swapped and signed by the
+ * octant. Fused as avx_log is. */
+static inline __attribute__((always_inline)) void avx_sincos(float x, float *s_out, float *c_out) {
+  int32_t j = (int32_t)(x * TRIG_FOPI);
+  j = (j + 1) & ~1;
+  float y = (float)j;
+  uint32_t sign_sin = (uint32_t)(j & 4) << 29, sign_cos = (uint32_t)(~(j - 2) & 4) << 29;
+  uint32_t sine_poly = (j & 2) == 0 ? 0xffffffffu : 0; /* where the sine's polynomial gives the sine */
+  x = fmaf(y, TRIG_MDP1, x);
+  x = fmaf(y, TRIG_MDP2, x);
+  x = fmaf(y, TRIG_MDP3, x);
+  float z = x * x;
+  float yc = fmaf(COS_P0, z, COS_P1);
+  yc = fmaf(yc, z, COS_P2);
+  yc = yc * z;
+  yc = fmaf(yc, z, -(z * 0.5f));
+  yc = yc + 1.0f;
+  float ys = fmaf(SIN_P0, z, SIN_P1);
+  ys = fmaf(ys, z, SIN_P2);
+  ys = ys * z;
+  ys = fmaf(ys, x, x);
+  float s2 = f32_of(bits_f32(ys) & sine_poly), s1 = f32_of(bits_f32(yc) & ~sine_poly);
+  ys = ys - s2;
+  yc = yc - s1;
+  *s_out = f32_of(bits_f32(s1 + s2) ^ sign_sin);
+  *c_out = f32_of(bits_f32(yc + ys) ^ sign_cos);
 }
 
-enum { PAIRS = 128 };
-
-/* PAIRS pairs of uniforms to 2 PAIRS normals: the cosines, then the sines. Made
- * for the widest vectors the CPU has (chosen when the program loads). */
-RH_VEC_CLONES static void box_muller(const double *u1, const double *u2, double *v) {
-  for (int i = 0; i < PAIRS; i++) {
-    double rad = sqrt(-2.0 * log_unit(u1[i])), c, s;
-    sincos_turn(u2[i], &c, &s);
-    v[i] = rad * c;
-    v[PAIRS + i] = rad * s;
+/* 16 uniforms to 16 normals as torch's normal_fill_16_AVX2: u[j] (as 1 - u,
+ * in (0, 1]) gives the radius, u[j + 8] the angle. "+ 0.0f" is torch's + mean
+ * (an fma with std 1), which makes a -0 +0. */
+RH_VEC_CLONES_FMA static void normal16_f32(float *d) {
+  const float two_pi = (float)6.283185307179586;
+  for (int j = 0; j < 8; j++) {
+    float radius = sqrtf(-2.0f * avx_log(1.0f - d[j])), s, c;
+    avx_sincos(two_pi * d[j + 8], &s, &c);
+    d[j] = radius * c + 0.0f;
+    d[j + 8] = radius * s + 0.0f;
   }
 }
 
-/* n standard normals into out (a host buffer of dtype dt): Box-Muller on
- * blocks of PAIRS uniform pairs, the cosine and the sine of each pair both used,
- * so one log, one sincos and two draws give two samples. */
-static void fill_normal(rh_dtype_t dt, char *out, int64_t n) {
-  double u1[PAIRS], u2[PAIRS], v[2 * PAIRS];
-  size_t es = rh_dtype_size(dt);
-  for (int64_t at = 0; at < n; at += 2 * PAIRS) {
-    for (int i = 0; i < PAIRS; i++) {
-      u1[i] = 1.0 - uniform01(); /* (0, 1]: the log is finite */
-      u2[i] = uniform01();
-    }
-    box_muller(u1, u2, v);
-    int64_t m = n - at < 2 * PAIRS ? n - at : 2 * PAIRS;
-    if (dt == RH_F32) {
-      float *o = (float *)out + at;
-      for (int64_t i = 0; i < m; i++) o[i] = (float)v[i];
-    } else if (dt == RH_F64) {
-      memcpy((double *)out + at, v, (size_t)m * sizeof(double));
-    } else {
-      for (int64_t i = 0; i < m; i++) rh__store(dt, out + (size_t)(at + i) * es, v[i]);
+/* torch's normal_fill_16 for double */
+static void normal16_f64(double *d) {
+  for (int j = 0; j < 8; j++) {
+    double radius = sqrt(-2.0 * log(1.0 - d[j])), theta = 6.283185307179586 * d[j + 8];
+    d[j] = radius * cos(theta) + 0.0;
+    d[j + 8] = radius * sin(theta) + 0.0;
+  }
+}
+
+/* torch's normal_fill: n >= 16 uniforms, turned 16 at a time; a ragged end
+ * draws 16 new uniforms over the last 16 (turned ones included) and turns them */
+static void normal_fill_f32(rh_rng_t *g, float *d, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = uniform_f32(g);
+  for (int64_t i = 0; i + 16 <= n; i += 16) normal16_f32(d + i);
+  if (n % 16) {
+    float *t = d + n - 16;
+    for (int j = 0; j < 16; j++) t[j] = uniform_f32(g);
+    normal16_f32(t);
+  }
+}
+static void normal_fill_f64(rh_rng_t *g, double *d, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = uniform_f64(g);
+  for (int64_t i = 0; i + 16 <= n; i += 16) normal16_f64(d + i);
+  if (n % 16) {
+    double *t = d + n - 16;
+    for (int j = 0; j < 16; j++) t[j] = uniform_f64(g);
+    normal16_f64(t);
+  }
+}
+
+/* torch's normal_distribution<double>: one sample; each pair's sine waits in
+ * the generator for the next call */
+static double normal_one(rh_rng_t *g) {
+  if (g->has_normal) {
+    g->has_normal = 0;
+    return g->normal + 0.0;
+  }
+  double u1 = uniform_f64(g), u2 = uniform_f64(g);
+  double r = sqrt(-2.0 * log(1.0 - u2)), theta = 6.283185307179586 * u1;
+  g->normal = r * sin(theta);
+  g->has_normal = 1;
+  return r * cos(theta) + 0.0;
+}
+
+/* n standard normals into out (a host buffer of float dtype dt), as torch's
+ * normal kernel draws them for a new (contiguous) tensor */
+static void fill_normal(rh_rng_t *g, rh_dtype_t dt, char *out, int64_t n) {
+  if (n >= 16 && dt == RH_F32) {
+    normal_fill_f32(g, (float *)out, n);
+  } else if (n >= 16 && dt == RH_F64) {
+    normal_fill_f64(g, (double *)out, n);
+  } else {
+    size_t es = rh_dtype_size(dt);
+    for (int64_t i = 0; i < n; i++) {
+      double v = normal_one(g);
+      if (dt == RH_F32) ((float *)out)[i] = (float)v;
+      else rh__store(dt, out + (size_t)i * es, v);
     }
   }
 }
 
 /* uniform in [0, 1) (normal = 0) or standard normal (normal = 1) */
-rh_tensor_t *rh_tensor_rand(rh_dtype_t dt, int ndim, const int64_t *size, int normal) {
+rh_tensor_t *rh_tensor_rand(rh_dtype_t dt, int ndim, const int64_t *size, int normal, rh_rng_t *g) {
   if (!rh_dtype_is_float(dt)) {
     rh_tensor_fail("%s: expected a floating point dtype, got %s", normal ? "randn" : "rand", rh_dtype_name(dt));
     return NULL;
   }
   rh_tensor_t *t = rh_tensor_empty(dt, ndim, size);
   if (!t) return NULL;
+  g = gen_or_default(g);
   int64_t n = rh_tensor_numel(t);
   char *p = rh_tensor_data(t);
   if (normal) {
-    fill_normal(dt, p, n);
+    fill_normal(g, dt, p, n);
     return t;
   }
   size_t es = rh_dtype_size(dt);
   if (dt == RH_F32) {
-    /* 24 bits: a 53-bit draw rounded to float could round up to 1 */
-    for (int64_t i = 0; i < n; i++) ((float *)p)[i] = (float)(next_u64() >> 40) * 0x1.0p-24f;
+    for (int64_t i = 0; i < n; i++) ((float *)p)[i] = uniform_f32(g);
   } else {
-    for (int64_t i = 0; i < n; i++) rh__store(dt, p + (size_t)i * es, uniform01());
+    for (int64_t i = 0; i < n; i++) rh__store(dt, p + (size_t)i * es, uniform_f64(g));
   }
   return t;
 }
 
-/* integers uniform in [low, high) */
-rh_tensor_t *rh_tensor_randint(rh_dtype_t dt, int64_t low, int64_t high, int ndim, const int64_t *size) {
+/* integers uniform in [low, high), as torch's random_from_to kernel: the
+ * 64-bit draw only for the dtypes torch gives it (int64, float, double) */
+rh_tensor_t *rh_tensor_randint(rh_dtype_t dt, int64_t low, int64_t high, int ndim, const int64_t *size, rh_rng_t *g) {
   if (high <= low) {
     rh_tensor_fail("randint: expected low < high, got low = %lld and high = %lld", (long long)low, (long long)high);
     return NULL;
@@ -202,33 +227,39 @@ rh_tensor_t *rh_tensor_randint(rh_dtype_t dt, int64_t low, int64_t high, int ndi
   }
   rh_tensor_t *t = rh_tensor_empty(dt, ndim, size);
   if (!t) return NULL;
+  g = gen_or_default(g);
   int64_t n = rh_tensor_numel(t);
-  uint64_t span = (uint64_t)high - (uint64_t)low;
+  uint64_t range = (uint64_t)high - (uint64_t)low;
+  int wide = range >= (1ull << 32) && (dt == RH_I64 || dt == RH_F32 || dt == RH_F64);
   char *p = rh_tensor_data(t);
   size_t es = rh_dtype_size(dt);
   for (int64_t i = 0; i < n; i++) {
-    int64_t v = (int64_t)((uint64_t)low + below(span));
+    uint64_t draw = wide ? rh_rng_u64(g) : rh_rng_u32(g);
+    int64_t v = (int64_t)(draw % range + (uint64_t)low);
     if (dt == RH_I64) ((int64_t *)p)[i] = v;
+    else if (dt == RH_F32) ((float *)p)[i] = (float)v; /* one rounding, as torch's cast */
     else rh__store(dt, p + i * es, (double)v);
   }
   return t;
 }
 
-/* a random permutation of base .. base + n - 1 (Fisher-Yates) */
-rh_tensor_t *rh_tensor_randperm(rh_dtype_t dt, int64_t n, int64_t base) {
+/* a random permutation of base .. base + n - 1, torch's randperm_cpu: a
+ * forward Fisher-Yates whose swap partner is a 32-bit draw mod what is left */
+rh_tensor_t *rh_tensor_randperm(rh_dtype_t dt, int64_t n, int64_t base, rh_rng_t *g) {
   if (n < 0) {
     rh_tensor_fail("randperm: n must be non-negative, got %lld", (long long)n);
     return NULL;
   }
   rh_tensor_t *t = rh_tensor_empty(RH_I64, 1, &n);
   if (!t) return NULL;
+  g = gen_or_default(g);
   int64_t *p = rh_tensor_data(t);
   for (int64_t i = 0; i < n; i++) p[i] = i + base;
-  for (int64_t i = n - 1; i > 0; i--) {
-    int64_t k = (int64_t)below((uint64_t)i + 1);
+  for (int64_t i = 0; i < n - 1; i++) {
+    int64_t z = (int64_t)(rh_rng_u32(g) % (uint64_t)(n - i));
     int64_t x = p[i];
-    p[i] = p[k];
-    p[k] = x;
+    p[i] = p[i + z];
+    p[i + z] = x;
   }
   if (dt == RH_I64) return t;
   rh_tensor_t *c = rh_tensor_cast(t, dt);
@@ -258,7 +289,7 @@ rh_tensor_t *rh_tensor_bernoulli(rh_tensor_t *p) {
       out = NULL;
       break;
     }
-    rh__store(p->dtype, (char *)rh_tensor_data(out) + i * es, uniform01() < q ? 1 : 0);
+    rh__store(p->dtype, (char *)rh_tensor_data(out) + i * es, uniform_f64(rh_rng_default()) < q ? 1 : 0);
   }
   rh_tensor_release(c);
   if (out && RH_ON_DEVICE(p)) {
@@ -317,7 +348,7 @@ rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, i
     for (int64_t s = 0; ok && s < k; s++) {
       double total = 0;
       for (int64_t i = 0; i < n; i++) cum[i] = (total += wr[i]);
-      double u = uniform01() * total;
+      double u = uniform_f64(rh_rng_default()) * total;
       int64_t lo = 0, hi = n - 1;
       while (lo < hi) { /* the first category whose running total exceeds u */
         int64_t mid = (lo + hi) / 2;

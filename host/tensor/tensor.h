@@ -18,6 +18,7 @@
  *   <- tensor.c (dtypes, headers, shapes, views), iter.c (the strided iterator)
  *   <- copy.c (copy_, casts, contiguous, fill, to_device) <- reduce.c (sum, max,
  *   ..., softmax) <- ops.c (elementwise) <- matmul.c, index.c, sort.c, random.c
+ *   (with generator.c, its generator)
  *   <- nn/ (nn.h: the layers' kernels). */
 #ifndef RH_TENSOR_H
 #define RH_TENSOR_H
@@ -160,11 +161,39 @@ int rh_shape_str(int ndim, const int64_t *size, char *buf, size_t len);
  * count whose bytes could not be addressed (sizes from the network are hostile). */
 int rh_shape_numel(int ndim, const int64_t *size, int64_t *numel);
 
-/* creation: full (copy.c), arange (tensor.c), rand/randn (random.c) */
+/* The random generator (generator.c): PyTorch 1.13's CPU generator, a 32-bit
+ * Mersenne Twister seeded as torch.manual_seed seeds it, and the normal sample
+ * randn keeps for its next call. Plain data: whoever holds one owns it. */
+enum { RH_RNG_MT_N = 624, RH_RNG_STATE_BYTES = 5056 };
+/* torch's default_rng_seed_val: a new torch.Generator()'s seed, and here the
+ * default generator's too (torch seeds its default one from the OS) */
+#define RH_RNG_DEFAULT_SEED 67280421310721ull
+typedef struct rh_rng_s {
+  uint64_t seed; /* what it was seeded with (initial_seed) */
+  uint32_t mt[RH_RNG_MT_N];
+  int32_t left;   /* draws until the next twist, 1..624 */
+  uint32_t next;  /* the word of mt the next draw tempers */
+  int has_normal; /* randn's second sample, kept for its next call */
+  double normal;
+  int has_normal_f32; /* torch's float sample: only carried by get/set_state */
+  float normal_f32;
+} rh_rng_t;
+rh_rng_t *rh_rng_default(void); /* what every random op without a generator uses */
+void rh_rng_seed(rh_rng_t *g, uint64_t seed);
+/* seeds g from the OS with 53 random bits, stored in *seed; -1 if the OS has none */
+int rh_rng_seed_random(rh_rng_t *g, uint64_t *seed);
+uint32_t rh_rng_u32(rh_rng_t *g); /* torch's random() */
+uint64_t rh_rng_u64(rh_rng_t *g); /* torch's random64(): two draws, the first high */
+/* g's state in the layout of torch's Generator.get_state(), and back (-1 with a
+ * message for bytes that are not such a state) */
+void rh_rng_get_state(const rh_rng_t *g, uint8_t out[RH_RNG_STATE_BYTES]);
+int rh_rng_set_state(rh_rng_t *g, const uint8_t *in, size_t n);
+
+/* creation: full (copy.c), arange (tensor.c), rand/randn (random.c: g NULL is
+ * the default generator) */
 rh_tensor_t *rh_tensor_full(rh_dtype_t t, int ndim, const int64_t *size, double value);
 rh_tensor_t *rh_tensor_arange(rh_dtype_t t, double start, double end, double step);
-void rh_random_seed(uint64_t seed);
-rh_tensor_t *rh_tensor_rand(rh_dtype_t t, int ndim, const int64_t *size, int normal);
+rh_tensor_t *rh_tensor_rand(rh_dtype_t t, int ndim, const int64_t *size, int normal, rh_rng_t *g);
 
 /* one element of dtype t at p, as a double (int64 beyond 2^53 rounds; tensor.c) */
 double rh_dtype_load(rh_dtype_t t, const void *p);
@@ -235,9 +264,10 @@ int rh_tensor_sort(rh_tensor_t *a, int dim, int descending, int64_t base, rh_ten
                    rh_tensor_t **indices);                      /* stable */
 rh_tensor_t *rh_tensor_scan(rh_tensor_t *a, int dim, int prod); /* cumsum (0) / cumprod (1) */
 
-/* random (random.c), from the generator manual_seed seeds */
-rh_tensor_t *rh_tensor_randint(rh_dtype_t t, int64_t low, int64_t high, int ndim, const int64_t *size);
-rh_tensor_t *rh_tensor_randperm(rh_dtype_t t, int64_t n, int64_t base);
+/* random (random.c), drawn from g (NULL: the default generator) as PyTorch's
+ * CPU kernels draw; bernoulli and multinomial always from the default one */
+rh_tensor_t *rh_tensor_randint(rh_dtype_t t, int64_t low, int64_t high, int ndim, const int64_t *size, rh_rng_t *g);
+rh_tensor_t *rh_tensor_randperm(rh_dtype_t t, int64_t n, int64_t base, rh_rng_t *g);
 rh_tensor_t *rh_tensor_bernoulli(rh_tensor_t *p);
 rh_tensor_t *rh_tensor_multinomial(rh_tensor_t *w, int64_t k, int replacement, int64_t base);
 

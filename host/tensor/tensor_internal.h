@@ -3,7 +3,7 @@
  * the device helpers, and the vector builds of element loops (RH_VEC_CLONES).
  * Each declaration names the file that defines it; the files depend one way
  * (errmsg.c, parallel.c <- device.c <- storage.c <- tensor.c, iter.c <- copy.c <-
- * reduce.c <- ops.c <- matmul.c, index.c, sort.c, random.c <- nn/). */
+ * reduce.c <- ops.c <- matmul.c, index.c, sort.c, random.c and generator.c <- nn/). */
 #ifndef RH_TENSOR_INTERNAL_H
 #define RH_TENSOR_INTERNAL_H
 
@@ -84,10 +84,14 @@ int rh__check_dim(const char *what, int dim, int ndim);
 #define RH_VEC_X86 1
 #define RH_VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define RH_VEC_CLONES_AVX2 __attribute__((target_clones("avx2", "default")))
+/* x86-64-v3 (AVX2 and FMA): for loops written with fma()/fmaf(), which are one
+ * rounding in every clone, an instruction here and a libm call in the baseline */
+#define RH_VEC_CLONES_FMA __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define RH_VEC_X86 0
 #define RH_VEC_CLONES
 #define RH_VEC_CLONES_AVX2
+#define RH_VEC_CLONES_FMA
 #endif
 
 #endif

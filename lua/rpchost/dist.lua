@@ -537,7 +537,7 @@ local function run_async(g, what, fut, args, ticket)
   local ok, e = pcall(await_turn, g, ticket)
   if ok then ok, e = pcall(run_now, g, what, true, ticket, args[1], args[2], args[3]) end
   g.async_running = g.async_running - 1
-  if ok then fut:set_result(args[OUTPUT[what] or 1]) else fut:set_error(e) end
+  if ok then fut:_set_result(args[OUTPUT[what] or 1]) else fut:_set_error(e) end
 end
 
 local function run(g, opts, what, a, b, c)
@@ -828,7 +828,7 @@ end
 function dist.isend(t, dst, opts)
   if dist.send(t, dst, opts) == nil and group_of(options(opts), "isend") == nil then return nil end
   local fut = Future.new("isend")
-  fut:set_result(t)
+  fut:_set_result(t)
   return setmetatable({fut = fut}, Work)
 end
 
@@ -861,9 +861,9 @@ function dist.irecv(t, src, opts)
     local ok, from = pcall(finish)
     if ok then
       w.src = from
-      fut:set_result(t)
+      fut:_set_result(t)
     else
-      fut:set_error(from)
+      fut:_set_error(from)
     end
   end, {name = "irecv"})
   return w

@@ -6,19 +6,42 @@ local errors = require "rpchost.errors"
 
 local Future = {}
 Future.__index = Future
+
+-- What a future is for, in words (timeouts, deadlock reports and tostring say
+-- it): its `what`, or, for one made by Future._described, what its describe
+-- function makes of its subject, asked only when the text is needed (an rpc
+-- call's future names its function and callee without a string per call).
+local function what_of(f)
+  local describe = f.describe
+  if describe then
+    local ok, s = pcall(describe, f.subject, f.about)
+    if ok and type(s) == "string" then return s end
+  end
+  return f.what or nil
+end
+
 Future.__tostring = function(f)
   local state = f.state == "pending" and "pending" or (f.state == "error" and "failed" or "done")
-  return ("Future(%s%s)"):format(state, f.what and (", " .. f.what) or "")
+  local what = what_of(f)
+  return ("Future(%s%s)"):format(state, what and (", " .. what) or "")
 end
 
 local pack = function(...) return {n = select("#", ...), ...} end
 
--- (made from a constant template with the fields a call's future gets: one
--- copy, where fields added later grew and rehashed the table one by one)
+-- (made from a constant template: one copy, where fields added later grew and
+-- rehashed the table one by one)
 function Future.new(what)
   local f = setmetatable({state = "pending", what = false, waiter = false, values = false}, Future)
   if what then f.what = what end
   return f
+end
+
+-- A future whose description is describe(subject, about), made when asked
+-- (see what_of). (Its own template: fields added to a made table later grew
+-- and rehashed it.)
+function Future._described(describe, subject, about)
+  return setmetatable({state = "pending", what = false, waiter = false, values = false, describe = describe,
+                       subject = subject, about = about}, Future)
 end
 
 local function run_hook(fn, f, arg)
@@ -48,32 +71,53 @@ local function settle(f)
   end
 end
 
--- A second completion is ignored (returns false) for the futures rpchost makes
--- (a reply racing its deadline, say); one the program made with rpc.Future()
--- raises, as PyTorch's does: completing it twice is a bug in the program.
+-- Completing: the program's completions (set_result, set_error, set_packed)
+-- raise when the future is already complete, as PyTorch's do ("Future can only
+-- be marked completed once"): completing it twice is a bug in the program,
+-- whoever made the future (rpc.Future(), rpc_async, a Work's get_future()).
+-- rpchost's own completions (_set_result, _set_packed, _set_error) settle a
+-- future once and ignore a later one, returning false: a reply racing its
+-- deadline, a value arriving after an RRef's creation timed out, or a program
+-- that completed a call's future itself before the reply came.
+local function complete(f, values)
+  if f.state ~= "pending" then return false end
+  f.state = "done"
+  f.values = values
+  settle(f)
+  return true
+end
+
+local function fail(f, err)
+  if f.state ~= "pending" then return false end
+  f.state = "error"
+  f.err = err
+  settle(f)
+  return true
+end
+
+-- (rpchost's own: true, or false when the future was already complete)
+function Future:_set_packed(values) return complete(self, values) end
+function Future:_set_result(...) return complete(self, pack(...)) end
+function Future:_set_error(err) return fail(self, err) end
+
 local function completed_twice(f)
-  if f.by_program then
-    error(errors.new("config", ("%s is already completed; a Future is completed once"):format(tostring(f))), 3)
-  end
-  return false
+  error(errors.new("config", ("%s is already completed; a Future can only be completed once"):format(
+    tostring(f))), 3)
 end
 
 -- Completes with the values in a packed table {n=, ...}.
 function Future:set_packed(values)
-  if self.state ~= "pending" then return completed_twice(self) end
-  self.state = "done"
-  self.values = values
-  settle(self)
+  if not complete(self, values) then completed_twice(self) end
   return true
 end
 
-function Future:set_result(...) return self:set_packed(pack(...)) end
+function Future:set_result(...)
+  if not complete(self, pack(...)) then completed_twice(self) end
+  return true
+end
 
 function Future:set_error(err)
-  if self.state ~= "pending" then return completed_twice(self) end
-  self.state = "error"
-  self.err = err
-  settle(self)
+  if not fail(self, err) then completed_twice(self) end
   return true
 end
 
@@ -104,8 +148,8 @@ function Future:wait(timeout)
       for i, w in ipairs(self.waiters or {}) do
         if w == t then table.remove(self.waiters, i) break end
       end
-      error(errors.new("timeout", ("Future:wait timed out after %g s (%s)"):format(timeout,
-        self.what or "future")), 0)
+      error(errors.new("timeout", ("Future:wait timed out after %g s waiting for %s (which goes on)"):format(
+        timeout, what_of(self) or "a Future")), 0)
     end
   end
   return result(self)
@@ -162,20 +206,22 @@ function Future:_on_settle(fn, arg)
   hooks[n + 2] = arg
 end
 
+local function next_of(f) return "next(fn) of " .. (what_of(f) or "a Future") end
+
 -- A new Future of fn(self) (Lua's `then` is a keyword). If fn raises, the new
 -- Future fails with that error; if fn returns a Future, its result is chained.
 function Future:next(fn)
   need_function(fn, "next")
-  local out = Future.new("next of " .. (self.what or "future"))
+  local out = Future._described(next_of, self)
   self:add_done_callback(function(f)
     local r = pack(xpcall(fn, sched.traceback, f))
-    if not r[1] then out:set_error(r[2]) return end
+    if not r[1] then fail(out, r[2]) return end
     if r.n == 2 and getmetatable(r[2]) == Future then
       r[2]:add_done_callback(function(g)
-        if g.state == "error" then out:set_error(g.err) else out:set_packed(g.values) end
+        if g.state == "error" then fail(out, g.err) else complete(out, g.values) end
       end)
     else
-      out:set_packed(pack(unpack(r, 2, r.n)))
+      complete(out, pack(unpack(r, 2, r.n)))
     end
   end)
   return out
@@ -185,11 +231,14 @@ Future.then_ = Future.next -- (PyTorch's spelling)
 
 function Future.is(v) return getmetatable(v) == Future end
 
--- rpc.Future(): a Future the program completes (set_result / set_error, once)
+-- rpc.Future(): a Future the program completes (set_result / set_error, once);
+-- without a `what`, it says where the program made it
 setmetatable(Future, {__call = function(_, what)
-  local f = Future.new(what)
-  f.by_program = true
-  return f
+  if what == nil then
+    local info = debug.getinfo(2, "Sl")
+    what = info and ("rpc.Future() made at %s:%d"):format(info.short_src, info.currentline or 0)
+  end
+  return Future.new(what)
 end})
 
 -- Waits for every future; returns the list of their results (the value of a
@@ -242,13 +291,13 @@ end
 
 -- A Future completed when all of futs are (values: the list of futures).
 function Future.collect_all(futs)
-  local out = Future.new("collect_all")
+  local out = Future.new("collect_all of " .. #futs .. " futures")
   local left = #futs
-  if left == 0 then out:set_result(futs) end
+  if left == 0 then complete(out, pack(futs)) end
   for _, f in ipairs(futs) do
     f:add_done_callback(function()
       left = left - 1
-      if left == 0 then out:set_result(futs) end
+      if left == 0 then complete(out, pack(futs)) end
     end)
   end
   return out

@@ -142,6 +142,13 @@ end
 -- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
 -- positional form init_rpc(name, backend, rank, world_size, rpc_backend_options).
 function rpc.init_rpc(name, a, b, c, d)
+  if type(a) == "number" then
+    -- (PyTorch's keyword habit, init_rpc(name, rank, world_size), would pass
+    -- the rank as the backend)
+    error(errors.new("config", ("init_rpc: the second argument is the table of options, got the number %s: " ..
+      "pass rpc.init_rpc(name, {rank = %s, world_size = %s}) (the positional form is (name, backend, rank, " ..
+      "world_size, rpc_backend_options))"):format(tostring(a), tostring(a), b ~= nil and tostring(b) or "N")), 0)
+  end
   local o
   if type(a) == "table" and not is_options(a) then o = a
   else o = {backend = a, rank = b, world_size = c, rpc_backend_options = d} end
@@ -263,8 +270,6 @@ local function only_option_keys(t)
   return any
 end
 
--- (to, func, args, kwargs, timeout) or (to, func, {args=, kwargs=, timeout=})
--- or (to, func, args, {timeout=, kwargs=})
 -- A call's timeout: nil or -1 (the default), 0 or math.huge (none), or seconds.
 function rpc._check_timeout(t, what)
   if t == nil or t == -1 or t == 0 then return t end
@@ -276,6 +281,10 @@ function rpc._check_timeout(t, what)
   return t
 end
 
+-- (to, func, args, kwargs, timeout) or (to, func, {args=, kwargs=, timeout=}):
+-- the fourth argument is kwargs, always (PyTorch's order). A third argument
+-- that holds only those option keys is the options table, since a list of
+-- arguments has no string keys.
 local function call_args(to, func, args, kwargs, timeout, extra)
   if extra ~= nil then
     error(errors.new("config", "too many arguments: use (to, func, args, kwargs, timeout) or " ..
@@ -283,9 +292,6 @@ local function call_args(to, func, args, kwargs, timeout, extra)
   end
   if kwargs == nil and timeout == nil and only_option_keys(args) then
     return to, func, args.args, args.kwargs, rpc._check_timeout(args.timeout)
-  end
-  if timeout == nil and only_option_keys(kwargs) and kwargs.args == nil then
-    return to, func, args, kwargs.kwargs, rpc._check_timeout(kwargs.timeout)
   end
   return to, func, args, kwargs, rpc._check_timeout(timeout)
 end
@@ -352,6 +358,39 @@ rpc.is_rref = rref.is_rref
 function rpc._rref_stats()
   rref.flush()
   return rref.stats()
+end
+
+-- debug_info(): this worker's bookkeeping as counts (PyTorch's _get_debug_info,
+-- with its names where it has them): each returns to its baseline when the work
+-- that filled it ends, which the soak checks over long runs.
+local function count(t)
+  local k = 0
+  if t then for _ in pairs(t) do k = k + 1 end end
+  return k
+end
+
+function rpc.debug_info()
+  local a = agent("debug_info")
+  rref.flush()
+  local r = rref.stats()
+  local info = {
+    num_owner_rrefs = r.owners, num_owner_forks = r.owner_forks, num_user_rrefs = r.user_forks,
+    num_pending_users = r.awaiting_confirmation, num_early_confirmations = r.early_confirmations,
+    num_pending_deletes = r.pending_deletes, num_tombstones = r.tombstones, num_rref_creators = r.creators,
+    num_confirm_waiters = r.confirm_waiters,
+    num_pending_requests = count(a.pending), num_queued_requests = a.nqueued or 0,
+    num_known_peers = count(a.peers), num_lost_peers = count(a.lost), num_peer_stats = require("rpchost.trace").peer_count(),
+    world_size = a.world_size, num_connections = count(a.conns), num_mailboxes = count(a.mail),
+    num_mail = a.mail_count or 0,
+    num_timers = sched.timer_count(),
+  }
+  local ok, dag = pcall(require, "rpchost.rpc.dist_autograd")
+  if ok and type(dag) == "table" and dag._debug_counts then
+    for k, v in pairs(dag._debug_counts()) do info["dist_autograd_" .. k] = v end
+  end
+  local st = require("rpchost.store").debug_counts()
+  if st then for k, v in pairs(st) do info["num_" .. k] = v end end
+  return info
 end
 
 -- workers -------------------------------------------------------------------------------------

@@ -286,6 +286,9 @@ local function wake_task(t) M.wake(t) end
 local function wake_timed_out(t) M.wake(t, SUSPEND) end
 
 -- Waits `s` seconds (the task yields; the loop keeps running).
+-- how many deadlines are armed now (rpc.debug_info)
+function M.timer_count() return hn end
+
 function M.sleep(s)
   local e = M.after(s or 0, wake_task, current)
   M.suspend(("sleep(%g)"):format(s or 0))

@@ -71,6 +71,24 @@ function M.acquire(host, port, host_it, timeout)
   return client, key, port
 end
 
+-- The sizes of what the store servers this process hosts hold (nil when it
+-- hosts none): keys, waiting requests, clients (rpc.debug_info).
+function M.debug_counts()
+  local out = nil
+  for _, x in pairs(shared) do
+    local srv = x.server
+    if srv then
+      out = out or {store_keys = 0, store_waiters = 0, store_clients = 0}
+      for _ in pairs(srv.data) do out.store_keys = out.store_keys + 1 end
+      for _, w in pairs(srv.waiting) do
+        out.store_waiters = out.store_waiters + (type(w) == "table" and #w or 1)
+      end
+      out.store_clients = out.store_clients + (srv.nclients or 0)
+    end
+  end
+  return out
+end
+
 -- Closes every store connection this process holds to a store it does not
 -- host: a process about to block in MPI_Finalize must not keep the store's
 -- host (lingering until its clients leave) waiting for it.

@@ -131,6 +131,15 @@ function M.call_done(name, dur_us, failed)
   p.latency_us[i] = p.latency_us[i] + 1
 end
 
+-- A member that left for good: its counters go (a world visited all day by
+-- tools must not keep one set per visitor). The totals stay in M.done_seq.
+function M.forget_peer(name) peers[name] = nil end
+function M.peer_count()
+  local n = 0
+  for _ in pairs(peers) do n = n + 1 end
+  return n
+end
+
 function M.call_in(name) local p = peers[name] or peer(name) p.calls_in = p.calls_in + 1 end
 
 -- bytes of frames (body and payload) sent to / received from a peer

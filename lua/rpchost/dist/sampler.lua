@@ -2,6 +2,7 @@
 -- indices, as torch.utils.data.distributed.DistributedSampler draws them.
 local errors = require "rpchost.errors"
 local env = require "rpchost.env"
+local sized = require "rpchost.sized"
 
 local M = {}
 
@@ -9,10 +10,11 @@ local function cfg(msg, ...) error(errors.new("config", msg:format(...)), 0) end
 
 -- DistributedSampler(n, {rank=, world_size=, shuffle=true, seed=0, drop_last=false}):
 -- this rank's share of 1..n, disjoint from the others', reshuffled per epoch with
--- set_epoch. Iterate with `for i in sampler:iter()` or use sampler:indices().
-local Sampler = {}
+-- set_epoch. Iterate with `for i in sampler:iter()` or use sampler:indices();
+-- `#sampler` (or sampler:len()) is this rank's count. A sampler is a sized
+-- object (rpchost.sized: a userdata proxy, so that `#` counts it).
+local Sampler = {name = "DistributedSampler", __sized = true}
 Sampler.__index = Sampler
-Sampler.__len = function(s) return s.num_samples end
 
 function M.new(n, o, pg_rank, pg_world)
   o = o or {}
@@ -24,24 +26,24 @@ function M.new(n, o, pg_rank, pg_world)
                           drop_last = o.drop_last, epoch = 0}, Sampler)
   if s.drop_last then s.num_samples = math.floor(n / world)
   else s.num_samples = math.ceil(n / world) end
-  return s
+  return sized.new(s)
 end
 
 function Sampler:set_epoch(e) self.epoch = e end
 function Sampler:len() return self.num_samples end
 
 function Sampler:indices()
-  local idx = {}
-  for i = 1, self.n do idx[i] = i end
+  local idx
   if self.shuffle then
-    -- a small seeded generator (the same on every rank for a seed and epoch)
-    local x = (self.seed * 1000003 + self.epoch * 7919 + 12345) % 2147483647
-    if x == 0 then x = 1 end
-    for i = self.n, 2, -1 do
-      x = (x * 48271) % 2147483647
-      local j = x % i + 1
-      idx[i], idx[j] = idx[j], idx[i]
-    end
+    -- torch's draw, so that code ported from PyTorch sees its data order: a
+    -- generator seeded with seed + epoch (the same on every rank) and randperm
+    -- (1-based here: torch's permutation + 1)
+    local tensor = require "rpchost.tensor"
+    local g = tensor.Generator():manual_seed(self.seed + self.epoch)
+    idx = tensor.randperm(self.n, {generator = g}):totable()
+  else
+    idx = {}
+    for i = 1, self.n do idx[i] = i end
   end
   local total = self.num_samples * self.world
   if self.drop_last then

@@ -207,6 +207,10 @@ return C.deliver(self, src, key, {n = select("#", ...), ...})
       self.cb.peer_lost(self, p, nil, "it left the world")
       self.peers[src] = nil
       if self.by_name[p.name] == p then self.by_name[p.name] = nil end
+      -- nothing of it stays (a world that tools visit all day must not keep
+      -- one record per visitor): its loss was told to whatever waited on it
+      self.lost[src], self.mail[src], self.mail_waiters[src], self.mail_watch[src] = nil, nil, nil, nil
+      if self.cb.member_left then self.cb.member_left(self, src, p.name) end
     end
     return
   end

@@ -2,24 +2,30 @@
 -- TensorDataset, DataLoader (batch_size, shuffle with a seed, drop_last, a
 -- sampler such as DistributedSampler), and readers that turn files into
 -- tensors: .npy, .npz and CSV (gzipped too). Indices are 1-based.
+-- Datasets, samplers and loaders are sized objects (rpchost.sized): `#loader` is
+-- its count of batches, `#ds` of items, `#sampler` of indices, as Python's len().
+local sized = require "rpchost.sized"
+
 local M = {}
 
 function M.install(tensor)
   local D = {}
   tensor.data = D
 
+  -- (a dataset or sampler: one of ours, a table of the user's with methods, or a list)
+  local is_object = sized.is_object
+  local function has(v, method) return is_object(v) and type(v[method]) == "function" end
   local function len_of(ds)
-    if type(ds) == "table" and type(ds.len) == "function" then return ds:len() end
+    if has(ds, "len") then return ds:len() end
     if type(ds) == "table" then return #ds end
     error("data: a dataset needs a len() method (or is a Lua list)", 3)
   end
-  local function get(ds, i)
-    if type(ds) == "table" and type(ds.get) == "function" then return ds:get(i) end
-    return ds[i]
-  end
+  -- how to take item i of ds: its get method, or indexing a list
+  local function index_list(list, i) return list[i] end
+  local function getter(ds) return has(ds, "get") and ds.get or index_list end
 
   -- TensorDataset(t1, t2, ...): item i is {t1[i], t2[i], ...}
-  local TensorDataset = {name = "TensorDataset"}
+  local TensorDataset = {name = "TensorDataset", __sized = true}
   TensorDataset.__index = TensorDataset
   D.TensorDataset = setmetatable(TensorDataset, {__call = function(_, ...)
     local ts = {...}
@@ -30,7 +36,7 @@ function M.install(tensor)
         error(("TensorDataset: size mismatch between tensors (%d and %d rows)"):format(ts[1]:size(1), t:size(1)), 2)
       end
     end
-    return setmetatable({tensors = ts}, TensorDataset)
+    return sized.new(setmetatable({tensors = ts}, TensorDataset))
   end})
   function TensorDataset:len() return self.tensors[1]:size(1) end
   function TensorDataset:get(i)
@@ -82,7 +88,7 @@ function M.install(tensor)
   -- DataLoader(dataset, {batch_size = 1, shuffle = false, seed =, drop_last = false,
   -- sampler =, collate_fn =}); for x, y in loader:iter() do ... end (each call of
   -- iter() is one epoch; a seeded shuffle differs per epoch, the same on every run)
-  local DataLoader = {name = "DataLoader"}
+  local DataLoader = {name = "DataLoader", __sized = true}
   DataLoader.__index = DataLoader
   D.DataLoader = setmetatable(DataLoader, {__call = function(_, ds, o)
     o = o or {}
@@ -95,15 +101,15 @@ function M.install(tensor)
     if o.sampler ~= nil and o.shuffle then
       error("DataLoader: sampler option is mutually exclusive with shuffle", 2)
     end
-    return setmetatable({dataset = ds, n = n, batch_size = bs, shuffle = o.shuffle and true or false, seed = o.seed,
-      drop_last = o.drop_last and true or false, sampler = o.sampler, collate_fn = o.collate_fn, epoch = 0},
-      DataLoader)
+    return sized.new(setmetatable({dataset = ds, n = n, batch_size = bs, shuffle = o.shuffle and true or false,
+      seed = o.seed, drop_last = o.drop_last and true or false, sampler = o.sampler, collate_fn = o.collate_fn,
+      epoch = 0}, DataLoader))
   end})
 
   function DataLoader:indices()
     local s = self.sampler
     if s ~= nil then
-      if type(s) == "table" and type(s.indices) == "function" then return s:indices() end
+      if has(s, "indices") then return s:indices() end
       if type(s) == "table" then return s end
       error("DataLoader: a sampler is a list of indices or has an indices() method", 3)
     end
@@ -116,8 +122,11 @@ function M.install(tensor)
     return idx
   end
 
+  -- the count of batches per epoch (also #loader)
   function DataLoader:len()
-    local n = self.sampler and #self:indices() or self.n
+    local s, n = self.sampler, self.n
+    if has(s, "len") then n = s:len()
+    elseif s ~= nil then n = #self:indices() end
     if self.drop_last then return math.floor(n / self.batch_size) end
     return math.ceil(n / self.batch_size)
   end
@@ -128,6 +137,8 @@ function M.install(tensor)
     self.epoch = self.epoch + 1
     local pos = 1
     local ds = self.dataset
+    local batch_of = self.collate_fn == nil and has(ds, "get_batch") and ds.get_batch
+    local get = not batch_of and getter(ds)
     return function()
       if pos > #idx then return nil end
       local last = math.min(pos + self.batch_size - 1, #idx)
@@ -136,8 +147,8 @@ function M.install(tensor)
       for i = pos, last do ids[#ids + 1] = idx[i] end
       pos = last + 1
       local batch
-      if self.collate_fn == nil and type(ds) == "table" and type(ds.get_batch) == "function" then
-        batch = ds:get_batch(ids)
+      if batch_of then
+        batch = batch_of(ds, ids)
       else
         local items = {}
         for i, id in ipairs(ids) do items[i] = get(ds, id) end
@@ -156,15 +167,41 @@ function M.install(tensor)
     return require("rpchost.dist").DistributedSampler(n, {rank = o.rank, world_size = o.num_replicas or o.world_size,
       shuffle = o.shuffle, seed = o.seed, drop_last = o.drop_last})
   end
-  function D.RandomSampler(ds, o)
+  -- a sized class, callable to make one: D[name](...) is new(...) as a sized object
+  local function class(name, new)
+    local cls = {name = name, __sized = true}
+    cls.__index = cls
+    D[name] = setmetatable(cls, {__call = function(_, ...) return sized.new(setmetatable(new(...), cls)) end})
+    return cls
+  end
+  local function count_of(ds) return type(ds) == "number" and ds or len_of(ds) end
+
+  -- RandomSampler(dataset or n, {seed =}): every index once, in random order
+  local RandomSampler = class("RandomSampler", function(ds, o)
     o = o or {}
-    local n = type(ds) == "number" and ds or len_of(ds)
-    return {indices = function() return o.seed and permutation(n, o.seed) or tensor.randperm(n):totable() end}
+    return {n = count_of(ds), seed = o.seed}
+  end)
+  function RandomSampler:len() return self.n end
+  function RandomSampler:indices()
+    return self.seed and permutation(self.n, self.seed) or tensor.randperm(self.n):totable()
   end
-  function D.SequentialSampler(ds)
-    local n = type(ds) == "number" and ds or len_of(ds)
-    return {indices = function() local t = {} for i = 1, n do t[i] = i end return t end}
+  -- SequentialSampler(dataset or n): 1..n in order
+  local SequentialSampler = class("SequentialSampler", function(ds) return {n = count_of(ds)} end)
+  function SequentialSampler:len() return self.n end
+  function SequentialSampler:indices()
+    local t = {}
+    for i = 1, self.n do t[i] = i end
+    return t
   end
+
+  -- Subset(dataset, ids): the items of dataset at ids, renumbered 1..#ids
+  local Subset = class("Subset", function(ds, ids) return {dataset = ds, ids = ids} end)
+  function Subset:len() return #self.ids end
+  function Subset:get(i)
+    local ds = self.dataset
+    return getter(ds)(ds, self.ids[i])
+  end
+
   function D.random_split(ds, lengths, o)
     o = o or {}
     local n = len_of(ds)
@@ -181,11 +218,6 @@ function M.install(tensor)
     end
     return out
   end
-  local Subset = {name = "Subset"}
-  Subset.__index = Subset
-  function D.Subset(ds, ids) return setmetatable({dataset = ds, ids = ids}, Subset) end
-  function Subset:len() return #self.ids end
-  function Subset:get(i) return get(self.dataset, self.ids[i]) end
 
   -- readers ---------------------------------------------------------------------------------
   local function read_file(path, what)

@@ -459,7 +459,9 @@ end
 
 -- Sequential(m1, m2, ...), Sequential({m1, m2}) or Sequential({name = m, ...}
 -- in the order given by an array of {name, m} pairs)
+-- (the containers are sized: `#seq`, `#list`, `#dict` count their children; rpchost.sized)
 L.Sequential = Module:extend("Sequential")
+L.Sequential.__sized = true
 function L.Sequential:__init(...)
   local mods = plain_list(...)
   for i, m in ipairs(mods) do
@@ -481,10 +483,10 @@ function L.Sequential:append(m)
   self:add_module(tostring(#self._mnames), m)
   return self
 end
-L.Sequential.__len = function(self) return #self:children() end
 
 -- ModuleList({m1, m2}): m:get(i) (1-based) or m[i]; #m; ipairs over m:children()
 L.ModuleList = Module:extend("ModuleList")
+L.ModuleList.__sized = true
 function L.ModuleList:__init(mods)
   for _, m in ipairs(mods or {}) do self:append(m) end
 end
@@ -496,7 +498,6 @@ end
 function L.ModuleList:extend(ms) for _, m in ipairs(ms) do self:append(m) end return self end
 function L.ModuleList:get(i) return self._modules[tostring(i - 1)] end
 function L.ModuleList:forward() error("ModuleList has no forward: iterate over its modules", 2) end
-L.ModuleList.__len = function(self) return #self._mnames end
 function L.ModuleList:len() return #self._mnames end
 -- m[i]: the i-th child (1-based; PyTorch's m[i - 1]) of a Sequential or ModuleList
 local function positional(Class)
@@ -515,6 +516,7 @@ positional(L.Sequential)
 
 -- ModuleDict({name = m, ...}) (names sorted) or ModuleDict({{name, m}, ...}) (in order)
 L.ModuleDict = Module:extend("ModuleDict")
+L.ModuleDict.__sized = true
 function L.ModuleDict:__init(mods)
   mods = mods or {}
   if #mods > 0 then
@@ -534,6 +536,6 @@ function L.ModuleDict:keys()
 end
 function L.ModuleDict:items() return self:named_children() end
 function L.ModuleDict:forward() error("ModuleDict has no forward: index its modules", 2) end
-L.ModuleDict.__len = function(self) return #self:children() end
+function L.ModuleDict:len() return #self:children() end
 
 return L

@@ -8,7 +8,12 @@
 -- a tensor to a registered name replaces it. Everything an instance holds is
 -- plain data (no closures), so a module whose class is reachable by name
 -- (`nn.Linear`, a user's global `Net`) travels over RPC with its parameters.
+-- The containers (Sequential, ModuleList, ModuleDict, and classes extending
+-- them) are sized (rpchost.sized): an instance is a userdata proxy in front of
+-- that table, so that `#seq` counts it; the proxy is what __init and everyone
+-- else sees, and the table behind it what the field metamethods get.
 local tensor = require "rpchost.tensor"
+local sized = require "rpchost.sized"
 
 local M = {}
 
@@ -34,7 +39,10 @@ function M.Parameter(t, requires_grad)
 end
 
 local function is_module(v)
-  return type(v) == "table" and getmetatable(v) ~= nil and rawget(getmetatable(v), "_is_module_class") == true
+  local t = type(v)
+  if t ~= "table" and t ~= "userdata" then return false end
+  local mt = getmetatable(v)
+  return type(mt) == "table" and rawget(mt, "_is_module_class") == true
 end
 M.is_module = is_module
 
@@ -104,6 +112,7 @@ local function class_call(cls, ...)
   local m = setmetatable({_parameters = {}, _pnames = {}, _buffers = {}, _bnames = {}, _nonpersistent = {},
                           _modules = {}, _mnames = {}, training = true}, cls)
   rawset(m, "_sig", signature(cls.name, ...))
+  if sized.is_class(cls) then m = sized.new(m) end
   local init = cls.__init or cls.init
   if init then init(m, ...) end
   return m
@@ -239,7 +248,7 @@ end
 
 function Module:train(mode)
   if mode == nil then mode = true end
-  for _, m in ipairs(self:modules()) do rawset(m, "training", mode and true or false) end
+  for _, m in ipairs(self:modules()) do rawset(sized.raw(m), "training", mode and true or false) end
   return self
 end
 function Module:eval() return self:train(false) end
@@ -403,7 +412,8 @@ end
 -- [N, 1, H, W], got [64, 64]"
 function Module:shape_error(expected, x, level)
   local got = tensor.is_tensor(x) and ("[" .. table.concat(shape_of(x), ", ") .. "]") or type(x)
-  error(("%s: expected input %s, got %s"):format(rawget(self, "_sig") or self.name, expected, got), (level or 2) + 1)
+  error(("%s: expected input %s, got %s"):format(rawget(sized.raw(self), "_sig") or self.name, expected, got),
+    (level or 2) + 1)
 end
 
 -- deepcopy(m): a new module of the same class with cloned parameters and buffers
@@ -416,11 +426,13 @@ function M.deepcopy(m, seen)
     seen[m] = c
     return c
   end
-  if type(m) ~= "table" then return m end
-  local c = setmetatable({}, getmetatable(m))
-  seen[m] = c
-  for k, v in pairs(m) do rawset(c, k, M.deepcopy(v, seen)) end
-  return c
+  local t = sized.raw(m) -- (a sized module: copy the table behind it, give a proxy of the copy)
+  if type(t) ~= "table" then return m end
+  local c = setmetatable({}, getmetatable(t))
+  local out = t ~= m and sized.new(c) or c
+  seen[m] = out
+  for k, v in pairs(t) do rawset(c, k, M.deepcopy(v, seen)) end
+  return out
 end
 Module.deepcopy = M.deepcopy
 

@@ -2,12 +2,13 @@
 -- clip_grad_value_) and parameters_to_vector / vector_to_parameters, as
 -- PyTorch's torch.nn.utils; nn.utils.stateless.functional_call.
 local tensor = require "rpchost.tensor"
+local sized = require "rpchost.sized"
 
 local U = {}
 
 local function params_list(params)
   if tensor.is_tensor(params) then return {params} end
-  if type(params) == "table" and params.parameters and getmetatable(params) then return params:parameters() end
+  if sized.is_object(params) and getmetatable(params) and params.parameters then return params:parameters() end
   return params
 end
 
@@ -76,7 +77,7 @@ local function owner_of(module, name)
   for part in name:gmatch("[^.]+") do parts[#parts + 1] = part end
   local m = module
   for i = 1, #parts - 1 do
-    local children = rawget(m, "_modules")
+    local children = rawget(sized.raw(m), "_modules")
     m = children and children[parts[i]]
     if not m then return nil end
   end
@@ -84,7 +85,7 @@ local function owner_of(module, name)
 end
 
 local function functional_call(module, tensors, ...)
-  if type(module) ~= "table" or not rawget(module, "_parameters") then
+  if not sized.is_object(module) or not rawget(sized.raw(module), "_parameters") then
     error("functional_call: expected an nn.Module as the first argument", 2)
   end
   if type(tensors) ~= "table" then

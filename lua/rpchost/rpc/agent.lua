@@ -318,7 +318,18 @@ Agent.take_mail = mailbox.take_mail
 
 -- What the connections and the mailbox call outside themselves, given to every
 -- agent at its construction (a.cb): each part's CALLBACKS names what it needs.
+-- What the parts above the agent forget of a member that left for good
+-- (rpchost.rpc.rref's records of the ids it made, say): fn(rank, name).
+local member_left_hooks = {}
+function M.on_member_left(fn) member_left_hooks[#member_left_hooks + 1] = fn end
+local function member_left(_, rank, name)
+  local trace = require "rpchost.trace"
+  trace.forget_peer(name)
+  for _, fn in ipairs(member_left_hooks) do fn(rank, name) end
+end
+
 CALLBACKS = {
+  member_left = member_left,
   on_request = callee.on_request, send_reply = callee.send_reply, cancel_request = callee.cancel_request,
   on_response = caller.on_response, reply_failed = caller.reply_failed, complete_error = caller.complete_error,
   on_message = mailbox.on_message, fail_receivers = mailbox.fail_receivers, post = mailbox.post,

@@ -80,17 +80,40 @@ end
 local MAX_ARGS = 7000
 M.MAX_ARGS = MAX_ARGS
 
--- Why an args table cannot be a call's arguments (nil when it can): args.n, when
--- given, must count them, and there may not be more than MAX_ARGS. When they
--- can, the count is the second result. (The caller checks with the same rule
--- before it sends.)
+-- The keys of args that are not list positions (nor its count n), as text
+-- ('x', 'timeout'), a few at most; and its largest position.
+local function non_list_keys(args)
+  local bad, top = nil, 0
+  for k in pairs(args) do
+    if type(k) == "number" and k >= 1 and k == math.floor(k) then
+      if k > top then top = k end
+    elseif k ~= "n" then
+      bad = bad or {}
+      if #bad < 4 then bad[#bad + 1] = type(k) == "string" and ("'" .. k .. "'") or ("[" .. tostring(k) .. "]") end
+    end
+  end
+  if bad then table.sort(bad) end
+  return bad, top
+end
+
+-- Why an args table cannot be a call's arguments (nil when it can): it is a
+-- list (a key like x = 1 would be dropped without a word: keyword arguments
+-- are kwargs, the next argument), args.n, when given, must count them, and
+-- there may not be more than MAX_ARGS. When they can, the count is the second
+-- result. (The caller checks with the same rule before it sends.)
 local function arg_count_problem(args)
+  local bad, top = non_list_keys(args)
+  if bad then
+    return ("args is the list of arguments ({a, b}), but it has the key%s %s: keyword arguments go in kwargs, " ..
+      "the fourth argument (to, func, args, kwargs, timeout), and arrive as one trailing table"):format(
+      #bad > 1 and "s" or "", table.concat(bad, ", "))
+  end
   local n = rawget(args, "n")
   if n ~= nil and (type(n) ~= "number" or n ~= math.floor(n) or n < 0) then
     return ("args.n is %s; when given it must be the number of arguments (as table.pack sets it)"):format(
       type(n) == "string" and ('"' .. n .. '"') or tostring(n))
   end
-  n = n or table.maxn(args)
+  n = n or top
   if n > MAX_ARGS then
     return ("args holds %d arguments (its largest index%s); a call takes at most %d"):format(
       n, rawget(args, "n") and " or args.n" or "", MAX_ARGS)
@@ -99,26 +122,52 @@ local function arg_count_problem(args)
 end
 M.arg_count_problem = arg_count_problem
 
--- A function as messages and traces name it.
+-- A function as messages and traces name it: the name it travels by (a
+-- global's, a module field's, a class's), or where a function without one
+-- was defined.
 local function describe_fn(fn)
-  if type(fn) == "function" then
+  local t = type(fn)
+  local mt = t == "table" and getmetatable(fn)
+  -- (a name given as a string, codec.by_name's, says itself)
+  if mt and rawget(mt, "__tostring") then return tostring(fn) end
+  if t == "function" or t == "table" then
     local p = codec.name_of(fn)
     if p then return codec.path_string(p) end
+  end
+  if t == "function" then
     local info = debug.getinfo(fn, "S")
-    return ("function at %s:%d"):format(info.short_src, info.linedefined or 0)
+    return ("a function defined at %s:%d"):format(info.short_src, info.linedefined or 0)
   end
   return tostring(fn)
 end
 M.describe_fn = describe_fn
 
+-- A call as messages and its future name it: its function, as describe_fn
+-- names it or as a string says (an RRef proxy's call names the method, not
+-- rpchost's call_method that runs it), and its callee. Made only when a
+-- message or a future's description needs it: no string per call.
+local function fn_text(fn) return type(fn) == "string" and fn or describe_fn(fn) end
+M.fn_text = fn_text
+function M.call_text(fn, to_name)
+  return ("the call of %s on %s"):format(fn_text(fn), to_name)
+end
+
 -- replies ----------------------------------------------------------------------------
--- A reply goes back on the connection its request came in on (to), or, for a
--- call to oneself, to the function the caller gave (to is a function).
+-- A reply goes to the caller on the connection everything else of this
+-- worker's for it goes on (p.conn), so that it stays in order with what this
+-- worker sends after it: two ranks that dialled each other hold two
+-- connections, and a reply sent back on its request's while a later call (an
+-- RRef's delete) went on the other could arrive after that call (the owner
+-- then freed an RRef the reply was bringing back to it). The request's own
+-- connection (to) takes it when the peer has no other ready one; for a call to
+-- oneself, the function the caller gave (to is a function).
 local function reply(self, to, id, flags, body, segs)
   segs = segs or codec.EMPTY -- (shared, read-only)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
+  local main = p and p.state == "ready" and p.conn
+  if main and main ~= to and main:is_open() then to = main end
   -- (counted once it left: the caller is waiting for it)
   if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
     trace.frame_bytes(p.name, true, body, segs)
@@ -162,8 +211,25 @@ local function error_text(e)
 end
 M.error_text = error_text
 
+-- Errors that enforce a caller's own deadline here (an RRef's owner that waited
+-- for the value as long as the caller would wait): remote_error leaves them of
+-- kind timeout, as the caller's own timer would have failed the call, instead
+-- of wrapping them as the function's error. (A weak set, not a field: the mark
+-- stays on this worker, so a function elsewhere that re-raises such an error
+-- after it travelled fails, as any function's error, with kind remote.)
+local deadline_errors = setmetatable({}, {__mode = "k"})
+function M.deadline_error(message, fields)
+  local e = errors.new("timeout", message, fields)
+  deadline_errors[e] = true
+  return e
+end
+function M.is_deadline_error(e) return deadline_errors[e] == true end
+
 -- An error raised by a handler, as the caller will see it.
 function M.remote_error(self, e)
+  if deadline_errors[e] then
+    return errors.new("timeout", e.message, {worker = e.worker or self.name, rank = e.rank or self.rank})
+  end
   local message, tb
   if errors.is(e) then
     message = e.kind == "remote" and e.message or error_text(e)

@@ -24,7 +24,7 @@ local bit = require "bit"
 
 local enc_msg, dec_msg = codec.encode_message, codec.decode_message
 local too_big = connections.too_big
-local task_ctx, describe_fn, error_text = callee.task_ctx, callee.describe_fn, callee.error_text
+local task_ctx, error_text, call_text = callee.task_ctx, callee.error_text, callee.call_text
 local arg_count_problem = callee.arg_count_problem
 
 local M = {}
@@ -66,8 +66,8 @@ local complete_error
 -- callee is told, so that a request still waiting in its queue is dropped
 local function call_timed_out(call)
   local p, agent, id = call.peer, call.agent, call.id
-  complete_error(agent, id, errors.new("timeout", ("call %d to %s (%s) timed out after %g s"):format(
-    id, p.name, describe_fn(call.fn), call.timeout), {worker = p.name, rank = p.rank}))
+  complete_error(agent, id, errors.new("timeout", ("%s timed out after %g s"):format(
+    call_text(call.what or call.fn, p.name), call.timeout), {worker = p.name, rank = p.rank, call_id = id}))
   if p.rank == agent.rank then callee.cancel_request(agent, agent.rank, id)
   elseif p.state == "ready" and p.conn and p.conn:is_open() then
     -- (best effort, and only on a live connection: the request carries its
@@ -98,7 +98,10 @@ local function send_request(self, p, id, body, segs)
 end
 
 -- Starts a call; returns its Future. Serialisation errors raise here, at once.
-function M.call(self, to, fn, args, kwargs, timeout)
+-- what: what messages and the future name as the function, when not fn itself
+-- (rpchost's own call_method or create): an RRef proxy's method, as a string,
+-- or the function a remote() runs; nil otherwise.
+function M.call(self, to, fn, args, kwargs, timeout, what)
   check_running(self)
   local p = self:peer_of(to)
   if args ~= nil and type(args) ~= "table" then
@@ -152,12 +155,12 @@ function M.call(self, to, fn, args, kwargs, timeout)
   elseif ready then
     send_request(self, p, id, body, segs)
   end
-  local fut = Future.new()
+  local fut = Future._described(call_text, what or fn, p.name)
   local free = self.free_calls
   local call = free[#free]
   if call then free[#free] = nil else call = {} end
   call.fut, call.peer, call.fn, call.ctx, call.t0 = fut, p, fn, ctx, t0
-  call.inc = inc
+  call.inc, call.what = inc, what
   self.pending[id] = call
   p.pending[id] = true
   self.stats.calls_out = self.stats.calls_out + 1
@@ -204,7 +207,7 @@ local function take(self, id, failed)
   local dur = trace.now_us() - call.t0
   trace.call_done(call.peer.name, dur, failed)
   if trace.enabled() then
-    trace.complete("call " .. describe_fn(call.fn), "rpc", call.t0, dur,
+    trace.complete("call " .. callee.fn_text(call.what or call.fn), "rpc", call.t0, dur,
                    {to = call.peer.name, id = id, failed = failed or nil})
   end
   return call
@@ -216,7 +219,7 @@ local FREE_CALLS = 256
 local function recycle(self, call)
   call.fut, call.peer, call.fn, call.ctx, call.t0 = nil, nil, nil, nil, nil
   call.agent, call.id, call.timeout, call.timer, call.cb, call.arg, call.at = nil, nil, nil, nil, nil, nil, nil
-  call.inc = nil
+  call.inc, call.what = nil, nil
   local free = self.free_calls
   if #free < FREE_CALLS then free[#free + 1] = call end
 end
@@ -227,7 +230,7 @@ function complete_error(self, id, err)
   if call then
     local fut = call.fut
     recycle(self, call)
-    fut:set_error(err)
+    fut:_set_error(err)
   end
 end
 M.complete_error = complete_error
@@ -263,12 +266,12 @@ local function response_decoded(fut, peer, flags, ok, ...)
   -- (a reply's UserRRefs wait for no confirmation: nothing keeps them here)
   reply_in.unconfirmed = false
   if not ok then
-    fut:set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
+    fut:_set_error(errors.new("serialize", ("cannot decode the reply from %s: %s"):format(
       peer.name, tostring((...))), {worker = peer.name, rank = peer.rank}))
   elseif bit.band(flags, proto.FLAG_ERROR) ~= 0 then
-    fut:set_error((...))
+    fut:_set_error((...))
   else
-    fut:set_packed({n = select("#", ...), ...})
+    fut:_set_packed({n = select("#", ...), ...})
   end
 end
 

@@ -272,7 +272,7 @@ function M._propagate(id, send, g, retain)
   local fut = Future.new("distributed backward")
   sched.spawn(function()
     local ok, err = pcall(propagate, id, send, g, retain)
-    if ok then fut:set_result(true) else fut:set_error(err) end
+    if ok then fut:_set_result(true) else fut:_set_error(err) end
   end, {name = "distributed backward"})
   return fut
 end

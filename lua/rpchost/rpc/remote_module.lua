@@ -8,6 +8,7 @@
 -- parameters as RRefs owned there, the list DistributedOptimizer takes.
 -- Like PyTorch's, it has no parameters() of its own: they are not here.
 local errors = require "rpchost.errors"
+local sized = require "rpchost.sized"
 
 local M = {}
 -- the class is a module field, so a RemoteModule travels by RPC (to trainers
@@ -51,7 +52,7 @@ function M._create(cls, args, kwargs, device)
   else
     m = cls(unpack(args, 1, n))
   end
-  if type(m) ~= "table" or type(m.forward) ~= "function" then
+  if not sized.is_object(m) or type(m.forward) ~= "function" then -- (a table, or a sized one: nn.Sequential)
     error(("RemoteModule: the constructor gave a %s, not a module with forward"):format(type(m)), 0)
   end
   if device then m:to(device) end

@@ -26,10 +26,22 @@ local M = {}
 local agent = nil          -- the running agent (set by attach)
 local owners = {}          -- rref id -> owner entry
 local tombstones = {}      -- "id/fork" deleted before its add arrived
-local freed = {}           -- ids whose owner entry was freed
 local pending_deletes = {} -- filled by __gc sentinels: {owner rank, id, fork} or {nil, id}
 local live_forks = {}      -- fork key -> true, for stats and shutdown (weak values not needed)
 local counter = 0
+-- Bounded records (a run makes millions of RRefs; what is remembered of each
+-- one that ended must not grow with them). Ids are "<creator rank>:<n>", n
+-- counting up on each worker, and the messages that matter arrive in n's order
+-- (docs/architecture.md, "RRef protocol"):
+local created_max = {} -- owner: creator rank -> the highest n created here (an id at or below
+                       -- it that has no entry was freed)
+-- user: fork key -> true for each fork decoded here whose owner's confirmation
+-- has not come yet, and the other way round: confirmations that came before
+-- their fork was decoded. Each entry goes when its other half comes: both
+-- hold only what is on its way.
+local awaiting = {}
+local early = {}
+local handles = setmetatable({}, {__mode = "v"}) -- user: fork key -> its live handle
 
 local pack = function(...) return {n = select("#", ...), ...} end
 
@@ -40,6 +52,28 @@ M.RRef = RRef
 local function new_id()
   counter = counter + 1
   return ("%d:%d"):format(agent.rank, counter)
+end
+
+-- an id's (or fork's) creator rank and number
+local function split_id(id)
+  local c, n = id:match("^(%d+):(%d+)$")
+  return tonumber(c), tonumber(n)
+end
+
+-- owner: id's value was made here (by its creation, or as a local RRef)
+local function note_created(id)
+  local c, n = split_id(id)
+  if c and n > (created_max[c] or 0) then created_max[c] = n end
+end
+
+-- owner: whether id had an entry here that was freed. Creations from one
+-- creator arrive in the order of its numbers (one connection; a local RRef's
+-- at once), so an id without an entry at or below the highest created is one
+-- that was freed; above it, one whose creation is still on its way.
+local function was_freed(id)
+  if owners[id] then return false end
+  local c, n = split_id(id)
+  return c ~= nil and n <= (created_max[c] or 0)
 end
 
 -- A userdata whose __gc runs `fn`: LuaJIT's tables have no __gc of their own.
@@ -65,6 +99,7 @@ local function user_handle(id, owner_rank, fork, confirmed)
   local r = setmetatable({id = id, owner_rank = owner_rank, fork = fork, owned = false,
                           confirmed = confirmed}, RRef)
   r.sentinel = sentinel(function() pending_deletes[#pending_deletes + 1] = {owner_rank, id, fork} end)
+  if not confirmed then handles[key] = r end -- (its confirmation marks it, see M.confirm)
   return r
 end
 
@@ -77,8 +112,7 @@ end
 local function maybe_free(id)
   local e = owners[id]
   if e and e.local_refs <= 0 and next(e.forks) == nil then
-    owners[id] = nil
-    freed[id] = true
+    owners[id] = nil -- (was_freed says so from now on)
   end
 end
 
@@ -90,7 +124,7 @@ end
 local function lookup(id)
   local e = owners[id]
   if e then return e end
-  if freed[id] then
+  if was_freed(id) then
     error(("RRef %s was deleted on its owner %s: every reference to it had been released"):format(
       id, agent.name), 0)
   end
@@ -101,7 +135,7 @@ end
 
 local function done_future(values)
   local f = Future.new()
-  f:set_packed(values)
+  f:_set_packed(values)
   return f
 end
 
@@ -114,20 +148,24 @@ local function when_created(e, id, wait)
   local out = Future.new("RRef " .. id)
   local timer = sched.after(wait, function()
     local why = e.awaiting and "the call that creates it has not arrived" or "the call that creates it is still running"
-    if out:set_error(errors.new("timeout", ("RRef %s has no value on its owner %s after %g s: %s"):format(
+    if out:_set_error(callee.deadline_error(("RRef %s has no value on its owner %s after %g s: %s"):format(
         id, agent.name, wait, why), {worker = agent.name, rank = agent.rank})) then
       if e.awaiting and owners[id] == e and next(e.forks) == nil and e.local_refs <= 0 then owners[id] = nil end
     end
   end)
   v:_on_settle(function(f)
     sched.cancel(timer)
-    if f.state == "error" then out:set_error(f.err) else out:set_packed(f.values) end
+    if f.state == "error" then out:_set_error(f.err) else out:_set_packed(f.values) end
   end)
   return out
 end
 
 -- The error of a failed creation, saying so (whoever uses the RRef sees it).
 local function creation_failed(id, err)
+  if callee.is_deadline_error(err) then -- (the caller's deadline: still a timeout)
+    return callee.deadline_error(("the creation of RRef %s failed: %s"):format(id, tostring(err.message)),
+      {worker = agent.name, rank = agent.rank})
+  end
   local ok, re = pcall(agent.remote_error, agent, err)
   if not ok then re = errors.new("remote", tostring(err), {worker = agent.name, rank = agent.rank}) end
   re.message = ("the creation of RRef %s failed: %s"):format(id, tostring(re.message))
@@ -136,15 +174,15 @@ end
 
 -- Sets the entry's value from fn's results (a Future's, for an async_execution fn).
 local function settle_value(e, id, fn, r)
-  if not r[1] then return e.value:set_error(creation_failed(id, r[2])) end
-  if not callee.is_async(fn) then return e.value:set_packed(pack(unpack(r, 2, r.n))) end
+  if not r[1] then return e.value:_set_error(creation_failed(id, r[2])) end
+  if not callee.is_async(fn) then return e.value:_set_packed(pack(unpack(r, 2, r.n))) end
   local fut = r[2]
   if not Future.is(fut) then
-    return e.value:set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
+    return e.value:_set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
       type(fut))))
   end
   fut:_on_settle(function(f)
-    if f.state == "error" then e.value:set_error(creation_failed(id, f.err)) else e.value:set_packed(f.values) end
+    if f.state == "error" then e.value:_set_error(creation_failed(id, f.err)) else e.value:_set_packed(f.values) end
   end)
 end
 
@@ -155,6 +193,7 @@ end
 function M.create(id, fork, fn, args, kwargs)
   local e = owners[id] or new_entry(id)
   e.awaiting = nil
+  note_created(id)
   if fork then
     if tombstones[id .. "/" .. fork] then tombstones[id .. "/" .. fork] = nil
     else e.forks[fork] = true end
@@ -163,14 +202,14 @@ function M.create(id, fork, fn, args, kwargs)
   sched.spawn(function()
     sched.current().ag_ctx = ctx
     local bad = args and callee.arg_count_problem(args)
-    if bad then return e.value:set_error(errors.new("config", bad)) end
+    if bad then return e.value:_set_error(errors.new("config", bad)) end
     local n = args and (args.n or table.maxn(args)) or 0
     if kwargs ~= nil then args[n + 1] = kwargs; n = n + 1 end
     settle_value(e, id, fn, pack(xpcall(fn, sched.traceback, unpack(args or {}, 1, n))))
   end, {name = "remote " .. id})
   local out = Future.new("creation of RRef " .. id)
   e.value:_on_settle(function(f)
-    if f.state == "error" then out:set_error(f.err) else out:set_result(true) end
+    if f.state == "error" then out:_set_error(f.err) else out:_set_result(true) end
   end)
   return out
 end
@@ -227,9 +266,15 @@ callee.mark_inline(M.fetch)
 -- entry may still be pending: the fork is recorded all the same)
 function M.add_fork(id, fork, to)
   local key = id .. "/" .. fork
-  if tombstones[key] then tombstones[key] = nil return true end
-  local e = lookup(id)
-  e.forks[fork] = true
+  if tombstones[key] then
+    -- (its holder already dropped it; the confirmation still goes, so that the
+    -- holder's record of waiting for one goes too)
+    tombstones[key] = nil
+  else
+    local e = lookup(id)
+    e.forks[fork] = true
+  end
+  -- (a fork is never made for the owner itself: `to` is another worker)
   if to ~= agent.rank then agent:call(to, M.confirm, {id, fork}):add_done_callback(function() end) end
   return true
 end
@@ -249,12 +294,21 @@ function M.delete_forks(list)
   return true
 end
 
--- user-side: the owner confirmed our fork
-local confirmed = {}
+-- user-side: the owner confirmed a fork decoded here (its handle, if still
+-- alive, is marked), or one still on its way (early; kept until it comes).
 local confirm_waiters = {} -- fork key -> tasks waiting for its confirmation
 function M.confirm(id, fork)
   local key = id .. "/" .. fork
-  confirmed[key] = true
+  if awaiting[key] then
+    awaiting[key] = nil
+    local r = handles[key]
+    if r then
+      r.confirmed = true
+      handles[key] = nil
+    end
+  else
+    early[key] = true -- (its fork is still on its way here)
+  end
   local waiting = confirm_waiters[key]
   if waiting then
     confirm_waiters[key] = nil
@@ -271,7 +325,7 @@ function M.await_confirmed(list, timeout)
   local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
   for _, r in ipairs(list) do
     local key = r.id .. "/" .. r.fork
-    while not (r.confirmed or confirmed[key]) do
+    while not r.confirmed do
       if agent == nil or agent.state ~= "running" then
         error(errors.new("shutdown", ("RPC shut down while RRef %s waited for its owner's confirmation"):format(r.id)), 0)
       end
@@ -370,7 +424,7 @@ local function decode_rref(ctx, id, owner_rank, fork, from_owner)
   if not agent then error("an RRef arrived outside RPC", 0) end
   if owner_rank == agent.rank then
     if not owners[id] then
-      if freed[id] then
+      if was_freed(id) then
         error(("an RRef (%s) owned here arrived after its value was deleted"):format(id), 0)
       end
       -- its creation request is queued behind this message: the entry waits for it
@@ -379,8 +433,20 @@ local function decode_rref(ctx, id, owner_rank, fork, from_owner)
     return owner_handle(id)
   end
   if not fork then error("malformed RRef: a user handle without a fork", 0) end
-  local r = user_handle(id, owner_rank, fork, from_owner)
-  if not from_owner and not confirmed[id .. "/" .. fork] then
+  local key = id .. "/" .. fork
+  local confirmed = from_owner
+  if not confirmed then
+    -- (messages from different workers decode in any order: the owner's
+    -- confirmation may have come first)
+    if early[key] then
+      early[key] = nil
+      confirmed = true
+    else
+      awaiting[key] = true
+    end
+  end
+  local r = user_handle(id, owner_rank, fork, confirmed)
+  if not confirmed then
     -- (a request that brings it waits for the owner's confirmation: the
     -- callee reads the message's list once it decoded, see M.await_confirmed)
     if ctx then
@@ -396,7 +462,9 @@ codec.register_extension{mt = RRef, tag = TAG, encode = encode_rref, decode = de
 -- public API ------------------------------------------------------------------------------------
 function M.attach(a)
   agent = a
-  owners, tombstones, pending_deletes, live_forks, confirmed, freed = {}, {}, {}, {}, {}, {}
+  owners, tombstones, pending_deletes, live_forks = {}, {}, {}, {}
+  created_max, awaiting, early = {}, {}, {}
+  handles = setmetatable({}, {__mode = "v"})
   confirm_waiters = {}
 end
 
@@ -411,23 +479,42 @@ function M.local_rref(value)
   end
   local id = new_id()
   local e = new_entry(id)
-  e.value:set_result(value)
+  note_created(id)
+  e.value:_set_result(value)
   return owner_handle(id)
 end
 
--- rpc.remote(to, fn, args, kwargs, timeout): returns at once
-function M.remote(to, fn, args, kwargs, timeout)
+-- A remote() to oneself has its timeout too (PyTorch's does): a value not made
+-- within it fails the RRef with the timeout, which to_here() raises, and the
+-- value that comes later is dropped (its completion, a second one, is ignored).
+local function create_within(id, timeout, what)
+  if timeout == nil or timeout < 0 then timeout = agent.timeout end
+  local v = owners[id].value
+  if timeout <= 0 or v.state ~= "pending" then return end
+  local name = agent.name
+  local timer = sched.after(timeout, function()
+    v:_set_error(errors.new("timeout", ("rpc.remote(): RRef %s was not created on %s in time: %s timed out after %g s"):format(
+      id, name, callee.call_text(what, name), timeout), {worker = name, rank = agent and agent.rank}))
+  end)
+  v:_on_settle(function() sched.cancel(timer) end)
+end
+
+-- rpc.remote(to, fn, args, kwargs, timeout): returns at once. what: how
+-- messages name fn, when not by its own name (see rpchost.rpc.caller's call).
+function M.remote(to, fn, args, kwargs, timeout, what)
   local p = agent:peer_of(to)
   local bad = type(args) == "table" and callee.arg_count_problem(args)
   if bad then error(errors.new("config", bad), 0) end
   local id = new_id()
   if p.rank == agent.rank then
     M.create(id, nil, codec.named_value(fn), args or {}, kwargs)
+    create_within(id, timeout, what or fn)
     return owner_handle(id)
   end
   local fork = new_id()
   -- (answered when the value is made: the timeout covers running fn)
-  local ok, c = pcall(agent.call, agent, p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout)
+  local ok, c = pcall(agent.call, agent, p.rank, M.create, {id, fork, fn, args or {}, kwargs}, nil, timeout,
+                      what or fn)
   if not ok then
     -- (name the parts as the caller gave them, not as the creating message holds them)
     if errors.is(c) and type(c.message) == "string" then
@@ -450,8 +537,7 @@ local function check_creation(r)
     if errors.is(e) and e.kind == "timeout" and not r.creation_err then
       -- (say what timed out: the remote() call, not the protocol message under it)
       r.creation_err = errors.new("timeout", ("rpc.remote(): RRef %s was not created on %s in time: %s"):format(
-        r.id, agent.peers[r.owner_rank].name, tostring(e.message):gsub("%(rpchost%.rref%.create%) ", "")),
-        {worker = e.worker, rank = e.rank})
+        r.id, agent.peers[r.owner_rank].name, tostring(e.message)), {worker = e.worker, rank = e.rank})
     end
     error(r.creation_err or e, 0)
   end
@@ -496,13 +582,37 @@ function RRef:owner_name() return running("owner_name").peers[self.owner_rank].n
 function RRef:is_owner() return self.owned end
 function RRef:confirmed_by_owner()
   if self.owned then return true end
-  return self.confirmed or confirmed[self.id .. "/" .. self.fork] == true
+  return self.confirmed == true
 end
 
 RRef.__tostring = function(r)
   if r.owned then return ("OwnerRRef(owner=%s, id=%s)"):format(agent and agent.name or "?", r.id) end
   local name = agent and agent.peers[r.owner_rank] and agent.peers[r.owner_rank].name or tostring(r.owner_rank)
   return ("UserRRef(owner=%s, id=%s, fork=%s)"):format(name, r.id, r.fork)
+end
+
+-- A proxy's call of a method of an RRef this worker owns: it runs here, and
+-- fails with kind timeout past the call's timeout as a call to another
+-- worker does (what it runs goes on, as there).
+local function owned_call(args, what)
+  local fut = Future._described(callee.call_text, what, agent.name)
+  local wait = args[2]
+  local timer = wait > 0 and sched.after(wait, function()
+    fut:_set_error(errors.new("timeout", ("%s timed out after %g s"):format(callee.call_text(what, agent.name), wait),
+      {worker = agent.name, rank = agent.rank}))
+  end)
+  local function settled(err, values)
+    if timer then sched.cancel(timer) end
+    if err then fut:_set_error(agent:remote_error(err)) else fut:_set_packed(values) end
+  end
+  sched.spawn(function()
+    local ok, f = pcall(M.call_method, unpack(args, 1, args.n))
+    if not ok then return settled(f) end
+    f:add_done_callback(function(g)
+      if g.state == "error" then settled(g.err) else settled(nil, g.values) end
+    end)
+  end, {name = "rref method"})
+  return fut
 end
 
 -- proxies: r:rpc_sync():m(...), r:rpc_async():m(...), r:remote():m(...)
@@ -513,20 +623,12 @@ local function proxy(r, mode, timeout)
         running(mode .. "():" .. tostring(method))
         check_creation(r)
         local args = pack(r.id, bound(timeout), method, ...)
-        if mode == "remote" then return M.remote(r.owner_rank, M.call_method, args, nil, timeout) end
+        -- (messages name the method, not rpchost's call_method that runs it)
+        local what = ("method '%s' of RRef %s"):format(tostring(method), r.id)
+        if mode == "remote" then return M.remote(r.owner_rank, M.call_method, args, nil, timeout, what) end
         local fut
-        if r.owned then
-          fut = Future.new("rref method")
-          sched.spawn(function()
-            local ok, f = pcall(M.call_method, unpack(args, 1, args.n))
-            if not ok then return fut:set_error(agent:remote_error(f)) end
-            f:add_done_callback(function(g)
-              if g.state == "error" then fut:set_error(agent:remote_error(g.err)) else fut:set_packed(g.values) end
-            end)
-          end, {name = "rref method"})
-        else
-          fut = agent:call(r.owner_rank, M.call_method, args, nil, timeout)
-        end
+        if r.owned then fut = owned_call(args, what)
+        else fut = agent:call(r.owner_rank, M.call_method, args, nil, timeout, what) end
         if mode == "rpc_async" then return fut end
         return fut:wait()
       end
@@ -556,18 +658,22 @@ function M.backward_here(r, ctx_id, retain_graph)
   sched.spawn(function()
     sched.current().ag_ctx = ctx
     local ok, err = pcall(backward_local, r, ctx_id, retain_graph)
-    if ok then fut:set_result(true) else fut:set_error(agent:remote_error(err)) end
+    if ok then fut:_set_result(true) else fut:_set_error(agent:remote_error(err)) end
   end, {name = "rref backward"})
   return fut
 end
 
 callee.mark_async(M.backward_here)
 
+-- (returns nothing, as PyTorch's returns None)
 function RRef:backward(ctx_id, retain_graph)
   running("backward")
-  if self.owned then return backward_local(self, ctx_id, retain_graph) end
+  if self.owned then
+    backward_local(self, ctx_id, retain_graph)
+    return
+  end
   check_creation(self)
-  return agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
+  agent:call(self.owner_rank, M.backward_here, {self, ctx_id, retain_graph}, nil, 0):wait()
 end
 
 -- Waits until the RRef's value exists on its owner (raises its creation's error).
@@ -597,10 +703,22 @@ function M.stats()
     n_owners = n_owners + 1
     for _ in pairs(e.forks) do n_forks = n_forks + 1 end
   end
-  local n_user = 0
-  for _ in pairs(live_forks) do n_user = n_user + 1 end
-  return {owners = n_owners, owner_forks = n_forks, user_forks = n_user, pending_deletes = #pending_deletes}
+  local function count(t)
+    local k = 0
+    for _ in pairs(t) do k = k + 1 end
+    return k
+  end
+  return {owners = n_owners, owner_forks = n_forks, user_forks = count(live_forks), pending_deletes = #pending_deletes,
+          tombstones = count(tombstones), early_confirmations = count(early), awaiting_confirmation = count(awaiting),
+          creators = count(created_max), confirm_waiters = count(confirm_waiters)}
 end
+
+-- A worker that left for good (a dynamic member): what is remembered of the
+-- ids it made goes.
+function M.forget(rank)
+  created_max[rank] = nil
+end
+agentmod.on_member_left(M.forget)
 
 -- at graceful shutdown: give up every fork we hold (the owners free what is left)
 function M.release_all()

@@ -176,10 +176,12 @@ local function sizes_and_options_(allow_infer, ...)
 end
 local function sizes_and_options(...) return sizes_and_options_(false, ...) end
 
-local function check_opts(opts, what)
+-- (`also`: one more option the caller takes, as the random ops take generator)
+local function check_opts(opts, what, also)
   for k in pairs(opts) do
-    if k ~= "dtype" and k ~= "requires_grad" and k ~= "device" then
-      error(("%s: unknown option '%s' (dtype, requires_grad, device)"):format(what, tostring(k)), 3)
+    if k ~= "dtype" and k ~= "requires_grad" and k ~= "device" and k ~= also then
+      error(("%s: unknown option '%s' (dtype, requires_grad, device%s)"):format(what, tostring(k),
+        also and ", " .. also or ""), 3)
     end
   end
   if opts.dtype ~= nil and not is_dtype(opts.dtype) then
@@ -553,11 +555,21 @@ local function format_tensor(t)
   local numel = core.t_numel(t)
   local summarize = numel > 1000
   local edge = 3
+  -- one element's value: an int64 as an int64 cdata, which prints exactly
+  -- (t_item's double would round it past 2^53)
+  local item = core.t_item
+  if dt == tensor.int64 then
+    local box = ffi.new("int64_t[1]")
+    item = function(v)
+      ffi.copy(box, core.t_bytes(v), 8)
+      return box[0]
+    end
+  end
   -- collect the values that will be shown, to choose one format and width
   local shown = {}
   local function gather(v, d)
     if d > #sizes then
-      local x = core.t_item(v)
+      local x = item(v)
       shown[#shown + 1] = x
       return
     end
@@ -580,7 +592,7 @@ local function format_tensor(t)
   for _, v in ipairs(shown) do width = math.max(width, #fmt(v)) end
   local function pad(s) return (" "):rep(width - #s) .. s end
   local function render(v, d, indent)
-    if d > #sizes then return pad(fmt(core.t_item(v))) end
+    if d > #sizes then return pad(fmt(item(v))) end
     local n = sizes[d]
     local parts = {}
     for i = 1, n do
@@ -596,7 +608,7 @@ local function format_tensor(t)
     return "[" .. table.concat(parts, sep) .. "]"
   end
   local body
-  if #sizes == 0 then body = fmt(core.t_item(t))
+  if #sizes == 0 then body = fmt(item(t))
   elseif numel == 0 then body = "[]"
   else body = render(t, 1, "       ") end
   local extras = {}

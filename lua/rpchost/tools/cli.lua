@@ -30,8 +30,9 @@ local M = {}
 local USAGE = [==[
 usage: rpchost [options] [script [args...]]     run a script (one rank), like luajit
        rpchost run  --nproc-per-node N [--nnodes M --node-rank K --master-addr A
-                    --master-port P] [--prefix] [--grace S] [--max-restarts N]
-                    script [args...]            start a world of N ranks per node
+                    --master-port P | --standalone] [--prefix] [--grace S]
+                    [--max-restarts N] script [args...]
+                                                start a world of N ranks per node
        rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]
                                                 join a running world interactively
        rpchost top  [--master-addr A --master-port P] [--token T] [--interval S]

@@ -17,12 +17,16 @@ local M = {}
 
 local USAGE = [==[
 usage: rpchost run [--nproc-per-node N] [--nnodes M] [--node-rank K]
-                   [--master-addr A] [--master-port P] [--prefix] script.lua [args...]
+                   [--master-addr A] [--master-port P] [--standalone] [--prefix]
+                   script.lua [args...]
   --nproc-per-node N  ranks to start on this node (default 1)
   --nnodes M          nodes in the world (default 1); run the same command on each
   --node-rank K       this node's index, 0..M-1 (default 0); node 0 hosts the store
   --master-addr A     where the store is (default 127.0.0.1)
   --master-port P     its port (default: a free port; required when --nnodes > 1)
+  --standalone        a one-node world with its own store on 127.0.0.1 and a free
+                      port (torchrun's flag; --nnodes > 1, --node-rank, --master-addr
+                      and --master-port contradict it and are refused)
   --prefix            prefix every output line with [rankN]
   --grace S           seconds between SIGTERM and SIGKILL when stopping ranks (default 3)
   --max-restarts N    start a failed rank again in place, up to N times per rank, while
@@ -32,6 +36,22 @@ usage: rpchost run [--nproc-per-node N] [--nnodes M] [--node-rank K]
 local function die(msg)
   io.stderr:write("rpchost run: ", msg, "\n")
   return 2
+end
+
+-- --standalone (torchrun's): one node, its store on 127.0.0.1 and a free port,
+-- which the defaults already are. torchrun ignores rendezvous options given
+-- beside it; here one that says otherwise is refused, naming it (a world that
+-- meets elsewhere than asked, without a word, is worse than an error).
+-- `--nnodes 1`, torchrun's usual company for it, agrees and is accepted.
+local function standalone_conflict(o, given)
+  if o.nnodes ~= 1 or o.node_rank ~= 0 then
+    return ("--standalone makes a one-node world: leave out %s (or --standalone)"):format(
+      o.nnodes ~= 1 and ("--nnodes " .. o.nnodes) or ("--node-rank " .. o.node_rank))
+  end
+  if given.addr or given.port then
+    return ("--standalone puts the store on 127.0.0.1 and a free port: leave out %s (or --standalone)"):format(
+      given.addr or given.port)
+  end
 end
 
 local function parse(argv)
@@ -44,6 +64,7 @@ local function parse(argv)
     ["--master-port"] = "port", ["--master_port"] = "port", ["--grace"] = "grace",
     ["--max-restarts"] = "max_restarts", ["--max_restarts"] = "max_restarts",
   }
+  local given = {} -- field -> the flag that set it (for --standalone's check)
   local i = 1
   while argv[i] do
     local a = argv[i]
@@ -51,11 +72,13 @@ local function parse(argv)
     k = k or a
     if a == "-h" or a == "--help" then return nil, "help"
     elseif a == "--prefix" then o.prefix = true; i = i + 1
+    elseif a == "--standalone" then o.standalone = true; i = i + 1
     elseif a == "--" then i = i + 1; break
     elseif flags[k] then
       if v == nil then v = argv[i + 1]; i = i + 2 else i = i + 1 end
       if v == nil then return nil, k .. " needs a value" end
       local field = flags[k]
+      given[field] = given[field] or k
       if field == "addr" then o.addr = v
       elseif field == "grace" then
         local n = tonumber(v)
@@ -73,6 +96,8 @@ local function parse(argv)
     elseif a:sub(1, 2) == "--" then return nil, "unknown option " .. a
     else break end
   end
+  local why = o.standalone and standalone_conflict(o, given)
+  if why then return nil, why end
   o.trace = os.getenv("RPCHOST_TRACE")
   if o.trace == "" then o.trace = nil end
   o.script = argv[i]

@@ -19,6 +19,7 @@ local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local report = require "rpchost.tools.report"
 local errors = require "rpchost.errors"
+local sized = require "rpchost.sized"
 
 local M = {}
 
@@ -28,6 +29,7 @@ local function is_ident(k) return type(k) == "string" and k:match("^[%a_][%w_]*$
 function M.pretty(v, indent, seen, depth)
   indent, seen, depth = indent or "", seen or {}, depth or 0
   if type(v) == "string" then return ("%q"):format(v) end
+  v = sized.raw(v) -- (a sized object, a DataLoader or a sampler, shows as the table behind it)
   if type(v) ~= "table" or getmetatable(v) and getmetatable(v).__tostring then return tostring(v) end
   if seen[v] then return "<cycle>" end
   if depth >= 4 then return "{...}" end
@@ -103,11 +105,12 @@ local function names_of(v)
   local mt, hops = getmetatable(v), 0
   local idx = type(mt) == "table" and rawget(mt, "__index")
   local library = type(idx) == "table" and library_class(idx)
-  if type(v) == "table" then
+  local own = sized.raw(v) -- (a sized object's fields are the table behind it)
+  if type(own) == "table" then
     if library then
       for _, k in ipairs(PUBLIC_FIELDS[mt] or {}) do add({[k] = true}) end
     else
-      add(v)
+      add(own)
     end
   end
   while type(mt) == "table" and hops < 16 do

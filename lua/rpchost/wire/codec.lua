@@ -13,7 +13,9 @@
 --     there they see the callee's globals and the rpchost modules;
 --   * objects whose metatable has a codec registered (WorkerInfo, error objects,
 --     later tensors and RRefs) use it; tables whose metatable is reachable by name
---     (a class) travel as their fields plus that name;
+--     (a class) travel as their fields plus that name; so do sized objects
+--     (rpchost.sized: a userdata proxy in front of such a table), made sized again
+--     on arrival;
 --   * 64-bit integer cdata travel exactly.
 -- Anything else (coroutines, foreign userdata) is an error naming its path.
 --
@@ -29,6 +31,7 @@
 local core = require "rpchost.core"
 local ffi = require "ffi"
 local errors = require "rpchost.errors"
+local sized = require "rpchost.sized"
 
 local M = {}
 
@@ -324,6 +327,8 @@ local function encode_hook(v)
     local mt = getmetatable(v)
     local enc = by_mt[mt]
     if enc then return enc(out_ctx, v) end
+    -- a sized object travels as the object behind it (of the same class)
+    if t == "userdata" and sized.is(v) then v, t = sized.raw(v), "table" end
     -- a class (a callable table that is itself a metatable: nn.Linear, a user's
     -- Net) travels by name, like a function, so the callee uses its own class
     if t == "table" and mt ~= nil and mt.__call ~= nil and rawget(v, "__index") ~= nil then
@@ -422,7 +427,9 @@ by_tag[TAG.OBJECT] = function(_, fields, ...)
   local p = {...}
   local mt = resolve(p)
   if type(mt) ~= "table" then lookup_failed(p) end
-  return setmetatable(fields, mt)
+  local obj = setmetatable(fields, mt)
+  if sized.is_class(mt) then return sized.new(obj) end
+  return obj
 end
 -- a 64-bit integer is exactly 8 bytes: a shorter payload from the network would
 -- make ffi.copy read past it, a longer one is not a value this codec wrote
