@@ -243,9 +243,9 @@ M.complete_error = complete_error
 function M.cancel(self, id, why)
   local call = self.pending[id]
   if not call then return nil end
-  local p, what = call.peer, describe_fn(call.fn)
-  complete_error(self, id, errors.new("timeout", ("the call to %s (%s) was cancelled: %s"):format(p.name, what, why),
-    {worker = p.name, rank = p.rank}))
+  local p, what = call.peer, callee.fn_text(call.what or call.fn)
+  complete_error(self, id, errors.new("timeout", ("%s was cancelled: %s"):format(call_text(call.what or call.fn, p.name),
+    why), {worker = p.name, rank = p.rank, call_id = id}))
   if p.rank == self.rank then callee.cancel_request(self, self.rank, id, true)
   elseif p.state == "ready" and p.conn and p.conn:is_open() then
     pcall(self.post, self, p.rank, "!cancel", id, "running")

@@ -60,10 +60,11 @@ end
 -- The names that may follow `v.` or `v:`: its own fields, those its metatables'
 -- __index tables give it (an instance's class and the classes above), a
 -- tensor's methods and properties (its __index is a function). Metamethods
--- (`__index`, `__gc`) are never offered. An object of one of rpchost's own
--- classes (an RRef, a Future, a WorkerInfo) offers its public API only: its
--- class's methods and the fields its documentation names (PUBLIC_FIELDS), not
--- the bookkeeping it carries (an RRef's creation, sentinel, fork).
+-- (`__index`, `__gc`) are never offered. One of rpchost's runtime objects (an
+-- RRef, a Future, a WorkerInfo: a value with a wire form of its own) offers its
+-- public API only: its class's methods and the fields its documentation names
+-- (PUBLIC_FIELDS), not the bookkeeping it carries (an RRef's creation,
+-- sentinel, fork). Other objects (an nn.Linear, the user's) offer their fields.
 local PUBLIC_FIELDS = {
   [require "rpchost.wire.workerinfo"] = {"id", "name"},
   [errors.Error] = {"kind", "message", "worker", "rank", "traceback"},
@@ -73,18 +74,6 @@ local PUBLIC_FIELDS = {
 -- a constructor or a helper the class also holds (`Future.new`, `WorkerInfo.is`).
 local function is_method(f)
   return type(f) == "function" and debug.getlocal(f, 1) == "self"
-end
-
--- Whether a class table is one of rpchost's: its functions are defined in
--- rpchost's Lua library.
-local function library_class(idx)
-  for _, v in pairs(idx) do
-    if type(v) == "function" then
-      local info = debug.getinfo(v, "S")
-      if info.what ~= "C" then return errors.is_library_source(info.source) end
-    end
-  end
-  return false
 end
 
 local function names_of(v)
@@ -102,22 +91,31 @@ local function names_of(v)
     add(tensor.methods)
     add(tensor.props)
   end
-  local mt, hops = getmetatable(v), 0
-  local idx = type(mt) == "table" and rawget(mt, "__index")
-  local library = type(idx) == "table" and library_class(idx)
+  local mt = getmetatable(v)
+  -- (an object's names that start with '_' are its own business; a plain
+  -- table's, a module's such as rpc._set_rpc_timeout, are offered)
+  local public = type(mt) == "table" and function(k) return k:sub(1, 1) ~= "_" end or nil
+  local runtime = require("rpchost.wire.codec").has_extension(mt)
   local own = sized.raw(v) -- (a sized object's fields are the table behind it)
   if type(own) == "table" then
-    if library then
+    if runtime then
       for _, k in ipairs(PUBLIC_FIELDS[mt] or {}) do add({[k] = true}) end
     else
-      add(own)
+      add(own, public)
     end
   end
-  while type(mt) == "table" and hops < 16 do
-    idx = rawget(mt, "__index")
-    if type(idx) ~= "table" then break end
-    add(idx, library and function(k, x) return k:sub(1, 1) ~= "_" and is_method(x) end or nil)
-    mt, hops = getmetatable(idx), hops + 1
+  -- the classes: an __index table is the class; a class whose __index is a
+  -- function (an nn module's, which finds parameters) holds its methods itself
+  local methods = runtime and function(k, x) return k:sub(1, 1) ~= "_" and is_method(x) end or public
+  local cls, hops = mt, 0
+  while type(cls) == "table" and hops < 16 do
+    local idx = rawget(cls, "__index")
+    local class = type(idx) == "table" and idx or type(idx) == "function" and cls or nil
+    if not class then break end
+    add(class, methods)
+    local up = getmetatable(class)
+    if up == cls then break end
+    cls, hops = up, hops + 1
   end
   return out
 end

@@ -262,6 +262,11 @@ function M.register_extension(x)
   end
 end
 
+-- Whether values of metatable mt have a wire form of their own (RRefs, tensors,
+-- Futures, WorkerInfo, error objects: rpchost's runtime objects, whose fields
+-- are their bookkeeping), not the fields-and-class-name of a plain object.
+function M.has_extension(mt) return mt ~= nil and by_mt[mt] ~= nil end
+
 local Named = {} -- marks a table that travels as a reference to its name
 Named.__index = Named
 
