@@ -60,6 +60,9 @@ describe("tracebacks #unit", function()
     assert.truthy(text:find("traceback_spec.lua:%d+>"), text)
   end)
 
+end)
+
+describe("tracebacks of processes and remote calls #world", function()
   it("stay bounded in a stack overflow, and show everything with RPCHOST_TRACEBACK=full", function()
     local r = S.run({"-e", [[
       local function rec(n) return 1 + rec(n + 1) end
@@ -79,9 +82,6 @@ describe("tracebacks #unit", function()
     assert.is_nil(r.out:find("sched.lua", 1, true), r.out)
     assert.truthy(r.out:find("rpchost frame", 1, true), r.out)
   end)
-end)
-
-describe("remote tracebacks #world", function()
   it("show the callee's failing frame first and fold the callee's machinery", function()
     local r = S.checked_world(2, [[
       function fails_deep(x) return x.y.z end
