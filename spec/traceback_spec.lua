@@ -63,7 +63,7 @@ describe("tracebacks #unit", function()
 end)
 
 describe("tracebacks of processes and remote calls #world", function()
-  it("stay bounded in a stack overflow, and show everything with RPCHOST_TRACEBACK=full", function()
+  it("stay bounded in a stack overflow, and show everything with RPCHOST_LOG=debug", function()
     local r = S.run({"-e", [[
       local function rec(n) return 1 + rec(n + 1) end
       local ok, e = xpcall(rec, require("rpchost.sched").traceback, 1)
@@ -75,7 +75,7 @@ describe("tracebacks of processes and remote calls #world", function()
       local ok, e = xpcall(f, require("rpchost.sched").traceback, {})
       print(e)
     ]]
-    r = S.run({"-e", script}, {env = {RPCHOST_TRACEBACK = "full"}})
+    r = S.run({"-e", script}, {env = {RPCHOST_LOG = "debug"}})
     assert.truthy(r.out:find("sched.lua", 1, true), r.out)
     assert.is_nil(r.out:find("rpchost frame", 1, true), r.out)
     r = S.run({"-e", script})
