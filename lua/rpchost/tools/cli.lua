@@ -37,8 +37,10 @@ usage: rpchost [options] [script [args...]]     run a script (one rank), like lu
                                                 join a running world interactively
        rpchost top  [--master-addr A --master-port P] [--token T] [--interval S]
                                                 watch a running world live (q quits)
+       rpchost plot LOGDIR [-o FILE] [--smoothing W]
+                                                draw a SummaryWriter's curves as HTML
 
-Subcommands: run, repl, top (each takes --help).
+Subcommands: run, repl, top, plot (each takes --help).
 
 Interpreter options (as luajit):
   -e chunk   run the string 'chunk'
@@ -239,20 +241,16 @@ local function interpreter(argv)
   return 0
 end
 
+-- the subcommands, each a module whose main(argv) takes the arguments after it
+local SUBCOMMANDS = {run = "rpchost.tools.launcher", top = "rpchost.tools.top", repl = "rpchost.tools.repl",
+                     plot = "rpchost.tools.plot"}
+
 function M.main(argv)
-  local sub = argv[1]
-  if sub == "run" then
+  local sub = SUBCOMMANDS[argv[1]]
+  if sub then
     local rest = {[0] = argv[0]}
     for j = 2, #argv do rest[#rest + 1] = argv[j] end
-    return require("rpchost.tools.launcher").main(rest)
-  elseif sub == "top" then
-    local rest = {[0] = argv[0]}
-    for j = 2, #argv do rest[#rest + 1] = argv[j] end
-    return require("rpchost.tools.top").main(rest)
-  elseif sub == "repl" then
-    local rest = {[0] = argv[0]}
-    for j = 2, #argv do rest[#rest + 1] = argv[j] end
-    return require("rpchost.tools.repl").main(rest)
+    return require(sub).main(rest)
   end
   return interpreter(argv)
 end
