@@ -2,7 +2,8 @@
 -- bench/checkpoint_io.py: a durable tensor.save of a MIB MiB float32 tensor
 -- (.npy; atomic: written beside the target, fsync'd, renamed, directory
 -- fsync'd), tensor.load of it, nn.save / nn.load of the same bytes as a
--- four-member .npz (CRC-32 computed while writing, checked while reading).
+-- four-member .npz (CRC-32 computed while writing, checked while reading);
+-- the loads also with {mmap = true} (the file mapped copy-on-write).
 -- Prints "name seconds" lines, and the peak resident memory each step took
 -- above what was resident before it ("name_peak_mib MiB").
 local tensor, nn = require "tensor", require "nn"
@@ -41,9 +42,15 @@ step("tensor.save", function() tensor.save(t, dir .. "/rpchost.npy") end)
 local back = step("tensor.load", function() return tensor.load(dir .. "/rpchost.npy") end)
 assert(back:numel() == n)
 back = nil
+back = step("tensor.load_mmap", function() return tensor.load(dir .. "/rpchost.npy", {mmap = true}) end)
+assert(back:numel() == n)
+back = nil
 local q = n / 4
 local sd = {}
 for i = 1, 4 do sd["layer" .. i .. ".weight"] = t:narrow(1, (i - 1) * q + 1, q) end
 step("nn.save", function() nn.save(sd, dir .. "/rpchost.npz") end)
 local d = step("nn.load", function() return nn.load(dir .. "/rpchost.npz") end)
+assert(d["layer4.weight"]:numel() == q)
+d = nil
+d = step("nn.load_mmap", function() return nn.load(dir .. "/rpchost.npz", {mmap = true}) end)
 assert(d["layer4.weight"]:numel() == q)

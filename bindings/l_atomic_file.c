@@ -233,24 +233,32 @@ static int l_read(lua_State *L) {
   return 1;
 }
 
-/* Fills t (a contiguous host tensor) from off; opts at index o (or none):
- * {crc32 = true or an initial crc, byteswap = bool}. Returns whether a crc
- * was asked for, with it in *crc. */
-static int fill(lua_State *L, lreader_t *r, uint64_t off, rh_tensor_t *t, int o, uint32_t *crc) {
+/* a read's options at index o (or none): {crc32 = true or an initial crc,
+ * byteswap = bool, map = bool} */
+typedef struct {
+  int want_crc, swap, map;
+  uint32_t crc;
+} read_opts_t;
+
+static read_opts_t read_opts(lua_State *L, int o) {
+  read_opts_t ro = {0, 0, 0, 0};
+  if (!lua_istable(L, o)) return ro;
+  lua_getfield(L, o, "crc32");
+  ro.want_crc = lua_toboolean(L, -1);
+  if (lua_isnumber(L, -1)) ro.crc = (uint32_t)lua_tonumber(L, -1);
+  lua_getfield(L, o, "byteswap");
+  ro.swap = lua_toboolean(L, -1);
+  lua_getfield(L, o, "map");
+  ro.map = lua_toboolean(L, -1);
+  lua_pop(L, 3);
+  return ro;
+}
+
+/* Fills t (a contiguous host tensor) from off, continuing ro->crc when asked. */
+static void fill(lua_State *L, lreader_t *r, uint64_t off, rh_tensor_t *t, read_opts_t *ro) {
   size_t n = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
-  int want_crc = 0, swap = 0;
-  *crc = 0;
-  if (lua_istable(L, o)) {
-    lua_getfield(L, o, "crc32");
-    want_crc = lua_toboolean(L, -1);
-    if (lua_isnumber(L, -1)) *crc = (uint32_t)lua_tonumber(L, -1);
-    lua_getfield(L, o, "byteswap");
-    swap = lua_toboolean(L, -1);
-    lua_pop(L, 2);
-  }
   if (off > r->size || n > r->size - off) check_read(L, r, RH_ETRUNCATED, off, n);
-  check_read(L, r, rh_afile_read_tensor(r->fd, off, t, want_crc ? crc : NULL, swap), off, n);
-  return want_crc;
+  check_read(L, r, rh_afile_read_tensor(r->fd, off, t, ro->want_crc ? &ro->crc : NULL, ro->swap), off, n);
 }
 
 /* r:read_into(offset, t[, {crc32 = true or initial, byteswap = bool}]) -> the
@@ -260,16 +268,19 @@ static int l_read_into(lua_State *L) {
   lreader_t *r = check_reader(L);
   uint64_t off = check_offset(L, 2);
   rh_tensor_t *t = rh_lua_checkhostspan(L, 3, "read_into", NULL);
-  uint32_t crc;
-  if (!fill(L, r, off, t, 4, &crc)) return 0;
-  lua_pushnumber(L, (double)crc);
+  read_opts_t ro = read_opts(L, 4);
+  fill(L, r, off, t, &ro);
+  if (!ro.want_crc) return 0;
+  lua_pushnumber(L, (double)ro.crc);
   return 1;
 }
 
 /* r:read_tensor(offset, dtype, sizes[, opts]) -> a new tensor of that dtype
  * and shape holding the bytes at offset[, the crc32 as read_into]. The file's
  * size is checked before anything is allocated: a hostile header cannot ask
- * for more memory than the file holds. */
+ * for more memory than the file holds. With opts.map the tensor maps the
+ * file copy-on-write where it can (rh_afile_map_tensor: bytes aligned to 64
+ * and in this byte order), and is read where it cannot. */
 static int l_read_tensor(lua_State *L) {
   lreader_t *r = check_reader(L);
   uint64_t off = check_offset(L, 2);
@@ -278,12 +289,21 @@ static int l_read_tensor(lua_State *L) {
   int nd = rh_lua_checksizes(L, 4, size);
   if (rh_shape_numel(nd, size, &numel) || (uint64_t)numel > r->size / rh_dtype_size(dt) + 1)
     check_read(L, r, RH_ETRUNCATED, off, r->size + 1);
-  rh_tensor_t *t = rh_tensor_empty(dt, nd, size);
-  if (!t) return raise_line(L, "%s: %s", r->who, rh_tensor_errmsg());
-  rh_lua_pushtensor(L, t); /* (Lua's from here: an error below frees it) */
-  uint32_t crc;
-  if (!fill(L, r, off, t, 5, &crc)) return 1;
-  lua_pushnumber(L, (double)crc);
+  read_opts_t ro = read_opts(L, 5);
+  uint64_t n = (uint64_t)numel * rh_dtype_size(dt);
+  if (off > r->size || n > r->size - off) check_read(L, r, RH_ETRUNCATED, off, n);
+  rh_tensor_t *t = NULL;
+  if (ro.map && !ro.swap && rh_afile_map_tensor(r->fd, off, dt, nd, size, &t) == 0) {
+    if (ro.want_crc) ro.crc = (uint32_t)crc32_z(ro.crc, rh_tensor_data(t), (size_t)n);
+    rh_lua_pushtensor(L, t);
+  } else {
+    t = rh_tensor_empty(dt, nd, size);
+    if (!t) return raise_line(L, "%s: %s", r->who, rh_tensor_errmsg());
+    rh_lua_pushtensor(L, t); /* (Lua's from here: an error below frees it) */
+    fill(L, r, off, t, &ro);
+  }
+  if (!ro.want_crc) return 1;
+  lua_pushnumber(L, (double)ro.crc);
   return 2;
 }
 

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -445,6 +446,51 @@ static void byteswap(unsigned char *p, size_t n, size_t es) {
       p[i + a] = p[i + b];
       p[i + b] = c;
     }
+}
+
+/* ---- mapping */
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* (Linux 5.14; older kernels say EINVAL: the pages then map as they are touched) */
+#endif
+
+typedef struct {
+  void *base;
+  size_t len;
+} mapping_t;
+
+static void unmap_storage(void *ctx, void *data) {
+  mapping_t *m = ctx;
+  (void)data;
+  munmap(m->base, m->len);
+  free(m);
+}
+
+int rh_afile_map_tensor(int fd, uint64_t off, int dtype, int ndim, const int64_t *size, rh_tensor_t **out) {
+  int64_t numel, stride[RH_MAXDIM];
+  *out = NULL;
+  if (ndim < 0 || ndim > RH_MAXDIM || rh_shape_numel(ndim, size, &numel)) return -EINVAL;
+  size_t n = (size_t)numel * rh_dtype_size((rh_dtype_t)dtype);
+  if (n == 0 || off % 64) return -EINVAL;
+  uint64_t base = off - off % (uint64_t)sysconf(_SC_PAGESIZE);
+  mapping_t *m = malloc(sizeof *m);
+  if (!m) return -ENOMEM;
+  m->len = (size_t)(off - base) + n;
+  m->base = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, (off_t)base);
+  if (m->base == MAP_FAILED) {
+    free(m);
+    return -errno;
+  }
+  madvise(m->base, m->len, MADV_POPULATE_READ); /* (the page tables at once, from the page cache) */
+  rh_storage_t *s = rh_storage_wrap((char *)m->base + (off - base), n, unmap_storage, m);
+  if (!s) {
+    unmap_storage(m, NULL);
+    return -ENOMEM;
+  }
+  for (int d = ndim - 1; d >= 0; d--) stride[d] = d == ndim - 1 ? 1 : stride[d + 1] * size[d + 1];
+  *out = rh_tensor_on_storage(s, (rh_dtype_t)dtype, 0, ndim, size, stride);
+  rh_storage_release(s); /* (the tensor holds it, or it is gone) */
+  return *out ? 0 : -ENOMEM;
 }
 
 int rh_afile_read_tensor(int fd, uint64_t off, rh_tensor_t *t, uint32_t *crc, int swap) {

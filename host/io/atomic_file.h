@@ -86,5 +86,12 @@ int rh_afile_read(int fd, uint64_t off, void *buf, size_t n, uint32_t *crc);
 /* Fills the contiguous host tensor t with its bytes from off of fd; byteswap:
  * the file holds them in the other byte order. */
 int rh_afile_read_tensor(int fd, uint64_t off, struct rh_tensor_s *t, uint32_t *crc, int byteswap);
+/* A new host tensor of that dtype and shape over the file's bytes at off,
+ * mapped copy-on-write (writes to it never reach the file; its pages are the
+ * page cache's until written): no allocation and no copy. -EINVAL when off is
+ * not a multiple of 64 (the kernels' alignment) or there are no bytes: read
+ * instead. The mapping lives as long as the tensor's storage; a program that
+ * truncates or rewrites the file in place meanwhile changes it, or faults. */
+int rh_afile_map_tensor(int fd, uint64_t off, int dtype, int ndim, const int64_t *size, struct rh_tensor_s **out);
 
 #endif

@@ -45,7 +45,14 @@
 --       the bytes read when asked; byteswap: the file holds the other order.
 --       A file that ends first raises "WHO: PATH is truncated: ...".
 --   r:close()
---   atomic_file.read_into(path, offset, t[, opts]): the same, once.
+--   r:read_tensor(offset, dtype, sizes[, opts]) -> a new tensor[, crc]
+--       of that dtype id and shape from the bytes at offset, checked against
+--       the file's size before anything is allocated; opts as read_into, and
+--       map = true: the tensor maps the file copy-on-write where the bytes
+--       start on a multiple of 64 and need no byteswap (no allocation, no
+--       copy; writes to it never reach the file; the file must not be
+--       truncated or rewritten in place while it lives), else it is read.
+--   atomic_file.read_into(path, offset, t[, opts]): read_into, once.
 --   atomic_file.crc32(s[, crc]) -> zlib's crc32 of s, continuing crc.
 local core = require "rpchost.core"
 

@@ -5,8 +5,10 @@
  * (this host's, pid gone) and no one else's; rewrites stay inside what was
  * written; tensors of any layout are written in logical order with the crc32
  * of those bytes; reads fill memory and tensors, and a short file is
- * RH_ETRUNCATED. Runs in a fresh directory under $TMPDIR. */
+ * RH_ETRUNCATED; a mapped tensor lies in the file copy-on-write. Runs in a
+ * fresh directory under $TMPDIR. */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,6 +176,15 @@ static void tensors_and_reads(void) {
   CHECK(rh_afile_read_tensor(fd, 8, sw, NULL, 1) == 0);
   const unsigned char *a = (const unsigned char *)s + 8, *b = rh_tensor_data(sw);
   CHECK(b[0] == a[3] && b[1] == a[2] && b[2] == a[1] && b[3] == a[0]);
+  /* mapped copy-on-write: at a multiple of 64 only; writes stay in memory */
+  rh_tensor_t *mp = NULL;
+  CHECK(rh_afile_map_tensor(fd, 8, RH_F64, 1, (int64_t[]){4}, &mp) == -EINVAL && !mp);
+  CHECK(rh_afile_map_tensor(fd, 64, RH_F64, 2, (int64_t[]){2, 2}, &mp) == 0 && mp);
+  CHECK(mp && rh_tensor_is_contiguous(mp) && memcmp(rh_tensor_data(mp), s + 64, 32) == 0);
+  if (mp) ((double *)rh_tensor_data(mp))[0] = -1;
+  char check[8];
+  CHECK(pread(fd, check, 8, 64) == 8 && memcmp(check, s + 64, 8) == 0);
+  rh_tensor_release(mp);
   close(fd);
   free(s);
   rh_tensor_release(sw);

@@ -70,10 +70,16 @@ local function each_piece(t, fn)
   for i = 0, sizes[d] - 1, k do each_piece(core.t_narrow(t, d - 1, i, math.min(k, sizes[d] - i)), fn) end
 end
 
--- A member's local header; zip64 (both sizes in its extra field, patched with
--- the crc once known) when its size may pass M.zip64_at.
-local function local_header(name, method, crc, csize, usize, zip64)
+-- A member's local header at offset; zip64 (both sizes in its extra field,
+-- patched with the crc once known) when its size may pass M.zip64_at. A
+-- stored member's bytes start on a multiple of 64 (padding in an extra field,
+-- as PyTorch's archives do), so its tensor can be mapped where it lies.
+local function local_header(name, method, crc, csize, usize, zip64, offset)
   local extra = zip64 and (u16(1) .. u16(16) .. u64(usize) .. u64(csize)) or ""
+  if method == 0 then
+    local pad = (64 - (offset + 30 + #name + #extra + 4) % 64) % 64
+    extra = extra .. u16(0x4246) .. u16(pad) .. ("\0"):rep(pad)
+  end
   return "PK\3\4" .. u16(zip64 and 45 or 20) .. u16(0) .. u16(method) .. u16(0) .. u16(33) .. u32(crc) ..
     u32(zip64 and 0xFFFFFFFF or csize) .. u32(zip64 and 0xFFFFFFFF or usize) .. u16(#name) .. u16(#extra) ..
     name .. extra
@@ -114,7 +120,7 @@ local function write_member(f, name, t, compressed)
   local e = {name = name, offset = f:offset(), usize = usize, method = compressed and 8 or 0}
   -- (deflate may grow data a little: a margin decides zip64 for it)
   local zip64 = (compressed and usize + usize / 1000 + 65536 or usize) >= M.zip64_at
-  f:write(local_header(name, e.method, 0, 0, 0, zip64))
+  f:write(local_header(name, e.method, 0, 0, 0, zip64, e.offset))
   local start = f:offset()
   if compressed then
     local d = zlib.deflater("raw")
@@ -148,7 +154,7 @@ local function stored_size(members)
   for _, m in ipairs(members) do
     local usize = #npy.header(m.t) + core.t_numel(m.t) * core.dtype_size(core.t_dtype(m.t))
     local e = {name = m.name, offset = n, usize = usize, csize = usize, method = 0, crc = 0}
-    n = n + #local_header(m.name, 0, 0, 0, 0, usize >= M.zip64_at) + usize
+    n = n + #local_header(m.name, 0, 0, 0, 0, usize >= M.zip64_at, n) + usize
     cd = cd + #central_entry(e)
   end
   return n + cd + #end_records(#members, n, cd)
@@ -252,8 +258,8 @@ local function parse_directory(cd, count, fail)
   return out
 end
 
--- The tensor of member e, checked against its CRC-32.
-local function read_member(r, size, e, path, fail)
+-- The tensor of member e, checked against its CRC-32 (map: mapped where it can be).
+local function read_member(r, size, e, path, fail, map)
   local function member_fail(why) fail(("member %s: %s"):format(e.name, why)) end
   if e.offset + 30 > size then member_fail("its local header is past the end of the file (truncated?)") end
   local lh = r:read(e.offset, 30)
@@ -267,7 +273,7 @@ local function read_member(r, size, e, path, fail)
   local t, crc
   if e.method == 0 then
     if e.csize ~= e.usize then member_fail("stored with two different sizes") end
-    t, crc = npy.read(r, dstart, e.csize, member_fail, true)
+    t, crc = npy.read(r, dstart, e.csize, member_fail, true, map)
   elseif e.method == 8 then
     -- (deflate shrinks by 1032x at most: a bigger claim is a corrupt or hostile archive)
     if e.usize > 1032 * e.csize + 65536 then member_fail("its sizes are impossible for deflate (corrupt)") end
@@ -285,30 +291,32 @@ local function read_member(r, size, e, path, fail)
   return t
 end
 
-local function load_archive(r, path)
+local function load_archive(r, path, map)
   local size = r:size()
   local function fail(why) error(("nn.load: %s is not a readable .npz archive: %s"):format(path, why), 0) end
   if size >= 6 and r:read(0, 6) == "\147NUMPY" then
     return npy.read(r, 0, size, function(why)
       error(("nn.load: %s is not a readable .npy file: %s"):format(path, why), 0)
-    end)
+    end, false, map)
   end
   local count, cd_off, cd_size = find_directory(r, size, fail)
   local out, order = {}, {}
   for _, e in ipairs(parse_directory(r:read(cd_off, cd_size), count, fail)) do
     local key = e.name:gsub("%.npy$", "")
-    out[key] = read_member(r, size, e, path, fail)
+    out[key] = read_member(r, size, e, path, fail, map)
     order[#order + 1] = key
   end
   mod.state_dict_order[out] = order
   return out
 end
 
--- load(path) -> table name -> tensor (a .npz archive, or a single .npy file)
-function M.load(path)
+-- load(path[, {mmap = false}]) -> table name -> tensor (a .npz archive, or a
+-- single .npy file); with mmap, stored members map the file copy-on-write
+-- (as tensor.load's mmap), their CRC-32s still checked
+function M.load(path, opts)
   if type(path) ~= "string" then error("nn.load: expected a file path", 2) end
   local r = atomic_file.reader(path, "nn.load")
-  local ok, out = pcall(load_archive, r, path)
+  local ok, out = pcall(load_archive, r, path, opts and opts.mmap)
   r:close()
   if not ok then error(out, 0) end
   return out

@@ -23,11 +23,16 @@ function tensor.save(t, path)
   end, {size = #header + core.t_numel(t) * core.dtype_size(core.t_dtype(t)), who = "tensor.save"})
 end
 
-function tensor.load(path)
+-- load(path[, {mmap = false}]): with mmap, the tensor maps the file
+-- copy-on-write (PyTorch's torch.load(mmap=True)): nothing is allocated or
+-- copied, writes to the tensor never reach the file, and the file must not be
+-- truncated or rewritten in place while the tensor lives (rpchost's saves
+-- replace it instead)
+function tensor.load(path, opts)
   if type(path) ~= "string" then error("tensor.load: expected a file path", 2) end
   local r = atomic_file.reader(path, "tensor.load")
   local function fail(why) error(("tensor.load: %s is not a readable .npy file: %s"):format(path, why), 0) end
-  local ok, t = pcall(npy.read, r, 0, r:size(), fail)
+  local ok, t = pcall(npy.read, r, 0, r:size(), fail, false, opts and opts.mmap)
   r:close()
   if not ok then error(t, 0) end
   return t

@@ -95,9 +95,10 @@ function M.parse(read, avail, fail)
 end
 
 -- The tensor in the .npy bytes at [base, base + avail) of an atomic_file
--- reader, read straight into its storage; with want_crc, also the crc32 of
--- all those bytes (header and data). fail(why) raises.
-function M.read(r, base, avail, fail, want_crc)
+-- reader, read straight into its storage (with map, the file mapped
+-- copy-on-write where it can be); with want_crc, also the crc32 of all those
+-- bytes (header and data). fail(why) raises.
+function M.read(r, base, avail, fail, want_crc, map)
   local info, head = M.parse(function(off, n) return r:read(base + off, n) end, avail, fail)
   local sizes = info.sizes
   if info.fortran then
@@ -107,7 +108,7 @@ function M.read(r, base, avail, fail, want_crc)
     sizes = rev
   end
   local t, crc = r:read_tensor(base + info.offset, info.dtype, sizes,
-    {byteswap = info.big, crc32 = want_crc and core.af_crc32(head)})
+    {byteswap = info.big, crc32 = want_crc and core.af_crc32(head), map = map})
   if info.fortran and #sizes > 1 then
     local perm = {}
     for i = #sizes - 1, 0, -1 do perm[#perm + 1] = i end
