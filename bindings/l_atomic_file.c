@@ -119,14 +119,18 @@ static int l_write_at(lua_State *L) {
   return 0;
 }
 
-/* f:write_tensor(t[, crc]) -> crc32 (continuing crc) of the bytes written, bytes */
+/* f:write_tensor(t[, crc]) -> the crc32 of the bytes written continuing crc
+ * (nil when no crc is given: computing one costs a pass over the data), and
+ * their count */
 static int l_write_tensor(lua_State *L) {
   lfile_t *b = check_file(L);
   rh_tensor_t *t = rh_lua_checktensor(L, 2);
-  uint32_t crc = (uint32_t)luaL_optnumber(L, 3, 0);
+  int want_crc = !lua_isnoneornil(L, 3);
+  uint32_t crc = want_crc ? (uint32_t)luaL_checknumber(L, 3) : 0;
   uint64_t before = b->f.offset;
-  check_rc(L, b, rh_afile_write_tensor(&b->f, t, &crc));
-  lua_pushnumber(L, (double)crc);
+  check_rc(L, b, rh_afile_write_tensor(&b->f, t, want_crc ? &crc : NULL));
+  if (want_crc) lua_pushnumber(L, (double)crc);
+  else lua_pushnil(L);
   lua_pushnumber(L, (double)(b->f.offset - before));
   return 2;
 }

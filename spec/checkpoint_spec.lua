@@ -61,9 +61,10 @@ describe("rpchost.atomic_file #unit", function()
     local tmp = f:temp_path()
     assert.truthy(tmp and tmp:find("/.x.bin.tmp-", 1, true), tmp)
     assert.are.equal(8, f:write("HEAD", "ER.."))
-    local crc, n = f:write_tensor(t)
+    local crc, n = f:write_tensor(t, 0)
     assert.are.equal(48, n)
-    local crc_t = f:write_tensor(t:t())     -- a transposed view: in logical order
+    local crc_t = f:write_tensor(t:t(), 0)  -- a transposed view: in logical order
+    assert.is_nil((f:write_tensor(tensor.ones(0)))) -- (no crc asked, none computed)
     f:write_at(4, "er!!")
     assert.are.equal(104, f:offset())
     assert.are.equal("the old file", slurp(path)) -- (nothing is in place before the commit)

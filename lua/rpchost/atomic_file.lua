@@ -23,7 +23,8 @@
 --   f:write_tensor(t[, crc]) -> crc, n appends t's elements in logical order
 --       (any layout, host or device): a contiguous host tensor straight from
 --       its storage, others in copies of at most 4 MiB; crc is zlib's crc32
---       of those n bytes, continuing the crc given (0 by default).
+--       of those n bytes continuing the crc given (pass 0 to start one; nil
+--       when none is given: a crc costs a pass over the data).
 --   f:write_at(offset, s)             rewrites bytes already written (a zip
 --       local header's crc, known once its data is written)
 --   f:offset() -> bytes written so far (where the next write goes)
