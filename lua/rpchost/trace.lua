@@ -22,6 +22,11 @@ M.now_us = now_us
 
 function M.enabled() return events ~= nil end
 
+-- the events gathered so far, oldest first (nil while tracing is off): for a
+-- program that measures itself from its own trace (bench/pipeline.lua reads
+-- nn.Pipe's stage events there); read them, do not change them
+function M.events() return events end
+
 function M.enable(p)
   path = p
   events = events or {}
