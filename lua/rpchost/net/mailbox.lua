@@ -60,47 +60,7 @@ end
 local function has_prefix(key, prefix) return key:find(prefix, 1, true) == 1 end
 
 function C:on_message(src, body, segs)
-  -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
--- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
--- for one to come: a receive from whichever rank sends first (dist.recv
--- without src). Fails at once when any of those ranks is lost or the wait is
--- aborted, as receive does.
-function C:receive_any(ranks, keys, timeout, what)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
-  local waiter = {any_task = sched.current()}
-  while true do
-    for i, rank in ipairs(ranks) do
-      local box = self.mail[rank]
-      local v = box and box[keys[i]]
-      if v then
-        remove(self, box, keys[i])
-        return i, unpack(v, 1, v.n)
-      end
-    end
-    if self.aborted then error(self.aborted, 0) end
-    for _, rank in ipairs(ranks) do
-      if self.lost[rank] then error(self.lost[rank], 0) end
-    end
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if not ws then ws = {}; self.mail_waiters[rank] = ws end
-      ws[keys[i]] = waiter
-    end
-    local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
-    end
-    if not woke then
-      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
-        what or "a message from any rank")), 0)
-    end
-    if errors.is(got) then error(got, 0) end
-  end
-end
-
-return C.message_decoded(self, src, body, pcall(dec_msg, mail_in, body, segs))
+  return C.message_decoded(self, src, body, pcall(dec_msg, mail_in, body, segs))
 end
 
 -- The key of a message whose values did not decode: its first value, a string
@@ -133,47 +93,7 @@ function C:message_decoded(src, body, ok, key, ...)
   mail_in.unconfirmed = false -- (a message's UserRRefs wait for no confirmation: nothing keeps them here)
   if not ok then return malformed(self, src, body, tostring(key)) end
   if type(key) == "string" and key:byte(1) ~= 33 then -- (not "!...": a collective's or a user's)
-    -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
--- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
--- for one to come: a receive from whichever rank sends first (dist.recv
--- without src). Fails at once when any of those ranks is lost or the wait is
--- aborted, as receive does.
-function C:receive_any(ranks, keys, timeout, what)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
-  local waiter = {any_task = sched.current()}
-  while true do
-    for i, rank in ipairs(ranks) do
-      local box = self.mail[rank]
-      local v = box and box[keys[i]]
-      if v then
-        remove(self, box, keys[i])
-        return i, unpack(v, 1, v.n)
-      end
-    end
-    if self.aborted then error(self.aborted, 0) end
-    for _, rank in ipairs(ranks) do
-      if self.lost[rank] then error(self.lost[rank], 0) end
-    end
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if not ws then ws = {}; self.mail_waiters[rank] = ws end
-      ws[keys[i]] = waiter
-    end
-    local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
-    end
-    if not woke then
-      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
-        what or "a message from any rank")), 0)
-    end
-    if errors.is(got) then error(got, 0) end
-  end
-end
-
-return C.deliver(self, src, key, {n = select("#", ...), ...})
+    return C.deliver(self, src, key, {n = select("#", ...), ...})
   end
   local r = {n = select("#", ...) + 2, true, key, ...}
   if key == "!shm_ack" or key == "!shm_drop" then
@@ -220,47 +140,7 @@ return C.deliver(self, src, key, {n = select("#", ...), ...})
     return
   end
   local n = r.n
-  -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
--- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
--- for one to come: a receive from whichever rank sends first (dist.recv
--- without src). Fails at once when any of those ranks is lost or the wait is
--- aborted, as receive does.
-function C:receive_any(ranks, keys, timeout, what)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
-  local waiter = {any_task = sched.current()}
-  while true do
-    for i, rank in ipairs(ranks) do
-      local box = self.mail[rank]
-      local v = box and box[keys[i]]
-      if v then
-        remove(self, box, keys[i])
-        return i, unpack(v, 1, v.n)
-      end
-    end
-    if self.aborted then error(self.aborted, 0) end
-    for _, rank in ipairs(ranks) do
-      if self.lost[rank] then error(self.lost[rank], 0) end
-    end
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if not ws then ws = {}; self.mail_waiters[rank] = ws end
-      ws[keys[i]] = waiter
-    end
-    local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
-    end
-    if not woke then
-      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
-        what or "a message from any rank")), 0)
-    end
-    if errors.is(got) then error(got, 0) end
-  end
-end
-
-return C.deliver(self, src, key, {n = n - 2, unpack(r, 3, n)})
+  return C.deliver(self, src, key, {n = n - 2, unpack(r, 3, n)})
 end
 
 -- Takes the message under key out of box, keeping the count of stored messages.
