@@ -7,9 +7,11 @@
  * the box forgets the pointer: the C struct is freed later by libuv's close
  * callback and never touched from Lua again. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -572,6 +574,110 @@ static int l_sweep_sockets(lua_State *L) {
   return 1;
 }
 
+/* resolve_all(host) -> {numeric ip, ...} (IPv4 first, each once) | nil, message.
+ * Synchronous: used at start-up only. */
+static int l_resolve_all(lua_State *L) {
+  const char *host = luaL_checkstring(L, 1);
+  uv_getaddrinfo_t req;
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int rc = uv_getaddrinfo(rh_ctx()->loop, &req, NULL, host, NULL, &hints);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot resolve host '%s': %s", host, uv_strerror(rc));
+    return 2;
+  }
+  lua_newtable(L);
+  int n = 0;
+  for (int family = 0; family < 2; family++) /* (IPv4 first: resolve's order) */
+    for (struct addrinfo *a = req.addrinfo; a; a = a->ai_next) {
+      char ip[64] = "";
+      if (family == 0 && a->ai_family == AF_INET) uv_ip4_name((struct sockaddr_in *)a->ai_addr, ip, sizeof ip);
+      else if (family == 1 && a->ai_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)a->ai_addr, ip, sizeof ip);
+      if (!*ip) continue;
+      int seen = 0;
+      for (int i = 1; i <= n && !seen; i++) {
+        lua_rawgeti(L, -1, i);
+        seen = strcmp(lua_tostring(L, -1), ip) == 0;
+        lua_pop(L, 1);
+      }
+      if (seen) continue;
+      lua_pushstring(L, ip);
+      lua_rawseti(L, -2, ++n);
+    }
+  uv_freeaddrinfo(req.addrinfo);
+  return 1;
+}
+
+/* interfaces() -> {{name=, ip=, family=4|6, internal=bool, scope=}, ...}: this
+ * host's addresses by interface (libuv's list, in its order), for choosing
+ * the one a rank advertises (RPCHOST_SOCKET_IFNAME). scope: an IPv6 address's
+ * scope id (link-local addresses need it), else 0. */
+static int l_interfaces(lua_State *L) {
+  uv_interface_address_t *ifs;
+  int n;
+  int rc = uv_interface_addresses(&ifs, &n);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, uv_strerror(rc));
+    return 2;
+  }
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    char ip[64] = "";
+    int v6 = ifs[i].address.address4.sin_family == AF_INET6;
+    if (v6) uv_ip6_name(&ifs[i].address.address6, ip, sizeof ip);
+    else uv_ip4_name(&ifs[i].address.address4, ip, sizeof ip);
+    lua_createtable(L, 0, 5);
+    lua_pushstring(L, ifs[i].name);
+    lua_setfield(L, -2, "name");
+    lua_pushstring(L, ip);
+    lua_setfield(L, -2, "ip");
+    lua_pushinteger(L, v6 ? 6 : 4);
+    lua_setfield(L, -2, "family");
+    lua_pushboolean(L, ifs[i].is_internal);
+    lua_setfield(L, -2, "internal");
+    lua_pushinteger(L, v6 ? (lua_Integer)ifs[i].address.address6.sin6_scope_id : 0);
+    lua_setfield(L, -2, "scope");
+    lua_rawseti(L, -2, i + 1);
+  }
+  uv_free_interface_addresses(ifs, n);
+  return 1;
+}
+
+/* host_identity() -> {boot=, mnt=, pid=, net=, ipc=, uts=, user=}: what tells
+ * whether two processes share a kernel (the boot id: a fresh random one each
+ * boot) and which of its namespaces (each namespace's inode under
+ * /proc/self/ns): two ranks are on "one host" for a fast path only where the
+ * parts it needs are the same (a Unix socket's path: the mount namespace;
+ * cross-memory attach and pidfd_getfd: the PID namespace), never because
+ * their addresses look alike. A part that cannot be read is absent. */
+static int l_host_identity(lua_State *L) {
+  lua_createtable(L, 0, 7);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    char id[64] = "";
+    if (fgets(id, sizeof id, f)) {
+      id[strcspn(id, "\n")] = 0;
+      lua_pushstring(L, id);
+      lua_setfield(L, -2, "boot");
+    }
+    fclose(f);
+  }
+  static const char *const ns[] = {"mnt", "pid", "net", "ipc", "uts", "user"};
+  for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+    char path[64];
+    struct stat st;
+    snprintf(path, sizeof path, "/proc/self/ns/%s", ns[i]);
+    if (stat(path, &st) != 0) continue;
+    lua_pushnumber(L, (double)st.st_ino);
+    lua_setfield(L, -2, ns[i]);
+  }
+  return 1;
+}
+
 /* resolve(host) -> numeric ip | nil, message. Synchronous: used at start-up only. */
 static int l_resolve(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
@@ -611,11 +717,22 @@ int rh_open_conn(lua_State *L) {
   rh_lua_class(L, CONN_MT, conn_methods, NULL, l_conn_tostring);
   rh_lua_class(L, LISTENER_MT, listener_methods, NULL, NULL);
 
-  static const luaL_Reg fns[] = {
-      {"connect", l_connect},           {"listen", l_listen}, {"resolve", l_resolve},
-      {"socket_dir", l_socket_dir},     {"getuid", l_getuid}, {"sweep_sockets", l_sweep_sockets},
-      {"ring_segment", l_ring_segment}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"connect", l_connect},
+                                 {"listen", l_listen},
+                                 {"resolve", l_resolve},
+                                 {"socket_dir", l_socket_dir},
+                                 {"getuid", l_getuid},
+                                 {"sweep_sockets", l_sweep_sockets},
+                                 {"ring_segment", l_ring_segment},
+                                 {"resolve_all", l_resolve_all},
+                                 {"interfaces", l_interfaces},
+                                 {"host_identity", l_host_identity},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
+  /* the words a connection ends with when its peer's host went silent (what
+   * the close and connect callbacks pass on): a host cut off, not a process gone */
+  lua_pushstring(L, rh_strerror(RH_ESILENT));
+  lua_setfield(L, -2, "silent_message");
   return 1;
 }

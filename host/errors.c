@@ -24,6 +24,9 @@ static const struct {
      "on this listener, and this was the oldest"},
     {RH_ENOPRIVDIR, "no private directory of this user for sockets and world secrets"},
     {RH_ETRUNCATED, "the file ends before the bytes asked for (truncated)"},
+    {RH_ESILENT,
+     "its host stopped answering: nothing was acknowledged within RPCHOST_HEARTBEAT seconds (the host is "
+     "down, or the network to it is cut)"},
 };
 
 const char *rh_strerror(int code) {

@@ -27,7 +27,17 @@ C.CALLBACKS = {
   "peer_lost",      -- (ep, peer, conn, why): a dynamic member left (connections)
   "cancel_request", -- (ep, rank, id, running): rank's caller stopped waiting for call id; running: stop
                     -- it even if it runs already (the callee)
+  "gone",           -- (ep, rank) -> why | nil: whether rank is known gone (dials it when nothing connects us)
 }
+
+-- How long a receive waits on a sender with no connection to this rank before
+-- it dials that sender to look (then the kernel's bound, RPCHOST_HEARTBEAT,
+-- tells a host that went away): a message that comes over a connection the
+-- sender dialled has nothing to notice its host's loss by until then.
+local function look_every(self)
+  local hb = self.heartbeat
+  return (hb and hb > 0) and hb or nil
+end
 
 -- The codec's contexts of the messages posted and received: one each, reused
 -- (their values travel in no autograd context, with no device map, and a
@@ -114,6 +124,7 @@ function C:message_decoded(src, body, ok, key, ...)
     if p and type(w) == "table" and w.name == p.name and type(w.port) == "number"
        and (tonumber(w.incarnation) or 0) > (p.incarnation or 0) then
       p.ip, p.port, p.unix, p.unix_failed, p.incarnation = w.ip, w.port, w.unix, nil, w.incarnation
+      if type(w.host) == "string" then p.host = w.host end
       self.lost[src] = nil
       log.info("%s (rank %d) restarted (incarnation %d)", p.name, src, p.incarnation)
     end
@@ -277,13 +288,18 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
     if prefix and not watch then watch = {prefix = prefix, key = key} end -- (once, and only to wait)
     C.wait_mail(self, rank, key, me, watch)
     local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
+    local look = look_every(self)
+    local nap = left and look and math.min(left, look) or left or look
+    local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), nap and math.max(nap, 0.001))
     C.unwait_mail(self, rank, key, me)
-    if not woke then
+    if not woke and not (deadline and sched.now() >= deadline) then
+      -- (a long wait: is the sender's host still there? a loss fails this wait)
+      self.cb.gone(self, rank)
+    elseif not woke then
       error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
         what or "a message", rank), {rank = rank}), 0)
     end
-    if not (past_abort and got ~= nil and got == self.aborted) then -- (else: the group stopped, wait on)
+    if woke and not (past_abort and got ~= nil and got == self.aborted) then -- (else: the group stopped, wait on)
       if errors.is(got) then error(got, 0) end
       if type(got) == "table" and got.other then
         on_other(got.values, ctx)
