@@ -96,6 +96,30 @@ describe("the environment #world", function()
     assert.are.equal("1 0", received({RPCHOST_SHM_MIN = 65536, RPCHOST_SHM_ADOPT_MIN = 65536})) -- (kept in it)
   end)
 
+  it("RPCHOST_STORE_HOSTED names a store someone else hosts: rank 0 joins it instead of hosting its own", function()
+    local core = require "rpchost.core"
+    local port = S.free_port()
+    local host = S.start({"-e", ([[local store = require "rpchost.store"
+      local s = store.serve("127.0.0.1", %d)
+      print("UP") io.stdout:flush()
+      require("rpchost.sched").sleep(20)]]):format(port)})
+    S.wait_until(function() return table.concat(host.out):find("UP", 1, true) end, 20, "the store to start")
+    local script = S.write([[
+      local rpc = require "rpc"
+      local ok, e = pcall(rpc.init_rpc, "w0", {rank = 0, world_size = 1})
+      print(ok and "JOINED" or tostring(e))
+      if ok then rpc.shutdown() end
+    ]])
+    local env = {RANK = 0, WORLD_SIZE = 1, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+    local alone = S.run({script}, {env = env, timeout = 30})
+    env.RPCHOST_STORE_HOSTED = "127.0.0.1:" .. port
+    local told = S.run({script}, {env = env, timeout = 30})
+    host:kill(core.SIGKILL)
+    host:wait(10)
+    assert.truthy(alone.out:find("address already in use", 1, true), alone.out .. alone.err)
+    assert.truthy(told.out:find("JOINED", 1, true), told.out .. told.err)
+  end)
+
   it("RPCHOST_MALLOC_TUNE=0 keeps glibc's malloc, which maps each megabyte buffer on its own", function()
     local code = [[local tensor = require "tensor"
       local function heap_mib() -- (the size of the brk heap)

@@ -41,7 +41,7 @@ describe("the store's host #world", function()
     assert.are.equal(0, r.status, r.out .. r.err)
     assert.is_false(far_free, "the store does not listen at " .. far)
     assert.is_true(loopback_free, "the store listens on 127.0.0.1 too (every interface?)")
-    assert.truthy(r.err:find(("the store listens on %s:%d without a security token"):format(far, port), 1, true),
+    assert.truthy(r.err:find(("the store listens on %s, port %d, without a security token"):format(far, port), 1, true),
       r.err)
     assert.is_nil(r.err:find("port 0", 1, true), r.err)
   end)

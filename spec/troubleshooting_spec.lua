@@ -14,6 +14,11 @@ local D = require "spec.documented"
 local HEAVY = {
   ["cannot keep this world to its user: no private directory of this user (mode 0700) for sockets and world secrets: ...; set XDG_RUNTIME_DIR to a directory only you can enter (mode 0700), or set RPCHOST_TOKEN on every rank"] = "spec/security_resources_spec.lua",
   ["cannot write the world's secret ...: No space left on device (the disk is full: ...)"] = "spec/security_token_spec.lua",
+  ["... resolves to 127.0.1.1 on this host, a loopback address ..."] = "spec/hosts_spec.lua",
+  ["rpchost run: the nodes disagree on --nnodes: ..."] = "spec/launcher_spec.lua",
+  ["two nodes were started with --node-rank ..."] = "spec/launcher_spec.lua",
+  ["... is unreachable: connection lost (its host stopped answering: nothing was acknowledged for ... s (RPCHOST_HEARTBEAT; ...))"] = "spec/multihost_spec.lua",
+  ["... cannot be reached: ...; its process may still be running, cut off from this host"] = "spec/multihost_spec.lua",
 }
 
 -- Checks each quote against the mistake made for it (got: by quote).
@@ -112,7 +117,8 @@ rpc.init_rpc("w0", {rank = 0, world_size = 1, rpc_backend_options = TP{init_meth
 mistake([[init_rpc: RPC is already initialised on this process (as ...)]], init("w9", {rank = 0, world_size = 1}))
 mistake([[unknown worker ...: the workers are ...]], rpc.rpc_sync, "nobody", print, {1})
 mistake([[a call's target must be a worker name, a rank number or a WorkerInfo]], rpc.rpc_sync, {}, print, {1})
-mistake([[the function to call is nil (an undefined global, or a typo in its name?)]], rpc.rpc_sync, "w0", nil, {1})
+mistake([[the function to call is nil (an undefined global, or a typo in its name?); a function that only ... defines is called by its name, as a string: ...]],
+  rpc.rpc_sync, "w0", nil, {1})
 mistake([[args must be a table (the list of arguments), got ...]], rpc.rpc_sync, "w0", print, 5)
 mistake([[kwargs must be a table]], rpc.rpc_sync, "w0", print, {}, 5)
 mistake([[args is the list of arguments ({a, b}), but it has the key 'x': keyword arguments go in kwargs, the fourth argument ...]],
@@ -278,6 +284,49 @@ local quote = ({
 mistake(quote, rpc.shutdown)
 ]==]
 
+-- nn.Pipe made and run wrong, over three workers (rank 0 makes the mistakes).
+local PIPE = D.prelude .. [==[
+local rpc, tensor, nn = require "rpc", require "tensor", require "nn"
+local dist_autograd = require "dist_autograd"
+local rank = tonumber(os.getenv "RANK")
+rpc.init_rpc("w" .. rank, {rank = rank, world_size = 3})
+-- a layer that fails on a micro-batch holding a huge value; one that is slow on it
+Boom = nn.Module:extend("Boom")
+function Boom:forward(x)
+  if x:abs():max():item() > 1e6 then error("a huge activation") end
+  return x
+end
+Slow = nn.Module:extend("Slow")
+function Slow:forward(x)
+  if x:abs():max():item() > 1e6 then rpc.sleep(1) end
+  return x
+end
+if rank == 0 then
+  local seq = nn.Sequential(nn.Linear(4, 4), Boom(), nn.Linear(4, 2))
+  mistake([[nn.Pipe: balance {...} adds up to ... layers but the Sequential has ...]], nn.Pipe, seq, {balance = {1, 1}})
+  mistake([[nn.Pipe: placement names ... stages but balance has ...: ...]], nn.Pipe, seq, {balance = {1, 2},
+    placement = {"w1", "w2", "w1"}})
+  mistake([[nn.Pipe: chunks must be a positive integer ...]], nn.Pipe, seq, {chunks = 0})
+  local shared = nn.Linear(4, 4)
+  mistake([[nn.Pipe: a parameter is shared by layers of stages ... and ..., which live on different workers ...]],
+    nn.Pipe, nn.Sequential(shared, nn.Sequential(shared)), {placement = {"w1", "w2"}})
+  local pipe = nn.Pipe(seq, {chunks = 4, placement = {"w1", "w2", "w1"}})
+  local x = tensor.randn(8, 4)
+  mistake([[nn.Pipe: train_step: the stages live on other workers, whose gradients go to a distributed autograd context: ...]],
+    pipe.train_step, pipe, x, tensor.zeros(8, 2), nn.MSELoss())
+  x[6] = 1e9
+  mistake([[nn.Pipe: stage ... of ... (on WORKER) failed in the ... of micro-batch ...: ...]], function()
+    return pipe(x):to_here()
+  end)
+  local slow = nn.Pipe(nn.Sequential(Slow(), nn.Linear(4, 2)), {chunks = 4, placement = {"w1", "w2"}, timeout = 0.3})
+  mistake([[nn.Pipe: stage ... waited ... s for the ... of micro-batch ... from stage ... (WORKER)]], function()
+    return slow(x):to_here()
+  end)
+  rpc.sleep(1)
+end
+rpc.shutdown()
+]==]
+
 -- Worlds that go wrong as they form, each process making its mistake (arg[1]
 -- says which one it is). One script for all of them: a scenario below starts
 -- the processes it needs, with the variables they need.
@@ -310,6 +359,11 @@ elseif role == "twin" then -- rank 1 again, while rank 1 runs
     world_size = 2}))
 elseif role == "env" then -- the world's variables set wrong
   mistake(arg[2], init("w", {}))
+elseif role == "heartbeat" then
+  mistake([[RPCHOST_HEARTBEAT must be a number of seconds >= 0 ...]], init("w0", {rank = 0, world_size = 1}))
+elseif role == "ifname" then -- a world off loopback, whose interface is named wrong
+  mistake([[RPCHOST_SOCKET_IFNAME='...' matches no interface of this host: its interfaces are ...]], init("w0",
+    {rank = 0, world_size = 1}))
 elseif role == "token twice" then
   mistake([[security_token differs from RPCHOST_TOKEN, which is also set in this rank's environment: ...]],
     init("w", {rank = 0, world_size = 1, rpc_backend_options = TP{security_token = "other"}}))
@@ -426,7 +480,7 @@ elseif role == "far" then -- two ranks that meet on an address that is not loopb
   rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
   if rank == 0 then
     local k = 3
-    mistake([[a function sent by value (a closure) was refused: only a loopback-only world accepts bytecode; ...]],
+    mistake([[a function sent by value (a closure) was refused: only a world whose every rank proved the security token, or a loopback-only one, accepts bytecode; ...]],
       rpc.rpc_sync, "w1", function(x) return x + k end, {1})
   end
   rpc.shutdown()
@@ -528,6 +582,12 @@ describe("docs/troubleshooting.md #docs", function()
     check_shown(got, quotes_in((LEAVES:gsub("(%a+) = %[%[", "mistake([["))), "the script whose rank 1 leaves", texts)
   end)
 
+  it("nn.Pipe made and run wrong: each mistake gets the error the page quotes", function()
+    local r = S.world(3, PIPE, {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    check_shown(D.read(r.out), quotes_in(PIPE), "the Pipe script", {r.out .. r.err})
+  end)
+
   it("worlds that go wrong as they form: each mistake gets the error the page quotes", function()
     local path = S.write(FORMING)
     local hs, results = {}, {}
@@ -565,6 +625,7 @@ describe("docs/troubleshooting.md #docs", function()
         MASTER_PORT = S.free_port(), RPCHOST_TOKEN = ""}},
     }
     for i, x in ipairs(envs) do start("env " .. i, "env", x[2], {x[1]}) end
+    start("heartbeat", "heartbeat", with(world(), {RANK = 0, WORLD_SIZE = 1, RPCHOST_HEARTBEAT = "soon"}))
     start("token twice", "token twice", with(world(), {RANK = 0, WORLD_SIZE = 1, RPCHOST_TOKEN = "mine"}))
     start("dist first", "dist first", with(world(), {RANK = 0, WORLD_SIZE = 1}), {tostring(S.free_port())})
     start("alone", "alone", with(world({RPCHOST_INIT_TIMEOUT = 1}), {RANK = 0, WORLD_SIZE = 2}))
@@ -602,6 +663,8 @@ describe("docs/troubleshooting.md #docs", function()
       e = world({MASTER_ADDR = far, WORLD_SIZE = 2})
       start("far 0", "far", with(e, {RANK = 0}))
       start("far 1", "far", with(e, {RANK = 1}))
+      start("ifname", "ifname", with(world({MASTER_ADDR = far}), {RANK = 0, WORLD_SIZE = 1,
+        RPCHOST_SOCKET_IFNAME = "nosuch9"}))
       e = world({MASTER_ADDR = far, WORLD_SIZE = 2})
       start("far token 0", "far token", with(e, {RANK = 0}))
       start("far token 1", "far token", with(e, {RANK = 1, RPCHOST_TOKEN = "mine"}))
@@ -651,7 +714,9 @@ describe("docs/troubleshooting.md #docs", function()
     if not far then
       local keep = {}
       for _, q in ipairs(want) do
-        if not (q:find("closure", 1, true) or q:find("joins has none", 1, true)) then keep[#keep + 1] = q end
+        if not (q:find("closure", 1, true) or q:find("joins has none", 1, true) or q:find("SOCKET_IFNAME", 1, true)) then
+          keep[#keep + 1] = q
+        end
       end
       want = keep
     end

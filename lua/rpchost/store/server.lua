@@ -11,7 +11,8 @@ local auth = require "rpchost.net.auth"
 
 local M = {}
 local enc, dec = codec.raw_encode, codec.raw_decode
-local is_loopback = require("rpchost.net.cma").is_loopback
+local hosts = require "rpchost.net.hosts"
+local is_loopback = hosts.is_loopback
 
 -- Server -----------------------------------------------------------------------
 local Server = {}
@@ -264,16 +265,38 @@ end
 local HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT"))
 local EHANDSHAKE = -5009 -- (host/rh.h: RH_EHANDSHAKE, the status of a connection closed for it)
 
+-- The addresses the store listens at: those `host` names, never more (a store
+-- told to listen at one address does not listen on every interface). An
+-- address is itself; a name is every address it resolves to that is this
+-- machine's (ranks reach it by whichever family their resolver gives them);
+-- 0.0.0.0 or :: is every interface, IPv6 and IPv4 alike where the host has IPv6.
+local function bind_addresses(host, ip)
+  if hosts.is_any(ip) then return {hosts.any_address()} end
+  if hosts.split(host) == ip or host == ip then return {ip} end
+  local all = core.resolve_all(host)
+  if type(all) ~= "table" or #all == 0 then return {ip} end
+  local out = {ip}
+  for _, a in ipairs(all) do if a ~= ip then out[#out + 1] = a end end
+  return out
+end
+
 -- Starts a store server on host:port (port 0: any free port). Raises a config
--- error naming the address when it cannot listen.
-function M.serve(host, port)
+-- error naming the address when it cannot listen. o.hosts: "one" when the
+-- world is known to be on this host alone (the launcher of one node), else
+-- what the environment says is asked (rpchost.net.hosts.spans_hosts).
+function M.serve(host, port, o)
   local ip, rerr = core.resolve(host)
-  if not ip then error(errors.new("config", ("cannot host the store at %s:%d: %s"):format(host, port, rerr)), 0) end
-  -- (the address named, never more: a store told to listen at one address
-  -- does not listen on every interface; 0.0.0.0 names them all)
-  local bind = ip
-  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0}, Server)
-  local l, err, code = core.listen(bind, port, {
+  if not ip then
+    error(errors.new("config", ("cannot host the store at %s: %s"):format(hosts.join(host, port), rerr)), 0)
+  end
+  M.check_reach(host, ip, o)
+  if hosts.is_ipv6(ip) and not is_loopback(ip) and hosts.any_address() == "0.0.0.0" then
+    error(errors.new("config", ("cannot host the store at %s: %s is an IPv6 address, and this host cannot listen " ..
+      "on IPv6 (is IPv6 turned off?); give MASTER_ADDR an IPv4 address"):format(hosts.join(host, port), ip)), 0)
+  end
+  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0,
+                          more_listeners = {}}, Server)
+  local callbacks = {
     -- (a connection that does not prove itself in time is closed: the store's
     -- own deadline, docs/environment.md)
     handshake_timeout = HANDSHAKE_TIMEOUT,
@@ -282,10 +305,11 @@ function M.serve(host, port)
     close = function(conn, status, msg)
       if status ~= 0 then
         local st = s.clients[conn]
-        if st and st.ready then log.warn("store: closed a connection: %s", tostring(msg))
+        if st and st.ready then log.warn("store: closed a connection: %s", tostring(hosts.words(msg)))
         elseif status == EHANDSHAKE then
           log.warn_often("store: closed unproven connections", "store: closed a connection that had not " ..
-            "proved itself within %g s (RPCHOST_STORE_HANDSHAKE_TIMEOUT)", HANDSHAKE_TIMEOUT or tonumber(os.getenv("RPCHOST_HANDSHAKE_TIMEOUT")) or 10)
+            "proved itself within %g s (RPCHOST_STORE_HANDSHAKE_TIMEOUT)",
+            HANDSHAKE_TIMEOUT or tonumber(os.getenv("RPCHOST_HANDSHAKE_TIMEOUT")) or 10)
         else
           log.warn_often("store: closed unproven connections",
             "store: closed a connection that had not proved itself: %s", tostring(msg))
@@ -293,38 +317,74 @@ function M.serve(host, port)
       end
       s:on_close(conn)
     end,
-  })
+  }
+  -- the first address that is this machine's takes the port; the name's other
+  -- addresses listen at that port too, where they can
+  local binds = bind_addresses(host, ip)
+  local l, err, code, bound
+  for _, b in ipairs(binds) do
+    l, err, code = core.listen(b, port, callbacks)
+    if l then bound = {b} break end
+    if code ~= "EADDRNOTAVAIL" then break end
+  end
   if not l then
     if code == "EADDRNOTAVAIL" then
       -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
-      error(errors.new("config", ("cannot host the store at %s:%d: %s is not an address of this machine, " ..
+      error(errors.new("config", ("cannot host the store at %s: %s is not an address of this machine, " ..
         "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
-        "its own addresses"):format(host, port, ip)), 0)
+        "its own addresses"):format(hosts.join(host, port), ip)), 0)
     end
     local hint = code == "EADDRINUSE" and
       " (another world or program uses this port: pick another MASTER_PORT, or let " ..
       "`rpchost run` pick a free one)" or ""
-    error(errors.new("config", ("cannot host the store at %s:%d: %s%s"):format(host, port,
+    error(errors.new("config", ("cannot host the store at %s: %s%s"):format(hosts.join(host, port),
       tostring(err), hint)), 0)
   end
   s.listener = l
   s.port = l:port()
+  for _, b in ipairs(binds) do
+    if b ~= bound[1] then
+      local more, merr = core.listen(b, s.port, callbacks)
+      if more then
+        s.more_listeners[#s.more_listeners + 1] = more
+        bound[#bound + 1] = b
+      else
+        log.debug("the store does not listen at %s too: %s", hosts.join(b, s.port), tostring(merr))
+      end
+    end
+  end
   if not is_loopback(ip) and not auth.token() then
     -- (the port it got: a launcher's store asks for port 0)
-    log.warn("the store listens on %s without a security token: anyone who can reach it can join; " ..
-      "set RPCHOST_TOKEN on every rank", ip == "0.0.0.0" and ("every interface, port %d"):format(s.port) or
-      ("%s:%d"):format(ip, s.port))
+    local where = {}
+    for i, b in ipairs(bound) do where[i] = hosts.is_any(b) and "every interface" or b end
+    log.warn("the store listens on %s, port %d, without a security token: anyone who can reach it can join; " ..
+      "set RPCHOST_TOKEN on every rank", table.concat(where, " and "), s.port)
   end
-  s.addr = ("%s:%d"):format(host, s.port)
+  s.addr = hosts.join(host, s.port)
   -- (after the port is ours: no other store can be writing this port's secret)
   local ok, cred, path = pcall(auth.host_cred, is_loopback(ip), s.port)
   if not ok then
-    l:close()
+    s:close()
     error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr,
       errors.is(cred) and cred.message or tostring(cred))), 0)
   end
   s.cred, s.secret_path = cred, path
   return s
+end
+
+-- A store's name that is loopback only here (Debian maps a machine's own name
+-- to 127.0.1.1) takes no rank of another host: refused when the world is
+-- known to span hosts (torchrun's LOCAL_WORLD_SIZE below WORLD_SIZE, Slurm's
+-- nodes), said as a warning when nothing tells, silent when it is one host's.
+function M.check_reach(host, ip, o)
+  local surprise = hosts.loopback_surprise(host, ip)
+  if not surprise or (o and o.hosts == "one") then return end
+  local ws = tonumber(os.getenv("WORLD_SIZE") or "")
+  local lws = tonumber(os.getenv("LOCAL_WORLD_SIZE") or "")
+  local spans, why = hosts.spans_hosts(ws)
+  if spans then error(errors.new("config", ("%s (this world spans hosts: %s)"):format(surprise, why)), 0) end
+  if ws and lws and ws == lws then return end
+  log.warn("%s", surprise)
 end
 
 -- Waits (bounded) until every client has left, then stops listening.
@@ -340,6 +400,8 @@ end
 
 function Server:close()
   if self.listener then self.listener:close(); self.listener = nil end
+  for _, l in ipairs(self.more_listeners or {}) do l:close() end
+  self.more_listeners = {}
   auth.forget_secret(self.cred, self.secret_path)
   self.secret_path = nil
 end

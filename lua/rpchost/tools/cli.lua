@@ -36,7 +36,7 @@ usage: rpchost [options] [script [args...]]     run a script (one rank), like lu
        rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]
                                                 join a running world interactively
        rpchost top  [--master-addr A --master-port P] [--token T] [--interval S]
-                    [--timeout S] [--name NAME] [--once]
+                    [--timeout S] [--name NAME] [--once] [--wait]
                                                 watch a running world live (q quits)
        rpchost plot LOGDIR [-o FILE] [--smoothing W] [--title TEXT]
                                                 draw a SummaryWriter's curves as HTML
@@ -85,8 +85,9 @@ local function report(e)
   io.stderr:flush()
   local path = os.getenv("RPCHOST_ERROR_FILE")
   if path and path ~= "" then
-    local f = io.open(path, "w")
-    if f then f:write(text, "\n"); f:close() end
+    -- (whole or not at all: the launcher reads it once this rank is gone)
+    local ok, err = pcall(require("rpchost.atomic_file").save, path, text .. "\n", {who = "RPCHOST_ERROR_FILE"})
+    if not ok then io.stderr:write("rpchost: ", tostring(err), "\n") end
   end
 end
 
