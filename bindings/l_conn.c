@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "net/frame.h"
 #include "net/privdir.h"
 #include "rh_lua.h"
 #include "tensor/tensor.h"
@@ -193,11 +194,15 @@ static int l_connect(lua_State *L) {
   return 1;
 }
 
-/* What one send keeps alive until its bytes are written. */
+/* What one send keeps alive until its bytes are written. Most frames have a
+ * few segments and use the hold's own array; one with more (a module's or a
+ * state_dict's every tensor in one call) gets an array of its own. */
+#define SMALL_SEGS 64
 typedef struct {
   int ref; /* table anchoring string segments, or LUA_NOREF */
   int ntensors;
-  rh_tensor_t *tensors[64];
+  rh_tensor_t **tensors; /* small, or a heap array of nseg */
+  rh_tensor_t *small[SMALL_SEGS];
 } seg_hold_t;
 
 /* Holds are reused (a few kept on a free list): a send with payload segments
@@ -206,11 +211,15 @@ typedef struct {
 static seg_hold_t *free_holds[FREE_HOLDS];
 static int nfree_holds;
 
-static seg_hold_t *new_hold(void) {
+static seg_hold_t *new_hold(int nseg) {
   seg_hold_t *h = nfree_holds > 0 ? free_holds[--nfree_holds] : malloc(sizeof *h);
-  if (h) {
-    h->ref = LUA_NOREF;
-    h->ntensors = 0;
+  if (!h) return NULL;
+  h->ref = LUA_NOREF;
+  h->ntensors = 0;
+  h->tensors = h->small;
+  if (nseg > SMALL_SEGS && !(h->tensors = malloc((size_t)nseg * sizeof *h->tensors))) {
+    free(h);
+    return NULL;
   }
   return h;
 }
@@ -219,6 +228,7 @@ static void release_hold(void *ctx) {
   seg_hold_t *h = ctx;
   if (h->ref != LUA_NOREF) luaL_unref(rh_ctx()->L, LUA_REGISTRYINDEX, h->ref);
   for (int i = 0; i < h->ntensors; i++) rh_tensor_release(h->tensors[i]);
+  if (h->tensors != h->small) free(h->tensors);
   if (nfree_holds < FREE_HOLDS) free_holds[nfree_holds++] = h;
   else free(h);
 }
@@ -239,41 +249,54 @@ static int send_frame(lua_State *L, int fd) {
     return 2;
   }
   int nseg = lua_gettop(L) - 5;
-  uv_buf_t segs[64];
-  if (nseg > 64) return luaL_error(L, "too many segments (%d > 64)", nseg);
+  if (nseg > RH_FRAME_MAX_SEGS) {
+    return luaL_error(L, "a message with %d payload segments (tensors and large strings): one frame carries at most %d",
+                      nseg, RH_FRAME_MAX_SEGS);
+  }
+  /* (the connection copies the list of segments: a bigger one lives only for this call) */
+  uv_buf_t small_segs[SMALL_SEGS];
+  uv_buf_t *segs = small_segs;
+  if (nseg > SMALL_SEGS && !(segs = malloc((size_t)nseg * sizeof *segs))) return luaL_error(L, "out of memory");
   rh_release_fn rel = NULL;
   void *relctx = NULL;
   if (nseg > 0) {
-    seg_hold_t *h = new_hold();
-    if (!h) return luaL_error(L, "out of memory");
-    int nstr = 0;
-    for (int i = 0; i < nseg; i++) {
+    seg_hold_t *h = new_hold(nseg);
+    if (!h) {
+      if (segs != small_segs) free(segs);
+      return luaL_error(L, "out of memory");
+    }
+    int nstr = 0, bad = 0, dev = -1; /* bad: the 1-based segment that cannot be sent, and why (below) */
+    const char *why = NULL;
+    for (int i = 0; i < nseg && !bad; i++) {
       rh_tensor_t *t = rh_lua_totensor(L, 6 + i);
       if (t) {
-        if (rh_tensor_device(t) >= 0) {
-          release_hold(h);
-          return luaL_error(L, "send: segment %d is a tensor on cuda:%d (the wire takes host memory)", i + 1,
-                            rh_tensor_device(t));
+        if ((dev = rh_tensor_device(t)) >= 0) {
+          bad = i + 1, why = "(the wire takes host memory)";
+        } else if (!rh_tensor_is_contiguous(t)) {
+          bad = i + 1, why = "is a tensor that is not contiguous";
+        } else {
+          rh_tensor_retain(t);
+          h->tensors[h->ntensors++] = t;
+          segs[i] = uv_buf_init(rh_tensor_data(t), (unsigned)0);
+          segs[i].len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
         }
-        if (!rh_tensor_is_contiguous(t)) {
-          release_hold(h);
-          return luaL_error(L, "send: segment %d is a tensor that is not contiguous", i + 1);
-        }
-        rh_tensor_retain(t);
-        h->tensors[h->ntensors++] = t;
-        segs[i] = uv_buf_init(rh_tensor_data(t), (unsigned)0);
-        segs[i].len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
       } else {
         size_t sl;
         const char *str = lua_tolstring(L, 6 + i, &sl);
         if (!str) {
-          release_hold(h);
-          return luaL_error(L, "send: segment %d must be a string or a tensor", i + 1);
+          bad = i + 1, why = "must be a string or a tensor";
+        } else {
+          segs[i] = uv_buf_init((char *)str, 0);
+          segs[i].len = sl;
+          nstr++;
         }
-        segs[i] = uv_buf_init((char *)str, 0);
-        segs[i].len = sl;
-        nstr++;
       }
+    }
+    if (bad) {
+      release_hold(h);
+      if (segs != small_segs) free(segs);
+      if (dev >= 0) return luaL_error(L, "send: segment %d is a tensor on cuda:%d %s", bad, dev, why);
+      return luaL_error(L, "send: segment %d %s", bad, why);
     }
     if (nstr > 0) {
       /* the strings stay alive (anchored in one table) until written */
@@ -291,6 +314,7 @@ static int send_frame(lua_State *L, int fd) {
                                      (uint32_t)nseg, rel, relctx)
                    : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                                   (uint32_t)nseg, rel, relctx);
+  if (segs != small_segs) free(segs);
   return rh_lua_push_rc(L, rc);
 }
 

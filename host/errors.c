@@ -23,6 +23,7 @@ static const struct {
      "closed unproven: more connections than RPCHOST_MAX_UNPROVEN were waiting to prove themselves "
      "on this listener, and this was the oldest"},
     {RH_ENOPRIVDIR, "no private directory of this user for sockets and world secrets"},
+    {RH_ETRUNCATED, "the file ends before the bytes asked for (truncated)"},
 };
 
 const char *rh_strerror(int code) {

@@ -84,8 +84,9 @@ local function report(e)
   io.stderr:flush()
   local path = os.getenv("RPCHOST_ERROR_FILE")
   if path and path ~= "" then
-    local f = io.open(path, "w")
-    if f then f:write(text, "\n"); f:close() end
+    -- (whole or not at all: the launcher reads it once this rank is gone)
+    local ok, err = pcall(require("rpchost.atomic_file").save, path, text .. "\n", {who = "RPCHOST_ERROR_FILE"})
+    if not ok then io.stderr:write("rpchost: ", tostring(err), "\n") end
   end
 end
 
