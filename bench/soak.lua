@@ -35,6 +35,10 @@
 --                   the weights, so every gradient can be checked), get_gradients
 --   dist_autograd   a context: forward to w1, which calls w2 (two hops; or w2
 --                   then w1), backward, get_gradients checked
+--   pipe            a training step of an nn.Pipe whose two stages live on w1
+--                   and w2 (4 micro-batches), GPipe or 1F1B in turn, in a
+--                   dist_autograd context, with a DistributedOptimizer step; the
+--                   loss checked (lr 0 keeps it)
 --   ddp             a DistributedDataParallel step on every rank (forward,
 --                   backward with its bucketed all_reduce, optimizer step), the
 --                   averaged gradients checked
@@ -48,6 +52,7 @@
 --                   world size), calls w0, w1 and w2, holds an RRef, and leaves
 --
 -- usage: rpchost run --nproc-per-node 3 bench/soak.lua SECONDS [WORKLOADS] [strict] [warm=F]
+--        rpchost bench/soak.lua --list       (the workloads' names)
 --   (bench/soak.sh is the command). WORKLOADS: a comma-separated list, or "all";
 --   warm=F: checkpoint A after that share of the run (0.1 to 0.8; default 0.1).
 -- Output (w0): a table per workload as it ends, then the targets beside the
@@ -422,6 +427,36 @@ workload("dist_optimizer", {kind = "calls", tasks = 2,
       dist_autograd.backward(ctx, {y:sum()})
       st.opt:step(ctx)
       expect(st, close(dist_autograd.get_gradients(ctx)[st.x], st.gx), "the input's gradient")
+    end)
+  end})
+
+workload("pipe", {kind = "calls", tasks = 2,
+  setup = function()
+    tensor.manual_seed(9)
+    local seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    local st = {x = tensor.randn(16, 8), mse = nn.MSELoss()}
+    st.y = st.x:sum(2, true)
+    st.want = tensor.no_grad(function() return st.mse(seq(st.x), st.y):item() end) -- (lr 0: every step's loss)
+    st.pipes, st.opts = {}, {}
+    for j, schedule in ipairs({"gpipe", "1f1b"}) do
+      st.pipes[j] = nn.Pipe(seq, {chunks = 4, placement = {"w1", "w2"}, balance = {2, 1}, schedule = schedule})
+      st.opts[j] = rpc.DistributedOptimizer(optim.SGD, st.pipes[j]:parameter_rrefs(), {lr = 0})
+    end
+    return st
+  end,
+  step = function(st, i)
+    local j = i % 2 + 1
+    dist_autograd.context(function(ctx)
+      local loss
+      if j == 1 then
+        local l = st.mse(st.pipes[1](st.x):to_here(), st.y)
+        dist_autograd.backward(ctx, {l})
+        loss = l:item()
+      else
+        loss = st.pipes[2]:train_step(st.x, st.y, st.mse)
+      end
+      st.opts[j]:step(ctx)
+      expect(st, math.abs(loss - st.want) <= 1e-5 * math.max(1, math.abs(st.want)), "the pipe's loss")
     end)
   end})
 
@@ -901,6 +936,10 @@ local function summary(results, names)
 end
 
 -- the world ----------------------------------------------------------------------------------
+if arg[1] == "--list" then -- (the workloads, one a line: spec/soak_spec.lua asks)
+  print(table.concat(ORDER, "\n"))
+  return
+end
 if tonumber(os.getenv("WORLD_SIZE")) ~= 3 then
   io.stderr:write("soak: run it as a world of three ranks: rpchost run --nproc-per-node 3 bench/soak.lua ... " ..
     "(or bench/soak.sh)\n")

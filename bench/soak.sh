@@ -4,8 +4,8 @@
 # ranks; growth per operation of each rank's RSS and Lua heap, its descriptors,
 # rpc.debug_info() back to its warm-up values, and the last tenth's speed against
 # the first, beside the targets with PASS / MISS.
-#   bench/soak.sh                      each workload 1 minute (about 12 minutes)
-#   bench/soak.sh --minutes 3          the 30-minute run (10 workloads x 3 minutes)
+#   bench/soak.sh                      each workload 1 minute (about 14 minutes)
+#   bench/soak.sh --minutes 3          the 30-minute run (11 workloads x 3 minutes)
 #   bench/soak.sh --seconds 8 --only rref,members
 #   bench/soak.sh --warm 0.3           checkpoint A after 30% of each run (default 0.1)
 #   bench/soak.sh --strict             exit 1 when a target is missed
