@@ -88,7 +88,7 @@ function C:listen(bind_ip)
   end
   self.listener = l
   self.port = l:port()
-  if bind_ip == "0.0.0.0" and not auth.token() then
+  if bind_ip == "0.0.0.0" and not auth.token() and not auth.munge_proven(self.cred) then
     log.warn("listening on every interface without a security token: anyone who can reach port %d " ..
       "can call this rank; set RPCHOST_TOKEN on every rank", self.port)
   end

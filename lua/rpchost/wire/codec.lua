@@ -58,7 +58,8 @@ end
 -- (a decode context's allow_bytecode, set by the receiver: may by-value
 -- functions be loaded? Refused when not, and outside a message)
 M.bytecode_refusal = "a function sent by value (a closure) was refused: only a loopback-only " ..
-  "world accepts bytecode; send a global or module function, which travels by name"
+  "world accepts bytecode, or one whose every connection proved the security token (or, under Slurm, " ..
+  "its user by MUNGE); send a global or module function, which travels by name"
 
 -- names: value <-> where it is reachable -------------------------------------
 local names = setmetatable({}, {__mode = "k"})
