@@ -3,9 +3,9 @@
 # missing, builds the normal and the ASan+UBSan binaries, and runs through ctest
 # the unit and world tiers (C unit tests, busted specs in the busted process and
 # over real rpchost processes, the style, install and fuzz checks) on both, then
-# on the normal build the slurm tier (worlds under a one-node Slurm cluster the
-# spec starts: skipped, saying why, where munged, slurmctld or slurmd cannot
-# start) and the soak tier (chaos, load, long and big runs).
+# on the normal build the slurm tier (worlds under a Slurm cluster the spec
+# starts, one node and two in network namespaces: skipped, saying why, where
+# munged, slurmctld or slurmd cannot start) and the soak tier (chaos, load, long and big runs).
 #   scripts/test.sh          the whole suite
 #   scripts/test.sh --soak   the normal build and its soak tier alone
 # (one tier of a build: ctest --test-dir build -L unit, -L world, -L slurm or -L soak)

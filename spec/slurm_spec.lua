@@ -5,9 +5,11 @@
 -- srun, sbatch and salloc with nothing exported, two jobs given one port, a rank
 -- that fails before init, scancel, a helper in the batch script outside any
 -- step, the mpi backend with and without PMIx, and MUNGE proving the user of a
--- world that listens beyond loopback. Needs root (slurmd starts the tasks) and
--- the packages scripts/setup.sh installs; where the daemons cannot start every
--- test is skipped, saying why in one line.
+-- world that listens beyond loopback; then a two-node cluster in network
+-- namespaces (bottom of the file) runs a world across both nodes and rpchost
+-- run on each. Needs root (slurmd starts the tasks) and the packages
+-- scripts/setup.sh installs; where the daemons cannot start every test is
+-- skipped, saying why in one line.
 local S = require "spec.support"
 local core = require "rpchost.core"
 
@@ -27,10 +29,7 @@ local function write(path, text, mode)
   if mode then assert(sh(("chmod %s %s"):format(mode, path))) end
 end
 
-local C = {} -- the cluster: dir, conf, socket, daemons
-local available, why = true, nil
-
--- The environment every command of the cluster gets: where its configuration
+-- The environment every command of a cluster gets: where its configuration
 -- and munged are, nothing of an outer job (the suite may itself run under
 -- Slurm), no MASTER_* (support's S.start unsets those and torchrun's).
 local function unset_list()
@@ -42,37 +41,91 @@ local function unset_list()
   return l
 end
 
-local function cluster_env(extra)
-  local e = {SLURM_CONF = C.conf, RPCHOST_MUNGE_SOCKET = C.socket, RPCHOST_STORE_LINGER = 2}
+-- A cluster: its scratch directory, configuration, munged's socket, daemons;
+-- K.ns(node) is the prefix that runs a command on a node (nil: this host).
+local Cluster = {}
+Cluster.__index = Cluster
+
+local function new_cluster(name)
+  local dir = S.tmpdir .. "/" .. name
+  return setmetatable({dir = dir, conf = dir .. "/slurm.conf", socket = dir .. "/munge.sock", daemons = {}},
+    Cluster)
+end
+
+function Cluster:env(extra)
+  local e = {SLURM_CONF = self.conf, RPCHOST_MUNGE_SOCKET = self.socket, RPCHOST_STORE_LINGER = 2}
   for k, v in pairs(extra or {}) do e[k] = v end
   return e
 end
 
--- Runs a Slurm command (srun, sbatch, ...) with its arguments; a handle (S.start's).
-local function start(cmd, args, extra, cwd)
-  return S.start(args, {bin = cmd, env = cluster_env(extra), unset = unset_list(), cwd = cwd or C.dir})
+-- Runs a Slurm command (srun, sbatch, ...) with its arguments, on the first
+-- node (where slurmctld is); a handle (S.start's).
+function Cluster:start(cmd, args, extra, node)
+  return S.start(args, {bin = cmd, env = self:env(extra), unset = unset_list(), cwd = self.dir,
+                        prefix = self.ns and self.ns(node or 1) or nil})
 end
-local function run(cmd, args, extra, timeout)
-  return start(cmd, args, extra):wait(timeout or 60)
+function Cluster:run(cmd, args, extra, timeout)
+  return self:start(cmd, args, extra):wait(timeout or 60)
 end
 
-local function config(dir, host, ctld_port, slurmd_port)
+-- munged, on a socket and key of this cluster's; nil, or why it did not start
+function Cluster:start_munged()
+  -- (munged's socket is for every user: the directory is passable, its files private)
+  sh(("mkdir -p %s/state %s/spool && chmod 711 %s"):format(self.dir, self.dir, self.dir))
+  write(self.dir .. "/munge.key", core.random_bytes(1024), "600")
+  self.daemons[#self.daemons + 1] = S.start({"-F", "-f", "--socket=" .. self.socket,
+    "--key-file=" .. self.dir .. "/munge.key", "--log-file=" .. self.dir .. "/munged.log",
+    "--pid-file=" .. self.dir .. "/munged.pid", "--seed-file=" .. self.dir .. "/munged.seed"}, {bin = "munged"})
+  local ok = pcall(S.wait_until, function() return sh("test -S " .. self.socket) end, 10, "munged's socket")
+  if not ok then return "munged did not start: " .. tostring(read(self.dir .. "/munged.log")) end
+end
+
+-- slurmctld on the first node and a slurmd per node (-N names it); waits
+-- until `n` nodes are idle. nil, or why they did not come up.
+function Cluster:start_slurm(nodes, n)
+  self.daemons[#self.daemons + 1] = self:start("slurmctld", {"-D", "-f", self.conf})
+  for i, node in ipairs(nodes) do
+    self.daemons[#self.daemons + 1] = self:start("slurmd", {"-D", "-N", node, "-f", self.conf}, nil, i)
+  end
+  local ok = pcall(S.wait_until, function()
+    local r = self:run("sinfo", {"-h", "-o", "%T %D"}, nil, 10)
+    return r.status == 0 and r.out:match("^idle " .. n .. "\n")
+  end, 30, "the nodes to be idle", 0.5)
+  if not ok then
+    return ("slurmctld and slurmd did not come up: %s %s"):format(
+      tostring(read(self.dir .. "/slurmctld.log")):sub(-400), tostring(read(self.dir .. "/slurmd-" ..
+      nodes[1] .. ".log")):sub(-400))
+  end
+end
+
+function Cluster:stop()
+  for i = #self.daemons, 1, -1 do
+    local h = self.daemons[i]
+    if not h.done then
+      h:kill(core.SIGTERM)
+      if not pcall(S.wait_until, function() return h.done end, 10, "a daemon to stop") then h:kill(core.SIGKILL) end
+    end
+  end
+  self.daemons = {}
+end
+
+local function config(K, name, ctld, nodes, partition_nodes)
   return ([[
-ClusterName=rhspec%d
-SlurmctldHost=%s(127.0.0.1)
+ClusterName=%s%d
+SlurmctldHost=%s
 SlurmctldPort=%d
 SlurmdPort=%d
 AuthType=auth/munge
-AuthInfo=socket=%s/munge.sock
+AuthInfo=socket=%s
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=%s/state
-SlurmdSpoolDir=%s/spool
+SlurmdSpoolDir=%s/spool/%%n
 SlurmctldPidFile=%s/slurmctld.pid
-SlurmdPidFile=%s/slurmd.pid
+SlurmdPidFile=%s/slurmd-%%n.pid
 SlurmctldLogFile=%s/slurmctld.log
-SlurmdLogFile=%s/slurmd.log
+SlurmdLogFile=%s/slurmd-%%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -86,53 +139,38 @@ JobAcctGatherType=jobacct_gather/none
 SlurmdParameters=config_overrides
 KillWait=2
 InactiveLimit=0
-NodeName=%s NodeAddr=127.0.0.1 CPUs=16 State=UNKNOWN
+%s
 PartitionName=spec Nodes=%s Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
-]]):format(core.getpid(), host, ctld_port, slurmd_port, dir, dir, dir, dir, dir, dir, dir, host, host)
+]]):format(name, core.getpid(), ctld, S.free_port(), S.free_port(), K.socket, K.dir, K.dir, K.dir, K.dir, K.dir,
+    K.dir, nodes, partition_nodes)
 end
 
--- Starts munged, slurmctld and slurmd; nil, or why they could not start.
-local function start_cluster()
+-- What every cluster needs here; nil, or why it cannot be had.
+local function cannot_start()
   if io.popen("id -u"):read("*l") ~= "0" then return "needs root (slurmd starts the tasks)" end
   for _, p in ipairs({"munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "scancel", "squeue", "sinfo"}) do
     if not sh("command -v " .. p) then
       return ("needs %s (Debian's slurm-wlm and munge: bash scripts/setup.sh)"):format(p)
     end
   end
-  C.dir = S.tmpdir .. "/slurm"
-  C.socket = C.dir .. "/munge.sock"
-  C.conf = C.dir .. "/slurm.conf"
-  -- (munged's socket is for every user: the directory is passable, its files private)
-  sh(("mkdir -p %s/state %s/spool && chmod 711 %s"):format(C.dir, C.dir, C.dir))
-  write(C.dir .. "/munge.key", core.random_bytes(1024), "600")
-  C.munged = S.start({"-F", "-f", "--socket=" .. C.socket, "--key-file=" .. C.dir .. "/munge.key",
-    "--log-file=" .. C.dir .. "/munged.log", "--pid-file=" .. C.dir .. "/munged.pid",
-    "--seed-file=" .. C.dir .. "/munged.seed"}, {bin = "munged"})
-  local ok = pcall(S.wait_until, function() return sh("test -S " .. C.socket) end, 10, "munged's socket")
-  if not ok then return "munged did not start: " .. tostring(read(C.dir .. "/munged.log")) end
-  local host = core.hostname():match("^[^.]+")
-  write(C.conf, config(C.dir, host, S.free_port(), S.free_port()))
-  C.ctld = S.start({"-D", "-f", C.conf}, {bin = "slurmctld", env = cluster_env(), unset = unset_list()})
-  C.slurmd = S.start({"-D", "-f", C.conf}, {bin = "slurmd", env = cluster_env(), unset = unset_list()})
-  ok = pcall(S.wait_until, function()
-    local r = run("sinfo", {"-h", "-o", "%T"}, nil, 10)
-    return r.status == 0 and r.out:match("^idle")
-  end, 30, "the node to be idle", 0.5)
-  if not ok then
-    return ("slurmctld and slurmd did not come up: %s %s"):format(tostring(read(C.dir .. "/slurmctld.log")):sub(-400),
-      tostring(read(C.dir .. "/slurmd.log")):sub(-400))
-  end
 end
 
-local function stop_cluster()
-  for _, k in ipairs({"slurmd", "ctld", "munged"}) do
-    local h = C[k]
-    if h and not h.done then
-      h:kill(core.SIGTERM)
-      if not pcall(S.wait_until, function() return h.done end, 10, k) then h:kill(core.SIGKILL) end
-    end
-  end
+local C = new_cluster("slurm") -- one node: this host
+local available, why = true, nil
+
+-- Starts the one-node cluster; nil, or why it could not start.
+local function start_cluster()
+  local no = cannot_start() or C:start_munged()
+  if no then return no end
+  local host = core.hostname():match("^[^.]+")
+  write(C.conf, config(C, "rhspec", host .. "(127.0.0.1)",
+    ("NodeName=%s NodeAddr=127.0.0.1 CPUs=16 State=UNKNOWN"):format(host), host))
+  return C:start_slurm({host}, 1)
 end
+
+local function start(cmd, args, extra) return C:start(cmd, args, extra) end
+local function run(cmd, args, extra, timeout) return C:run(cmd, args, extra, timeout) end
+local function stop_cluster() C:stop() end
 
 -- A world script's text in a file; `body` sees rpc, dist, check (S.prelude) and e (rpc.env()).
 local function script(body)
@@ -423,5 +461,121 @@ describe("Slurm as clusters run it #slurm", function()
     end)
     core.setenv("RPCHOST_MUNGE_SOCKET", nil)
     assert(ok, err)
+  end)
+end)
+
+-- Two nodes: two network namespaces on a private test subnet (made here, torn
+-- down after), joined by a bridge, a slurmd in each (slurmd -N names it), and
+-- slurmctld, srun and sbatch on the first. Every process of a node sees a
+-- hosts file naming both nodes (bound over /etc/hosts in a mount namespace of
+-- its own: nothing of this host's changes). Needs ip, nsenter and unshare.
+local NS = {"rhslurm-n1", "rhslurm-n2"}
+local BR = "rhslurm-br"
+local IP = {"10.215.9.1", "10.215.9.2"}
+local NODES = {"rhsn1", "rhsn2"}
+
+local function teardown_net()
+  for _, n in ipairs(NS) do sh("ip netns del " .. n) end
+  sh("ip netns del " .. BR)
+end
+
+local function setup_net()
+  teardown_net()
+  local ok = sh("ip netns add " .. BR) and sh("ip -n " .. BR .. " link add br0 type bridge")
+    and sh("ip -n " .. BR .. " link set br0 up")
+  for i, n in ipairs(NS) do
+    ok = ok and sh("ip netns add " .. n)
+      and sh(("ip link add rhslv%d type veth peer name rhslb%d"):format(i, i))
+      and sh(("ip link set rhslv%d netns %s name eth0"):format(i, n))
+      and sh(("ip link set rhslb%d netns %s"):format(i, BR))
+      and sh(("ip -n %s link set rhslb%d master br0 up"):format(BR, i))
+      and sh(("ip -n %s addr add %s/24 dev eth0"):format(n, IP[i]))
+      and sh(("ip -n %s link set eth0 up"):format(n))
+      and sh(("ip -n %s link set lo up"):format(n))
+  end
+  return ok
+end
+
+local M2 = new_cluster("slurm2")
+local two, two_why = true, nil
+
+local function start_two()
+  local no = cannot_start()
+  if no then return no end
+  for _, p in ipairs({"ip", "nsenter", "unshare", "mount"}) do
+    if not sh("command -v " .. p) then return "needs " .. p .. " (iproute2, util-linux)" end
+  end
+  if not setup_net() then return "could not create network namespaces here" end
+  no = M2:start_munged()
+  if no then return no end
+  local host = core.hostname():match("^[^.]+")
+  write(M2.dir .. "/hosts", ("127.0.0.1 localhost\n%s %s %s\n%s %s\n"):format(IP[1], NODES[1], host, IP[2], NODES[2]))
+  M2.ns = function(node)
+    return {"nsenter", "--net=/run/netns/" .. NS[node], "unshare", "-m", "sh", "-c",
+            ('mount --bind %s/hosts /etc/hosts && exec "$@"'):format(M2.dir), "sh"}
+  end
+  write(M2.conf, config(M2, "rhspec2", ("%s(%s)"):format(host, IP[1]),
+    ("NodeName=%s NodeAddr=%s CPUs=8 State=UNKNOWN\nNodeName=%s NodeAddr=%s CPUs=8 State=UNKNOWN"):format(
+      NODES[1], IP[1], NODES[2], IP[2]), "rhsn[1-2]"))
+  return M2:start_slurm(NODES, 2)
+end
+
+describe("Slurm on two nodes (network namespaces) #slurm", function()
+  setup(function()
+    two_why = start_two()
+    two = two_why == nil
+    if not two then
+      io.stderr:write("slurm tier, two nodes, skipped: ", two_why, "\n")
+      M2:stop()
+      teardown_net()
+    end
+  end)
+  teardown(function()
+    M2:stop()
+    teardown_net()
+  end)
+
+  local WORLD = [[
+    dist.init_process_group{backend = "gloo"}
+    rpc.init_rpc("w" .. e.rank, {rank = e.rank, world_size = e.world_size})
+    local t = tensor.ones(2)
+    dist.all_reduce(t)
+    local off = e.rank
+    local ok, v = pcall(rpc.rpc_sync, (e.rank + 1) % e.world_size, function(x) return x + off end, {1})
+    print(("rank %d node %d of %s sum %g %s"):format(e.rank, e.node_rank, e.world, t[1]:item(),
+      ok and "closure ran" or ("closure refused: " .. tostring(v))))
+    rpc.shutdown()
+    dist.destroy_process_group()
+  ]]
+
+  it("runs srun -N 2 -n 4 rpchost script.lua with nothing exported, MUNGE proving the user", function()
+    if not two then pending(two_why) return end
+    local path = script(WORLD)
+    local r = M2:run("srun", {"-N", "2", "-n", "4", S.bin, path})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local nodes = {}
+    for rank = 0, 3 do
+      local node = r.out:match(("rank %d node (%%d) of slurm job %%d+ step 0 sum 4 closure ran"):format(rank))
+      assert.truthy(node, r.out .. r.err)
+      nodes[node] = true
+    end
+    assert.is_true(nodes["0"] and nodes["1"], "the ranks ran on one node:\n" .. r.out)
+    assert.is_nil(r.err:find("without a security token", 1, true), r.err)
+    -- without MUNGE the world across nodes proves nothing, and says so
+    r = M2:run("srun", {"-N", "2", "-n", "2", S.bin, path}, {RPCHOST_MUNGE = 0})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    assert.truthy(r.err:find("without a security token", 1, true), r.err)
+    assert.truthy(r.out:find("closure refused", 1, true), r.out)
+  end)
+
+  it("starts rpchost run on each node of a step, its nodes and master from the step", function()
+    if not two then pending(two_why) return end
+    local r = M2:run("srun", {"-N", "2", "--ntasks-per-node=1", S.bin, "run", "--nproc-per-node", "2",
+                              script(WORLD)})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    for rank = 0, 3 do
+      assert.truthy(r.out:find(("rank %d node %d of slurm job %%d+ step 0 sum 4 closure ran"):format(rank,
+        math.floor(rank / 2))), r.out .. r.err)
+    end
   end)
 end)
