@@ -100,7 +100,8 @@ function M.info(getenv)
     if l == "slurm" then out = from_slurm_step(getenv) else out = from_launcher(l, getenv) end
     if out then break end
   end
-  if not out and not detached and slurm.job_id(getenv) and not set(getenv("RANK")) and not set(getenv("WORLD_SIZE")) then
+  if not out and not detached and slurm.job_id(getenv) and not set(getenv("RANK")) and
+     not set(getenv("WORLD_SIZE")) then
     -- (the batch script, salloc's shell: no step, so no rank of any world but its own)
     out = {source = "slurm-batch", rank = 0, world_size = 1, local_rank = 0, local_world_size = 1, node_rank = 0,
            vars = {}}
@@ -165,7 +166,7 @@ function M.mpi_launch_problem(getenv)
   for _, v in ipairs({"PMIX_RANK", "PMI_FD", "PMI_RANK", "OMPI_COMM_WORLD_RANK"}) do
     if set(getenv(v)) then return nil end
   end
-  return ("this process is a task of Slurm %s, started without PMI (no PMIX_RANK, PMI_FD or PMI_RANK in its " ..
+  return ("this process is a task of %s, started without PMI (no PMIX_RANK, PMI_FD or PMI_RANK in its " ..
     "environment), so MPI cannot learn its rank: use srun --mpi=pmix (srun --mpi=list shows what this " ..
     "cluster has), or backend \"gloo\""):format(slurm.world_name(s.job, s.step))
 end

@@ -291,7 +291,8 @@ end
 
 -- wait_verbose with its options in a table: timeout, abort, describe, on_tick,
 -- hint (words added to every note and to the timeout's error: what the user
--- can do about ranks that do not come), and two more: missing(), what to describe instead of the keys still missing
+-- can do about ranks that do not come), and two more: missing(), what to
+-- describe instead of the keys still missing
 -- (a wait for the one key that stands for many, as gather's, names the many;
 -- asked only when a note is due), and on_abort(value), which may raise another
 -- error than the config error an abort is by default. With fetch (a wait for
