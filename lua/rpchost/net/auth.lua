@@ -125,7 +125,8 @@ end
 -- needs only libmunge, and says what munged said when it cannot decode.
 local function munge_wanted()
   if os.getenv("RPCHOST_MUNGE") == "0" then return false end
-  return slurm.job_id() ~= nil and core.munge_available() == true
+  -- (core.munge_available: nil in a binary older than this library)
+  return slurm.job_id() ~= nil and core.munge_available ~= nil and core.munge_available() == true
 end
 
 local munged = nil -- {ok, why}: whether this host's munged made a credential

@@ -140,7 +140,10 @@ end
 -- srun -c gave it. (A malformed variable is said when init reads it.)
 local function share_of_host()
   local ok, info = pcall(require("rpchost.env").info)
-  if ok and info.source == "slurm" then core.parallel_hint(info.local_world_size or 0, info.cpus_per_task or 0) end
+  -- (a binary older than this library has no hint to take)
+  if ok and info.source == "slurm" and core.parallel_hint then
+    core.parallel_hint(info.local_world_size or 0, info.cpus_per_task or 0)
+  end
 end
 
 local function interpreter(argv)
