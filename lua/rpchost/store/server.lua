@@ -8,6 +8,7 @@ local errors = require "rpchost.errors"
 local proto = require "rpchost.wire.proto"
 local log = require "rpchost.log"
 local auth = require "rpchost.net.auth"
+local slurm = require "rpchost.slurm"
 
 local M = {}
 local enc, dec = codec.raw_encode, codec.raw_decode
@@ -199,6 +200,11 @@ function Server:on_frame(conn, ftype, flags, id, body)
     elseif hs and (type(h.to) ~= "table" or h.to.port ~= self.port) then
       hs, why, is_auth = nil, ("a connection meant for the store at port %s reached the store at %s: a stale " ..
         "address, or a relay"):format(tostring(type(h.to) == "table" and h.to.port), self.addr), true
+    elseif hs then
+      -- (a rank of another world: refused at once, before it waits here for a
+      -- world it is not in and keeps this one's store open for it)
+      why = auth.world_mismatch(self.world, h.world)
+      if why then hs, is_auth = nil, true end
     end
     if not hs then
       log.warn_often("store: refused connections", "store: refusing a connection: %s", why)
@@ -206,8 +212,15 @@ function Server:on_frame(conn, ftype, flags, id, body)
       conn:close(true)
       return
     end
+    local ack, awhy = auth.server_ack(hs, {world = self.world})
+    if not ack then
+      log.warn_often("store: refused connections", "store: refusing a connection: %s", awhy)
+      conn:send(proto.HELLO_ACK, 0, id, auth.refusal(awhy, true))
+      conn:close(true)
+      return
+    end
     st.hs = hs
-    conn:send(proto.HELLO_ACK, 0, id, auth.server_ack(hs, {}))
+    conn:send(proto.HELLO_ACK, 0, id, ack)
     return
   end
   if ftype == auth.AUTH_FRAME and st.hs then
@@ -263,8 +276,12 @@ end
 -- Starts a store server on host:port (port 0: any free port). Raises a config
 -- error naming the address when it cannot listen. o.hosts: "one" when the
 -- world is known to be on this host alone (the launcher of one node), else
--- what the environment says is asked (rpchost.net.hosts.spans_hosts).
+-- what the environment says is asked (rpchost.net.hosts.spans_hosts); o.world:
+-- the identity of the world it serves (rpchost.env), or nil: a client of
+-- another world is refused. (A string o is the world.)
 function M.serve(host, port, o)
+  if type(o) ~= "table" then o = {world = o} end
+  local world = o.world
   local ip, rerr = core.resolve(host)
   if not ip then
     error(errors.new("config", ("cannot host the store at %s: %s"):format(hosts.join(host, port), rerr)), 0)
@@ -289,11 +306,8 @@ function M.serve(host, port, o)
       log.debug("could not test %s as a local address: %s", ip, tostring(perr))
     end
   end
-  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0}, Server)
-  if hosts.is_any(bind) and not auth.token() then
-    log.warn("the store listens on every interface without a security token: anyone who can reach " ..
-      "port %d can join; set RPCHOST_TOKEN on every rank", port)
-  end
+  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0,
+                          world = world}, Server)
   local l, err, code = core.listen(bind, port, {
     accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
     frame = function(conn, ...) s:on_frame(conn, ...) end,
@@ -326,6 +340,11 @@ function M.serve(host, port, o)
     error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr, tostring(cred))), 0)
   end
   s.cred, s.secret_path = cred, path
+  if hosts.is_any(bind) and not cred then
+    log.warn("the store listens on every interface without a security token: anyone who can reach " ..
+      "port %d can join; set RPCHOST_TOKEN on every rank%s", s.port, slurm.job_id() and
+      " (or run munged, which Slurm clusters do: see docs/slurm.md)" or "")
+  end
   return s
 end
 
