@@ -16,6 +16,7 @@
 -- starts, the nodes' launchers meet at node 0's store and each learns every
 -- node's count, so global ranks are given in node order, each node a block as
 -- large as its own count.
+--
 -- Under a Slurm step of several nodes (`srun --ntasks-per-node=1 rpchost run
 -- ...`), each launcher is one node of the world: --nnodes, --node-rank and the
 -- store's address come from the step, as a rank's do (rpchost.env), unless
