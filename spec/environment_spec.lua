@@ -1,7 +1,7 @@
 -- Variables of docs/environment.md whose effect no other spec shows (the docs
 -- tier's table in spec/docs_spec.lua names, for every variable of the page, the
--- spec that shows what it does): who a rank is under Slurm and Open MPI's
--- other launchers, the nesting limit, how long a restarted rank waits for a
+-- spec that shows what it does): who a rank is under each launcher, the
+-- nesting limit, a store someone else hosts, how long a restarted rank waits for a
 -- silent predecessor, when payloads take shared memory and live in it, and
 -- malloc's tuning.
 local S = require "spec.support"
@@ -14,19 +14,31 @@ local function run_with(env, code)
   return r.out
 end
 
-describe("the environment #world", function()
-  it("takes the rank, the world's size and the local rank from Slurm's, then Open MPI's, then PMI's names", function()
-    local code = [[local env = require "rpchost.env"
-      print(("%s %s %s"):format(tostring(env.rank()), tostring(env.world_size()), tostring(env.local_rank())))]]
-    assert.are.equal("3 8 1\n", run_with({SLURM_PROCID = 3, SLURM_NTASKS = 8, SLURM_LOCALID = 1}, code))
-    assert.are.equal("5 6 2\n", run_with({OMPI_COMM_WORLD_RANK = 5, OMPI_COMM_WORLD_SIZE = 6,
-      OMPI_COMM_WORLD_LOCAL_RANK = 2}, code))
-    assert.are.equal("4 7 nil\n", run_with({PMI_RANK = 4, PMI_SIZE = 7}, code))
-    -- torchrun's names first, whatever else is set
-    assert.are.equal("0 2 0\n", run_with({RANK = 0, WORLD_SIZE = 2, LOCAL_RANK = 0, SLURM_PROCID = 3,
-      SLURM_NTASKS = 8, SLURM_LOCALID = 1, PMI_RANK = 4}, code))
-  end)
+describe("who a rank is, from each launcher's variables #unit", function()
+  local env = require "rpchost.env"
+  -- rpc.env()'s fields from exactly these variables
+  local function info(vars)
+    local i = env.info(function(k) return vars[k] end)
+    return ("%s %s %s %s %s %s"):format(i.source, tostring(i.rank), tostring(i.world_size), tostring(i.local_rank),
+      tostring(i.local_world_size), tostring(i.node_rank))
+  end
 
+  it("reads Open MPI's, a Slurm step's, PMIx's and PMI's names, and torchrun's over them one by one", function()
+    assert.are.equal("openmpi 5 6 2 3 1", info{OMPI_COMM_WORLD_RANK = "5", OMPI_COMM_WORLD_SIZE = "6",
+      OMPI_COMM_WORLD_LOCAL_RANK = "2", OMPI_COMM_WORLD_LOCAL_SIZE = "3", OMPI_COMM_WORLD_NODE_RANK = "1"})
+    assert.are.equal("slurm 3 8 1 4 1", info{SLURM_JOB_ID = "7", SLURM_STEP_ID = "0", SLURM_PROCID = "3",
+      SLURM_STEP_NUM_TASKS = "8", SLURM_LOCALID = "1", SLURM_NODEID = "1", SLURM_STEP_TASKS_PER_NODE = "4(x2)"})
+    assert.are.equal("slurm 3 8 1 nil 1", info{SLURM_JOB_ID = "7", SLURM_STEP_ID = "0", SLURM_PROCID = "3",
+      SLURM_NTASKS = "8", SLURM_LOCALID = "1", SLURM_NODEID = "1"})
+    assert.are.equal("pmix 2 nil nil nil nil", info{PMIX_RANK = "2"})
+    assert.are.equal("pmi 4 7 1 2 nil", info{PMI_RANK = "4", PMI_SIZE = "7", MPI_LOCALRANKID = "1",
+      MPI_LOCALNRANKS = "2"})
+    assert.are.equal("torchrun 0 2 2 nil 0", info{RANK = "0", WORLD_SIZE = "2", GROUP_RANK = "0",
+      OMPI_COMM_WORLD_RANK = "5", OMPI_COMM_WORLD_SIZE = "6", OMPI_COMM_WORLD_LOCAL_RANK = "2"})
+  end)
+end)
+
+describe("the environment #world", function()
   it("RPCHOST_MAX_DEPTH lowers the nesting of values sent", function()
     local code = [[local codec = require "rpchost.wire.codec"
       local v = {}

@@ -444,17 +444,20 @@ describe("ranks started by hand #world", function()
     rpc.shutdown()
   ]]
 
+  -- (Slurm's are a step's: the batch script has SLURM_PROCID too, but no step)
   local flavours = {
     {"torchrun's variables (rank 0 hosts the store)", "RANK", "WORLD_SIZE"},
-    {"Slurm's variables", "SLURM_PROCID", "SLURM_NTASKS"},
+    {"Slurm's variables", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", {SLURM_JOB_ID = 7, SLURM_STEP_ID = 0}},
     {"Open MPI's variables", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
   }
   for _, f in ipairs(flavours) do
-    local what, rank_var, size_var = f[1], f[2], f[3]
+    local what, rank_var, size_var, extra = f[1], f[2], f[3], f[4]
     it("works with " .. what .. " set by hand", function()
       local port = S.free_port()
       local out = by_hand(function(r)
-        return {[rank_var] = r, [size_var] = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+        local e = {[rank_var] = r, [size_var] = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+        for k, v in pairs(extra or {}) do e[k] = v end
+        return e
       end, 2, ("function rpc_rank() return tonumber(os.getenv '%s') end\n"):format(rank_var) .. script)
       assert.are.equal(0, out[0].status, out[0].err)
       assert.are.equal(0, out[1].status, out[1].err)

@@ -13,12 +13,14 @@ local D = require "spec.documented"
 -- afford (each passes its error to D.message with the quote, verbatim).
 local HEAVY = {
   ["cannot keep this world to its user: no private directory of this user (mode 0700) for sockets and world secrets: ...; set XDG_RUNTIME_DIR to a directory only you can enter (mode 0700), or set RPCHOST_TOKEN on every rank"] = "spec/security_resources_spec.lua",
-  ["cannot write the world's secret ...: No space left on device (the disk is full: ...)"] = "spec/security_token_spec.lua",
+  ["cannot write the world's secret ...: ...No space left on device ... (the disk is full: ...)"] = "spec/security_token_spec.lua",
   ["... resolves to 127.0.1.1 on this host, a loopback address ..."] = "spec/hosts_spec.lua",
   ["rpchost run: the nodes disagree on --nnodes: ..."] = "spec/launcher_spec.lua",
   ["two nodes were started with --node-rank ..."] = "spec/launcher_spec.lua",
   ["... is unreachable: connection lost (its host stopped answering: nothing was acknowledged for ... s (RPCHOST_HEARTBEAT; ...))"] = "spec/multihost_spec.lua",
   ["... cannot be reached: ...; its process may still be running, cut off from this host"] = "spec/multihost_spec.lua",
+  ["the store's host runs as uid ..., and this rank as ..."] = "spec/slurm_spec.lua",
+  ["cannot decode the store's MUNGE credential (...)"] = "spec/slurm_spec.lua",
 }
 
 -- Checks each quote against the mistake made for it (got: by quote).
@@ -359,6 +361,12 @@ elseif role == "twin" then -- rank 1 again, while rank 1 runs
     world_size = 2}))
 elseif role == "env" then -- the world's variables set wrong
   mistake(arg[2], init("w", {}))
+elseif role == "mpi in a step" then -- a task of a Slurm step that srun started without PMI
+  mistake([[init_process_group: backend "mpi": this process is a task of slurm job ... step ..., started without PMI ...: use srun --mpi=pmix (srun --mpi=list shows what this cluster has), or backend "gloo"]],
+    dist.init_process_group, {backend = "mpi"})
+elseif role == "world" then -- a rank of another world at this world's address
+  mistake([[the store at ... refused this rank: the store belongs to world '...', and this rank is of world '...': two worlds meet at one address; ...]],
+    init("w1", {rank = 1, world_size = 2}))
 elseif role == "heartbeat" then
   mistake([[RPCHOST_HEARTBEAT must be a number of seconds >= 0 ...]], init("w0", {rank = 0, world_size = 1}))
 elseif role == "ifname" then -- a world off loopback, whose interface is named wrong
@@ -480,7 +488,7 @@ elseif role == "far" then -- two ranks that meet on an address that is not loopb
   rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
   if rank == 0 then
     local k = 3
-    mistake([[a function sent by value (a closure) was refused: only a world whose every rank proved the security token, or a loopback-only one, accepts bytecode; ...]],
+    mistake([[a function sent by value (a closure) was refused: only a world whose every rank proved the security token (or, under Slurm, its user by MUNGE), or a loopback-only one, accepts bytecode; ...]],
       rpc.rpc_sync, "w1", function(x) return x + k end, {1})
   end
   rpc.shutdown()
@@ -616,7 +624,8 @@ describe("docs/troubleshooting.md #docs", function()
     start("pair 1", "pair", with(e, {RANK = 1, WORLD_SIZE = 2}), {"3"})
     start("twin", "twin", with(e, {RANK = 1, WORLD_SIZE = 2}), nil, 1)
     local envs = {
-      {[[MASTER_ADDR and MASTER_PORT are not set: init_method env:// needs ...]], {RANK = 0, WORLD_SIZE = 1}},
+      {[[MASTER_ADDR and MASTER_PORT are not set, and this process is in no Slurm step (SLURM_STEP_ID is not set) to derive them from: ...]],
+        {RANK = 0, WORLD_SIZE = 2}},
       {[[MASTER_PORT must be a port number (1-65535), got '...']], {RANK = 0, WORLD_SIZE = 1,
         MASTER_ADDR = "127.0.0.1", MASTER_PORT = "port"}},
       {[[RANK must be an integer, got '...']], {RANK = "zero", WORLD_SIZE = 1, MASTER_ADDR = "127.0.0.1",
@@ -625,6 +634,12 @@ describe("docs/troubleshooting.md #docs", function()
         MASTER_PORT = S.free_port(), RPCHOST_TOKEN = ""}},
     }
     for i, x in ipairs(envs) do start("env " .. i, "env", x[2], {x[1]}) end
+    local step = {SLURM_JOB_ID = "7", SLURM_STEP_ID = "0", SLURM_PROCID = "0", SLURM_STEP_NUM_TASKS = "1",
+      SLURM_LOCALID = "0", SLURM_NODEID = "0", SLURM_STEP_NUM_NODES = "1"}
+    start("mpi in a step", "mpi in a step", with(world(), step))
+    e = world({WORLD_SIZE = 2})
+    start("world host", "host", with(e, {RANK = 0, RPCHOST_WORLD_ID = "the first"}))
+    start("world", "world", with(e, {RANK = 1, RPCHOST_WORLD_ID = "the second"}), nil, 0.5)
     start("heartbeat", "heartbeat", with(world(), {RANK = 0, WORLD_SIZE = 1, RPCHOST_HEARTBEAT = "soon"}))
     start("token twice", "token twice", with(world(), {RANK = 0, WORLD_SIZE = 1, RPCHOST_TOKEN = "mine"}))
     start("dist first", "dist first", with(world(), {RANK = 0, WORLD_SIZE = 1}), {tostring(S.free_port())})
@@ -693,13 +708,21 @@ describe("docs/troubleshooting.md #docs", function()
         tostring(port), S.tmpdir .. "/not-on-this-node.lua"}, {env = {RPCHOST_INIT_TIMEOUT = 1}})
     end
     local texts = {}
+    -- rpchost run as a task of a Slurm step that runs several tasks per node
+    launched[#launched + 1] = {how = "step", proc = S.start({"run", "--nproc-per-node", "1",
+      S.tmpdir .. "/never-started.lua"}, {env = {SLURM_JOB_ID = "7", SLURM_STEP_ID = "0", SLURM_PROCID = "0",
+        SLURM_STEP_NUM_TASKS = "4", SLURM_STEP_NUM_NODES = "2", SLURM_NODEID = "0", SLURM_LOCALID = "0",
+        SLURM_STEP_TASKS_PER_NODE = "2(x2)"}})}
     for _, l in ipairs(launched) do
       -- (the launcher says it on stderr, after "rpchost run: ")
       local r = l.proc:wait(30)
-      local kind, msg = r.err:match("rpchost run: (%a+) error: ([^\n]*)")
-      local quote = l.how == "none" and [[no script arrived from node 0 within ... s]] or
-        [[shipped file ... does not match its SHA-256]]
-      results["launcher " .. l.how] = {out = ("MISTAKE\t%s\t%s\t%s\n"):format(quote, kind or "-", msg or r.err),
+      local line = r.err:match("rpchost run: ([^\n]*)") or r.err:gsub("\n", " ")
+      local kind, msg = line:match("^(%a+) error: (.*)$")
+      msg = msg or line
+      local quote = ({none = [[no script arrived from node 0 within ... s]],
+        corrupt = [[shipped file ... does not match its SHA-256]],
+        step = [[this Slurm step runs ... tasks on ... nodes, so ... launchers would each start ranks: ...]]})[l.how]
+      results["launcher " .. l.how] = {out = ("MISTAKE\t%s\t%s\t%s\n"):format(quote, kind or "-", msg),
         err = ""}
       texts[#texts + 1] = ("launcher %s:\n%s%s"):format(l.how, r.out, r.err)
     end
@@ -710,6 +733,7 @@ describe("docs/troubleshooting.md #docs", function()
     local want = quotes_in(FORMING)
     want[#want + 1] = [[no script arrived from node 0 within ... s]]
     want[#want + 1] = [[shipped file ... does not match its SHA-256]]
+    want[#want + 1] = [[this Slurm step runs ... tasks on ... nodes, so ... launchers would each start ranks: ...]]
     for _, x in ipairs(envs) do want[#want + 1] = x[1] end
     if not far then
       local keep = {}

@@ -128,7 +128,8 @@ function dist.init_process_group(o, ...)
   meets_with_rpc(host, port)
   local timeout = env.init_timeout(o.timeout)
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
-  local client, key = store.acquire(host, port, host_it, timeout)
+  local client, key, got = store.acquire(host, port, host_it, timeout, env.world_id())
+  if port == 0 then env.remember_master(host, got); port = got end -- (a world of its own: rpc meets here too)
   local a
   local ok, err = pcall(function()
     local gen = client:add("pg/gen/" .. rank, 1)
@@ -147,7 +148,7 @@ function dist.init_process_group(o, ...)
     local record = codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise, port = a.port,
                                          unix = a.unix_path, host = require("rpchost.net.hosts").advertised()})
     a:use_directory(client:gather(P .. "rank/", world_size, rank, record, {
-      timeout = timeout, abort = P .. "abort", build = agentmod.directory,
+      timeout = timeout, abort = P .. "abort", build = agentmod.directory, hint = env.join_hint(),
       describe = function(miss)
         local ranks = {}
         for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end

@@ -253,7 +253,8 @@ function rpc.init_rpc(name, a, b, c, d)
   if opts.security_token ~= nil then require("rpchost.net.auth").set_token(opts.security_token) end
   log.who = name
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
-  local client, key = store.acquire(host, port, host_it, timeout)
+  local client, key, got = store.acquire(host, port, host_it, timeout, env.world_id())
+  if port == 0 then env.remember_master(host, got) end -- (a world of its own: dist meets here too)
   local ok, err = pcall(rpc._join, client, key, name, rank, world_size, host, opts, timeout)
   if not ok then
     store.release(key)

@@ -9,6 +9,7 @@ local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local log = require "rpchost.log"
 local store = require "rpchost.store"
+local env = require "rpchost.env"
 local agentmod = require "rpchost.rpc.agent"
 local rref = require "rpchost.rpc.rref"
 local device_maps = require "rpchost.rpc.device_maps"
@@ -101,8 +102,9 @@ function M.join(client, key, name, rank, world_size, host, opts, timeout)
     max_queued_requests = opts.max_queued_requests,
     local_sockets = opts.local_sockets,
     -- Bytecode from the network can do anything: only a loopback-only world or one
-    -- whose every peer proved the security token takes it.
-    allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil}
+    -- whose every peer proved the security token, or its user by MUNGE, takes it.
+    allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil or
+      require("rpchost.net.auth").munge_proven(client.cred)}
   local advertise = a:listen_near(client, loopback)
   agentmod.set_current(a)
   a.store, a.store_key, a.prefix = client, key, P
@@ -115,6 +117,7 @@ function M.join(client, key, name, rank, world_size, host, opts, timeout)
     local dir = client:gather(P .. "worker/", world_size, rank, record, {
       timeout = timeout, abort = abort, restarted = rejoined and true or nil,
       on_tick = check_duplicate, -- (the other may register after we first looked)
+      hint = env.join_hint(),
       describe = function(miss)
         local ranks = {}
         for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
@@ -198,7 +201,8 @@ function M.join_dynamic(name, opts, host, port, timeout)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout), num_worker_threads = opts.num_worker_threads,
-      max_queued_requests = opts.max_queued_requests, world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil}
+      max_queued_requests = opts.max_queued_requests, world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil or
+      require("rpchost.net.auth").munge_proven(client.cred)}
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,

@@ -8,6 +8,7 @@ local errors = require "rpchost.errors"
 local proto = require "rpchost.wire.proto"
 local log = require "rpchost.log"
 local auth = require "rpchost.net.auth"
+local slurm = require "rpchost.slurm"
 
 local M = {}
 local enc, dec = codec.raw_encode, codec.raw_decode
@@ -199,6 +200,11 @@ function Server:on_frame(conn, ftype, flags, id, body)
     elseif hs and (type(h.to) ~= "table" or h.to.port ~= self.port) then
       hs, why, is_auth = nil, ("a connection meant for the store at port %s reached the store at %s: a stale " ..
         "address, or a relay"):format(tostring(type(h.to) == "table" and h.to.port), self.addr), true
+    elseif hs then
+      -- (a rank of another world: refused at once, before it waits here for a
+      -- world it is not in and keeps this one's store open for it)
+      why = auth.world_mismatch(self.world, h.world)
+      if why then hs, is_auth = nil, true end
     end
     if not hs then
       log.warn_often("store: refused connections", "store: refusing a connection: %s", why)
@@ -206,8 +212,15 @@ function Server:on_frame(conn, ftype, flags, id, body)
       conn:close(true)
       return
     end
+    local ack, awhy = auth.server_ack(hs, {world = self.world})
+    if not ack then
+      log.warn_often("store: refused connections", "store: refusing a connection: %s", awhy)
+      conn:send(proto.HELLO_ACK, 0, id, auth.refusal(awhy, true))
+      conn:close(true)
+      return
+    end
     st.hs = hs
-    conn:send(proto.HELLO_ACK, 0, id, auth.server_ack(hs, {}))
+    conn:send(proto.HELLO_ACK, 0, id, ack)
     return
   end
   if ftype == auth.AUTH_FRAME and st.hs then
@@ -283,8 +296,12 @@ end
 -- Starts a store server on host:port (port 0: any free port). Raises a config
 -- error naming the address when it cannot listen. o.hosts: "one" when the
 -- world is known to be on this host alone (the launcher of one node), else
--- what the environment says is asked (rpchost.net.hosts.spans_hosts).
+-- what the environment says is asked (rpchost.net.hosts.spans_hosts); o.world:
+-- the identity of the world it serves (rpchost.env), or nil: a client of
+-- another world is refused. (A string o is the world.)
 function M.serve(host, port, o)
+  if type(o) ~= "table" then o = {world = o} end
+  local world = o.world
   local ip, rerr = core.resolve(host)
   if not ip then
     error(errors.new("config", ("cannot host the store at %s: %s"):format(hosts.join(host, port), rerr)), 0)
@@ -295,7 +312,7 @@ function M.serve(host, port, o)
       "on IPv6 (is IPv6 turned off?); give MASTER_ADDR an IPv4 address"):format(hosts.join(host, port), ip)), 0)
   end
   local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0,
-                          more_listeners = {}}, Server)
+                          more_listeners = {}, world = world}, Server)
   local callbacks = {
     -- (a connection that does not prove itself in time is closed: the store's
     -- own deadline, docs/environment.md)
@@ -353,13 +370,6 @@ function M.serve(host, port, o)
       end
     end
   end
-  if not is_loopback(ip) and not auth.token() then
-    -- (the port it got: a launcher's store asks for port 0)
-    local where = {}
-    for i, b in ipairs(bound) do where[i] = hosts.is_any(b) and "every interface" or b end
-    log.warn("the store listens on %s, port %d, without a security token: anyone who can reach it can join; " ..
-      "set RPCHOST_TOKEN on every rank", table.concat(where, " and "), s.port)
-  end
   s.addr = hosts.join(host, s.port)
   -- (after the port is ours: no other store can be writing this port's secret)
   local ok, cred, path = pcall(auth.host_cred, is_loopback(ip), s.port)
@@ -369,6 +379,14 @@ function M.serve(host, port, o)
       errors.is(cred) and cred.message or tostring(cred))), 0)
   end
   s.cred, s.secret_path = cred, path
+  if not is_loopback(ip) and not cred then
+    -- (where it listens, and the port it got: a launcher's store asks for port 0)
+    local where = {}
+    for i, b in ipairs(bound) do where[i] = hosts.is_any(b) and "every interface" or b end
+    log.warn("the store listens on %s, port %d, without a security token: anyone who can reach it can join; " ..
+      "set RPCHOST_TOKEN on every rank%s", table.concat(where, " and "), s.port, slurm.job_id() and
+      " (or run munged, which Slurm clusters do: see docs/slurm.md)" or "")
+  end
   return s
 end
 
