@@ -243,6 +243,7 @@ local function node_rendezvous(o, port)
   client:close()
   if not ok then return nil, errors_text(a) end
   return a, b
+end
 
 -- The identity of the world this launch starts (rpchost.net.auth): the user's
 -- RPCHOST_WORLD_ID or the Slurm step's, else this launch's own on node 0. (A
