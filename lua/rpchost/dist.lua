@@ -98,8 +98,12 @@ function dist.init_process_group(o, ...)
     else o = {backend = o, init_method = rest} end
   end
   o = o or {}
-  errors.check_options(o, {"backend", "init_method", "rank", "world_size", "timeout", "device_id", "store",
-    "group_name", "pg_options"}, "init_process_group")
+  errors.check_options(o, {"backend", "init_method", "rank", "world_size", "timeout", "device_id", "group_name"},
+    "init_process_group")
+  if o.store ~= nil then
+    cfg("init_process_group: a store object cannot be passed here; the group meets at init_method's store " ..
+      "(\"env://\" or \"tcp://host:port\")")
+  end
   if state then cfg("init_process_group: the default process group is already initialised") end
   local backend = BACKENDS[o.backend or "gloo"]
   if not backend then
@@ -298,7 +302,7 @@ function dist.new_group(ranks, opts)
   if type(ranks) == "table" and ranks[1] == nil and next(ranks) ~= nil and (ranks.ranks or ranks.timeout) then
     ranks, opts = ranks.ranks, ranks
   end
-  errors.check_options(opts, {"ranks", "timeout", "backend", "pg_options"}, "new_group")
+  errors.check_options(opts, {"ranks", "timeout", "backend"}, "new_group")
   s.groups = s.groups + 1
   if ranks == nil then
     ranks = {}
