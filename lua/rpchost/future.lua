@@ -161,29 +161,45 @@ local function note(f, waited, limit, strong)
   log.info("waiting for %s (%d s%s)", what_of(f) or "a Future", waited, suffix)
 end
 
+-- The notes of waits that go on: one weak deadline for every wait (every
+-- PROGRESS seconds while any is on), not one per wait: an rpc_sync would
+-- otherwise arm and cancel a deadline each call. A wait joins when it starts
+-- and leaves when it ends (task -> its future, its start, its limit).
+local WEAK_KEYS = {__mode = "k"} -- (a task that ends mid-wait, interrupted, leaves with its keys)
+local noting_f, noting_since, noting_limit = setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS),
+  setmetatable({}, WEAK_KEYS)
+local tick_e = nil
+local function tick()
+  tick_e = nil
+  local now = sched.now()
+  local any = false
+  for t, f in pairs(noting_f) do
+    any = true
+    local since = noting_since[t]
+    -- (a whole interval and more: the notes come once per interval per wait)
+    if since and now - since >= PROGRESS then
+      local lim = noting_limit[t]
+      note(f, now - since, lim or nil, false)
+    end
+  end
+  if any then tick_e = sched.after_weak(PROGRESS, tick) end
+end
+
 -- Suspends until f completes or `limit` seconds pass (false then), noting
 -- its progress; `strong`: the limit is the program's, a deadline like any.
 local function wait_noting(f, limit, strong)
-  local start = sched.now()
-  local next_note = start + PROGRESS
-  while true do
-    local now = sched.now()
-    local left = limit and start + limit - now
-    local slice = PROGRESS > 0 and next_note - now or nil
-    if left and (not slice or left <= slice) then slice = left end
-    -- (the future itself says what the task waits for: no string per wait)
-    -- (under the program's own limit every slice is a deadline like any: the
-    -- loop would be alive until that limit anyway)
-    local arm = (strong and limit) and sched.suspend_until or sched.suspend_weak
-    local woke = arm(f, slice and math.max(slice, 0.001))
-    if woke or f.state ~= "pending" then return true end
-    now = sched.now()
-    if limit and now - start >= limit - 1e-3 then return false end
-    if PROGRESS > 0 and now >= next_note then
-      note(f, now - start, limit, strong)
-      next_note = now + PROGRESS
-    end
+  local t = sched.current()
+  if PROGRESS > 0 then
+    noting_f[t], noting_since[t], noting_limit[t] = f, sched.now(), limit or false
+    if not tick_e then tick_e = sched.after_weak(PROGRESS, tick) end
   end
+  -- (the future itself says what the task waits for: no string per wait)
+  local woke
+  if not limit then woke = sched.suspend(f)
+  elseif strong then woke = sched.suspend_until(f, limit)
+  else woke = sched.suspend_weak(f, limit) end
+  noting_f[t], noting_since[t], noting_limit[t] = nil, nil, nil
+  return woke or f.state ~= "pending"
 end
 
 -- Waits until done and returns the values, or raises the error. timeout: at

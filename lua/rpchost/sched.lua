@@ -348,6 +348,15 @@ function M.suspend_weak(what, timeout)
   return weak_woke(e, M.suspend(what))
 end
 
+-- after_weak(delay, fn, arg): M.after with a weak deadline (see nweak): what
+-- only notes progress, never what a wait waits for
+function M.after_weak(delay, fn, arg)
+  local e = M.after_into({}, delay, fn, arg)
+  e.weak = true
+  nweak = nweak + 1
+  return e
+end
+
 -- user coroutines: pass rpchost suspensions through them ----------------------
 function coroutine.resume(co, ...)
   local r = pack(raw_resume(co, ...))
