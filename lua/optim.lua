@@ -9,6 +9,7 @@
 local tensor = require "tensor"
 local core = require "rpchost.core"
 local sized = require "rpchost.sized"
+local mapping = require "rpchost.mapping"
 
 local optim = {}
 
@@ -129,7 +130,10 @@ function Optimizer:step(arg)
 end
 
 -- state_dict(): {state = {[i] = {...}}, param_groups = {{lr =, ..., params = {i, ...}}}},
--- parameters numbered 1.. in group order (PyTorch numbers them from 0)
+-- parameters numbered 1.. in group order (PyTorch numbers them from 0; either
+-- loads, here and in PyTorch, which both match state to parameters through
+-- param_groups' ids). `state` is marked a mapping, so nn.save(sd, "x.pt") writes
+-- it as the dict PyTorch expects even when its keys are 1..n.
 function Optimizer:state_dict()
   local index, groups, state = {}, {}, {}
   local n = 0
@@ -151,7 +155,18 @@ function Optimizer:state_dict()
       state[index[p]] = c
     end
   end
-  return {state = state, param_groups = groups}
+  return {state = mapping.mark(state), param_groups = groups}
+end
+
+-- a state value as this optimizer keeps it: `step` is a number here, where
+-- PyTorch (1.12 and later) keeps a one-element tensor, so a PyTorch state_dict
+-- (nn.load("opt.pt")) resumes with the same step count
+local function state_value(k, v, p)
+  if not tensor.is_tensor(v) then return v end
+  if k == "step" and v:numel() == 1 then return v:item() end
+  v = v:clone()
+  if v.device ~= p.device then v = v:to(p.device) end
+  return v
 end
 
 function Optimizer:load_state_dict(sd)
@@ -177,13 +192,7 @@ function Optimizer:load_state_dict(sd)
     local p = by_id[id]
     if p then
       local c = {}
-      for k, v in pairs(st) do
-        if tensor.is_tensor(v) then
-          v = v:clone()
-          if v.device ~= p.device then v = v:to(p.device) end
-        end
-        c[k] = v
-      end
+      for k, v in pairs(st) do c[k] = state_value(k, v, p) end
       self.state[p] = c
     end
   end

@@ -5,6 +5,10 @@
 -- are installed).
 local core = require "rpchost.core"
 local tensor = require "rpchost.tensor.base"
+local pt = require "rpchost.tensor.pt_format"
+
+-- PyTorch's file extensions: those paths take torch.save's format
+local function is_pt(path) return type(path) == "string" and (path:match("%.pt$") or path:match("%.pth$")) ~= nil end
 
 local DESCR = {[0] = "<f4", "<f8", "<i4", "<i8", "|u1", "|b1"}
 local FROM_DESCR = {f4 = 0, f8 = 1, i4 = 2, i8 = 3, u1 = 4, b1 = 5}
@@ -16,6 +20,7 @@ end
 function tensor.save(t, path)
   if not tensor.is_tensor(t) then error("tensor.save: expected a tensor, got " .. type(t), 2) end
   if type(path) ~= "string" then error("tensor.save: expected a file path", 2) end
+  if is_pt(path) then return pt.save(t, path, {what = "tensor.save", root = "t"}) end
   local sizes = core.t_size(t)
   local shape
   if #sizes == 0 then shape = "()"
@@ -34,6 +39,14 @@ function tensor.save(t, path)
 end
 
 function tensor.load(path)
+  if is_pt(path) then
+    local v = pt.load(path, {what = "tensor.load", root = "obj"})
+    if not tensor.is_tensor(v) then
+      error(("tensor.load: %s holds a %s, not one tensor: read it with nn.load"):format(path,
+        type(v) == "table" and "table (a state_dict?)" or type(v)), 2)
+    end
+    return v
+  end
   local f, err = io.open(path, "rb")
   if not f then error("tensor.load: cannot open " .. tostring(path) .. ": " .. tostring(err), 2) end
   local data = f:read("*a")
