@@ -151,6 +151,13 @@ int main(int argc, char **argv) {
   rh_blas_quiet();
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
+  /* stderr too, and with room for a long line: ranks of one world share their
+   * launcher's terminal, and an unbuffered stderr writes a message in pieces
+   * ("rpchost: ", then the text), which the ranks' pieces tore apart
+   * ("rpchost: rpchost: config error ..."). Line-buffered, each line leaves in
+   * one write. */
+  static char stderr_buf[1 << 16];
+  setvbuf(stderr, stderr_buf, _IOLBF, sizeof stderr_buf);
   /* Buffers up to 512 MiB (zeroed tensors, workspaces, tensors under 4 MiB)
    * come from the heap and freed ones stay mapped for the next: a fresh mmap per
    * message costs a page fault per 4 KiB, which dominated large transfers.

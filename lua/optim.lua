@@ -1,5 +1,6 @@
 -- optim: optimizers (PyTorch's torch.optim: SGD, Adam, AdamW, RMSprop, Adagrad)
--- with param groups and state_dict, and optim.lr_scheduler. Each update is
+-- with param groups and state_dict, optim.lr_scheduler, and
+-- optim.ZeroRedundancyOptimizer (PyTorch's torch.distributed.optim's). Each update is
 -- PyTorch 1.13's single-tensor algorithm, so the same gradients give the same
 -- parameters. step() updates parameters in place from their .grad, from a
 -- gradient table handed in (DistributedOptimizer passes a distributed autograd
@@ -374,5 +375,10 @@ function optim.Adagrad(params, opts)
 end
 
 optim.lr_scheduler = require "rpchost.nn.lr_scheduler"
+
+-- ZeroRedundancyOptimizer(params, optim.Adam, {lr =, ...}): an optimizer's
+-- state sharded across the data-parallel ranks (rpchost.nn.zero; loaded on
+-- first use, as it needs the process group)
+function optim.ZeroRedundancyOptimizer(...) return require("rpchost.nn.zero").new(...) end
 
 return optim

@@ -136,6 +136,20 @@ describe("device_maps and devices #unit", function()
       "device_maps and devices use cuda:0, but CUDA is not available on this worker")
     fails_with(init_with{init_method = addr, devices = {"cuda:2"}}, "use cuda:2, but CUDA is not available")
   end)
+
+  -- (issue 33: the CUDA runtime, asked on a machine with no NVIDIA driver at
+  -- all, says "CUDA driver version is insufficient", and so did device_maps)
+  it("say that no GPU was found on a machine that has none", function()
+    if has_gpu then return pending("this machine has a GPU") end
+    if not lib_built() then return pending("no librpchost_cuda.so beside " .. bin .. ": the runtime is not asked") end
+    for _, f in ipairs({"/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version"}) do
+      if io.open(f) then return pending("this machine has an NVIDIA driver (" .. f .. ")") end
+    end
+    local msg = fails_with(init_with{init_method = addr, device_maps = {w1 = {[0] = 0}}},
+      "device_maps and devices use cuda:0, but CUDA is not available on this worker: no GPU found")
+    assert.is_nil(msg:find("insufficient", 1, true), msg)
+    assert.is_nil(tensor.cuda.why_unavailable():find("driver version", 1, true), tensor.cuda.why_unavailable())
+  end)
 end)
 
 describe("the nccl backend #unit", function()

@@ -190,6 +190,47 @@ describe("init_rpc refuses bad input #world", function()
     S.assert_checks(r)
   end)
 
+  -- (issue 33: refused when dist came first, accepted when rpc did)
+  it("holds dist and rpc to one address whichever starts first, naming both when they differ", function()
+    local port = S.free_port()
+    local r = S.world(2, S.prelude .. ([[
+      local other = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://127.0.0.1:%d"}
+      local same = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://localhost:" .. os.getenv("MASTER_PORT")}
+      -- rpc first, then dist elsewhere: refused before anything waits
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = other})
+      local t0 = rpc.time()
+      local ok, e = pcall(dist.init_process_group, {backend = "gloo", rank = rank, world_size = 2})
+      check("rpc first: refused", not ok and e.kind == "config" and
+        tostring(e.message):find("init_process_group: RPC meets at 127.0.0.1:%d but init_process_group " ..
+          "was pointed at 127.0.0.1:" .. os.getenv("MASTER_PORT"), 1, true) ~= nil, e)
+      check("rpc first: at once", rpc.time() - t0 < 2, rpc.time() - t0)
+      check("rpc first: no group", not dist.is_initialized())
+      rpc.shutdown()
+      -- dist first, then rpc elsewhere: the same rule
+      dist.init_process_group{backend = "gloo", rank = rank, world_size = 2}
+      ok, e = pcall(rpc.init_rpc, "w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = other})
+      check("dist first: refused", not ok and e.kind == "config" and
+        tostring(e.message):find("init_rpc: the process group meets at 127.0.0.1:" .. os.getenv("MASTER_PORT") ..
+          " but init_rpc was pointed at 127.0.0.1:%d", 1, true) ~= nil, e)
+      -- one address (by another name for the same host) is accepted, in this order too
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = same})
+      check("dist first, same address: one world", rpc.rpc_sync("w" .. (1 - rank), math.max, {rank, 7}) == 7)
+      rpc.shutdown()
+      dist.destroy_process_group()
+      -- and rpc first on the address dist then uses
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = same})
+      dist.init_process_group{backend = "gloo", rank = rank, world_size = 2}
+      local t = require("tensor").ones(2)
+      dist.all_reduce(t)
+      check("rpc first, same address: both work", t[1]:item() == 2 and
+        rpc.rpc_sync("w" .. (1 - rank), math.max, {rank, 9}) == 9)
+      rpc.shutdown()
+      dist.destroy_process_group()
+    ]]):format(port, port, port), {timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_checks(r, {times = 2})
+  end)
+
   it("errors, naming both addresses, when dist and rpc are pointed at different stores", function()
     local port = S.free_port()
     local r = S.world(2, S.prelude .. ([[
@@ -232,7 +273,8 @@ describe("_transports and _channels #world", function()
         return m:find(want, 1, true), m
       end
       check("unknown channel", has({_channels = {"basic", "carrier_pigeon"}}, '_channels[2] is "carrier_pigeon"'))
-      check("lists the valid ones", has({_channels = {"x"}}, '"basic", "shm", "cuda_ipc", "cuda_basic"'))
+      check("lists the valid ones", has({_channels = {"x"}}, '"basic", "cma", "mpt_uv", "cuda_basic", ' ..
+        '"cuda_ipc", "cuda_gdr", "cuda_xth", "shm"'))
       check("unknown transport", has({_transports = {"ib"}}, '_transports[1] is "ib", which is not a transport'))
       check("not a list", has({_transports = "tcp"}, "_transports must be a non-empty list"))
       check("empty list", has({_channels = {}}, "_channels must be a non-empty list"))
@@ -253,6 +295,57 @@ describe("_transports and _channels #world", function()
     assert.are.equal(0, r.status, r.err)
     S.assert_checks(r)
     assert.are.equal(14, #S.lines(r.out), r.out)
+  end)
+
+  -- (issue 33: PyTorch's own names were refused)
+  it("take PyTorch's TensorPipe names, each mapped to a mechanism here, refusing only what cannot exist", function()
+    local r = S.world(2, S.prelude .. [[
+      local channels = require "rpchost.rpc.channels"
+      local loopback = function() return true end
+      local function sel(o) return {pcall(channels.select, o, loopback)} end
+      local function refused(o, want)
+        local r = sel(o)
+        return not r[1] and r[2].kind == "config" and tostring(r[2].message):find(want, 1, true) ~= nil,
+          tostring(r[2])
+      end
+      -- transports: uv is TCP (no same-host sockets, so no segments), shm is the same-host path
+      local r = sel({_transports = {"uv"}})
+      check("uv is TCP", r[1] and r[2] == false and r[3] == false, r[2])
+      r = sel({_transports = {"uv", "shm"}})
+      check("uv + shm", r[1] and r[2] == true and r[3] == true, r[2])
+      -- channels: cma is same-host shared memory, mpt_uv and basic the socket
+      r = sel({_channels = {"cma", "mpt_uv"}})
+      check("cma uses shared memory", r[1] and r[2] == true, r[2])
+      r = sel({_channels = {"mpt_uv"}})
+      check("mpt_uv alone: through the socket", r[1] and r[2] == false, r[2])
+      r = sel({_transports = {"uv"}, _channels = {"cma", "mpt_uv"}})
+      check("the seed's lists: accepted", r[1] and r[2] == false and r[3] == false, r[2])
+      check("cma alone needs the shm transport", refused({_transports = {"uv"}, _channels = {"cma"}},
+        '"cma" needs the "shm" transport'))
+      for _, n in ipairs({"cuda_gdr", "cuda_xth", "cuda_ipc"}) do
+        check("no GPU: " .. n, refused({_channels = {"basic", n}}, '"' .. n .. '" moves CUDA tensors'))
+      end
+      -- ibv: only with an InfiniBand device, else what to use instead
+      local real = channels.infiniband_devices
+      channels.infiniband_devices = function() return {} end
+      check("ibv without a device", refused({_transports = {"ibv", "uv"}},
+        '"ibv" needs an InfiniBand device, and this machine has none'))
+      check("ibv: says what instead", refused({_transports = {"ibv"}}, 'use "uv" (TCP sockets)'))
+      channels.infiniband_devices = function() return {"mlx5_0"} end
+      r = sel({_transports = {"ibv", "shm"}})
+      check("ibv with a device: TCP over it", r[1] and r[2] == true and r[3] == true, r[2])
+      channels.infiniband_devices = real
+      -- the seed's options, through a world: a call with a big tensor each way
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2, rpc_backend_options = rpc.TensorPipeRpcBackendOptions{
+        _transports = {"uv"}, _channels = {"cma", "mpt_uv"}}})
+      if rank == 0 then
+        local t = require("tensor").arange(1048576)
+        check("a world with the seed's lists", rpc.rpc_sync("w1", function(x) return x end, {t}):equal(t))
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_checks(r)
   end)
 
   it("refuses an explicit shm channel where the environment turns it off", function()

@@ -33,11 +33,25 @@ local function check_tree(bin, docdir, mandir, cudadir)
   out, rc = sh(("cd / && %s %s -e \"print(package.searchpath('rpc', package.path))\""):format(env, bin))
   assert.are.equal(0, rc, out)
   assert.truthy(out:find(bin:match("^(.*)/bin/") .. "/bin/../share/rpchost/lua/rpc.lua", 1, true), out)
+  -- users' own tests: the testing helper (docs/testing.md) is installed with the
+  -- library, and its worlds run the installed rpchost
+  out, rc = sh(("cd / && %s %s -e \"local w = require('rpchost.tools.testing').world(2, " ..
+    "'print(os.getenv([[RANK]]), arg[-1])', {timeout = 60}); assert(w.ok, w:report()); " ..
+    "io.write('testing: ', w.ranks[1].out)\""):format(env, bin))
+  assert.are.equal(0, rc, out)
+  assert.truthy(out:find("testing: 1\t" .. bin, 1, true), out)
+  -- an error shows the script's frames, not the installed library's (whose
+  -- long paths a traceback shortens to their tails)
+  local failing = S.write("local function f() local t = nil; return t.x + 1 end\nlocal v = f()\nprint(v)\n")
+  out = sh(("cd / && %s %s %s"):format(env, bin, failing))
+  assert.truthy(out:find("stack traceback:", 1, true), out)
+  assert.truthy(out:find(failing .. ":2: in main chunk", 1, true), out)
+  assert.is_nil(out:find("rpchost/lua/rpchost/", 1, true), out)
   -- --help points at the installed docs, and they are there
   out = sh(("cd / && %s --help"):format(bin))
   assert.truthy(out:find("man rpchost", 1, true), out)
   assert.truthy(out:find(docdir, 1, true), "--help should name " .. docdir .. ":\n" .. out)
-  for _, f in ipairs({"/README.md", "/docs/README.md", "/docs/rpc.md", "/docs/environment.md"}) do
+  for _, f in ipairs({"/README.md", "/docs/README.md", "/docs/rpc.md", "/docs/environment.md", "/docs/testing.md"}) do
     assert.truthy(io.open(docdir .. f), docdir .. f .. " is not installed")
   end
   -- the man page renders without a warning

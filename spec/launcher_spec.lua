@@ -46,8 +46,100 @@ describe("rpchost run #world", function()
     assert.is_false(r.timed_out)
     assert.are_not.equal(0, r.status)
     assert.is_true(r.elapsed < 6, "took " .. r.elapsed)
-    assert.truthy(r.err:find("rpchost run: rank 1 %(pid %d+%) failed: exit code 1"), r.err)
+    assert.truthy(r.err:find("rpchost run: rank 1 %(pid %d+%) failed first: exit code 1 %(its error is above%)"),
+      r.err)
     assert.truthy(r.err:find("rank one gives up", 1, true))
+  end)
+
+  -- (issue 33: one mistake in a 2-rank world printed 26 lines: each rank's
+  -- message with six library frames, then the launcher repeating one)
+  it("says a config error in one line per rank, and names the rank that failed first without repeating it", function()
+    local path = S.write([[
+      local rpc = require "rpc"
+      local rank = tonumber(os.getenv "RANK")
+      -- (both ranks fail together: neither is stopped before it has said why)
+      local sched = require "rpchost.sched"
+      sched.sleep(math.max(0, 0.5 - (rpc.time() % 0.5)))
+      rpc.init_rpc("worker " .. rank, {rank = rank, world_size = 2})
+    ]])
+    local r = S.run({"run", "--nproc-per-node", "2", path}, {timeout = 30})
+    assert.are.equal(1, r.status, r.err)
+    local lines = S.lines(r.err)
+    local said = 0
+    for _, l in ipairs(lines) do
+      if l:find("invalid worker name", 1, true) then
+        said = said + 1
+        assert.truthy(l:find("^rpchost: " .. path:gsub("%p", "%%%0") .. ":6: config error: init_rpc: invalid " ..
+          "worker name 'worker %d'"), l)
+      end
+    end
+    assert.is_true(said >= 1 and said <= 2, r.err)
+    assert.is_nil(r.err:find("stack traceback", 1, true), r.err)
+    assert.is_nil(r.err:find("/rpchost/", 1, true), r.err)
+    local launcher = r.err:match("rpchost run: ([^\n]*)")
+    assert.truthy(launcher and launcher:find("^rank %d %(pid %d+%) failed first: exit code 1 %(its error is above%); " ..
+      "stopped the other ranks %(%d%)$"), r.err)
+    assert.are.equal(said + 1, #lines, r.err)
+  end)
+
+  it("keeps a runtime error's frames of the user's script, not the library's", function()
+    local path = S.write([[
+      local function inner(t) local v = t.missing.field; return v end
+      local function outer() local v = inner({}); return v end
+      local rpc = require "rpc"
+      outer()
+    ]])
+    local r = S.run({"run", "--nproc-per-node", "1", path}, {timeout = 30})
+    assert.are.equal(1, r.status, r.err)
+    assert.truthy(r.err:find("rpchost: " .. path .. ":1: attempt to index field 'missing' (a nil value)", 1, true),
+      r.err)
+    assert.truthy(r.err:find("stack traceback:", 1, true), r.err)
+    assert.truthy(r.err:find(path .. ":2: in function 'outer'", 1, true), r.err)
+    assert.truthy(r.err:find(path .. ":4: in main chunk", 1, true), r.err)
+    assert.is_nil(r.err:find("/rpchost/", 1, true), r.err)
+    assert.is_nil(r.err:find("xpcall", 1, true), r.err)
+    -- every frame, with RPCHOST_LOG=debug
+    r = S.run({"run", "--nproc-per-node", "1", path}, {timeout = 30, env = {RPCHOST_LOG = "debug"}})
+    assert.truthy(r.err:find("rpchost/sched.lua:", 1, true), r.err)
+  end)
+
+  it("tells the library's frames from the user's, also by the tails of long paths", function()
+    local report = require "rpchost.tools.report"
+    local lib = package.searchpath("rpchost.errors", package.path):match("^(.*/)rpchost/errors%.lua$")
+    local full = lib .. "rpchost/rpc/agent.lua"
+    assert.is_true(report.library_source(full))
+    assert.is_true(report.library_source(lib .. "rpc.lua"))
+    -- (LuaJIT keeps the last 56 characters of a long path behind "...")
+    local long = lib .. "rpchost/tools/introspect.lua"
+    assert.is_true(report.library_source("..." .. long:sub(-40)))
+    -- a user's files, even in folders named like the library's
+    assert.is_false(report.library_source("/home/u/job.lua"))
+    assert.is_false(report.library_source("/home/u/rpchost/sched.lua"))
+    assert.is_false(report.library_source(lib .. "mymodule.lua"))
+    assert.is_false(report.library_source("...e/u/projects/share/rpchost/lua/train.lua"))
+  end)
+
+  -- ranks share the launcher's terminal: every line leaves a rank in one write,
+  -- even one the script writes in pieces (io.stderr:write("a", "b", "\n"))
+  it("never tears the lines of ranks writing at once to the terminal they share", function()
+    local r = S.world(4, [[
+      local rank = os.getenv "RANK"
+      local x = ("x"):rep(60)
+      for i = 1, 1500 do
+        io.stderr:write("rank ", rank, " line ", i, ": ", x, " end\n")
+        io.stdout:write("rank ", rank, " out ", i, ": ", x, " end\n")
+      end
+    ]], {timeout = 60})
+    assert.are.equal(0, r.status, r.err:sub(1, 2000))
+    for name, text in pairs({stderr = r.err, stdout = r.out}) do
+      local n, torn = 0, {}
+      for l in text:gmatch("[^\n]+") do
+        n = n + 1
+        if not l:find("^rank %d %a+ %d+: x+ end$") or #l:match("x+") ~= 60 then torn[#torn + 1] = l end
+      end
+      assert.are.equal(6000, n, name)
+      assert.are.equal("", table.concat(torn, "\n", 1, math.min(#torn, 5)), name .. ": torn lines")
+    end
   end)
 
   it("notices a failed rank at once even when a child of it keeps its output open", function()

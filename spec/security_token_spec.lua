@@ -27,6 +27,30 @@ describe("security tokens, as users set them #world", function()
     assert.is_nil(r.err:find("unset RPCHOST_TOKEN", 1, true), r.err)
   end)
 
+  -- (issue 33: with RPCHOST_TOKEN also exported, the launcher's store proved
+  -- the variable's token and refused the rank's "security token differs")
+  it("an option that differs from RPCHOST_TOKEN is named at once, under rpchost run; the same one works", function()
+    local script = S.write(S.prelude .. [[
+      local ok, e = pcall(rpc.init_rpc, "w" .. rank, {rank = rank, world_size = world_size,
+        rpc_backend_options = rpc.TensorPipeRpcBackendOptions{security_token = "option-token"}})
+      if not ok then print("refused " .. tostring(e.kind) .. ": " .. tostring(e.message)) os.exit(0) end
+      if rank == 0 then check("one token: a call", rpc.rpc_sync("w1", math.max, {1, 2}) == 2) end
+      rpc.shutdown()
+    ]])
+    local t0 = S.now()
+    local differ = S.run({"run", "--nproc-per-node", "2", script}, {env = {RPCHOST_TOKEN = "variable-token"},
+      timeout = 30})
+    assert.are.equal(0, differ.status, differ.out .. differ.err)
+    assert.is_true(S.now() - t0 < 10)
+    assert.truthy(differ.out:find("refused config: security_token differs from RPCHOST_TOKEN, which is also set",
+      1, true), differ.out .. differ.err)
+    assert.truthy(differ.out:find("unset RPCHOST_TOKEN", 1, true), differ.out)
+    local same = S.run({"run", "--nproc-per-node", "2", script}, {env = {RPCHOST_TOKEN = "option-token"},
+      timeout = 30})
+    assert.are.equal(0, same.status, same.out .. same.err)
+    S.assert_checks(same)
+  end)
+
   -- rank 1 holds a token that HMAC would have taken for rank 0's as a key
   local function mismatched(token0, token1)
     return S.world(2, S.prelude .. [[

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "tensor_internal.h"
@@ -64,6 +65,24 @@ static void *open_lib(void) {
   return NULL;
 }
 
+/* Whether this machine shows an NVIDIA GPU to this process: the driver's
+ * control device or its /proc entry. Without either, the CUDA runtime still
+ * answers, but with "CUDA driver version is insufficient for CUDA runtime
+ * version" (there is no driver at all, so none is new enough), which sends a
+ * user looking for a driver upgrade on a machine that has no GPU. */
+static int nvidia_present(void) {
+  return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/nvidia0", F_OK) == 0 ||
+         access("/proc/driver/nvidia/version", F_OK) == 0;
+}
+
+static void no_device(const char *runtime_says) {
+  if (!nvidia_present())
+    snprintf(why, sizeof why,
+             "no GPU found: this machine shows no NVIDIA device (no /dev/nvidiactl, no NVIDIA driver loaded)");
+  else if (runtime_says) snprintf(why, sizeof why, "no usable GPU: %s", runtime_says);
+  else snprintf(why, sizeof why, "no GPU found: the CUDA driver found no device");
+}
+
 static void load(void) {
   if (tried) return;
   tried = 1;
@@ -81,11 +100,11 @@ static void load(void) {
   }
   int n = 0;
   if (a->device_count(&n) != 0) {
-    snprintf(why, sizeof why, "no usable GPU: %s", a->last_error());
+    no_device(a->last_error());
     return;
   }
   if (n == 0) {
-    snprintf(why, sizeof why, "no GPU: the CUDA driver found no device");
+    no_device(NULL);
     return;
   }
   api = a;

@@ -60,11 +60,26 @@ local function nccl_device(o)
   return (env.local_rank() or 0) % n
 end
 
+-- RPC already running here meets at the same address as the process group
+-- (rpchost.store.check_meeting; init_rpc checks the same when it comes second).
+local function meets_with_rpc(host, port)
+  local a = agentmod.current()
+  if not (a and a.state == "running" and a.store_key) then return end
+  local rh, rp = a.store_key:match("^(.*):(%d+)$")
+  store.check_meeting({fn = "init_process_group"}, host, port, {what = "RPC"}, rh, tonumber(rp))
+end
+
 -- backend "mpi": rank and size from MPI, collectives through it (rpchost.dist.mpi_group);
 -- no agent of its own (MPI carries the collectives)
 local function init_mpi(o)
   local timeout = env.init_timeout(o.timeout)
   local w = mpi_group.init_world(o, timeout)
+  -- (MPI gives the address, which only now is known)
+  local ok, err = pcall(meets_with_rpc, w.host, w.port)
+  if not ok then
+    store.release(w.key)
+    error(err, 0)
+  end
   state = {rank = w.rank, world_size = w.world_size, backend = "mpi", host = w.host, port = w.port,
            store = w.store, key = w.key, prefix = w.prefix, timeout = timeout, groups = 0, group = w.group,
            nccl_groups = {}}
@@ -75,6 +90,8 @@ end
 function dist.init_process_group(o, ...)
   if type(o) == "string" then o = {backend = o, init_method = (select(1, ...))} end
   o = o or {}
+  errors.check_options(o, {"backend", "init_method", "rank", "world_size", "timeout", "device_id", "store",
+    "group_name", "pg_options"}, "init_process_group")
   if state then cfg("init_process_group: the default process group is already initialised") end
   local backend = BACKENDS[o.backend or "gloo"]
   if not backend then
@@ -100,6 +117,7 @@ function dist.init_process_group(o, ...)
       world_size, world_size - 1)
   end
   local host, port = env.master(o.init_method)
+  meets_with_rpc(host, port)
   local timeout = env.init_timeout(o.timeout)
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
   local client, key = store.acquire(host, port, host_it, timeout)
@@ -271,6 +289,7 @@ function dist.new_group(ranks, opts)
   if type(ranks) == "table" and ranks[1] == nil and next(ranks) ~= nil and (ranks.ranks or ranks.timeout) then
     ranks, opts = ranks.ranks, ranks
   end
+  errors.check_options(opts, {"ranks", "timeout", "backend", "pg_options"}, "new_group")
   s.groups = s.groups + 1
   if ranks == nil then
     ranks = {}
@@ -310,8 +329,12 @@ local function is_opts(v)
   return v.group ~= nil or v.async_op ~= nil or v.tag ~= nil or next(v) == nil
 end
 
+local OPTION_FIELDS = {"group", "async_op", "tag"}
 local function options(v)
   if v == NON_MEMBER or v == dist.GroupMember.WORLD or is_group(v) then return {group = v} end
+  if type(v) == "table" and getmetatable(v) == nil and next(v) ~= nil then
+    errors.check_options(v, OPTION_FIELDS, "a collective's options table")
+  end
   return v
 end
 
@@ -775,7 +798,9 @@ end
 -- rank that never calls it does not throw the group's later calls out of step.
 function dist.monitored_barrier(a, timeout, wait_all)
   local o = {}
-  if type(a) == "table" and not is_group(a) and a ~= NON_MEMBER and getmetatable(a) == nil then o = a
+  if type(a) == "table" and not is_group(a) and a ~= NON_MEMBER and getmetatable(a) == nil then
+    o = a
+    errors.check_options(o, {"group", "timeout", "wait_all_ranks"}, "monitored_barrier")
   else o = {group = a, timeout = timeout, wait_all_ranks = wait_all} end
   local s = need("monitored_barrier")
   local g = group_of({group = o.group}, "monitored_barrier")

@@ -43,4 +43,57 @@ function M.config(message, ...)
   error(M.new("config", select("#", ...) > 0 and message:format(...) or message), 3)
 end
 
+-- check_options(o, fields, name): a config error for a key of the options
+-- table o that is not one of fields (a list), the same everywhere in the API:
+-- "<name> has no option '<key>' (options: a, b, c)", with the nearest one
+-- named when a key looks misspelt. Non-string keys (a list's) are left to the
+-- caller.
+local function distance(a, b)
+  if math.abs(#a - #b) > 3 then return 99 end
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = {[0] = i}
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+-- also: {fields = {...}, where = "..."}: the options of another table a key
+-- may have been meant for (named in the message when it is one of them).
+function M.check_options(o, fields, name, also)
+  if type(o) ~= "table" then return end
+  local known
+  for k in pairs(o) do
+    if type(k) == "string" then
+      if not known then
+        known = {}
+        for _, f in ipairs(fields) do known[f] = true end
+      end
+      if not known[k] then
+        local best, bd = nil, 3
+        for _, f in ipairs(fields) do
+          local d = distance(k, f)
+          if d < bd then best, bd = f, d end
+        end
+        local sorted = {unpack(fields)}
+        table.sort(sorted)
+        local there = nil
+        if also then
+          for _, f in ipairs(also.fields) do
+            if distance(k, f) <= 2 then there = f break end
+          end
+        end
+        error(M.new("config", ("%s has no option '%s'%s (options: %s)%s"):format(name, k,
+          (best and not there) and (", did you mean '" .. best .. "'?") or "", table.concat(sorted, ", "),
+          there and ("; '%s' is an option of %s"):format(there, also.where) or "")), 0)
+      end
+    end
+  end
+end
+
 return M

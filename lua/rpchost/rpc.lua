@@ -16,6 +16,10 @@ local device_maps = require "rpchost.rpc.device_maps"
 local Future = require "rpchost.future"
 local WorkerInfo = require "rpchost.wire.workerinfo"
 local rref = require "rpchost.rpc.rref"
+-- (loaded with rpc, not when a script first asks for it: a worker that never
+-- requires dist_autograd still joins the contexts its callers' requests carry,
+-- for an RRef's backward, a DistributedOptimizer's step, a gradient's return)
+local dist_autograd = require "rpchost.rpc.dist_autograd"
 local membership = require "rpchost.rpc.membership"
 
 local rpc = {}
@@ -139,6 +143,17 @@ local function with_channels(opts, host)
     {__index = opts})
 end
 
+-- A process group already running here meets at the same address as RPC
+-- (rpchost.store.check_meeting; init_process_group checks the same when it
+-- comes second).
+local function meets_with_dist(host, port)
+  local dist = package.loaded["rpchost.dist"]
+  if dist and dist.is_initialized() then
+    local dh, dp = dist._store_address()
+    store.check_meeting({fn = "init_rpc"}, host, port, {what = "the process group"}, dh, dp)
+  end
+end
+
 -- init_rpc(name, {backend=, rank=, world_size=, rpc_backend_options=}) or the
 -- positional form init_rpc(name, backend, rank, world_size, rpc_backend_options).
 function rpc.init_rpc(name, a, b, c, d)
@@ -150,7 +165,12 @@ function rpc.init_rpc(name, a, b, c, d)
       "world_size, rpc_backend_options))"):format(tostring(a), tostring(a), b ~= nil and tostring(b) or "N")), 0)
   end
   local o
-  if type(a) == "table" and not is_options(a) then o = a
+  if type(a) == "table" and not is_options(a) then
+    o = a
+    errors.check_options(o, {"backend", "rank", "world_size", "rpc_backend_options", "rpc_timeout"}, "init_rpc",
+      {fields = {"num_worker_threads", "init_method", "device_maps", "devices", "security_token",
+                 "init_timeout", "max_queued_requests"},
+       where = "rpc.TensorPipeRpcBackendOptions{...}: pass it as rpc_backend_options = rpc.TensorPipeRpcBackendOptions{...}"})
   else o = {backend = a, rank = b, world_size = c, rpc_backend_options = d} end
   for k, v in pairs(o) do
     if k == "rpc_backend_options" and not is_options(v) then
@@ -217,6 +237,7 @@ function rpc.init_rpc(name, a, b, c, d)
     -- no world size: join the world that is running there, as a dynamic member
     local host, port = env.master(opts.init_method)
     opts = with_channels(opts, host)
+    meets_with_dist(host, port)
     if opts.security_token ~= nil then require("rpchost.net.auth").set_token(opts.security_token) end
     log.who = name
     return rpc._join_dynamic(name, opts, host, port, env.init_timeout(opts.init_timeout))
@@ -227,14 +248,7 @@ function rpc.init_rpc(name, a, b, c, d)
   end
   local host, port = env.master(opts.init_method)
   opts = with_channels(opts, host)
-  local dist = package.loaded["rpchost.dist"]
-  if dist and dist.is_initialized() then
-    local dh, dp = dist._store_address()
-    if dh ~= host or dp ~= port then
-      error(errors.new("config", ("init_rpc: the process group meets at %s:%d but init_rpc was " ..
-        "pointed at %s:%d; both must use the same address (one shared store)"):format(dh, dp, host, port)), 0)
-    end
-  end
+  meets_with_dist(host, port)
   local timeout = env.init_timeout(opts.init_timeout)
   if opts.security_token ~= nil then require("rpchost.net.auth").set_token(opts.security_token) end
   log.who = name
@@ -384,10 +398,7 @@ function rpc.debug_info()
     num_mail = a.mail_count or 0,
     num_timers = sched.timer_count(),
   }
-  local ok, dag = pcall(require, "rpchost.rpc.dist_autograd")
-  if ok and type(dag) == "table" and dag._debug_counts then
-    for k, v in pairs(dag._debug_counts()) do info["dist_autograd_" .. k] = v end
-  end
+  for k, v in pairs(dist_autograd._debug_counts()) do info["dist_autograd_" .. k] = v end
   local st = require("rpchost.store").debug_counts()
   if st then for k, v in pairs(st) do info["num_" .. k] = v end end
   return info

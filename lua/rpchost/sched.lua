@@ -464,6 +464,8 @@ function M.run(fn, name, on_error, ...)
   local ok, err = run_until(t)
   if not ok then return false, err end
   local res = t.result
+  -- (what ended the main task, for the exit hooks: a departing rank says it)
+  if not res[1] then M.main_error = res[2] end
   local hooks = exit_hooks
   exit_hooks = {}
   for _, h in ipairs(hooks) do

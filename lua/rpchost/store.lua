@@ -111,9 +111,36 @@ function M.release(key)
   end
 end
 
+-- Whether two world addresses are one store: the same port, and the same host
+-- by name or by address ("localhost" and "127.0.0.1" are one).
+function M.same_address(h1, p1, h2, p2)
+  if tonumber(p1) ~= tonumber(p2) then return false end
+  if h1 == h2 then return true end
+  local a, b = core.resolve(h1), core.resolve(h2)
+  return a ~= nil and a == b
+end
+
+-- The one rule for a process that uses both the process group and RPC: both
+-- meet at one address and share its store, whichever starts first (the one
+-- starting now, `me` at host:port, sees `other` already at ohost:oport; both
+-- are {fn = the function starting, what = how to name it}). Two stores would
+-- work in a world that agrees on both addresses, but ranks pointed at different
+-- ones by mistake would each wait at their own until the init timeout: a
+-- mismatch is an error at once instead, naming both addresses.
+function M.check_meeting(me, host, port, other, ohost, oport)
+  if M.same_address(host, port, ohost, oport) then return end
+  error(require("rpchost.errors").new("config", ("%s: %s meets at %s:%d but %s was pointed at %s:%d; dist and " ..
+    "rpc in one process must meet at one address (one shared store): give both the same init_method, or " ..
+    "neither"):format(me.fn, other.what, ohost, oport, me.fn, host, port)), 0)
+end
+
 -- Which address the launcher hosts a store at (children must not host it too).
+-- (by address: a rank pointed at tcp://localhost:P finds its launcher's store
+-- at 127.0.0.1:P rather than trying to host one there too)
 function M.hosted_by_launcher(host, port)
-  return os.getenv("RPCHOST_STORE_HOSTED") == ("%s:%d"):format(host, port)
+  local hosted = os.getenv("RPCHOST_STORE_HOSTED")
+  local h, p = (hosted or ""):match("^(.*):(%d+)$")
+  return h ~= nil and M.same_address(host, port, h, tonumber(p))
 end
 
 -- (the client's functions and settings, HANDSHAKE_TIMEOUT among them, are read

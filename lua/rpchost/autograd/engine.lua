@@ -357,14 +357,6 @@ end
 local SECOND_TIME = "Trying to backward through the graph a second time (or directly access saved tensors " ..
   "after they have already been freed): pass retain_graph = true the first time"
 
--- retain_graph = M._KEEP_UNSAVED: free what each node saved as the pass goes
--- (PyTorch releases a node's saved variables), but leave the nodes that saved
--- nothing (a recv, an add, a view) runnable: in distributed autograd a worker
--- other than the root may be reached again through another send, and PyTorch
--- runs such a node again too.
-M._KEEP_UNSAVED = setmetatable({}, {__tostring = function() return "autograd._KEEP_UNSAVED" end})
-local KEEP_UNSAVED = M._KEEP_UNSAVED
-
 -- the gradient a root starts with: grad, or 1 for a scalar
 local function seed_grad(root, grad)
   local s = get_state(root)
@@ -391,14 +383,19 @@ local function disown(owned, fresh, spent, ns, gk)
 end
 
 -- One backward pass. roots[i] starts with grads[i]; late[j] (optional) are
--- tensors whose gradients may arrive while the pass runs, through
--- pass.deliver(j, g) from another task (distributed autograd's sends on the
--- root worker, as PyTorch's engine counts a context's send functions in the
--- root's graph task): a node waits for them as for any other consumer, so it
--- runs once with every gradient summed. When nothing is left to run, the late
--- gradients still missing will not come (the pass's own RPCs, which lead to
--- them, have returned): the nodes waiting for them run with what they have.
--- on_pass(pass), when given, sees the pass before it starts.
+-- tensors whose gradients arrive while the pass runs, through pass.deliver(j,
+-- g) from another task (distributed autograd's sends, as PyTorch's engine
+-- counts a context's send functions in a worker's graph task): a node waits
+-- for them as for any other consumer, so it runs once with every gradient
+-- summed. Each late entry is delivered exactly once, g nil where no gradient
+-- will come (the pass's owner sees to it): the pass ends when every one has
+-- been and nothing is left to run or to wait for. While it waits with nothing
+-- to run and no call out, it calls pass.on_idle() when set (distributed
+-- autograd asks there about gradients that may never come). A node with
+-- `always` set runs even when no gradient reached it (apply(node, nil): a
+-- recv node tells its sender that none will come). on_pass(pass), when given,
+-- sees the pass before it starts; pass.reaches(node) says whether the pass
+-- reaches node, pass.abort(err) ends it with err from another task.
 function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
   sink = sink or default_sink
   late = late or {}
@@ -457,9 +454,9 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
   local task = slot()
   local outer_pass, outer_mode = task.ag_pass, task.grad_enabled
   local inbox, waiting = {}, {}
-  for j = 1, #late do waiting[j] = true end
-  local pass = {callbacks = {}, sink = sink, retain = retain_graph ~= nil and retain_graph ~= false and
-    retain_graph ~= KEEP_UNSAVED, running = true}
+  local nwaiting = #late
+  for j = 1, nwaiting do waiting[j] = true end
+  local pass = {callbacks = {}, sink = sink, retain = retain_graph ~= nil and retain_graph ~= false, running = true}
   -- (from another task) whether late gradient j can still join this pass
   function pass.accepts(j) return pass.running and waiting[j] == true end
   -- Calls the pass started and did not wait for (pass.defer): distributed
@@ -467,9 +464,10 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
   -- RecvRpcBackward does, so the workers a pass reaches run their parts at the
   -- same time (a pipeline's micro-batches overlap backwards as forwards). The
   -- pass ends when every one has returned; the first that fails fails it.
-  local npending, deferred_err, sleeping = 0, nil, false
+  local npending, deferred_err, sleeping, poked = 0, nil, false, false
   local me = current()
   local function kick()
+    poked = true
     if sleeping then
       sleeping = false
       sched.wake(me)
@@ -486,12 +484,22 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
     fut:_on_settle(settled)
     return true
   end
+  -- (a second delivery of j is ignored: false)
   function pass.deliver(j, g)
-    waiting[j] = false
+    if waiting[j] ~= true then return false end
+    waiting[j], nwaiting = false, nwaiting - 1
     inbox[#inbox + 1] = {j, g}
     kick()
+    return true
   end
-  if on_pass then on_pass(pass) end
+  if on_pass then -- (what only an owner that sees the pass uses: distributed autograd)
+    function pass.reaches(node) return deps[node] ~= nil end
+    function pass.abort(err)
+      if deferred_err == nil then deferred_err = err end
+      kick()
+    end
+    on_pass(pass)
+  end
   task.ag_pass, task.grad_enabled = pass, false
   local pending, owned, leaf_pieces, ready = {}, {}, {}, {}
   local spent = {} -- (see disown: one list for the pass, emptied after each node)
@@ -537,23 +545,19 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
           arrive(entry_edge[k], entry_nr[k], d[2])
         end
       end
-      if rn == 0 and npending > 0 then
-        -- nothing to run until a call returns or a late gradient comes
-        sleeping = true
-        sched.suspend(("a distributed backward, for %d calls it made to run the parts of the graph on " ..
-          "other workers"):format(npending))
-        sleeping = false
-        goto continue
-      end
       if rn == 0 then
-        -- nothing to run, no call out: the late gradients still missing will not come
-        for j = 1, #late do
-          if waiting[j] then
-            waiting[j] = false
-            arrive(entry_edge[nroots + j], entry_nr[nroots + j], nil)
-          end
+        if npending == 0 and nwaiting == 0 then break end
+        -- nothing to run until a call returns or a late gradient comes
+        poked = false
+        if npending == 0 and pass.on_idle then pass.on_idle() end
+        if not poked and #inbox == 0 then
+          if not me then error("a backward pass with late gradients must run in a task", 0) end
+          sleeping = true
+          sched.suspend(("a distributed backward, for %d calls it made to run the parts of the graph on " ..
+            "other workers and %d gradients to come from them"):format(npending, nwaiting))
+          sleeping = false
         end
-        if rn == 0 then break end
+        goto continue
       end
       do -- (a block: the goto above may not jump into its locals' scope)
         local node = ready[rn]
@@ -579,7 +583,11 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
           grads_out = run_node(node, g)
           g = nil
           for k = 1, ns do core.t_free(spent[k]); spent[k] = nil end
-          if not retain_graph or (retain_graph == KEEP_UNSAVED and node.saved ~= nil) then free(node) end
+          if not retain_graph then free(node) end
+        elseif node.always then
+          if node.freed then error(SECOND_TIME, 0) end
+          node.apply(node, nil)
+          if not retain_graph then free(node) end
         end
         if edges then
           for i = 1, node.n do
@@ -646,6 +654,10 @@ function M._current_retain()
   return nil
 end
 
+-- The running task's current backward pass (nil outside one): distributed
+-- autograd's recv nodes find their round there (pass.dist).
+function M._current_pass() return slot().ag_pass end
+
 -- From a node's backward: the pass waits for fut (a call that runs another
 -- worker's part of the graph) before it ends, instead of the node waiting for
 -- it now. false outside a pass run by a task: the caller must wait itself.
@@ -654,10 +666,27 @@ function M._defer(fut)
   return p ~= nil and p.defer(fut)
 end
 
--- Runs fn when the running task's current backward pass ends (from a hook).
+-- Runs fn when the running task's current backward pass ends (from a hook);
+-- a reentrant pass (M._reentrant_backward) is part of the pass it runs in, so
+-- fn waits for the outermost one (DistributedDataParallel's end of backward
+-- must not run when a checkpoint's recomputation ends).
 function M.queue_callback(fn)
   local p = slot().ag_pass
+  while p and p.parent do p = p.parent end
   if p then p.callbacks[#p.callbacks + 1] = fn end
+end
+
+-- A backward pass run from inside a node's backward (PyTorch's reentrant
+-- backward: nn.utils.checkpoint's recomputation). Its leaf gradients go to
+-- sink(t, g, owned) (default: where the running pass sends them); hooks that
+-- ask where gradients go (M._current_sink) see the running pass's sink, and
+-- what they queue (M.queue_callback) runs when the running pass ends.
+function M._reentrant_backward(roots, grads, sink)
+  local outer = slot().ag_pass
+  local outer_sink = outer and outer.sink or default_sink
+  M._backward_many(roots, grads, nil, sink or outer_sink, nil, function(p)
+    p.parent, p.sink = outer, outer_sink
+  end)
 end
 
 -- The sink the running task's current backward pass delivers leaf gradients

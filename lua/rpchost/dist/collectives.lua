@@ -764,10 +764,42 @@ local I64 = 3
 -- memory and what vals(i) gives for group rank i (numbers: addresses, counts);
 -- returns {i -> {pid =, v = {numbers}}} and the level every rank can do (0, 1,
 -- 2: see direct_level), the same on every rank.
-function Group:exchange(c, step, vals)
+function Group:exchange(c, step, vals, width)
+  local n, me = self.size, self.rank
   local can = self:direct_level()
-  for i = 0, self.size - 1 do
-    if i ~= self.rank then
+  -- Every rank on this host: one all_reduce through the group's shared arena
+  -- carries every pair's numbers (row r, column j: what r tells j), where a
+  -- round of messages on a busy host cost a scheduling delay per peer.
+  if width and n * n * width * 8 <= arena.SLOT and arena.eligible(self) then
+    local cells = {}
+    for k = 1, n * n * width do cells[k] = 0 end
+    for j = 0, n - 1 do
+      if j ~= me then
+        local at = (me * n + j) * width
+        cells[at + 1] = can
+        local v = vals(j)
+        for k = 1, width - 1 do cells[at + 1 + k] = v[k] end
+      end
+    end
+    local info = core.t_from_flat(I64, {n * n * width}, cells)
+    if arena.run(self, c, arena_all_reduce, info, "SUM") then
+      local x = core.t_totable(info)
+      local got, all = {}, can
+      for i = 0, n - 1 do
+        if i ~= me then
+          local at = (i * n + me) * width
+          local p = self.agent.peers[self:global(i)]
+          all = math.min(all, x[at + 1])
+          local v = {}
+          for k = 1, width - 1 do v[k] = x[at + 1 + k] end
+          got[i] = {pid = p and p.cma_pid, v = v}
+        end
+      end
+      return got, all
+    end
+  end
+  for i = 0, n - 1 do
+    if i ~= me then
       local v = vals(i)
       local flat = {can}
       for k = 1, #v do flat[k + 1] = v[k] end
@@ -775,8 +807,8 @@ function Group:exchange(c, step, vals)
     end
   end
   local got, all = {}, can
-  for i = 0, self.size - 1 do
-    if i ~= self.rank then
+  for i = 0, n - 1 do
+    if i ~= me then
       local x = core.t_totable(self:recv(c, i, step))
       local p = self.agent.peers[self:global(i)]
       all = math.min(all, x[1] or 0)
@@ -804,7 +836,7 @@ local function gather_into_flat(out, g, c, t)
   local k = core.t_numel(src)
   local function piece(i) return core.t_narrow(out, 0, i * k, k) end
   if core.t_nbytes(src) * n >= M.DIRECT_BYTES and k > 0 then
-    local peers, level = g:exchange(c, "addr", function() return {core.t_address(src)} end)
+    local peers, level = g:exchange(c, "addr", function() return {core.t_address(src)} end, 2)
     if level >= 1 then
       core.t_copy_(piece(me), src)
       for i = 0, n - 1 do
@@ -844,7 +876,7 @@ local function scatter_reduce_flat(out, g, c, t, redop)
     else combine(out, piece, redop) end
   end
   if core.t_nbytes(src) >= M.DIRECT_BYTES and k > 0 then
-    local peers, level = g:exchange(c, "addr", function() return {core.t_address(src)} end)
+    local peers, level = g:exchange(c, "addr", function() return {core.t_address(src)} end, 2)
     if level >= 1 then
       local es = core.dtype_size(core.t_dtype(src))
       local dt = core.t_dtype(src)
@@ -914,7 +946,7 @@ local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
   local addr = core.t_numel(src) > 0 and core.t_address(src) or 0
   local peers, level = g:exchange(c, "addr", function(i)
     return {addr + in_off[i + 1] * es, in_counts[i + 1], core.t_nbytes(src)}
-  end)
+  end, 4)
   local most = core.t_nbytes(src)
   for i, p in pairs(peers) do
     if p.v[2] ~= out_counts[i + 1] then mismatch_counts(g, c, i, p.v[2] or -1, out_counts[i + 1], c.meta.op) end

@@ -18,8 +18,9 @@ Sampler.__index = Sampler
 
 function M.new(n, o, pg_rank, pg_world)
   o = o or {}
+  errors.check_options(o, {"rank", "world_size", "num_replicas", "shuffle", "seed", "drop_last"}, "DistributedSampler")
   local rank = o.rank or pg_rank or env.rank() or 0
-  local world = o.world_size or pg_world or env.world_size() or 1
+  local world = o.world_size or o.num_replicas or pg_world or env.world_size() or 1
   if type(n) ~= "number" or n < 0 then cfg("DistributedSampler: n must be a count of samples") end
   if rank < 0 or rank >= world then cfg("DistributedSampler: rank %d is out of range for world_size %d", rank, world) end
   local s = setmetatable({n = n, rank = rank, world = world, shuffle = o.shuffle ~= false, seed = o.seed or 0,

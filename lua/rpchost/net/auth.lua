@@ -51,10 +51,23 @@ local token = nil
 local function config_error(msg) error(errors.new("config", msg), 0) end
 
 -- Sets the token from the security_token option (nil: back to RPCHOST_TOKEN).
+-- A world has one token: where RPCHOST_TOKEN is also set, to another, the
+-- store's host (`rpchost run` reads only the variable, as does a rank started
+-- without the option) proves with the variable's and this rank with the
+-- option's, and the store refused it ("the peer's security token differs")
+-- with nothing to say which setting to change. Said here, before any
+-- connection, naming both.
 function M.set_token(t)
   if t == "" then
     config_error("security_token is empty: an empty token proves nothing; give every rank the same " ..
       "non-empty token, or leave the option out")
+  end
+  local var = os.getenv("RPCHOST_TOKEN")
+  if t ~= nil and var ~= nil and var ~= "" and var ~= t then
+    config_error("security_token differs from RPCHOST_TOKEN, which is also set in this rank's environment: " ..
+      "a world has one token, and the store's host (rpchost run, or a rank started without the option) " ..
+      "proves with RPCHOST_TOKEN; give both the same token, or unset RPCHOST_TOKEN where the world is " ..
+      "started and keep the option")
   end
   token = t
 end

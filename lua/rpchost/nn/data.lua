@@ -92,6 +92,8 @@ function M.install(tensor)
   DataLoader.__index = DataLoader
   D.DataLoader = setmetatable(DataLoader, {__call = function(_, ds, o)
     o = o or {}
+    require("rpchost.errors").check_options(o, {"batch_size", "shuffle", "seed", "drop_last", "sampler", "collate_fn",
+      "num_workers", "pin_memory"}, "DataLoader")
     local n = len_of(ds)
     local bs = o.batch_size
     if bs == nil then bs = 1 end
@@ -163,6 +165,8 @@ function M.install(tensor)
   -- (PyTorch's signature; dist.DistributedSampler(n, ...) is the same sampler)
   function D.DistributedSampler(ds, o)
     o = o or {}
+    require("rpchost.errors").check_options(o, {"num_replicas", "world_size", "rank", "shuffle", "seed", "drop_last"},
+      "DistributedSampler")
     local n = type(ds) == "number" and ds or len_of(ds)
     return require("rpchost.dist").DistributedSampler(n, {rank = o.rank, world_size = o.num_replicas or o.world_size,
       shuffle = o.shuffle, seed = o.seed, drop_last = o.drop_last})

@@ -103,6 +103,16 @@ end
 function DDP:__init(m, opts)
   local dist = require "rpchost.dist"
   opts = opts or {}
+  require("rpchost.errors").check_options(opts, {"group", "process_group", "bucket_cap_mb", "broadcast_buffers",
+    "find_unused_parameters", "device_ids", "output_device", "gradient_as_bucket_view", "static_graph"},
+    "DistributedDataParallel")
+  -- (PyTorch's name for the group)
+  if opts.group == nil and opts.process_group ~= nil then
+    local o2 = {}
+    for k, v in pairs(opts) do o2[k] = v end
+    o2.group = opts.process_group
+    opts = o2
+  end
   self.module = m
   self.group, self.cap = opts.group, (opts.bucket_cap_mb or 1) * 2 ^ 20
   self.root = opts.group and opts.group.ranks and opts.group.ranks[1] or 0

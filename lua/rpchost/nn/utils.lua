@@ -1,6 +1,8 @@
 -- rpchost.nn.utils: gradient clipping (nn.utils.clip_grad_norm_,
 -- clip_grad_value_) and parameters_to_vector / vector_to_parameters, as
--- PyTorch's torch.nn.utils; nn.utils.stateless.functional_call.
+-- PyTorch's torch.nn.utils; nn.utils.stateless.functional_call; and
+-- activation checkpointing (nn.utils.checkpoint, checkpoint_sequential:
+-- PyTorch's torch.utils.checkpoint, in rpchost.nn.checkpoint).
 local tensor = require "rpchost.tensor"
 local sized = require "rpchost.sized"
 
@@ -113,5 +115,8 @@ local function functional_call(module, tensors, ...)
   return unpack(res, 2, res.n)
 end
 U.stateless = {functional_call = functional_call}
+
+local ck = require "rpchost.nn.checkpoint"
+U.checkpoint, U.checkpoint_sequential = ck.checkpoint, ck.checkpoint_sequential
 
 return U

@@ -67,13 +67,18 @@ function M.mark_inline(f) inline_functions[f] = true end
 -- A request that brought UserRRefs runs once their owners confirmed them:
 -- await_confirmed(list, timeout) waits for that (rpchost.rpc.rref registers it).
 local await_confirmed = function() end
-local HOOKS = {await_confirmed = true}
+-- A request made inside a distributed autograd context makes it here:
+-- autograd_enter(ctx, src) -> the context the request runs in, false for one
+-- already over here (rpchost.rpc.dist_autograd registers it).
+local autograd_enter = nil
+local HOOKS = {await_confirmed = true, autograd_enter = true}
 function M.set_hooks(h)
   for k, f in pairs(h) do
     if not HOOKS[k] then error(("rpchost.rpc.callee.set_hooks: no hook named '%s'"):format(tostring(k)), 2) end
     if type(f) ~= "function" then error(("rpchost.rpc.callee.set_hooks: %s must be a function"):format(k), 2) end
   end
   if h.await_confirmed then await_confirmed = h.await_confirmed end
+  if h.autograd_enter then autograd_enter = h.autograd_enter end
 end
 
 -- Lua passes at most this many arguments (its C stack limit, with room to spare).
@@ -83,6 +88,12 @@ M.MAX_ARGS = MAX_ARGS
 -- The keys of args that are not list positions (nor its count n), as text
 -- ('x', 'timeout'), a few at most; and its largest position.
 local function non_list_keys(args)
+  -- A plain list (the usual args) has no key after its length: one next(), no
+  -- loop. (LuaJIT 2.1.0-beta3 compiles the pairs() loop below wrongly once it
+  -- is hot: on a fresh list of six it met keys of other tables, a message body
+  -- and a time, under a stream of distributed backward messages.)
+  local len = #args
+  if next(args, len > 0 and len or nil) == nil then return nil, len end
   local bad, top = nil, 0
   for k in pairs(args) do
     if type(k) == "number" and k >= 1 and k == math.floor(k) then
@@ -160,14 +171,21 @@ end
 -- RRef's delete) went on the other could arrive after that call (the owner
 -- then freed an RRef the reply was bringing back to it). The request's own
 -- connection (to) takes it when the peer has no other ready one; for a call to
--- oneself, the function the caller gave (to is a function).
+-- oneself, the function the caller gave (to is a function). Two connections to
+-- one peer exist when both dialled each other: then this worker's own (the one
+-- its calls go on) carries the reply.
 local function reply(self, to, id, flags, body, segs)
   segs = segs or codec.EMPTY -- (shared, read-only)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
   local main = p and p.state == "ready" and p.conn
-  if main and main ~= to and main:is_open() then to = main end
+  -- (only where both dialled: a second connection the peer itself opened, a
+  -- reconnection, gets its replies on itself)
+  if main and main ~= to and main:is_open() then
+    local ms = self.conns[main]
+    if ms and ms.dialled then to = main end
+  end
   -- (counted once it left: the caller is waiting for it)
   if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
     trace.frame_bytes(p.name, true, body, segs)
@@ -448,6 +466,7 @@ function request_decoded(self, to, id, queued_at, ok, fn, args, kwargs, ctx, dma
   if not ok then
     return M.send_reply(self, to, id, {false, "cannot run the call: " .. tostring(fn), n = 2})
   end
+  if ctx and autograd_enter then ctx = autograd_enter(ctx, request_in.src) or nil end
   local rmap = type(dmap) == "table" and device_maps.inverse(dmap) or nil
   if type(args) ~= "table" then args = {} end
   -- (the caller's remaining timeout: past it nobody waits for the reply; the

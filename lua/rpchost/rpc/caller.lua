@@ -8,8 +8,8 @@
 -- the callee half (rpchost.rpc.callee), with no socket.
 --
 -- What the rest of the rpc layer tells it is registered, not written into it:
--- set_hooks{autograd_touch = fn(ag, rank)}, how a distributed autograd context
--- learns that a call made inside it reached a worker (rpchost.rpc.dist_autograd).
+-- set_hooks{autograd_attach = fn}, whether a call made inside a distributed
+-- autograd context carries it, and where it goes (rpchost.rpc.dist_autograd).
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local codec = require "rpchost.wire.codec"
@@ -43,14 +43,17 @@ local request_devices = {}
 -- requests written together at most, in a burst within one loop turn
 local BATCH = 16
 
-local autograd_touch = nil
-local HOOKS = {autograd_touch = true}
+-- autograd_attach(ctx, dest, fn, args, kwargs, me) -> the context the request
+-- carries and the one its tensors are recorded in (false: none), for a call
+-- made by a task in context ctx (rpchost.rpc.dist_autograd decides)
+local autograd_attach = nil
+local HOOKS = {autograd_attach = true}
 function M.set_hooks(h)
   for k, f in pairs(h) do
     if not HOOKS[k] then error(("rpchost.rpc.caller.set_hooks: no hook named '%s'"):format(tostring(k)), 2) end
     if type(f) ~= "function" then error(("rpchost.rpc.caller.set_hooks: %s must be a function"):format(k), 2) end
   end
-  if h.autograd_touch then autograd_touch = h.autograd_touch end
+  if h.autograd_attach then autograd_attach = h.autograd_attach end
 end
 
 local function check_running(self)
@@ -117,12 +120,14 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
   if fn == nil then
     error(errors.new("config", "the function to call is nil (an undefined global, or a typo in its name?)"), 0)
   end
-  local ctx = task_ctx()
+  local ctx, tctx = task_ctx(), nil
+  if ctx and autograd_attach then ctx, tctx = autograd_attach(ctx, p.rank, fn, args, kwargs, self.rank) end
+  ctx = ctx or nil
   -- CUDA tensors go where this worker's device map for `to` says; the map
   -- travels with the request so the reply can come back through its inverse
   local dmap = self.device_maps and self.device_maps[p.rank]
   local out = request_out
-  out.dest, out.ag = p.rank, ctx or false
+  out.dest, out.ag = p.rank, tctx or ctx or false
   request_devices.map, request_devices.to = dmap, p.name
   out.devices = p.rank == self.rank and device_maps.IDENTITY or request_devices
   if timeout == nil or timeout < 0 then timeout = self.timeout end
@@ -133,8 +138,6 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
   end
   local big = p.rank ~= self.rank and too_big("the call to " .. p.name, body, segs)
   if big then error(errors.new("serialize", big, {worker = p.name, rank = p.rank}), 0) end
-  -- the context now reaches p: its release must too (dist_autograd)
-  if ctx and autograd_touch and p.rank ~= self.rank then autograd_touch(ctx, p.rank) end
   self.next_id = self.next_id + 1
   local id = self.next_id
   -- To a ready peer the request leaves first and its record is made after: a

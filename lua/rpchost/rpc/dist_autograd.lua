@@ -1,26 +1,61 @@
--- dist_autograd: distributed autograd (PyTorch's FAST mode, in spirit).
+-- dist_autograd: distributed autograd (PyTorch's FAST mode, PyTorch's way).
 --
 -- Inside a context, an RPC that carries a tensor requiring gradients records a
--- "send" on the sender (the tensor, under a send id) and a "recv" node on the
--- receiver (a graph node whose backward sends the gradient back). backward(ctx,
--- roots) runs one local pass from the roots; reaching a recv node makes an RPC
--- to the sender, which runs its own local backward from the recorded tensor, and
--- so on across workers. The pass does not wait for that RPC there (PyTorch's
--- RecvRpcBackward does not either): it goes on with the rest of its graph and
--- ends when every RPC it made has returned, so the workers' parts run at the
--- same time (a pipeline's micro-batches overlap). Gradients that come back to
--- the root through its own sends join its pass (PyTorch's root graph task
--- counts its send functions).
--- Without retain_graph every worker frees what its graph saved as it goes.
--- Leaf gradients go to the context (get_gradients), never into .grad. A
--- context exists on every worker it reaches under the same id.
+-- "send" on the sender (the tensor, under a send number, and where it went) and
+-- a "recv" node on the receiver (a graph node whose backward sends the
+-- gradient back). A context exists on every worker a call made inside it
+-- reached, under the same id.
 --
--- A context is the running task's (rpchost.sched), as PyTorch's is the thread's:
--- one task holds at most one, and the tasks that handle calls made inside it
--- run in it. Every worker remembers the workers it sent the context to or got it
+-- A backward is one "round" of the context, and each worker takes part in it
+-- with one pass (PyTorch's distributed engine: dependencies computed once for
+-- the whole context, every node run once with all its gradients). The root's
+-- pass starts from the roots; every pass also counts each of its worker's sends
+-- as a consumer whose gradient comes later. Each send gets exactly one message
+-- per round: its gradient, or word that none will come (a recv node runs even
+-- when no gradient reached it, and a pass tells at its start the senders of the
+-- recv nodes it does not reach). A pass ends when every send of its worker has
+-- had its message, nothing is left to run and every call it made returned; so
+-- a node reachable from several sends (one tensor feeding two remote calls, a
+-- UDF calling another worker) runs once, with the sum.
+--
+-- Messages of a round (rpchost's own requests, answered in the loop):
+--   _bwd(id, round, from, retain, send, g)  the gradient of send `send` (nil:
+--     none). The first message of a round to a worker starts its pass there,
+--     and its answer waits for that pass to end; the others are answered at
+--     once. So the passes form a tree under the root's, each waited for by the
+--     pass that started it, and the root's backward returns when all have ended.
+--   _which(id, round, from, retain)  asked by a pass that has nothing to do and
+--     still waits for sends to that worker: which of them it holds recv nodes
+--     for (a send whose message never arrived there, a late reply dropped after
+--     a timeout, gets none at once); it also makes that worker take part.
+--   _await(id, round)  waits for that worker's pass, when _which started it.
+--   _abort(id, round, from, message)  a pass failed: the others of the round
+--     stop, instead of waiting for gradients that will not come.
+-- A backward does not wait where its graph reaches another worker (PyTorch's
+-- RecvRpcBackward does not either): the parts on different workers run at the
+-- same time (a pipeline's micro-batches overlap).
+--
+-- Leaf gradients go to the context (get_gradients), never into .grad.
+--
+-- A context is the running task's (rpchost.sched), as PyTorch's is the
+-- thread's: one task holds at most one, and the tasks that handle calls made
+-- inside it run in it. Which calls carry it is PyTorch's rule: every call of a
+-- function (whose result may require grad whatever its arguments), and a call
+-- of one of the tensor module's ops only when it sends a tensor that requires
+-- grad. Every worker remembers the workers it sent the context to or got it
 -- from; releasing a context (finish, or the end of context()) tells them, and
 -- each tells the ones it knows, so the release reaches every worker the context
 -- touched however many hops away, and the tensors it holds there are freed.
+--
+-- Released contexts. A message that arrives for a context after its release
+-- (sent by a task that outlived it, or overtaken by the release) is refused,
+-- not made into the context again, which nothing would release. What a worker
+-- keeps to tell that is bounded: context ids are issued in order by each worker
+-- (rank * 2^32 + a counter), so the worker that made a context sends, with its
+-- release, where its counter stands and which of its contexts are still alive;
+-- every id of it up to there but those is over. Per creating worker, that is
+-- one number and the few contexts it has open at once, however many came and
+-- went (and nothing once a dynamic member that made contexts has left).
 local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"
 local autograd = require "rpchost.autograd.engine"
@@ -29,14 +64,32 @@ local Future = require "rpchost.future"
 local caller = require "rpchost.rpc.caller"
 local callee = require "rpchost.rpc.callee"
 local tensor_wire = require "rpchost.tensor.wire"
-require "rpchost.tensor"
+local tensor = require "rpchost.tensor"
+local agentmod = require "rpchost.rpc.agent"
+
+local floor = math.floor
 
 local M = {}
 
-local contexts = {}
-local counter = 0
+-- context ids: the creating worker's rank * ID_SPAN + its counter, which starts
+-- at incarnation * INCARNATION_SPAN (a restarted rank's ids follow its previous
+-- incarnation's, which the others may remember as released)
+local ID_SPAN, INCARNATION_SPAN = 2 ^ 32, 2 ^ 24
 
-local agentmod = require "rpchost.rpc.agent"
+local contexts, ncontexts = {}, 0 -- id -> context, here
+local own, nown = {}, 0 -- the ids made here that are alive: id -> true
+local counter = 0 -- the last context id's counter issued here
+local rounds_made = 0 -- (backward rounds started here, for their ids)
+local running_passes = 0
+
+local WEAK_KEYS = {__mode = "k"}
+local EMPTY = {}
+local NOOP = function() end
+-- a round that ended on this worker (its pass finished, or it was aborted)
+local FINISHED = setmetatable({}, {__tostring = function() return "finished round" end})
+-- the answer to a round's message that waits for nothing
+local DONE = Future.new("distributed backward message")
+DONE:_set_result(true)
 
 local function my_rank()
   local a = agentmod.current()
@@ -46,31 +99,97 @@ local function my_rank()
   return a.rank
 end
 
--- The ids released here, the last RELEASED_KEPT of them: a message that arrives
--- for one (a call made by a task that outlived its context, one that overtook
--- the release) is refused instead of creating the context again, which nothing
--- would ever release. A ring, so the memory this takes is bounded.
-local RELEASED_KEPT = 65536
-local released, released_ring, released_at = {}, {}, 0
-local function mark_released(id)
-  if released[id] then return end
-  released_at = released_at % RELEASED_KEPT + 1
-  local old = released_ring[released_at]
-  if old ~= nil then released[old] = nil end
-  released_ring[released_at], released[id] = id, true
+-- released contexts -----------------------------------------------------------------
+-- known[creator] = {n = the newest id of creator's that its latest snapshot
+-- covers, alive = {[id] = true} those of them still alive then, extra = ids
+-- above n released here (only from a snapshot that could not cover them)}
+local known = {}
+-- (at most this many alive ids travel with a release; the snapshot then
+-- covers the ids below the first one left out)
+local SNAPSHOT_MAX = 64
+
+-- Where this worker's counter stands, and its contexts still alive: what every
+-- worker a release reaches learns about the contexts made here.
+local function snapshot(rank)
+  local n = rank * ID_SPAN + counter
+  local alive = {}
+  for id in pairs(own) do alive[#alive + 1] = id end
+  if #alive > SNAPSHOT_MAX then
+    table.sort(alive)
+    n = alive[SNAPSHOT_MAX + 1] - 1
+    for i = #alive, SNAPSHOT_MAX + 1, -1 do alive[i] = nil end
+  end
+  return n, alive
 end
 
+-- A release of `id` arrived with the creator's snapshot (n, alive), or with
+-- none (n nil: released by a worker that did not make it).
+local function learn(creator, id, n, alive)
+  local rec = known[creator]
+  if n ~= nil and (rec == nil or n > rec.n) then
+    local set = {}
+    for i = 1, #alive do set[alive[i]] = true end
+    local extra = nil
+    if rec and rec.extra then
+      for x in pairs(rec.extra) do
+        if x > n then extra = extra or {}; extra[x] = true end
+      end
+    end
+    rec = {n = n, alive = set, extra = extra}
+    known[creator] = rec
+  elseif n ~= nil and n == rec.n then
+    -- (the same point of the creator's count: an id alive in only one is over)
+    local set = {}
+    for i = 1, #alive do
+      if rec.alive[alive[i]] then set[alive[i]] = true end
+    end
+    rec.alive = set
+  end
+  if rec == nil then
+    rec = {n = creator * ID_SPAN, alive = {}, extra = nil}
+    known[creator] = rec
+  end
+  if id > rec.n then
+    rec.extra = rec.extra or {}
+    rec.extra[id] = true
+  elseif rec.alive[id] then
+    rec.alive[id] = nil
+  end
+end
+
+-- Whether context `id` is over: released on the worker that made it.
+local function finished(id)
+  local creator = floor(id / ID_SPAN)
+  local a = agentmod.current()
+  if a and creator == a.rank then return id - creator * ID_SPAN <= counter and not own[id] end
+  local rec = known[creator]
+  if rec == nil then return false end
+  if id <= rec.n then return not rec.alive[id] end
+  return rec.extra ~= nil and rec.extra[id] == true
+end
+
+local function released_message(id)
+  -- (a plain string: the codec prefixes it with where in the message it was)
+  return ("autograd context %s was already released on this worker: a call or a tensor was sent in it " ..
+    "after its end (keep the work that uses a context inside dist_autograd.context, or before finish)"):format(
+    tostring(id))
+end
+
+-- contexts ---------------------------------------------------------------------------
+local function new_context(id)
+  local c = {id = id, sends = {}, send_to = {}, nsend = 0, recvs = {}, nrecv = 0, grads = {},
+             exposed = setmetatable({}, WEAK_KEYS), peers = {}, rounds = {}}
+  contexts[id] = c
+  ncontexts = ncontexts + 1
+  return c
+end
+
+-- The context `id` here; made (create) unless it is over.
 local function get(id, create)
   local c = contexts[id]
   if not c and create then
-    if released[id] then
-      -- (a plain string: the codec prefixes it with where in the message it was)
-      error(("autograd context %s was already released on this worker: a call or a tensor was sent in it " ..
-        "after its end (keep the work that uses a context inside dist_autograd.context, or before finish)"):format(
-        tostring(id)), 0)
-    end
-    c = {id = id, sends = {}, nsend = 0, grads = {}, exposed = setmetatable({}, {__mode = "k"}), peers = {}}
-    contexts[id] = c
+    if finished(id) then error(released_message(id), 0) end
+    c = new_context(id)
   end
   return c
 end
@@ -81,14 +200,9 @@ local function not_found(id)
     tostring(id)))
 end
 
--- The context `id` here. A worker reached by a call made inside the context
--- (the task running it is in that context) has it even when no tensor that
--- requires grad came with the call (RRef:backward, get_gradients).
 local function need(id, level)
   local c = contexts[id]
   if c then return c end
-  local t = sched.current()
-  if t and t.ag_ctx == id and id ~= nil then return get(id, true) end
   error(not_found(id), level or 3)
 end
 
@@ -100,31 +214,61 @@ function M.begin()
     error(errors.new("config", ("Already have an autograd context id for this task (%s): a context cannot " ..
       "be opened inside another; finish it first"):format(tostring(t.ag_ctx))), 2)
   end
-  counter = counter + 1
-  local id = my_rank() * 2 ^ 32 + counter
-  get(id, true)
+  local a = agentmod.current()
+  local rank = my_rank()
+  counter = math.max(counter, (a.incarnation or 0) * INCARNATION_SPAN) + 1
+  if counter >= ID_SPAN then
+    error(errors.new("config", ("this worker has made 2^32 autograd contexts: their ids are used up " ..
+      "(restart it)")), 2)
+  end
+  local id = rank * ID_SPAN + counter
+  own[id], nown = true, nown + 1
+  new_context(id)
   if t then t.ag_ctx = id end
   return id
 end
 
--- drops the context here and tells the workers it knows (but `from`)
-local function release(id, from)
-  mark_released(id)
+local abort_rounds
+
+-- drops the context here and tells the workers it knows (but `from`); n,
+-- alive: its creator's snapshot (see learn), made here when this is its creator
+local function release(id, from, n, alive)
+  local a = agentmod.current()
+  local creator = floor(id / ID_SPAN)
+  if own[id] then own[id], nown = nil, nown - 1 end
+  if a and creator == a.rank then
+    if n == nil then n, alive = snapshot(a.rank) end
+  else
+    learn(creator, id, n, alive)
+  end
   local c = contexts[id]
   if not c then return false end
-  contexts[id] = nil
-  local a = agentmod.current()
+  contexts[id], ncontexts = nil, ncontexts - 1
+  abort_rounds(c, "autograd context " .. tostring(id) .. " was released during its backward")
   for rank in pairs(c.peers) do
     if a and a.state == "running" and rank ~= a.rank and rank ~= from then
-      local ok, f = pcall(a.call, a, rank, M._release, {id, a.rank}, nil, 0)
-      if ok then f:add_done_callback(function() end) end
+      local ok, f = pcall(a.call, a, rank, M._release, {id, a.rank, n, alive or EMPTY}, nil, 0)
+      if ok then f:add_done_callback(NOOP) end
     end
   end
   return true
 end
 
-function M._release(id, from)
-  release(id, from)
+-- A dynamic member that left for good: what this worker kept of the contexts it
+-- made goes (nothing will release them now, and a later member may take its
+-- rank and count its contexts from 1 again).
+agentmod.on_member_left(function(rank)
+  known[rank] = nil
+  for id, c in pairs(contexts) do
+    if floor(id / ID_SPAN) == rank then
+      contexts[id], ncontexts = nil, ncontexts - 1
+      abort_rounds(c, "the worker that made autograd context " .. tostring(id) .. " left")
+    end
+  end
+end)
+
+function M._release(id, from, n, alive)
+  release(id, from, n, alive)
   return true
 end
 
@@ -148,35 +292,170 @@ end
 function M.current() local t = sched.current() return t and t.ag_ctx end
 
 -- the number of contexts alive on this worker (for leak checks)
-function M._count()
-  local n = 0
-  for _ in pairs(contexts) do n = n + 1 end
-  return n
+function M._count() return ncontexts end
+
+-- The sizes of this worker's distributed autograd bookkeeping (for
+-- rpc.debug_info): contexts alive here and made here, their send and recv
+-- functions, backward passes running, and the record of released contexts
+-- (released_creators: workers whose contexts it covers; released_ids: ids
+-- it names one by one, at most the few each creator has open at once).
+function M._debug_counts()
+  local sends, recvs = 0, 0
+  for _, c in pairs(contexts) do sends, recvs = sends + c.nsend, recvs + c.nrecv end
+  local creators, ids = 0, 0
+  for _, rec in pairs(known) do
+    creators = creators + 1
+    for _ in pairs(rec.alive) do ids = ids + 1 end
+    if rec.extra then for _ in pairs(rec.extra) do ids = ids + 1 end end
+  end
+  return {contexts = ncontexts, own_contexts = nown, send_functions = sends, recv_functions = recvs,
+          backward_passes = running_passes, released_creators = creators, released_ids = ids,
+          released = creators + ids}
+end
+
+-- PyTorch's introspection, which its tests use -------------------------------------
+-- (_retrieve_context(id) and _current_context() give a view of a context here)
+local View = {}
+View.__index = View
+View.__tostring = function(v) return ("DistAutogradContext(%s)"):format(tostring(v.c.id)) end
+function View:_context_id() return self.c.id end
+-- {[send number] = the tensor sent}
+function View:_send_functions()
+  local out = {}
+  for j = 1, self.c.nsend do out[j] = self.c.sends[j] end
+  return out
+end
+-- {[recv number] = the recv node}
+function View:_recv_functions()
+  local out = {}
+  for j = 1, self.c.nrecv do out[j] = self.c.recvs[j] end
+  return out
+end
+-- the ranks the context went to or came from, in order
+function View:_known_worker_ids()
+  local out = {}
+  local me = agentmod.current() and agentmod.current().rank
+  for rank in pairs(self.c.peers) do
+    if rank ~= me then out[#out + 1] = rank end
+  end
+  table.sort(out)
+  return out
+end
+
+function M._retrieve_context(id) return setmetatable({c = need(id, 2)}, View) end
+function M._current_context()
+  local id = M.current()
+  if id == nil then error(errors.new("config", "Current thread doesn't have a valid autograd context. " ..
+    "Please wrap your code using: dist_autograd.context(function(ctx_id) ... end)"), 2) end
+  return setmetatable({c = need(id, 2)}, View)
+end
+-- the largest id this worker can make (ids are rank * 2^32 + a counter)
+function M._get_max_id() return my_rank() * ID_SPAN + ID_SPAN - 1 end
+
+-- which calls carry the context --------------------------------------------------------
+-- rpchost's own messages never do (dist_autograd's; others register theirs)
+local without_context = setmetatable({}, WEAK_KEYS)
+function M._without_context(f) without_context[f] = true end
+
+-- The tensor module's ops, PyTorch's builtins: their result requires grad only
+-- when an input does, so a call of one carries the context only then.
+local builtins = nil
+local function builtin_ops()
+  if builtins then return builtins end
+  builtins = setmetatable({}, WEAK_KEYS)
+  for _, f in pairs(tensor) do
+    if type(f) == "function" then builtins[f] = true end
+  end
+  for _, f in pairs(tensor.methods or EMPTY) do
+    if type(f) == "function" then builtins[f] = true end
+  end
+  return builtins
+end
+
+-- whether v (an argument: a tensor, or a list of them) holds a tensor that requires grad
+local function requires_grad_in(v, depth)
+  if v == nil then return false end
+  if core.t_is_tensor(v) then return autograd.requires(v) end
+  if type(v) ~= "table" or depth == 0 or getmetatable(v) ~= nil then return false end
+  for _, x in pairs(v) do
+    if requires_grad_in(x, depth - 1) then return true end
+  end
+  return false
+end
+
+-- (caller hook) A call of fn to `dest` is made by a task in context id: the
+-- context the request carries, and the one its tensors are recorded in (false:
+-- none). A context already released here (the task outlived it) is carried
+-- nowhere, and a tensor that requires grad is refused then, naming it.
+local function autograd_attach(id, dest, fn, args, kwargs, me)
+  if without_context[fn] then return false, false end
+  local c = contexts[id]
+  if not c then return false, id end
+  if builtin_ops()[fn] and not (requires_grad_in(args, 2) or requires_grad_in(kwargs, 2)) then
+    return false, false
+  end
+  if dest ~= me then c.peers[dest] = true end
+  return id, id
+end
+
+-- (callee hook) A request from `src` carries context id: it exists here from now
+-- on (PyTorch makes it for every such message) and the request runs in it;
+-- unless it is over, and then the request runs outside it (false): a late
+-- call cannot make it again, and a message of rpchost's own made inside it
+-- (an RRef's fork) still does its work. (A tensor that needs the context has
+-- refused the message already, in autograd_recv.)
+local function autograd_enter(id, src)
+  local c = contexts[id]
+  if not c then
+    if finished(id) then return false end
+    c = new_context(id)
+  end
+  if src then c.peers[src] = true end
+  return id
 end
 
 -- wire hooks ---------------------------------------------------------------------------
--- (registered below with the tensor codec and the caller; each gets the codec's
--- context of the message: wctx.ag the autograd context it travels in, wctx.dest
--- where it goes, wctx.src where it came from)
+-- (registered below with the tensor codec; each gets the codec's context of the
+-- message: wctx.ag the autograd context it travels in, wctx.dest where it goes,
+-- wctx.src where it came from)
 
--- outgoing tensor that requires gradients: remember it under a send id
+-- outgoing tensor that requires gradients: remember it under a send number
 local function autograd_send(wctx, t)
   if not autograd.requires(t) then return nil end
   local c = get(wctx.ag, true)
-  c.nsend = c.nsend + 1
-  c.sends[c.nsend] = t
+  local j = c.nsend + 1
+  c.nsend = j
+  c.sends[j] = t
   local dest = wctx.dest
-  if dest then c.peers[dest] = true end
-  return c.nsend
+  if dest then
+    c.send_to[j] = dest
+    c.peers[dest] = true
+  end
+  return j
 end
 
--- a call made inside context `id` goes to worker `dest`: the release must reach it
--- (a call without tensors that require grad, made in a context already released
--- here, carries nothing that needs it: the context is not made again for it)
-local function autograd_touch(id, dest)
-  if released[id] and not contexts[id] then return end
-  local c = get(id, true)
-  c.peers[dest] = true
+local send_grad
+
+-- A recv node's backward: the gradient (nil: none) goes back to the sender, in
+-- the round the running pass belongs to.
+local function recv_apply(node, g)
+  local pass = autograd._current_pass()
+  local st = pass and pass.dist
+  if st == nil then
+    if g == nil then return end
+    error(("a tensor that arrived in distributed autograd context %s was reached by a local backward: " ..
+      "run dist_autograd.backward(%s, {loss}) for it"):format(tostring(node.ctx_id), tostring(node.ctx_id)), 0)
+  end
+  if st.c.id ~= node.ctx_id then
+    error(("a tensor that arrived in distributed autograd context %s was used in context %s's backward: its " ..
+      "gradient can flow only in the context it arrived in"):format(tostring(node.ctx_id), tostring(st.c.id)), 0)
+  end
+  -- a CUDA gradient goes back as a host tensor: this worker may have no device
+  -- map towards the sender (only the forward direction needs one), and the
+  -- sender puts it on its own tensor's device (_bwd). CUDA tensors travel as
+  -- host bytes anyway, so this costs no extra transfer.
+  if g ~= nil and core.t_device(g) >= 0 then g = core.t_to_device(g, -1) end
+  send_grad(st, node.src, node.send, g)
 end
 
 -- incoming: the tensor becomes the output of a recv node
@@ -184,26 +463,16 @@ local function autograd_recv(wctx, id, send, t)
   local src = wctx.src
   local c = get(id, true)
   c.peers[src] = true
-  autograd.set_state(t, {requires_grad = true, grad_fn = setmetatable({
-    name = "recv", edges = {}, n = 0,
-    backward = function(g)
-      local a = agentmod.current()
-      -- a CUDA gradient goes back as a host tensor: this worker may have no device
-      -- map towards `src` (only the forward direction needs one), and the sender
-      -- puts it on its own tensor's device (_propagate). CUDA tensors travel as
-      -- host bytes anyway, so this costs no extra transfer.
-      if core.t_device(g) >= 0 then g = core.t_to_device(g, -1) end
-      -- (the sender frees what its part of the graph saved unless this pass keeps its own)
-      -- (the pass this node runs in waits for the call, with the others it
-      -- made: the sender's part of the graph runs while this one goes on)
-      local fut = a:call(src, M._propagate, {id, send, g, autograd._current_retain() ~= false}, nil, 0)
-      if not autograd._defer(fut) then fut:wait() end
-    end,
-  }, autograd.Node)})
+  local node = setmetatable({name = "recv", label = "RecvRpcBackward", edges = EMPTY, n = 0, always = true,
+                             apply = recv_apply, ctx_id = id, src = src, send = send}, autograd.Node)
+  c.nrecv = c.nrecv + 1
+  c.recvs[c.nrecv] = node
+  autograd.set_state(t, {requires_grad = true, grad_fn = node})
   return t
 end
 tensor_wire.set_hooks{autograd_send = autograd_send, autograd_recv = autograd_recv}
-caller.set_hooks{autograd_touch = autograd_touch}
+caller.set_hooks{autograd_attach = autograd_attach}
+callee.set_hooks{autograd_enter = autograd_enter}
 
 -- One sink per context: a callable object that carries the table it fills, so
 -- that a hook running in a pass can find it (M._sink_grads: DistributedDataParallel
@@ -236,84 +505,272 @@ function M._sink_grads(sink)
   return getmetatable(sink) == Sink and sink.grads or nil
 end
 
--- A gradient for send `send` of context `id` arrived. On the worker running the
--- context's backward (the root) it joins that pass, which counted the send
--- among the consumers of its tensor (as PyTorch's root graph task counts the
--- send functions): every node there runs once, with all its gradients. Else
--- (FAST mode, as PyTorch's other workers) a backward from that tensor runs
--- now, freeing what the graph saved as it goes unless the backward that sent
--- the gradient keeps its own (retain_graph, which PyTorch passes on too).
-local function propagate(id, send, g, retain)
-  local c = contexts[id]
-  if not c then error(not_found(id), 0) end
-  local t = c.sends[send]
-  if not t then error(("unknown send %s in context %s"):format(tostring(send), tostring(id)), 0) end
+-- rounds ---------------------------------------------------------------------------------
+-- A worker's part of a round: st = {c, round, retain, pass (the engine's, once
+-- it began), early (gradients that came before it began), queried (workers
+-- asked _which), fut (its end, for the message that started it)}; c.rounds
+-- keeps it while it runs, FINISHED after.
+
+-- gradient g (nil: none) for this worker's send `send` joins st's pass
+local function deliver(st, send, g)
+  local t = st.c.sends[send]
   -- the gradient of a tensor lives on that tensor's device
-  if core.t_is_tensor(g) and core.t_device(g) ~= core.t_device(t) then g = core.t_to_device(g, core.t_device(t)) end
-  local root = c.root_pass
-  if root and root.accepts(send) then
-    root.deliver(send, g)
-    return true
+  if t and g ~= nil and core.t_is_tensor(g) and core.t_device(g) ~= core.t_device(t) then
+    g = core.t_to_device(g, core.t_device(t))
   end
+  if st.pass then st.pass.deliver(send, g)
+  else st.early[#st.early + 1] = {send, g} end
+end
+
+-- the gradient (nil: none) for send `send` of worker src, from st's pass
+function send_grad(st, src, send, g)
+  local a = agentmod.current()
+  if a and src == a.rank then return deliver(st, send, g) end -- (a call to oneself)
+  if not a then error(errors.new("shutdown", "RPC is shut down on this worker: the backward cannot go on"), 0) end
+  st.pass.defer(a:call(src, M._bwd, {st.c.id, st.round, a.rank, st.retain, send, g}, nil, 0))
+end
+
+-- What a worker to which sends of this pass went answered to _which: those it
+-- holds no recv node for get none; if this started its part, the pass waits
+-- for that part too.
+local function answered(f, w)
+  local st, to = w.st, w.to
+  local pass = st.pass
+  if f.state == "error" or not pass then return end
+  local held, first = f.values[1], f.values[2]
+  local has = {}
+  for _, s in ipairs(held or EMPTY) do has[s] = true end
+  local send_to = st.c.send_to
+  for j = 1, st.nsend do
+    if send_to[j] == to and not has[j] and pass.accepts(j) then pass.deliver(j, nil) end
+  end
+  if first then
+    local a = agentmod.current()
+    if a then pass.defer(a:call(to, M._await, {st.c.id, st.round}, nil, 0)) end
+  end
+end
+
+-- The pass has nothing to run, no call out, and sends still waiting: ask the
+-- workers they went to (once each) whether they got them.
+local function ask_missing(st)
+  local c, pass = st.c, st.pass
+  local a = agentmod.current()
+  if not a then return end
+  for j = 1, st.nsend do
+    if pass.accepts(j) then
+      local to = c.send_to[j]
+      if to == nil then
+        pass.deliver(j, nil) -- (a send that went nowhere)
+      elseif not st.queried[to] then
+        st.queried[to] = true
+        if to == a.rank then
+          local has = {}
+          for i = 1, c.nrecv do
+            local r = c.recvs[i]
+            if r.src == to then has[r.send] = true end
+          end
+          for k = 1, st.nsend do
+            if c.send_to[k] == to and not has[k] and pass.accepts(k) then pass.deliver(k, nil) end
+          end
+        else
+          local fut = a:call(to, M._which, {c.id, st.round, a.rank, st.retain}, nil, 0)
+          pass.defer(fut)
+          fut:_on_settle(answered, {st = st, to = to})
+        end
+      end
+    end
+  end
+end
+
+-- the pass of st begins: what came early joins it, and the senders of the recv
+-- nodes it does not reach hear that no gradient comes in this round
+local function begin_pass(st, pass)
+  local c = st.c
+  st.pass = pass
+  pass.dist = st
+  pass.on_idle = st.on_idle
+  if st.aborted then pass.abort(errors.new("remote", st.aborted)) end
+  local early = st.early
+  st.early = nil
+  for i = 1, #early do pass.deliver(early[i][1], early[i][2]) end
+  for i = 1, c.nrecv do
+    local r = c.recvs[i]
+    if not pass.reaches(r) then send_grad(st, r.src, r.send, nil) end
+  end
+end
+
+-- tells the workers the context knows that st's round failed here
+local function abort_peers(st, message)
+  local a = agentmod.current()
+  if not (a and a.state == "running") then return end
+  for rank in pairs(st.c.peers) do
+    if rank ~= a.rank then
+      local ok, f = pcall(a.call, a, rank, M._abort, {st.c.id, st.round, a.rank, message}, nil, 0)
+      if ok then f:add_done_callback(NOOP) end
+    end
+  end
+end
+
+local function new_round(c, round, retain)
+  local st = {c = c, round = round, retain = retain and true or false, early = {}, queried = {}, nsend = 0}
+  st.on_pass = function(pass) begin_pass(st, pass) end
+  st.on_idle = function() ask_missing(st) end
+  c.rounds[round] = st
+  return st
+end
+
+-- This worker's pass of round st, from roots (the root's) or from its sends
+-- alone, in the running task; raises its error.
+local function run_round(st, roots)
+  local c = st.c
   local task = sched.current()
   local outer = task.ag_ctx
-  task.ag_ctx = id
-  local ok, err = pcall(autograd.backward, t, g, retain == false and autograd._KEEP_UNSAVED or true, sink_into(c))
+  task.ag_ctx = c.id
+  st.nsend = c.nsend
+  running_passes = running_passes + 1
+  local ok, err
+  if roots then ok, err = pcall(autograd._backward_many, roots, nil, st.retain, sink_into(c), c.sends, st.on_pass)
+  else ok, err = pcall(autograd._run_pass, EMPTY, EMPTY, st.retain, sink_into(c), c.sends, st.on_pass) end
+  running_passes = running_passes - 1
   task.ag_ctx = outer
-  if not ok then error(err, 0) end
+  if c.rounds[st.round] == st then c.rounds[st.round] = FINISHED end
+  st.pass, st.queried, st.on_pass, st.on_idle = nil, nil, nil, nil
+  if not ok then
+    abort_peers(st, tostring(type(err) == "table" and err.message or err))
+    error(err, 0)
+  end
+end
+
+local PART_TASK = {name = "distributed backward"}
+local function run_part(st)
+  local ok, err = pcall(run_round, st, nil)
+  if ok then st.fut:_set_result(true) else st.fut:_set_error(err) end
+end
+
+-- This worker takes part in round `round` of c: its part, and whether this
+-- message started it (then the part runs in a task of its own: a backward
+-- waits on other workers' parts, which may wait on this worker again, so it
+-- holds no handler slot, num_worker_threads, while it waits).
+local function take_part(c, round, retain)
+  local st = c.rounds[round]
+  if st then return st, false end
+  st = new_round(c, round, retain)
+  st.fut = Future.new("distributed backward")
+  sched.spawn(run_part, PART_TASK, st)
+  return st, true
+end
+
+-- stops c's rounds running here (the context is released)
+function abort_rounds(c, message)
+  for round, st in pairs(c.rounds) do
+    if st ~= FINISHED then
+      if st.pass then st.pass.abort(errors.new("config", message)) else st.aborted = message end
+    end
+    c.rounds[round] = nil
+  end
+end
+
+function M._bwd(id, round, from, retain, send, g)
+  local c = contexts[id]
+  if not c then error(not_found(id), 0) end
+  if c.sends[send] == nil then
+    error(("unknown send %s in autograd context %s (from worker %s)"):format(tostring(send), tostring(id),
+      tostring(from)), 0)
+  end
+  local st, first = take_part(c, round, retain)
+  if st == FINISHED then return DONE end -- (a late second message: ignored)
+  deliver(st, send, g)
+  return first and st.fut or DONE
+end
+
+function M._which(id, round, from, retain)
+  local c = contexts[id]
+  if not c then return EMPTY, false end
+  local held = {}
+  for i = 1, c.nrecv do
+    local r = c.recvs[i]
+    if r.src == from then held[#held + 1] = r.send end
+  end
+  local _, first = take_part(c, round, retain)
+  return held, first
+end
+
+function M._await(id, round)
+  local c = contexts[id]
+  local st = c and c.rounds[round]
+  if st == nil or st == FINISHED then return DONE end
+  return st.fut or DONE
+end
+
+function M._abort(id, round, from, message)
+  local c = contexts[id]
+  if not c then return true end
+  local st = c.rounds[round]
+  message = tostring(message)
+  if st == nil then c.rounds[round] = FINISHED
+  elseif st ~= FINISHED then
+    if st.pass then st.pass.abort(errors.new("remote", message)) else st.aborted = message end
+  end
   return true
 end
 
--- The request handler answers with a Future and the backward runs in a task of
--- its own: a backward waits on other workers' backwards (which may wait on this
--- worker again), so holding a handler slot (num_worker_threads) while waiting
--- would let many concurrent contexts take every slot and wait for each other.
-function M._propagate(id, send, g, retain)
-  local fut = Future.new("distributed backward")
-  sched.spawn(function()
-    local ok, err = pcall(propagate, id, send, g, retain)
-    if ok then fut:_set_result(true) else fut:_set_error(err) end
-  end, {name = "distributed backward"})
-  return fut
+-- (they start their work and return: run as they arrive, see rpchost.rpc.callee)
+callee.mark_async(M._bwd)
+callee.mark_async(M._await)
+for _, f in ipairs{M._bwd, M._which, M._await, M._abort, M._release} do
+  callee.mark_inline(f)
+  M._without_context(f)
 end
-callee.mark_async(M._propagate)
--- (both start their work and return: run as they arrive, see rpchost.rpc.callee)
-callee.mark_inline(M._propagate)
-callee.mark_inline(M._release)
 
 -- backward(ctx_id, {roots}, [retain_graph])
-function M.backward(id, roots, retain_graph)
-  if type(id) ~= "number" then
-    error(errors.new("config", "backward: expected a context id (from dist_autograd.context or begin)"), 2)
-  end
+local function bad_roots(what)
+  return errors.new("config", "backward: " .. what)
+end
+local function check_roots(roots)
   if core.t_is_tensor(roots) then roots = {roots} end
-  if type(roots) ~= "table" or #roots == 0 then
-    error(errors.new("config", ("backward: roots must be a non-empty list of tensors (the losses), got %s"):format(
-      type(roots) == "table" and "an empty list" or tostring(roots))), 2)
+  if type(roots) ~= "table" then
+    error(bad_roots(("incompatible function arguments: roots must be a non-empty list of tensors (the " ..
+      "losses), got %s"):format(tostring(roots))), 3)
+  end
+  if #roots == 0 then
+    error(bad_roots("No tensors provided for gradient computation (roots must be a non-empty list of tensors, " ..
+      "the losses; got an empty list)"), 3)
   end
   for i, r in ipairs(roots) do
     if not core.t_is_tensor(r) then
-      error(errors.new("config", ("backward: root %d is a %s, not a tensor"):format(i, type(r))), 2)
+      error(bad_roots(("incompatible function arguments: root %d is a %s, not a tensor"):format(i, type(r))), 3)
+    end
+    if not autograd.requires(r) then
+      error(bad_roots(("requires_grad not set on root %d (it is not computed from tensors that require " ..
+        "grad)"):format(i)), 3)
+    end
+    if core.t_numel(r) ~= 1 then
+      error(bad_roots(("root %d is not a scalar, all roots need to be scalar (it has %d elements: sum it, " ..
+        "or take its mean)"):format(i, core.t_numel(r))), 3)
+    end
+    local s = autograd.state(r)
+    if not (s and s.grad_fn) then
+      error(bad_roots(("root %d does not have a valid gradient function: it is a leaf, which no backward " ..
+        "starts from (a loss computed from it does)"):format(i)), 3)
     end
   end
+  return roots
+end
+
+function M.backward(id, roots, retain_graph)
+  if type(id) ~= "number" then
+    error(errors.new("config", ("backward: incompatible function arguments: expected a context id (from " ..
+      "dist_autograd.context or begin), got %s"):format(type(id))), 2)
+  end
   local c = need(id, 2)
+  roots = check_roots(roots)
   if c.graph_freed then
     error(errors.new("config", ("backward: context %s already ran a backward without retain_graph, so its " ..
       "graph is gone; pass retain_graph = true to the first backward to run it again"):format(tostring(id))), 2)
   end
-  local task = sched.current()
-  local outer = task and task.ag_ctx
-  if task then task.ag_ctx = id end
-  -- one pass from every root, which the gradients for this worker's sends join
-  -- (see propagate); it frees the graph as it goes unless retain_graph, and
-  -- tells the workers it reaches to free theirs
-  local late = {}
-  for j = 1, c.nsend do late[j] = c.sends[j] end
-  local ok, err = pcall(autograd._backward_many, roots, nil, retain_graph and true or false, sink_into(c), late,
-    function(pass) c.root_pass = pass end)
-  c.root_pass = nil
-  if task then task.ag_ctx = outer end
-  if not ok then error(err, 0) end
+  rounds_made = rounds_made + 1
+  local st = new_round(c, my_rank() * ID_SPAN + rounds_made, retain_graph)
+  run_round(st, roots)
   if not retain_graph then c.graph_freed = true end
 end
 

@@ -155,6 +155,7 @@ function M.join(client, key, name, rank, world_size, host, opts, timeout)
   rref.attach(a)
   require("rpchost.trace").set_rank(rank, name)
   a:set_ready()
+  M.note_departures(a, rejoined)
   if rejoined then
     -- the others still know the dead incarnation's address: tell each where
     -- this one is (a peer that cannot be reached now learns it when it comes)
@@ -257,8 +258,8 @@ end
 -- counts itself in (once, even when restarted), the rank that completes the
 -- count says so in one key, which the others wait for. Waiting, each rank
 -- looks every second at the few ranks after it (in rank order, from the first
--- not yet there) and probes those still missing: a rank that exited without
--- shutting down is found by the ranks just before it, which tell the others
+-- not yet there) and probes those still missing: a rank that left without
+-- shutting down (M.departure says how) is found by the ranks just before it, which tell the others
 -- through the store. (Every rank waiting for, and probing, every rank still
 -- missing made a world's shutdown cost the square of its size.)
 local WATCHED = 8 -- ranks each waiting rank looks at per second
@@ -278,6 +279,49 @@ function M.shutdown_wait_note(miss, name_of)
   return store.some(names) .. " to shut down"
 end
 
+-- Departures. A rank that leaves its world without rpc.shutdown() while its
+-- process can still speak (its script ended or failed, or SIGTERM/SIGINT stopped
+-- it) says so at the store on its way out, under P .. "left/<rank>", in words
+-- that follow its name. A rank that leaves no such note died where nothing
+-- could speak: killed (SIGKILL), crashed, or its host went away. A graceful
+-- shutdown that finds a rank gone says which: only the note may blame the
+-- script ("exited without calling rpc.shutdown()").
+local function departure_note(a)
+  local e = sched.main_error
+  if e ~= nil then
+    local first = tostring(errors.is(e) and e.message or e):match("^[^\n]*"):sub(1, 200)
+    return "exited without calling rpc.shutdown(): its script failed: " .. first
+  end
+  return "exited without calling rpc.shutdown(): its script ended"
+end
+
+local function leave_note(a, text)
+  if a.state ~= "running" or a.dynamic or not a.store then return end
+  -- (said, not asked: at exit and in a signal's callback nothing may wait;
+  -- what is queued is written before the process ends)
+  pcall(a.store.tell, a.store, "set", a.prefix .. "left/" .. a.rank, text)
+  core.flush()
+end
+
+-- Arms the notes for a joined static member (a rejoining one first takes back
+-- the note its previous life left).
+function M.note_departures(a, rejoined)
+  if rejoined then pcall(a.store.tell, a.store, "delete", a.prefix .. "left/" .. a.rank) end
+  sched.at_exit(function() leave_note(a, departure_note(a)) end)
+  sched.on_terminate(function(self)
+    leave_note(self, "was stopped by a signal (SIGTERM or SIGINT) before it called rpc.shutdown()")
+  end, a)
+end
+
+-- Why rank r, found gone during a graceful shutdown, is gone, following its
+-- name: its own note, else what the connection saw (`why`).
+function M.departure(a, r, why)
+  local ok, note = pcall(a.store.get, a.store, a.prefix .. "left/" .. r)
+  if ok and type(note) == "string" and note ~= "" then return note end
+  return ("died before calling rpc.shutdown(), leaving no word (killed, crashed, or its host went away): %s"):format(
+    why)
+end
+
 function M.graceful_join(a, timeout)
   local start = sched.now()
   local deadline = timeout and start + timeout or nil
@@ -289,7 +333,7 @@ function M.graceful_join(a, timeout)
     error(errors.new("timeout", ("shutdown gave up after %g s waiting for %s"):format(timeout, what)), 0)
   end
   local function dead(r, why)
-    return ("%s exited without calling rpc.shutdown(): %s"):format(name_of(r), why)
+    return ("%s %s"):format(name_of(r), M.departure(a, r, why))
   end
   local abort = P .. "sd/abort"
   local round, prev = 0, nil

@@ -208,11 +208,13 @@ end
 -- tell(op, ...): the op, sent without waiting for its answer (which is
 -- dropped): for what a rank says last before it leaves, so that it does not
 -- wait on a store that a thousand ranks leaving at once keep busy. The bytes
--- still go out if the connection is closed right after (gracefully).
+-- still go out if the connection is closed right after (gracefully), and the
+-- store sends no answer (FLAG_NO_REPLY): one arriving at a process that has
+-- ended would reset the connection, which the store logs as a failure.
 function Client:tell(op, ...)
   if self.closed or not self.conn then return false end
   self.next_id = self.next_id + 1
-  self.conn:send(proto.STORE, 0, self.next_id, enc("store", op, ...))
+  self.conn:send(proto.STORE, proto.FLAG_NO_REPLY, self.next_id, enc("store", op, ...))
   return true
 end
 

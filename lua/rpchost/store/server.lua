@@ -180,7 +180,7 @@ end
 
 local STORE_ROLES = {store = true}
 
-function Server:on_frame(conn, ftype, _, id, body)
+function Server:on_frame(conn, ftype, flags, id, body)
   local st = self.clients[conn]
   if not st then return end
   -- the handshake (rpchost.net.auth, docs/security.md), in the store's own role
@@ -240,6 +240,7 @@ function Server:on_frame(conn, ftype, _, id, body)
     return
   end
   local res = {pcall(f, self, conn, id, unpack(r, 3, 8))}
+  if bit.band(flags or 0, proto.FLAG_NO_REPLY) ~= 0 and op ~= "wait" then return end -- (a tell)
   if not res[1] then
     reply(conn, id, false, tostring(res[2]))
   elseif res[2] ~= nil then

@@ -72,9 +72,14 @@ function M.usage() return USAGE:format(M.docs_dir()) end
 M.version_string = report_mod.version_string
 M.format_error = report_mod.format_error
 
+-- An error that ended the script: said once, the user's part of it (a config
+-- error in one line at the user's line; a runtime error with the user's
+-- frames: rpchost.tools.report), in one write, so that ranks sharing a
+-- terminal cannot tear it apart.
 local function report(e)
-  local text = M.format_error(e)
-  io.stderr:write("rpchost: ", text, "\n")
+  local text = report_mod.script_error(e)
+  io.stderr:write("rpchost: " .. text .. "\n")
+  io.stderr:flush()
   local path = os.getenv("RPCHOST_ERROR_FILE")
   if path and path ~= "" then
     local f = io.open(path, "w")
@@ -183,6 +188,13 @@ local function interpreter(argv)
   local launcher_pid = tonumber(os.getenv("RPCHOST_LAUNCHER_PID"))
   if launcher_pid then core.die_with_parent(launcher_pid) end
 
+  -- The script's chunk, called from a table slot rather than a named local:
+  -- its frame then reads "in main chunk", as luajit's does, not "in function 'f'".
+  local function run_chunk(f)
+    local slot = {f}
+    slot[1](unpack(arg, 1, #arg))
+  end
+
   local function main()
     if version and not interactive then io.stdout:write(M.version_string(), "\n") end
     for _, a in ipairs(actions) do
@@ -200,11 +212,11 @@ local function interpreter(argv)
       local f, err = loadfile(script)
       if not f then error(err, 0) end
       if not interactive then stop_watchers = on_stop_signals() end
-      f(unpack(arg, 1, #arg))
+      run_chunk(f)
     elseif run_stdin then
       local f, err = loadstring(io.stdin:read("*a"), "=stdin")
       if not f then error(err, 0) end
-      f(unpack(arg, 1, #arg))
+      run_chunk(f)
     end
     if interactive or (script == nil and #actions == 0 and not version and core.isatty(0)) then
       M.interactive()

@@ -4,8 +4,9 @@
 -- the world's store on node 0 (on a free port when none is given, so there is no
 -- race for it), forwards SIGINT/SIGTERM, optionally prefixes output lines with the
 -- rank, and when a rank fails stops the others (SIGTERM, then SIGKILL) within 5 s,
--- says which rank failed and why (each rank writes its uncaught error to
--- RPCHOST_ERROR_FILE), and exits non-zero. With --max-restarts N a failed rank is
+-- says in one line which rank failed first and how (each rank prints its own
+-- uncaught error, and writes it to RPCHOST_ERROR_FILE so that the launcher
+-- knows there is one above to point at, not to print again), and exits non-zero. With --max-restarts N a failed rank is
 -- instead started again in place, up to N times (each rank): the new process takes
 -- its old rank and name in the running world (rpc.init_rpc rejoins it), so an RL
 -- actor or a trainer can die without stopping the others (torchrun restarts all).
@@ -122,6 +123,29 @@ end
 
 local read_file = require("rpchost.bytecode").read_file
 
+-- (the signals a rank dies of, by name: "killed by signal 9 (SIGKILL)")
+local SIGNAL_NAMES = {[1] = "SIGHUP", [2] = "SIGINT", [3] = "SIGQUIT", [4] = "SIGILL", [6] = "SIGABRT",
+                      [7] = "SIGBUS", [8] = "SIGFPE", [9] = "SIGKILL", [11] = "SIGSEGV", [13] = "SIGPIPE",
+                      [15] = "SIGTERM"}
+
+-- How a rank's process ended, in words.
+local function ending(status, signal)
+  if signal and signal ~= 0 then
+    return ("killed by signal %d%s"):format(signal, SIGNAL_NAMES[signal] and (" (" .. SIGNAL_NAMES[signal] .. ")") or "")
+  end
+  return ("exit code %d"):format(status)
+end
+M.ending = ending
+
+-- Why a failed rank failed, for the launcher's one line about it. The rank has
+-- already printed its own error (cli.lua's report, which also writes it to
+-- RPCHOST_ERROR_FILE): the launcher points at it rather than printing it again.
+local function failure_text(r, how)
+  local said = r.errfile and read_file(r.errfile)
+  if said and said ~= "" then return how .. " (its error is above)" end
+  return how
+end
+
 local function run(o)
   local server
   local port = o.port
@@ -214,12 +238,8 @@ local function run(o)
   local function restart(r, why)
     if stopping or r.restarts >= o.max_restarts then return false end
     r.restarts = r.restarts + 1
-    local detail = read_file(r.errfile)
     io.stderr:write(("rpchost run: rank %d (pid %s) failed: %s; restarting it (%d of %d)\n"):format(
-      r.rank, tostring(r.pid), why, r.restarts, o.max_restarts))
-    if detail and detail ~= "" then
-      io.stderr:write(("rpchost run: rank %d error: %s"):format(r.rank, detail))
-    end
+      r.rank, tostring(r.pid), failure_text(r, why), r.restarts, o.max_restarts))
     os.remove(r.errfile)
     r.exited, r.status, r.signal, r.pid = false, nil, nil, nil -- (no pid to signal meanwhile)
     -- (a moment first: a rank that fails at once does not spin)
@@ -274,7 +294,7 @@ local function run(o)
         r.exited = true
         r.status, r.signal = status, signal
         if (status ~= 0 or signal ~= 0) and not failed and not (stopping and signal_seen)
-           and restart(r, signal ~= 0 and ("killed by signal %d"):format(signal) or ("exit code %d"):format(status)) then
+           and restart(r, ending(status, signal)) then
           return -- (still live: its next process is on the way)
         end
         live = live - 1
@@ -332,21 +352,16 @@ local function run(o)
 
   local code = 0
   if failed then
-    local why = failed.spawn_error or (failed.signal ~= 0 and ("killed by signal %d"):format(failed.signal))
-      or ("exit code %d"):format(failed.status)
-    local detail = failed.errfile and read_file(failed.errfile)
-    io.stderr:write(("rpchost run: rank %d (pid %s) failed: %s\n"):format(failed.rank,
-      tostring(failed.pid or "-"), why))
-    if detail and detail ~= "" then
-      io.stderr:write(("rpchost run: rank %d error: %s"):format(failed.rank, detail))
-    end
+    -- one line: which rank failed first and how (its own error, printed by the
+    -- rank, is above: not repeated), and whom that stopped
+    local why = failed.spawn_error or failure_text(failed, ending(failed.status, failed.signal))
     local others = {}
     for _, r in ipairs(ranks) do
       if r ~= failed then others[#others + 1] = tostring(r.rank) end
     end
-    if #others > 0 then
-      io.stderr:write(("rpchost run: stopped the other ranks (%s)\n"):format(table.concat(others, ", ")))
-    end
+    io.stderr:write(("rpchost run: rank %d (pid %s) failed first: %s%s\n"):format(failed.rank,
+      tostring(failed.pid or "-"), why,
+      #others > 0 and ("; stopped the other ranks (%s)"):format(table.concat(others, ", ")) or ""))
     code = 1
   elseif signal_seen then
     code = 128 + signal_seen

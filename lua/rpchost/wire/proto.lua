@@ -6,4 +6,7 @@ return {
   MESSAGE = 5, -- one-way, keyed: collectives and point-to-point send/recv
   STORE = 10, STORE_REPLY = 11,
   FLAG_ERROR = 1,
+  -- (a store request whose answer nobody reads: the store sends none, since a
+  -- reply that reaches a process leaving makes its kernel reset the connection)
+  FLAG_NO_REPLY = 2,
 }
