@@ -11,6 +11,7 @@ local tensor = require "tensor"
 local core = require "rpchost.core"
 local sized = require "rpchost.sized"
 local mapping = require "rpchost.mapping"
+local optim_state = require "rpchost.nn.optim_state"
 
 local optim = {}
 
@@ -159,17 +160,6 @@ function Optimizer:state_dict()
   return {state = mapping.mark(state), param_groups = groups}
 end
 
--- a state value as this optimizer keeps it: `step` is a number here, where
--- PyTorch (1.12 and later) keeps a one-element tensor, so a PyTorch state_dict
--- (nn.load("opt.pt")) resumes with the same step count
-local function state_value(k, v, p)
-  if not tensor.is_tensor(v) then return v end
-  if k == "step" and v:numel() == 1 then return v:item() end
-  v = v:clone()
-  if v.device ~= p.device then v = v:to(p.device) end
-  return v
-end
-
 function Optimizer:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.param_groups) ~= "table" then
     error(self.name .. ".load_state_dict: expected {state =, param_groups =}", 2)
@@ -192,9 +182,7 @@ function Optimizer:load_state_dict(sd)
   for id, st in pairs(sd.state or {}) do
     local p = by_id[id]
     if p then
-      local c = {}
-      for k, v in pairs(st) do c[k] = state_value(k, v, p) end
-      self.state[p] = c
+      self.state[p] = optim_state.copy(st, p)
     end
   end
 end
