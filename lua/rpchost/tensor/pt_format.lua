@@ -48,7 +48,7 @@ end
 -- that reads straight into a tensor's storage replaces read_tensor.)
 local function open_source(path, what)
   local f, err = io.open(path, "rb")
-  if not f then error(("%s: cannot open %s: %s"):format(what, path, tostring(err)), 0) end
+  if not f then error(("%s: cannot open %s"):format(what, tostring(err)), 0) end -- (err names the path)
   local size = f:seek("end")
   if not size then
     f:close()
@@ -81,7 +81,7 @@ end
 -- written and their CRC-32.
 local function open_sink(path, what)
   local f, err = io.open(path, "wb")
-  if not f then error(("%s: cannot write %s: %s"):format(what, path, tostring(err)), 0) end
+  if not f then error(("%s: cannot write %s"):format(what, tostring(err)), 0) end
   local sink = {}
   local function check(ok, e)
     if not ok then error(("%s: writing %s failed: %s"):format(what, path, tostring(e)), 0) end
@@ -326,7 +326,7 @@ end
 -- of one saved storage holding the span they cover; a tensor with a negative
 -- stride (which PyTorch cannot express) or no elements gets its own.
 local function plan_storages(root)
-  local groups, group_of = {}, {}
+  local group_of, by_storage = {}, {}
   local seen = {}
   local function add(t)
     if group_of[t] then return end
@@ -334,23 +334,21 @@ local function plan_storages(root)
     local negative = false
     for _, s in ipairs(stride) do if s < 0 then negative = true end end
     if numel == 0 or negative then
-      local c = numel == 0 and t or core.t_contiguous(t)
-      local g = {dtype = dt, own = c, lo = 0, hi = numel - 1}
-      groups[#groups + 1] = g
-      group_of[t] = g
+      group_of[t] = {dtype = dt, own = numel == 0 and t or core.t_contiguous(t), lo = 0, hi = numel - 1}
       return
     end
     local hi = offset
     for i = 1, #size do hi = hi + stride[i] * (size[i] - 1) end
-    for _, g in ipairs(groups) do
-      if not g.own and g.dtype == dt and core.t_same_storage(g.rep, t) then
-        g.lo, g.hi = math.min(g.lo, offset), math.max(g.hi, hi)
-        group_of[t] = g
-        return
-      end
+    local key = core.t_storage(t)
+    local per_dtype = by_storage[key]
+    if not per_dtype then per_dtype = {}; by_storage[key] = per_dtype end
+    local g = per_dtype[dt]
+    if g then
+      g.lo, g.hi = math.min(g.lo, offset), math.max(g.hi, hi)
+    else
+      g = {dtype = dt, rep = t, lo = offset, hi = hi}
+      per_dtype[dt] = g
     end
-    local g = {dtype = dt, rep = t, lo = offset, hi = hi}
-    groups[#groups + 1] = g
     group_of[t] = g
   end
   local function walk(v)
