@@ -34,6 +34,7 @@ PyTorch):
   bigendian.pt           new_layout.pt with byteorder "big"
   legacy.pt              torch.save(..., _use_new_zipfile_serialization=False)
   torchscript.pt         torch.jit.save of a scripted module
+  whole_module.pt        torch.save(model): the module object, not its state_dict
   evil_*.pt              pickles that must be refused: GLOBAL os.system,
                          REDUCE of builtins.eval, STACK_GLOBAL builtins.eval,
                          REDUCE of a storage class, INST, BUILD on a dict, a
@@ -242,6 +243,7 @@ class Tiny(torch.nn.Module):
 
 
 torch.jit.save(torch.jit.script(Tiny()), path("torchscript.pt"))
+torch.save(Tiny(), path("whole_module.pt"))  # the model object, not its state_dict
 
 # -- refused pickles ----------------------------------------------------------------------------
 
@@ -310,6 +312,7 @@ expected["refused"] = collections.OrderedDict([
     ("bigendian.pt", "big-endian"),
     ("legacy.pt", "PyTorch's legacy format"),
     ("torchscript.pt", "TorchScript archive"),
+    ("whole_module.pt", "global __main__.Tiny is not allowed"),
     ("evil_global.pt", "global os.system is not allowed"),
     ("evil_eval.pt", "global builtins.eval is not allowed"),
     ("evil_stack_global.pt", "global builtins.eval is not allowed"),

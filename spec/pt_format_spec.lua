@@ -143,15 +143,16 @@ describe("nn.load of PyTorch checkpoints #unit", function()
     end)
   end
 
-  it("refuses dtypes rpchost lacks, big-endian, legacy and TorchScript files, saying which key and what to do", function()
+  it("refuses dtypes rpchost lacks, big-endian, legacy and TorchScript files and whole models, saying which key and what to do", function()
     for _, f in ipairs{"float16.pt", "bfloat16.pt", "complex64.pt", "int8.pt", "bigendian.pt", "legacy.pt",
-                       "torchscript.pt"} do
+                       "torchscript.pt", "whole_module.pt"} do
       local e = raises(E.refused[f], nn.load, DIR .. f)
       assert.truthy(e:find("nn.load: " .. DIR .. f, 1, true), e)
     end
     raises("convert it in PyTorch first", nn.load, DIR .. "float16.pt")
     raises("save it again", nn.load, DIR .. "bigendian.pt")
     raises("torch.save(model.state_dict(), path)", nn.load, DIR .. "torchscript.pt")
+    raises("save model.state_dict() (not the model)", nn.load, DIR .. "whole_module.pt")
   end)
 
   it("refuses malicious pickles naming the opcode or global, and runs nothing", function()

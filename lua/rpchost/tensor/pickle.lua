@@ -207,7 +207,10 @@ function M.loads(s, ctx)
     local role = CALLABLE[full]
     local cls = (module == "torch" or module == "torch.cuda") and name:match("^(%w+Storage)$")
     if not role and not cls then
-      fail("global %s is not allowed: a state_dict's pickle may name only %s", full, ALLOWED)
+      -- (a class of a model or of torch: what torch.save(model) writes, not a state_dict)
+      local hint = (module:match("^torch") or module:match("^__main__") or module:match("^__torch__")) and
+        "; in PyTorch, save model.state_dict() (not the model) with torch.save and load that" or ""
+      fail("global %s is not allowed: a state_dict's pickle may name only %s%s", full, ALLOWED, hint)
     end
     g = new("global", {name = full, role = role or "storage"})
     if cls then
