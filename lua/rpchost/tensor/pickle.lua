@@ -186,7 +186,9 @@ function M.loads(s, ctx)
 
   local function setitem(d, k, v)
     local dk = kind[d]
-    if dk ~= "dict" and dk ~= "OrderedDict" then fail("%s on a %s: only dicts take items", NAMES[s:byte(op_at)], describe(d)) end
+    if dk ~= "dict" and dk ~= "OrderedDict" then
+      fail("%s on a %s: only dicts take items", NAMES[s:byte(op_at)], describe(d))
+    end
     if type(k) == "cdata" then
       if k < -TWO53 or k > TWO53 then fail("a dict key (%s) too large for a Lua table key", tostring(k)) end
       k = tonumber(k)
@@ -241,11 +243,14 @@ function M.loads(s, ctx)
   local function persistent(pid)
     if kind[pid] ~= "tuple" then fail("a persistent id must be a tuple, got a %s", describe(pid)) end
     if pid[1] ~= "storage" then
-      fail("persistent id %s: only ('storage', ...) ids are allowed", type(pid[1]) == "string" and ("'" .. pid[1] .. "'") or describe(pid[1]))
+      fail("persistent id %s: only ('storage', ...) ids are allowed",
+        type(pid[1]) == "string" and ("'" .. pid[1] .. "'") or describe(pid[1]))
     end
     if #pid ~= 5 then fail("a storage's persistent id has %d items (5 expected)", #pid) end
     local cls, key, location, numel = pid[2], pid[3], pid[4], pid[5]
-    if kind[cls] ~= "global" or cls.role ~= "storage" then fail("a storage's class must be a torch.*Storage, got %s", describe(cls)) end
+    if kind[cls] ~= "global" or cls.role ~= "storage" then
+      fail("a storage's class must be a torch.*Storage, got %s", describe(cls))
+    end
     if type(key) == "number" and is_int(key) then key = ("%d"):format(key) end
     if type(key) ~= "string" then fail("a storage key must be a string, got a %s", describe(key)) end
     if type(location) ~= "string" then fail("a storage location must be a string, got a %s", describe(location)) end
@@ -266,7 +271,9 @@ function M.loads(s, ctx)
   end
 
   local function tensor_of(storage, offset, size, stride, requires_grad)
-    if kind[storage] ~= "storage" then fail("a tensor's storage must come from a persistent id, got a %s", describe(storage)) end
+    if kind[storage] ~= "storage" then
+      fail("a tensor's storage must come from a persistent id, got a %s", describe(storage))
+    end
     local view = {offset = int_arg(offset, "a tensor's storage offset"), size = int_tuple(size, "a tensor's size"),
                   stride = int_tuple(stride, "a tensor's stride")}
     if #view.size ~= #view.stride then fail("a tensor has %d sizes but %d strides", #view.size, #view.stride) end
@@ -277,16 +284,26 @@ function M.loads(s, ctx)
 
   -- REDUCE and NEWOBJ: the fixed constructor of an allowed callable
   local function call(f, args, opn)
-    if kind[f] ~= "global" or f.role == "storage" then fail("%s of %s: only %s can be called", opn, describe(f), ALLOWED) end
-    if kind[args] ~= "tuple" then fail("%s of %s with arguments that are a %s, not a tuple", opn, f.name, describe(args)) end
+    if kind[f] ~= "global" or f.role == "storage" then
+      fail("%s of %s: only %s can be called", opn, describe(f), ALLOWED)
+    end
+    if kind[args] ~= "tuple" then
+      fail("%s of %s with arguments that are a %s, not a tuple", opn, f.name, describe(args))
+    end
     local role = f.role
-    if opn == "NEWOBJ" and role ~= "Parameter" then fail("NEWOBJ of %s: only torch.nn.parameter.Parameter can be instantiated", f.name) end
+    if opn == "NEWOBJ" and role ~= "Parameter" then
+      fail("NEWOBJ of %s: only torch.nn.parameter.Parameter can be instantiated", f.name)
+    end
     if role == "OrderedDict" then
-      if #args ~= 0 then fail("OrderedDict called with %d arguments (a state_dict's is built empty, then filled)", #args) end
+      if #args ~= 0 then
+        fail("OrderedDict called with %d arguments (a state_dict's is built empty, then filled)", #args)
+      end
       return new("OrderedDict")
     elseif role == "rebuild_tensor_v2" then
       if #args ~= 6 and #args ~= 7 then fail("_rebuild_tensor_v2 takes 6 or 7 arguments, got %d", #args) end
-      if kind[args[6]] ~= "OrderedDict" and kind[args[6]] ~= "dict" then fail("_rebuild_tensor_v2's backward hooks must be an OrderedDict") end
+      if kind[args[6]] ~= "OrderedDict" and kind[args[6]] ~= "dict" then
+        fail("_rebuild_tensor_v2's backward hooks must be an OrderedDict")
+      end
       return tensor_of(args[1], args[2], args[3], args[4], args[5])
     elseif role == "rebuild_tensor" then
       if #args ~= 4 then fail("_rebuild_tensor takes 4 arguments, got %d", #args) end
@@ -377,7 +394,9 @@ function M.loads(s, ctx)
   OPS[0x93] = function() -- STACK_GLOBAL
     local name = pop("STACK_GLOBAL")
     local module = pop("STACK_GLOBAL")
-    if type(module) ~= "string" or type(name) ~= "string" then fail("STACK_GLOBAL of a %s and a %s", describe(module), describe(name)) end
+    if type(module) ~= "string" or type(name) ~= "string" then
+      fail("STACK_GLOBAL of a %s and a %s", describe(module), describe(name))
+    end
     push(global(module, name))
   end
   OPS[0x52] = function() -- REDUCE
@@ -392,8 +411,12 @@ function M.loads(s, ctx)
   OPS[0x62] = function() -- BUILD: only an OrderedDict's attributes (_metadata), which Lua has no place for
     local state = pop("BUILD")
     local inst = top("BUILD")
-    if kind[inst] ~= "OrderedDict" then fail("BUILD on a %s: only an OrderedDict's attributes may be set", describe(inst)) end
-    if kind[state] ~= "dict" and state ~= NONE then fail("BUILD with a %s as the state (a dict expected)", describe(state)) end
+    if kind[inst] ~= "OrderedDict" then
+      fail("BUILD on a %s: only an OrderedDict's attributes may be set", describe(inst))
+    end
+    if kind[state] ~= "dict" and state ~= NONE then
+      fail("BUILD with a %s as the state (a dict expected)", describe(state))
+    end
   end
   OPS[0x61] = function() -- APPEND
     local v = pop("APPEND")
@@ -488,7 +511,9 @@ end
 
 -- Writing ----------------------------------------------------------------
 
-local function u32(v) return string.char(v % 256, math.floor(v / 256) % 256, math.floor(v / 65536) % 256, math.floor(v / 16777216) % 256) end
+local function u32(v)
+  return string.char(v % 256, math.floor(v / 256) % 256, math.floor(v / 65536) % 256, math.floor(v / 16777216) % 256)
+end
 
 -- valid UTF-8 (what Python's str holds; BINUNICODE is decoded as UTF-8)
 local function is_utf8(s)

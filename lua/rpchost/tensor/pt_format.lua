@@ -170,7 +170,9 @@ local function data_start(src, dir, name, fail)
   local h = src.read(en.loff, 30)
   if not h or h:sub(1, 4) ~= "PK\3\4" then fail("the local header of %s is missing or corrupt", name) end
   local start = en.loff + 30 + le(h, 27, 2) + le(h, 29, 2)
-  if start + en.csize > dir.limit or en.csize >= TWO53 then fail("%s runs past the end of its data (truncated?)", name) end
+  if start + en.csize > dir.limit or en.csize >= TWO53 then
+    fail("%s runs past the end of its data (truncated?)", name)
+  end
   if en.method == 0 and en.csize ~= en.usize then fail("%s is stored with two different sizes", name) end
   if en.method ~= 0 and en.method ~= 8 then
     fail("%s uses zip compression method %d (stored and deflate are read)", name, en.method)
@@ -264,12 +266,15 @@ local function load_archive(src, what, opts)
   function ctx.tensor(handle, info, view, path)
     if not info.dtype then
       fail("%s is %s (torch.%s), a dtype rpchost does not have (float32, float64, int32, int64, uint8, bool): " ..
-        "convert it in PyTorch first, e.g. {k: v.float() for k, v in sd.items()}", path, info.dtype_name, info.class:match("[^.]+$"))
+        "convert it in PyTorch first, e.g. {k: v.float() for k, v in sd.items()}", path, info.dtype_name,
+        info.class:match("[^.]+$"))
     end
     check_view(view, info.numel, path, fail)
     if not handle.base then
       local name = prefix .. "/data/" .. info.key
-      if not dir.entries[name] then fail("%s: its storage '%s' is missing (no %s in the archive)", path, info.key, name) end
+      if not dir.entries[name] then
+        fail("%s: its storage '%s' is missing (no %s in the archive)", path, info.key, name)
+      end
       handle.base = read_storage(src, dir, name, info.dtype, info.numel, fail)
     end
     local t = core.t_as_strided(handle.base, view.size, view.stride, view.offset)
@@ -441,9 +446,12 @@ function M.save(value, path, opts)
     for _, g in ipairs(keyed) do
       local n = g.hi - g.lo + 1
       local data = g.own or core.t_as_strided(g.rep, {n}, {1}, g.lo)
-      z.member("archive/data/" .. g.key, n * DTYPE_SIZE[g.dtype], function()
+      local nbytes = n * DTYPE_SIZE[g.dtype]
+      z.member("archive/data/" .. g.key, nbytes, function()
         local written, crc = sink.write_tensor(data)
-        if written ~= n * DTYPE_SIZE[g.dtype] then error(("%s: storage %s: %d bytes written of %d"):format(what, g.key, written, n * DTYPE_SIZE[g.dtype]), 0) end
+        if written ~= nbytes then
+          error(("%s: storage %s: %d bytes written of %d"):format(what, g.key, written, nbytes), 0)
+        end
         return crc
       end)
     end
