@@ -7,12 +7,15 @@
  * the box forgets the pointer: the C struct is freed later by libuv's close
  * callback and never touched from Lua again. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "net/frame.h"
 #include "net/privdir.h"
 #include "rh_lua.h"
 #include "tensor/tensor.h"
@@ -193,11 +196,15 @@ static int l_connect(lua_State *L) {
   return 1;
 }
 
-/* What one send keeps alive until its bytes are written. */
+/* What one send keeps alive until its bytes are written. Most frames have a
+ * few segments and use the hold's own array; one with more (a module's or a
+ * state_dict's every tensor in one call) gets an array of its own. */
+#define SMALL_SEGS 64
 typedef struct {
   int ref; /* table anchoring string segments, or LUA_NOREF */
   int ntensors;
-  rh_tensor_t *tensors[64];
+  rh_tensor_t **tensors; /* small, or a heap array of nseg */
+  rh_tensor_t *small[SMALL_SEGS];
 } seg_hold_t;
 
 /* Holds are reused (a few kept on a free list): a send with payload segments
@@ -206,11 +213,15 @@ typedef struct {
 static seg_hold_t *free_holds[FREE_HOLDS];
 static int nfree_holds;
 
-static seg_hold_t *new_hold(void) {
+static seg_hold_t *new_hold(int nseg) {
   seg_hold_t *h = nfree_holds > 0 ? free_holds[--nfree_holds] : malloc(sizeof *h);
-  if (h) {
-    h->ref = LUA_NOREF;
-    h->ntensors = 0;
+  if (!h) return NULL;
+  h->ref = LUA_NOREF;
+  h->ntensors = 0;
+  h->tensors = h->small;
+  if (nseg > SMALL_SEGS && !(h->tensors = malloc((size_t)nseg * sizeof *h->tensors))) {
+    free(h);
+    return NULL;
   }
   return h;
 }
@@ -219,6 +230,7 @@ static void release_hold(void *ctx) {
   seg_hold_t *h = ctx;
   if (h->ref != LUA_NOREF) luaL_unref(rh_ctx()->L, LUA_REGISTRYINDEX, h->ref);
   for (int i = 0; i < h->ntensors; i++) rh_tensor_release(h->tensors[i]);
+  if (h->tensors != h->small) free(h->tensors);
   if (nfree_holds < FREE_HOLDS) free_holds[nfree_holds++] = h;
   else free(h);
 }
@@ -239,41 +251,54 @@ static int send_frame(lua_State *L, int fd) {
     return 2;
   }
   int nseg = lua_gettop(L) - 5;
-  uv_buf_t segs[64];
-  if (nseg > 64) return luaL_error(L, "too many segments (%d > 64)", nseg);
+  if (nseg > RH_FRAME_MAX_SEGS) {
+    return luaL_error(L, "a message with %d payload segments (tensors and large strings): one frame carries at most %d",
+                      nseg, RH_FRAME_MAX_SEGS);
+  }
+  /* (the connection copies the list of segments: a bigger one lives only for this call) */
+  uv_buf_t small_segs[SMALL_SEGS];
+  uv_buf_t *segs = small_segs;
+  if (nseg > SMALL_SEGS && !(segs = malloc((size_t)nseg * sizeof *segs))) return luaL_error(L, "out of memory");
   rh_release_fn rel = NULL;
   void *relctx = NULL;
   if (nseg > 0) {
-    seg_hold_t *h = new_hold();
-    if (!h) return luaL_error(L, "out of memory");
-    int nstr = 0;
-    for (int i = 0; i < nseg; i++) {
+    seg_hold_t *h = new_hold(nseg);
+    if (!h) {
+      if (segs != small_segs) free(segs);
+      return luaL_error(L, "out of memory");
+    }
+    int nstr = 0, bad = 0, dev = -1; /* bad: the 1-based segment that cannot be sent, and why (below) */
+    const char *why = NULL;
+    for (int i = 0; i < nseg && !bad; i++) {
       rh_tensor_t *t = rh_lua_totensor(L, 6 + i);
       if (t) {
-        if (rh_tensor_device(t) >= 0) {
-          release_hold(h);
-          return luaL_error(L, "send: segment %d is a tensor on cuda:%d (the wire takes host memory)", i + 1,
-                            rh_tensor_device(t));
+        if ((dev = rh_tensor_device(t)) >= 0) {
+          bad = i + 1, why = "(the wire takes host memory)";
+        } else if (!rh_tensor_is_contiguous(t)) {
+          bad = i + 1, why = "is a tensor that is not contiguous";
+        } else {
+          rh_tensor_retain(t);
+          h->tensors[h->ntensors++] = t;
+          segs[i] = uv_buf_init(rh_tensor_data(t), (unsigned)0);
+          segs[i].len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
         }
-        if (!rh_tensor_is_contiguous(t)) {
-          release_hold(h);
-          return luaL_error(L, "send: segment %d is a tensor that is not contiguous", i + 1);
-        }
-        rh_tensor_retain(t);
-        h->tensors[h->ntensors++] = t;
-        segs[i] = uv_buf_init(rh_tensor_data(t), (unsigned)0);
-        segs[i].len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
       } else {
         size_t sl;
         const char *str = lua_tolstring(L, 6 + i, &sl);
         if (!str) {
-          release_hold(h);
-          return luaL_error(L, "send: segment %d must be a string or a tensor", i + 1);
+          bad = i + 1, why = "must be a string or a tensor";
+        } else {
+          segs[i] = uv_buf_init((char *)str, 0);
+          segs[i].len = sl;
+          nstr++;
         }
-        segs[i] = uv_buf_init((char *)str, 0);
-        segs[i].len = sl;
-        nstr++;
       }
+    }
+    if (bad) {
+      release_hold(h);
+      if (segs != small_segs) free(segs);
+      if (dev >= 0) return luaL_error(L, "send: segment %d is a tensor on cuda:%d %s", bad, dev, why);
+      return luaL_error(L, "send: segment %d %s", bad, why);
     }
     if (nstr > 0) {
       /* the strings stay alive (anchored in one table) until written */
@@ -291,6 +316,7 @@ static int send_frame(lua_State *L, int fd) {
                                      (uint32_t)nseg, rel, relctx)
                    : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                                   (uint32_t)nseg, rel, relctx);
+  if (segs != small_segs) free(segs);
   return rh_lua_push_rc(L, rc);
 }
 
@@ -548,6 +574,110 @@ static int l_sweep_sockets(lua_State *L) {
   return 1;
 }
 
+/* resolve_all(host) -> {numeric ip, ...} (IPv4 first, each once) | nil, message.
+ * Synchronous: used at start-up only. */
+static int l_resolve_all(lua_State *L) {
+  const char *host = luaL_checkstring(L, 1);
+  uv_getaddrinfo_t req;
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int rc = uv_getaddrinfo(rh_ctx()->loop, &req, NULL, host, NULL, &hints);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot resolve host '%s': %s", host, uv_strerror(rc));
+    return 2;
+  }
+  lua_newtable(L);
+  int n = 0;
+  for (int family = 0; family < 2; family++) /* (IPv4 first: resolve's order) */
+    for (struct addrinfo *a = req.addrinfo; a; a = a->ai_next) {
+      char ip[64] = "";
+      if (family == 0 && a->ai_family == AF_INET) uv_ip4_name((struct sockaddr_in *)a->ai_addr, ip, sizeof ip);
+      else if (family == 1 && a->ai_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)a->ai_addr, ip, sizeof ip);
+      if (!*ip) continue;
+      int seen = 0;
+      for (int i = 1; i <= n && !seen; i++) {
+        lua_rawgeti(L, -1, i);
+        seen = strcmp(lua_tostring(L, -1), ip) == 0;
+        lua_pop(L, 1);
+      }
+      if (seen) continue;
+      lua_pushstring(L, ip);
+      lua_rawseti(L, -2, ++n);
+    }
+  uv_freeaddrinfo(req.addrinfo);
+  return 1;
+}
+
+/* interfaces() -> {{name=, ip=, family=4|6, internal=bool, scope=}, ...}: this
+ * host's addresses by interface (libuv's list, in its order), for choosing
+ * the one a rank advertises (RPCHOST_SOCKET_IFNAME). scope: an IPv6 address's
+ * scope id (link-local addresses need it), else 0. */
+static int l_interfaces(lua_State *L) {
+  uv_interface_address_t *ifs;
+  int n;
+  int rc = uv_interface_addresses(&ifs, &n);
+  if (rc) {
+    lua_pushnil(L);
+    lua_pushstring(L, uv_strerror(rc));
+    return 2;
+  }
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    char ip[64] = "";
+    int v6 = ifs[i].address.address4.sin_family == AF_INET6;
+    if (v6) uv_ip6_name(&ifs[i].address.address6, ip, sizeof ip);
+    else uv_ip4_name(&ifs[i].address.address4, ip, sizeof ip);
+    lua_createtable(L, 0, 5);
+    lua_pushstring(L, ifs[i].name);
+    lua_setfield(L, -2, "name");
+    lua_pushstring(L, ip);
+    lua_setfield(L, -2, "ip");
+    lua_pushinteger(L, v6 ? 6 : 4);
+    lua_setfield(L, -2, "family");
+    lua_pushboolean(L, ifs[i].is_internal);
+    lua_setfield(L, -2, "internal");
+    lua_pushinteger(L, v6 ? (lua_Integer)ifs[i].address.address6.sin6_scope_id : 0);
+    lua_setfield(L, -2, "scope");
+    lua_rawseti(L, -2, i + 1);
+  }
+  uv_free_interface_addresses(ifs, n);
+  return 1;
+}
+
+/* host_identity() -> {boot=, mnt=, pid=, net=, ipc=, uts=, user=}: what tells
+ * whether two processes share a kernel (the boot id: a fresh random one each
+ * boot) and which of its namespaces (each namespace's inode under
+ * /proc/self/ns): two ranks are on "one host" for a fast path only where the
+ * parts it needs are the same (a Unix socket's path: the mount namespace;
+ * cross-memory attach and pidfd_getfd: the PID namespace), never because
+ * their addresses look alike. A part that cannot be read is absent. */
+static int l_host_identity(lua_State *L) {
+  lua_createtable(L, 0, 7);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    char id[64] = "";
+    if (fgets(id, sizeof id, f)) {
+      id[strcspn(id, "\n")] = 0;
+      lua_pushstring(L, id);
+      lua_setfield(L, -2, "boot");
+    }
+    fclose(f);
+  }
+  static const char *const ns[] = {"mnt", "pid", "net", "ipc", "uts", "user"};
+  for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+    char path[64];
+    struct stat st;
+    snprintf(path, sizeof path, "/proc/self/ns/%s", ns[i]);
+    if (stat(path, &st) != 0) continue;
+    lua_pushnumber(L, (double)st.st_ino);
+    lua_setfield(L, -2, ns[i]);
+  }
+  return 1;
+}
+
 /* resolve(host) -> numeric ip | nil, message. Synchronous: used at start-up only. */
 static int l_resolve(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
@@ -587,11 +717,22 @@ int rh_open_conn(lua_State *L) {
   rh_lua_class(L, CONN_MT, conn_methods, NULL, l_conn_tostring);
   rh_lua_class(L, LISTENER_MT, listener_methods, NULL, NULL);
 
-  static const luaL_Reg fns[] = {
-      {"connect", l_connect},           {"listen", l_listen}, {"resolve", l_resolve},
-      {"socket_dir", l_socket_dir},     {"getuid", l_getuid}, {"sweep_sockets", l_sweep_sockets},
-      {"ring_segment", l_ring_segment}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"connect", l_connect},
+                                 {"listen", l_listen},
+                                 {"resolve", l_resolve},
+                                 {"socket_dir", l_socket_dir},
+                                 {"getuid", l_getuid},
+                                 {"sweep_sockets", l_sweep_sockets},
+                                 {"ring_segment", l_ring_segment},
+                                 {"resolve_all", l_resolve_all},
+                                 {"interfaces", l_interfaces},
+                                 {"host_identity", l_host_identity},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
+  /* the words a connection ends with when its peer's host went silent (what
+   * the close and connect callbacks pass on): a host cut off, not a process gone */
+  lua_pushstring(L, rh_strerror(RH_ESILENT));
+  lua_setfield(L, -2, "silent_message");
   return 1;
 }

@@ -119,6 +119,10 @@ static int l_net_stats(lua_State *L) {
   lua_setfield(L, -2, "max_frame");
   lua_pushnumber(L, (double)RH_FRAME_HDR);
   lua_setfield(L, -2, "frame_header");
+  /* seconds after which a TCP peer whose host acknowledges nothing is gone
+   * (RPCHOST_HEARTBEAT; 0: the kernel's defaults) */
+  lua_pushinteger(L, (lua_Integer)rh_ctx()->net.liveness_s);
+  lua_setfield(L, -2, "liveness_s");
   return 1;
 }
 

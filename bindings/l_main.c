@@ -100,9 +100,10 @@ static void find_lua_dir(char *out, size_t outlen) {
 
 static int open_core(lua_State *L) {
   lua_newtable(L);
-  int (*openers[])(lua_State *) = {rh_open_loop,       rh_open_conn, rh_open_proc, rh_open_codec,  rh_open_tensor,
-                                   rh_open_tensor_ops, rh_open_nn,   rh_open_cuda, rh_open_crypto, rh_open_repl,
-                                   rh_open_shm,        rh_open_cma,  rh_open_mpi,  rh_open_arena,  rh_open_generator};
+  int (*openers[])(lua_State *) = {rh_open_loop,   rh_open_conn,       rh_open_proc,      rh_open_codec,
+                                   rh_open_tensor, rh_open_tensor_ops, rh_open_nn,        rh_open_cuda,
+                                   rh_open_crypto, rh_open_repl,       rh_open_shm,       rh_open_cma,
+                                   rh_open_mpi,    rh_open_arena,      rh_open_generator, rh_open_atomic_file};
   for (size_t i = 0; i < sizeof openers / sizeof openers[0]; i++) {
     openers[i](L); /* pushes a table of functions */
     lua_pushnil(L);
@@ -185,6 +186,13 @@ int main(int argc, char **argv) {
   /* seconds a connection has to complete its handshake (proof included) */
   const char *hs = getenv("RPCHOST_HANDSHAKE_TIMEOUT");
   if (hs && *hs && strtod(hs, NULL) > 0) ctx->net.handshake_ms = (uint64_t)(strtod(hs, NULL) * 1000);
+  /* seconds after which a TCP peer whose host acknowledges nothing is gone (0:
+   * the kernel's defaults; host/net/conn.h, liveness_s) */
+  const char *hb = getenv("RPCHOST_HEARTBEAT");
+  char *hb_end = NULL;
+  double hb_s = hb ? strtod(hb, &hb_end) : -1;
+  if (hb && *hb && hb_end && *hb_end == '\0' && hb_s >= 0) /* (anything else: the Lua side says what is wrong) */
+    ctx->net.liveness_s = hb_s == 0 ? 0 : hb_s < 1 ? 1 : hb_s > 32767 ? 32767 : (unsigned)(hb_s + 0.5);
   /* how many connections one listener holds before they prove themselves (the
    * oldest goes past it; 0: no cap; default: host/net/conn.c) */
   const char *mu = getenv("RPCHOST_MAX_UNPROVEN");

@@ -183,10 +183,16 @@ static int l_start(lua_State *L) {
   return 1;
 }
 
+/* the prompt of the next line (a continuation's ">> "). On a terminal the line
+ * editor starts the next line over with it: rl_set_prompt alone, called after
+ * libedit began that line, made it draw the line once as typed and again under
+ * the new prompt when Enter came (every continuation line shown twice). */
 static int l_prompt(lua_State *L) {
   const char *prompt = luaL_checkstring(L, 1);
-  if (R.active && R.tty) rl_set_prompt(prompt);
-  else if (R.active) {
+  if (R.active && R.tty) {
+    rl_callback_handler_remove();
+    rl_callback_handler_install(prompt, on_rl_line);
+  } else if (R.active) {
     fputs(prompt, stdout);
     fflush(stdout);
   }

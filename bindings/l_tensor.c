@@ -608,9 +608,11 @@ static int l_matmul(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_matmul(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2)));
 }
 
-/* reinterpret(bytes_tensor, dtype, sizes): the bytes of a contiguous uint8 tensor
- * (a received segment) viewed as dtype/sizes, sharing its storage; the sizes must
- * cover exactly all the bytes. */
+/* reinterpret(bytes_tensor, dtype, sizes): the bytes of a contiguous tensor (a
+ * received segment) viewed as dtype/sizes, sharing its storage; the sizes must
+ * cover exactly all the bytes. A message to this worker itself carries the
+ * sender's tensors as its segments, and a contiguous view (a row block of a
+ * batch) starts inside its storage: the view keeps that start. */
 static int l_reinterpret(lua_State *L) {
   rh_tensor_t *t = rh_lua_checktensor(L, 1);
   rh_dtype_t dt = rh_lua_checkdtype(L, 2);
@@ -626,13 +628,14 @@ static int l_reinterpret(lua_State *L) {
     st *= size[i] > 0 ? size[i] : 1;
   }
   size_t have = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
-  if (!rh_tensor_is_contiguous(t) || t->offset != 0 || (size_t)numel * rh_dtype_size(dt) != have) {
+  size_t start = (size_t)t->offset * rh_dtype_size(t->dtype); /* in bytes */
+  if (!rh_tensor_is_contiguous(t) || start % rh_dtype_size(dt) != 0 || (size_t)numel * rh_dtype_size(dt) != have) {
     char why[160]; /* (lua_pushfstring has no 64-bit formats) */
     snprintf(why, sizeof why, "a tensor of %lld %s elements does not match its %lld payload bytes", (long long)numel,
              rh_dtype_name(dt), (long long)have);
     return luaL_error(L, "malformed message: %s", why);
   }
-  rh_tensor_t *r = rh_tensor_on_storage(t->storage, dt, 0, n, size, stride);
+  rh_tensor_t *r = rh_tensor_on_storage(t->storage, dt, (int64_t)(start / rh_dtype_size(dt)), n, size, stride);
   ltensor_t *b = to_box(L, 1);
   if (r && b->frame) {
     /* a received segment becomes the value it carries: its bytes belong to that

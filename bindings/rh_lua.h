@@ -59,6 +59,7 @@ int rh_open_cma(lua_State *L);
 int rh_open_mpi(lua_State *L);
 int rh_open_arena(lua_State *L);
 int rh_open_generator(lua_State *L);
+int rh_open_atomic_file(lua_State *L);
 
 /* tensors (l_tensor.c) */
 struct rh_tensor_s;

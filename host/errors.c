@@ -23,6 +23,10 @@ static const struct {
      "closed unproven: more connections than RPCHOST_MAX_UNPROVEN were waiting to prove themselves "
      "on this listener, and this was the oldest"},
     {RH_ENOPRIVDIR, "no private directory of this user for sockets and world secrets"},
+    {RH_ETRUNCATED, "the file ends before the bytes asked for (truncated)"},
+    {RH_ESILENT,
+     "its host stopped answering: nothing was acknowledged within RPCHOST_HEARTBEAT seconds (the host is "
+     "down, or the network to it is cut)"},
 };
 
 const char *rh_strerror(int code) {

@@ -28,6 +28,8 @@ enum {
   RH_ENOKERNEL = -5012,  /* a reduction op has no kernel for the tensor's dtype */
   RH_ECROWDED = -5013,   /* closed: its listener had too many connections waiting to prove themselves */
   RH_ENOPRIVDIR = -5014, /* no private directory of this user could be had (privdir.h) */
+  RH_ETRUNCATED = -5015, /* a file ends before the bytes a read asked for (io/atomic_file.h) */
+  RH_ESILENT = -5016,    /* the peer's host acknowledged nothing within the liveness bound (conn.c) */
 };
 
 /* The message for an RH_E* or libuv error code; never NULL. */

@@ -1,10 +1,12 @@
 -- A model split into two stages on two workers, trained from a driver:
 --   rpchost run --nproc-per-node 3 scripts/model_parallel.lua [steps] [micro_batches]
--- Rank 0 drives; stage 1 lives on worker1 and stage 2 on worker2, each behind an
--- RRef. Every step runs in a distributed autograd context, and a
--- DistributedOptimizer updates both stages where they live. The pipelined
--- variant splits the batch into micro-batches and chains them with futures, so
--- stage 2 works on one micro-batch while stage 1 works on the next.
+-- Rank 0 drives; stage 1 lives on worker1 and stage 2 on worker2. Every step
+-- runs in a distributed autograd context, and a DistributedOptimizer updates
+-- both stages where they live. The sequential variant holds each stage behind
+-- an RRef and calls one after the other. The pipelined variant is nn.Pipe
+-- (docs/pipeline.md) over the same layers: it cuts the batch into micro-batches
+-- and runs them through the stages, stage 2 working on one micro-batch while
+-- stage 1 works on the next.
 local rpc = require "rpc"
 local tensor = require "tensor"
 local nn = require "nn"
@@ -38,36 +40,36 @@ local function data()
   return X, y
 end
 
-local function run(s1, s2, pipelined)
-  local params = s1:rpc_sync():param_rrefs()
-  for _, p in ipairs(s2:rpc_sync():param_rrefs()) do params[#params + 1] = p end
+-- the pipelined model: the same layers, made with the same seeds, as one
+-- Sequential that nn.Pipe cuts into the two stages (2 layers and 1) and places
+local function pipeline()
+  tensor.manual_seed(1)
+  local l1 = nn.Linear(DIN, DHID, {dtype = tensor.float64})
+  tensor.manual_seed(2)
+  local l2 = nn.Linear(DHID, DOUT, {dtype = tensor.float64})
+  return nn.Pipe(nn.Sequential(l1, nn.Tanh(), l2), {chunks = micro, placement = {"worker1", "worker2"},
+    balance = {2, 1}})
+end
+
+local function run(pipelined)
+  local forward, params
+  if pipelined then
+    local pipe = pipeline()
+    forward = function(X) return pipe(X):to_here() end
+    params = pipe:parameter_rrefs()
+  else
+    local s1 = rpc.remote("worker1", Stage.new, {1})
+    local s2 = rpc.remote("worker2", Stage.new, {2})
+    forward = function(X) return s2:rpc_sync():forward(s1:rpc_sync():forward(X)) end
+    params = s1:rpc_sync():param_rrefs()
+    for _, p in ipairs(s2:rpc_sync():param_rrefs()) do params[#params + 1] = p end
+  end
   local opt = rpc.DistributedOptimizer(optim.SGD, params, {lr = 0.2})
   local X, y = data()
   local first, last
   for step = 1, steps do
     dist_autograd.context(function(ctx)
-      local losses = {}
-      if pipelined then
-        -- both stages busy: micro-batch k+1 enters stage 1 while k is in stage 2
-        local futs = {}
-        local size = BATCH / micro
-        for k = 1, micro do
-          local xb = X:narrow(1, (k - 1) * size + 1, size)
-          futs[k] = s1:rpc_async():forward(xb):next(function(f)
-            return s2:rpc_async():forward(f:wait()):wait()
-          end)
-        end
-        for k, f in ipairs(futs) do
-          local out = f:wait()
-          local yb = y:narrow(1, (k - 1) * size + 1, size)
-          losses[k] = ((out - yb) ^ 2):mean() / micro
-        end
-      else
-        local out = s2:rpc_sync():forward(s1:rpc_sync():forward(X))
-        losses[1] = ((out - y) ^ 2):mean()
-      end
-      local loss = losses[1]
-      for k = 2, #losses do loss = loss + losses[k] end
+      local loss = ((forward(X) - y) ^ 2):mean()
       dist_autograd.backward(ctx, {loss})
       opt:step(ctx)
       first = first or loss:item()
@@ -84,10 +86,8 @@ local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_S
 rpc.init_rpc(rank == 0 and "driver" or ("worker" .. rank), {rank = rank, world_size = world_size})
 if rank == 0 then
   for _, pipelined in ipairs({false, true}) do
-    local s1 = rpc.remote("worker1", Stage.new, {1})
-    local s2 = rpc.remote("worker2", Stage.new, {2})
     local t0 = require("rpchost.sched").now()
-    local first, last = run(s1, s2, pipelined)
+    local first, last = run(pipelined)
     print(("%s: loss %.6f -> %.6f (%s) in %.1f ms"):format(pipelined and "pipelined" or "sequential",
       first, last, last < first / 2 and "fell" or "DID NOT FALL", (require("rpchost.sched").now() - t0) * 1e3))
   end

@@ -3,7 +3,7 @@
 # Run as root (or with sudo available). Does nothing when everything is present.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libluajit-5.1-dev luajit libuv1-dev libmsgpack-dev
-      libsodium-dev libopenblas-dev lua-busted python3-numpy clang clang-format libclang-rt-14-dev libedit-dev tmux
+      libsodium-dev libopenblas-dev zlib1g-dev lua-busted python3-numpy clang clang-format libclang-rt-14-dev libedit-dev tmux
       openmpi-bin libopenmpi-dev python3-sklearn)  # python3-sklearn: the 8x8 digits of scripts/examples/parameter_server
 missing=()
 for p in "${pkgs[@]}"; do

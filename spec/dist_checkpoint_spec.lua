@@ -102,6 +102,18 @@ describe("dist.checkpoint #world", function()
       ]], dir)
       assert.are.equal(0, r.status, "round " .. round .. ": " .. r.out .. r.err)
       gens[#gens + 1] = r.out:match("generation (%d+)")
+      -- a save after the kill leaves only its own files
+      r = world(2, [[
+        dist.checkpoint.save(state(99, rows, r * rows), dir)
+        local names = {}
+        for name in io.popen("ls -a " .. dir):lines() do
+          if name ~= "." and name ~= ".." then names[#names + 1] = name end
+        end
+        check("only the new save's files", #names == n + 1, table.concat(names, " "))
+        dist.destroy_process_group()
+      ]], dir)
+      assert.are.equal(0, r.status, r.out .. r.err)
+      S.assert_checks(r)
       S.assert_checks(r)
     end
     -- (the kills landed while saves were going on: later generations were committed)

@@ -76,7 +76,7 @@ describe("examples #world", function()
     assert.is_true(tonumber(last) < tonumber(first) - 0.1, out)
   end)
 
-  it("pipeline: a narrow ResNet50 in two shards trains on micro-batches through RRefs and rpc_async", function()
+  it("pipeline: a narrow ResNet50 in two shards trains on micro-batches through nn.Pipe", function()
     local out = example(3, "pipeline/main.lua", {"--batch-size", "8", "--image-size", "32", "--width", "4",
       "--num-classes", "10", "--num-batches", "2", "--split-sizes", "8,2"})
     assert.truthy(out:find("split_size 8  micro_batches 1 ", 1, true), out)

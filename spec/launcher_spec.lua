@@ -291,6 +291,61 @@ describe("rpchost run #world", function()
     assert.truthy(r1.out:find("from 0: w0", 1, true))
   end)
 
+  -- launchers on this host, one per node: counts[k + 1] ranks on node k, each
+  -- launcher given nnodes[k + 1] (default: #counts); the handles
+  local function nodes(counts, port, path, nnodes, node_ranks)
+    local hs = {}
+    for k = 0, #counts - 1 do
+      hs[k + 1] = S.start({"run", "--nproc-per-node", tostring(counts[k + 1]), "--nnodes",
+        tostring(nnodes and nnodes[k + 1] or #counts), "--node-rank", tostring(node_ranks and node_ranks[k + 1] or k),
+        "--master-port", tostring(port), path}, {env = {RPCHOST_INIT_TIMEOUT = 10}})
+    end
+    return hs
+  end
+
+  it("gives nodes of different sizes their ranks in node order (torchrun's rule)", function()
+    local path = S.write(S.prelude .. [[
+      function whoami() return rpc.get_worker_info().name end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      print(("rank %d of %d: local %s of %s, node %s"):format(rank, world_size, os.getenv("LOCAL_RANK"),
+        os.getenv("LOCAL_WORLD_SIZE"), os.getenv("GROUP_RANK")))
+      if rank == 3 then print("from 0: " .. rpc.rpc_sync(0, whoami)) end
+      rpc.shutdown()
+    ]])
+    local hs = nodes({2, 1, 1}, S.free_port(), path)
+    local out = {}
+    for k, h in ipairs(hs) do
+      local r = h:wait(40)
+      assert.are.equal(0, r.status, r.err)
+      out[k] = r.out
+    end
+    assert.truthy(out[1]:find("rank 0 of 4: local 0 of 2, node 0", 1, true), out[1])
+    assert.truthy(out[1]:find("rank 1 of 4: local 1 of 2, node 0", 1, true), out[1])
+    assert.truthy(out[2]:find("rank 2 of 4: local 0 of 1, node 1", 1, true), out[2])
+    assert.truthy(out[3]:find("rank 3 of 4: local 0 of 1, node 2", 1, true), out[3])
+    assert.truthy(out[3]:find("from 0: w0", 1, true), out[3])
+  end)
+
+  it("says which nodes disagree: on --nnodes, or two with one --node-rank", function()
+    local path = S.write("print('never')")
+    local hs = nodes({1, 1}, S.free_port(), path, {2, 3})
+    local r0, r1 = hs[1]:wait(30), hs[2]:wait(30)
+    local want = "the nodes disagree on --nnodes: node 1 was started with --nnodes 3, node 0 with --nnodes 2"
+    for _, r in ipairs({r0, r1}) do
+      assert.are.equal(1, r.status, r.err)
+      assert.truthy(r.err:find(want, 1, true), r.err)
+      assert.falsy(r.out:find("never", 1, true))
+    end
+    hs = nodes({1, 1, 1}, S.free_port(), path, nil, {0, 1, 1})
+    local r = {hs[1]:wait(30), hs[2]:wait(30), hs[3]:wait(30)}
+    local said = 0
+    for _, x in ipairs(r) do
+      assert.are.equal(1, x.status, x.err)
+      if x.err:find("two nodes were started with --node-rank 1", 1, true) then said = said + 1 end
+    end
+    assert.are.equal(3, said, r[1].err .. r[2].err .. r[3].err)
+  end)
+
   it("keeps node 0's store open for another node's ranks still using it when its own have left", function()
     local port = S.free_port()
     local path = S.write(S.prelude .. [[

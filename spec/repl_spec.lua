@@ -3,7 +3,13 @@
 -- and leave with Ctrl-D so the world sees the member go.
 local S = require "spec.support"
 
+-- (a tmux server of this spec's own: its panes get this process's environment,
+-- RPCHOST_LUA_DIR and all, not that of whoever started the machine's shared
+-- server, and no other session on the machine meets its sessions)
+local TMUX = "tmux -L rhspec" .. require("rpchost.core").getpid()
+
 local function sh(cmd)
+  cmd = cmd:gsub("^tmux ", TMUX .. " ")
   local p = io.popen(cmd .. " 2>&1")
   local out = p:read("*a")
   p:close()
@@ -148,7 +154,7 @@ describe("rpchost repl, as a user meets it #world", function()
       wait_for("the world this REPL joined has stopped", 30)
       -- and Ctrl-D still leaves at once
       send("C-d")
-      S.wait_until(function() return os.execute(("tmux has-session -t %s 2>/dev/null"):format(session)) ~= 0 end, 10,
+      S.wait_until(function() return os.execute(("%s has-session -t %s 2>/dev/null"):format(TMUX, session)) ~= 0 end, 10,
         function() return "the REPL to leave after Ctrl-D: " .. screen() end, 0.2)
     end)
     local r = world:wait(60)
@@ -157,5 +163,184 @@ describe("rpchost repl, as a user meets it #world", function()
     if pane then S.kill_pid(pane, "repl --master-port " .. port) end
     assert.is_true(ok, tostring(err))
     assert.are.equal(0, r.status, r.err)
+  end)
+end)
+
+-- A tmux session running cmd, and what a spec does with it: screen(),
+-- wait_for(text[, secs]), send(keys), line(text) (typed literally, then
+-- Enter), close() (ends the session, and the pane's process by its pid).
+local function terminal(tag, cmd, kill_match)
+  local session = tag .. require("rpchost.core").getpid()
+  sh(("tmux kill-session -t %s"):format(session))
+  sh(("tmux new-session -d -s %s -x 200 -y 60 '%s'"):format(session, (cmd:gsub("'", "'\\''"))))
+  local pane = sh(("tmux display-message -p -t %s '#{pane_pid}'"):format(session)):match("%d+")
+  local T = {}
+  function T.screen() return sh(("tmux capture-pane -p -t %s -S -400"):format(session)) end
+  function T.wait_for(text, secs)
+    S.wait_until(function() return T.screen():find(text, 1, true) end, secs or 15,
+      function() return ("%q on the terminal:\n%s"):format(text, T.screen()) end, 0.1)
+  end
+  function T.send(keys) sh(("tmux send-keys -t %s %s"):format(session, keys)) end
+  function T.line(text)
+    sh(("tmux send-keys -t %s -l '%s'"):format(session, text:gsub("'", "'\\''")))
+    T.send("Enter")
+  end
+  function T.close()
+    sh(("tmux kill-session -t %s"):format(session))
+    if pane then S.kill_pid(pane, kill_match) end
+  end
+  return T
+end
+
+-- The number of times text occurs in s.
+local function count(s, text)
+  local n, at = 0, 1
+  while true do
+    local i = s:find(text, at, true)
+    if not i then return n end
+    n, at = n + 1, i + #text
+  end
+end
+
+describe("rpchost repl, a PyTorch user's first week #world", function()
+  -- (issue 33, points 6, 7 and 14: one world and one REPL for the cases below,
+  -- which run in order)
+  local world, T, port
+  lazy_setup(function()
+    if not have_tmux then return end
+    port = S.free_port()
+    world = S.start({"run", "--nproc-per-node", "2", "--master-port", tostring(port), S.write(S.prelude .. [[
+      local sched = require "rpchost.sched"
+      local tensor = require "tensor" -- (locals here: the REPL has them as globals)
+      local nn = require "nn"
+      function slow(s) sched.sleep(s) slow_finished = true return s end
+      function slow_finished_yet() return slow_finished == true end
+      function fails_deep(x) return x.y.z end
+      function tail_fails(x) return fails_deep(x) end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        function stop_now() stopping = true return true end
+        wait_until(function() return stopping end, 120, "the member to say stop", 0.1)
+      end
+      rpc.shutdown()
+    ]])})
+    T = terminal("rhspec3", ("HOME=%s exec %s repl --master-port %d --name me3"):format(S.tmpdir, S.bin, port),
+      "repl --master-port " .. port)
+    T.wait_for("joined the world", 20)
+  end)
+  lazy_teardown(function()
+    if not world then return end
+    pcall(function()
+      T.send("C-u")
+      T.line('=rpc.rpc_sync("w0", "stop_now")')
+      T.wait_for("true", 10)
+      T.send("C-d")
+    end)
+    T.close()
+    local r = world:wait(60)
+    assert.are.equal(0, r.status, r.out .. r.err)
+  end)
+
+  -- runs steps(T) on the terminal, from a fresh prompt (Ctrl-C drops what an
+  -- earlier case left typed); a failure shows the screen
+  local function on_terminal(steps)
+    if not have_tmux then pending("tmux is not installed") return end
+    T.send("C-c")
+    S.sleep(0.3)
+    local ok, err = pcall(steps, T)
+    assert.is_true(ok, tostring(err) .. "\n" .. T.screen())
+  end
+
+  it("sends module functions and classes as a script does (tensor.ones, nn.Linear)", function()
+    on_terminal(function()
+      T.line('=rpc.remote("w1", tensor.ones, {2, 2}):to_here():sum():item() + 500')
+      T.wait_for("504")
+      T.line('lin = rpc.remote("w1", nn.Linear, {3, 2})')
+      T.line('=tostring(lin:rpc_sync():forward(tensor.ones(1, 3)):size()) .. "!"')
+      T.wait_for("Size([1, 2])!")
+    end)
+  end)
+
+  it("shows the frame a runtime error failed in, here and on a callee, rpchost's frames folded", function()
+    on_terminal(function()
+      T.line('function oops2(t) return t.a.b end')
+      T.line('oops2({})')
+      T.wait_for("attempt to index field 'a'")
+      local sc = T.screen()
+      assert.truthy(sc:find("attempt to index field 'a'[^\n]*\nstack traceback:\n%s+stdin:1: in function"), sc)
+      T.line('=rpc.rpc_sync("w1", "tail_fails", {{}})')
+      T.wait_for("attempt to index field 'y'")
+      sc = T.screen()
+      assert.truthy(sc:find("remote stack traceback:\n%s+[^\n]*script%d+%.lua:%d+: in function <"), sc)
+      assert.truthy(sc:find("%.%.%. %d+ rpchost frames"), sc)
+      for _, own in ipairs {"callee.lua", "sched.lua", "repl.lua"} do assert.is_nil(sc:find(own, 1, true), sc) end
+    end)
+  end)
+
+  it("completes an RRef with its API, not its bookkeeping", function()
+    on_terminal(function()
+      T.line('rr = rpc.remote("w1", tensor.ones, {2})')
+      T.send("'rr.' Tab Tab")
+      T.wait_for("rr.to_here", 5)
+      local sc = T.screen()
+      for _, inner in ipairs {"rr.creation", "rr.sentinel", "rr.fork", "rr.__index", "rr.owner_rank"} do
+        assert.is_nil(sc:find(inner, 1, true), inner .. " offered")
+      end
+      T.send("C-u")
+    end)
+  end)
+
+  it("shows each continuation line once", function()
+    on_terminal(function()
+      T.line('for i = 1, 2 do')
+      T.line('print(i * 111 + 70000)')
+      T.line('end')
+      T.wait_for("70222")
+      assert.are.equal(1, count(T.screen(), "print(i * 111 + 70000)"))
+    end)
+  end)
+
+  it("suggests the string form for a nil function", function()
+    on_terminal(function()
+      T.line('=rpc.rpc_sync("w1", slow_finished_yet, {})')
+      T.wait_for("the function to call is nil")
+      T.wait_for('as a string: rpc.rpc_sync("w1", ')
+    end)
+  end)
+
+  it("cancels the call Ctrl-C interrupts, on the callee too, and says so", function()
+    on_terminal(function()
+      T.line('=rpc.rpc_sync("w1", "slow", {3})')
+      S.sleep(0.7)
+      T.send("C-c")
+      T.wait_for("cancelled 1 call it was waiting on: slow on w1")
+      S.sleep(3.5)
+      T.line('="finished: " .. tostring(rpc.rpc_sync("w1", "slow_finished_yet"))')
+      T.wait_for("finished: false")
+      -- and w1 serves on
+      T.line('=rpc.rpc_sync("w1", math.max, {4, 40004})')
+      T.wait_for("40004")
+    end)
+  end)
+
+  it("says at once where it joins, and gives up after --timeout", function()
+    if not have_tmux then pending("tmux is not installed") return end
+    local port = S.free_port()
+    local T = terminal("rhspec4", ("HOME=%s %s repl --master-port %d --timeout 1; echo repl-exit=$?; sleep 30"):format(
+      S.tmpdir, S.bin, port), "repl --master-port " .. port)
+    local t0 = S.now()
+    local ok, err = pcall(function()
+      T.wait_for(("joining the world at 127.0.0.1:%d"):format(port), 3)
+      assert.is_true(S.now() - t0 < 3, "said after " .. (S.now() - t0) .. " s")
+      T.wait_for("repl-exit=1", 10)
+      assert.is_true(S.now() - t0 < 8, "gave up after " .. (S.now() - t0) .. " s")
+      T.wait_for("cannot reach the store")
+    end)
+    local sc = T.screen()
+    T.close()
+    assert.is_true(ok, tostring(err) .. "\n" .. sc)
+    local r = S.run({"repl", "--timeout", "soon"})
+    assert.are.equal(2, r.status)
+    assert.truthy(r.err:find("--timeout must be a number of seconds", 1, true), r.err)
   end)
 end)

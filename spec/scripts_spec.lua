@@ -35,7 +35,7 @@ describe("example scripts #world", function()
     assert.is_true(lines["rank 3: worker2 computed add(3, 4) = 7"], r.out)
   end)
 
-  it("model_parallel.lua: two stages, sequential and pipelined, give the same falling loss", function()
+  it("model_parallel.lua: two stages, sequential and pipelined by nn.Pipe, give the same falling loss", function()
     local r = S.run({"run", "--nproc-per-node", "3", S.root .. "/scripts/model_parallel.lua", "20", "4"})
     assert.are.equal(0, r.status, r.err)
     local seq = r.out:match("sequential: loss ([%d.]+ %-> [%d.]+) %(fell%)")

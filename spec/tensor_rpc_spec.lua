@@ -37,6 +37,20 @@ describe("tensors over rpc #world", function()
         check("views send only their elements", sent < 2000, sent)
         local nested = rpc.rpc_sync("worker1", echo, {{w = {t, tensor.ones(1)}}})
         check("tensors in tables", nested.w[1]:equal(t) and nested.w[2]:item() == 1)
+        -- a call to this worker itself carries the tensors as they are: a row
+        -- block of a batch (a contiguous view starting inside its storage, a
+        -- pipeline's micro-batch) keeps its start
+        local rows = t:chunk(3, 1)
+        local own = rpc.rpc_sync("worker0", echo, {rows[2]})
+        check("a row block sent to this worker itself", own:equal(t[2]:view(1, 4)), own)
+        -- a call (and its reply) with more tensors than a frame's first 64
+        -- segments: a model's every parameter and buffer in one message
+        local many = {}
+        for i = 1, 300 do many[i] = tensor.full({2}, i) end
+        local back = rpc.rpc_sync("worker1", echo, {many})
+        local all = #back == 300
+        for i = 1, 300 do all = all and back[i]:equal(many[i]) end
+        check("a message with 300 tensors", all)
       end
       rpc.shutdown()
     ]], {timeout = 60})

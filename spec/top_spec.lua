@@ -1,11 +1,19 @@
 -- `rpchost top` through a terminal (tmux) against a real world under load: its
 -- screen lists the workers, the call rates move while calls run, a slow call
 -- shows as the longest pending one, an RRef and a collective in progress show,
--- and q (or Ctrl-C) leaves the world cleanly. Also the snapshot it asks for
+-- and q (or Ctrl-C) leaves the world cleanly; each worker's history shows a
+-- stall that builds up, and top notices when its world stops (and, with
+-- --wait, follows the next one). Also the snapshot it asks for
 -- (rpchost.tools.introspect) directly, and --once.
 local S = require "spec.support"
 
+-- (a tmux server of this spec's own: its panes get this process's environment,
+-- RPCHOST_LUA_DIR and all, not that of whoever started the machine's shared
+-- server, and no other session on the machine meets its sessions)
+local TMUX = "tmux -L rhspec" .. require("rpchost.core").getpid()
+
 local function sh(cmd)
+  cmd = cmd:gsub("^tmux ", TMUX .. " ")
   local p = io.popen(cmd .. " 2>&1")
   local out = p:read("*a")
   p:close()
@@ -169,5 +177,149 @@ describe("rpchost top #world", function()
     for _, want in ipairs({"rpchost run", "rpchost repl", "rpchost top", "man rpchost", "docs/"}) do
       assert.truthy(r.out:find(want, 1, true), want .. " missing in:\n" .. r.out)
     end
+  end)
+end)
+
+-- A world whose rank 0 keeps w1 busy with calls until the marker file (arg[1])
+-- appears; over its first arg[2] seconds each call sleeps longer on w1, from
+-- nothing to 0.15 s: a stall building up.
+local STALLING = S.prelude .. [[
+  local sched = require "rpchost.sched"
+  function slowing(s) sched.sleep(s) return s end
+  rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+  local marker, ramp = arg[1], tonumber(arg[2]) or 0
+  local function gone() local f = io.open(marker) if f then f:close() return true end return false end
+  if rank == 0 then
+    local t0 = sched.now()
+    wait_until(function()
+      if gone() then return true end
+      local d = ramp > 0 and math.min(1, (sched.now() - t0) / ramp) * 0.15 or 0.001
+      local fs = {}
+      for i = 1, 4 do fs[i] = rpc.rpc_async("w1", slowing, {d}) end
+      rpc.wait_all(fs)
+    end, 120, "the marker", 0.001)
+  end
+  rpc.shutdown()
+]]
+
+-- The bars of a sparkline (a string of block characters and spaces): their
+-- heights 1 to 8, spaces left out.
+local BARS = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"}
+local function heights(spark)
+  local h = {}
+  for ch in spark:gmatch("[%z\1-\127\194-\244][\128-\191]*") do
+    for i, b in ipairs(BARS) do if ch == b then h[#h + 1] = i end end
+  end
+  return h
+end
+
+-- worker's two sparklines on top's screen (calls/s, p99), as heights.
+local function history_of(screen, worker)
+  local rate, p99 = screen:match("\n" .. worker .. "%s+%[([^%]]*)%][^%[\n]*%[([^%]]*)%]")
+  if not rate then return nil end
+  return heights(rate), heights(p99)
+end
+
+describe("top's history #unit", function()
+  it("draws a sparkline scaled to its largest value, a gap where a refresh had none", function()
+    local top = require "rpchost.tools.top"
+    local line = top.sparkline({0, 1, 2, 3, 4, 5, 6, 7, false, 0})
+    local want = table.concat(top.BARS) .. " " .. top.BARS[1]
+    assert.are.equal(want, line)
+    assert.are.equal(top.BARS[1]:rep(3), top.sparkline({0, 0, 0}))
+    -- a worker's history: calls/s (in + out) from two snapshots, and p99
+    local hist = {}
+    top.note_history(hist, {name = "w"}, {time = 1, calls_in = 10, calls_out = 0, p99_us = 5}, nil)
+    top.note_history(hist, {name = "w"}, {time = 3, calls_in = 30, calls_out = 20, p99_us = 9},
+                     {time = 1, calls_in = 10, calls_out = 0})
+    assert.are.same({false, 20}, hist.w.rate)
+    assert.are.same({5, 9}, hist.w.p99)
+  end)
+end)
+
+describe("rpchost top, as a world stalls and stops #world", function()
+  it("shows the stall building in each worker's history, then says the world stopped and exits 0", function()
+    if not have_tmux then pending("tmux is not installed") return end
+    local port = S.free_port()
+    local marker = S.tmpdir .. "/top_stall_done"
+    os.remove(marker)
+    local world = S.start({"run", "--nproc-per-node", "2", "--master-port", tostring(port), S.write(STALLING),
+                           marker, "5"})
+    local session = "rhtop2" .. require("rpchost.core").getpid()
+    sh(("tmux kill-session -t %s"):format(session))
+    -- (UTF-8, so that the sparklines are blocks whatever locale the spec runs in)
+    sh(("tmux new-session -d -s %s -x 190 -y 40 'LC_ALL=C.UTF-8 %s top --master-port %d --interval 0.3; " ..
+        "echo top-exit=$?; sleep 60'"):format(session, S.bin, port))
+    local pane = sh(("tmux display-message -p -t %s '#{pane_pid}'"):format(session)):match("%d+")
+    local function screen() return sh(("tmux capture-pane -p -t %s"):format(session)) end
+    local ok, err = pcall(function()
+      -- the p99 of w0's calls rises as w1 stalls, and the calls per second fall
+      local s
+      S.wait_until(function()
+        s = screen()
+        local rate, p99 = history_of(s, "w0")
+        return rate and #p99 >= 8 and p99[1] <= 3 and p99[#p99] == 8 and rate[1] > rate[#rate] + 2
+      end, 30, function() return "w0's history to show the stall:\n" .. (s or "") end, 0.2)
+      assert.truthy(s:find("HISTORY", 1, true), s)
+      -- (w1 serves: its rate falls the same way; it makes no calls of its own)
+      local rate1, p99_1 = history_of(s, "w1")
+      assert.truthy(rate1 and #rate1 >= 8 and #p99_1 == 0, s)
+      -- the world stops: top says so, gives the terminal back and exits 0
+      local f = io.open(marker, "w") f:write("done") f:close()
+      S.wait_until(function() s = screen() return s:find("top-exit=", 1, true) end, 30,
+        function() return "top to leave when its world stopped:\n" .. s end, 0.2)
+      assert.truthy(s:find(("rpchost top: the world at 127.0.0.1:%d has stopped: "):format(port), 1, true), s)
+      assert.truthy(s:find("top-exit=0", 1, true), s)
+    end)
+    sh(("tmux kill-session -t %s"):format(session))
+    if pane then S.kill_pid(pane, "top --master-port " .. port) end
+    local f = io.open(marker, "w") f:write("done") f:close()
+    local r = world:wait(60)
+    assert.is_true(ok, tostring(err))
+    assert.are.equal(0, r.status, r.out .. r.err)
+  end)
+
+  it("with --wait, follows the world that comes next at the same address", function()
+    if not have_tmux then pending("tmux is not installed") return end
+    local port = S.free_port()
+    local marker1, marker2 = S.tmpdir .. "/top_wait_1", S.tmpdir .. "/top_wait_2"
+    os.remove(marker1) os.remove(marker2)
+    local script = S.write(STALLING)
+    local first = S.start({"run", "--nproc-per-node", "2", "--master-port", tostring(port), script, marker1})
+    local second
+    local session = "rhtop3" .. require("rpchost.core").getpid()
+    sh(("tmux kill-session -t %s"):format(session))
+    sh(("tmux new-session -d -s %s -x 190 -y 40 '%s top --master-port %d --interval 0.3 --wait; " ..
+        "echo top-exit=$?; sleep 60'"):format(session, S.bin, port))
+    local pane = sh(("tmux display-message -p -t %s '#{pane_pid}'"):format(session)):match("%d+")
+    local function screen() return sh(("tmux capture-pane -p -t %s"):format(session)) end
+    local function wait_for(what, pred, secs)
+      local s
+      S.wait_until(function() s = screen() return pred(s) end, secs or 20,
+        function() return what .. " on top's screen:\n" .. (s or "") end, 0.2)
+      return s
+    end
+    local function busy(s) return (tonumber(s:match("\nw1%s+1%s+(%d+)")) or 0) > 0 end
+    local ok, err = pcall(function()
+      wait_for("the first world's calls", busy)
+      local f = io.open(marker1, "w") f:write("done") f:close()
+      local s = wait_for("the first world to stop", function(x) return x:find("has stopped", 1, true) end)
+      assert.truthy(s:find("waiting for the next world there", 1, true), s)
+      assert.is_nil(s:find("top-exit=", 1, true), s)
+      local r1 = first:wait(30)
+      assert.are.equal(0, r1.status, r1.out .. r1.err)
+      second = S.start({"run", "--nproc-per-node", "2", "--master-port", tostring(port), script, marker2})
+      wait_for("the next world's calls", busy, 30)
+      sh(("tmux send-keys -t %s q"):format(session))
+      wait_for("top's exit status 0 after q", function(x) return x:find("top-exit=0", 1, true) end, 10)
+    end)
+    local sc = screen()
+    sh(("tmux kill-session -t %s"):format(session))
+    if pane then S.kill_pid(pane, "top --master-port " .. port) end
+    for _, m in ipairs {marker1, marker2} do local f = io.open(m, "w") f:write("done") f:close() end
+    first:wait(30)
+    local r2 = second and second:wait(60)
+    assert.is_true(ok, tostring(err) .. "\n" .. sc)
+    assert.are.equal(0, r2.status, r2.out .. r2.err)
   end)
 end)

@@ -10,6 +10,8 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdio.h>
@@ -99,6 +101,7 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
   net->max_frame = max_frame;
   net->version = version;
   net->handshake_ms = 10000;
+  net->liveness_s = 10;
   net->max_unproven = default_max_unproven();
   net->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   int rc = uv_prepare_init(loop, &net->flush);
@@ -174,9 +177,17 @@ static void close_done(uv_handle_t *h) {
   free(c);
 }
 
+/* A TCP error that means the peer's host stopped acknowledging within the
+ * liveness bound (the kernel's keepalive or user timeout gave up: ETIMEDOUT)
+ * is named as that, not as libuv's bare "connection timed out". */
+static int liveness_status(rh_conn_t *c, int status) {
+  return status == UV_ETIMEDOUT && !c->local && c->net->liveness_s ? RH_ESILENT : status;
+}
+
 /* Ends the connection now; status says why (0: orderly). */
 static void conn_end(rh_conn_t *c, int status, int peer_version) {
   if (c->closing) return;
+  status = liveness_status(c, status);
   c->closing = 1;
   unproven_unlink(c);
   c->end_status = status;
@@ -337,8 +348,37 @@ static void deliver(rh_conn_t *c) {
 
 void rh__conn_deliver(rh_conn_t *c) { deliver(c); }
 
+/* Liveness through the kernel (net->liveness_s, see conn.h). TCP_USER_TIMEOUT
+ * bounds how long bytes sent (a SYN among them) may go unacknowledged; on an
+ * established connection, keepalive probes begin after a third of the bound
+ * of quiet and repeat every tenth of it, and with the user timeout set the
+ * kernel gives up once nothing came back for the whole bound. So a peer host
+ * that went away (power, a cut link) is found within the bound whether or not
+ * anything was being sent, a link back before then loses nothing (TCP
+ * retransmits), and nothing of ours runs meanwhile: no timer, no frame, no
+ * cost on a call's path. Best effort: a socket that refuses an option keeps
+ * the kernel's defaults. */
+static void tcp_liveness(rh_conn_t *c, int established) {
+  unsigned s = c->net->liveness_s;
+  uv_os_fd_t fd;
+  if (c->local || s == 0 || uv_fileno(&c->h.handle, &fd) != 0) return;
+  if (s > 32767u) s = 32767u; /* (the kernel's largest keepalive interval) */
+  unsigned ms = s * 1000u;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+  if (!established) return;
+  int on = 1, idle = s >= 3 ? (int)s / 3 : 1, intvl = s >= 10 ? (int)s / 10 : 1;
+  int cnt = (int)s / intvl + 1; /* (the user timeout ends it first; at most 11) */
+  (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
 static int start_reading(rh_conn_t *c) {
-  if (!c->local) uv_tcp_nodelay(&c->h.tcp, 1);
+  if (!c->local) {
+    uv_tcp_nodelay(&c->h.tcp, 1);
+    tcp_liveness(c, 1);
+  }
   return uv_read_start(&c->h.stream, alloc_cb, read_cb);
 }
 
@@ -369,13 +409,19 @@ static void connect_cb(uv_connect_t *req, int status) {
   rh_conn_t *c = req->data;
   if (c->closing) return;
   if (status == 0) status = start_reading(c);
+  status = liveness_status(c, status);
   if (c->cbs.on_connect) c->cbs.on_connect(c, status);
   if (status != 0) conn_end(c, status, 0);
 }
 
 int rh_conn_connect(rh_conn_t *c, const struct sockaddr *addr) {
   c->connect_req.data = c;
-  return uv_tcp_connect(&c->connect_req, &c->h.tcp, addr, connect_cb);
+  int rc = uv_tcp_connect(&c->connect_req, &c->h.tcp, addr, connect_cb);
+  /* (the SYN is out, but its retries read the bound when they are due: a
+   * host that is gone is given up on within it, not after the kernel's two
+   * minutes) */
+  if (rc == 0) tcp_liveness(c, 0);
+  return rc;
 }
 
 int rh_conn_connect_local(rh_conn_t *c, const char *path) {

@@ -40,6 +40,12 @@ struct rh_net_s {
   rh_conn_t *resumed;    /* resumed connections with frames still buffered */
   uv_timer_t sweep;      /* closes connections whose handshake is past its deadline */
   uint64_t handshake_ms; /* that deadline (default 10 s) */
+  /* Seconds after which a TCP peer whose host acknowledges nothing is taken as
+   * gone (RPCHOST_HEARTBEAT; 0: never, the kernel's own hours). The kernel
+   * keeps it (keepalive probes on a quiet connection, a bound on unacknowledged
+   * data, on SYNs too): no timer or byte of ours, so an idle rank stays idle
+   * and a peer busy computing is not taken for dead (its kernel answers). */
+  unsigned liveness_s;
   /* How many accepted connections one listener holds before they prove
    * themselves: at the cap a new one closes the oldest (0: no cap). A stranger
    * holding idle connections would otherwise fill the descriptor table and

@@ -6,8 +6,18 @@ table.unpack = table.unpack or unpack
 -- they leave (bounded: RPCHOST_STORE_LINGER, 30 s) and queued frames leave
 -- (bounded: 2 s), then closes the Lua state (as os.exit(code, true) does) so
 -- tensors and other userdata are finalised even when a script exits early.
+-- Before all that it runs the functions given to before_exit: what would
+-- otherwise be lost with the process (a SummaryWriter's buffered records; the
+-- finalisers cannot do it: what they would write may be finalised first).
+local M = {}
+local before_exit = {}
+function M.before_exit(fn) before_exit[#before_exit + 1] = fn end
 local raw_exit = os.exit
 os.exit = function(code)
+  for _, fn in ipairs(before_exit) do
+    local ok, err = pcall(fn)
+    if not ok then io.stderr:write("rpchost: ", tostring(err), "\n") end
+  end
   local ok, core = pcall(require, "rpchost.core")
   local tok, trace = pcall(require, "rpchost.trace")
   if tok then trace.flush() end
@@ -29,4 +39,4 @@ os.exit = function(code)
   end
   return raw_exit(code, true)
 end
-return true
+return M

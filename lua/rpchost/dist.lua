@@ -137,7 +137,7 @@ function dist.init_process_group(o, ...)
                      world = key .. "/" .. P, allow_bytecode = false, role = "pg"}
     local advertise = a:listen_near(client, loopback)
     local record = codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise, port = a.port,
-                                         unix = a.unix_path})
+                                         unix = a.unix_path, host = require("rpchost.net.hosts").advertised()})
     a:use_directory(client:gather(P .. "rank/", world_size, rank, record, {
       timeout = timeout, abort = P .. "abort", build = agentmod.directory,
       describe = function(miss)

@@ -53,7 +53,7 @@ function M.master(init_method)
     if not p or p < 1 or p > 65535 or p ~= math.floor(p) then
       error(errors.new("config", ("MASTER_PORT must be a port number (1-65535), got '%s'"):format(port)), 0)
     end
-    return addr, p
+    return addr:match("^%[(.+)%]$") or addr, p -- (an IPv6 address may come bracketed)
   end
   local host, port = init_method:match("^tcp://%[?([^%]]-)%]?:(%d+)$")
   if not host then

@@ -96,4 +96,123 @@ function M.check_options(o, fields, name, also)
   end
 end
 
+-- tracebacks -------------------------------------------------------------------
+-- A traceback is for the user: their frames are shown as Lua shows them, and
+-- each run of rpchost's own frames (the callee that ran their function, the
+-- scheduler, the xpcall under them) is folded into one line, "... 4 rpchost
+-- frames". A traceback with no user frame at all (an error inside rpchost) is
+-- shown whole, as is every one with RPCHOST_LOG=debug.
+
+-- The directory of rpchost's Lua library (this file is <it>rpchost/errors.lua):
+-- frames of a file under it are rpchost's (its faces, rpc.lua and the rest, too).
+local LIB = debug.getinfo(1, "S").source:match("^@(.*)rpchost/errors%.lua$")
+-- (read when a traceback is made: the log's level may change while a process runs)
+local function full() return require("rpchost.log").enabled("debug") end
+
+-- Whether a chunk's source (debug.getinfo's .source) is rpchost's own code.
+function M.is_library_source(source)
+  return LIB ~= nil and type(source) == "string" and source:sub(1, #LIB + 1) == "@" .. LIB
+end
+
+-- One frame as Lua's own traceback writes it.
+local function frame_text(ar)
+  local where = ar.currentline and ar.currentline > 0 and ("%s:%d:"):format(ar.short_src, ar.currentline)
+    or (ar.short_src .. ":")
+  if ar.namewhat ~= "" and ar.name then return ("%s in function '%s'"):format(where, ar.name) end
+  if ar.what == "main" then return where .. " in main chunk" end
+  if ar.what == "C" then return where .. " in ?" end
+  return ("%s in function <%s:%d>"):format(where, ar.short_src, ar.linedefined or 0)
+end
+
+-- The frames from `level` (as debug.getinfo counts from here) out, each {text,
+-- lib}; a C function counts as its caller's (xpcall called by the scheduler is
+-- rpchost's; a pcall the user made is theirs).
+local function frames_from(level)
+  local frames = {}
+  while true do
+    local ar = debug.getinfo(level, "Snlf")
+    if not ar then break end
+    local c = ar.what == "C"
+    frames[#frames + 1] = {frame_text(ar), not c and M.is_library_source(ar.source), c = c and ar.func}
+    level = level + 1
+  end
+  local outer = true -- (the outermost C frame, with no caller: the thread's base)
+  for i = #frames, 1, -1 do
+    local f = frames[i]
+    if f.c then f[2] = outer else outer = f[2] end
+  end
+  return frames
+end
+
+-- A user's function that rpchost called (entry) and that left no frame: it
+-- ended in a tail call (`return rpc.rpc_sync(...)`, `return helper(x)`) into
+-- what failed. It is shown where it ran, above the xpcall that called it.
+local protected = {[xpcall] = true, [pcall] = true}
+local function add_entry(frames, entry)
+  if type(entry) ~= "function" then return end
+  local ar = debug.getinfo(entry, "S")
+  if ar.what == "C" or M.is_library_source(ar.source) then return end
+  for _, f in ipairs(frames) do if not f[2] then return end end -- (a user frame is there)
+  for i, f in ipairs(frames) do
+    if protected[f.c] then
+      local text = ar.what == "main" and ("(tail call): in main chunk <%s>"):format(ar.short_src)
+        or ("(tail call): in function <%s:%d>"):format(ar.short_src, ar.linedefined or 0)
+      table.insert(frames, i, {text, false})
+      return
+    end
+  end
+end
+
+-- The traceback's lines; past MAX_LINES (deep recursion), the first and the
+-- last half and how many were left out between.
+local MAX_LINES = 40
+local function render(frames)
+  local any_user = false
+  for _, f in ipairs(frames) do any_user = any_user or not f[2] end
+  local lines, run = {}, 0
+  local function flush()
+    if run > 0 then lines[#lines + 1] = ("... %d rpchost frame%s"):format(run, run == 1 and "" or "s") end
+    run = 0
+  end
+  local fold = any_user and not full()
+  for _, f in ipairs(frames) do
+    if f[2] and fold then run = run + 1
+    else flush(); lines[#lines + 1] = f[1] end
+  end
+  flush()
+  if #lines > MAX_LINES then
+    local keep, half = {}, MAX_LINES / 2
+    for i = 1, half do keep[i] = lines[i] end
+    keep[half + 1] = ("... (%d lines more)"):format(#lines - MAX_LINES)
+    for i = #lines - half + 1, #lines do keep[#keep + 1] = lines[i] end
+    lines = keep
+  end
+  return "stack traceback:\n\t" .. table.concat(lines, "\n\t")
+end
+
+-- traceback([msg], [level], [entry]): as debug.traceback (level 1: the
+-- function that calls it), with rpchost's frames folded; entry: the user's
+-- function rpchost called at the bottom of this stack, if any (shown when a
+-- tail call left it no frame).
+function M.traceback(msg, level, entry)
+  -- (level 1 is our caller: here it is 2, and 3 inside frames_from)
+  local frames = frames_from((level or 1) + 2)
+  add_entry(frames, entry)
+  local tb = render(frames)
+  if msg == nil then return tb end
+  return tostring(msg) .. "\n" .. tb
+end
+
+-- The level, for M.traceback called from a message handler, of the frame that
+-- raised: the function that failed (a runtime error), or the one that called
+-- error() or assert(). (1: the handler itself; the handler's caller is 2.)
+local raisers = {[error] = true, [assert] = true}
+function M.raising_level()
+  -- (levels here are two more: this function is level 1, its caller 2 (a
+  -- helper of the handler's), the handler 3)
+  local ar = debug.getinfo(4, "f")
+  if ar and raisers[ar.func] then return 3 end
+  return 2
+end
+
 return M

@@ -517,5 +517,9 @@ end
 
 -- introspection used by tests and tools
 function rpc._agent() return agentmod.current() end
+-- Which paths this worker's connection to `to` takes (rpchost.rpc.agent's
+-- paths: transport, rings, shared-memory payloads, cross-memory attach), or
+-- nil while there is no connection: how to see what is fast between two ranks.
+function rpc._paths(to) return agent("_paths"):paths(to) end
 
 return rpc

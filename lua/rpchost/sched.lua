@@ -10,6 +10,7 @@
 -- blocking rpchost call made inside one passes up through it to the scheduler and
 -- back down when the task is woken.
 local core = require "rpchost.core"
+local errors = require "rpchost.errors"
 
 local M = {}
 
@@ -32,12 +33,29 @@ if has_hrtime then
 end
 M.now = now
 
+-- The traceback a message handler makes: from the frame that raised (the
+-- failing function itself, not its caller: a runtime error has no error()
+-- frame in between), with rpchost's own frames folded (errors.traceback).
+-- Where the Lua stack is exhausted (a stack overflow) that one cannot be made:
+-- Lua's own, from C, is.
+local function traceback_of(msg)
+  local level = errors.raising_level()
+  -- (errors.traceback counts from its caller, pcall here: the handler is 3 there)
+  local t = M.current() -- (defined below)
+  local ok, tb = pcall(errors.traceback, msg, level + 2, t and t.entry or nil)
+  if not ok then tb = debug.traceback(msg, level + 1) end
+  return tb
+end
+
 -- The message handler of every task: strings get a traceback; error objects keep
 -- their identity and get the local traceback in a field.
 function M.traceback(e)
-  if type(e) == "string" then return debug.traceback(e, 2) end
+  if type(e) == "string" then
+    local tb = traceback_of(e)
+    return tb -- (not a tail call: that would take this frame, and the levels, away)
+  end
   if type(e) == "table" and rawget(e, "local_traceback") == nil then
-    pcall(rawset, e, "local_traceback", debug.traceback("", 2))
+    pcall(rawset, e, "local_traceback", traceback_of(""))
   end
   return e
 end
@@ -113,7 +131,9 @@ park = function()
 end
 
 -- Runs fn(...) as a new task. opts.name describes it; opts.on_error(err, tb) gets
--- an error the function did not handle (default: print it).
+-- an error the function did not handle (default: print it). A task that runs
+-- a user's function for them (a request's handler, a REPL line) sets its
+-- `entry` to it: a traceback whose user frames a tail call took away names it.
 -- A task is made from a constant template holding the fields it will get (one
 -- copy: a table made by a constructor with variable fields grew and rehashed
 -- key by key, a dozen times per spawn, a fifth of a served request's
@@ -124,7 +144,8 @@ function M.spawn(fn, opts, ...)
   local co = pool[npool]
   if co then pool[npool] = nil; npool = npool - 1
   else co = raw_create(task_main) end
-  local t = setmetatable({name = false, on_error = false, done = false, co = false, args = false, nargs = 0}, Task)
+  local t = setmetatable({name = false, on_error = false, done = false, co = false, args = false, nargs = 0,
+                          entry = false}, Task)
   if opts then t.name, t.on_error = opts.name or false, opts.on_error or false end
   t.co, t.args, t.nargs = co, {fn, ...}, select("#", ...) + 1
   local parent = current

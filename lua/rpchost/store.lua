@@ -129,9 +129,10 @@ end
 -- mismatch is an error at once instead, naming both addresses.
 function M.check_meeting(me, host, port, other, ohost, oport)
   if M.same_address(host, port, ohost, oport) then return end
-  error(require("rpchost.errors").new("config", ("%s: %s meets at %s:%d but %s was pointed at %s:%d; dist and " ..
+  local join = require("rpchost.net.hosts").join
+  error(require("rpchost.errors").new("config", ("%s: %s meets at %s but %s was pointed at %s; dist and " ..
     "rpc in one process must meet at one address (one shared store): give both the same init_method, or " ..
-    "neither"):format(me.fn, other.what, ohost, oport, me.fn, host, port)), 0)
+    "neither"):format(me.fn, other.what, join(ohost, oport), me.fn, join(host, port))), 0)
 end
 
 -- Which address the launcher hosts a store at (children must not host it too).
@@ -139,8 +140,9 @@ end
 -- at 127.0.0.1:P rather than trying to host one there too)
 function M.hosted_by_launcher(host, port)
   local hosted = os.getenv("RPCHOST_STORE_HOSTED")
-  local h, p = (hosted or ""):match("^(.*):(%d+)$")
-  return h ~= nil and M.same_address(host, port, h, tonumber(p))
+  if not hosted or hosted == "" then return false end
+  local h, p = require("rpchost.net.hosts").split(hosted) -- ("[fd00::1]:29500" too)
+  return p ~= nil and M.same_address(host, port, h, p)
 end
 
 -- (the client's functions and settings, HANDSHAKE_TIMEOUT among them, are read

@@ -8,6 +8,7 @@
 -- rank writes path.rankN and the launcher merges them into path.
 -- Counters (rpc.stats) are kept always: they cost a few table updates per call.
 local core = require "rpchost.core"
+local atomic_file = require "rpchost.atomic_file"
 
 local M = {}
 
@@ -20,6 +21,11 @@ local function now_us() return core.now() * 1e6 end
 M.now_us = now_us
 
 function M.enabled() return events ~= nil end
+
+-- the events gathered so far, oldest first (nil while tracing is off): for a
+-- program that measures itself from its own trace (bench/pipeline.lua reads
+-- nn.Pipe's stage events there); read them, do not change them
+function M.events() return events end
 
 function M.enable(p)
   path = p
@@ -58,19 +64,25 @@ local function json(v)
 end
 M.json = json
 
+-- Writes a trace file whole (rpchost.atomic_file: a reader never sees half of
+-- one, and a full disk is said, in one line on stderr); returns whether it did.
+local function write_trace(into, parts)
+  local ok, err = pcall(atomic_file.save, into, function(f)
+    f:write('{"traceEvents":[')
+    for i, p in ipairs(parts) do f:write(i > 1 and ",\n" or "", p) end
+    f:write("]}\n")
+  end, {who = "rpchost: trace"})
+  if not ok then io.stderr:write(tostring(err), "\n") end
+  return ok
+end
+
 -- Writes the events gathered so far (called at exit).
 function M.flush()
   if not events or not path then return end
-  local f = io.open(path, "w")
-  if not f then
-    io.stderr:write("rpchost: cannot write the trace to ", path, "\n")
-    return
-  end
   local out = {}
   out[1] = json({name = "process_name", ph = "M", pid = pid or 0, args = {name = M.who or ("rank " .. tostring(pid))}})
   for _, e in ipairs(events) do out[#out + 1] = json(e) end
-  f:write('{"traceEvents":[', table.concat(out, ",\n"), "]}\n")
-  f:close()
+  write_trace(path, out)
 end
 
 -- Merges per-rank trace files into one (used by the launcher).
@@ -86,11 +98,7 @@ function M.merge(files, into)
       os.remove(fpath)
     end
   end
-  local f = io.open(into, "w")
-  if not f then return false end
-  f:write('{"traceEvents":[', table.concat(parts, ",\n"), "]}\n")
-  f:close()
-  return true
+  return write_trace(into, parts)
 end
 
 -- counters -----------------------------------------------------------------------

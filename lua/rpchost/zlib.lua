@@ -91,4 +91,40 @@ function M.deflate(s, mode)
   return table.concat(out)
 end
 
+-- deflater(mode): a deflate stream ("raw" or "gzip") fed in pieces, so a big
+-- input never has to be one string: d.feed(s) -> the compressed bytes it
+-- gives so far; d.finish() -> the rest (the stream is then over); d.close()
+-- frees it early (also done when it is collected).
+function M.deflater(mode)
+  local zl = z()
+  local st = ffi.new("rh_z_stream")
+  local rc = zl.deflateInit2_(st, 6, 8, mode == "gzip" and 31 or -15, 8, 0, zl.zlibVersion(), ffi.sizeof(st))
+  if rc ~= 0 then error("zlib deflateInit failed (" .. rc .. ")", 2) end
+  st = ffi.gc(st, zl.deflateEnd)
+  local buf = ffi.new("unsigned char[?]", 65536)
+  local d = {}
+  local function run(s, flush)
+    st.next_in, st.avail_in = ffi.cast("const unsigned char *", s), #s
+    local out = {}
+    repeat
+      st.next_out, st.avail_out = buf, 65536
+      rc = zl.deflate(st, flush)
+      if rc < 0 and rc ~= -5 then error("zlib deflate failed (" .. rc .. ")", 3) end -- (-5: no progress, fine)
+      out[#out + 1] = ffi.string(buf, 65536 - st.avail_out)
+    until (flush == 4 and rc == 1) or (flush == 0 and st.avail_out ~= 0)
+    return table.concat(out)
+  end
+  function d.feed(s) return run(s, 0) end
+  function d.finish()
+    local out = run("", 4)
+    d.close()
+    return out
+  end
+  function d.close()
+    if st then zl.deflateEnd(ffi.gc(st, nil)) end
+    st = nil
+  end
+  return d
+end
+
 return M

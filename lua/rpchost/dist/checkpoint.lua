@@ -8,7 +8,8 @@
 -- piece of it), which takes its name last. A directory's checkpoint is the one
 -- its .metadata names: a save killed at any point leaves the previous one, whose
 -- files a new save never overwrites (another generation) and removes only after
--- its own .metadata is in place.
+-- its own .metadata is in place. Every file is written by rpchost.atomic_file:
+-- straight from the tensors' storage, checked, synced, renamed into place.
 --
 -- What a rank writes: a tensor every rank holds (a DDP replica) once in the
 -- world, the ranks taking the keys in turn; a shard (checkpoint.Shard: this
@@ -22,6 +23,7 @@ local errors = require "rpchost.errors"
 local codec = require "rpchost.wire.codec"
 local dist = require "rpchost.dist"
 local tensor = require "rpchost.tensor"
+local atomic_file = require "rpchost.atomic_file"
 
 local M = {}
 
@@ -95,43 +97,21 @@ end
 
 local function group_size() return dist.get_world_size(), dist.get_rank() end
 
--- Writes `pieces` (tensors, in order) into path through its own temporary
--- file, renamed over path once complete; returns each piece's byte offset.
+-- Writes `pieces` (tensors, in order) into path, atomically (rpchost.atomic_file:
+-- a temporary file, every write checked, synced, renamed over path, the
+-- directory synced; straight from the tensors' storage); returns each piece's
+-- byte offset.
 local function write_data(path, pieces)
-  local tmp = ("%s.tmp-%d"):format(path, core.getpid())
-  local f, err = io.open(tmp, "wb")
-  if not f then cfg("checkpoint.save: cannot write %s: %s", tmp, tostring(err)) end
-  local offsets, at = {}, 0
-  for i, t in ipairs(pieces) do
-    local bytes = core.t_bytes(host_contiguous(t))
-    local ok, werr = f:write(bytes)
-    if not ok then
-      f:close()
-      os.remove(tmp)
-      cfg("checkpoint.save: cannot write %s (%d bytes needed): %s", path, #bytes, tostring(werr))
+  local size = 0
+  for _, t in ipairs(pieces) do size = size + t:numel() * t:element_size() end
+  local offsets = {}
+  atomic_file.save(path, function(f)
+    for i, t in ipairs(pieces) do
+      offsets[i] = f:offset()
+      f:write_tensor(t)
     end
-    offsets[i] = at
-    at = at + #bytes
-  end
-  local ok, cerr = f:close()
-  if not ok then
-    os.remove(tmp)
-    cfg("checkpoint.save: cannot write %s: %s", path, tostring(cerr))
-  end
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then
-    os.remove(tmp)
-    cfg("checkpoint.save: cannot put %s in place: %s", path, tostring(rerr))
-  end
+  end, {size = size, who = "checkpoint.save"})
   return offsets
-end
-
-local function read_file(path)
-  local f, err = io.open(path, "rb")
-  if not f then cfg("checkpoint.load: cannot open %s: %s", path, tostring(err)) end
-  local s = f:read("*a")
-  f:close()
-  return s
 end
 
 local function list_dir(dir)
@@ -212,21 +192,25 @@ function M.save(sd, dir)
         e.pieces[#e.pieces + 1] = {file = it.file, offset = it.offset, offsets = it.offsets, local_size = it.local_size}
       end
     end
-    -- the commit: .metadata takes its name last
-    local tmp = dir .. "/.metadata.tmp"
-    local f = assert(io.open(tmp, "wb"))
-    assert(f:write(codec.encode("dcp", meta)))
-    assert(f:close())
-    assert(os.rename(tmp, dir .. "/.metadata"))
+    -- the commit: .metadata takes its name last (durably: atomic_file)
+    atomic_file.save(dir .. "/.metadata", codec.encode("dcp", meta), {who = "checkpoint.save"})
   end
-  dist.barrier()
-  -- the previous generation's files (and any a killed save left) go
+  -- the previous generation's files (and what a killed save left) go, once
+  -- the new .metadata is in place; the others return when that is done
   if rank == 0 then
     for _, name in ipairs(list_dir(dir)) do
-      local g = name:match("^__%d+_(%x+)%.distcp$") or name:match("^__%d+_(%x+)%.distcp%.tmp%-%d+$")
+      local g = name:match("^__%d+_(%x+)%.distcp$") or name:match("^%.__%d+_(%x+)%.distcp%.tmp%-")
       if g and g ~= gen then os.remove(dir .. "/" .. name) end
     end
   end
+  dist.barrier()
+end
+
+local function read_file(path)
+  local r = atomic_file.reader(path, "checkpoint.load")
+  local s = r:read(0, r:size())
+  r:close()
+  return s
 end
 
 local function read_meta(dir)
@@ -245,20 +229,16 @@ end
 local DTYPES = {float32 = tensor.float32, float64 = tensor.float64, int32 = tensor.int32, int64 = tensor.int64,
                 uint8 = tensor.uint8, bool = tensor.bool}
 
--- a saved piece as a tensor (its file's bytes at its offset)
-local files = nil
+-- a saved piece as a tensor, read straight from its file at its offset
+local readers = nil
 local function piece_tensor(dir, e, p)
   local dt = DTYPES[e.dtype] or cfg("checkpoint.load: unknown dtype %s", tostring(e.dtype))
-  local sizes = p.local_size or e.size
-  local numel = 1
-  for _, s in ipairs(sizes) do numel = numel * s end
-  local es = core.dtype_size(dt.id)
-  files[p.file] = files[p.file] or read_file(dir .. "/" .. p.file)
-  local bytes = files[p.file]:sub(p.offset + 1, p.offset + numel * es)
-  if #bytes ~= numel * es then
-    cfg("checkpoint.load: %s/%s is shorter than its metadata says (damaged or truncated)", dir, p.file)
+  local r = readers[p.file]
+  if not r then
+    r = atomic_file.reader(dir .. "/" .. p.file, "checkpoint.load")
+    readers[p.file] = r
   end
-  return core.t_from_bytes(dt.id, sizes, bytes)
+  return (r:read_tensor(p.offset, dt.id, p.local_size or e.size))
 end
 
 -- Copies into `target` (a tensor that is the region at `toff` of the whole)
@@ -299,7 +279,7 @@ end
 function M.load(sd, dir)
   if type(sd) ~= "table" then cfg("checkpoint.load: state_dict must be a table, got %s", type(sd)) end
   local meta = read_meta(dir)
-  files = {}
+  readers = {}
   local ok, err = pcall(function()
     local flat = flatten(sd)
     for k, v in pairs(flat) do
@@ -329,7 +309,8 @@ function M.load(sd, dir)
       end
     end
   end)
-  files = nil
+  for _, r in pairs(readers) do r:close() end
+  readers = nil
   if not ok then error(err, 0) end
   return sd
 end

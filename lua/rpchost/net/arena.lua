@@ -13,7 +13,10 @@
 -- connections; every other rank takes the descriptor (pidfd_getfd: a rank on
 -- another host, or a process that may not trace rank 0, cannot) and checks
 -- the token; rank 0 tells everyone whether all succeeded. All or none: a
--- group with one rank elsewhere keeps its message algorithms.
+-- group with one rank elsewhere keeps its message algorithms. A rank tries
+-- only when the offer comes from its own kernel and PID namespace
+-- (rpchost.net.hosts): ranks that merely look alike (containers, simulated
+-- hosts on one machine) never share an arena.
 --
 -- Waiting: the C side polls for a bounded time (RPCHOST_SHM_COLL_SPIN_US,
 -- yielding the core where ranks outnumber cores), then this rank raises its
@@ -30,6 +33,7 @@ local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local sched = require "rpchost.sched"
 local log = require "rpchost.log"
+local hosts = require "rpchost.net.hosts"
 
 local M = {}
 
@@ -113,7 +117,8 @@ function M.setup(g, c)
     if M.enabled then
       local token, fd, ino
       ar, token, fd, ino = core.arena_create(n, 0, M.SLOT)
-      if ar then offer = {pid = (core.cma_token()), fd = fd, ino = ino, token = token}
+      -- (where its pid means rank 0's process: the others try only there)
+      if ar then offer = {pid = (core.cma_token()), fd = fd, ino = ino, token = token, where = hosts.memory_key()}
       else why = token end
     end
     for i = 1, n - 1 do post(g, i, c.key .. "ao", c.sig, offer) end
@@ -131,7 +136,11 @@ function M.setup(g, c)
     end
   else
     local offer = g:recv_value(c, 0, "ao")
-    if type(offer) == "table" and M.enabled then
+    if type(offer) == "table" and M.enabled and offer.where ~= hosts.memory_key() then
+      -- (another kernel or PID namespace: the pid is not rank 0's process here,
+      -- whatever the address the world meets on says)
+      why = "group rank 0 is on another host or in another PID namespace"
+    elseif type(offer) == "table" and M.enabled then
       ar, why = core.arena_attach(n, me, M.SLOT, tonumber(offer.pid) or 0, tonumber(offer.fd) or -1,
         tonumber(offer.ino) or -1, type(offer.token) == "string" and offer.token or "")
     end

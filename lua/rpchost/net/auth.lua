@@ -38,6 +38,7 @@
 -- (conn:prove) only after the other's last proof.
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
+local atomic_file = require "rpchost.atomic_file"
 
 local M = {}
 
@@ -140,30 +141,17 @@ local function secret_of(cred, kind)
   return s
 end
 
--- Writes s to path whole, or raises naming the file and the cause (a full disk
--- says so); nothing is left behind on failure.
+-- Writes s to path whole, private to this user (mode 0600), or raises naming
+-- the file and the cause (a full disk says so). rpchost.atomic_file: a reader
+-- never sees half a secret, and nothing is left behind on failure.
 local function write_whole(path, s)
-  local tmp = path .. ".tmp" .. core.getpid()
-  local function fail(err)
-    os.remove(tmp)
-    err = tostring(err)
-    local full = err:find("No space left", 1, true) or err:find("Disk quota", 1, true)
-    config_error(("cannot write the world's secret %s: %s%s"):format(path, err,
-      full and " (the disk is full: free space there, or set RPCHOST_TOKEN on every rank)" or
-        "; set RPCHOST_TOKEN on every rank"))
-  end
-  local f, err = io.open(tmp, "wb")
-  if not f then fail(err) end
-  -- (every step checked: a buffered write fails only at flush or close)
-  local ok, werr = f:write(s)
-  if ok then ok, werr = f:flush() end
-  local cok, cerr = f:close()
-  if not ok then fail(werr) end
-  if not cok then fail(cerr) end
-  -- (renamed only once whole: a reader never sees half a secret, and the last
-  -- good file stays if this one could not be written)
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then fail(rerr) end
+  local ok, err = pcall(atomic_file.save, path, s, {mode = 384, size = #s, who = "secret"})
+  if ok then return end
+  err = tostring(err):gsub("^secret: cannot save [^:]*: ", "")
+  local full = err:find("No space left", 1, true) or err:find("Disk quota", 1, true)
+  config_error(("cannot write the world's secret %s: %s%s"):format(path, err,
+    full and " (the disk is full: free space there, or set RPCHOST_TOKEN on every rank)" or
+      "; set RPCHOST_TOKEN on every rank"))
 end
 
 -- The store host's credential: the token, or a fresh secret for a loopback world

@@ -18,6 +18,7 @@ local log = require "rpchost.log"
 local cma = require "rpchost.net.cma"
 local shm = require "rpchost.net.shm"
 local auth = require "rpchost.net.auth"
+local hosts = require "rpchost.net.hosts"
 local trace = require "rpchost.trace"
 local bit = require "bit"
 
@@ -88,33 +89,49 @@ function C:listen(bind_ip)
   end
   self.listener = l
   self.port = l:port()
-  if bind_ip == "0.0.0.0" and not auth.token() then
-    log.warn("listening on every interface without a security token: anyone who can reach port %d " ..
-      "can call this rank; set RPCHOST_TOKEN on every rank", self.port)
+  if not hosts.is_loopback(bind_ip) and not auth.token() then
+    log.warn("listening on %s without a security token: anyone who can reach port %d " ..
+      "can call this rank; set RPCHOST_TOKEN on every rank", hosts.is_any(bind_ip) and "every interface" or bind_ip,
+      self.port)
   end
   return self.port
 end
 
--- Listens where the world meets: loopback when the store is on loopback, every
--- interface otherwise; returns the address peers should dial (the interface
--- that reaches the store).
+-- Listens where the world meets and returns the address peers should dial.
+-- A world that meets on loopback listens there. Otherwise the address comes
+-- from rpchost.net.hosts: the interfaces RPCHOST_SOCKET_IFNAME names, else
+-- every interface with the one that reaches the store advertised. Either way
+-- the Unix-domain socket is there too, for the peers that share this host's
+-- kernel and mount namespace (they learn it from the directory and decide
+-- per pair: see C:dial), whatever address the world meets on.
 function C:listen_near(store_client, loopback)
   -- (what proves our connections: the world's token or secret, as the store's did)
   self.cred = store_client.cred
+  self.heartbeat = hosts.heartbeat() -- (a bad RPCHOST_HEARTBEAT fails here, at start)
+  local advertise
   if loopback then
-    C.listen(self, "127.0.0.1")
-    if self.local_sockets then C.listen_local(self) end
-    return "127.0.0.1"
+    local ip = store_client.conn:local_addr() or "127.0.0.1"
+    if not hosts.is_loopback(ip) then ip = "127.0.0.1" end
+    ip = ip:match("^::ffff:(.+)$") or ip
+    C.listen(self, ip)
+    advertise = ip
+  else
+    local bind, how
+    bind, advertise, how = hosts.choose(store_client.ip, store_client.conn:local_addr())
+    C.listen(self, bind)
+    log.debug("listening on %s, advertised as %s (%s)", hosts.join(bind, self.port), advertise, how)
   end
-  C.listen(self, "0.0.0.0")
-  return store_client.conn:local_addr() or "127.0.0.1"
+  if self.local_sockets then C.listen_local(self) end
+  return advertise
 end
 
--- In a world that meets on loopback every rank is on this host, and a Unix-domain
--- socket carries the same frames for about half the kernel's work of TCP over
--- loopback (no TCP/IP stack): peers dial it first and fall back to TCP if it
--- fails. Its file, named after our TCP port, lives in a directory only this user
--- can enter. Not being able to make one is not an error: TCP is always there.
+-- Between ranks of one host (one kernel and mount namespace: rpchost.net.hosts)
+-- a Unix-domain socket carries the same frames for about half the kernel's work
+-- of TCP over loopback (no TCP/IP stack), and its connections carry the
+-- shared-memory rings and payload segments: peers that share this host dial
+-- it first and fall back to TCP if it fails. Its file, named after our TCP
+-- port, lives in a directory only this user can enter. Not being able to make
+-- one is not an error: TCP is always there.
 function C:listen_local()
   local dir, why = core.socket_dir()
   if not dir then
@@ -148,8 +165,9 @@ end
 
 function C:dial(p)
   p.state = "connecting"
-  -- the peer's Unix-domain socket when it has one on this host (see listen_local)
-  local unix = self.local_sockets and p.unix and not p.unix_failed and cma.is_loopback(p.ip)
+  -- the peer's Unix-domain socket when it shares this host's kernel and mount
+  -- namespace, whatever address the world meets on (see listen_local)
+  local unix = self.local_sockets and p.unix and not p.unix_failed and hosts.shares(p.host, "unix", p.ip)
   local conn, err = core.connect(unix and ("unix:" .. p.unix) or p.ip, p.port, {
     connect = function(c, cerr)
       if cerr and unix and self.cred and self.cred.kind == "user" then
@@ -168,8 +186,10 @@ function C:dial(p)
         if p.dialling == c then p.dialling = nil end
         C.dial(self, p)
       elseif cerr then
-        C.peer_lost(self, p, c, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
-          p.name, p.rank, p.ip, p.port, cerr))
+        -- (a SYN nobody answered for the whole bound: its host, not its process, is gone)
+        p.silent = hosts.is_silence(cerr) or nil
+        C.peer_lost(self, p, c, ("cannot connect to %s (rank %d) at %s: %s"):format(
+          p.name, p.rank, hosts.join(p.ip, p.port), hosts.words(cerr)))
       else
         c:send(proto.HELLO, 0, 0, hello_body(self, c, p, unix))
       end
@@ -178,8 +198,8 @@ function C:dial(p)
     close = function(c, ...) C.on_conn_close(self, c, ...) end,
   })
   if not conn then
-    C.peer_lost(self, p, nil, ("cannot connect to %s (rank %d) at %s:%d: %s"):format(
-      p.name, p.rank, p.ip, p.port, tostring(err)))
+    C.peer_lost(self, p, nil, ("cannot connect to %s (rank %d) at %s: %s"):format(
+      p.name, p.rank, hosts.join(p.ip, p.port), tostring(err)))
     return
   end
   self.conns[conn] = {rank = p.rank, dialled = true}
@@ -188,7 +208,7 @@ end
 
 function C:peer_ready(p, conn)
   self.lost[p.rank] = nil
-  p.probed = nil
+  p.probed, p.silent = nil, nil
   if p.state == "ready" and p.conn and p.conn:is_open() then return end
   p.state = "ready"
   p.conn = conn
@@ -282,7 +302,9 @@ end
 function C:gone(r)
   local p = self.peers[r]
   if not p or r == self.rank or (p.conn and p.conn:is_open()) or p.state ~= "none" then return nil end
-  if self.lost[r] and p.probed then
+  -- (a peer whose host went silent was given the whole bound already: no
+  -- second wait for a dial to time out)
+  if self.lost[r] and (p.probed or p.silent) then
     return (tostring(self.lost[r].message or self.lost[r]):gsub("^.- is unreachable: ", ""))
   end
   p.probed = true
@@ -327,17 +349,22 @@ function C:on_conn_close(conn, status, msg, peer_version)
   local st = self.conns[conn]
   self.conns[conn] = nil
   if st and st.replaced then return end
+  local silent = hosts.is_silence(msg)
   if status ~= 0 and self.state == "running" then
     if st and st.proven then
-      log.warn("closed a connection%s: %s", st.rank and (" from rank " .. st.rank) or "", tostring(msg))
-    else
-      log.warn_often("closed unproven connections", "closed a connection that had not proved itself: %s", tostring(msg))
+      log.warn("closed a connection%s: %s", st.rank and (" from rank " .. st.rank) or "", tostring(hosts.words(msg)))
+    elseif not (st and st.dialled) then
+      -- (a connection this rank dialled that never got through is told as its
+      -- peer's loss, in the error of whatever waited on it: not twice)
+      log.warn_often("closed unproven connections", "closed a connection that had not proved itself: %s",
+        tostring(hosts.words(msg)))
     end
   end
   if not st or not st.rank then return end
   local p = self.peers[st.rank]
   if not p then return end
-  C.conn_gone(self, p, conn, msg, peer_version, 0)
+  if silent and (p.conn == conn or p.dialling == conn) then p.silent = true end
+  C.conn_gone(self, p, conn, hosts.words(msg), peer_version, 0)
 end
 
 -- p's connection `conn` is gone: another one takes over, or p is lost.
@@ -553,8 +580,8 @@ function C:on_hello_ack(conn, body)
   local s, why, kind = auth.client_ack(st.hs, ok and a or nil)
   if not s then return C.refuse(self, p, conn, why, kind) end
   if s.rank ~= p.rank or s.name ~= p.name then
-    return C.refuse(self, p, conn, ("the process at %s:%d answered as %s (rank %s): not the rank dialled (a stale " ..
-      "address?)"):format(p.ip, p.port, tostring(s.name), tostring(s.rank)), "auth")
+    return C.refuse(self, p, conn, ("the process at %s answered as %s (rank %s): not the rank dialled (a stale " ..
+      "address?)"):format(hosts.join(p.ip, p.port), tostring(s.name), tostring(s.rank)), "auth")
   end
   st.acked, st.peer_inc = true, s.inc
   conn:send(auth.AUTH_FRAME, 0, 0, auth.client_auth(st.hs, {cma = cma.offer(conn, self.cma),

@@ -25,8 +25,19 @@ C.CALLBACKS = {
   "peer_of",        -- (ep, rank) -> peer: the peer a message goes to (raises when there is none)
   "send",           -- (ep, peer, ftype, flags, id, body, segs) -> taken: sends a frame (connections)
   "peer_lost",      -- (ep, peer, conn, why): a dynamic member left (connections)
-  "cancel_request", -- (ep, rank, id): rank's caller stopped waiting for call id (the callee)
+  "cancel_request", -- (ep, rank, id, running): rank's caller stopped waiting for call id; running: stop
+                    -- it even if it runs already (the callee)
+  "gone",           -- (ep, rank) -> why | nil: whether rank is known gone (dials it when nothing connects us)
 }
+
+-- How long a receive waits on a sender with no connection to this rank before
+-- it dials that sender to look (then the kernel's bound, RPCHOST_HEARTBEAT,
+-- tells a host that went away): a message that comes over a connection the
+-- sender dialled has nothing to notice its host's loss by until then.
+local function look_every(self)
+  local hb = self.heartbeat
+  return (hb and hb > 0) and hb or nil
+end
 
 -- The codec's contexts of the messages posted and received: one each, reused
 -- (their values travel in no autograd context, with no device map, and a
@@ -59,47 +70,7 @@ end
 local function has_prefix(key, prefix) return key:find(prefix, 1, true) == 1 end
 
 function C:on_message(src, body, segs)
-  -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
--- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
--- for one to come: a receive from whichever rank sends first (dist.recv
--- without src). Fails at once when any of those ranks is lost or the wait is
--- aborted, as receive does.
-function C:receive_any(ranks, keys, timeout, what)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
-  local waiter = {any_task = sched.current()}
-  while true do
-    for i, rank in ipairs(ranks) do
-      local box = self.mail[rank]
-      local v = box and box[keys[i]]
-      if v then
-        remove(self, box, keys[i])
-        return i, unpack(v, 1, v.n)
-      end
-    end
-    if self.aborted then error(self.aborted, 0) end
-    for _, rank in ipairs(ranks) do
-      if self.lost[rank] then error(self.lost[rank], 0) end
-    end
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if not ws then ws = {}; self.mail_waiters[rank] = ws end
-      ws[keys[i]] = waiter
-    end
-    local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
-    end
-    if not woke then
-      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
-        what or "a message from any rank")), 0)
-    end
-    if errors.is(got) then error(got, 0) end
-  end
-end
-
-return C.message_decoded(self, src, body, pcall(dec_msg, mail_in, body, segs))
+  return C.message_decoded(self, src, body, pcall(dec_msg, mail_in, body, segs))
 end
 
 -- The key of a message whose values did not decode: its first value, a string
@@ -132,47 +103,7 @@ function C:message_decoded(src, body, ok, key, ...)
   mail_in.unconfirmed = false -- (a message's UserRRefs wait for no confirmation: nothing keeps them here)
   if not ok then return malformed(self, src, body, tostring(key)) end
   if type(key) == "string" and key:byte(1) ~= 33 then -- (not "!...": a collective's or a user's)
-    -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
--- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
--- for one to come: a receive from whichever rank sends first (dist.recv
--- without src). Fails at once when any of those ranks is lost or the wait is
--- aborted, as receive does.
-function C:receive_any(ranks, keys, timeout, what)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
-  local waiter = {any_task = sched.current()}
-  while true do
-    for i, rank in ipairs(ranks) do
-      local box = self.mail[rank]
-      local v = box and box[keys[i]]
-      if v then
-        remove(self, box, keys[i])
-        return i, unpack(v, 1, v.n)
-      end
-    end
-    if self.aborted then error(self.aborted, 0) end
-    for _, rank in ipairs(ranks) do
-      if self.lost[rank] then error(self.lost[rank], 0) end
-    end
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if not ws then ws = {}; self.mail_waiters[rank] = ws end
-      ws[keys[i]] = waiter
-    end
-    local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
-    end
-    if not woke then
-      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
-        what or "a message from any rank")), 0)
-    end
-    if errors.is(got) then error(got, 0) end
-  end
-end
-
-return C.deliver(self, src, key, {n = select("#", ...), ...})
+    return C.deliver(self, src, key, {n = select("#", ...), ...})
   end
   local r = {n = select("#", ...) + 2, true, key, ...}
   if key == "!shm_ack" or key == "!shm_drop" then
@@ -181,8 +112,9 @@ return C.deliver(self, src, key, {n = select("#", ...), ...})
     return
   end
   if key == "!cancel" then
-    -- a caller stopped waiting for its call r[3]: drop it if it is still queued
-    if type(r[3]) == "number" then self.cb.cancel_request(self, src, r[3]) end
+    -- a caller stopped waiting for its call r[3]: drop it if it is still queued;
+    -- r[4] "running": it cancelled the call, which stops even if it runs
+    if type(r[3]) == "number" then self.cb.cancel_request(self, src, r[3], r[4] == "running") end
     return
   end
   if key == "!reborn" then
@@ -192,6 +124,7 @@ return C.deliver(self, src, key, {n = select("#", ...), ...})
     if p and type(w) == "table" and w.name == p.name and type(w.port) == "number"
        and (tonumber(w.incarnation) or 0) > (p.incarnation or 0) then
       p.ip, p.port, p.unix, p.unix_failed, p.incarnation = w.ip, w.port, w.unix, nil, w.incarnation
+      if type(w.host) == "string" then p.host = w.host end
       self.lost[src] = nil
       log.info("%s (rank %d) restarted (incarnation %d)", p.name, src, p.incarnation)
     end
@@ -218,47 +151,7 @@ return C.deliver(self, src, key, {n = select("#", ...), ...})
     return
   end
   local n = r.n
-  -- receive_any({rank...}, {key...}, timeout, what) -> i, values: the first of
--- the messages under keys[i] from ranks[i] that is there, waiting (bounded)
--- for one to come: a receive from whichever rank sends first (dist.recv
--- without src). Fails at once when any of those ranks is lost or the wait is
--- aborted, as receive does.
-function C:receive_any(ranks, keys, timeout, what)
-  local deadline = timeout and timeout > 0 and sched.now() + timeout or nil
-  local waiter = {any_task = sched.current()}
-  while true do
-    for i, rank in ipairs(ranks) do
-      local box = self.mail[rank]
-      local v = box and box[keys[i]]
-      if v then
-        remove(self, box, keys[i])
-        return i, unpack(v, 1, v.n)
-      end
-    end
-    if self.aborted then error(self.aborted, 0) end
-    for _, rank in ipairs(ranks) do
-      if self.lost[rank] then error(self.lost[rank], 0) end
-    end
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if not ws then ws = {}; self.mail_waiters[rank] = ws end
-      ws[keys[i]] = waiter
-    end
-    local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or "a message from any rank", left and math.max(left, 0.001))
-    for i, rank in ipairs(ranks) do
-      local ws = self.mail_waiters[rank]
-      if ws and ws[keys[i]] == waiter then ws[keys[i]] = nil end
-    end
-    if not woke then
-      error(errors.new("timeout", ("timed out after %g s waiting for %s"):format(timeout,
-        what or "a message from any rank")), 0)
-    end
-    if errors.is(got) then error(got, 0) end
-  end
-end
-
-return C.deliver(self, src, key, {n = n - 2, unpack(r, 3, n)})
+  return C.deliver(self, src, key, {n = n - 2, unpack(r, 3, n)})
 end
 
 -- Takes the message under key out of box, keeping the count of stored messages.
@@ -395,13 +288,18 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
     if prefix and not watch then watch = {prefix = prefix, key = key} end -- (once, and only to wait)
     C.wait_mail(self, rank, key, me, watch)
     local left = deadline and deadline - sched.now() or nil
-    local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), left and math.max(left, 0.001))
+    local look = look_every(self)
+    local nap = left and look and math.min(left, look) or left or look
+    local woke, got = sched.suspend_until(what or ("a message from rank " .. rank), nap and math.max(nap, 0.001))
     C.unwait_mail(self, rank, key, me)
-    if not woke then
+    if not woke and not (deadline and sched.now() >= deadline) then
+      -- (a long wait: is the sender's host still there? a loss fails this wait)
+      self.cb.gone(self, rank)
+    elseif not woke then
       error(errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(timeout,
         what or "a message", rank), {rank = rank}), 0)
     end
-    if not (past_abort and got ~= nil and got == self.aborted) then -- (else: the group stopped, wait on)
+    if woke and not (past_abort and got ~= nil and got == self.aborted) then -- (else: the group stopped, wait on)
       if errors.is(got) then error(got, 0) end
       if type(got) == "table" and got.other then
         on_other(got.values, ctx)

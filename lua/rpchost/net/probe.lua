@@ -54,8 +54,8 @@ function M.alive(cred, world, raw, timeout)
     timeout or M.TIMEOUT)
   conn:close()
   if result == nil then
-    log.info("%s (rank %s) at %s:%d accepted a connection but did not prove itself within %g s: taken as gone",
-      tostring(w.name), tostring(w.rank), w.ip, w.port, timeout or M.TIMEOUT)
+    log.info("%s (rank %s) at %s accepted a connection but did not prove itself within %g s: taken as gone",
+      tostring(w.name), tostring(w.rank), require("rpchost.net.hosts").join(w.ip, w.port), timeout or M.TIMEOUT)
     return false
   end
   if result == false and why ~= "closed" then log.debug("probe of %s: %s", tostring(w.name), tostring(why)) end

@@ -282,12 +282,19 @@ function M.install(tensor)
     return t, names
   end
 
-  -- load(path): a tensor from .npy, a table name -> tensor from .npz
+  -- load(path): a tensor from .npy, a table name -> tensor from .npz (both
+  -- read straight into the tensors by nn.load); a gzipped .npy is inflated
+  -- in memory first
   function D.load(path)
-    local s = read_file(path, "data.load")
     local ser = require "rpchost.nn.serialize"
-    if s:sub(1, 6) == "\147NUMPY" then return ser.npy_parse(s, path) end
-    return ser.load(path)
+    if type(path) ~= "string" then error("data.load: expected a file path", 2) end
+    local r = require("rpchost.atomic_file").reader(path, "data.load")
+    local magic = r:read(0, math.min(r:size(), 2))
+    r:close()
+    if magic ~= "\31\139" then return ser.load(path) end
+    local s = read_file(path, "data.load")
+    if s:sub(1, 6) ~= "\147NUMPY" then error("data.load: " .. path .. " is gzipped, but not a .npy file", 2) end
+    return ser.npy_parse(s, path)
   end
   D.load_npy = D.load
   D.load_npz = function(path) return require("rpchost.nn.serialize").load(path) end

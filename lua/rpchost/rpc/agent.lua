@@ -122,9 +122,10 @@ function M.new(o)
   return a
 end
 
--- peers: rank -> {rank, name, ip, port, unix, info, conn, state, queue, pending}
+-- peers: rank -> {rank, name, ip, port, unix, host, info, conn, state, queue, pending}
+-- (host: where it is, as rpchost.net.hosts advertises it)
 function Agent:add_peer(w)
-  local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port, unix = w.unix,
+  local p = {rank = w.rank, name = w.name, ip = w.ip, port = w.port, unix = w.unix, host = w.host,
              info = WorkerInfo.new(w.rank, w.name), state = "none", queue = {}, pending = {},
              incarnation = tonumber(w.incarnation) or 0} -- (a restarted static rank's count)
   self.peers[w.rank] = p
@@ -238,6 +239,27 @@ function Agent:dynamic_members()
   return out
 end
 
+-- Which paths the connection to a peer takes now (nil while there is none):
+-- {transport = "unix" | "tcp", address = where it was dialled or came from,
+-- ring = small frames through shared-memory rings, segments = large payloads
+-- through shared memory, memory = "read+write" | "read" | nil (cross-memory
+-- attach for collectives)}. What each pair takes is decided from where the
+-- two ranks are (rpchost.net.hosts), whatever address the world meets on.
+function Agent:paths(to)
+  local p = self:peer_of(to)
+  local conn = p.conn
+  if not (conn and conn:is_open()) then return nil end
+  local st = self.conns[conn] or {}
+  local local_ = conn:is_local()
+  local ip, port = conn:peer()
+  -- (a dual-stack listener sees an IPv4 peer as ::ffff:a.b.c.d)
+  ip = ip and (ip:match("^::ffff:(%d+%.%d+%.%d+%.%d+)$") or ip)
+  return {transport = local_ and "unix" or "tcp", address = local_ and p.unix or require("rpchost.net.hosts").join(
+            ip or p.ip, port or p.port),
+          ring = conn:has_ring(), segments = st.shm == true,
+          memory = p.reads_peer and (p.writes_peer and "read+write" or "read") or nil}
+end
+
 -- shutdown ---------------------------------------------------------------------------------
 -- Whether this worker has no call of its own out and serves none.
 function Agent:idle()
@@ -333,7 +355,7 @@ CALLBACKS = {
   on_request = callee.on_request, send_reply = callee.send_reply, cancel_request = callee.cancel_request,
   on_response = caller.on_response, reply_failed = caller.reply_failed, complete_error = caller.complete_error,
   on_message = mailbox.on_message, fail_receivers = mailbox.fail_receivers, post = mailbox.post,
-  send = connections.send, peer_lost = connections.peer_lost,
+  send = connections.send, peer_lost = connections.peer_lost, gone = connections.gone,
   peer_of = Agent.peer_of, learn = Agent.learn,
 }
 for _, part in ipairs {connections, mailbox} do

@@ -259,6 +259,8 @@ function M.remote_error(self, e)
     if not message then message = s end
     if type(e) == "table" and not tb then tb = rawget(e, "local_traceback") end
   end
+  -- (a local traceback is made as debug.traceback("") makes it: after a newline)
+  if type(tb) == "string" then tb = tb:gsub("^\n+", "") end
   return errors.new("remote", message, {worker = self.name, rank = self.rank, traceback = tb})
 end
 
@@ -318,10 +320,30 @@ local function reply_when_done(self, to, id, fut, rmap, ctx)
 end
 
 -- handlers ---------------------------------------------------------------------------
--- A handler's function returned (ok, results... or false, error).
-local function ran(self, to, id, fn, rmap, rctx, ok, ...)
+-- The calls running in handler tasks, by call id: the task (false once its
+-- caller cancelled it), and the rank it came from (a cancel names both). Made
+-- on an agent's first request.
+local function running_calls(self)
+  local calls = self.calls_running
+  if not calls then
+    calls = {}
+    self.calls_running, self.calls_from = calls, {}
+  end
+  return calls
+end
+
+-- A handler's function returned (ok, results... or false, error). Returns true
+-- when its caller cancelled it meanwhile: then nobody waits for a reply.
+local function ran(self, to, id, fn, rmap, rctx, task, ok, ...)
+  if task then
+    local calls = self.calls_running
+    local t = calls[id]
+    calls[id], self.calls_from[id] = nil, nil
+    if t == false then return true end
+  end
   if ok and async_functions[fn] then reply_when_done(self, to, id, (...), rmap, rctx)
   else send_results(self, to, id, rmap, rctx, ok, ...) end
+  return false
 end
 
 local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
@@ -334,6 +356,8 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   if task then
     -- (assigned only when they differ: a field set to nil is still a new key)
     if task.ag_ctx ~= ctx then task.ag_ctx = ctx end
+    -- (what the traceback names when a tail call left the function no frame)
+    task.entry = fn
     if task.grad_enabled ~= nil then task.grad_enabled = nil end
   else
     rctx = ctx or false
@@ -343,29 +367,39 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
   local bad, n = arg_count_problem(args)
   n = n or 0
   if kwargs ~= nil then n = n + 1; args[n] = kwargs end
+  local cancelled = false
   if bad then
     send_results(self, to, id, rmap, rctx, false, errors.new("config", bad))
   elseif type(fn) ~= "function" and not (getmetatable(fn) and getmetatable(fn).__call) then
     send_results(self, to, id, rmap, rctx, false, ("the called value is a %s, not a function"):format(type(fn)))
   else
-    ran(self, to, id, fn, rmap, rctx, xpcall(fn, sched.traceback, unpack(args, 1, n)))
+    -- (a caller that stops waiting may cancel it while it runs: cancel_request)
+    if task then
+      running_calls(self)[id] = task
+      self.calls_from[id] = rank_of(self, to)
+    end
+    cancelled = ran(self, to, id, fn, rmap, rctx, task, xpcall(fn, sched.traceback, unpack(args, 1, n)))
   end
   if t0 then
     local from = self.peers[rank_of(self, to) or -1]
     trace.complete("run " .. describe_fn(fn), "rpc", t0, trace.now_us() - t0,
                    {from = from and from.name, id = id, queued_us = queued_at and (t0 - queued_at) or nil})
   end
+  return cancelled
 end
 
 -- A handler that fails outside the user's function (a reply that cannot be
 -- built, say) still answers, and its worker slot is always given back.
+-- Returns true when the call was cancelled while it ran.
 local function safe_handler(self, to, id, ...)
   local ok, err = pcall(handler, self, to, id, ...)
   if not ok then
     log.warn("a request failed before its reply could be sent: %s", error_text(err))
     pcall(M.send_reply, self, to, id, {false, errors.new("remote", "the call failed on " .. self.name ..
       " before its reply could be made: " .. error_text(err)), n = 2}, nil, false)
+    return false
   end
+  return err
 end
 
 -- The queue of requests waiting for a handler slot (num_worker_threads run at
@@ -405,23 +439,46 @@ local function next_job(self)
   return nil
 end
 
--- a caller gave up on call `id` (its deadline passed): a queued request for it
--- will not run
-function M.cancel_request(self, src, id)
+-- A caller gave up on call `id`: its deadline passed, or (running true) it
+-- cancelled the call (Ctrl-C at the REPL). A queued request for it will not
+-- run. A running one, when cancelled, is interrupted where it waits (a sleep,
+-- a call of its own, a collective; a function that computes without waiting
+-- finishes first: this rank reads the cancel only then), and no reply goes
+-- back. (A deadline alone never stops a running function, as in PyTorch: what
+-- it has begun it finishes.)
+local CANCELLED = "the call was cancelled by its caller"
+function M.cancel_request(self, src, id, running)
   local byid = self.queued[src]
   local job = byid and byid[id]
-  if not job then return end -- running already, done, or never queued
-  unqueue(self, job)
-  job.cancelled = true
-  self.stats.requests_dropped = (self.stats.requests_dropped or 0) + 1
+  if job then
+    unqueue(self, job)
+    job.cancelled = true
+    self.stats.requests_dropped = (self.stats.requests_dropped or 0) + 1
+    return
+  end
+  local calls = running and self.calls_running
+  local task = calls and calls[id]
+  if not task or self.calls_from[id] ~= src then return end -- done, or never here
+  calls[id] = false
+  self.stats.requests_cancelled = (self.stats.requests_cancelled or 0) + 1
+  sched.interrupt(task, errors.new("remote", CANCELLED, {worker = self.name, rank = self.rank}))
 end
 
+-- Takes queued requests while under the cap. A handler task whose call was
+-- cancelled ends there and a new one takes the queue on: what the interrupted
+-- wait was waiting for may still wake the old one later, in the middle of
+-- another request's wait (sched.interrupt).
+local REQUEST_TASK = {name = "request"}
+local drain_queue
 local function handler_task(self, ...)
-  safe_handler(self, ...)
-  -- take queued requests while under the cap
+  if safe_handler(self, ...) then return sched.spawn(drain_queue, REQUEST_TASK, self) end
+  return drain_queue(self)
+end
+
+function drain_queue(self)
   local job = next_job(self)
   while job do
-    safe_handler(self, unpack(job, 1, 8))
+    if safe_handler(self, unpack(job, 1, 8)) then return sched.spawn(drain_queue, REQUEST_TASK, self) end
     job = next_job(self)
   end
   self.running = self.running - 1
@@ -484,8 +541,6 @@ function request_decoded(self, to, id, queued_at, ok, fn, args, kwargs, ctx, dma
   end
   return dispatch(self, to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)
 end
-
-local REQUEST_TASK = {name = "request"}
 
 -- Runs a decoded request now, or queues it while num_worker_threads run.
 function dispatch(self, to, id, fn, args, kwargs, ctx, queued_at, rmap, deadline)

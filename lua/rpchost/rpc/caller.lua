@@ -118,7 +118,10 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
     if why then error(errors.new("config", why), 0) end
   end
   if fn == nil then
-    error(errors.new("config", "the function to call is nil (an undefined global, or a typo in its name?)"), 0)
+    -- (at the REPL a function only the world defines is nil here: its name is what travels)
+    error(errors.new("config", ("the function to call is nil (an undefined global, or a typo in its name?); a " ..
+      "function that only %s defines is called by its name, as a string: rpc.rpc_sync(%q, \"mymod.fn\", args)"):format(
+      p.name, p.name)), 0)
   end
   local ctx, tctx = task_ctx(), nil
   if ctx and autograd_attach then ctx, tctx = autograd_attach(ctx, p.rank, fn, args, kwargs, self.rank) end
@@ -234,6 +237,24 @@ function complete_error(self, id, err)
   end
 end
 M.complete_error = complete_error
+
+-- The caller stops waiting for call id (Ctrl-C at the REPL): the call fails,
+-- a timeout error saying why (a string), and its callee is told to drop it,
+-- queued or running (a running one stops at its next wait there:
+-- rpchost.rpc.callee.cancel_request). Returns the callee's name and the
+-- function's, or nil when the call was not pending.
+function M.cancel(self, id, why)
+  local call = self.pending[id]
+  if not call then return nil end
+  local p, what = call.peer, callee.fn_text(call.what or call.fn)
+  complete_error(self, id, errors.new("timeout", ("%s was cancelled: %s"):format(call_text(call.what or call.fn, p.name),
+    why), {worker = p.name, rank = p.rank, call_id = id}))
+  if p.rank == self.rank then callee.cancel_request(self, self.rank, id, true)
+  elseif p.state == "ready" and p.conn and p.conn:is_open() then
+    pcall(self.post, self, p.rank, "!cancel", id, "running")
+  end
+  return p.name, what
+end
 
 -- A reply to call id from rank could not be read (its shared memory failed):
 -- the call fails with err, if it went to that rank.

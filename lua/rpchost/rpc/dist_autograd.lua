@@ -500,6 +500,11 @@ local function sink_into(c)
   return c.sink
 end
 
+-- The sink that delivers leaf gradients into context id's table here: a
+-- backward pass run outside the context's rounds (nn.Pipe's per-micro-batch
+-- passes) gives its gradients where DistributedOptimizer reads them.
+function M._context_sink(id) return sink_into(need(id, 2)) end
+
 -- the gradient table `sink` (one of sink_into's) fills, or nil for another sink
 function M._sink_grads(sink)
   return getmetatable(sink) == Sink and sink.grads or nil

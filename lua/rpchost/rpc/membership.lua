@@ -12,6 +12,7 @@ local store = require "rpchost.store"
 local agentmod = require "rpchost.rpc.agent"
 local rref = require "rpchost.rpc.rref"
 local device_maps = require "rpchost.rpc.device_maps"
+local hosts = require "rpchost.net.hosts"
 
 local M = {}
 
@@ -109,7 +110,7 @@ function M.join(client, key, name, rank, world_size, host, opts, timeout)
   local ok, err = pcall(function()
     local record = codec.encode("info", {name = name, rank = rank, ip = advertise,
       port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version,
-      incarnation = incarnation})
+      incarnation = incarnation, host = hosts.advertised()})
     local dir = client:gather(P .. "worker/", world_size, rank, record, {
       timeout = timeout, abort = abort, restarted = rejoined and true or nil,
       on_tick = check_duplicate, -- (the other may register after we first looked)
@@ -160,7 +161,7 @@ function M.join(client, key, name, rank, world_size, host, opts, timeout)
     -- the others still know the dead incarnation's address: tell each where
     -- this one is (a peer that cannot be reached now learns it when it comes)
     local me = {name = name, rank = rank, ip = advertise, port = a.port, unix = a.unix_path,
-                incarnation = incarnation}
+                incarnation = incarnation, host = hosts.advertised()}
     for r = 0, world_size - 1 do
       if r ~= rank then pcall(a.post, a, r, "!reborn", me) end
     end
@@ -200,14 +201,15 @@ function M.join_dynamic(name, opts, host, port, timeout)
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
-      port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version}))
+      port = a.port, unix = a.unix_path, version = core.version, proto = core.protocol_version,
+      host = hosts.advertised()}))
     local keys = {}
     for r = 0, cur.world_size - 1 do keys[#keys + 1] = P .. "worker/" .. r end
     local infos = client:multi_get(keys)
     for r = 0, cur.world_size - 1 do
       if infos[r + 1] then a:add_peer(codec.decode(infos[r + 1])) end
     end
-    a:add_peer({name = name, rank = rank, ip = advertise, port = a.port})
+    a:add_peer({name = name, rank = rank, ip = advertise, port = a.port, host = hosts.advertised()})
     agentmod.set_current(a)
     rref.attach(a)
     require("rpchost.trace").set_rank(rank, name)
@@ -318,6 +320,12 @@ end
 function M.departure(a, r, why)
   local ok, note = pcall(a.store.get, a.store, a.prefix .. "left/" .. r)
   if ok and type(note) == "string" and note ~= "" then return note end
+  local p = a.peers[r]
+  if p and p.silent then
+    -- (a host that stopped answering: its process may well run on, cut off;
+    -- nothing says it died)
+    return ("cannot be reached: %s; its process may still be running, cut off from this host"):format(why)
+  end
   return ("died before calling rpc.shutdown(), leaving no word (killed, crashed, or its host went away): %s"):format(
     why)
 end

@@ -30,6 +30,15 @@ function M.some(items, max)
   return table.concat(items, ", ", 1, max) .. (" and %d more"):format(#items - max)
 end
 
+-- A number of seconds for a progress note: a whole number where it is one
+-- within a tenth (a deadline's remainder, 29.9998, is "30"), else one decimal.
+function M.seconds(t)
+  if t == math.huge then return "no limit" end
+  local r = math.floor(t * 10 + 0.5) / 10
+  if r == math.floor(r) then return ("%d"):format(r) end
+  return ("%.1f"):format(r)
+end
+
 -- seconds a store has to answer the handshake of a connection it accepted
 M.HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT")) or 10
 
@@ -37,10 +46,11 @@ M.HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT")) or 
 -- passed, saying every few seconds what it waits for. Must run in a task.
 function M.connect(host, port, timeout)
   timeout = timeout or 300
-  local addr = ("%s:%d"):format(host, port)
+  local addr = require("rpchost.net.hosts").join(host, port)
   local ip, rerr = core.resolve(host)
   if not ip then error(errors.new("config", ("cannot reach the store at %s: %s"):format(addr, rerr)), 0) end
-  local c = setmetatable({addr = addr, pending = {}, next_id = 0}, Client)
+  -- (ip: the address it reached, which rpchost.net.hosts matches interfaces to)
+  local c = setmetatable({addr = addr, ip = ip, pending = {}, next_id = 0}, Client)
   local start = sched.now()
   local next_note = start + progress_every()
   local last_err
@@ -69,13 +79,13 @@ function M.connect(host, port, timeout)
     end
     local now = sched.now()
     if now - start >= timeout then
-      error(errors.new("unreachable", ("cannot reach the store at %s after %g s: %s (is rank 0 " ..
+      error(errors.new("unreachable", ("cannot reach the store at %s after %s s: %s (is rank 0 " ..
         "or the launcher running there, and MASTER_ADDR/MASTER_PORT right?)"):format(
-          addr, timeout, tostring(last_err))), 0)
+          addr, M.seconds(timeout), tostring(last_err))), 0)
     end
     if now >= next_note then
-      log.info("waiting for the store at %s (%s) (%d s of %g s)", addr, tostring(last_err),
-               now - start, timeout)
+      log.info("waiting for the store at %s (%s) (%d s of %s s)", addr, tostring(last_err),
+               now - start, M.seconds(timeout))
       next_note = now + progress_every()
     end
     sched.sleep(math.min(0.05 * 2 ^ math.min(math.floor(now - start), 3), 0.5))
@@ -95,11 +105,11 @@ function M.connect(host, port, timeout)
     local why = errors.is(ack) and ack.message or tostring(ack)
     local closed = why:find("lost the store", 1, true)
     error(errors.new(errors.is(ack) and ack.kind or "unreachable", closed and
-      ("%s:%d accepted a connection but did not answer as an rpchost store: it closed the connection " ..
+      ("%s accepted a connection but did not answer as an rpchost store: it closed the connection " ..
        "(%s); a store out of file descriptors or flooded with connections does that (see its log), and so does " ..
-       "another program on that port: check MASTER_ADDR/MASTER_PORT, and try again"):format(host, port, why) or
-      ("%s:%d accepted a connection but did not answer as an rpchost store (%s): is something else listening " ..
-       "on that port, or is the store overloaded? Check MASTER_ADDR/MASTER_PORT"):format(host, port, why)), 0)
+       "another program on that port: check MASTER_ADDR/MASTER_PORT, and try again"):format(addr, why) or
+      ("%s accepted a connection but did not answer as an rpchost store (%s): is something else listening " ..
+       "on that port, or is the store overloaded? Check MASTER_ADDR/MASTER_PORT"):format(addr, why)), 0)
   end
   local dok, a = pcall(dec, ack)
   local s, why, kind = auth.client_ack(hs, dok and a or nil)
@@ -143,7 +153,7 @@ function Client:on_close(status, msg, peer_version)
     self.close_reason = ("protocol version mismatch with the store at %s: it speaks protocol %d, " ..
       "this rank speaks %d"):format(self.addr, peer_version, core.protocol_version)
   else
-    self.close_reason = msg or "connection closed"
+    self.close_reason = require("rpchost.net.hosts").words(msg) or "connection closed"
   end
   for id, p in pairs(self.pending) do
     self.pending[id] = nil
@@ -323,13 +333,13 @@ function Client:wait_for_(keys, o)
     if #miss == 0 then return true end
     if on_tick then on_tick(miss) end
     if elapsed >= timeout then
-      error(errors.new("timeout", ("gave up after %g s waiting for %s at the store %s"):format(
-        timeout, describe(named(miss)), self.addr)), 0)
+      error(errors.new("timeout", ("gave up after %s s waiting for %s at the store %s"):format(
+        M.seconds(timeout), describe(named(miss)), self.addr)), 0)
     end
     if sched.now() >= next_note then
       next_note = sched.now() + progress_every()
       log.info("waiting for %s at the store %s (%d s%s)", describe(named(miss)), self.addr, elapsed,
-        timeout == math.huge and ", no time limit" or (" of %g s"):format(timeout))
+        timeout == math.huge and ", no time limit" or (" of %s s"):format(M.seconds(timeout)))
     end
   end
 end

@@ -11,7 +11,8 @@ local auth = require "rpchost.net.auth"
 
 local M = {}
 local enc, dec = codec.raw_encode, codec.raw_decode
-local is_loopback = require("rpchost.net.cma").is_loopback
+local hosts = require "rpchost.net.hosts"
+local is_loopback = hosts.is_loopback
 
 -- Server -----------------------------------------------------------------------
 local Server = {}
@@ -260,25 +261,36 @@ function Server:on_close(conn)
 end
 
 -- Starts a store server on host:port (port 0: any free port). Raises a config
--- error naming the address when it cannot listen.
-function M.serve(host, port)
+-- error naming the address when it cannot listen. o.hosts: "one" when the
+-- world is known to be on this host alone (the launcher of one node), else
+-- what the environment says is asked (rpchost.net.hosts.spans_hosts).
+function M.serve(host, port, o)
   local ip, rerr = core.resolve(host)
-  if not ip then error(errors.new("config", ("cannot host the store at %s:%d: %s"):format(host, port, rerr)), 0) end
-  local bind = is_loopback(ip) and ip or "0.0.0.0"
-  if bind == "0.0.0.0" and ip ~= "0.0.0.0" then
+  if not ip then
+    error(errors.new("config", ("cannot host the store at %s: %s"):format(hosts.join(host, port), rerr)), 0)
+  end
+  M.check_reach(host, ip, o)
+  -- (every interface, IPv6 and IPv4 alike where the host has IPv6: ranks reach
+  -- MASTER_ADDR by whichever family their resolver gives them)
+  local bind = is_loopback(ip) and ip or hosts.any_address()
+  if hosts.is_ipv6(ip) and not is_loopback(ip) and bind == "0.0.0.0" then
+    error(errors.new("config", ("cannot host the store at %s: %s is an IPv6 address, and this host cannot listen " ..
+      "on IPv6 (is IPv6 turned off?); give MASTER_ADDR an IPv4 address"):format(hosts.join(host, port), ip)), 0)
+  end
+  if hosts.is_any(bind) and not hosts.is_any(ip) then
     -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
     local probe, perr, pcode = core.listen(ip, 0, {accept = function(c) c:close() end})
     if probe then probe:close()
     elseif pcode == "EADDRNOTAVAIL" then
-      error(errors.new("config", ("cannot host the store at %s:%d: %s is not an address of this machine, " ..
+      error(errors.new("config", ("cannot host the store at %s: %s is not an address of this machine, " ..
         "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
-        "its own addresses"):format(host, port, ip)), 0)
+        "its own addresses"):format(hosts.join(host, port), ip)), 0)
     else
       log.debug("could not test %s as a local address: %s", ip, tostring(perr))
     end
   end
   local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0}, Server)
-  if bind == "0.0.0.0" and not auth.token() then
+  if hosts.is_any(bind) and not auth.token() then
     log.warn("the store listens on every interface without a security token: anyone who can reach " ..
       "port %d can join; set RPCHOST_TOKEN on every rank", port)
   end
@@ -288,7 +300,7 @@ function M.serve(host, port)
     close = function(conn, status, msg)
       if status ~= 0 then
         local st = s.clients[conn]
-        if st and st.ready then log.warn("store: closed a connection: %s", tostring(msg))
+        if st and st.ready then log.warn("store: closed a connection: %s", tostring(hosts.words(msg)))
         else
           log.warn_often("store: closed unproven connections",
             "store: closed a connection that had not proved itself: %s", tostring(msg))
@@ -301,12 +313,12 @@ function M.serve(host, port)
     local hint = code == "EADDRINUSE" and
       " (another world or program uses this port: pick another MASTER_PORT, or let " ..
       "`rpchost run` pick a free one)" or ""
-    error(errors.new("config", ("cannot host the store at %s:%d: %s%s"):format(host, port,
+    error(errors.new("config", ("cannot host the store at %s: %s%s"):format(hosts.join(host, port),
       tostring(err), hint)), 0)
   end
   s.listener = l
   s.port = l:port()
-  s.addr = ("%s:%d"):format(host, s.port)
+  s.addr = hosts.join(host, s.port)
   -- (after the port is ours: no other store can be writing this port's secret)
   local ok, cred, path = pcall(auth.host_cred, is_loopback(ip), s.port)
   if not ok then
@@ -315,6 +327,21 @@ function M.serve(host, port)
   end
   s.cred, s.secret_path = cred, path
   return s
+end
+
+-- A store's name that is loopback only here (Debian maps a machine's own name
+-- to 127.0.1.1) takes no rank of another host: refused when the world is
+-- known to span hosts (torchrun's LOCAL_WORLD_SIZE below WORLD_SIZE, Slurm's
+-- nodes), said as a warning when nothing tells, silent when it is one host's.
+function M.check_reach(host, ip, o)
+  local surprise = hosts.loopback_surprise(host, ip)
+  if not surprise or (o and o.hosts == "one") then return end
+  local ws = tonumber(os.getenv("WORLD_SIZE") or "")
+  local lws = tonumber(os.getenv("LOCAL_WORLD_SIZE") or "")
+  local spans, why = hosts.spans_hosts(ws)
+  if spans then error(errors.new("config", ("%s (this world spans hosts: %s)"):format(surprise, why)), 0) end
+  if ws and lws and ws == lws then return end
+  log.warn("%s", surprise)
 end
 
 -- Waits (bounded) until every client has left, then stops listening.

@@ -37,8 +37,10 @@ usage: rpchost [options] [script [args...]]     run a script (one rank), like lu
                                                 join a running world interactively
        rpchost top  [--master-addr A --master-port P] [--token T] [--interval S]
                                                 watch a running world live (q quits)
+       rpchost plot LOGDIR [-o FILE] [--smoothing W]
+                                                draw a SummaryWriter's curves as HTML
 
-Subcommands: run, repl, top (each takes --help).
+Subcommands: run, repl, top, plot (each takes --help).
 
 Interpreter options (as luajit):
   -e chunk   run the string 'chunk'
@@ -82,8 +84,9 @@ local function report(e)
   io.stderr:flush()
   local path = os.getenv("RPCHOST_ERROR_FILE")
   if path and path ~= "" then
-    local f = io.open(path, "w")
-    if f then f:write(text, "\n"); f:close() end
+    -- (whole or not at all: the launcher reads it once this rank is gone)
+    local ok, err = pcall(require("rpchost.atomic_file").save, path, text .. "\n", {who = "RPCHOST_ERROR_FILE"})
+    if not ok then io.stderr:write("rpchost: ", tostring(err), "\n") end
   end
 end
 
@@ -239,20 +242,16 @@ local function interpreter(argv)
   return 0
 end
 
+-- the subcommands, each a module whose main(argv) takes the arguments after it
+local SUBCOMMANDS = {run = "rpchost.tools.launcher", top = "rpchost.tools.top", repl = "rpchost.tools.repl",
+                     plot = "rpchost.tools.plot"}
+
 function M.main(argv)
-  local sub = argv[1]
-  if sub == "run" then
+  local sub = SUBCOMMANDS[argv[1]]
+  if sub then
     local rest = {[0] = argv[0]}
     for j = 2, #argv do rest[#rest + 1] = argv[j] end
-    return require("rpchost.tools.launcher").main(rest)
-  elseif sub == "top" then
-    local rest = {[0] = argv[0]}
-    for j = 2, #argv do rest[#rest + 1] = argv[j] end
-    return require("rpchost.tools.top").main(rest)
-  elseif sub == "repl" then
-    local rest = {[0] = argv[0]}
-    for j = 2, #argv do rest[#rest + 1] = argv[j] end
-    return require("rpchost.tools.repl").main(rest)
+    return require(sub).main(rest)
   end
   return interpreter(argv)
 end

@@ -89,4 +89,20 @@ function M.snapshot(opts)
   return s
 end
 
+-- Why the world a member (the REPL, top) joined has stopped, or nil while it
+-- runs: every static rank shut down, or its store is gone. (What the member can
+-- tell from where it stands: the world keeps no record of its watchers.)
+function M.world_stopped(a)
+  if not a or a.state ~= "running" or not a.store then return nil end
+  local keys = {}
+  for r = 0, a.world_size - 1 do keys[#keys + 1] = a.prefix .. "shutdown/" .. r end
+  local ok, got = pcall(a.store.multi_get, a.store, keys)
+  if not ok then
+    local why = tostring(type(got) == "table" and got.message or got):gsub("^the store at %S+ is gone: ", "")
+    return ("its store at %s is gone (%s)"):format(tostring(a.store.addr), why)
+  end
+  for i = 1, #keys do if not got[i] then return nil end end
+  return ("all %d of its ranks shut down"):format(a.world_size)
+end
+
 return M

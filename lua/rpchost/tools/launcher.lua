@@ -10,9 +10,16 @@
 -- instead started again in place, up to N times (each rank): the new process takes
 -- its old rank and name in the running world (rpc.init_rpc rejoins it), so an RL
 -- actor or a trainer can die without stopping the others (torchrun restarts all).
+--
+-- A world of several nodes may start a different number of ranks on each
+-- (--nproc-per-node is each node's own, as torchrun's is): before any rank
+-- starts, the nodes' launchers meet at node 0's store and each learns every
+-- node's count, so global ranks are given in node order, each node a block as
+-- large as its own count.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local store = require "rpchost.store"
+local hosts = require "rpchost.net.hosts"
 
 local M = {}
 
@@ -20,7 +27,7 @@ local USAGE = [==[
 usage: rpchost run [--nproc-per-node N] [--nnodes M] [--node-rank K]
                    [--master-addr A] [--master-port P] [--standalone] [--prefix]
                    script.lua [args...]
-  --nproc-per-node N  ranks to start on this node (default 1)
+  --nproc-per-node N  ranks to start on this node (default 1; nodes may differ)
   --nnodes M          nodes in the world (default 1); run the same command on each
   --node-rank K       this node's index, 0..M-1 (default 0); node 0 hosts the store
   --master-addr A     where the store is (default 127.0.0.1)
@@ -80,7 +87,7 @@ local function parse(argv)
       if v == nil then return nil, k .. " needs a value" end
       local field = flags[k]
       given[field] = given[field] or k
-      if field == "addr" then o.addr = v
+      if field == "addr" then o.addr = v:match("^%[(.+)%]$") or v -- (an IPv6 address may come bracketed)
       elseif field == "grace" then
         local n = tonumber(v)
         if not n or n ~= n or n < 0 or n == math.huge then
@@ -123,6 +130,12 @@ end
 
 local read_file = require("rpchost.bytecode").read_file
 
+-- An error's words (an error object's message, or the string).
+local function errors_text(e)
+  if type(e) == "table" and e.message then return tostring(e.message) end
+  return tostring(e)
+end
+
 -- (the signals a rank dies of, by name: "killed by signal 9 (SIGKILL)")
 local SIGNAL_NAMES = {[1] = "SIGHUP", [2] = "SIGINT", [3] = "SIGQUIT", [4] = "SIGILL", [6] = "SIGABRT",
                       [7] = "SIGBUS", [8] = "SIGFPE", [9] = "SIGKILL", [11] = "SIGSEGV", [13] = "SIGPIPE",
@@ -146,11 +159,71 @@ local function failure_text(r, how)
   return how
 end
 
+-- The nodes' rendezvous (a world of several nodes): each node records how many
+-- ranks it starts under its node rank, the nodes must agree on --nnodes, and
+-- no two may claim one node rank. Returns this node's first global rank and
+-- the world's size, or nil and what is wrong (naming the nodes that disagree).
+local function node_rendezvous(o, port)
+  local timeout = tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300
+  local client = store.connect(o.addr, port, timeout)
+  local me = ("%s (pid %d)"):format(core.hostname() or "?", core.getpid())
+  local ok, a, b = pcall(function()
+    local same, other_n, other_node = client:agree("run/nnodes", o.nnodes, o.node_rank)
+    if not same then
+      local msg = ("the nodes disagree on --nnodes: node %d was started with --nnodes %d, node %s with " ..
+        "--nnodes %s; start every node with the same --nnodes"):format(o.node_rank, o.nnodes,
+        tostring(other_node), tostring(other_n))
+      client:set("run/abort", msg)
+      error(msg, 0)
+    end
+    local mine = ("%d@%s"):format(o.nproc, me)
+    local held = client:compare_set("run/node/" .. o.node_rank, "", mine)
+    if held ~= mine then
+      local msg = ("two nodes were started with --node-rank %d: %s and %s; give each node its own, " ..
+        "0 to %d"):format(o.node_rank, tostring(held:match("@(.*)$")), me, o.nnodes - 1)
+      client:set("run/abort", msg)
+      error(msg, 0)
+    end
+    local keys = {}
+    for k = 0, o.nnodes - 1 do keys[#keys + 1] = "run/node/" .. k end
+    local surprise = hosts.loopback_surprise(o.addr, core.resolve(o.addr) or "")
+    client:wait_for(keys, {timeout = timeout, abort = "run/abort",
+      describe = function(miss)
+        local ks = {}
+        for _, k in ipairs(miss) do ks[#ks + 1] = k:match("(%d+)$") end
+        return ("node%s %s to start (rpchost run --node-rank K on each)%s"):format(#ks > 1 and "s" or "",
+          store.some(ks), surprise and ("; " .. surprise) or "")
+      end})
+    local counts = client:multi_get(keys)
+    local first, world = 0, 0
+    for k = 0, o.nnodes - 1 do
+      local n = tonumber((counts[k + 1] or ""):match("^(%d+)@"))
+      if not n then error(("node %d's record at the store is malformed"):format(k), 0) end
+      if k < o.node_rank then first = first + n end
+      world = world + n
+    end
+    return first, world
+  end)
+  client:close()
+  if not ok then return nil, errors_text(a) end
+  return a, b
+end
+
 local function run(o)
   local server
   local port = o.port
+  if o.node_rank == 0 and o.nnodes > 1 then
+    -- a store that only this host can reach cannot gather several nodes
+    local ip = core.resolve(o.addr)
+    local surprise = ip and hosts.loopback_surprise(o.addr, ip)
+    if surprise then
+      io.stderr:write("rpchost run: --nnodes ", o.nnodes, " and ", (surprise:gsub("^MASTER_ADDR", "--master-addr")),
+        "\n")
+      return 2
+    end
+  end
   if o.node_rank == 0 then
-    local ok, s = pcall(store.serve, o.addr, port or 0)
+    local ok, s = pcall(store.serve, o.addr, port or 0, {hosts = o.nnodes == 1 and "one" or nil})
     if not ok then
       io.stderr:write("rpchost run: ", tostring(s), "\n")
       return 1
@@ -161,7 +234,7 @@ local function run(o)
   -- (the store answers every rank: it must not wait for the CPU behind them)
   local priority = require "rpchost.tools.priority"
   local rank_nice = server and priority.raise()
-  local world = o.nproc * o.nnodes
+  local first_rank, world = o.node_rank * o.nproc, o.nproc * o.nnodes
   local script, cwd, shipped = o.script, nil, nil
   local ship = require "rpchost.tools.ship"
   -- the node that has the script must really have it: say so once, before any
@@ -189,6 +262,16 @@ local function run(o)
       io.stderr:write("rpchost run: ", tostring(e), "\n")
       return 1
     end
+  end
+  if o.nnodes > 1 then
+    local why
+    first_rank, why = node_rendezvous(o, port)
+    if not first_rank then
+      io.stderr:write("rpchost run: ", why, "\n")
+      if server then server:close() end
+      return 1
+    end
+    world = why
   end
   local dir = tmpdir()
   local exe = core.exepath()
@@ -274,13 +357,14 @@ local function run(o)
     e.LOCAL_RANK = tostring(lr)
     e.LOCAL_WORLD_SIZE = tostring(o.nproc)
     e.GROUP_RANK = tostring(o.node_rank)
+    e.GROUP_WORLD_SIZE = tostring(o.nnodes)
     e.MASTER_ADDR = o.addr
     e.MASTER_PORT = tostring(port)
     e.RPCHOST_ERROR_FILE = r.errfile
     e.RPCHOST_RESTART_COUNT = tostring(r.restarts) -- (torchrun's TORCHELASTIC_RESTART_COUNT)
     e.RPCHOST_RANK_NICE = priority.env(rank_nice)
     if o.trace then e.RPCHOST_TRACE = ("%s.rank%d"):format(o.trace, rank) end
-    if server then e.RPCHOST_STORE_HOSTED = ("%s:%d"):format(o.addr, port) end
+    if server then e.RPCHOST_STORE_HOSTED = require("rpchost.net.hosts").join(o.addr, port) end
     local envl = {}
     for k, v in pairs(e) do envl[#envl + 1] = k .. "=" .. v end
     local writers = o.prefix and {out_writer(r, 1), out_writer(r, 2)}
@@ -312,7 +396,7 @@ local function run(o)
   end
 
   for lr = 0, o.nproc - 1 do
-    local rank = o.node_rank * o.nproc + lr
+    local rank = first_rank + lr
     local r = {rank = rank, local_rank = lr, errfile = ("%s/rank%d.err"):format(dir, rank), restarts = 0}
     local ok, err = start_rank(r)
     if not ok then

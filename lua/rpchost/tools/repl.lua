@@ -1,21 +1,24 @@
 -- rpchost.tools.repl: `rpchost repl`, an interactive member of a world.
 --
 --   rpchost repl                                   a one-rank local world
---   rpchost repl --master-addr A --master-port P [--name N] [--token T]
+--   rpchost repl --master-addr A --master-port P [--name N] [--token T] [--timeout S]
 --                                                  join the world running there
 --
 -- Input never blocks the loop (l_repl.c), so the world can call this member while
 -- it waits for a line. Each complete chunk runs as its own task: Ctrl-C
--- interrupts the call it is waiting on and returns to the prompt. `=expr` and bare
+-- interrupts the call it is waiting on, cancels the calls it left waiting (their
+-- callees stop them too) and returns to the prompt. `=expr` and bare
 -- expressions print their values (tables nested, cycles marked; tensors, Futures,
 -- RRefs and WorkerInfo as themselves). Tab completes globals, fields (an
 -- object's own and its class's, a tensor's and an RRef's methods) and worker
 -- names; history is kept in ~/.rpchost_history. Ctrl-D or os.exit() leave the
 -- world cleanly. Errors show the user's frames, not the REPL's. When the world
--- it joined stops, the REPL says so.
+-- it joined stops, the REPL says so. Joining says at once where, and gives up
+-- after --timeout.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local report = require "rpchost.tools.report"
+local errors = require "rpchost.errors"
 local sized = require "rpchost.sized"
 
 local M = {}
@@ -56,27 +59,63 @@ end
 -- completion -----------------------------------------------------------------------------
 -- The names that may follow `v.` or `v:`: its own fields, those its metatables'
 -- __index tables give it (an instance's class and the classes above), a
--- tensor's methods and properties (its __index is a function).
+-- tensor's methods and properties (its __index is a function). Metamethods
+-- (`__index`, `__gc`) are never offered. One of rpchost's runtime objects (an
+-- RRef, a Future, a WorkerInfo: a value with a wire form of its own) offers its
+-- public API only: its class's methods and the fields its documentation names
+-- (PUBLIC_FIELDS), not the bookkeeping it carries (an RRef's creation,
+-- sentinel, fork). Other objects (an nn.Linear, the user's) offer their fields.
+local PUBLIC_FIELDS = {
+  [require "rpchost.wire.workerinfo"] = {"id", "name"},
+  [errors.Error] = {"kind", "message", "worker", "rank", "traceback"},
+}
+
+-- A method: a function whose first parameter is self (`function C:m()`), not
+-- a constructor or a helper the class also holds (`Future.new`, `WorkerInfo.is`).
+local function is_method(f)
+  return type(f) == "function" and debug.getlocal(f, 1) == "self"
+end
+
 local function names_of(v)
   local out, seen = {}, {}
-  local function add(t)
-    for k in pairs(t) do
-      if type(k) == "string" and not seen[k] then seen[k] = true; out[#out + 1] = k end
+  local function add(t, only)
+    for k, x in pairs(t) do
+      if type(k) == "string" and not seen[k] and k:sub(1, 2) ~= "__" and (not only or only(k, x)) then
+        seen[k] = true
+        out[#out + 1] = k
+      end
     end
   end
-  local own = sized.raw(v)
-  if type(own) == "table" then add(own) end
   local tensor = package.loaded["rpchost.tensor"]
   if tensor and tensor.is_tensor and tensor.is_tensor(v) then
     add(tensor.methods)
     add(tensor.props)
   end
-  local mt, hops = getmetatable(v), 0
-  while type(mt) == "table" and hops < 16 do
-    local idx = rawget(mt, "__index")
-    if type(idx) ~= "table" then break end
-    add(idx)
-    mt, hops = getmetatable(idx), hops + 1
+  local mt = getmetatable(v)
+  -- (an object's names that start with '_' are its own business; a plain
+  -- table's, a module's such as rpc._set_rpc_timeout, are offered)
+  local public = type(mt) == "table" and function(k) return k:sub(1, 1) ~= "_" end or nil
+  local runtime = require("rpchost.wire.codec").has_extension(mt)
+  local own = sized.raw(v) -- (a sized object's fields are the table behind it)
+  if type(own) == "table" then
+    if runtime then
+      for _, k in ipairs(PUBLIC_FIELDS[mt] or {}) do add({[k] = true}) end
+    else
+      add(own, public)
+    end
+  end
+  -- the classes: an __index table is the class; a class whose __index is a
+  -- function (an nn module's, which finds parameters) holds its methods itself
+  local methods = runtime and function(k, x) return k:sub(1, 1) ~= "_" and is_method(x) end or public
+  local cls, hops = mt, 0
+  while type(cls) == "table" and hops < 16 do
+    local idx = rawget(cls, "__index")
+    local class = type(idx) == "table" and idx or type(idx) == "function" and cls or nil
+    if not class then break end
+    add(class, methods)
+    local up = getmetatable(class)
+    if up == cls then break end
+    cls, hops = up, hops + 1
   end
   return out
 end
@@ -95,6 +134,15 @@ local function complete(text)
       t = v
     end
     names = names_of(t)
+    if sep == ":" then
+      -- (`v:` calls a method: only functions follow it)
+      local methods = {}
+      for _, k in ipairs(names) do
+        local ok, x = pcall(function() return t[k] end)
+        if ok and type(x) == "function" then methods[#methods + 1] = k end
+      end
+      names = methods
+    end
   else
     partial, base, sep = text, nil, nil
     names = names_of(_G)
@@ -120,9 +168,10 @@ M.complete = complete
 
 -- errors -------------------------------------------------------------------------------------
 -- An error as the user should see it: the REPL's own frames (the task that ran
--- the line, the scheduler under it) are not the user's code and go.
+-- the line, the scheduler under it) are not the user's code and go; rpchost's
+-- other frames are folded (rpchost.errors.traceback), a remote error's too.
 local OWN_FRAMES = {"rpchost/tools/repl%.lua:", "rpchost/sched%.lua:", "^%s*%[C%]: in function 'xpcall'$",
-                    "^%s*%[C%]: in function 'pcall'$", "^%s*%(tail call%)"}
+                    "^%s*%[C%]: in function 'pcall'$"}
 function M.error_text(e)
   local text = report.format_error(e)
   local kept = {}
@@ -133,7 +182,9 @@ function M.error_text(e)
     end
     if not own then kept[#kept + 1] = line end
   end
-  -- (a traceback left with no frame says nothing)
+  -- (the frames that ran the line, folded at the end, are the REPL's too; and
+  -- a traceback left with no frame says nothing)
+  if kept[#kept] and kept[#kept]:match("^%s*%.%.%. %d+ rpchost frames?$") then kept[#kept] = nil end
   if kept[#kept] and kept[#kept]:match("^%s*stack traceback:%s*$") then kept[#kept] = nil end
   return table.concat(kept, "\n")
 end
@@ -147,19 +198,38 @@ local function announce(text)
 end
 M.announce = announce
 
--- Why the world this member joined has stopped, or nil while it runs: every
--- static rank shut down, or its store is gone.
-function M.world_stopped(a)
-  if not a or a.state ~= "running" or not a.store then return nil end
-  local keys = {}
-  for r = 0, a.world_size - 1 do keys[#keys + 1] = a.prefix .. "shutdown/" .. r end
-  local ok, got = pcall(a.store.multi_get, a.store, keys)
-  if not ok then
-    return ("its store at %s is gone (%s)"):format(tostring(a.store.addr), tostring(type(got) == "table"
-      and got.message or got))
+-- Why the world this member joined has stopped, or nil while it runs
+-- (rpchost.tools.introspect.world_stopped).
+M.world_stopped = function(a) return require("rpchost.tools.introspect").world_stopped(a) end
+
+-- Ctrl-C ------------------------------------------------------------------------------------
+local function agent()
+  local rpc = package.loaded["rpchost.rpc"]
+  return rpc and rpc._agent and rpc._agent()
+end
+
+-- An interrupted line's calls still waiting for replies (those numbered after
+-- first_id) are cancelled: they fail here, and each callee drops the request,
+-- or stops the function where it next waits (rpchost.rpc.callee.cancel_request)
+-- instead of running on for nobody. Returns what to add to "interrupted".
+function M.cancel_calls(a, first_id)
+  if not (a and first_id and a.pending) then return "" end
+  local caller = require "rpchost.rpc.caller"
+  local ids = {}
+  for id in pairs(a.pending) do
+    if id > first_id and id <= a.next_id then ids[#ids + 1] = id end
   end
-  for i = 1, #keys do if not got[i] then return nil end end
-  return ("all %d of its ranks shut down"):format(a.world_size)
+  table.sort(ids)
+  local done = {}
+  for _, id in ipairs(ids) do
+    local to, what = caller.cancel(a, id, "the REPL line that made it was interrupted (Ctrl-C)")
+    if to then done[#done + 1] = ("%s on %s"):format(what, to) end
+  end
+  if #done == 0 then return "" end
+  local shown = table.concat(done, ", ", 1, math.min(#done, 3))
+  if #done > 3 then shown = shown .. (", and %d more"):format(#done - 3) end
+  return ("; cancelled %d call%s it was waiting on: %s (a callee stops a running call at its next wait)"):format(
+    #done, #done == 1 and "" or "s", shown)
 end
 
 -- the loop ---------------------------------------------------------------------------------
@@ -226,7 +296,10 @@ function M.loop(leave)
       else
         local done = false
         local result
+        local a = agent()
+        local first_id = a and a.next_id -- (the calls this line makes are numbered after it)
         running = sched.spawn(function()
+          sched.current().entry = f -- (named in a traceback when `=expr` tail-calls what failed)
           result = table.pack(xpcall(f, sched.traceback))
           done = true
           if waiting_task then sched.wake(waiting_task) end
@@ -238,7 +311,8 @@ function M.loop(leave)
         end
         running = nil
         if result[1] then print_results(table.pack(unpack(result, 2, result.n)))
-        elseif tostring(result[2]):match("^interrupted") then io.stdout:write("interrupted\n")
+        elseif tostring(result[2]):match("^interrupted") then
+          io.stdout:write("interrupted", M.cancel_calls(a, first_id), "\n")
         else io.stderr:write(M.error_text(result[2]), "\n") end
       end
       core.repl_reset("> ")
@@ -250,12 +324,23 @@ function M.loop(leave)
   leave()
 end
 
+local USAGE = [[
+usage: rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T] [--timeout S]
+
+Without an address: a one-rank local world. With one: joins the world whose
+store is at A:P (default 127.0.0.1 and $MASTER_PORT or 29500) as NAME (default
+repl-<pid>), waiting up to S seconds for it (default 10, or
+$RPCHOST_INIT_TIMEOUT). Ctrl-C interrupts the line being run and cancels the
+calls it left waiting; Ctrl-D leaves the world.
+]]
+
 function M.main(argv)
   local o = {}
   local i = 1
   while argv[i] do
     local a = argv[i]
-    local takes = {["--master-addr"] = "addr", ["--master-port"] = "port", ["--name"] = "name", ["--token"] = "token"}
+    local takes = {["--master-addr"] = "addr", ["--master-port"] = "port", ["--name"] = "name", ["--token"] = "token",
+                   ["--timeout"] = "timeout"}
     if takes[a] then
       local v = argv[i + 1]
       if v == nil or v:sub(1, 2) == "--" then
@@ -266,10 +351,14 @@ function M.main(argv)
         io.stderr:write("rpchost repl: --master-port must be a port number, got '", v, "'\n")
         return 2
       end
+      if a == "--timeout" and not (tonumber(v) and tonumber(v) > 0) then
+        io.stderr:write("rpchost repl: --timeout must be a number of seconds above 0, got '", v, "'\n")
+        return 2
+      end
       o[takes[a]] = v
       i = i + 2
     elseif a == "-h" or a == "--help" then
-      io.stdout:write("usage: rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]\n")
+      io.stdout:write(USAGE)
       return 0
     else
       io.stderr:write("rpchost repl: unknown option ", a, "\n")
@@ -282,10 +371,17 @@ function M.main(argv)
     local rpc = require "rpc"
     for _, m in ipairs({"rpc", "dist", "tensor", "nn", "optim", "dist_autograd"}) do _G[m] = require(m) end
     if o.addr or o.port then
-      local init = ("tcp://%s:%s"):format(o.addr or "127.0.0.1", o.port or os.getenv("MASTER_PORT") or "29500")
+      local where = ("%s:%s"):format(o.addr or "127.0.0.1", o.port or os.getenv("MASTER_PORT") or "29500")
       o.name = o.name or ("repl-" .. core.getpid())
-      rpc.init_rpc(o.name, {rpc_backend_options = rpc.TensorPipeRpcBackendOptions{init_method = init}})
-      io.stdout:write(("joined the world at %s as %s (rank %d); Ctrl-D leaves\n"):format(init:sub(7), o.name,
+      -- (said at once: a wrong address shows itself in seconds, not after a
+      -- training job's 300 s of init_timeout)
+      local wait = tonumber(o.timeout) or tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 10
+      io.stdout:write(("joining the world at %s as %s (waiting up to %g s for it; --timeout S changes that)...\n"):format(
+        where, o.name, wait))
+      io.stdout:flush()
+      rpc.init_rpc(o.name, {rpc_backend_options = rpc.TensorPipeRpcBackendOptions{init_method = "tcp://" .. where,
+        init_timeout = wait}})
+      io.stdout:write(("joined the world at %s as %s (rank %d); Ctrl-D leaves\n"):format(where, o.name,
         rpc.get_worker_info().id))
     else
       local l = core.listen("127.0.0.1", 0, {accept = function(c) c:close() end})
@@ -320,7 +416,9 @@ function M.main(argv)
     M.loop(leave)
   end, "repl")
   if not ok then
-    io.stderr:write("rpchost repl: ", report.format_error(err), "\n")
+    -- (an error object says what to do; a traceback is for bugs)
+    io.stderr:write("rpchost repl: ", require("rpchost.errors").is(err) and tostring(err) or report.format_error(err),
+      "\n")
     return 1
   end
   return 0

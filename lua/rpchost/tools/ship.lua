@@ -5,6 +5,7 @@
 local core = require "rpchost.core"
 local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
+local atomic_file = require "rpchost.atomic_file"
 
 local M = {}
 local MAX_BYTES = 64 * 1024 * 1024
@@ -67,9 +68,9 @@ function M.fetch(client, timeout)
     if type(data) ~= "string" or core.sha256_hex(data) ~= f.sha256 then
       error(errors.new("protocol", ("shipped file %s does not match its SHA-256"):format(f.name)), 0)
     end
-    local out = assert(io.open(dir .. "/" .. f.name, "wb"))
-    out:write(data)
-    out:close()
+    -- (checked: a full disk must not leave a truncated script to run)
+    local ok, err = pcall(atomic_file.save, dir .. "/" .. f.name, data, {who = "shipping the script"})
+    if not ok then error(errors.new("config", tostring(err)), 0) end
   end
   return dir .. "/" .. m.script, dir, #m.files, m.files
 end

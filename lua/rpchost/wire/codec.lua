@@ -4,7 +4,10 @@
 --   * functions reachable from the globals or a loaded module travel by name
 --     (like PyTorch pickles by qualified name) and are looked up on the callee,
 --     requiring the module there if needed; so do classes (callable tables
---     reachable by name, such as nn.Linear) and names given as strings;
+--     reachable by name, such as nn.Linear) and names given as strings. What a
+--     loaded module holds is named through the module even where a global holds
+--     it too (the REPL's `tensor` is a global, a script's is a local), and a
+--     global path the callee lacks is looked up among its loaded modules;
 --   * other Lua functions travel by value (bytecode and upvalues), and the callee
 --     accepts them only when `allow_bytecode` is set for the message's source;
 --     there they see the callee's globals and the rpchost modules;
@@ -57,8 +60,9 @@ end
 
 -- (a decode context's allow_bytecode, set by the receiver: may by-value
 -- functions be loaded? Refused when not, and outside a message)
-M.bytecode_refusal = "a function sent by value (a closure) was refused: only a loopback-only " ..
-  "world accepts bytecode; send a global or module function, which travels by name"
+M.bytecode_refusal = "a function sent by value (a closure) was refused: only a world whose every rank " ..
+  "proved the security token, or a loopback-only one, accepts bytecode; set RPCHOST_TOKEN (or security_token " ..
+  "in the backend options) on every rank, or send a global or module function, which travels by name"
 
 -- names: value <-> where it is reachable -------------------------------------
 local names = setmetatable({}, {__mode = "k"})
@@ -93,11 +97,32 @@ local function resolve_dotted(name)
   return nil
 end
 
+-- The rpchost modules by their usual names: what a caller may hold in a global
+-- (the REPL's `tensor`) where a callee's script keeps it in a local.
+local MODULES = {rpc = "rpc", dist = "dist", tensor = "tensor", nn = "nn", optim = "optim",
+                 dist_autograd = "dist_autograd"}
+
+-- The module a global path's first part names here, when this worker has no
+-- such global: a module loaded here under that name, or an rpchost module
+-- (required now). A caller whose `tensor` is a global sends tensor.ones as
+-- {"g", "tensor", "ones"}; a callee that keeps tensor in a local of its script
+-- finds it through package.loaded all the same. Other names are not required
+-- on a global path's behalf: a global is not a module.
+local function module_for_global(name)
+  local m = package.loaded[name]
+  if m == nil and MODULES[name] then
+    local ok, r = pcall(require, MODULES[name])
+    m = ok and r or nil
+  end
+  return m
+end
+
 local function resolve(path)
   local v
   if path[1] == "s" then return type(path[2]) == "string" and resolve_dotted(path[2]) or nil end
   if path[1] == "g" then
     v = rawget(_G, path[2])
+    if v == nil then v = module_for_global(path[2]) end
   else
     v = package.loaded[path[2]]
     if v == nil then
@@ -113,9 +138,12 @@ local function resolve(path)
 end
 M.resolve = resolve
 
+-- (a module's path wins over a global one: see scan)
 local function note(v, path)
   local t = type(v)
-  if (t == "function" or t == "table") and names[v] == nil then names[v] = path end
+  if t ~= "function" and t ~= "table" then return end
+  local had = names[v]
+  if had == nil or (had[1] == "g" and path[1] == "m") then names[v] = path end
 end
 
 -- Names are found breadth first (the shortest name wins) through the globals
@@ -133,6 +161,7 @@ end
 
 local function scan()
   local queue, head, seen, budget = {}, 1, {[_G] = true, [package] = true, [package.loaded] = true}, SCAN_BUDGET
+  local queued = {} -- table -> its entry in the queue
   local function visit(t, path)
     for k, v in pairs(t) do
       budget = budget - 1
@@ -147,20 +176,39 @@ local function scan()
           -- data, and a live object the scan touched could outlive its holder)
           if tv == "table" and not seen[v] and #p < SCAN_DEPTH + 1 and rawget(v, 1) == nil and not is_object(v) then
             seen[v] = true
-            queue[#queue + 1] = {v, p}
+            local item = {v, p}
+            queue[#queue + 1] = item
+            queued[v] = item
           end
         end
       end
     end
   end
   visit(_G, {"g"})
+  -- A loaded module is named as a module even where a global holds it too (the
+  -- REPL's `tensor`, a script's global `nn`), and so is everything in
+  -- it: the callee requires a module by its name, where a global of the
+  -- caller's may be a local of the callee's script. (Its global path is still
+  -- in the queue, not yet walked: its entry takes the module's path instead.)
+  -- Shortest module name first, so that a module loaded under two names
+  -- (`tensor` and `rpchost.tensor`) is always named by the same, shorter one.
+  local mods = {}
   for mod, m in pairs(package.loaded) do
-    if type(mod) == "string" and m ~= _G then
-      note(m, {"m", mod})
-      if type(m) == "table" and not seen[m] then
-        seen[m] = true
-        queue[#queue + 1] = {m, {"m", mod}}
-      end
+    if type(mod) == "string" and m ~= _G then mods[#mods + 1] = mod end
+  end
+  table.sort(mods, function(x, y) if #x ~= #y then return #x < #y end return x < y end)
+  for _, mod in ipairs(mods) do
+    local m = package.loaded[mod]
+    local p = {"m", mod}
+    note(m, p)
+    local item = queued[m]
+    if item then
+      if item[2][1] == "g" then item[2] = p end
+    elseif type(m) == "table" and not seen[m] then
+      seen[m] = true
+      item = {m, p}
+      queue[#queue + 1] = item
+      queued[m] = item
     end
   end
   while head <= #queue and budget > 0 do
@@ -214,6 +262,11 @@ function M.register_extension(x)
     by_tag[x.tag] = x.decode
   end
 end
+
+-- Whether values of metatable mt have a wire form of their own (RRefs, tensors,
+-- Futures, WorkerInfo, error objects: rpchost's runtime objects, whose fields
+-- are their bookkeeping), not the fields-and-class-name of a plain object.
+function M.has_extension(mt) return mt ~= nil and by_mt[mt] ~= nil end
 
 local Named = {} -- marks a table that travels as a reference to its name
 Named.__index = Named
@@ -331,6 +384,7 @@ by_tag[TAG.FUNC_NAME] = function(_, kind, name, ...)
   -- (a global, the usual case, is one lookup: no path table per call)
   if kind == "g" and select("#", ...) == 0 and type(name) == "string" then
     local v = rawget(_G, name)
+    if v == nil then v = module_for_global(name) end
     if v == nil then lookup_failed({kind, name}) end
     return v
   end
@@ -350,8 +404,6 @@ by_tag[TAG.NAMED] = by_tag[TAG.FUNC_NAME]
 -- modules by their usual names even where this worker's script keeps them in
 -- locals (a closure typed at the REPL says `tensor.ones(2)`). Assignments go to
 -- the real globals.
-local MODULES = {rpc = "rpc", dist = "dist", tensor = "tensor", nn = "nn", optim = "optim",
-                 dist_autograd = "dist_autograd"}
 local remote_env = setmetatable({}, {
   __index = function(_, k)
     local v = rawget(_G, k)

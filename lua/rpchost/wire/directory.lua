@@ -38,12 +38,15 @@ function M.build(recs, check)
     -- (the caller's check first: another rpchost version's record is named so)
     local why = check and check(w)
     if why then return nil, why end
-    if type(w.ip) ~= "string" or type(w.port) ~= "number" or (w.unix ~= nil and type(w.unix) ~= "string") then
+    if type(w.ip) ~= "string" or type(w.port) ~= "number" or (w.unix ~= nil and type(w.unix) ~= "string") or
+        (w.host ~= nil and type(w.host) ~= "string") then
       return nil, bad
     end
     names[i] = w.name
-    -- (what a peer needs to reach this rank; the rank is its place)
-    local rec = codec.raw_encode("peer", w.name, w.ip, w.port, w.unix or false, tonumber(w.incarnation) or 0)
+    -- (what a peer needs to reach this rank, and which host and namespaces it
+    -- is in, for the same-host paths: rpchost.net.hosts; the rank is its place)
+    local rec = codec.raw_encode("peer", w.name, w.ip, w.port, w.unix or false, tonumber(w.incarnation) or 0,
+      w.host or false)
     recs_out[i] = rec
     at = at + #rec
     offsets[i + 1] = be32(at)
@@ -82,15 +85,17 @@ function M.open(raw, world_size)
   return setmetatable({n = d.n, offsets = d.offsets, records = d.records, names_raw = d.names}, Dir)
 end
 
-local function record(r, ok, name, ip, port, unix, incarnation, ...)
+local function record(r, ok, name, ip, port, unix, incarnation, host, ...)
   if not ok or select("#", ...) > 0 or type(name) ~= "string" or type(ip) ~= "string" or type(port) ~= "number" or
-      (unix ~= false and type(unix) ~= "string") or type(incarnation) ~= "number" then
+      (unix ~= false and type(unix) ~= "string") or type(incarnation) ~= "number" or
+      (host ~= false and type(host) ~= "string") then
     malformed(("rank %d's record"):format(r))
   end
-  return {rank = r, name = name, ip = ip, port = port, unix = unix or nil, incarnation = incarnation}
+  return {rank = r, name = name, ip = ip, port = port, unix = unix or nil, incarnation = incarnation,
+          host = host or nil}
 end
 
--- Rank r's record ({rank, name, ip, port, unix, incarnation}), decoded now (the
+-- Rank r's record ({rank, name, ip, port, unix, incarnation, host}), decoded now (the
 -- agent keeps what it makes of it); nil for a rank out of range.
 function Dir:record(r)
   if type(r) ~= "number" or r < 0 or r >= self.n or r ~= math.floor(r) then return nil end

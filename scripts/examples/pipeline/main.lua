@@ -3,9 +3,11 @@
 --       [--batch-size 120 --image-size 128 --width 64 --num-classes 1000 --num-batches 3]
 -- Rank 0 is the master, ranks 1 and 2 hold the two shards of a ResNet50
 -- (Bottleneck blocks 3-4-6-3): worker1 the stem and layer1, worker2 layer2-4,
--- the pooling and fc. DistResNet50 cuts each batch into micro-batches; for each,
--- shard 1 runs through an RRef (remote) and shard 2 is called with that RRef
--- (rpc_async), so shard 1 works on micro-batch i + 1 while shard 2 works on i.
+-- the pooling and fc. The tutorial pipelines the shards by hand (an RRef per
+-- micro-batch, remote() on shard 1, rpc_async() on shard 2, cat); here
+-- DistResNet50 is nn.Pipe over the two shards (docs/pipeline.md), which does
+-- the same: each batch cut into micro-batches of split_size, shard 1 working on
+-- micro-batch i + 1 while shard 2 works on i, the output an RRef.
 -- Training is on random data with dist_autograd and a DistributedOptimizer.
 -- The defaults are the tutorial's sizes; --width scales every layer (the spec
 -- runs a narrow one on small images).
@@ -44,10 +46,10 @@ function Bottleneck:forward(x)
   return self.relu(out + identity)
 end
 
--- the shards' common part: make_layer and the parameter RRefs. (PyTorch's
--- shards hold a threading.Lock around forward; here no lock is needed: once
--- to_here has the input, a shard's forward runs without yielding, so two
--- micro-batches never interleave inside it.)
+-- the shards' common part: make_layer. (PyTorch's
+-- shards hold a threading.Lock around forward; here no lock is needed: a
+-- shard's forward runs without yielding, and nn.Pipe runs a stage's
+-- micro-batches one after the other.)
 ResNetBase = nn.Module:extend("ResNetBase")
 function ResNetBase:make_layer(planes, blocks, stride)
   local downsample
@@ -60,11 +62,6 @@ function ResNetBase:make_layer(planes, blocks, stride)
   for _ = 2, blocks do layers[#layers + 1] = Bottleneck(self.inplanes, planes) end
   return nn.Sequential(table.unpack(layers))
 end
-function ResNetBase:parameter_rrefs()
-  local out = {}
-  for i, p in ipairs(self:parameters()) do out[i] = rpc.RRef(p) end
-  return out
-end
 
 ResNetShard1 = ResNetBase:extend("ResNetShard1")
 function ResNetShard1:init(w)
@@ -73,8 +70,8 @@ function ResNetShard1:init(w)
   self.seq = nn.Sequential(nn.Conv2d(3, w, 7, {stride = 2, padding = 3, bias = false}), nn.BatchNorm2d(w),
     nn.ReLU(), nn.MaxPool2d(3, {stride = 2, padding = 1}), self:make_layer(w, 3))
 end
-function ResNetShard1:forward(x_rref)
-  return self.seq(x_rref:to_here())
+function ResNetShard1:forward(x)
+  return self.seq(x)
 end
 
 ResNetShard2 = ResNetBase:extend("ResNetShard2")
@@ -85,31 +82,23 @@ function ResNetShard2:init(w, num_classes)
     nn.AdaptiveAvgPool2d({1, 1}))
   self.fc = nn.Linear(w * 8 * 4, num_classes)
 end
-function ResNetShard2:forward(x_rref)
-  local out = self.seq(x_rref:to_here())
+function ResNetShard2:forward(x)
+  local out = self.seq(x)
   return self.fc(out:flatten(2))
 end
 
-DistResNet50 = nn.Module:extend("DistResNet50")
-function DistResNet50:init(split_size, workers)
-  self.split_size = split_size
-  self.p1_rref = rpc.remote(workers[1], ResNetShard1, {args.width})
-  self.p2_rref = rpc.remote(workers[2], ResNetShard2, {args.width, args.num_classes})
-end
-function DistResNet50:forward(xs)
-  local out_futures = {}
-  for _, x in ipairs(xs:split(self.split_size, 1)) do
-    local x_rref = rpc.RRef(x)
-    local y_rref = self.p1_rref:remote():forward(x_rref)
-    out_futures[#out_futures + 1] = self.p2_rref:rpc_async():forward(y_rref)
-  end
-  return tensor.cat(rpc.wait_all(out_futures))
-end
-function DistResNet50:parameter_rrefs()
-  local remote_params = {}
-  for _, r in ipairs(self.p1_rref:rpc_sync():parameter_rrefs()) do remote_params[#remote_params + 1] = r end
-  for _, r in ipairs(self.p2_rref:rpc_sync():parameter_rrefs()) do remote_params[#remote_params + 1] = r end
-  return remote_params
+-- the two shards as the stages of a pipeline: each built here (from its seed),
+-- then copied to its worker once, where it lives; micro-batches of split_size
+-- rows (the tutorial's xs:split(split_size)); no checkpointing, as the
+-- tutorial recomputes nothing
+DistResNet50 = function(split_size, workers)
+  -- (the shards seed the generator, as they did on their workers in the
+  -- tutorial: the master's state is put back for the data it draws next)
+  local rng = tensor.get_rng_state()
+  local shards = nn.Sequential(ResNetShard1(args.width), ResNetShard2(args.width, args.num_classes))
+  tensor.set_rng_state(rng)
+  return nn.Pipe(shards, {chunks = math.ceil(args.batch_size / split_size), placement = workers,
+    checkpoint = "never"})
 end
 
 local function run_master(split_size)
@@ -123,7 +112,7 @@ local function run_master(split_size)
     local inputs = tensor.randn(args.batch_size, 3, args.image_size, args.image_size)
     local labels = tensor.zeros(args.batch_size, args.num_classes):scatter(2, one_hot_indices, 1)
     dist_autograd.context(function(context_id)
-      local outputs = model(inputs)
+      local outputs = model(inputs):to_here()
       local loss = loss_fn(outputs, labels)
       dist_autograd.backward(context_id, {loss})
       opt:step(context_id)
