@@ -5,7 +5,8 @@
 -- views, every dtype, training checkpoints that resume here, torch 2.x's layout
 -- and protocol 4; files that must be refused (dtypes rpchost lacks, big-endian,
 -- legacy, TorchScript) and malicious pickles that must be refused without
--- running anything. Then what nn.save writes: back through nn.load, and, where
+-- running anything; storages mapped copy-on-write with {mmap = true}. Then what
+-- nn.save writes: back through nn.load, and, where
 -- /usr/bin/python3 has torch, through torch.load(weights_only=True). Last, a few
 -- hundred truncated and bit-flipped files, each a clear error, in a child process
 -- with a deadline.
@@ -166,6 +167,32 @@ describe("nn.load of PyTorch checkpoints #unit", function()
     end
     assert.are.equal(10, n)
     assert.is_nil(io.open("/tmp/rpchost-pt-pwned"), "something ran the pickle's command")
+  end)
+
+  it("maps a .pt's storages copy-on-write with {mmap = true}, PyTorch's files and rpchost's alike", function()
+    local function mapped(path)
+      local f = io.open("/proc/self/maps")
+      local s = f:read("*a")
+      f:close()
+      return s:find(path, 1, true) ~= nil
+    end
+    local sd = nn.load(DIR .. "mlp.pt", {mmap = true})
+    check_state_dict(sd, E.mlp, "mlp.pt mapped")
+    assert.is_true(mapped(DIR .. "mlp.pt"), "torch's storages (64-byte aligned) are not mapped")
+    local p = S.tmpdir .. "/mapped.pt"
+    local w = tensor.randn(100, 30, {dtype = tensor.float64})
+    nn.save({w = w, wt = w:t()}, p)
+    local back = nn.load(p, {mmap = true})
+    assert.is_true(back.w:equal(w) and back.wt:equal(w:t()) and core.t_same_storage(back.w, back.wt))
+    assert.is_true(mapped(p), "rpchost's storages are not mapped")
+    back.w:mul_(2) -- (copy-on-write: the file keeps what was saved)
+    assert.is_true(nn.load(p).w:equal(w))
+    tensor.save(w, S.tmpdir .. "/one_mapped.pt")
+    assert.is_true(tensor.load(S.tmpdir .. "/one_mapped.pt", {mmap = true}):equal(w))
+    sd, back = nil, nil
+    collectgarbage()
+    collectgarbage()
+    assert.is_false(mapped(p) or mapped(DIR .. "mlp.pt"), "a mapping outlived its tensors")
   end)
 
   it("loads a .pt holding one tensor with tensor.load, and says so when it holds a table", function()

@@ -20,11 +20,17 @@
 -- from.
 --
 -- The bytes go through a source (reading) and a sink (writing) of this file's
--- own, the only code here that touches the file.
+-- own, the only code here that touches the file, both over rpchost.atomic_file:
+-- a save is atomic and checked (a crash leaves the old file or the new one; a
+-- failure leaves the old one and raises one line naming the path), every
+-- storage goes from its tensor's memory to the file and back into the new
+-- tensor's, CRC-32s computed in C on the way, and nn.load(path, {mmap = true})
+-- maps the storages copy-on-write instead (torch aligns them as rpchost does).
 local core = require "rpchost.core"
 local zlib = require "rpchost.zlib"
 local pickle = require "rpchost.tensor.pickle"
 local tensor = require "rpchost.tensor.base"
+local atomic_file = require "rpchost.atomic_file"
 
 local M = {}
 
@@ -44,58 +50,56 @@ local function le(s, i, k)
   return v
 end
 
--- The source: the file's bytes by range. (A plain Lua file for now; a reader
--- that reads straight into a tensor's storage replaces read_tensor.)
-local function open_source(path, what)
-  local f, err = io.open(path, "rb")
-  if not f then error(("%s: cannot open %s"):format(what, tostring(err)), 0) end -- (err names the path)
-  local size = f:seek("end")
-  if not size then
-    f:close()
-    error(("%s: cannot read %s (a directory?)"):format(what, path), 0)
-  end
+-- The source: the file's bytes by range, through rpchost.atomic_file's reader:
+-- headers and directories as strings, storages straight into their tensors.
+local function open_source(path, what, mmap)
+  local r = atomic_file.reader(path, what)
+  local size = r:size()
   local src = {size = size}
   -- read(off, n) -> exactly n bytes, or nil and why
   function src.read(off, n)
     if off < 0 or n < 0 or off + n > size then return nil, "past the end of the file" end
     if n == 0 then return "" end
-    f:seek("set", off)
-    local s = f:read(n)
-    if not s or #s ~= n then return nil, "the file changed while it was read" end
-    return s
+    return r:read(off, n)
   end
-  -- read_tensor(off, dtype, numel, crc) -> a 1-D tensor of numel elements from
-  -- the bytes at off, or nil and why (crc: what their CRC-32 must be)
+  -- read_tensor(off, dtype, numel, crc) -> a 1-D tensor of numel elements read
+  -- from off into its storage, or nil and why (crc: what their CRC-32 must be)
   function src.read_tensor(off, dtype, numel, crc)
-    local s, why = src.read(off, numel * DTYPE_SIZE[dtype])
-    if not s then return nil, why end
-    if crc and zlib.crc32(s) ~= crc then return nil, "its CRC-32 does not match (the file is corrupt)" end
-    return core.t_from_bytes(dtype, {numel}, s, false)
+    if off + numel * DTYPE_SIZE[dtype] > size then return nil, "past the end of the file" end
+    local t, got = r:read_tensor(off, dtype, {numel}, {crc32 = true, map = mmap})
+    if got ~= crc then return nil, "its CRC-32 does not match (the file is corrupt)" end
+    return t
   end
-  function src.close() f:close() end
+  function src.close() r:close() end
   return src
 end
 
--- The sink: strings and tensors, in order, into the file. (A plain Lua file for
--- now, every write and the close checked.) write_tensor returns the bytes
--- written and their CRC-32.
-local function open_sink(path, what)
-  local f, err = io.open(path, "wb")
-  if not f then error(("%s: cannot write %s"):format(what, tostring(err)), 0) end
+-- The sink: strings and tensors, in order, into an atomic save (the old file
+-- stays until commit; a failure removes the temporary file and raises one line
+-- naming the path). size: the bytes it will write, reserved up front.
+-- write_tensor streams from the tensor's storage and returns the bytes written
+-- and their CRC-32.
+local function open_sink(path, what, size)
+  local f = atomic_file.open(path, {size = size, who = what})
   local sink = {}
-  local function check(ok, e)
-    if not ok then error(("%s: writing %s failed: %s"):format(what, path, tostring(e)), 0) end
-  end
-  function sink.write(s) check(f:write(s)) end
+  function sink.write(s) f:write(s) end
   function sink.write_tensor(t)
-    local s = core.t_bytes(t)
-    check(f:write(s))
-    return #s, zlib.crc32(s)
+    local crc, n = f:write_tensor(t, 0) -- (a crc to continue: asks for one)
+    return n, crc
   end
-  function sink.commit() check(f:close()) end
-  function sink.abort()
-    pcall(f.close, f)
-    os.remove(path)
+  function sink.commit() f:commit() end
+  function sink.abort() f:abort() end
+  return sink
+end
+
+-- a sink that only counts (the archive's size, before it is written)
+local function counting_sink()
+  local sink = {n = 0}
+  function sink.write(s) sink.n = sink.n + #s end
+  function sink.write_tensor(t)
+    local n = core.t_numel(t) * DTYPE_SIZE[core.t_dtype(t)]
+    sink.n = sink.n + n
+    return n, 0
   end
   return sink
 end
@@ -284,15 +288,15 @@ local function load_archive(src, what, opts)
   return pickle.loads(pkl, ctx)
 end
 
--- load(path, {what =, order =, root =}) -> the saved object, tensors on the CPU.
--- what names the caller in errors ("nn.load"); order is the weak table where
--- each dict's key order goes (nn passes state_dict's); root names the object in
--- error paths ("sd").
+-- load(path, {what =, order =, root =, mmap =}) -> the saved object, tensors on
+-- the CPU. what names the caller in errors ("nn.load"); order is the weak table
+-- where each dict's key order goes (nn passes state_dict's); root names the
+-- object in error paths ("sd"); mmap maps the storages copy-on-write.
 function M.load(path, opts)
   opts = opts or {}
   local who = opts.what or "load"
   if type(path) ~= "string" then error(who .. ": expected a file path", 0) end
-  local src = open_source(path, who)
+  local src = open_source(path, who, opts.mmap)
   local ok, r = pcall(load_archive, src, who .. ": " .. path, opts)
   src.close()
   if not ok then error(r, 0) end
@@ -438,8 +442,8 @@ function M.save(value, path, opts)
   end
   local pkl = pickle.dumps(value, {what = what, order = opts.order, is_tensor = tensor.is_tensor,
                                    tensor_ref = tensor_ref, root = opts.root})
-  local sink = open_sink(path, who)
-  local ok, err = pcall(function()
+  -- the archive, through a sink: once to count its bytes, then into the file
+  local function emit(sink)
     local z = zip_writer(sink, opts.zip64)
     z.string("archive/data.pkl", pkl)
     z.string("archive/byteorder", "little")
@@ -457,7 +461,11 @@ function M.save(value, path, opts)
     end
     z.string("archive/version", "3\n")
     z.finish()
-  end)
+  end
+  local count = counting_sink()
+  emit(count)
+  local sink = open_sink(path, who, count.n)
+  local ok, err = pcall(emit, sink)
   if not ok then
     sink.abort()
     error(err, 0)
