@@ -680,6 +680,16 @@ static int l_same_storage(lua_State *L) {
   return 1;
 }
 
+/* storage(t) -> a key for t's storage (equal for every view of it, a light
+ * userdata no longer meaningful once the storage is freed), its size in bytes:
+ * for grouping tensors by storage in one pass (a .pt save) */
+static int l_storage(lua_State *L) {
+  rh_storage_t *s = rh_lua_checktensor(L, 1)->storage;
+  lua_pushlightuserdata(L, s);
+  lua_pushnumber(L, (double)s->nbytes);
+  return 2;
+}
+
 static int l_metatable(lua_State *L) {
   luaL_getmetatable(L, TENSOR_MT);
   return 1;
@@ -739,6 +749,7 @@ int rh_open_tensor(lua_State *L) {
                                  {"t_is_contiguous", l_is_contiguous},
                                  {"t_to_device", l_to_device},
                                  {"t_same_storage", l_same_storage},
+                                 {"t_storage", l_storage},
                                  {"t_ag", l_ag},
                                  {"t_set_ag", l_set_ag},
                                  {"t_version", l_version},

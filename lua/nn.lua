@@ -4,7 +4,7 @@
 -- embeddings, containers), rnn.lua (RNN, LSTM, GRU), attention.lua
 -- (MultiheadAttention, TransformerEncoderLayer), loss.lua, functional.lua
 -- (nn.functional), init.lua (nn.init), utils.lua (nn.utils), serialize.lua
--- (nn.save/nn.load: .npz archives numpy reads) and pipe.lua (nn.Pipe). Every class is a field of this
+-- (nn.save/nn.load: PyTorch's .pt files and .npz archives numpy reads) and pipe.lua (nn.Pipe). Every class is a field of this
 -- module, so modules travel over RPC by name with their parameters.
 local mod = require "rpchost.nn.module"
 
@@ -22,7 +22,7 @@ nn.F = nn.functional
 nn.init = require "rpchost.nn.init"
 nn.utils = require "rpchost.nn.utils"
 local io_ = require "rpchost.nn.serialize"
-nn.save, nn.load, nn.save_npz, nn.load_npz = io_.save, io_.load, io_.save, io_.load
+nn.save, nn.load, nn.save_npz, nn.load_npz = io_.save, io_.load, io_.save_npz, io_.load_npz
 
 -- DistributedDataParallel lives with dist (it needs the process group)
 nn.DistributedDataParallel = function(...) return require("rpchost.nn.ddp").new(...) end

@@ -10,6 +10,8 @@
 local tensor = require "tensor"
 local core = require "rpchost.core"
 local sized = require "rpchost.sized"
+local mapping = require "rpchost.mapping"
+local optim_state = require "rpchost.nn.optim_state"
 
 local optim = {}
 
@@ -130,7 +132,10 @@ function Optimizer:step(arg)
 end
 
 -- state_dict(): {state = {[i] = {...}}, param_groups = {{lr =, ..., params = {i, ...}}}},
--- parameters numbered 1.. in group order (PyTorch numbers them from 0)
+-- parameters numbered 1.. in group order (PyTorch numbers them from 0; either
+-- loads, here and in PyTorch, which both match state to parameters through
+-- param_groups' ids). `state` is marked a mapping, so nn.save(sd, "x.pt") writes
+-- it as the dict PyTorch expects even when its keys are 1..n.
 function Optimizer:state_dict()
   local index, groups, state = {}, {}, {}
   local n = 0
@@ -152,7 +157,7 @@ function Optimizer:state_dict()
       state[index[p]] = c
     end
   end
-  return {state = state, param_groups = groups}
+  return {state = mapping.mark(state), param_groups = groups}
 end
 
 function Optimizer:load_state_dict(sd)
@@ -177,15 +182,7 @@ function Optimizer:load_state_dict(sd)
   for id, st in pairs(sd.state or {}) do
     local p = by_id[id]
     if p then
-      local c = {}
-      for k, v in pairs(st) do
-        if tensor.is_tensor(v) then
-          v = v:clone()
-          if v.device ~= p.device then v = v:to(p.device) end
-        end
-        c[k] = v
-      end
-      self.state[p] = c
+      self.state[p] = optim_state.copy(st, p)
     end
   end
 end

@@ -65,6 +65,12 @@ describe("tensor creation #unit", function()
     assert.is_true(math.abs(sd - 1) < 0.05)
     raises("expected a floating point dtype", tensor.rand, 2, {dtype = tensor.int64})
   end)
+
+  it("equal() compares shapes and every element; tensors without elements are equal when their shapes are", function()
+    assert.is_true(tensor.zeros(0, 3):equal(tensor.zeros(0, 3)))
+    assert.is_false(tensor.zeros(0, 3):equal(tensor.zeros(3, 0)))
+    assert.is_false(tensor.ones(2):equal(tensor.tensor({1, 2})))
+  end)
 end)
 
 describe("tensor dtypes #unit", function()

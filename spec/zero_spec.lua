@@ -148,9 +148,17 @@ describe("ZeroRedundancyOptimizer #world", function()
         sd = zo:state_dict()
         local ok, why = sd_equal(sd, po:state_dict())
         check("on the target rank it is the plain optimizer's state_dict", ok, why)
+        -- saved as PyTorch's .pt, its state is the dict of states torch's load_state_dict takes
+        local path = os.tmpname() .. ".pt"
+        nn.save(sd, path)
+        local back = nn.load(path)
+        os.remove(path)
+        local ok2, why2 = sd_equal(back, sd)
+        check("it saves to a .pt with its state a dict, and loads back", ok2 and require("rpchost.mapping").kind(back.state) == "dict", why2)
       else
         local failed, e = raises(zo.state_dict, zo)
         check("on the target rank it is the plain optimizer's state_dict", failed and tostring(e):find("consolidate_state_dict(0)", 1, true), e)
+        check("it saves to a .pt with its state a dict, and loads back", true)
       end
       local box = {sd}
       dist.broadcast_object_list(box, 1)

@@ -1,6 +1,10 @@
--- rpchost.nn.serialize: nn.save(state_dict, path) / nn.load(path) as .npz
--- archives (a zip of .npy members, one per key), so numpy.load reads what
--- rpchost writes and a PyTorch state_dict exported with numpy.savez(path,
+-- rpchost.nn.serialize: nn.save(state_dict, path) / nn.load(path). A path
+-- ending in .pt or .pth is PyTorch's torch.save format (rpchost.tensor.pt_format:
+-- what torch.save(model.state_dict(), path) writes loads here, and torch.load
+-- reads what nn.save writes, optimizers' nested state_dicts included); nn.load
+-- also knows such a file under any other name by its contents. Every other path
+-- is a .npz archive (a zip of .npy members, one per key), so numpy.load reads
+-- what rpchost writes and a state_dict exported with numpy.savez(path,
 -- **{k: v.numpy()}) loads as it is. Stored or deflated members, zip64 where a
 -- size or an offset needs it (numpy's layout); every length is checked
 -- against the file and every member's CRC-32 against its bytes.
@@ -12,6 +16,7 @@
 -- local header. A load reads each stored member straight into its tensor's
 -- storage; deflated members go through memory.
 local tensor = require "rpchost.tensor"
+local pt = require "rpchost.tensor.pt_format"
 local core = require "rpchost.core"
 local zlib = require "rpchost.zlib"
 local npy = require "rpchost.tensor.npy"
@@ -160,9 +165,27 @@ local function stored_size(members)
   return n + cd + #end_records(#members, n, cd)
 end
 
--- save(tbl, path, {compressed = false}): tbl maps names to tensors (a
--- state_dict keeps its order; other tables are written in sorted key order)
+local function is_pt(path) return path:match("%.pt$") or path:match("%.pth$") end
+
+-- save(tbl, path, {compressed = false}): into a .pt/.pth, any table torch.save
+-- could have written (nested tables of tensors, numbers, strings and booleans:
+-- a state_dict, a training checkpoint with an optimizer's); any other path, an
+-- .npz (save_npz)
 function M.save(tbl, path, o)
+  if type(path) == "string" and is_pt(path) then
+    if type(tbl) ~= "table" and not tensor.is_tensor(tbl) then error("nn.save: expected a table of name -> tensor", 2) end
+    if o and o.compressed then
+      error("nn.save: " .. path .. ": .pt files are stored uncompressed, as torch.save writes them " ..
+        "(compressed = true is for .npz)", 2)
+    end
+    return pt.save(tbl, path, {what = "nn.save", order = mod.state_dict_order})
+  end
+  return M.save_npz(tbl, path, o)
+end
+
+-- save_npz(tbl, path, {compressed = false}): tbl maps names to tensors (a
+-- state_dict keeps its order; other tables are written in sorted key order)
+function M.save_npz(tbl, path, o)
   o = o or {}
   if type(tbl) ~= "table" then error("nn.save: expected a table of name -> tensor", 2) end
   if type(path) ~= "string" then error("nn.save: expected a file path", 2) end
@@ -310,10 +333,20 @@ local function load_archive(r, path, map)
   return out
 end
 
--- load(path[, {mmap = false}]) -> table name -> tensor (a .npz archive, or a
--- single .npy file); with mmap, stored members map the file copy-on-write
--- (as tensor.load's mmap), their CRC-32s still checked
+-- load(path[, {mmap = false}]): from a torch.save file (a .pt/.pth path, or
+-- such a file under any name), what it holds (tables for dicts and lists),
+-- its storages mapped with mmap; else load_npz
 function M.load(path, opts)
+  if type(path) == "string" and (is_pt(path) or pt.is_torch_file(path)) then
+    return pt.load(path, {what = "nn.load", order = mod.state_dict_order, mmap = opts and opts.mmap})
+  end
+  return M.load_npz(path, opts)
+end
+
+-- load_npz(path[, {mmap = false}]) -> table name -> tensor (a .npz archive, or
+-- a single .npy file); with mmap, stored members map the file copy-on-write
+-- (as tensor.load's mmap), their CRC-32s still checked
+function M.load_npz(path, opts)
   if type(path) ~= "string" then error("nn.load: expected a file path", 2) end
   local r = atomic_file.reader(path, "nn.load")
   local ok, out = pcall(load_archive, r, path, opts and opts.mmap)

@@ -29,6 +29,8 @@ local tensor = require "rpchost.tensor"
 local sized = require "rpchost.sized"
 local dist = require "rpchost.dist"
 local dcp = require "rpchost.dist.checkpoint"
+local mapping = require "rpchost.mapping"
+local optim_state = require "rpchost.nn.optim_state"
 
 local M = {}
 
@@ -375,7 +377,7 @@ function Z:state_dict()
       "`consolidate_state_dict(%d)` on all ranks beforehand if you meant to save the global state.", self.rank)
   end
   local index = self:_index()
-  local state = {}
+  local state = mapping.mark({}) -- (a dict, as a plain optimizer's: nn.save(sd, "x.pt") writes it so)
   for r, lsd in ipairs(self._all_state_dicts) do
     local parts = self._consolidated_parts[r]
     for gi, lg in ipairs(lsd.param_groups) do
@@ -426,17 +428,7 @@ function Z:load_state_dict(sd)
   local state = {}
   for id, st in pairs(sd.state or {}) do
     local p = by_id[id]
-    if p and self._owner[p] == self.rank then
-      local c = {}
-      for k, v in pairs(st) do
-        if tensor.is_tensor(v) then
-          v = v:clone()
-          if v.device ~= p.device then v = v:to(p.device) end
-        end
-        c[k] = v
-      end
-      state[p] = c
-    end
+    if p and self._owner[p] == self.rank then state[p] = optim_state.copy(st, p) end
   end
   self.optim.state = state
   self:_load_options(sd)

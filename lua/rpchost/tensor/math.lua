@@ -146,8 +146,11 @@ tensor.clamp_min, methods.clamp_min = clamp_min, clamp_min
 tensor.clamp_max, methods.clamp_max = clamp_max, clamp_max
 
 -- true when every element equals (same shape)
+-- (tensors without elements are equal when their shapes are, as in PyTorch: the
+-- all-reduce below has no identity to give for them)
 function methods.equal(a, b)
   if not is_tensor(b) or not (methods.size(a) == methods.size(b)) then return false end
+  if core.t_numel(a) == 0 then return true end
   return core.t_item(core.t_reduce(3, core.t_binary(BIN.eq, a, b), -1, false)) == true
 end
 function methods.allclose(a, b, rtol, atol)
