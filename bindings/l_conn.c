@@ -492,7 +492,7 @@ static void on_accept(rh_listener_t *l, rh_conn_t *c) {
   rh_callback(1, 0);
 }
 
-/* listen(ip, port, {accept=, frame=, close=}) -> listener | nil, message, code
+/* listen(ip, port, {accept=, frame=, close=, handshake_timeout=}) -> listener | nil, message, code
  * (ip "unix:/path": a Unix-domain socket file, removed when the listener closes) */
 static int l_listen(lua_State *L) {
   const char *ip, *path;
@@ -520,6 +520,14 @@ static int l_listen(lua_State *L) {
   lb->ref_accept = ref_field(L, 3, "accept");
   lb->ref_frame = ref_field(L, 3, "frame");
   lb->ref_close = ref_field(L, 3, "close");
+  /* opts.handshake_timeout: seconds its connections have to prove themselves
+   * (default RPCHOST_HANDSHAKE_TIMEOUT's) */
+  if (lua_type(L, 3) == LUA_TTABLE) {
+    lua_getfield(L, 3, "handshake_timeout");
+    double hs = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : 0;
+    lua_pop(L, 1);
+    if (hs > 0) rh_listener_set_handshake_ms(lb->l, (uint64_t)(hs * 1000));
+  }
   lua_pushvalue(L, -1);
   lb->ref_self = luaL_ref(L, LUA_REGISTRYINDEX);
   return 1;
@@ -565,13 +573,33 @@ static int l_socket_dir(lua_State *L) {
   return 2;
 }
 
-/* sweep_sockets(dir [, min_age]) -> removed: the dead ranks' socket files in dir
- * at least min_age seconds old (default 10), removed (rh_privdir_sweep) */
+/* sweep_sockets(dir [, min_age]) -> removed: the dead ranks' socket files (and
+ * dead stores' world secrets) in dir at least min_age seconds old (default 10),
+ * removed (rh_privdir_sweep) */
 static int l_sweep_sockets(lua_State *L) {
   const char *dir = luaL_checkstring(L, 1);
   double min_age = luaL_optnumber(L, 2, 10);
   lua_pushinteger(L, rh_privdir_sweep(dir, min_age));
   return 1;
+}
+
+/* hold_file(path) -> fd | nil, message: a world secret held while its store
+ * runs (rh_privdir_hold); release_file(fd) lets it go */
+static int l_hold_file(lua_State *L) {
+  int fd = rh_privdir_hold(luaL_checkstring(L, 1));
+  if (fd < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(-fd));
+    return 2;
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+static int l_release_file(lua_State *L) {
+  int fd = (int)luaL_checkinteger(L, 1);
+  if (fd >= 0) close(fd);
+  return 0;
 }
 
 /* resolve_all(host) -> {numeric ip, ...} (IPv4 first, each once) | nil, message.
@@ -724,6 +752,8 @@ int rh_open_conn(lua_State *L) {
                                  {"getuid", l_getuid},
                                  {"sweep_sockets", l_sweep_sockets},
                                  {"ring_segment", l_ring_segment},
+                                 {"hold_file", l_hold_file},
+                                 {"release_file", l_release_file},
                                  {"resolve_all", l_resolve_all},
                                  {"interfaces", l_interfaces},
                                  {"host_identity", l_host_identity},

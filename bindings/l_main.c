@@ -98,12 +98,28 @@ static void find_lua_dir(char *out, size_t outlen) {
   snprintf(out, outlen, "%s", RPCHOST_SOURCE_LUA_DIR);
 }
 
+/* core.parallel_hint(local_ranks, cpus_per_rank): what rpchost.env read from a
+ * launcher whose variables C does not know (a Slurm step): the tensor pool's
+ * size (if it has not started) and the rings' spin policy follow it. */
+static int l_parallel_hint(lua_State *L) {
+  rh_parallel_hint((int)luaL_optinteger(L, 1, 0), (int)luaL_optinteger(L, 2, 0));
+  spin_policy(&rh_ctx()->net);
+  return 0;
+}
+
+/* core.parallel_threads(): the threads a large elementwise job runs on (the
+ * pool starts here if it has not) */
+static int l_parallel_threads(lua_State *L) {
+  lua_pushinteger(L, rh_parallel_threads());
+  return 1;
+}
+
 static int open_core(lua_State *L) {
   lua_newtable(L);
-  int (*openers[])(lua_State *) = {rh_open_loop,   rh_open_conn,       rh_open_proc,      rh_open_codec,
-                                   rh_open_tensor, rh_open_tensor_ops, rh_open_nn,        rh_open_cuda,
-                                   rh_open_crypto, rh_open_repl,       rh_open_shm,       rh_open_cma,
-                                   rh_open_mpi,    rh_open_arena,      rh_open_generator, rh_open_atomic_file};
+  int (*openers[])(lua_State *) = {rh_open_loop,        rh_open_conn, rh_open_proc, rh_open_codec,  rh_open_tensor,
+                                   rh_open_tensor_ops,  rh_open_nn,   rh_open_cuda, rh_open_crypto, rh_open_repl,
+                                   rh_open_shm,         rh_open_cma,  rh_open_mpi,  rh_open_arena,  rh_open_generator,
+                                   rh_open_atomic_file, rh_open_munge};
   for (size_t i = 0; i < sizeof openers / sizeof openers[0]; i++) {
     openers[i](L); /* pushes a table of functions */
     lua_pushnil(L);
@@ -114,6 +130,10 @@ static int open_core(lua_State *L) {
     }
     lua_pop(L, 1);
   }
+  lua_pushcfunction(L, l_parallel_hint);
+  lua_setfield(L, -2, "parallel_hint");
+  lua_pushcfunction(L, l_parallel_threads);
+  lua_setfield(L, -2, "parallel_threads");
   lua_pushliteral(L, RPCHOST_VERSION);
   lua_setfield(L, -2, "version");
   lua_pushinteger(L, rh_ctx()->net.version);

@@ -57,6 +57,7 @@ int rh_open_repl(lua_State *L);
 int rh_open_shm(lua_State *L);
 int rh_open_cma(lua_State *L);
 int rh_open_mpi(lua_State *L);
+int rh_open_munge(lua_State *L);
 int rh_open_arena(lua_State *L);
 int rh_open_generator(lua_State *L);
 int rh_open_atomic_file(lua_State *L);

@@ -9,4 +9,8 @@ function rpc.DistributedOptimizer(...) return require("rpchost.rpc.dist_optim").
 -- RemoteModule("worker1/cpu", nn.Linear, {4, 2}): a module living on another worker
 function rpc.RemoteModule(...) return require("rpchost.rpc.remote_module").new(...) end
 
+-- env(): who this process is before init, whatever started it (rpchost.env.info:
+-- rank, world_size, local_rank, local_world_size, node_rank, source, world)
+function rpc.env() return require("rpchost.env").info() end
+
 return rpc

@@ -10,7 +10,8 @@ function worker_function(a, b)
   return a + b
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 dist.init_process_group{backend = "gloo", rank = rank, world_size = world_size}
 rpc.init_rpc("worker_" .. rank, {rank = rank, world_size = world_size})
 if rank == 0 then

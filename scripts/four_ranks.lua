@@ -8,7 +8,7 @@ function add(a, b)
   return a + b
 end
 
-local rank = tonumber(os.getenv "RANK")
+local rank = rpc.env().rank
 if rank < 2 then
   dist.init_process_group{backend = "gloo", rank = rank, world_size = 2}
 end

@@ -82,7 +82,8 @@ local function run(pipelined)
   return first, last
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 rpc.init_rpc(rank == 0 and "driver" or ("worker" .. rank), {rank = rank, world_size = world_size})
 if rank == 0 then
   for _, pipelined in ipairs({false, true}) do

@@ -57,7 +57,8 @@ function train(ps, n)
   return first, last
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 rpc.init_rpc(rank == 0 and "ps" or ("trainer" .. rank), {rank = rank, world_size = world_size})
 if rank == 0 then
   local ps = rpc.RRef(ParameterServer.new())

@@ -52,7 +52,8 @@ function play(weight, bias, seed)
   return episodes
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 rpc.init_rpc(rank == 0 and "learner" or ("actor" .. rank), {rank = rank, world_size = world_size})
 if rank == 0 then
   tensor.manual_seed(3)

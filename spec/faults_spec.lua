@@ -146,6 +146,35 @@ describe("faults #world", function()
     end
   end)
 
+  -- (issue 41: a store's host that left lingered 30 s for its clients, its
+  -- connections open, while the others waited for it "with no time limit")
+  it("the store's host leaving without rpc.shutdown() is named within seconds, not after the store's linger",
+    function()
+    for _, case in ipairs({
+      {"return", "w0 (rank 0) exited without calling rpc.shutdown(): its script ended"},
+      {"os.exit(0)", "w0 (rank 0) exited without calling rpc.shutdown(): its script called os.exit()"},
+      {"core.kill(core.getpid(), core.SIGKILL)", "(its host, w0 (rank 0), is gone"},
+    }) do
+      local out = by_hand(2, [[
+        called = false
+        function hello() called = true; return true end
+        rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+        if rank == 1 then rpc.rpc_sync("w0", hello) end -- (w1 has joined: its init is over)
+        if rank == 0 then
+          wait_until(function() return called end, 10, "w1 to call")
+          ]] .. case[1] .. [[
+        end
+        sched.sleep(0.3)
+        local t0 = sched.now()
+        local ok, e = pcall(rpc.shutdown)
+        check("fails", not ok and e.kind == "unreachable", e)
+        check("names the store's host", not ok and tostring(e.message):find("]] .. case[2] .. [[", 1, true), e)
+        check("within seconds", sched.now() - t0 < 5, sched.now() - t0)
+      ]], {RPCHOST_STORE_LINGER = 30})
+      S.assert_checks(out, {on = 1})
+    end
+  end)
+
   it("a stopped rank (SIGSTOP) makes calls time out while the others serve", function()
     local r = world(3, [[
       rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})

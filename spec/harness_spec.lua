@@ -4,7 +4,7 @@
 -- did not all print ok.
 local S = require "spec.support"
 
-local TIERS = {"unit", "world", "soak"}
+local TIERS = {"unit", "world", "soak", "slurm", "docs"}
 
 -- the tiers a spec file's text names, read as CMakeLists.txt reads them: a
 -- tag ends the name of a describe block (or a test), so a quote follows it
@@ -40,7 +40,8 @@ describe("the spec harness #unit", function()
       end
     end
     assert.is_true(n > 400, "busted listed only " .. n .. " tests:\n" .. r.out .. r.err)
-    assert.are.equal("", table.concat(bad, "\n"), "each test needs one tier: #unit, #world or #soak (in a name)")
+    assert.are.equal("", table.concat(bad, "\n"), "each test needs one tier: #unit, #world, #soak, #slurm or #docs " ..
+      "(in a name)")
     local p = io.popen("ls " .. S.root .. "/spec/*_spec.lua")
     for path in p:lines() do
       local file = path:match("(spec/[%w_]+_spec%.lua)$")

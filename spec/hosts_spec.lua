@@ -6,6 +6,7 @@
 -- The worlds of several simulated hosts are spec/multihost_spec.lua's; the
 -- worlds here run on this host alone.
 local S = require "spec.support"
+local D = require "spec.documented"
 local core = require "rpchost.core"
 local hosts = require "rpchost.net.hosts"
 
@@ -125,6 +126,7 @@ describe("hosts: addresses, interfaces, identity, liveness #unit", function()
     local said = hosts.loopback_surprise("h1", "127.0.1.1")
     assert.truthy(said and said:find("MASTER_ADDR h1 resolves to 127.0.1.1 on this host, a loopback address", 1,
       true), said)
+    D.message(said, [[... resolves to 127.0.1.1 on this host, a loopback address ...]]) -- (the page's words)
     assert.is_nil(hosts.loopback_surprise("localhost", "127.0.0.1"))
     assert.is_nil(hosts.loopback_surprise("127.0.0.1", "127.0.0.1"))
     assert.is_nil(hosts.loopback_surprise("h1", "10.0.0.1"))

@@ -89,6 +89,20 @@ describe("the installed rpchost #world", function()
     assert.are.equal(0, rc, out)
     local deb = sh(("ls %s/*.deb"):format(outdir)):match("(%S+%.deb)")
     assert.truthy(deb, out)
+    -- the package the pages tell a user to install is this one (`dpkg -i X.deb`,
+    -- X a shell pattern, in README.md and docs/cli.md)
+    local base, told = deb:match("([^/]+)$"), 0
+    for _, page in ipairs({"README.md", "docs/cli.md"}) do
+      local f = assert(io.open(S.root .. "/" .. page))
+      for glob in f:read("*a"):gmatch("dpkg %-i ([%w_%*%.%-]+%.deb)") do
+        told = told + 1
+        local m = sh(("case '%s' in %s) echo matches;; esac"):format(base, glob))
+        assert.truthy(m:find("matches", 1, true), ("%s says dpkg -i %s, which does not match the package %s"):format(
+          page, glob, base))
+      end
+      f:close()
+    end
+    assert.is_true(told >= 2, "no `dpkg -i ...deb` found in README.md and docs/cli.md")
     local info = sh("dpkg-deb -I " .. deb)
     assert.truthy(info:find("Package: rpchost", 1, true), info)
     assert.truthy(info:find("Depends:[^\n]*libluajit", 1), info)

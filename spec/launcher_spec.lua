@@ -1,5 +1,6 @@
 -- `rpchost run`: torchrun's variables, output prefixes, failure handling, signals.
 local S = require "spec.support"
+local D = require "spec.documented"
 local core = require "rpchost.core"
 
 describe("rpchost run #world", function()
@@ -336,6 +337,7 @@ describe("rpchost run #world", function()
       assert.truthy(r.err:find(want, 1, true), r.err)
       assert.falsy(r.out:find("never", 1, true))
     end
+    D.message(r0.err, [[rpchost run: the nodes disagree on --nnodes: ...]]) -- (docs/troubleshooting.md's words)
     hs = nodes({1, 1, 1}, S.free_port(), path, nil, {0, 1, 1})
     local r = {hs[1]:wait(30), hs[2]:wait(30), hs[3]:wait(30)}
     local said = 0
@@ -344,6 +346,7 @@ describe("rpchost run #world", function()
       if x.err:find("two nodes were started with --node-rank 1", 1, true) then said = said + 1 end
     end
     assert.are.equal(3, said, r[1].err .. r[2].err .. r[3].err)
+    D.message(r[2].err, [[two nodes were started with --node-rank ...]])
   end)
 
   it("keeps node 0's store open for another node's ranks still using it when its own have left", function()
@@ -441,17 +444,20 @@ describe("ranks started by hand #world", function()
     rpc.shutdown()
   ]]
 
+  -- (Slurm's are a step's: the batch script has SLURM_PROCID too, but no step)
   local flavours = {
     {"torchrun's variables (rank 0 hosts the store)", "RANK", "WORLD_SIZE"},
-    {"Slurm's variables", "SLURM_PROCID", "SLURM_NTASKS"},
+    {"Slurm's variables", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", {SLURM_JOB_ID = 7, SLURM_STEP_ID = 0}},
     {"Open MPI's variables", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
   }
   for _, f in ipairs(flavours) do
-    local what, rank_var, size_var = f[1], f[2], f[3]
+    local what, rank_var, size_var, extra = f[1], f[2], f[3], f[4]
     it("works with " .. what .. " set by hand", function()
       local port = S.free_port()
       local out = by_hand(function(r)
-        return {[rank_var] = r, [size_var] = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+        local e = {[rank_var] = r, [size_var] = 2, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port}
+        for k, v in pairs(extra or {}) do e[k] = v end
+        return e
       end, 2, ("function rpc_rank() return tonumber(os.getenv '%s') end\n"):format(rank_var) .. script)
       assert.are.equal(0, out[0].status, out[0].err)
       assert.are.equal(0, out[1].status, out[1].err)

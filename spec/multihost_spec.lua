@@ -7,6 +7,7 @@
 -- the world meets on. Needs root, ip, unshare and nsenter; skipped otherwise,
 -- with the reason in one line.
 local S = require "spec.support"
+local D = require "spec.documented"
 local H = require "spec.simhosts"
 
 local why_not = H.unavailable()
@@ -348,6 +349,9 @@ describe("multi-host worlds (simulated hosts: network, PID, mount and UTS namesp
       assert.truthy(r[2].err:find("waiting for w0 (rank 0), w1 (rank 1) to shut down", 1, true) or
         r[2].err:find("waiting for w1 (rank 1) to shut down", 1, true), r[2].err)
       assert.truthy(r[0].out:find("w1 (rank 1) cannot be reached", 1, true), r[0].out)
+      -- (in the words docs/troubleshooting.md quotes)
+      D.message(r[0].out, [[... is unreachable: connection lost (its host stopped answering: nothing was acknowledged for ... s (RPCHOST_HEARTBEAT; ...))]])
+      D.message(r[0].out, [[... cannot be reached: ...; its process may still be running, cut off from this host]])
       assert.falsy(r[0].out:find("exited without calling", 1, true), r[0].out)
     end)
   end)

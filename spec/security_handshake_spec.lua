@@ -7,6 +7,7 @@
 -- relay, a listener): none of it may prove a connection, run code, stop a
 -- world forming or block a restart.
 local S = require "spec.support"
+local D = require "spec.documented"
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 
@@ -156,6 +157,8 @@ local function assert_relay_failed(r0, r1, rr, marker)
   -- refused in words that say why: the rank relayed to is not the one dialled
   assert.truthy(all:find("a connection meant for w2 (rank 2)", 1, true) or
     all:find("a connection for another role (rpc) reached this listener", 1, true), all)
+  -- (in the words docs/troubleshooting.md quotes)
+  D.message(all, [[a connection ... reached ...: a stale address, or a relay]])
 end
 
 describe("a stranger on the same machine, without the world's secret or token #world", function()

@@ -6,6 +6,7 @@
 -- descriptors for a while; it may not keep a member out, nor keep a world from
 -- starting. (spec/security_attack_spec.lua has the attacks on the protocol.)
 local S = require "spec.support"
+local D = require "spec.documented"
 local core = require "rpchost.core"
 local codec = require "rpchost.wire.codec"
 local store = require "rpchost.store"
@@ -232,6 +233,8 @@ describe("the private directory of a world without a token #world", function()
     assert.truthy(all:find(d.home .. "/.cache/rpchost " .. h, 1, true), all)
     if root_user then assert.truthy(all:find("belongs to uid 65534 (nobody)", 1, true), all) end
     assert.truthy(all:find("XDG_RUNTIME_DIR", 1, true), all)
+    -- (in the words docs/troubleshooting.md quotes)
+    D.message(all, [[cannot keep this world to its user: no private directory of this user (mode 0700) for sockets and world secrets: ...; set XDG_RUNTIME_DIR to a directory only you can enter (mode 0700), or set RPCHOST_TOKEN on every rank]])
     assert.truthy(all:find("RPCHOST_TOKEN", 1, true), all)
     local p = io.popen("ls -A " .. d.elsewhere)
     assert.are.equal("", p:read("*a"))

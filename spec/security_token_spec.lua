@@ -4,6 +4,7 @@
 -- tokens; an empty token is refused, never taken as none; and a world secret
 -- that cannot be written (a full disk) is said so, with nothing left behind.
 local S = require "spec.support"
+local D = require "spec.documented"
 local core = require "rpchost.core"
 
 local function unhex(h) return (h:gsub("%x%x", function(x) return string.char(tonumber(x, 16)) end)) end
@@ -129,6 +130,8 @@ describe("security tokens, as users set them #world", function()
     assert.is_nil(all:find("JOINED", 1, true), all)
     assert.truthy(all:find("No space left on device", 1, true), all)
     assert.truthy(all:find("the disk is full", 1, true), all)
+    -- (in the words docs/troubleshooting.md quotes)
+    D.message(all, [[cannot write the world's secret ...: ...No space left on device ... (the disk is full: ...)]])
     assert.is_nil(all:find("LEFT:", 1, true), all)
     assert.is_true(r.elapsed < 20, all)
   end)

@@ -4,7 +4,8 @@
 -- (every dtype and op, 2-4 ranks, the same bits on every rank), mismatches
 -- named, a rank killed inside a barrier named as unreachable, RPCs served while
 -- a rank waits in a barrier, no CPU burnt by a rank that waits, async calls
--- in order, and RPCHOST_SHM_COLL=0 keeping the messages.
+-- in order, and RPCHOST_SHM_COLL=0 keeping the messages (on one rank: the
+-- whole group).
 local S = require "spec.support"
 
 local function world(n, body, opts)
@@ -112,6 +113,40 @@ describe("the same-host collective arena #world", function()
       end
     end)
   end
+
+  -- (issue 41: a rank that took the messages alone left the others waiting
+  -- in the arena's set-up until the group's timeout)
+  it("agrees on the messages when RPCHOST_SHM_COLL=0 is set on one rank only", function()
+    local port = S.free_port()
+    local path = S.write(S.prelude .. [[
+      local tensor = require "tensor"
+      local arena = require "rpchost.net.arena"
+      dist.init_process_group{backend = "gloo", timeout = 10}
+      dist.barrier()
+      local t = tensor.ones(8) * (rank + 1)
+      dist.all_reduce(t)
+      check("all_reduce", t[1]:item() == 6, t[1]:item())
+      local b = tensor.zeros(4) + rank
+      dist.broadcast(b, 2)
+      check("broadcast", b[1]:item() == 2, b[1]:item())
+      dist.barrier()
+      check("no rank took the arena", arena.used.barrier + arena.used.all_reduce + arena.used.broadcast == 0,
+        arena.used.barrier .. " " .. arena.used.all_reduce .. " " .. arena.used.broadcast)
+      dist.destroy_process_group()
+    ]])
+    for _, off in ipairs({0, 1}) do -- (the rank that turns it off: the one that offers the arena, or another)
+      local hs = {}
+      for r = 0, 2 do
+        hs[r] = S.start({path}, {env = {RANK = r, WORLD_SIZE = 3, MASTER_ADDR = "127.0.0.1", MASTER_PORT = port,
+          RPCHOST_SHM_COLL = r == off and "0" or "1"}})
+      end
+      local out = {}
+      for r = 0, 2 do out[r] = hs[r]:wait(60) end
+      for r = 0, 2 do assert.are.equal(0, out[r].status, out[r].out .. out[r].err) end
+      S.assert_checks(out, {on = {0, 1, 2}})
+      port = S.free_port()
+    end
+  end)
 
   it("names a mismatch of calls, sizes, dtypes and roots at the call", function()
     local r = world(3, [[

@@ -34,6 +34,9 @@ struct rh_listener_s {
   /* accepted connections not proven yet, oldest first (conn.c's cap) */
   rh_conn_t *unproven, *unproven_last;
   int nunproven;
+  /* its connections' handshake deadline (0: net->handshake_ms): a store's
+   * listener has its own (RPCHOST_STORE_HANDSHAKE_TIMEOUT) */
+  uint64_t handshake_ms;
   /* takes a connection libuv accepted when no rh_conn_t could be made for it */
   rh_sock_t sink;
   int sink_busy, sink_wanted, freeing;
@@ -81,7 +84,7 @@ static void sweep_cb(uv_timer_t *t) {
   if (net->spare_fd < 0) net->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   for (rh_conn_t *c = net->all, *next; c; c = next) {
     next = c->next_all;
-    if (!c->closing && c->reader.gated && now - c->born > net->handshake_ms) conn_end(c, RH_EHANDSHAKE, 0);
+    if (!c->closing && c->reader.gated && now - c->born > c->handshake_ms) conn_end(c, RH_EHANDSHAKE, 0);
   }
 }
 
@@ -214,6 +217,7 @@ static rh_conn_t *conn_new(rh_net_t *net, const rh_conn_cbs_t *cbs, void *data, 
   c->cbs = *cbs;
   c->data = data;
   c->born = uv_now(net->loop);
+  c->handshake_ms = net->handshake_ms;
   rh_reader_init(&c->reader, net->max_frame, net->version);
   if (net->seg_alloc) rh_reader_set_alloc(&c->reader, net->seg_alloc, net->seg_free, net->seg_ctx);
   return c;
@@ -939,6 +943,7 @@ static void connection_cb(uv_stream_t *server, int status) {
     }
   }
   c->listener = l;
+  if (l->handshake_ms) c->handshake_ms = l->handshake_ms;
   c->prev_unproven = l->unproven_last;
   if (l->unproven_last) l->unproven_last->next_unproven = c;
   else l->unproven = c;
@@ -971,6 +976,8 @@ rh_listener_t *rh_listener_new(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accep
 rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data) {
   return listener_new(net, cbs, on_accept, data, 1);
 }
+
+void rh_listener_set_handshake_ms(rh_listener_t *l, uint64_t ms) { l->handshake_ms = ms; }
 
 int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog) {
   int rc = uv_tcp_bind(&l->h.tcp, addr, 0);

@@ -140,7 +140,8 @@ int rh_conn_local(rh_conn_t *c, char *ip, size_t iplen, int *port);
 int rh_conn_is_open(rh_conn_t *c);
 /* Every connection starts gated: until its owner calls rh_conn_prove (the peer
  * has proved itself), only small handshake frames are read (see frame.h), and
- * the connection is closed if that has not happened within net->handshake_ms.
+ * the connection is closed if that has not happened within net->handshake_ms
+ * (or its listener's own deadline: rh_listener_set_handshake_ms).
  * An accepted one also counts towards its listener's net->max_unproven until
  * then (the oldest is closed, with RH_ECROWDED, when a new one would pass it). */
 void rh_conn_prove(rh_conn_t *c);
@@ -179,6 +180,9 @@ int rh_listener_bind(rh_listener_t *l, const struct sockaddr *addr, int backlog)
 rh_listener_t *rh_listener_new_local(rh_net_t *net, const rh_conn_cbs_t *cbs, rh_accept_fn on_accept, void *data);
 int rh_listener_bind_local(rh_listener_t *l, const char *path, int backlog);
 int rh_listener_port(rh_listener_t *l);
+/* The handshake deadline of the connections l accepts from now on, instead of
+ * net->handshake_ms (0: that again). */
+void rh_listener_set_handshake_ms(rh_listener_t *l, uint64_t ms);
 /* Accepted connections of l that have not proved themselves yet (and are open). */
 int rh_listener_unproven(rh_listener_t *l);
 void *rh_listener_data(rh_listener_t *l);

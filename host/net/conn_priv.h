@@ -72,6 +72,7 @@ struct rh_conn_s {
   int nfds;
   int end_status, end_version; /* why it ended, for a deferred report */
   uint64_t born;               /* loop time (ms) it was made: its handshake's deadline counts from here */
+  uint64_t handshake_ms;       /* that deadline: net->handshake_ms, or its listener's own */
   int paused;                  /* the owner asked for no frames for now (rh_conn_pause) */
   rh_conn_t *next_resumed;     /* on net->resumed: buffered frames to hand out */
   int resumed;

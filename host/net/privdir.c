@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -146,6 +149,69 @@ int rh_privdir_get(const char *sub, char *out, size_t outlen, char *why, size_t 
   return 0;
 }
 
+int rh_privdir_hold(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return -errno;
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    int err = errno;
+    close(fd);
+    return -err;
+  }
+  return fd;
+}
+
+/* world-<digits>.key, or its temporary world-<digits>.key.tmp<digits> */
+static int is_world_secret(const char *name) {
+  if (strncmp(name, "world-", 6) != 0) return 0;
+  const char *p = name + 6;
+  if (*p < '0' || *p > '9') return 0;
+  while (*p >= '0' && *p <= '9') p++;
+  if (strncmp(p, ".key", 4) != 0) return 0;
+  p += 4;
+  if (*p == 0) return 1;
+  if (strncmp(p, ".tmp", 4) != 0) return 0;
+  p += 4;
+  if (*p < '0' || *p > '9') return 0;
+  while (*p >= '0' && *p <= '9') p++;
+  return *p == 0;
+}
+
+/* Whether something listens on TCP port `port` of 127.0.0.1 (a loopback
+ * connect answers at once). */
+static int port_in_use(long port) {
+  if (port <= 0 || port > 65535) return 0;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 1;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int used = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 || errno != ECONNREFUSED;
+  close(fd);
+  return used;
+}
+
+/* Removes a world secret that no store holds any more (see rh_privdir_hold):
+ * 1 when it did. A file whose lock is free is checked to be still the one at
+ * that name before it goes (a new store may have just written its own). (A
+ * store still listening on its port keeps its file all the same: one started
+ * by an rpchost that held no lock.) */
+static int sweep_secret(const char *path, const char *name, time_t now, double min_age, uid_t me) {
+  struct stat st, held;
+  if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me) return 0;
+  if (difftime(now, st.st_mtime) < min_age) return 0;
+  if (port_in_use(strtol(name + 6, NULL, 10))) return 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return 0;
+  int gone = 0;
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &held) == 0 && held.st_ino == st.st_ino &&
+      held.st_dev == st.st_dev && lstat(path, &st) == 0 && st.st_ino == held.st_ino && unlink(path) == 0)
+    gone = 1;
+  close(fd);
+  return gone;
+}
+
 int rh_privdir_sweep(const char *dir, double min_age) {
   DIR *d = opendir(dir);
   int removed = 0;
@@ -164,6 +230,12 @@ int rh_privdir_sweep(const char *dir, double min_age) {
       if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < sizeof p && lstat(p, &st) == 0 &&
           S_ISREG(st.st_mode) && st.st_uid == me)
         unlink(p);
+      continue;
+    }
+    if (is_world_secret(e->d_name)) {
+      char p[1024];
+      if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < sizeof p)
+        removed += sweep_secret(p, e->d_name, now, min_age, me);
       continue;
     }
     if (n < 6 || strcmp(e->d_name + n - 5, ".sock") != 0) continue;

@@ -59,9 +59,18 @@ int rh_privdir_get(const char *sub, char *out, size_t outlen, char *why, size_t 
  * any more (a connect is refused: their rank was killed and could not remove its
  * own) and that are at least min_age seconds old (so that a rank between its bind
  * and its listen keeps its file); compiled modules earlier versions left there
- * (*.luac, regular files of this user) go too. Synchronous: a connect to a
- * Unix-domain socket answers at once. Returns how many sockets it removed (0
- * when dir cannot be read). */
+ * (*.luac, regular files of this user) go too, and so do the world secrets of
+ * stores that are gone (rh_privdir_hold). Synchronous: a connect to a
+ * Unix-domain socket answers at once. Returns how many sockets and secrets it
+ * removed (0 when dir cannot be read). */
 int rh_privdir_sweep(const char *dir, double min_age);
+
+/* A loopback world's secret file (world-<port>.key, written by its store's
+ * host) is held, with a shared lock on it, for as long as the store runs: the
+ * lock goes with the process, however it ends, so a file nobody holds is a
+ * killed store's and rh_privdir_sweep removes it (with its leftover
+ * world-<port>.key.tmp<pid>) like a dead rank's socket. Returns the descriptor
+ * holding it (close it to let go), or a negative errno. */
+int rh_privdir_hold(const char *path);
 
 #endif

@@ -2,7 +2,10 @@
  * on first use; RPCHOST_NUM_THREADS sets how many. By default a process takes
  * its share of the cores it may run on: all of them alone, cores / N when it is
  * one of N ranks on this host (LOCAL_WORLD_SIZE, which `rpchost run` sets, or
- * Open MPI's local size), at least one. N ranks each with a pool as large as the
+ * Open MPI's local size, or under srun the step's tasks on this node), at least
+ * one; under srun -c C, the C CPUs Slurm gave the task (a task bound to its own
+ * CPUs sees only those: dividing them again would leave it one thread). N ranks
+ * each with a pool as large as the
  * host oversubscribed the cores: a pipeline's two stages computing at once each
  * waited on parts whose threads the other stage's had preempted (torchrun sets
  * OMP_NUM_THREADS=1 for its ranks for the same reason).
@@ -88,16 +91,25 @@ int rh_host_cpus(void) {
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
 }
 
+static int hint_local, hint_cpus; /* rh_parallel_hint's */
+
+void rh_parallel_hint(int local_ranks, int cpus_per_rank) {
+  hint_local = local_ranks > 0 ? local_ranks : 0;
+  hint_cpus = cpus_per_rank > 0 ? cpus_per_rank : 0;
+}
+
 int rh_local_ranks(void) {
   const char *lws = getenv("LOCAL_WORLD_SIZE");
   if (!lws || !*lws) lws = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   int n = lws && *lws ? atoi(lws) : 0;
-  return n > 0 ? n : 0;
+  return n > 0 ? n : hint_local;
 }
 
 static long default_threads(void) {
+  int cpus = rh_host_cpus();
+  if (hint_cpus) return hint_cpus < cpus ? hint_cpus : cpus;
   int local = rh_local_ranks();
-  return rh_host_cpus() / (local ? local : 1);
+  return cpus / (local ? local : 1);
 }
 
 static void start_pool(void) {

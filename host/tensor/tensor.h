@@ -280,9 +280,14 @@ void rh_parallel_for(int64_t n, int64_t grain, void (*fn)(void *ctx, int64_t lo,
 /* how many threads a rh_parallel_for job runs on (the workers and the caller) */
 int rh_parallel_threads(void);
 /* the cores this process may run on; the ranks on this host (LOCAL_WORLD_SIZE,
- * which `rpchost run` sets, or Open MPI's local size), 0 when not known */
+ * which `rpchost run` sets, or Open MPI's local size, else what
+ * rh_parallel_hint said), 0 when not known */
 int rh_host_cpus(void);
 int rh_local_ranks(void);
+/* What a launcher whose variables C does not read says (a Slurm step, read by
+ * rpchost.env): the ranks on this host and the CPUs it gave each (0: not
+ * said). Takes effect for a pool not started yet. */
+void rh_parallel_hint(int local_ranks, int cpus_per_rank);
 /* a grain in items for items of `item_work` elements each: enough items that a
  * piece is worth waking a thread for (RH_PARALLEL_MIN_WORK elements) */
 #define RH_PARALLEL_MIN_WORK (1 << 15)

@@ -88,10 +88,22 @@ end
 
 -- init_process_group{backend=, init_method=, rank=, world_size=, timeout=, device_id=}
 function dist.init_process_group(o, ...)
-  if type(o) == "string" then o = {backend = o, init_method = (select(1, ...))} end
+  if type(o) == "string" then
+    -- (PyTorch's positional form, or the backend then a trailing options table)
+    local rest = (select(1, ...))
+    if type(rest) == "table" then
+      local t = {backend = o}
+      for k, v in pairs(rest) do t[k] = v end
+      o = t
+    else o = {backend = o, init_method = rest} end
+  end
   o = o or {}
-  errors.check_options(o, {"backend", "init_method", "rank", "world_size", "timeout", "device_id", "store",
-    "group_name", "pg_options"}, "init_process_group")
+  errors.check_options(o, {"backend", "init_method", "rank", "world_size", "timeout", "device_id", "group_name"},
+    "init_process_group")
+  if o.store ~= nil then
+    cfg("init_process_group: a store object cannot be passed here; the group meets at init_method's store " ..
+      "(\"env://\" or \"tcp://host:port\")")
+  end
   if state then cfg("init_process_group: the default process group is already initialised") end
   local backend = BACKENDS[o.backend or "gloo"]
   if not backend then
@@ -120,7 +132,8 @@ function dist.init_process_group(o, ...)
   meets_with_rpc(host, port)
   local timeout = env.init_timeout(o.timeout)
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
-  local client, key = store.acquire(host, port, host_it, timeout)
+  local client, key, got = store.acquire(host, port, host_it, timeout, env.world_id())
+  if port == 0 then env.remember_master(host, got); port = got end -- (a world of its own: rpc meets here too)
   local a
   local ok, err = pcall(function()
     local gen = client:add("pg/gen/" .. rank, 1)
@@ -139,7 +152,7 @@ function dist.init_process_group(o, ...)
     local record = codec.encode("info", {name = "pg" .. rank, rank = rank, ip = advertise, port = a.port,
                                          unix = a.unix_path, host = require("rpchost.net.hosts").advertised()})
     a:use_directory(client:gather(P .. "rank/", world_size, rank, record, {
-      timeout = timeout, abort = P .. "abort", build = agentmod.directory,
+      timeout = timeout, abort = P .. "abort", build = agentmod.directory, hint = env.join_hint(),
       describe = function(miss)
         local ranks = {}
         for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
@@ -289,7 +302,7 @@ function dist.new_group(ranks, opts)
   if type(ranks) == "table" and ranks[1] == nil and next(ranks) ~= nil and (ranks.ranks or ranks.timeout) then
     ranks, opts = ranks.ranks, ranks
   end
-  errors.check_options(opts, {"ranks", "timeout", "backend", "pg_options"}, "new_group")
+  errors.check_options(opts, {"ranks", "timeout", "backend"}, "new_group")
   s.groups = s.groups + 1
   if ranks == nil then
     ranks = {}
@@ -367,9 +380,12 @@ end
 -- A list of one tensor per group member, each of t's shape: checked before
 -- anything is sent, naming the one that is not.
 local function check_list(list, t, g, what, field)
-  if type(list) ~= "table" then cfg("%s: %s must be a list of %d tensors, got %s", what, field, g.size, type(list)) end
+  -- (the words of every backend's check: docs/troubleshooting.md quotes them)
+  if type(list) ~= "table" then
+    cfg("%s: expected a list of %d tensors (one per rank of the group), got %s as %s", what, g.size, type(list), field)
+  end
   if #list ~= g.size then
-    cfg("%s: %s has %d tensors; the group has %d members, one each", what, field, #list, g.size)
+    cfg("%s: expected a list of %d tensors (one per rank of the group), got %d in %s", what, g.size, #list, field)
   end
   local want = core.t_size(t)
   for i, x in ipairs(list) do

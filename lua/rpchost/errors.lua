@@ -106,8 +106,9 @@ end
 -- The directory of rpchost's Lua library (this file is <it>rpchost/errors.lua):
 -- frames of a file under it are rpchost's (its faces, rpc.lua and the rest, too).
 local LIB = debug.getinfo(1, "S").source:match("^@(.*)rpchost/errors%.lua$")
--- (read when a traceback is made: the log's level may change while a process runs)
-local function full() return require("rpchost.log").enabled("debug") end
+-- (RPCHOST_LOG=debug, read as rpchost.log reads it: errors sits below the log,
+-- which reports through it)
+local function full() return (os.getenv("RPCHOST_LOG") or ""):lower() == "debug" end
 
 -- Whether a chunk's source (debug.getinfo's .source) is rpchost's own code.
 function M.is_library_source(source)

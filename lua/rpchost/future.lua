@@ -3,6 +3,7 @@
 -- tasks (they yield), callbacks run as their own tasks so they may wait too.
 local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"
+local log = require "rpchost.log"
 
 local Future = {}
 Future.__index = Future
@@ -128,28 +129,100 @@ local function result(f)
   return unpack(f.values, 1, f.values.n)
 end
 
--- Waits until done (at most `timeout` seconds; nil or 0: no limit) and returns the
--- values, or raises the error.
+-- Every wait has a deadline and, while it waits long, says what for. A
+-- Future rpchost completes is bounded by what completes it (a call by its
+-- timeout, a collective by its group's), so wait() adds none; one the program
+-- makes (rpc.Future()) is completed by nothing else, and wait() without a
+-- timeout waits at most the default the rpc layer registers (rpc_timeout).
+-- Either way, every RPCHOST_PROGRESS_INTERVAL seconds a wait says what it
+-- waits for. (The note's deadline and the default limit are weak: a wait
+-- nothing else could end is still reported as a deadlock at once.)
+local default_wait = nil
+function Future._set_default_wait(fn) default_wait = fn end
+local PROGRESS = tonumber(os.getenv("RPCHOST_PROGRESS_INTERVAL")) or 10
+
+-- How long the running task may wait for f: the limit in seconds (nil: none)
+-- and whether it is the program's own (a timeout it passed).
+local function limit_of(f, timeout)
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout) then
+    error(errors.new("config", ("Future:wait: timeout must be a number of seconds (-1: the default, 0: none), " ..
+      "got %s"):format(type(timeout) == "number" and tostring(timeout) or type(timeout))), 3)
+  end
+  if timeout ~= nil and timeout >= 0 then return timeout > 0 and timeout or nil, true end
+  if f.program and default_wait then
+    local d = default_wait()
+    return d and d > 0 and d or nil, false
+  end
+  return nil, false
+end
+
+local function note(f, waited, limit, strong)
+  local suffix = limit and (" of %g s"):format(limit) or ((strong or f.program) and ", no time limit" or "")
+  log.info("waiting for %s (%d s%s)", what_of(f) or "a Future", waited, suffix)
+end
+
+-- The notes of waits that go on: one weak deadline for every wait (every
+-- PROGRESS seconds while any is on), not one per wait: an rpc_sync would
+-- otherwise arm and cancel a deadline each call. A wait joins when it starts
+-- and leaves when it ends (task -> its future, its start, its limit).
+local WEAK_KEYS = {__mode = "k"} -- (a task that ends mid-wait, interrupted, leaves with its keys)
+local noting_f, noting_since, noting_limit = setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS),
+  setmetatable({}, WEAK_KEYS)
+local tick_e = nil
+local function tick()
+  tick_e = nil
+  local now = sched.now()
+  local any = false
+  for t, f in pairs(noting_f) do
+    any = true
+    local since = noting_since[t]
+    -- (a whole interval and more: the notes come once per interval per wait)
+    if since and now - since >= PROGRESS then
+      local lim = noting_limit[t]
+      note(f, now - since, lim or nil, false)
+    end
+  end
+  if any then tick_e = sched.after_weak(PROGRESS, tick) end
+end
+
+-- Suspends until f completes or `limit` seconds pass (false then), noting
+-- its progress; `strong`: the limit is the program's, a deadline like any.
+local function wait_noting(f, limit, strong)
+  local t = sched.current()
+  if PROGRESS > 0 then
+    noting_f[t], noting_since[t], noting_limit[t] = f, sched.now(), limit or false
+    if not tick_e then tick_e = sched.after_weak(PROGRESS, tick) end
+  end
+  -- (the future itself says what the task waits for: no string per wait)
+  local woke
+  if not limit then woke = sched.suspend(f)
+  elseif strong then woke = sched.suspend_until(f, limit)
+  else woke = sched.suspend_weak(f, limit) end
+  noting_f[t], noting_since[t], noting_limit[t] = nil, nil, nil
+  return woke or f.state ~= "pending"
+end
+
+-- Waits until done and returns the values, or raises the error. timeout: at
+-- most that many seconds; 0: no limit; nil or -1: the default (see above).
 function Future:wait(timeout)
   if self.state == "pending" then
+    if not sched.can_wait() then error(sched.cannot_wait(self), 2) end
     local t = sched.current()
-    if not t then
-      error("Future:wait() called outside a task (from a __gc metamethod or a C callback)", 2)
-    end
+    local limit, strong = limit_of(self, timeout)
     if not self.waiter then self.waiter = t
     else
       self.waiters = self.waiters or {}
       table.insert(self.waiters, t)
     end
-    -- (the future itself says what the task waits for: no string per wait)
-    local woke = sched.suspend_until(self, timeout)
+    local woke = wait_noting(self, limit, strong)
     if not woke and self.state == "pending" then
       if self.waiter == t then self.waiter = nil end
       for i, w in ipairs(self.waiters or {}) do
         if w == t then table.remove(self.waiters, i) break end
       end
-      error(errors.new("timeout", ("Future:wait timed out after %g s waiting for %s (which goes on)"):format(
-        timeout, what_of(self) or "a Future")), 0)
+      error(errors.new("timeout", ("Future:wait timed out after %g s waiting for %s (which goes on)%s"):format(
+        limit, what_of(self) or "a Future", strong and "" or
+        ": that is the default limit of a wait (rpc_timeout); pass fut:wait(seconds), or 0 for none")), 0)
     end
   end
   return result(self)
@@ -238,7 +311,9 @@ setmetatable(Future, {__call = function(_, what)
     local info = debug.getinfo(2, "Sl")
     what = info and ("rpc.Future() made at %s:%d"):format(info.short_src, info.currentline or 0)
   end
-  return Future.new(what)
+  local f = Future.new(what)
+  f.program = true -- (its wait's default limit: see Future:wait)
+  return f
 end})
 
 -- Waits for every future; returns the list of their results (the value of a
@@ -278,9 +353,7 @@ function Future.wait_all(futs)
     end
   end
   if not failed and left > 0 then
-    if not t then
-      error("wait_all() called outside a task (from a __gc metamethod or a C callback)", 2)
-    end
+    if not sched.can_wait() then error(sched.cannot_wait("wait_all of " .. n .. " futures"), 2) end
     sleeping = true
     sched.suspend("wait_all of " .. n .. " futures")
     sleeping = false

@@ -9,7 +9,12 @@ M.who = nil -- set to the worker's name once known
 local function emit(level, fmt, ...)
   if LEVELS[level] < threshold then return end
   local msg = select("#", ...) > 0 and fmt:format(...) or fmt
-  local who = M.who or (os.getenv("RANK") and ("rank " .. os.getenv("RANK"))) or nil
+  local who = M.who
+  if not who then
+    -- (whatever started this process: torchrun's RANK, srun's, mpirun's)
+    local ok, info = pcall(function() return require("rpchost.env").info() end)
+    who = ok and info.rank and info.source ~= "slurm-batch" and ("rank " .. info.rank) or nil
+  end
   io.stderr:write(("rpchost[%s]%s: %s\n"):format(who or tostring(require("rpchost.core").getpid()),
     level == "info" and "" or (" " .. level), msg))
 end

@@ -253,7 +253,8 @@ function rpc.init_rpc(name, a, b, c, d)
   if opts.security_token ~= nil then require("rpchost.net.auth").set_token(opts.security_token) end
   log.who = name
   local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
-  local client, key = store.acquire(host, port, host_it, timeout)
+  local client, key, got = store.acquire(host, port, host_it, timeout, env.world_id())
+  if port == 0 then env.remember_master(host, got) end -- (a world of its own: dist meets here too)
   local ok, err = pcall(rpc._join, client, key, name, rank, world_size, host, opts, timeout)
   if not ok then
     store.release(key)
@@ -339,7 +340,7 @@ function rpc.sleep(s)
     error(errors.new("config", ("rpc.sleep: seconds must be a number >= 0, got %s"):format(
       type(s) == "number" and tostring(s) or type(s))), 2)
   end
-  if not sched.current() then error(errors.new("config", "rpc.sleep called outside a task"), 2) end
+  if not sched.can_wait() then error(sched.cannot_wait(("rpc.sleep(%g)"):format(s)), 2) end
   sched.sleep(s)
 end
 
@@ -429,6 +430,8 @@ function rpc.get_rpc_timeout()
   local current = agentmod.current()
   return current and current.timeout or agentmod.default_timeout()
 end
+-- (a program's Future waited for without a timeout waits at most this long)
+Future._set_default_wait(rpc.get_rpc_timeout)
 
 function rpc._set_rpc_timeout(s)
   if s == math.huge then s = 0 end

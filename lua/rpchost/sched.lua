@@ -166,15 +166,28 @@ local function resumed(first, ...)
   return first, ...
 end
 
+-- The error of a blocking call made where nothing can wait (docs/troubleshooting.md
+-- quotes it): outside any task, or in a task but under a C call that Lua cannot
+-- yield across (a __gc metamethod, which the collector runs inside whatever
+-- allocated; table.sort's comparator; string.gsub's function). `what` names
+-- the call.
+function M.cannot_wait(what)
+  return errors.new("config", ("cannot wait for %s here: a blocking call made outside a task (in a __gc " ..
+    "metamethod or a callback from C) has nothing to yield to; make it from the script or a handler"):format(
+    tostring(what or "something")))
+end
+
+-- Whether the running code may wait: in a task, and not under a C call.
+local isyieldable = coroutine.isyieldable
+function M.can_wait() return current ~= nil and isyieldable() end
+
 -- Suspends the running task until `wake`; returns wake's extra values.
 -- `what` says what it waits for (used in deadlock reports).
 function M.suspend(what)
   local t = current
-  if not t then
-    error("rpchost: a blocking call (" .. tostring(what) .. ") was made outside a task " ..
-          "(from a __gc metamethod or a callback?); only scripts, handlers and callbacks " ..
-          "run by rpchost may wait", 2)
-  end
+  -- (a yield under a C call would fail with Lua's bare "attempt to yield
+  -- across C-call boundary", naming neither the call nor what to do)
+  if not t or not isyieldable() then error(M.cannot_wait(what), 2) end
   t.waiting = what or "something"
   return resumed(raw_yield(SUSPEND))
 end
@@ -235,10 +248,16 @@ local function rearm()
     core.timer_set(at - now(), on_timer)
   end
 end
+-- Weak deadlines: what a wait arms only to say how long it has waited, or a
+-- limit rpchost chose for it (fut:wait()'s default), not a deadline anything
+-- waits for. They must not hide a deadlock: a task whose wait only they can
+-- end is reported as one at once (run_until), as it was before they existed.
+local nweak = 0
 local function hremove(e)
   local i = e.i
   if not i or heap[i] ~= e then return end
   e.i = nil
+  if e.weak then e.weak = nil; nweak = nweak - 1 end
   if i == hn then heap[hn] = nil; hn = hn - 1
   else
     heap[i] = heap[hn]; heap[i].i = i; heap[hn] = nil; hn = hn - 1
@@ -307,6 +326,35 @@ function M.suspend_until(what, timeout)
   local e
   if timeout and timeout > 0 then e = M.after(timeout, wake_timed_out, current) end
   return woke_or_timed_out(e, M.suspend(what))
+end
+
+-- The same with a weak deadline (see nweak), in an entry of a free list: a
+-- wait that notes its progress (every rpc_sync's) makes no table for it.
+local spare_weak = {}
+local function weak_woke(e, ...)
+  M.cancel(e)
+  spare_weak[#spare_weak + 1] = e
+  return woke_or_timed_out(nil, ...)
+end
+function M.suspend_weak(what, timeout)
+  if not (timeout and timeout > 0) then return woke_or_timed_out(nil, M.suspend(what)) end
+  if not current or not isyieldable() then error(M.cannot_wait(what), 2) end
+  local n = #spare_weak
+  local e = spare_weak[n]
+  if e then spare_weak[n] = nil else e = {} end
+  M.after_into(e, timeout, wake_timed_out, current)
+  e.weak = true
+  nweak = nweak + 1
+  return weak_woke(e, M.suspend(what))
+end
+
+-- after_weak(delay, fn, arg): M.after with a weak deadline (see nweak): what
+-- only notes progress, never what a wait waits for
+function M.after_weak(delay, fn, arg)
+  local e = M.after_into({}, delay, fn, arg)
+  e.weak = true
+  nweak = nweak + 1
+  return e
 end
 
 -- user coroutines: pass rpchost suspensions through them ----------------------
@@ -407,10 +455,16 @@ function M.run_terminate_hooks()
   for owner, fn in pairs(terminate_hooks) do pcall(fn, owner) end
 end
 
-local exit_hooks = {}
+local exit_hooks, last_hooks = {}, {}
 -- Runs fn() as a task after the main task ends, before the process exits (for
 -- example: a store host waits for its clients to leave). fn must bound its wait.
-function M.at_exit(fn) exit_hooks[#exit_hooks + 1] = fn end
+-- `last`: after every other hook, whenever it was registered (a store host's
+-- linger, made before the world's ranks note why they leave: what they say
+-- must reach the others first, not 30 s later).
+function M.at_exit(fn, last)
+  local list = last and last_hooks or exit_hooks
+  list[#list + 1] = fn
+end
 
 -- Functions run once per loop turn, after the ready tasks (callback context: they
 -- must not wait). Used for work that is queued where nothing may run (a __gc).
@@ -445,9 +499,23 @@ local function run_until(t)
     -- the rest of a loop turn waits, at most a ring burst: host/net/conn.h)
     local alive = true
     if not (spinning and rhead > rtail and core.ring_turn() == 1) then
-      in_loop = true
-      alive = core.run((rhead <= rtail or spinning) and "nowait" or "once")
-      in_loop = false
+      local block = rhead > rtail and not spinning
+      if block and hn > 0 and nweak == hn then
+        -- (only weak deadlines are armed: is anything else alive that could
+        -- complete a wait? Asked with the timer stopped, in a turn that
+        -- does not block; if so, this turn blocks as usual)
+        core.timer_stop(); armed_at = nil
+        in_loop = true
+        alive = core.run("nowait")
+        in_loop = false
+        rearm()
+        block = alive and rhead > rtail
+      end
+      if block or alive then
+        in_loop = true
+        alive = core.run(block and "once" or "nowait")
+        in_loop = false
+      end
     end
     -- (a polling turn that found nothing gives the core away: the rank this one
     -- waits for may share it, and a busy poll would hold it for a whole slice)
@@ -488,7 +556,8 @@ function M.run(fn, name, on_error, ...)
   -- (what ended the main task, for the exit hooks: a departing rank says it)
   if not res[1] then M.main_error = res[2] end
   local hooks = exit_hooks
-  exit_hooks = {}
+  for _, h in ipairs(last_hooks) do hooks[#hooks + 1] = h end
+  exit_hooks, last_hooks = {}, {}
   for _, h in ipairs(hooks) do
     local ht = M.spawn(h, {name = "exit hook"})
     run_until(ht)

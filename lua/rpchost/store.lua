@@ -46,8 +46,10 @@ function M.exit_linger(secs, pump)
   for _, s in ipairs(servers) do s:close() end
 end
 
--- (port 0 with host_it: a free port; the third value is the port it got)
-function M.acquire(host, port, host_it, timeout)
+-- (port 0 with host_it: a free port; the third value is the port it got.
+-- world: the identity of this process's world (rpchost.env.world_id), which
+-- the store it hosts serves and the store it reaches must serve)
+function M.acquire(host, port, host_it, timeout, world)
   local key = ("%s:%d"):format(host, port)
   local s = shared[key]
   if s then
@@ -56,7 +58,7 @@ function M.acquire(host, port, host_it, timeout)
   end
   local server
   if host_it then
-    server = M.serve(host, port)
+    server = M.serve(host, port, world)
     port = server.port
     key = ("%s:%d"):format(host, port)
     sched.at_exit(function()
@@ -64,9 +66,9 @@ function M.acquire(host, port, host_it, timeout)
         if x.server == server then x.client:close(); shared[k] = nil end
       end
       server:linger(tonumber(os.getenv("RPCHOST_STORE_LINGER")) or 30)
-    end)
+    end, true)
   end
-  local client = M.connect(host, port, timeout)
+  local client = M.connect(host, port, timeout, world)
   shared[key] = {client = client, server = server, refs = 1}
   return client, key, port
 end

@@ -67,6 +67,9 @@ function M.available() return core.mpi_available() end
 function M.start(o)
   local ok, why = core.mpi_available()
   if not ok then cfg("init_process_group: backend \"mpi\" cannot load MPI: %s", why) end
+  -- (said before MPI_Init, which would abort the process with Open MPI's own page)
+  local problem = env.mpi_launch_problem()
+  if problem then cfg("init_process_group: backend \"mpi\": %s", problem) end
   local iok, rank, size = pcall(core.mpi_init)
   if not iok then cfg("init_process_group: backend \"mpi\" cannot start MPI: %s", tostring(rank)) end
   for _, f in ipairs{{"rank", rank}, {"world_size", size}} do
@@ -163,14 +166,14 @@ function M.init_world(o, timeout)
   if o.init_method or (os.getenv("MASTER_ADDR") or "") ~= "" then
     host, port = env.master(o.init_method)
     local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
-    client, key = store.acquire(host, port, host_it, timeout)
+    client, key = store.acquire(host, port, host_it, timeout, env.world_id())
   else
     -- rank 0 hosts the store on a free port and tells the others through MPI
     local buf = core.t_full(U8, {256}, 0)
     if rank == 0 then
-      local lsize = tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_SIZE") or "")
-      host = lsize == size and "127.0.0.1" or core.mpi_processor_name()
-      client, key, port = store.acquire(host, 0, true, timeout)
+      -- (every rank on this host, by mpirun's or srun's count: a loopback world)
+      host = env.local_world_size() == size and "127.0.0.1" or core.mpi_processor_name()
+      client, key, port = store.acquire(host, 0, true, timeout, env.world_id())
       local addr = ("%s:%d"):format(host, port)
       buf = core.t_from_bytes(U8, {256}, addr .. ("\0"):rep(256 - #addr))
     end
@@ -181,7 +184,7 @@ function M.init_world(o, timeout)
       host, port = addr:match("^(.*):(%d+)$")
       port = tonumber(port)
       if not host then cfg("init_process_group: rank 0 sent a store address that is not host:port: %q", addr) end
-      client, key = store.acquire(host, port, false, timeout)
+      client, key = store.acquire(host, port, false, timeout, env.world_id())
     end
     if (os.getenv("MASTER_ADDR") or "") == "" then
       -- rpc.init_rpc in this process meets at the same store
@@ -197,11 +200,11 @@ function M.init_world(o, timeout)
     client:set(P .. "rank/" .. rank, "mpi")
     for r = 0, size - 1 do keys[#keys + 1] = P .. "rank/" .. r end
     -- every rank is there before the (blocking) MPI_Comm_dup below
-    client:wait_verbose(keys, timeout, P .. "abort", function(miss)
+    client:wait_for(keys, {timeout = timeout, abort = P .. "abort", hint = env.join_hint(), describe = function(miss)
       local ranks = {}
       for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
       return ("process group rank%s %s to join"):format(#ranks > 1 and "s" or "", table.concat(ranks, ", "))
-    end)
+    end})
     local ranks = {}
     for r = 0, size - 1 do ranks[r + 1] = r end
     local world = core.mpi_world()

@@ -27,8 +27,8 @@
 -- end the wait with the errors the message path gives. Calls of a group take
 -- the arena one at a time in the order they began (async_op calls too). Larger
 -- tensors and groups with ranks on other hosts keep their algorithms;
--- RPCHOST_SHM_COLL=0 turns the arena off, set-up included (set it on every
--- rank alike: ranks that differ wait for each other until the group's timeout).
+-- RPCHOST_SHM_COLL=0 on any rank of a group turns the arena off for the whole
+-- group: that rank answers no in the set-up.
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local sched = require "rpchost.sched"
@@ -55,9 +55,13 @@ local REDOP_NAME = {"SUM", "PRODUCT", "MAX", "MIN", "AVG", "BAND", "BOR", "BXOR"
 local NONE = false
 
 -- Whether a call may go through the arena (the same answer on every rank that
--- makes the same call: it depends on the group and the call only).
+-- makes the same call: it depends on the group and the call only). Not on
+-- RPCHOST_SHM_COLL: a rank that turned the arena off still takes part in the
+-- set-up, answering no, so that every rank of the group agrees on the
+-- algorithm (a rank that took the messages alone waited for peers in the
+-- set-up until the group's timeout).
 function M.eligible(g)
-  return M.enabled and g.arena ~= NONE and g.size >= 2 and g.size < M.MAX_RANKS
+  return g.arena ~= NONE and g.size >= 2 and g.size < M.MAX_RANKS
 end
 
 -- Runs fn(arena, g, c, ...) for call c through the group's arena and returns

@@ -9,8 +9,14 @@
 --            secret that the store host writes into its user's private directory
 --            (core.socket_dir(), mode 0700), so only processes of that user can
 --            read it;
---   nil      a world across hosts without a token: nothing can be proved (the
---            warning at listen says so, and functions by value are refused).
+--   "munge"  in a world across hosts without a token, under Slurm where munged
+--            answers: a per-world secret that the store host hands each store
+--            client inside a MUNGE credential only its own user can decode
+--            (and that names the user who made it), so only processes of that
+--            user, on any host of the cluster, hold it;
+--   nil      a world across hosts without a token or MUNGE: nothing can be
+--            proved (the warning at listen says so, and functions by value are
+--            refused).
 --
 -- Keys. The secret (token or world secret) is never a MAC key itself: a root
 -- key is extracted from it under a fixed label (HKDF-Extract: HMAC with the
@@ -39,6 +45,7 @@
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local atomic_file = require "rpchost.atomic_file"
+local slurm = require "rpchost.slurm"
 
 local M = {}
 
@@ -112,24 +119,70 @@ local function read_secret(path)
   return s
 end
 
+-- MUNGE ------------------------------------------------------------------------------
+-- Whether a world across hosts proves its user with MUNGE: under Slurm (whose
+-- every node runs munged for Slurm itself), unless RPCHOST_MUNGE=0. The store's
+-- host asks munged once (it makes a credential for every client); a client
+-- needs only libmunge, and says what munged said when it cannot decode.
+local function munge_wanted()
+  if os.getenv("RPCHOST_MUNGE") == "0" then return false end
+  -- (core.munge_available: nil in a binary older than this library)
+  return slurm.job_id() ~= nil and core.munge_available ~= nil and core.munge_available() == true
+end
+
+local munged = nil -- {ok, why}: whether this host's munged made a credential
+function M.munge_usable()
+  if not munge_wanted() then return false end
+  if not munged then
+    local c, why = core.munge_encode("", core.getuid())
+    munged = {c ~= nil, why}
+  end
+  return munged[1], munged[2]
+end
+
+-- The world secret inside a store's MUNGE credential, if this user made it;
+-- else nil, why.
+local function munge_secret(cred)
+  if type(cred) ~= "string" then return nil, "the store's answer carries no MUNGE credential" end
+  local payload, uid = core.munge_decode(cred)
+  if not payload then
+    return nil, ("cannot decode the store's MUNGE credential (%s): the store's host is another user's, or " ..
+      "munged does not run here or holds another key than the store's host; run every rank as one user " ..
+      "with munged running, or set RPCHOST_TOKEN on every rank"):format(tostring(uid))
+  end
+  if uid ~= core.getuid() then
+    return nil, ("the store's host runs as uid %d, and this rank as %s: a world admits only its own user; set " ..
+      "RPCHOST_TOKEN on every rank to share one"):format(uid, M.this_user())
+  end
+  if #payload ~= SECRET_LEN then return nil, "the store's MUNGE credential does not carry a world secret" end
+  return payload
+end
+
 -- The credential of a store client: what it can prove (the token, and in a
 -- loopback world the world's secret, read when the store's answer arrives,
--- after the store's host wrote it), and what its agents will prove (the token
--- when it has one, else the secret): {kind = agents', kinds = offered, ...}.
+-- after the store's host wrote it; across hosts under Slurm, the world's
+-- secret that the store hands over by MUNGE), and what its agents will prove
+-- (the token when it has one, else the secret): {kind = agents', kinds =
+-- offered, ...}.
 function M.client_cred(loopback, port)
   local t = M.token()
   local kinds = {}
   if t then kinds[#kinds + 1] = "token" end
-  if loopback then kinds[#kinds + 1] = "user" end
+  if loopback then kinds[#kinds + 1] = "user"
+  elseif munge_wanted() then kinds[#kinds + 1] = "munge" end
   if #kinds == 0 then return nil end
   return {kind = kinds[1], kinds = kinds, token = t, port = loopback and port or nil}
 end
+
+-- Whether a credential proves the same user across hosts (a MUNGE world).
+function M.munge_proven(cred) return cred ~= nil and cred.kind == "munge" end
 
 -- The secret of a credential for `kind`, reading a world secret on first use;
 -- nil, why when it cannot be had (another user's world: its directory is not ours).
 local function secret_of(cred, kind)
   if kind == "token" then return cred.token end
   if cred.secret then return cred.secret end
+  if kind == "munge" then return nil, "the store gave no world secret" end
   local path, why = M.secret_path(cred.port)
   if not path then return nil, why end
   local s, err = read_secret(path)
@@ -155,25 +208,33 @@ local function write_whole(path, s)
 end
 
 -- The store host's credential: the token, or a fresh secret for a loopback world
--- written where only this user can read it. Returns cred, path (to remove when
--- the store closes) or raises when no private directory can be had.
+-- written where only this user can read it, or across hosts under Slurm one
+-- that the store hands over by MUNGE. Returns cred, path (to remove when the
+-- store closes) or raises when no private directory can be had.
 function M.host_cred(loopback, port)
   local t = M.token()
   if t then return {kind = "token", kinds = {"token"}, token = t} end
-  if not loopback then return nil end
+  if not loopback then
+    if not M.munge_usable() then return nil end
+    return {kind = "munge", kinds = {"munge"}, secret = hex(core.random_bytes(SECRET_LEN / 2))}
+  end
   local path, why = M.secret_path(port)
   if not path then
     config_error(("cannot keep this world to its user: %s, or set RPCHOST_TOKEN on every rank"):format(why))
   end
   local s = hex(core.random_bytes(SECRET_LEN / 2))
   write_whole(path, s)
-  return {kind = "user", kinds = {"user"}, secret = s, port = port}, path
+  -- (held while the store runs: the file of a store that was killed is then
+  -- one nobody holds, which the next world's sweep removes)
+  local hold = core.hold_file(path)
+  return {kind = "user", kinds = {"user"}, secret = s, port = port, hold = hold}, path
 end
 
 -- Removes a secret file if it is still the one this credential wrote.
 function M.forget_secret(cred, path)
   if not (cred and path) then return end
   if read_secret(path) == cred.secret then os.remove(path) end
+  if cred.hold then core.release_file(cred.hold); cred.hold = nil end
 end
 
 -- keys ---------------------------------------------------------------------------------
@@ -217,6 +278,26 @@ local function this_user()
 end
 M.this_user = this_user
 
+-- Worlds. A store serves one world, and a rank belongs to one (rpchost.env's
+-- world_id: the Slurm step, the `rpchost run` launch, RPCHOST_WORLD_ID). Its
+-- identity travels in the HELLO, which every proof covers, and picks the key
+-- (key_of): a rank of one world cannot pass for one of another even where
+-- both hold one user's secret. It is no secret: it keeps apart the worlds of
+-- one user that meet by mistake (two jobs given one MASTER_PORT), so that a
+-- rank that reaches the wrong store is told so at once instead of waiting
+-- there. Nil on either side (a world started by hand, a REPL joining by
+-- address) matches any. Returns why the two differ, or nil.
+function M.world_mismatch(store_world, rank_world)
+  if type(store_world) ~= "string" or type(rank_world) ~= "string" or store_world == "" or rank_world == "" or
+     store_world == rank_world then
+    return nil
+  end
+  return ("the store belongs to world '%s', and this rank is of world '%s': two worlds meet at one address; " ..
+    "give each its own MASTER_PORT (under Slurm, leave MASTER_ADDR and MASTER_PORT unset: each job step " ..
+    "derives its own), or give the ranks of one world the same RPCHOST_WORLD_ID"):format(store_world:sub(1, 200),
+    rank_world:sub(1, 200))
+end
+
 -- client ---------------------------------------------------------------------------------
 -- Starts a client's handshake. fields: who it is and whom it dialled (see the
 -- top); kinds: the credentials to offer (default: the credential's own kind).
@@ -250,9 +331,22 @@ function M.client_ack(st, ack)
     st.core, st.open_store = ack.core, true
     return s
   end
+  if s.auth == nil and st.role == "store" and cred.kind == "munge" then
+    -- (its host has no munged, or RPCHOST_MUNGE=0 there: a world that proves
+    -- nothing, as its host was warned; the store client drops the credential)
+    st.core, st.unproven = ack.core, true
+    return s
+  end
   if not contains(cred.kinds, s.auth) then
     return nil, ("the peer did not prove it holds this world's %s"):format(
       cred.kind == "token" and "security token" or "secret"), "auth"
+  end
+  if s.auth == "munge" and not cred.secret then
+    -- (the store's proof below is checked under the key of this very secret:
+    -- a credential of this user carrying another secret fails there)
+    local secret, why = munge_secret(s.munge)
+    if not secret then return nil, why, "auth" end
+    cred.secret = secret
   end
   local k, why = key_of(cred, s.auth, st.role, st.world)
   if not k then return nil, why, "auth" end
@@ -311,10 +405,15 @@ function M.server_hello(cred, roles, body)
     return nil, "this world requires a security token: set RPCHOST_TOKEN (or security_token) to the world's token",
       true
   end
-  if have == "user" and not contains(offered, "user") then
+  if (have == "user" or have == "munge") and not contains(offered, have) then
     if contains(offered, "token") then
       return nil, "this rank has a security token but the world it joins has none: unset RPCHOST_TOKEN (or the " ..
         "security_token option), or give every rank the same token", true
+    end
+    if have == "munge" then
+      return nil, ("this world admits only processes of %s, proven by MUNGE, which this rank does not offer " ..
+        "(no libmunge, not under Slurm, or RPCHOST_MUNGE=0 there); or set RPCHOST_TOKEN on every rank"):format(
+        this_user()), true
     end
     return nil, ("this world admits only processes of %s (or ranks that all hold RPCHOST_TOKEN)"):format(
       this_user()), true
@@ -335,10 +434,18 @@ function M.server_hello(cred, roles, body)
   return st, nil, nil, h
 end
 
--- server: the ACK body, with who this side is (core: a table) and its proof.
+-- server: the ACK body, with who this side is (core: a table) and its proof;
+-- nil, why when the store's MUNGE credential cannot be made.
 function M.server_ack(st, core_fields)
   core_fields.nonce = core.random_bytes(32)
   core_fields.auth = st.kind
+  if st.kind == "munge" and st.role == "store" then
+    -- the world's secret, for this user's processes only (the agents' peers
+    -- have it from here: they prove it to each other as a loopback world's)
+    local c, why = core.munge_encode(st.cred.secret, core.getuid())
+    if not c then return nil, ("the store's host cannot make a MUNGE credential: %s"):format(tostring(why)) end
+    core_fields.munge = c
+  end
   st.core = enc("hello", core_fields)
   return enc("hello", {ok = true, proto = core.protocol_version, version = core.version, core = st.core,
                        proof = st.key and mac(st.key, "server-ack", st.hello, st.core)})

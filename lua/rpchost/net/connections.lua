@@ -89,7 +89,7 @@ function C:listen(bind_ip)
   end
   self.listener = l
   self.port = l:port()
-  if not hosts.is_loopback(bind_ip) and not auth.token() then
+  if not hosts.is_loopback(bind_ip) and not auth.token() and not auth.munge_proven(self.cred) then
     log.warn("listening on %s without a security token: anyone who can reach port %d " ..
       "can call this rank; set RPCHOST_TOKEN on every rank", hosts.is_any(bind_ip) and "every interface" or bind_ip,
       self.port)

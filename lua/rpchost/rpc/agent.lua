@@ -64,7 +64,12 @@ function M.set_default_timeout(s) default_timeout = s end
 -- This process's running RPC agent (set by init_rpc, cleared by shutdown), for
 -- the parts of the rpc layer that act for it (dist_autograd, the RRefs).
 local running = nil
-function M.set_current(a) running = a end
+-- (the name of the last agent this process ran: a call after its shutdown says so)
+local last_name = nil
+function M.set_current(a)
+  running = a
+  if a then last_name = a.name end
+end
 function M.current() return running end
 
 function M.max_queued(v)
@@ -305,11 +310,17 @@ function Agent:close(why)
   for _, p in pairs(self.peers) do p.conn = nil; p.state = "none"; p.queue = {} end
 end
 
--- a when it is a running agent; else the shutdown error saying `what` needs RPC.
+-- a when it is a running agent; else the shutdown error saying `what` needs RPC:
+-- that it was shut down (naming the worker it was), or never initialised.
 function M.need_running(a, what)
   if not a or a.state ~= "running" then
+    local was = a and a.name or last_name
+    if was then
+      error(errors.new("shutdown", ("%s: RPC is shut down on this worker (%s): call rpc.init_rpc again to " ..
+        "make calls"):format(what, was)), 0)
+    end
     error(errors.new("shutdown", ("%s: RPC is not initialised on this worker (call rpc.init_rpc " ..
-      "first) or has been shut down"):format(what)), 0)
+      "first)"):format(what)), 0)
   end
   return a
 end

@@ -9,9 +9,11 @@ local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local log = require "rpchost.log"
 local store = require "rpchost.store"
+local env = require "rpchost.env"
 local agentmod = require "rpchost.rpc.agent"
 local rref = require "rpchost.rpc.rref"
 local device_maps = require "rpchost.rpc.device_maps"
+local compat = require "rpchost.compat"
 local hosts = require "rpchost.net.hosts"
 
 local M = {}
@@ -100,8 +102,9 @@ function M.join(client, key, name, rank, world_size, host, opts, timeout)
     max_queued_requests = opts.max_queued_requests,
     local_sockets = opts.local_sockets,
     -- Bytecode from the network can do anything: only a loopback-only world or one
-    -- whose every peer proved the security token takes it.
-    allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil}
+    -- whose every peer proved the security token, or its user by MUNGE, takes it.
+    allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil or
+      require("rpchost.net.auth").munge_proven(client.cred)}
   local advertise = a:listen_near(client, loopback)
   agentmod.set_current(a)
   a.store, a.store_key, a.prefix = client, key, P
@@ -114,6 +117,7 @@ function M.join(client, key, name, rank, world_size, host, opts, timeout)
     local dir = client:gather(P .. "worker/", world_size, rank, record, {
       timeout = timeout, abort = abort, restarted = rejoined and true or nil,
       on_tick = check_duplicate, -- (the other may register after we first looked)
+      hint = env.join_hint(),
       describe = function(miss)
         local ranks = {}
         for _, k in ipairs(miss) do ranks[#ranks + 1] = k:match("(%d+)$") end
@@ -197,7 +201,8 @@ function M.join_dynamic(name, opts, host, port, timeout)
     local loopback = store.is_loopback(assert(core.resolve(host)))
     local a = agentmod.new{name = name, rank = rank, world_size = cur.world_size,
       timeout = tonumber(opts.rpc_timeout), num_worker_threads = opts.num_worker_threads,
-      max_queued_requests = opts.max_queued_requests, world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil}
+      max_queued_requests = opts.max_queued_requests, world = cur.world, shm = opts.shm, local_sockets = opts.local_sockets, allow_bytecode = loopback or require("rpchost.net.auth").token() ~= nil or
+      require("rpchost.net.auth").munge_proven(client.cred)}
     local advertise = a:listen_near(client, loopback)
     a.store, a.store_key, a.prefix, a.dynamic = client, key, P, true
     client:set(P .. "worker/" .. rank, codec.encode("info", {name = name, rank = rank, ip = advertise,
@@ -298,7 +303,9 @@ local function departure_note(a)
 end
 
 local function leave_note(a, text)
-  if a.state ~= "running" or a.dynamic or not a.store then return end
+  -- (once: a signal's note is not overwritten by the os.exit that follows it)
+  if a.state ~= "running" or a.dynamic or not a.store or a.left_noted then return end
+  a.left_noted = true
   -- (said, not asked: at exit and in a signal's callback nothing may wait;
   -- what is queued is written before the process ends)
   pcall(a.store.tell, a.store, "set", a.prefix .. "left/" .. a.rank, text)
@@ -310,6 +317,9 @@ end
 function M.note_departures(a, rejoined)
   if rejoined then pcall(a.store.tell, a.store, "delete", a.prefix .. "left/" .. a.rank) end
   sched.at_exit(function() leave_note(a, departure_note(a)) end)
+  compat.before_exit(function()
+    leave_note(a, "exited without calling rpc.shutdown(): its script called os.exit()")
+  end)
   sched.on_terminate(function(self)
     leave_note(self, "was stopped by a signal (SIGTERM or SIGINT) before it called rpc.shutdown()")
   end, a)
@@ -330,7 +340,37 @@ function M.departure(a, r, why)
     why)
 end
 
+-- A store that is gone during a graceful shutdown took its host with it: in a
+-- world started by hand that is rank 0 (under `rpchost run`, the launcher,
+-- which stops the ranks itself): the error names it, at once.
+local function store_gone(a, e)
+  if not (errors.is(e) and e.kind == "unreachable" and a.rank ~= 0 and a.store) then return e end
+  local msg = tostring(e.message)
+  if not (msg:find("^the store at ") or msg:find("^lost the store at ")) then return e end
+  local host, port = tostring(a.store.addr):match("^(.*):(%d+)$")
+  if host and store.hosted_by_launcher(host, tonumber(port)) then return e end
+  local name = a.peers[0] and a.peers[0].name or "?"
+  return errors.new("unreachable", ("%s (its host, %s (rank 0), is gone: it died, exited or was cut off before " ..
+    "the others were done; see its output)"):format(msg, name), {worker = name, rank = 0})
+end
+
+-- The store's wait ran out of the shutdown's time: said as the shutdown's
+-- timeout, the one the program gave (the store's words give what was left of
+-- it when the wait began, as a raw float).
+local function gave_up(e, timeout)
+  if not (errors.is(e) and e.kind == "timeout" and timeout) then return e end
+  local what = tostring(e.message):match("^gave up after [^ ]+ s waiting for (.*)$")
+  if not what then return e end
+  return errors.new("timeout", ("shutdown gave up after %g s waiting for %s"):format(timeout, what),
+    {worker = e.worker, rank = e.rank})
+end
+
 function M.graceful_join(a, timeout)
+  local ok, e = pcall(M.graceful_join_, a, timeout)
+  if not ok then error(gave_up(store_gone(a, e), timeout), 0) end
+end
+
+function M.graceful_join_(a, timeout)
   local start = sched.now()
   local deadline = timeout and start + timeout or nil
   local function left() return deadline and math.max(deadline - sched.now(), 0.001) or math.huge end
@@ -387,6 +427,12 @@ function M.graceful_join(a, timeout)
         local missing = {}
         for _, k in ipairs(a.store:missing(keys)) do missing[k] = true end
         local moving = true
+        local function found_gone(r, why)
+          local msg = dead(r, why)
+          pcall(a.store.set, a.store, abort, codec.encode("sd", {message = msg, rank = r}))
+          error(errors.new("unreachable", msg, {worker = a.peers[r].name, rank = r}), 0)
+        end
+        local quiet = {} -- (missing, their connections open: their notes are asked for below)
         for _, k in ipairs(keys) do
           local r = rank_of(k)
           if not missing[k] then
@@ -394,11 +440,19 @@ function M.graceful_join(a, timeout)
           else
             moving = false
             local why = a:gone(r)
-            if why then
-              local msg = dead(r, why)
-              pcall(a.store.set, a.store, abort, codec.encode("sd", {message = msg, rank = r}))
-              error(errors.new("unreachable", msg, {worker = a.peers[r].name, rank = r}), 0)
-            end
+            if why then found_gone(r, why) end
+            quiet[#quiet + 1] = r
+          end
+        end
+        -- a rank that left while its process lives on (a store's host
+        -- lingering for its clients keeps its connections open) said so
+        if #quiet > 0 then
+          local notes = {}
+          for i, r in ipairs(quiet) do notes[i] = P .. "left/" .. r end
+          local absent = {}
+          for _, k in ipairs(a.store:missing(notes)) do absent[k] = true end
+          for i, r in ipairs(quiet) do
+            if not absent[notes[i]] then found_gone(r, "it left") end
           end
         end
       end,

@@ -142,11 +142,14 @@ end
 -- A Future of the entry's value that fails after `wait` seconds (the caller's
 -- deadline; 0 or nil: none) if the value has not come by then. A pending entry
 -- that nothing else refers to is dropped then: its creation never arrived.
+-- (It fails a little before the caller's own timer would, a tenth of the wait
+-- and at most 50 ms: its error, which says why there is no value, then
+-- reaches the caller first instead of racing the caller's bare timeout.)
 local function when_created(e, id, wait)
   local v = e.value
   if v.state ~= "pending" or not wait or wait <= 0 then return v end
   local out = Future.new("RRef " .. id)
-  local timer = sched.after(wait, function()
+  local timer = sched.after(wait - math.min(wait * 0.1, 0.05), function()
     local why = e.awaiting and "the call that creates it has not arrived" or "the call that creates it is still running"
     if out:_set_error(callee.deadline_error(("RRef %s has no value on its owner %s after %g s: %s"):format(
         id, agent.name, wait, why), {worker = agent.name, rank = agent.rank})) then
@@ -552,15 +555,27 @@ local function bound(timeout)
   return timeout
 end
 
+local function not_created(r, timeout)
+  error(errors.new("timeout", ("to_here(): RRef %s is not created on %s yet after %g s"):format(
+    r.id, agent.peers[r.owner_rank].name, timeout)), 0)
+end
+
 function RRef:to_here(timeout)
   running("to_here")
-  if self.owned then return entry(self.id).value:wait(timeout) end
+  if self.owned then
+    -- (the value is made here: waited for as long as a fetch from another
+    -- worker would be, with the same error past it)
+    local v = entry(self.id).value
+    if not v:done() then
+      local limit = bound(timeout)
+      pcall(v.wait, v, limit)
+      if not v:done() then not_created(self, limit) end
+    end
+    return v:value()
+  end
   if self.creation and not self.creation:done() then
     pcall(self.creation.wait, self.creation, timeout)
-    if not self.creation:done() then
-      error(errors.new("timeout", ("to_here(): RRef %s is not created on %s yet after %g s"):format(
-        self.id, agent.peers[self.owner_rank].name, timeout)), 0)
-    end
+    if not self.creation:done() then not_created(self, timeout) end
   end
   check_creation(self)
   return agent:call(self.owner_rank, M.fetch, {self.id}, nil, timeout):wait()

@@ -44,7 +44,11 @@ M.HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT")) or 
 
 -- Connects to the store at host:port, retrying until `timeout` seconds have
 -- passed, saying every few seconds what it waits for. Must run in a task.
-function M.connect(host, port, timeout)
+-- world: the identity of the world this process belongs to (rpchost.env), or
+-- nil: the store of another world refuses it at once, naming both, and it
+-- refuses a store of another world (a member joining by name, a REPL, has none
+-- and joins whichever world is there).
+function M.connect(host, port, timeout, world)
   timeout = timeout or 300
   local addr = require("rpchost.net.hosts").join(host, port)
   local ip, rerr = core.resolve(host)
@@ -95,7 +99,7 @@ function M.connect(host, port, timeout)
   -- so a rank with a token joins the store its launcher keeps to its user
   local cred = auth.client_cred(is_loopback(ip), port)
   c.cred = cred
-  local hs = auth.client_hello(cred, "store", {to = {port = port}}, cred and cred.kinds)
+  local hs = auth.client_hello(cred, "store", {to = {port = port}, world = world}, cred and cred.kinds)
   -- A store answers at once; something else listening there (MASTER_PORT
   -- pointing at another service) never will: say so instead of waiting it out.
   local ok, ack = pcall(c.request, c, proto.HELLO, hs.hello,
@@ -121,6 +125,12 @@ function M.connect(host, port, timeout)
     end
     error(errors.new(kind or "auth", ("the store at %s: %s"):format(addr, why)), 0)
   end
+  local other = auth.world_mismatch(s.world, world)
+  if other then
+    c:close()
+    error(errors.new("config", ("the store at %s refused this rank: %s"):format(addr, other)), 0)
+  end
+  if hs.unproven then c.cred = nil end -- (its host proves nothing: neither do this rank's agents)
   if hs.open_store then
     log.warn("the store at %s has no security token (its host was started without one): anyone who reaches it " ..
       "can read and change its keys; this rank's own connections still require the token (%s)", addr,
@@ -290,7 +300,9 @@ function Client:wait_verbose(keys, timeout, abort, describe, on_tick)
 end
 
 -- wait_verbose with its options in a table: timeout, abort, describe, on_tick,
--- and two more: missing(), what to describe instead of the keys still missing
+-- hint (words added to every note and to the timeout's error: what the user
+-- can do about ranks that do not come), and two more: missing(), what to
+-- describe instead of the keys still missing
 -- (a wait for the one key that stands for many, as gather's, names the many;
 -- asked only when a note is due), and on_abort(value), which may raise another
 -- error than the config error an abort is by default. With fetch (a wait for
@@ -332,14 +344,15 @@ function Client:wait_for_(keys, o)
     keys = miss
     if #miss == 0 then return true end
     if on_tick then on_tick(miss) end
+    local hint = o.hint and ("; " .. o.hint) or ""
     if elapsed >= timeout then
-      error(errors.new("timeout", ("gave up after %s s waiting for %s at the store %s"):format(
-        M.seconds(timeout), describe(named(miss)), self.addr)), 0)
+      error(errors.new("timeout", ("gave up after %s s waiting for %s at the store %s%s"):format(
+        M.seconds(timeout), describe(named(miss)), self.addr, hint)), 0)
     end
     if sched.now() >= next_note then
       next_note = sched.now() + progress_every()
-      log.info("waiting for %s at the store %s (%d s%s)", describe(named(miss)), self.addr, elapsed,
-        timeout == math.huge and ", no time limit" or (" of %s s"):format(M.seconds(timeout)))
+      log.info("waiting for %s at the store %s (%d s%s)%s", describe(named(miss)), self.addr, elapsed,
+        timeout == math.huge and ", no time limit" or (" of %s s"):format(M.seconds(timeout)), hint)
     end
   end
 end

@@ -8,6 +8,7 @@ local errors = require "rpchost.errors"
 local proto = require "rpchost.wire.proto"
 local log = require "rpchost.log"
 local auth = require "rpchost.net.auth"
+local slurm = require "rpchost.slurm"
 
 local M = {}
 local enc, dec = codec.raw_encode, codec.raw_decode
@@ -199,6 +200,11 @@ function Server:on_frame(conn, ftype, flags, id, body)
     elseif hs and (type(h.to) ~= "table" or h.to.port ~= self.port) then
       hs, why, is_auth = nil, ("a connection meant for the store at port %s reached the store at %s: a stale " ..
         "address, or a relay"):format(tostring(type(h.to) == "table" and h.to.port), self.addr), true
+    elseif hs then
+      -- (a rank of another world: refused at once, before it waits here for a
+      -- world it is not in and keeps this one's store open for it)
+      why = auth.world_mismatch(self.world, h.world)
+      if why then hs, is_auth = nil, true end
     end
     if not hs then
       log.warn_often("store: refused connections", "store: refusing a connection: %s", why)
@@ -206,8 +212,15 @@ function Server:on_frame(conn, ftype, flags, id, body)
       conn:close(true)
       return
     end
+    local ack, awhy = auth.server_ack(hs, {world = self.world})
+    if not ack then
+      log.warn_often("store: refused connections", "store: refusing a connection: %s", awhy)
+      conn:send(proto.HELLO_ACK, 0, id, auth.refusal(awhy, true))
+      conn:close(true)
+      return
+    end
     st.hs = hs
-    conn:send(proto.HELLO_ACK, 0, id, auth.server_ack(hs, {}))
+    conn:send(proto.HELLO_ACK, 0, id, ack)
     return
   end
   if ftype == auth.AUTH_FRAME and st.hs then
@@ -260,47 +273,60 @@ function Server:on_close(conn)
   if self.nclients == 0 and self.idle_task then sched.wake(self.idle_task) end
 end
 
+-- seconds a connection to the store has to prove itself before it is closed
+-- (else RPCHOST_HANDSHAKE_TIMEOUT's, every listener's)
+local HANDSHAKE_TIMEOUT = tonumber(os.getenv("RPCHOST_STORE_HANDSHAKE_TIMEOUT"))
+local EHANDSHAKE = -5009 -- (host/rh.h: RH_EHANDSHAKE, the status of a connection closed for it)
+
+-- The addresses the store listens at: those `host` names, never more (a store
+-- told to listen at one address does not listen on every interface). An
+-- address is itself; a name is every address it resolves to that is this
+-- machine's (ranks reach it by whichever family their resolver gives them);
+-- 0.0.0.0 or :: is every interface, IPv6 and IPv4 alike where the host has IPv6.
+local function bind_addresses(host, ip)
+  if hosts.is_any(ip) then return {hosts.any_address()} end
+  if hosts.split(host) == ip or host == ip then return {ip} end
+  local all = core.resolve_all(host)
+  if type(all) ~= "table" or #all == 0 then return {ip} end
+  local out = {ip}
+  for _, a in ipairs(all) do if a ~= ip then out[#out + 1] = a end end
+  return out
+end
+
 -- Starts a store server on host:port (port 0: any free port). Raises a config
 -- error naming the address when it cannot listen. o.hosts: "one" when the
 -- world is known to be on this host alone (the launcher of one node), else
--- what the environment says is asked (rpchost.net.hosts.spans_hosts).
+-- what the environment says is asked (rpchost.net.hosts.spans_hosts); o.world:
+-- the identity of the world it serves (rpchost.env), or nil: a client of
+-- another world is refused. (A string o is the world.)
 function M.serve(host, port, o)
+  if type(o) ~= "table" then o = {world = o} end
+  local world = o.world
   local ip, rerr = core.resolve(host)
   if not ip then
     error(errors.new("config", ("cannot host the store at %s: %s"):format(hosts.join(host, port), rerr)), 0)
   end
   M.check_reach(host, ip, o)
-  -- (every interface, IPv6 and IPv4 alike where the host has IPv6: ranks reach
-  -- MASTER_ADDR by whichever family their resolver gives them)
-  local bind = is_loopback(ip) and ip or hosts.any_address()
-  if hosts.is_ipv6(ip) and not is_loopback(ip) and bind == "0.0.0.0" then
+  if hosts.is_ipv6(ip) and not is_loopback(ip) and hosts.any_address() == "0.0.0.0" then
     error(errors.new("config", ("cannot host the store at %s: %s is an IPv6 address, and this host cannot listen " ..
       "on IPv6 (is IPv6 turned off?); give MASTER_ADDR an IPv4 address"):format(hosts.join(host, port), ip)), 0)
   end
-  if hosts.is_any(bind) and not hosts.is_any(ip) then
-    -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
-    local probe, perr, pcode = core.listen(ip, 0, {accept = function(c) c:close() end})
-    if probe then probe:close()
-    elseif pcode == "EADDRNOTAVAIL" then
-      error(errors.new("config", ("cannot host the store at %s: %s is not an address of this machine, " ..
-        "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
-        "its own addresses"):format(hosts.join(host, port), ip)), 0)
-    else
-      log.debug("could not test %s as a local address: %s", ip, tostring(perr))
-    end
-  end
-  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0}, Server)
-  if hosts.is_any(bind) and not auth.token() then
-    log.warn("the store listens on every interface without a security token: anyone who can reach " ..
-      "port %d can join; set RPCHOST_TOKEN on every rank", port)
-  end
-  local l, err, code = core.listen(bind, port, {
+  local s = setmetatable({data = {}, waiting = {}, blocked = {}, aborting = {}, clients = {}, nclients = 0,
+                          more_listeners = {}, world = world}, Server)
+  local callbacks = {
+    -- (a connection that does not prove itself in time is closed: the store's
+    -- own deadline, docs/environment.md)
+    handshake_timeout = HANDSHAKE_TIMEOUT,
     accept = function(conn) s.clients[conn] = {}; s.nclients = s.nclients + 1 end,
     frame = function(conn, ...) s:on_frame(conn, ...) end,
     close = function(conn, status, msg)
       if status ~= 0 then
         local st = s.clients[conn]
         if st and st.ready then log.warn("store: closed a connection: %s", tostring(hosts.words(msg)))
+        elseif status == EHANDSHAKE then
+          log.warn_often("store: closed unproven connections", "store: closed a connection that had not " ..
+            "proved itself within %g s (RPCHOST_STORE_HANDSHAKE_TIMEOUT)",
+            HANDSHAKE_TIMEOUT or tonumber(os.getenv("RPCHOST_HANDSHAKE_TIMEOUT")) or 10)
         else
           log.warn_often("store: closed unproven connections",
             "store: closed a connection that had not proved itself: %s", tostring(msg))
@@ -308,8 +334,23 @@ function M.serve(host, port, o)
       end
       s:on_close(conn)
     end,
-  })
+  }
+  -- the first address that is this machine's takes the port; the name's other
+  -- addresses listen at that port too, where they can
+  local binds = bind_addresses(host, ip)
+  local l, err, code, bound
+  for _, b in ipairs(binds) do
+    l, err, code = core.listen(b, port, callbacks)
+    if l then bound = {b} break end
+    if code ~= "EADDRNOTAVAIL" then break end
+  end
   if not l then
+    if code == "EADDRNOTAVAIL" then
+      -- the ranks will dial MASTER_ADDR: it must be this machine, which hosts the store
+      error(errors.new("config", ("cannot host the store at %s: %s is not an address of this machine, " ..
+        "but this node hosts the store (rank 0, or node 0 of rpchost run); set MASTER_ADDR to one of " ..
+        "its own addresses"):format(hosts.join(host, port), ip)), 0)
+    end
     local hint = code == "EADDRINUSE" and
       " (another world or program uses this port: pick another MASTER_PORT, or let " ..
       "`rpchost run` pick a free one)" or ""
@@ -318,14 +359,34 @@ function M.serve(host, port, o)
   end
   s.listener = l
   s.port = l:port()
+  for _, b in ipairs(binds) do
+    if b ~= bound[1] then
+      local more, merr = core.listen(b, s.port, callbacks)
+      if more then
+        s.more_listeners[#s.more_listeners + 1] = more
+        bound[#bound + 1] = b
+      else
+        log.debug("the store does not listen at %s too: %s", hosts.join(b, s.port), tostring(merr))
+      end
+    end
+  end
   s.addr = hosts.join(host, s.port)
   -- (after the port is ours: no other store can be writing this port's secret)
   local ok, cred, path = pcall(auth.host_cred, is_loopback(ip), s.port)
   if not ok then
-    l:close()
-    error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr, tostring(cred))), 0)
+    s:close()
+    error(errors.new("config", ("cannot host the store at %s: %s"):format(s.addr,
+      errors.is(cred) and cred.message or tostring(cred))), 0)
   end
   s.cred, s.secret_path = cred, path
+  if not is_loopback(ip) and not cred then
+    -- (where it listens, and the port it got: a launcher's store asks for port 0)
+    local where = {}
+    for i, b in ipairs(bound) do where[i] = hosts.is_any(b) and "every interface" or b end
+    log.warn("the store listens on %s, port %d, without a security token: anyone who can reach it can join; " ..
+      "set RPCHOST_TOKEN on every rank%s", table.concat(where, " and "), s.port, slurm.job_id() and
+      " (or run munged, which Slurm clusters do: see docs/slurm.md)" or "")
+  end
   return s
 end
 
@@ -357,6 +418,8 @@ end
 
 function Server:close()
   if self.listener then self.listener:close(); self.listener = nil end
+  for _, l in ipairs(self.more_listeners or {}) do l:close() end
+  self.more_listeners = {}
   auth.forget_secret(self.cred, self.secret_path)
   self.secret_path = nil
 end

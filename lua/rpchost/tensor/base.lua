@@ -494,7 +494,7 @@ T.__index = function(t, k)
   local p = props[k]
   if p then return p(t) end
   if type(k) == "string" then
-    error(("Tensor has no method or field '%s' (a %s tensor: see API.md's tensor section for what there is)"):format(
+    error(("Tensor has no method or field '%s' (a %s tensor: docs/tensor.md lists what there is)"):format(
       k, dtypes[core.t_dtype(t)].name), 2)
   end
   error(("a tensor cannot be indexed with a %s"):format(type(k)), 2)

@@ -36,8 +36,9 @@ usage: rpchost [options] [script [args...]]     run a script (one rank), like lu
        rpchost repl [--master-addr A --master-port P] [--name NAME] [--token T]
                                                 join a running world interactively
        rpchost top  [--master-addr A --master-port P] [--token T] [--interval S]
+                    [--timeout S] [--name NAME] [--once] [--wait]
                                                 watch a running world live (q quits)
-       rpchost plot LOGDIR [-o FILE] [--smoothing W]
+       rpchost plot LOGDIR [-o FILE] [--smoothing W] [--title TEXT]
                                                 draw a SummaryWriter's curves as HTML
 
 Subcommands: run, repl, top, plot (each takes --help).
@@ -54,7 +55,7 @@ Interpreter options (as luajit):
 Modules: rpc, dist, tensor, dist_autograd, nn, optim.
 Environment: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
              RPCHOST_TOKEN RPCHOST_LOG=debug|info|warn RPCHOST_INIT_TIMEOUT (seconds)
-             and more: docs/environment.md
+             and more: docs/environment.md; under srun, nothing: docs/slurm.md
 Documentation: man rpchost; README.md and docs/ (docs/README.md: the index) in
              %s
 ]==]
@@ -135,6 +136,18 @@ function M.interactive()
   end
 end
 
+-- A rank that srun started takes its share of the host's cores, as one of
+-- `rpchost run` does (host/tensor/parallel.c reads LOCAL_WORLD_SIZE itself;
+-- Slurm's count of this node's tasks is read by rpchost.env), or the CPUs
+-- srun -c gave it. (A malformed variable is said when init reads it.)
+local function share_of_host()
+  local ok, info = pcall(require("rpchost.env").info)
+  -- (a binary older than this library has no hint to take)
+  if ok and info.source == "slurm" and core.parallel_hint then
+    core.parallel_hint(info.local_world_size or 0, info.cpus_per_task or 0)
+  end
+end
+
 local function interpreter(argv)
   local i, actions, interactive, version = 1, {}, false, false
   local script
@@ -190,6 +203,7 @@ local function interpreter(argv)
   -- a rank started by `rpchost run` goes when its launcher goes, even by SIGKILL
   local launcher_pid = tonumber(os.getenv("RPCHOST_LAUNCHER_PID"))
   if launcher_pid then core.die_with_parent(launcher_pid) end
+  share_of_host()
 
   -- The script's chunk, called from a table slot rather than a named local:
   -- its frame then reads "in main chunk", as luajit's does, not "in function 'f'".

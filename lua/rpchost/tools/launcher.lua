@@ -16,10 +16,18 @@
 -- starts, the nodes' launchers meet at node 0's store and each learns every
 -- node's count, so global ranks are given in node order, each node a block as
 -- large as its own count.
+--
+-- Under a Slurm step of several nodes (`srun --ntasks-per-node=1 rpchost run
+-- ...`), each launcher is one node of the world: --nnodes, --node-rank and the
+-- store's address come from the step, as a rank's do (rpchost.env), unless
+-- given. Every world it starts has an identity its ranks carry to the store
+-- (RPCHOST_WORLD_ID; rpchost.net.auth): the step's, the user's, or this launch's.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local store = require "rpchost.store"
 local hosts = require "rpchost.net.hosts"
+local env = require "rpchost.env"
+local slurm = require "rpchost.slurm"
 
 local M = {}
 
@@ -32,6 +40,8 @@ usage: rpchost run [--nproc-per-node N] [--nnodes M] [--node-rank K]
   --node-rank K       this node's index, 0..M-1 (default 0); node 0 hosts the store
   --master-addr A     where the store is (default 127.0.0.1)
   --master-port P     its port (default: a free port; required when --nnodes > 1)
+                      (started by srun on several nodes, one task each, the four
+                      above default to the Slurm step's: docs/slurm.md)
   --standalone        a one-node world with its own store on 127.0.0.1 and a free
                       port (torchrun's flag; --nnodes > 1, --node-rank, --master-addr
                       and --master-port contradict it and are refused)
@@ -60,6 +70,28 @@ local function standalone_conflict(o, given)
     return ("--standalone puts the store on 127.0.0.1 and a free port: leave out %s (or --standalone)"):format(
       given.addr or given.port)
   end
+end
+
+-- Started by srun as one task of a step of several nodes: this node's place
+-- in the world and where it meets, from the step, for what the command line
+-- did not give. Returns why the step cannot be read so, or nil. (A step of
+-- one node keeps the defaults: a store on 127.0.0.1 and a free port.)
+function M.from_slurm(o, given, getenv)
+  local s = slurm.step(getenv)
+  if not (s and s.nnodes and s.nnodes > 1) then return nil end
+  if s.size and s.size ~= s.nnodes then
+    return ("this Slurm step runs %d tasks on %d nodes, so %d launchers would each start ranks: run one " ..
+      "launcher per node (srun --ntasks-per-node=1 rpchost run ...), or let srun start the ranks themselves " ..
+      "(srun -n N rpchost script.lua)"):format(s.size, s.nnodes, s.size)
+  end
+  if not given.nnodes then o.nnodes = s.nnodes end
+  if not given.node_rank and s.node then o.node_rank = s.node end
+  if not given.addr then
+    local addr, why = env.derived_master(getenv)
+    if not addr then return "cannot find the store's host from the Slurm step: " .. why .. "; give --master-addr" end
+    o.addr = addr
+  end
+  if not given.port then o.port = slurm.port(s.job, s.step) end
 end
 
 local function parse(argv)
@@ -106,6 +138,10 @@ local function parse(argv)
   end
   local why = o.standalone and standalone_conflict(o, given)
   if why then return nil, why end
+  if not o.standalone then
+    why = M.from_slurm(o, given)
+    if why then return nil, why end
+  end
   o.trace = os.getenv("RPCHOST_TRACE")
   if o.trace == "" then o.trace = nil end
   o.script = argv[i]
@@ -209,9 +245,20 @@ local function node_rendezvous(o, port)
   return a, b
 end
 
+-- The identity of the world this launch starts (rpchost.net.auth): the user's
+-- RPCHOST_WORLD_ID or the Slurm step's, else this launch's own on node 0. (A
+-- node above 0 of a world started by hand has no word of node 0's: its ranks
+-- carry none, and are let into the store as before.)
+local function world_of(o)
+  local id = env.world_id()
+  if id or o.node_rank ~= 0 then return id end
+  return ("rpchost run on %s, pid %d"):format(core.hostname() or "this host", core.getpid())
+end
+
 local function run(o)
   local server
   local port = o.port
+  local world_id = world_of(o)
   if o.node_rank == 0 and o.nnodes > 1 then
     -- a store that only this host can reach cannot gather several nodes
     local ip = core.resolve(o.addr)
@@ -223,7 +270,8 @@ local function run(o)
     end
   end
   if o.node_rank == 0 then
-    local ok, s = pcall(store.serve, o.addr, port or 0, {hosts = o.nnodes == 1 and "one" or nil})
+    local ok, s = pcall(store.serve, o.addr, port or 0, {hosts = o.nnodes == 1 and "one" or nil,
+                                                        world = world_id})
     if not ok then
       io.stderr:write("rpchost run: ", tostring(s), "\n")
       return 1
@@ -252,7 +300,7 @@ local function run(o)
   elseif o.nnodes > 1 and not io.open(o.script) then
     -- this node lacks the script: take it (and its modules) from node 0 via the store
     local ok, e = pcall(function()
-      local client = store.connect(o.addr, port, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
+      local client = store.connect(o.addr, port, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300, world_id)
       local n
       script, cwd, n, shipped = ship.fetch(client, tonumber(os.getenv("RPCHOST_INIT_TIMEOUT")) or 300)
       client:close()
@@ -365,6 +413,7 @@ local function run(o)
     e.RPCHOST_RANK_NICE = priority.env(rank_nice)
     if o.trace then e.RPCHOST_TRACE = ("%s.rank%d"):format(o.trace, rank) end
     if server then e.RPCHOST_STORE_HOSTED = require("rpchost.net.hosts").join(o.addr, port) end
+    e.RPCHOST_WORLD_ID = world_id
     local envl = {}
     for k, v in pairs(e) do envl[#envl + 1] = k .. "=" .. v end
     local writers = o.prefix and {out_writer(r, 1), out_writer(r, 2)}

@@ -367,6 +367,7 @@ function M.main(argv)
   end
   if o.token then core.setenv("RPCHOST_TOKEN", o.token) end
   for _, k in ipairs({"RANK", "WORLD_SIZE", "LOCAL_RANK"}) do core.setenv(k, nil) end
+  require("rpchost.env").detach() -- (a member by address, even under srun or in a batch script)
   local ok, err = sched.run(function()
     local rpc = require "rpc"
     for _, m in ipairs({"rpc", "dist", "tensor", "nn", "optim", "dist_autograd"}) do _G[m] = require(m) end

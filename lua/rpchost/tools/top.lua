@@ -350,6 +350,7 @@ function M.main(argv)
   end
   if o.token then core.setenv("RPCHOST_TOKEN", o.token) end
   for _, k in ipairs({"RANK", "WORLD_SIZE", "LOCAL_RANK"}) do core.setenv(k, nil) end
+  require("rpchost.env").detach() -- (a member by address, even under srun or in a batch script)
   local tty = core.isatty(1)
   local restore = function() end
   local screen = false

@@ -61,8 +61,9 @@ end
 -- (a decode context's allow_bytecode, set by the receiver: may by-value
 -- functions be loaded? Refused when not, and outside a message)
 M.bytecode_refusal = "a function sent by value (a closure) was refused: only a world whose every rank " ..
-  "proved the security token, or a loopback-only one, accepts bytecode; set RPCHOST_TOKEN (or security_token " ..
-  "in the backend options) on every rank, or send a global or module function, which travels by name"
+  "proved the security token (or, under Slurm, its user by MUNGE), or a loopback-only one, accepts bytecode; set " ..
+  "RPCHOST_TOKEN (or security_token in the backend options) on every rank, or send a global or module function, " ..
+  "which travels by name"
 
 -- names: value <-> where it is reachable -------------------------------------
 local names = setmetatable({}, {__mode = "k"})

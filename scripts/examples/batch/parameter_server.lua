@@ -130,7 +130,8 @@ function run_ps(trainers)
     ps.updates, tostring(same), results[1].first_loss, results[1].last_loss, (rpc.time() - t0) / num_batches))
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 dist.init_process_group{backend = "gloo", rank = rank, world_size = world_size}
 local options = rpc.TensorPipeRpcBackendOptions{num_worker_threads = 16, rpc_timeout = 60}
 if rank ~= 0 then

@@ -164,7 +164,8 @@ function Agent:run_episode(n_steps)
   return ep_rewards, self.running_reward
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 if rank == 0 then
   rpc.init_rpc(AGENT_NAME, {rank = rank, world_size = world_size})
   local agent = Agent.new(world_size, args.batch)

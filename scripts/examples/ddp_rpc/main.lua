@@ -86,7 +86,8 @@ function _run_trainer(remote_emb_module, rank)
   return {max_diff = maxd, first_loss = first_loss, last_loss = last_loss, s_per_epoch = (rpc.time() - t0) / epochs}
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 assert(world_size == 4, "ddp_rpc runs on 4 ranks: rpchost run --nproc-per-node 4 scripts/examples/ddp_rpc/main.lua")
 if rank == 2 then
   rpc.init_rpc("master", {rank = rank, world_size = world_size})

@@ -134,7 +134,8 @@ local function run_training_loop(rank, train_loader, test_loader, n_test)
   print(("rank %d  epochs %d  accuracy %.4f  s_per_epoch %.4f"):format(rank, args.epochs, acc, s_per_epoch))
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 if rank == 0 then
   rpc.init_rpc("parameter_server", {rank = rank, world_size = world_size})
 else

@@ -122,7 +122,8 @@ local function run_master(split_size)
   return (rpc.time() - t0) / args.num_batches, losses
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 assert(world_size == 3, "pipeline runs on 3 ranks: rpchost run --nproc-per-node 3 scripts/examples/pipeline/main.lua")
 local options = rpc.TensorPipeRpcBackendOptions{num_worker_threads = 256, rpc_timeout = 300}
 if rank == 0 then

@@ -141,7 +141,8 @@ function Agent:finish_episode()
   return min_reward
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 if rank == 0 then
   rpc.init_rpc(AGENT_NAME, {rank = rank, world_size = world_size})
   local agent = Agent.new(world_size)

@@ -110,7 +110,8 @@ local function run_trainer()
     (rpc.time() - t0) / epochs))
 end
 
-local rank, world_size = tonumber(os.getenv "RANK"), tonumber(os.getenv "WORLD_SIZE")
+local env = rpc.env() -- (rpchost run, srun, mpirun: whatever started this rank)
+local rank, world_size = env.rank, env.world_size
 if rank == 1 then
   rpc.init_rpc("trainer", {rank = rank, world_size = world_size})
   run_trainer()
