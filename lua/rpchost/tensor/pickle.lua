@@ -95,8 +95,36 @@ end
 
 local function is_int(v) return type(v) == "number" and v == math.floor(v) and v > -TWO53 and v < TWO53 end
 
-local dbl = ffi.new("union { double d; uint8_t b[8]; }")
-assert(ffi.abi("le"), "rpchost.tensor.pickle assumes a little-endian host")
+-- IEEE 754 doubles to and from their 8 big-endian bytes (BINFLOAT), in plain
+-- arithmetic: exact for every double, and independent of the host's byte order
+local function double_from_be(b1, b2, b3, b4, b5, b6, b7, b8)
+  local sign = b1 >= 128 and -1 or 1
+  local exp = (b1 % 128) * 16 + math.floor(b2 / 16)
+  local mant = (((((b2 % 16) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 65536 + b7 * 256 + b8
+  if exp == 2047 then return mant == 0 and sign * math.huge or 0 / 0 end
+  if exp == 0 then return sign * math.ldexp(mant, -1074) end -- (zero and subnormals)
+  return sign * math.ldexp(mant + 2 ^ 52, exp - 1075)
+end
+
+local function double_to_be(x)
+  if x ~= x then return "\127\248\0\0\0\0\0\0" end -- (NaN, as Python writes it)
+  local sign = 0
+  if x < 0 or (x == 0 and 1 / x < 0) then sign, x = 128, -x end
+  local exp, mant
+  if x == math.huge then exp, mant = 2047, 0
+  elseif x == 0 then exp, mant = 0, 0
+  else
+    local m, e = math.frexp(x) -- x = m 2^e, 0.5 <= m < 1
+    if e + 1022 >= 1 then exp, mant = e + 1022, (m * 2 - 1) * 2 ^ 52
+    else exp, mant = 0, math.ldexp(x, 1074) end -- (subnormal)
+  end
+  local hi = math.floor(mant / 2 ^ 32) -- (the top 20 bits of the mantissa)
+  local lo = mant - hi * 2 ^ 32
+  return string.char(sign + math.floor(exp / 16), (exp % 16) * 16 + math.floor(hi / 65536),
+    math.floor(hi / 256) % 256, hi % 256, math.floor(lo / 16777216), math.floor(lo / 65536) % 256,
+    math.floor(lo / 256) % 256, lo % 256)
+end
+M._double_from_be, M._double_to_be = double_from_be, double_to_be -- (for the spec)
 
 -- loads(s, ctx) -> value. ctx.what prefixes every error ("nn.load: m.pt:
 -- data.pkl"); ctx.storage(info) is called once per storage key with {key,
@@ -361,9 +389,8 @@ function M.loads(s, ctx)
   OPS[0x8b] = function() push(decode_long(bytes(uint(4), "LONG4"))) end
   OPS[0x47] = function() -- BINFLOAT: a big-endian double
     need(8, "BINFLOAT")
-    for i = 0, 7 do dbl.b[7 - i] = s:byte(pos + i) end
     pos = pos + 8
-    push(dbl.d)
+    push(double_from_be(s:byte(pos - 8, pos - 1)))
   end
   OPS[0x58] = function() push(bytes(uint(4), "BINUNICODE")) end
   OPS[0x8c] = function() push(bytes(u8(), "SHORT_BINUNICODE")) end
@@ -607,8 +634,7 @@ function M.dumps(root, ctx)
   end
   local function number(v)
     if is_int(v) then return int(v) end
-    dbl.d = v
-    w("G" .. string.char(dbl.b[7], dbl.b[6], dbl.b[5], dbl.b[4], dbl.b[3], dbl.b[2], dbl.b[1], dbl.b[0]))
+    w("G" .. double_to_be(v))
   end
   local function str(v, path)
     if not is_utf8(v) then fail("%s is a string that is not UTF-8, which a Python str cannot hold", path) end
