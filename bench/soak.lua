@@ -997,7 +997,9 @@ if rank == 0 then
   if strict and not pass then code = 1 end
   for r = 1, 2 do rpc.rpc_sync("w" .. r, soak_finished, {}) end
 else
-  finished:wait()
+  -- (as long as the driver's run takes, which may pass rpc_timeout, a program
+  -- Future's default limit; if rank 0 fails, the launcher stops this rank)
+  finished:wait(0)
 end
 rpc.shutdown()
 dist.destroy_process_group()
