@@ -24,4 +24,26 @@ function M.copy(st, p)
   return c
 end
 
+-- describe(name, o): an optimizer as PyTorch prints it (its name, then each
+-- parameter group's options), for every optimizer's __tostring
+local function show_option(v)
+  if type(v) ~= "table" then return tostring(v) end
+  local parts = {}
+  for i = 1, #v do parts[i] = tostring(v[i]) end
+  return "(" .. table.concat(parts, ", ") .. ")"
+end
+
+function M.describe(name, o)
+  local lines = {name .. " ("}
+  for gi, g in ipairs(o.param_groups) do
+    lines[#lines + 1] = "Parameter Group " .. (gi - 1)
+    local keys = {}
+    for k in pairs(g) do if k ~= "params" then keys[#keys + 1] = k end end
+    table.sort(keys)
+    for _, k in ipairs(keys) do lines[#lines + 1] = "    " .. k .. ": " .. show_option(g[k]) end
+  end
+  lines[#lines + 1] = ")"
+  return table.concat(lines, "\n")
+end
+
 return M

@@ -527,24 +527,6 @@ function Z:_partition_parameters()
 end
 
 -- an option as PyTorch prints it: a list (betas) as a tuple
-local function show_option(v)
-  if type(v) ~= "table" then return tostring(v) end
-  local parts = {}
-  for i = 1, #v do parts[i] = tostring(v[i]) end
-  return "(" .. table.concat(parts, ", ") .. ")"
-end
-
-Z.__tostring = function(o)
-  local lines = {NAME .. " ("}
-  for gi, g in ipairs(o.param_groups) do
-    lines[#lines + 1] = "Parameter Group " .. (gi - 1)
-    local keys = {}
-    for k in pairs(g) do if k ~= "params" then keys[#keys + 1] = k end end
-    table.sort(keys)
-    for _, k in ipairs(keys) do lines[#lines + 1] = "    " .. k .. ": " .. show_option(g[k]) end
-  end
-  lines[#lines + 1] = ")"
-  return table.concat(lines, "\n")
-end
+Z.__tostring = function(o) return optim_state.describe(NAME, o) end
 
 return M
