@@ -172,19 +172,21 @@ end
 -- then freed an RRef the reply was bringing back to it). The request's own
 -- connection (to) takes it when the peer has no other ready one; for a call to
 -- oneself, the function the caller gave (to is a function). Two connections to
--- one peer exist when both dialled each other: then this worker's own (the one
--- its calls go on) carries the reply.
+-- one peer exist when both dialled each other, and each end may have taken
+-- either as its own (whichever handshake finished first there): the reply goes
+-- on this worker's own, the one it dialled or, when the request came on the one
+-- it dialled, the peer's (of the same incarnation: the same process). A second
+-- connection the peer itself opened (it reconnected, or restarted) gets its
+-- replies on itself.
 local function reply(self, to, id, flags, body, segs)
   segs = segs or codec.EMPTY -- (shared, read-only)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
   local main = p and p.state == "ready" and p.conn
-  -- (only where both dialled: a second connection the peer itself opened, a
-  -- reconnection, gets its replies on itself)
   if main and main ~= to and main:is_open() then
     local ms = self.conns[main]
-    if ms and ms.dialled then to = main end
+    if ms and (ms.dialled or (st.dialled and ms.ready and ms.inc ~= nil and ms.inc == st.inc)) then to = main end
   end
   -- (counted once it left: the caller is waiting for it)
   if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
