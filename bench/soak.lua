@@ -687,7 +687,9 @@ local function run_calls(w, seconds, warm)
         f:set_result(true)
       end)
     end
-    for _, f in ipairs(futs) do f:wait() end
+    -- (a stretch of a long soak lasts longer than the default limit of a wait,
+    -- rpc_timeout: each task's end is bounded by the stretch itself)
+    for _, f in ipairs(futs) do f:wait(secs + 120) end
     by_tenth.stop(ops)
     return ops - o0, now() - t0
   end

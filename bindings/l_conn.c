@@ -456,6 +456,17 @@ static int l_peer_uid(lua_State *L) {
   return 1;
 }
 
+/* conn:ring_counts() -> frames sent through the ring, frames sent past it on
+ * the socket (0, 0 without a ring) */
+static int l_ring_counts(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  uint64_t r = 0, k = 0;
+  if (b->c && rh_conn_has_ring(b->c)) rh_conn_ring_counts(b->c, &r, &k);
+  lua_pushnumber(L, (double)r);
+  lua_pushnumber(L, (double)k);
+  return 2;
+}
+
 /* getuid() -> the user id this process runs as */
 static int l_getuid(lua_State *L) {
   lua_pushnumber(L, (double)getuid());
@@ -735,12 +746,27 @@ static int l_resolve(lua_State *L) {
 }
 
 int rh_open_conn(lua_State *L) {
-  static const luaL_Reg conn_methods[] = {
-      {"send", l_send},         {"close", l_close},       {"peer", l_peer},           {"is_open", l_is_open},
-      {"local_addr", l_local},  {"queued", l_queued},     {"is_local", l_is_local},   {"send_shm", l_send_shm},
-      {"take_shm", l_take_shm}, {"prove", l_prove},       {"is_proven", l_is_proven}, {"pause", l_pause},
-      {"resume", l_resume},     {"peer_uid", l_peer_uid}, {"send_raw", l_send_raw},   {"ring_attach", l_ring_attach},
-      {"has_ring", l_has_ring}, {"ring_raw", l_ring_raw}, {"ring_poke", l_ring_poke}, {NULL, NULL}};
+  static const luaL_Reg conn_methods[] = {{"send", l_send},
+                                          {"close", l_close},
+                                          {"peer", l_peer},
+                                          {"is_open", l_is_open},
+                                          {"local_addr", l_local},
+                                          {"queued", l_queued},
+                                          {"is_local", l_is_local},
+                                          {"send_shm", l_send_shm},
+                                          {"take_shm", l_take_shm},
+                                          {"prove", l_prove},
+                                          {"is_proven", l_is_proven},
+                                          {"pause", l_pause},
+                                          {"resume", l_resume},
+                                          {"peer_uid", l_peer_uid},
+                                          {"send_raw", l_send_raw},
+                                          {"ring_attach", l_ring_attach},
+                                          {"has_ring", l_has_ring},
+                                          {"ring_counts", l_ring_counts},
+                                          {"ring_raw", l_ring_raw},
+                                          {"ring_poke", l_ring_poke},
+                                          {NULL, NULL}};
   static const luaL_Reg listener_methods[] = {{"port", l_listener_port}, {"close", l_listener_close}, {NULL, NULL}};
   rh_lua_class(L, CONN_MT, conn_methods, NULL, l_conn_tostring);
   rh_lua_class(L, LISTENER_MT, listener_methods, NULL, NULL);

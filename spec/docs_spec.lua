@@ -328,6 +328,7 @@ local EFFECTS = {
   RPCHOST_UNIX = {"spec/local_sockets_spec.lua", "TCP between ranks of one host"},
   RPCHOST_SHM = {"spec/large_frames_spec.lua", "no shared-memory payloads"},
   RPCHOST_SHM_RING = {"spec/shm_ring_spec.lua", "small frames through the socket"},
+  RPCHOST_RING_STREAM = {"spec/environment_spec.lua", "the tensors that stream through a ring"},
   RPCHOST_SHM_MIN = {"spec/environment_spec.lua", "the smallest shared-memory payload"},
   RPCHOST_SHM_ADOPT_MIN = {"spec/environment_spec.lua", "payloads that stay in shared memory"},
   RPCHOST_SHM_POOL = {"spec/tensor_rpc_spec.lua", "the cap on a peer's segments"},

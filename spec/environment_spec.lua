@@ -108,6 +108,32 @@ describe("the environment #world", function()
     assert.are.equal("1 0", received({RPCHOST_SHM_MIN = 65536, RPCHOST_SHM_ADOPT_MIN = 65536})) -- (kept in it)
   end)
 
+  it("RPCHOST_RING_STREAM bounds the tensors that stream through a same-host ring (bigger ones take the socket)",
+    function()
+    local body = S.prelude .. [[
+      local tensor = require "tensor"
+      function numel(t) return t:numel() end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
+      if rank == 0 then
+        rpc.rpc_sync("w1", numel, {tensor.ones(4)}) -- (connected, and a ring: both ends proved)
+        local conn = rpc._agent().peers[1].conn
+        local ring0, sock0 = conn:ring_counts()
+        assert(rpc.rpc_sync("w1", numel, {tensor.ones(512 * 1024)}) == 512 * 1024) -- (2 MiB, bigger than the ring)
+        local ring1, sock1 = conn:ring_counts()
+        print(("SENT ring %d socket %d"):format(ring1 - ring0, sock1 - sock0))
+      end
+      rpc.shutdown()
+    ]]
+    local function sent(env)
+      env.RPCHOST_SHM = 0 -- (no shared-memory segments: what the ring does not take goes to the socket)
+      local r = S.world(2, body, {env = env, timeout = 60})
+      assert.are.equal(0, r.status, r.out .. r.err)
+      return r.out:match("SENT (ring %d+ socket %d+)")
+    end
+    assert.are.equal("ring 1 socket 0", sent({}))                               -- (default 4 MiB: streamed)
+    assert.are.equal("ring 0 socket 1", sent({RPCHOST_RING_STREAM = 1048576}))  -- (past it: the socket)
+  end)
+
   it("RPCHOST_STORE_HOSTED names a store someone else hosts: rank 0 joins it instead of hosting its own", function()
     local core = require "rpchost.core"
     local port = S.free_port()

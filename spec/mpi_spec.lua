@@ -49,6 +49,16 @@ end
 
 local every = require "spec.collective_cases"
 
+-- (a world of 3 whose rank is `me`, with rpc and a process group: a call to the
+-- next rank and an all_reduce beside it; 2 checks)
+local RPC_AND_ALL_REDUCE = [[
+      local v = rpc.rpc_sync("w" .. ((me + 1) % n), function(a) return a * 10 end, {me})
+      check("rpc_sync to the next rank", v == me * 10, v)
+      local t = tensor.ones(2)
+      dist.all_reduce(t)
+      check("all_reduce beside rpc", at(t, 1) == 3, t)
+]]
+
 describe("the mpi backend #world", function()
   it("is installed here (scripts/setup.sh installs openmpi-bin and libopenmpi-dev)", function()
     local f = io.open(MPIRUN, "r")
@@ -153,15 +163,41 @@ describe("the mpi backend #world", function()
       local me, n = dist.get_rank(), dist.get_world_size()
       check("address exported", os.getenv("MASTER_ADDR") == "127.0.0.1" and tonumber(os.getenv("MASTER_PORT")))
       rpc.init_rpc("w" .. me)
-      local v = rpc.rpc_sync("w" .. ((me + 1) % n), function(a) return a * 10 end, {me})
-      check("rpc_sync to the next rank", v == me * 10, v)
-      local t = tensor.ones(2)
-      dist.all_reduce(t)
-      check("all_reduce beside rpc", at(t, 1) == 3, t)
+    ]] .. RPC_AND_ALL_REDUCE .. [[
       rpc.shutdown()
       dist.destroy_process_group()
     ]])
     assert_clean(r, 3 * 3)
+  end)
+
+  -- (docs/environment.md, docs/cli.md: ranks started by mpirun need nothing exported)
+  it("starts an RPC world under mpirun with nothing exported: rank 0 sends the store's address through MPI",
+    function()
+    local r = mpi_world(3, [[
+      local me, n = tonumber(os.getenv "OMPI_COMM_WORLD_RANK"), 3
+      check("nothing exported before", os.getenv("MASTER_ADDR") == nil and os.getenv("MASTER_PORT") == nil)
+      rpc.init_rpc("w" .. me)
+      check("rank from mpirun", rpc.get_worker_info().id == me, rpc.get_worker_info().id)
+      check("address exported for dist", os.getenv("MASTER_ADDR") == "127.0.0.1" and tonumber(os.getenv("MASTER_PORT")))
+      -- a gloo group in the same processes meets at the same store
+      dist.init_process_group{backend = "gloo"}
+    ]] .. RPC_AND_ALL_REDUCE .. [[
+      dist.destroy_process_group()
+      rpc.shutdown()
+    ]])
+    assert_clean(r, 3 * 5)
+  end)
+
+  it("starts a gloo process group under mpirun with nothing exported", function()
+    local r = mpi_world(2, [[
+      dist.init_process_group{backend = "gloo"}
+      check("rank from mpirun", dist.get_rank() == tonumber(os.getenv "OMPI_COMM_WORLD_RANK"), dist.get_rank())
+      local t = tensor.ones(3) * (dist.get_rank() + 1)
+      dist.all_reduce(t)
+      check("all_reduce", at(t, 1) == 3, t)
+      dist.destroy_process_group()
+    ]])
+    assert_clean(r, 2 * 2)
   end)
 
   it("names a mismatched collective on every rank, and the group goes on", function()

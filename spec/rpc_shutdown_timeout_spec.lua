@@ -17,8 +17,11 @@ describe("a graceful shutdown that times out #world", function()
         if late then rpc.sleep(0.3) end
         local ok, e = pcall(rpc.shutdown, true, 0.01)
         check("shutdown raised", not ok)
+        -- (which step of the shutdown it gave up in depends on how far the
+        -- others came within 0.01 s: waiting for them to shut down, or, on a
+        -- loaded machine, for every rank's count of calls)
         check("its own timeout", type(e) == "table" and e.kind == "timeout"
-          and tostring(e.message):find("to shut down", 1, true), e)
+          and tostring(e.message):find("^shutdown gave up after 0.01 s waiting for ") ~= nil, e)
         local t = require("tensor").ones(1)
         dist.all_reduce(t)
         check("the process group goes on", t:item() == 3)

@@ -10,15 +10,16 @@ local S = require "spec.support"
 local world = S.checked_world
 
 -- rank 1 records the order in which calls reach it; rank 0 interleaves small
--- calls (the ring) with 10 KiB ones (the ring) and 200 KiB ones (the socket,
--- behind a marker) and checks that they arrived in the order sent
+-- calls (the ring) with 10 KiB ones (the ring) and 300 KiB ones (a body bigger
+-- than the ring takes: the socket, behind a marker) and checks that they
+-- arrived in the order sent
 local ORDER = [[
   seen = {}
   function record(i, s) seen[#seen + 1] = i; return #s end
   function order() return seen end
   rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
   if rank == 0 then
-    local sizes = {3, 10 * 1024, 200 * 1024, 1, 200 * 1024, 200 * 1024, 7, 10 * 1024}
+    local sizes = {3, 10 * 1024, 300 * 1024, 1, 300 * 1024, 300 * 1024, 7, 10 * 1024}
     local futs = {}
     for i = 1, 120 do
       local n = sizes[i % #sizes + 1]
@@ -112,7 +113,7 @@ describe("same-host shared-memory rings #world", function()
         check("every timer fired during the calls", fired == 20, fired .. " of 20")
         check("none more than 100 ms late", late < 0.1, ("%.1f ms"):format(late * 1e3))
         -- a frame too big for the ring takes the socket, in the middle of the ring's traffic
-        local big = string.rep("y", 300 * 1024)
+        local big = string.rep("y", 400 * 1024)
         local ok = true
         for i = 1, 20 do
           ok = ok and rpc.rpc_sync("w1", echo, {i}) == i and #rpc.rpc_sync("w1", echo, {big}) == #big
@@ -124,6 +125,56 @@ describe("same-host shared-memory rings #world", function()
     assert.are.equal(0, r.status, r.err)
     S.assert_checks(r)
   end)
+
+  -- Tensors bigger than a ring (1 MiB) stream through it (host/net/conn_ring.c,
+  -- up to RPCHOST_RING_STREAM): the sender's backlog follows as the reader frees space,
+  -- and the reader copies the bytes straight into the tensor's storage. In the
+  -- middle of small calls, big strings (the socket) and, with shared-memory
+  -- segments on, tensors from 128 KiB (a segment of their own): every one
+  -- arrives whole, in the order sent.
+  for _, shm in ipairs({"1", "0"}) do
+    it("stream tensors bigger than the ring through it, whole and in order (RPCHOST_SHM=" .. shm .. ")", function()
+      local r = world(2, [[
+        local tensor = require "tensor"
+        seen = {}
+        function take(i, t)
+          seen[#seen + 1] = i
+          return tensor.is_tensor(t) and t:sum():item() or #t, t
+        end
+        function order() return seen end
+        rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+        if rank == 0 then
+          local KiB = 1024
+          local sizes = {4, 48 * KiB, 100 * KiB, 12, 200 * KiB, 600 * KiB, 64 * KiB, 3000 * KiB}
+          local futs, want = {}, {}
+          for i = 1, 96 do
+            local n = sizes[i % #sizes + 1]
+            local v
+            if i % 5 == 0 then v = string.rep("s", 300 * KiB) -- (a body too big for the ring: the socket)
+            else v = tensor.full({math.floor(n / 4)}, i % 7, {dtype = tensor.int32}) end
+            futs[i] = rpc.rpc_async("w1", take, {i, v})
+            want[i] = {type(v) == "string" and #v or math.floor(n / 4) * (i % 7), v}
+          end
+          local ok, why = true, nil
+          for i, f in ipairs(futs) do
+            local sum, back = f:wait()
+            local same = type(back) == "string" and back == want[i][2] or
+              (tensor.is_tensor(back) and back:numel() == want[i][2]:numel() and back:eq(want[i][2]):all():item())
+            if sum ~= want[i][1] or not same then ok, why = false, ("call %d: %s, expected %s"):format(i, tostring(sum),
+              tostring(want[i][1])) break end
+          end
+          check("every payload arrived whole, both ways", ok, why)
+          local got, in_order = rpc.rpc_sync("w1", order), true
+          for i = 1, 96 do in_order = in_order and got[i] == i end
+          check("arrived in the order sent", in_order and #got == 96, table.concat(got, ","))
+          check("through a ring", rpc._agent().peers[1].conn:has_ring())
+        end
+        rpc.shutdown()
+      ]], {env = {RPCHOST_SHM = shm}})
+      assert.are.equal(0, r.status, r.err)
+      S.assert_checks(r)
+    end)
+  end
 
   it("a corrupt ring (impossible tail, garbage frame) closes that connection, not the rank", function()
     local r, lines = world(2, [[

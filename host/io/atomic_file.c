@@ -507,11 +507,50 @@ int rh_afile_map_tensor(int fd, uint64_t off, int dtype, int ndim, const int64_t
   return *out ? 0 : -ENOMEM;
 }
 
+/* A big read in parts, one per CHUNK, spread over the tensor thread pool: the
+ * kernel's copy out of the page cache and the faults of fresh pages are most
+ * of a load's time, and each thread does its share of both (a part's CRC is
+ * computed by its thread and the parts' combined in order, crc32_combine). */
+typedef struct {
+  int fd;
+  uint64_t off;
+  char *dst;
+  size_t n;
+  uint32_t *crcs; /* one per part, or NULL */
+  int rc;         /* the first error (any part's) */
+} pread_job_t;
+
+static void pread_parts(void *ctx, int64_t lo, int64_t hi) {
+  pread_job_t *j = ctx;
+  for (int64_t i = lo; i < hi; i++) {
+    size_t at = (size_t)i * CHUNK, len = j->n - at < CHUNK ? j->n - at : CHUNK;
+    uint32_t c = 0;
+    int rc = rh_afile_read(j->fd, j->off + at, j->dst + at, len, j->crcs ? &c : NULL);
+    if (j->crcs) j->crcs[i] = c;
+    if (rc) __atomic_compare_exchange_n(&j->rc, &(int){0}, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  }
+}
+
+static int read_parallel(int fd, uint64_t off, char *dst, size_t n, uint32_t *crc) {
+  int64_t parts = (int64_t)((n + CHUNK - 1) / CHUNK);
+  if (parts < 2 || rh_parallel_threads() < 2) return rh_afile_read(fd, off, dst, n, crc);
+  pread_job_t j = {fd, off, dst, n, NULL, 0};
+  if (crc && !(j.crcs = malloc(sizeof *j.crcs * (size_t)parts))) return -ENOMEM;
+  rh_parallel_for(parts, 1, pread_parts, &j);
+  if (!j.rc && crc)
+    for (int64_t i = 0; i < parts; i++) {
+      size_t at = (size_t)i * CHUNK, len = n - at < CHUNK ? n - at : CHUNK;
+      *crc = (uint32_t)crc32_combine(*crc, j.crcs[i], (z_off_t)len);
+    }
+  free(j.crcs);
+  return j.rc;
+}
+
 int rh_afile_read_tensor(int fd, uint64_t off, rh_tensor_t *t, uint32_t *crc, int swap) {
   if (rh_tensor_device(t) >= 0 || !rh_tensor_is_contiguous(t)) return -EINVAL;
   size_t n = tensor_nbytes(t);
   if (n >= CHUNK) posix_fadvise(fd, (off_t)off, (off_t)n, POSIX_FADV_SEQUENTIAL);
-  int rc = rh_afile_read(fd, off, rh_tensor_data(t), n, crc);
+  int rc = read_parallel(fd, off, rh_tensor_data(t), n, crc);
   if (rc) return rc;
   if (swap && rh_dtype_size(t->dtype) > 1) byteswap(rh_tensor_data(t), n, rh_dtype_size(t->dtype));
   rh_tensor_bump_version(t);

@@ -168,6 +168,9 @@ struct rh_shm_s;
 struct rh_shm_s *rh_conn_ring_segment(int *err);
 int rh_conn_ring_attach(rh_conn_t *c, struct rh_shm_s *seg, int creator);
 int rh_conn_has_ring(rh_conn_t *c);
+/* Frames this side sent through its ring, and past it on the socket (too big
+ * for the ring, or carrying a descriptor), since the ring was attached. */
+void rh_conn_ring_counts(const rh_conn_t *c, uint64_t *by_ring, uint64_t *by_socket);
 /* Specs that play a broken peer: raw bytes into our outgoing ring; a value
  * stored in our ring's tail (which 0) or our incoming ring's head (which 1). */
 int rh_conn_ring_raw(rh_conn_t *c, const void *data, size_t len);

@@ -77,6 +77,7 @@ struct rh_conn_s {
   rh_conn_t *next_resumed;     /* on net->resumed: buffered frames to hand out */
   int resumed;
   struct rh_conn_ring_s *ring; /* same-host shared-memory rings (conn_ring.c), or NULL */
+  uint64_t by_ring, by_socket; /* frames sent through the ring, and (with a ring) past it on the socket */
   /* while an accepted connection is unproven: its listener, which counts it
    * (oldest first) to close the oldest at net->max_unproven; NULL otherwise */
   rh_listener_t *listener;

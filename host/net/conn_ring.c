@@ -56,10 +56,30 @@
 
 #include "conn_priv.h"
 
-/* Bytes of data in each direction, and the largest frame that goes through the
- * ring (bigger ones take the socket, which reads them straight into place). */
-#define RING_CAP (64u << 10)
+/* Bytes of data in each direction, and the largest frame prefix (header, body
+ * and segment table) that goes through the ring. A frame's payload segments
+ * stream through it up to ring_stream_max() in all, bigger than the ring
+ * itself: what does not fit waits in the backlog and follows as the reader
+ * frees space, and the reader copies segment bytes straight into the storage
+ * they become (its allocator), so a payload costs one copy in and one out, with
+ * no system call. Bigger frames take the socket (which reads them straight into
+ * place), or, from rpchost.net.shm's threshold up, a shared-memory segment of
+ * their own. (Through the socket, a frame of 16-128 KiB waited for the reader's
+ * next loop turn and several reads: a 64 KiB tensor's echo took 85 us, through
+ * a 64 KiB ring 31 us, through a 1 MiB one 24 us; 256 KiB gave 31 us. The file
+ * is sparse: a pair's pages are made as its traffic first reaches them, TensorPipe's
+ * rings are 2 MiB.) */
+#define RING_CAP (1u << 20)
 #define RING_FRAME_MAX (RING_CAP / 4)
+static uint64_t ring_stream_max(void) {
+  static uint64_t v = 0;
+  if (!v) {
+    const char *e = getenv("RPCHOST_RING_STREAM");
+    v = e && *e ? strtoull(e, NULL, 10) : 4 * (uint64_t)RING_CAP;
+    if (v < RING_FRAME_MAX) v = RING_FRAME_MAX;
+  }
+  return v;
+}
 /* markers read whose socket frame has not arrived: an honest peer has at most
  * one per big frame in flight */
 #define MAX_MARKS (1u << 20)
@@ -287,7 +307,7 @@ static int drain(rh_conn_ring_t *r) {
   if (put) published(r);
   if (r->boff == r->blen) {
     r->boff = r->blen = 0;
-    if (r->bcap > 4 * RING_CAP) { /* a burst's buffer is not kept */
+    if (r->bcap > RING_CAP) { /* a burst's buffer is not kept */
       free(r->backlog);
       r->backlog = NULL;
       r->bcap = 0;
@@ -301,8 +321,10 @@ int rh__ring_send(rh_conn_t *c, const uint8_t *hdr, const void *body, uint32_t b
                   uint32_t nseg, const rh_frame_hdr_t *h, int by_socket) {
   rh_conn_ring_t *r = c->ring;
   activity(c->net);
-  if (by_socket || rh_frame_total(h) > RING_FRAME_MAX) {
+  uint64_t prefix = RH_FRAME_HDR + (uint64_t)h->body_len + 8ull * h->nseg;
+  if (by_socket || prefix > RING_FRAME_MAX || rh_frame_total(h) > ring_stream_max()) {
     /* the frame takes the socket; its place in the stream is kept here */
+    c->by_socket++;
     rh_frame_hdr_t m = {.version = c->net->version, .type = RH_FRAME_RING_MARK};
     uint8_t mh[RH_FRAME_HDR];
     rh_frame_encode_header(mh, &m);
@@ -321,6 +343,7 @@ int rh__ring_send(rh_conn_t *c, const uint8_t *hdr, const void *body, uint32_t b
     if (segs[i].len) rc = emit(r, segs[i].base, segs[i].len);
   if (rc) return rc;
   published(r);
+  c->by_ring++;
   return 1;
 }
 
@@ -452,9 +475,9 @@ int rh_conn_ring_attach(rh_conn_t *c, rh_shm_t *seg, int creator) {
     seg->fd = -1;
   }
   rh_net_t *net = c->net;
-  /* (a ring carries only small frames: a header in it announcing more is a
-   * corrupt ring, and nothing bigger is ever allocated for one) */
-  rh_reader_init(&r->reader, RING_FRAME_MAX, net->version);
+  /* (a ring carries no frame above ring_stream_max: a header in it announcing
+   * more is a corrupt ring, and nothing bigger is ever allocated for one) */
+  rh_reader_init(&r->reader, ring_stream_max(), net->version);
   rh_reader_open_gate(&r->reader); /* (only proven peers get a ring) */
   if (net->seg_alloc) rh_reader_set_alloc(&r->reader, net->seg_alloc, net->seg_free, net->seg_ctx);
   r->next = net->rings;
@@ -466,6 +489,11 @@ int rh_conn_ring_attach(rh_conn_t *c, rh_shm_t *seg, int creator) {
 }
 
 int rh_conn_has_ring(rh_conn_t *c) { return c->ring != NULL; }
+
+void rh_conn_ring_counts(const rh_conn_t *c, uint64_t *by_ring, uint64_t *by_socket) {
+  *by_ring = c->by_ring;
+  *by_socket = c->by_socket;
+}
 
 void rh__ring_free(rh_conn_t *c) {
   rh_conn_ring_t *r = c->ring;

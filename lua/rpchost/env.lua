@@ -20,6 +20,7 @@
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local slurm = require "rpchost.slurm"
+local mpi_launch = require "rpchost.mpi_launch"
 
 local M = {}
 
@@ -207,11 +208,23 @@ M.derived_master = derived_master
 
 -- host, port of an init_method ("env://" or "tcp://host:port"; nil means env://).
 -- A port of 0 (a world of its own) means: the store's host picks a free one.
+-- In this process (getenv not given) a world an MPI launcher started, with
+-- neither variable set, meets where rank 0 says through MPI (rpchost.mpi_launch:
+-- rank 0 gets its host and port 0, and announces the port remember_master is
+-- given).
 function M.master(init_method, getenv)
+  local here = getenv == nil
   getenv = getenv or os.getenv
   init_method = init_method or "env://"
   if init_method == "env://" then
     local addr, port = getenv("MASTER_ADDR"), getenv("MASTER_PORT")
+    if not set(addr) and not set(port) and here and not slurm.step(getenv) and M.by_mpi_launcher(getenv) then
+      local info = M.info(getenv)
+      local host, p = mpi_launch.meet("finding where the world meets",
+        info.local_world_size ~= nil and info.local_world_size == info.world_size, M.init_timeout())
+      if p ~= 0 then M.remember_master(host, p) end
+      return host, p
+    end
     if not set(addr) or not set(port) then
       local daddr, dport = derived_master(getenv)
       if not daddr then
@@ -242,9 +255,19 @@ end
 
 -- A world of its own hosts its store on a port it picked (master() gave 0):
 -- the rest of this process (rpc after dist, or dist after rpc) meets there too.
+-- (Under an MPI launcher, rank 0 tells the other ranks now: they wait for it.)
 function M.remember_master(host, port)
   core.setenv("MASTER_ADDR", host)
   core.setenv("MASTER_PORT", tostring(port))
+  mpi_launch.announce(host, port, M.init_timeout())
+end
+
+-- Whether an MPI launcher (mpirun, or srun --mpi=pmix outside a step's own
+-- variables) started this process and nothing else says who it is: its rank
+-- comes from the launcher's variables, not RANK/WORLD_SIZE set by hand.
+function M.by_mpi_launcher(getenv)
+  local info = M.info(getenv)
+  return info.source == "openmpi" or info.source == "pmix" or info.source == "pmi"
 end
 
 function M.init_timeout(opt)

@@ -210,6 +210,26 @@ static void tensors_and_reads(void) {
   rh_tensor_release(col);
   rh_tensor_release(r2);
   rh_tensor_release(r);
+
+  /* a read of several 8 MiB parts is spread over the thread pool: the same
+   * bytes, and the crc of the whole (the parts' combined), continuing one
+   * given before it, and a short file is still an error */
+  int64_t nbig = (int64_t)(21 << 20) / 4 + 7;
+  rh_tensor_t *w = rh_tensor_arange(RH_I32, 0, (double)nbig, 1), *h0 = rh_tensor_arange(RH_F64, 0, 12, 1);
+  uint32_t wcrc = 0;
+  CHECK(rh_afile_open(&f, at("big.bin"), NULL) == 0 && rh_afile_write_tensor(&f, h0, NULL) == 0 &&
+        rh_afile_write_tensor(&f, w, &wcrc) == 0 && rh_afile_commit(&f) == 0);
+  fd = open(at("big.bin"), O_RDONLY);
+  rh_tensor_t *wb = rh_tensor_empty(RH_I32, 1, (int64_t[]){nbig});
+  uint32_t head = (uint32_t)crc32(0, (const unsigned char *)"abc", 3), rb = head;
+  CHECK(rh_afile_read_tensor(fd, 96, wb, &rb, 0) == 0);
+  CHECK(rb == (uint32_t)crc32_combine(head, wcrc, (z_off_t)(nbig * 4)));
+  CHECK(memcmp(rh_tensor_data(wb), rh_tensor_data(w), (size_t)nbig * 4) == 0);
+  CHECK(rh_afile_read_tensor(fd, 100, wb, NULL, 0) == RH_ETRUNCATED);
+  close(fd);
+  rh_tensor_release(wb);
+  rh_tensor_release(w);
+  rh_tensor_release(h0);
 }
 
 int main(void) {

@@ -24,7 +24,7 @@ local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"
 local env = require "rpchost.env"
 local store = require "rpchost.store"
-local log = require "rpchost.log"
+local mpi_launch = require "rpchost.mpi_launch"
 
 local M = {}
 
@@ -92,24 +92,9 @@ end
 
 -- Finalises MPI at exit, after this rank's store connections are closed (and,
 -- on the rank hosting the store, after it has lingered for its clients: that
--- hook was registered first). Registered once.
-local exit_hooked = false
+-- hook was registered first), unless a collective was given up on.
 function M.finalize_at_exit()
-  if exit_hooked then return end
-  exit_hooked = true
-  sched.at_exit(function()
-    store.close_clients()
-    -- the closes (and anything queued) must leave now: MPI_Finalize blocks the loop
-    local deadline = core.now() + 5
-    core.flush()
-    while core.net_busy() > 0 and core.now() < deadline do sched.sleep(0.002) end
-    if M.broken then
-      log.warn("not finalising MPI: %s", M.broken)
-      return
-    end
-    local ok, err = pcall(core.mpi_finalize)
-    if not ok then log.warn("MPI_Finalize: %s", tostring(err)) end
-  end)
+  mpi_launch.finalize_at_exit(store.close_clients, function() return M.broken end)
 end
 
 -- Polls an MPI request until done: the bytes a receive got. For the first
@@ -161,38 +146,13 @@ end
 -- Returns the fields dist keeps: rank, world_size, host, port, store, key, prefix, group.
 function M.init_world(o, timeout)
   local rank, size = M.start(o)
-  local host, port, client, key
-  local g0 = {timeout = timeout}
-  if o.init_method or (os.getenv("MASTER_ADDR") or "") ~= "" then
-    host, port = env.master(o.init_method)
-    local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
-    client, key = store.acquire(host, port, host_it, timeout, env.world_id())
-  else
-    -- rank 0 hosts the store on a free port and tells the others through MPI
-    local buf = core.t_full(U8, {256}, 0)
-    if rank == 0 then
-      -- (every rank on this host, by mpirun's or srun's count: a loopback world)
-      host = env.local_world_size() == size and "127.0.0.1" or core.mpi_processor_name()
-      client, key, port = store.acquire(host, 0, true, timeout, env.world_id())
-      local addr = ("%s:%d"):format(host, port)
-      buf = core.t_from_bytes(U8, {256}, addr .. ("\0"):rep(256 - #addr))
-    end
-    local req = core.mpi_ibcast(core.mpi_world(), buf, 0)
-    wait(g0, req, "init_process_group: receiving the store's address from rank 0", {buf})
-    if rank ~= 0 then
-      local addr = core.t_bytes(buf):match("^[^%z]*")
-      host, port = addr:match("^(.*):(%d+)$")
-      port = tonumber(port)
-      if not host then cfg("init_process_group: rank 0 sent a store address that is not host:port: %q", addr) end
-      client, key = store.acquire(host, port, false, timeout, env.world_id())
-    end
-    if (os.getenv("MASTER_ADDR") or "") == "" then
-      -- rpc.init_rpc in this process meets at the same store
-      core.setenv("MASTER_ADDR", host)
-      core.setenv("MASTER_PORT", tostring(port))
-    end
-  end
+  -- (where MASTER_ADDR/MASTER_PORT are not set, rank 0 hosts the store on a
+  -- port it picks and tells the others through MPI: rpchost.mpi_launch)
   M.finalize_at_exit()
+  local host, port = env.master(o.init_method)
+  local host_it = rank == 0 and not store.hosted_by_launcher(host, port)
+  local client, key, got = store.acquire(host, port, host_it, timeout, env.world_id())
+  if port == 0 then env.remember_master(host, got); port = got end -- (rpc meets here too)
   local ok, r = pcall(function()
     local gen = client:add("pg/gen/" .. rank, 1)
     local P = ("pg/%d/"):format(gen)

@@ -111,7 +111,7 @@ function M.new(o)
     inc = hex(core.random_bytes(8)),
     -- requests waiting for one of max_running handler slots (rpc.callee): a
     -- FIFO of at most max_queued, and the queued ones by caller rank and call id
-    running = 0, backlog = {head = 1, tail = 0}, nqueued = 0, queued = {},
+    running = 0, starting = 0, backlog = {head = 1, tail = 0}, nqueued = 0, queued = {},
     max_queued = M.max_queued(o.max_queued_requests),
     early = {}, early_paused = {}, ready = false, state = "starting",
     -- (mail_count: the messages in all of mail's boxes, so that a collective

@@ -1,0 +1,162 @@
+#!/usr/bin/python3
+"""bench/limit.py: how far rpchost is from what this machine allows (issue 38), in one run.
+
+Why: past PyTorch, the peers that show the way are Open MPI (small messages and
+collectives, polling shared memory with a busy core per rank) and the machine's own
+floors. Every figure is measured in this run, beside its peer or floor, with the ratio
+and issue 38's target:
+
+  rpc_sync p50                 vs Open MPI's 8-byte ping-pong        <= 3x   (2 and 4 ranks)
+  rpc_sync p99                 vs rpchost's own p50                  <= 2x
+  all_reduce 4 KiB             vs MPI_Allreduce                      <= 1.0x
+  barrier                      vs MPI_Barrier                        <= 1.5x
+  all_reduce 16 MiB            vs MPI_Allreduce                      <= 1/1.5
+  idle rank's CPU              (a world waiting, from /proc)          < 0.5% of a core
+  tensor echo, every size      vs empty call + 2 copies (floor)      <= 1.5x, monotone
+  8 tensors of 512 B           vs one of 4 KiB                       <= 1.2x
+  world of 1,024 ranks         per-rank cost vs a world of 64        <= 1.15x, whole run <= 25 s
+
+and, for reference, the floors themselves: the kernel's wake-up round trip (two processes
+ping-ponging through eventfds) and a shared cache line's (both polling), from
+bench/wake_floor.c, and memcpy at each size (bench/tensor_curve.lua). Numbers from a
+shared 2-core VM are noisy: compare ratios from one run.
+
+usage: /usr/bin/python3 bench/limit.py [--quick] [--rpchost PATH] [--strict] [--skip big_world,...]
+  parts: mpi, curve, big_world, floors (--skip leaves those out)
+Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.dont_write_bytecode = True
+sys.path.insert(0, HERE)
+import mpi_bench  # noqa: E402  (measure: Open MPI and rpchost, same run)
+import rpc_bench  # noqa: E402  (rpchost_world, parse_results, BenchError)
+
+BenchError = rpc_bench.BenchError
+
+
+def floors_run(quick):
+    out = os.path.join(ROOT, "build", "bench_wake_floor")
+    src = os.path.join(HERE, "wake_floor.c")
+    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            raise BenchError("no C compiler to build bench/wake_floor.c")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        subprocess.run([cc, "-O2", "-o", out, src], check=True)
+    p = subprocess.run([out, "5000" if quick else "50000"], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise BenchError(f"wake_floor failed: {p.stderr}")
+    return rpc_bench.parse_results(p.stdout)
+
+
+def big_world(exe, n):
+    env_timeout = 600
+    r, t0, t1 = rpc_bench.rpchost_world(exe, n, "big_world.lua", [], timeout=env_timeout)
+    return t1 - t0
+
+
+def us(x):
+    if x is None:
+        return "n/a"
+    return f"{x:.1f} us" if x < 1000 else f"{x / 1000:.2f} ms"
+
+
+class Report:
+    def __init__(self):
+        self.rows, self.verdicts = [], []
+
+    def row(self, what, peer_label, peer, ours, ratio, target, op="<="):
+        """peer and ours are display strings; ratio a number (or None); target a number or None."""
+        if ratio is None or target is None:
+            v = "-" if target is None else "n/a"
+        else:
+            ok = ratio <= target if op == "<=" else ratio < target
+            v = "PASS" if ok else "MISS"
+            self.verdicts.append(v)
+        self.rows.append((what, peer_label, peer, ours, f"{ratio:.2f}" if ratio is not None else "n/a",
+                          f"{op} {target:.3g}" if target is not None else "-", v))
+
+    def text(self):
+        head = ("figure", "peer / floor", "peer", "rpchost", "ratio", "target", "result")
+        w = [max(len(str(r[i])) for r in self.rows + [head]) for i in range(len(head))]
+        line = lambda r: "| " + " | ".join(str(c).ljust(w[i]) for i, c in enumerate(r)) + " |"
+        return "\n".join([line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|"] + [line(r) for r in self.rows])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short loops, a world of 256 for 1,024 (about 2 minutes)")
+    ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
+    ap.add_argument("--strict", action="store_true")
+    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: mpi, curve, big_world, floors")
+    o = ap.parse_args()
+    skip = set(x for x in o.skip.split(",") if x)
+    rep = Report()
+    print(f"load before the run: {open('/proc/loadavg').read().split()[:3]} on {os.cpu_count()} CPUs "
+          "(a shared machine: numbers are noisy, compare the ratios)")
+    try:
+        if "floors" not in skip:
+            f = floors_run(o.quick)
+            rep.row("floor: wake-up round trip (eventfd)", "-", "-", us(f.get("wake_p50_us")), None, None)
+            rep.row("floor: shared cache line round trip (polling)", "-", "-", us(f.get("spin_p50_us")), None, None)
+        if "mpi" not in skip:
+            peer = mpi_bench.build_peer()
+            cap = 0.3 if o.quick else 1.5
+            for n in (2, 4):
+                r = mpi_bench.measure(o.rpchost, peer, n, cap, o.quick)
+                m, rpc, coll = r["mpi"], r["rpc"], r["coll"]
+                pp, p50, p99 = m.get("pingpong_p50_us"), rpc.get("p50_us"), rpc.get("p99_us")
+                rep.row(f"{n} ranks: rpc_sync p50", "Open MPI 8 B ping-pong p50", us(pp), us(p50),
+                        p50 / pp if pp and p50 else None, 3)
+                rep.row(f"{n} ranks: rpc_sync p99", "rpchost's own p50", us(p50), us(p99),
+                        p99 / p50 if p50 and p99 else None, 2)
+                for key, label, target in (("ar4096_med_s", "all_reduce 4 KiB", 1.0), ("barrier_med_s", "barrier", 1.5),
+                                           (f"ar{16 << 20}_med_s", "all_reduce 16 MiB", 1 / 1.5)):
+                    a, b = m.get(key), coll.get(key)
+                    rep.row(f"{n} ranks: {label}", "Open MPI", us(a * 1e6 if a else None), us(b * 1e6 if b else None),
+                            b / a if a and b else None, target)
+                wall = coll.get("idle_wall_ms")
+                shares = [coll.get(f"idle_cpu_ms_rank{i}", 0) / wall * 100 for i in range(1, n)] if wall else []
+                worst = max(shares) if shares else None
+                rep.row(f"{n} ranks: idle rank's CPU (% of a core)", "-", "-",
+                        f"{worst:.2f}%" if worst is not None else "n/a", worst, 0.5, "<")
+        if "curve" not in skip:
+            args = ["0.2", "--quick"] if o.quick else ["1.0"]
+            c, _, _ = rpc_bench.rpchost_world(o.rpchost, 2, "tensor_curve.lua", args, timeout=600)
+            sizes = sorted(int(k[len("echo"):-len("_p50_us")]) for k in c if k.startswith("echo"))
+            for s in sizes:
+                e, fl = c.get(f"echo{s}_p50_us"), c.get(f"floor{s}_us")
+                label = f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB" if s >= 1024 else f"{s} B"
+                rep.row(f"tensor echo {label}, p50", "empty call + 2 copies", us(fl), us(e), e / fl if e and fl else None,
+                        1.5)
+            rep.row("tensor echo: monotone in size", "-", "-", "yes" if c.get("monotone") == 1 else "no",
+                    0 if c.get("monotone") == 1 else 1, 0)
+            e8, e1 = c.get("eight512_p50_us"), c.get("one4096_p50_us")
+            rep.row("8 tensors of 512 B, p50", "one tensor of 4 KiB", us(e1), us(e8), e8 / e1 if e1 and e8 else None, 1.2)
+        if "big_world" not in skip:
+            big = 256 if o.quick else 1024
+            t64 = big_world(o.rpchost, 64)
+            tb = big_world(o.rpchost, big)
+            rep.row(f"world of {big}: per-rank cost", "a world of 64", f"{t64 / 64 * 1000:.1f} ms",
+                    f"{tb / big * 1000:.1f} ms", (tb / big) / (t64 / 64), 1.15)
+            rep.row(f"world of {big}: launch to exit", "-", "-", f"{tb:.1f} s", tb, 25 if big == 1024 else None)
+    except (BenchError, subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
+        print(rep.text())
+        print(f"limit bench failed: {e}", file=sys.stderr)
+        return 1
+    print(rep.text())
+    missed = rep.verdicts.count("MISS")
+    print(f"{len(rep.verdicts) - missed}/{len(rep.verdicts)} targets met")
+    return 2 if (o.strict and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
