@@ -130,7 +130,7 @@ describe("same-host shared-memory rings #world", function()
   -- up to RPCHOST_RING_STREAM): the sender's backlog follows as the reader frees space,
   -- and the reader copies the bytes straight into the tensor's storage. In the
   -- middle of small calls, big strings (the socket) and, with shared-memory
-  -- segments on, tensors from 128 KiB (a segment of their own): every one
+  -- segments on, tensors from 384 KiB (a segment of their own): every one
   -- arrives whole, in the order sent.
   for _, shm in ipairs({"1", "0"}) do
     it("stream tensors bigger than the ring through it, whole and in order (RPCHOST_SHM=" .. shm .. ")", function()

@@ -29,11 +29,13 @@ M.last_id = 0
 
 M.FLAG = 4     -- frame flag: the segments are one shared-memory descriptor
 M.FD_FLAG = 8  -- ... and the segment's file descriptor travels with this frame
--- from 128 KiB a segment beats the socket, whose buffer takes a payload this
--- size in several writes, each a wakeup of the reader (bench/tensor_rpc.lua:
--- 2 ranks break even at about 128 KiB; the batch parameter server's 400 KB
--- gradients and models spend half the system time of the socket's)
-M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 128 * 1024
+-- from 384 KiB a segment beats the connection's ring, which smaller payloads
+-- stream through (host/net/conn_ring.c; bench/tensor_curve.lua, echo p50: 256
+-- KiB 73-87 us through the ring, 105-118 us through a segment; 512 KiB 214
+-- against 110-145). (Against the socket, segments won from 128 KiB; the batch
+-- parameter server's 400 KB gradients and models spend half the system time
+-- of the socket's.)
+M.MIN_BYTES = tonumber(os.getenv("RPCHOST_SHM_MIN")) or 384 * 1024
 M.POOL_BYTES = tonumber(os.getenv("RPCHOST_SHM_POOL")) or 512 * 1024 * 1024
 M.enabled_by_env = os.getenv("RPCHOST_SHM") ~= "0"
 -- loans a receiver holds per peer at most, in segments and bytes (the sender's
