@@ -613,21 +613,26 @@ static int l_release_file(lua_State *L) {
   return 0;
 }
 
-/* resolve_all(host) -> {numeric ip, ...} (IPv4 first, each once) | nil, message.
- * Synchronous: used at start-up only. */
-static int l_resolve_all(lua_State *L) {
-  const char *host = luaL_checkstring(L, 1);
-  uv_getaddrinfo_t req;
+/* getaddrinfo of host (any family, stream sockets) into *req: 0, or pushes
+ * nil and a message naming the host and returns 2 (what the caller returns).
+ * Synchronous: resolve and resolve_all are used at start-up only. */
+static int lookup(lua_State *L, const char *host, uv_getaddrinfo_t *req) {
   struct addrinfo hints;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  int rc = uv_getaddrinfo(rh_ctx()->loop, &req, NULL, host, NULL, &hints);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "cannot resolve host '%s': %s", host, uv_strerror(rc));
-    return 2;
-  }
+  int rc = uv_getaddrinfo(rh_ctx()->loop, req, NULL, host, NULL, &hints);
+  if (!rc) return 0;
+  lua_pushnil(L);
+  lua_pushfstring(L, "cannot resolve host '%s': %s", host, uv_strerror(rc));
+  return 2;
+}
+
+/* resolve_all(host) -> {numeric ip, ...} (IPv4 first, each once) | nil, message */
+static int l_resolve_all(lua_State *L) {
+  const char *host = luaL_checkstring(L, 1);
+  uv_getaddrinfo_t req;
+  if (lookup(L, host, &req)) return 2;
   lua_newtable(L);
   int n = 0;
   for (int family = 0; family < 2; family++) /* (IPv4 first: resolve's order) */
@@ -717,20 +722,11 @@ static int l_host_identity(lua_State *L) {
   return 1;
 }
 
-/* resolve(host) -> numeric ip | nil, message. Synchronous: used at start-up only. */
+/* resolve(host) -> numeric ip (IPv4 where there is one) | nil, message */
 static int l_resolve(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
   uv_getaddrinfo_t req;
-  struct addrinfo hints;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  int rc = uv_getaddrinfo(rh_ctx()->loop, &req, NULL, host, NULL, &hints);
-  if (rc) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "cannot resolve host '%s': %s", host, uv_strerror(rc));
-    return 2;
-  }
+  if (lookup(L, host, &req)) return 2;
   char ip[64] = "";
   struct addrinfo *best = req.addrinfo;
   for (struct addrinfo *a = req.addrinfo; a; a = a->ai_next)

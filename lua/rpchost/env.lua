@@ -218,8 +218,8 @@ function M.master(init_method, getenv)
   init_method = init_method or "env://"
   if init_method == "env://" then
     local addr, port = getenv("MASTER_ADDR"), getenv("MASTER_PORT")
-    if not set(addr) and not set(port) and here and not slurm.step(getenv) and M.by_mpi_launcher(getenv) then
-      local info = M.info(getenv)
+    local info = not set(addr) and not set(port) and here and not slurm.step(getenv) and M.info(getenv)
+    if info and M.by_mpi_launcher(info) then
       local host, p = mpi_launch.meet("finding where the world meets",
         info.local_world_size ~= nil and info.local_world_size == info.world_size, M.init_timeout())
       if p ~= 0 then M.remember_master(host, p) end
@@ -265,8 +265,8 @@ end
 -- Whether an MPI launcher (mpirun, or srun --mpi=pmix outside a step's own
 -- variables) started this process and nothing else says who it is: its rank
 -- comes from the launcher's variables, not RANK/WORLD_SIZE set by hand.
-function M.by_mpi_launcher(getenv)
-  local info = M.info(getenv)
+-- (info: M.info()'s)
+function M.by_mpi_launcher(info)
   return info.source == "openmpi" or info.source == "pmix" or info.source == "pmi"
 end
 
