@@ -60,8 +60,15 @@ describe("autograd memory #soak", function()
     end
     assert.are.equal(10, #rows, r.out)
     local first, last = rows[1], rows[#rows]
-    -- the first sample is after 10,000 steps (every cache warm); then nothing grows
-    assert.is_true(last.rss - first.rss <= 2048,
+    -- the first sample is after 10,000 steps (every cache warm); then nothing
+    -- grows: not over the last 30,000 steps (a leak of 17 bytes a step shows
+    -- there), and not more than one step of the allocator in all (the Lua
+    -- heap's peak between collections varies with the collector's pacing: once
+    -- in a few runs RSS stepped up 2.2 MB at one sample and stayed flat after)
+    local late = rows[7]
+    assert.is_true(last.rss - late.rss <= 512,
+      ("RSS grew from %d kB to %d kB between steps %d and 100000\n%s"):format(late.rss, last.rss, late.step, r.out))
+    assert.is_true(last.rss - first.rss <= 4096,
       ("RSS grew from %d kB to %d kB between steps 10000 and 100000\n%s"):format(first.rss, last.rss, r.out))
     -- (a few kB of slack: a temporary of the last step may still sit in a stack slot)
     for _, row in ipairs(rows) do
