@@ -370,6 +370,11 @@ describe("multi-host worlds (simulated hosts: network, PID, mount and UTS namesp
         check("shutdown fails naming the store", not ok and e.kind == "unreachable" and
           tostring(e):find("the store at 10.213.8.1:29528", 1, true) and dt <= 8, ("%.1f s: %s"):format(dt,
           tostring(e)))
+        -- the rank that hosted it, and why it is taken for gone: its host fell silent, not that it exited
+        check("shutdown names the store's host and the liveness bound",
+          tostring(e):find("its host, w0 (rank 0), is gone", 1, true) and
+          tostring(e):find("RPCHOST_HEARTBEAT", 1, true) and not tostring(e):find("exited without", 1, true),
+          tostring(e))
       ]])
       local hs = by_hand(w, {1, 2, 3}, path, {MASTER_PORT = 29528, RPCHOST_HEARTBEAT = 3, RPCHOST_TOKEN = "t"})
       said(hs[1], "CUT NOW")
