@@ -650,26 +650,21 @@ local function rooted_list(g, list, root, t, what, field, role)
   end
 end
 
--- gather(t, list_on_dst_or_nil, dst [, opts])
-function dist.gather(t, list, dst, opts)
-  opts = options(opts)
-  check_tensor(t, "gather")
-  local g = group_of(opts, "gather")
-  if not g then return nil end
-  local root = global_to_group(g, dst or 0, "gather", "dst")
-  rooted_list(g, list, root, t, "gather", "gather_list", "destination")
-  return run(g, opts, "gather", t, g.rank == root and list or nil, root)
+-- gather(t, list_on_dst_or_nil, dst [, opts]) and scatter(t, list_on_src_or_nil,
+-- src [, opts]): one rank's list, the others' tensors
+local function rooted_collective(what, field, role, root_name)
+  return function(t, list, root_rank, opts)
+    opts = options(opts)
+    check_tensor(t, what)
+    local g = group_of(opts, what)
+    if not g then return nil end
+    local root = global_to_group(g, root_rank or 0, what, root_name)
+    rooted_list(g, list, root, t, what, field, role)
+    return run(g, opts, what, t, g.rank == root and list or nil, root)
+  end
 end
-
-function dist.scatter(t, list, src, opts)
-  opts = options(opts)
-  check_tensor(t, "scatter")
-  local g = group_of(opts, "scatter")
-  if not g then return nil end
-  local root = global_to_group(g, src or 0, "scatter", "src")
-  rooted_list(g, list, root, t, "scatter", "scatter_list", "source")
-  return run(g, opts, "scatter", t, g.rank == root and list or nil, root)
-end
+dist.gather = rooted_collective("gather", "gather_list", "destination", "dst")
+dist.scatter = rooted_collective("scatter", "scatter_list", "source", "src")
 
 function dist.reduce_scatter(t, list, op, opts)
   if is_opts(op) then op, opts = nil, op end
