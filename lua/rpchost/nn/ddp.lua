@@ -34,6 +34,7 @@ local tensor = require "rpchost.tensor"
 local autograd = require "rpchost.autograd.engine"
 local sched = require "rpchost.sched"
 local module = require "rpchost.nn.module"
+local flat_buckets = require "rpchost.nn.flat_buckets"
 
 local M = {}
 -- an nn.Module whose one child is "module", as PyTorch's DDP: parameters,
@@ -62,33 +63,12 @@ end
 -- buffers are many small tensors, sent before every forward).
 local function broadcast_coalesced(list, root, group)
   local dist = require "rpchost.dist"
-  local groups, order = {}, {}
-  for _, t in ipairs(list) do
-    local key = tostring(t.dtype) .. "@" .. tostring(t.device)
-    local g = groups[key]
-    if not g then
-      g = {n = 0}
-      groups[key] = g
-      order[#order + 1] = g
-    end
-    g[#g + 1] = t
-    g.n = g.n + t:numel()
-  end
   tensor.no_grad(function()
-    for _, g in ipairs(order) do
-      if g.n > 0 then
-        local flat = tensor.zeros(g.n, {dtype = g[1].dtype, device = g[1].device})
-        local off = 1
-        for _, t in ipairs(g) do
-          if t:numel() > 0 then flat:narrow(1, off, t:numel()):copy_(t:reshape(-1)) end
-          off = off + t:numel()
-        end
+    for _, b in ipairs(flat_buckets.by_dtype_device(list)) do
+      if b.n > 0 then
+        local flat = flat_buckets.pack(b, tensor.zeros(b.n, {dtype = b[1].dtype, device = b[1].device}))
         dist.broadcast(flat, root, {group = group})
-        off = 1
-        for _, t in ipairs(g) do
-          if t:numel() > 0 then t:copy_(flat:narrow(1, off, t:numel()):view(t:size())) end
-          off = off + t:numel()
-        end
+        flat_buckets.unpack(flat, b)
       end
     end
   end)

@@ -31,6 +31,7 @@ local dist = require "rpchost.dist"
 local dcp = require "rpchost.dist.checkpoint"
 local mapping = require "rpchost.mapping"
 local optim_state = require "rpchost.nn.optim_state"
+local flat_buckets = require "rpchost.nn.flat_buckets"
 
 local M = {}
 
@@ -257,30 +258,16 @@ function Z:_sync_params()
   for r = 0, self.world_size - 1 do
     local src = self:_global(r)
     if self.parameters_as_bucket_view then
-      local buckets, order = {}, {}
+      local trained = {}
       for _, list in ipairs(self._parts[r + 1]) do
         for _, p in ipairs(list) do
-          if p.requires_grad then
-            local key = tostring(p.dtype) .. "@" .. tostring(p.device)
-            local b = buckets[key]
-            if not b then
-              b = {n = 0}
-              buckets[key] = b
-              order[#order + 1] = b
-            end
-            b[#b + 1] = p
-            b.n = b.n + p:numel()
-          end
+          if p.requires_grad then trained[#trained + 1] = p end
         end
       end
-      for _, b in ipairs(order) do
+      for _, b in ipairs(flat_buckets.by_dtype_device(trained)) do
         local flat = tensor.empty(b.n, {dtype = b[1].dtype, device = b[1].device})
         if r == self.rank then
-          local off = 1
-          for _, p in ipairs(b) do
-            flat:narrow(1, off, p:numel()):copy_(p:reshape(-1))
-            off = off + p:numel()
-          end
+          flat_buckets.pack(b, flat)
         else
           unpack_after[#unpack_after + 1] = {flat, b}
         end
@@ -293,13 +280,7 @@ function Z:_sync_params()
     end
   end
   for _, w in ipairs(works) do w:wait() end
-  for _, u in ipairs(unpack_after) do
-    local flat, off = u[1], 1
-    for _, p in ipairs(u[2]) do
-      p:copy_(flat:narrow(1, off, p:numel()):view(p:size()))
-      off = off + p:numel()
-    end
-  end
+  for _, u in ipairs(unpack_after) do flat_buckets.unpack(u[1], u[2]) end
 end
 
 -- step([closure | grads]): the local optimizer's step on the owned
