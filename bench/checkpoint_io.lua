@@ -3,7 +3,8 @@
 -- (.npy; atomic: written beside the target, fsync'd, renamed, directory
 -- fsync'd), tensor.load of it, nn.save / nn.load of the same bytes as a
 -- four-member .npz (CRC-32 computed while writing, checked while reading);
--- the loads also with {mmap = true} (the file mapped copy-on-write).
+-- the loads also with {mmap = true} (the file mapped copy-on-write); first,
+-- the time to write as many bytes of fresh memory (what a load's new tensor costs).
 -- Prints "name seconds" lines, and the peak resident memory each step took
 -- above what was resident before it ("name_peak_mib MiB").
 local tensor, nn = require "tensor", require "nn"
@@ -37,6 +38,10 @@ local function step(name, fn)
 end
 
 local n = mib * MiB / 4
+-- the floor under every load that makes a new tensor: writing MIB MiB of memory
+-- this process never touched (a VM whose host maps guest pages as they are
+-- touched makes this vary several-fold from run to run; torch.load pays it too)
+step("first_touch", function() tensor.empty(n):fill_(0) end)
 local t = tensor.rand(n)
 step("tensor.save", function() tensor.save(t, dir .. "/rpchost.npy") end)
 local back = step("tensor.load", function() return tensor.load(dir .. "/rpchost.npy") end)

@@ -121,6 +121,8 @@ def main():
     ok = [save_ratio <= 1.3, load_ratio >= 2.0 or map_ratio >= 2.0, peak <= 64]
     print()
     print("(a load's peak includes the tensor it makes; a mapped one's, the file's pages it maps)")
+    print("(fresh memory: writing %d MiB this process never touched took %.3f s, best of %d: a load that makes a "
+          "new tensor pays that much on top of the copy, torch.load too)" % (a.mib, best["first_touch"], a.rounds))
     print("target: durable tensor.save / dd = %.2f (<= 1.3): %s" % (save_ratio, "met" if ok[0] else "MISSED"))
     print("target: torch.load / tensor.load = %.2f read, %.2f mapped (>= 2): %s" % (
         load_ratio, map_ratio, "met" if ok[1] else "MISSED"))
