@@ -9,6 +9,8 @@ with its own PID, mount and UTS namespaces, on a private bridge), shapes each ho
 link to --rate (tc tbf; default 1gbit), and runs, rpchost then PyTorch in each round:
 
   layout "cross":   rank 0 on h1, rank 1 on h2 (RPC), 1 rank on each of 3 hosts (collectives)
+  layout "nodes":   rank 0 on h1, rank 1 on h2 (RPC), 2 ranks on each of 2 hosts (collectives:
+                    rpchost runs the small ones host by host, each host through its arena)
   layout "pair":    2 ranks on h1, the world meeting at h1's network address
   layout "loopback": 2 ranks on h1, the world meeting at 127.0.0.1 (the one-host baseline)
 
@@ -158,6 +160,9 @@ def world(hosts, placement, cmd, master, port, extra):
 LAYOUTS = {
     # name: (rpc placement, collectives placement, meeting address, interface for PyTorch)
     "cross": ([1, 2], [1, 2, 3], v4(1), "eth0"),
+    # two ranks on each of two hosts (torchrun's N per node): rpchost's small
+    # collectives run host by host, each host through its arena
+    "nodes": ([1, 2], [1, 1, 2, 2], v4(1), "eth0"),
     "pair": ([1, 1], [1, 1], v4(1), "eth0"),
     "loopback": ([1, 1], [1, 1], "127.0.0.1", "lo"),
 }

@@ -99,8 +99,30 @@ describe("multi-host worlds (simulated hosts: network, PID, mount and UTS namesp
           end
         end
         check("every pair's connection takes the paths its hosts allow", #bad == 0, table.concat(bad, "; "))
-        check("a small all_reduce over every host is right, and no arena spans hosts",
-          t:min():item() == 15 and t:max():item() == 15 and arena.used.groups == 0, arena.used.groups)
+        -- (host by host: each host's ranks through an arena of their own, then
+        -- the hosts' first ranks by message, then each host's arena again)
+        local hier = require "rpchost.dist.hierarchy"
+        local own = (me == "h3") and 0 or 1
+        check("a small all_reduce over every host is right, host by host, and no arena spans hosts",
+          t:min():item() == 15 and t:max():item() == 15 and hier.used.all_reduce >= 1 and arena.used.groups == own,
+          ("%d host-by-host, %d arenas"):format(hier.used.all_reduce, arena.used.groups))
+        -- AVG and MAX, a broadcast from a rank that leads no host (3, on h2), a
+        -- barrier: the same values (bits) on every rank
+        local a = tensor.full({3}, rank + 0.5)
+        dist.all_reduce(a, dist.ReduceOp.AVG)
+        local m = tensor.tensor({rank, -rank, 7})
+        dist.all_reduce(m, dist.ReduceOp.MAX)
+        local b = rank == 3 and tensor.tensor({1.25, 2.5, 3.75}) or tensor.zeros(3)
+        dist.broadcast(b, 3)
+        local b2 = rank == 4 and tensor.tensor({9, 8}) or tensor.zeros(2)
+        dist.broadcast(b2, 4)
+        dist.barrier()
+        check("AVG, MAX, broadcasts from ranks that lead no host and from a host of one rank, a barrier",
+          a:eq(2.5):all():item() and m[1]:item() == 4 and m[2]:item() == 0 and m[3]:item() == 7 and
+          b[1]:item() == 1.25 and b[3]:item() == 3.75 and b2[1]:item() == 9 and b2[2]:item() == 8 and
+          hier.used.broadcast >= 2 and hier.used.barrier >= 1 and arena.used.groups == own,
+          ("%s %s %s %s; %d/%d host by host"):format(tostring(a), tostring(m), tostring(b), tostring(b2),
+            hier.used.broadcast, hier.used.barrier))
         -- one group per host (every rank makes every group, in one order)
         local by_host = {h1 = {0, 1}, h2 = {2, 3}, h3 = {4}}
         local groups = {}

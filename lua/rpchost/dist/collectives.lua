@@ -14,6 +14,7 @@ local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local bit = require "bit"
 local arena = require "rpchost.net.arena"
+local hierarchy = require "rpchost.dist.hierarchy"
 require "rpchost.tensor" -- tensors must be able to travel (their codec lives there)
 
 local M = {}
@@ -47,6 +48,18 @@ function M.new_group(agent, id, ranks, me, timeout)
 end
 
 function Group:global(i) return self.ranks[i + 1] end
+
+-- The group split host by host (rpchost.dist.hierarchy), or false: a group on
+-- one host, with one rank per host, or whose members' hosts are not all known.
+-- A split group never maps an arena of its own (one would span hosts).
+function Group:hosts()
+  local h = self.hier
+  if h == nil then
+    h = hierarchy.of(self, M.new_group)
+    if h then arena.forgo(self) end
+  end
+  return h
+end
 
 function Group:index_of(global_rank)
   for i, r in ipairs(self.ranks) do if r == global_rank then return i - 1 end end
@@ -593,9 +606,10 @@ function Group:all_reduce(t, redop)
   -- (where recursive doubling would run: RPCHOST_RING_BYTES, _DIRECT_BYTES
   -- and _TREE_RANKS still choose the other algorithms)
   local bytes = core.t_nbytes(t)
-  if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS
-     and arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then
-    return
+  if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS then
+    local h = self:hosts()
+    if h then return in_place(t, hierarchy.all_reduce, self, h, redop) end
+    if arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then return end
   end
   in_place(t, all_reduce_flat, self, c, redop)
 end
@@ -606,9 +620,10 @@ function Group:broadcast(t, root)
   local n = self.size
   if n == 1 then return end
   local bytes = core.t_nbytes(t)
-  if bytes <= arena.SLOT and bytes < M.DIRECT_BYTES and arena.eligible(self)
-     and arena.run(self, c, arena_broadcast, t, root) then
-    return
+  if bytes <= arena.SLOT and bytes < M.DIRECT_BYTES then
+    local h = self:hosts()
+    if h then return hierarchy.broadcast(self, h, t, root) end
+    if arena.eligible(self) and arena.run(self, c, arena_broadcast, t, root) then return end
   end
   if bytes >= M.DIRECT_BYTES then
     -- on one host: every rank reads the root's tensor straight into its own.
@@ -743,6 +758,8 @@ end
 function Group:barrier()
   local c = self:begin("barrier")
   local n, me = self.size, self.rank
+  local h = self:hosts()
+  if h then return hierarchy.barrier(h) end
   if arena.eligible(self) and arena.run(self, c, arena.barrier) then return end
   local d = 1
   while d < n do

@@ -64,6 +64,10 @@ function M.eligible(g)
   return g.arena ~= NONE and g.size >= 2 and g.size < M.MAX_RANKS
 end
 
+-- Group g will take no arena (every rank decides so alike: its ranks span
+-- hosts, and its collectives run host by host through arenas of their own).
+function M.forgo(g) g.arena = NONE end
+
 -- Runs fn(arena, g, c, ...) for call c through the group's arena and returns
 -- true, or returns false when the group has none (then the caller takes the
 -- messages). Must be called right after g:begin(c), before anything yields:

@@ -1,0 +1,142 @@
+-- rpchost.dist.hierarchy: small collectives of a group that spans hosts, host by host.
+--
+-- The collective arena (rpchost.net.arena) serves only ranks that can map one
+-- memory file: one kernel and one PID namespace. A group with several ranks on
+-- each of several hosts (the usual layout: N ranks per node) would otherwise
+-- run every small collective as messages between every rank, most of them
+-- between ranks of one host. Here such a group splits into one group per host
+-- (its members there, in group order: their arena) and one group of leaders
+-- (each host's first member: messages between hosts), and a small all_reduce,
+-- broadcast or barrier runs within each host, then across the leaders, then
+-- within each host again, as NCCL's and Horovod's hierarchical collectives do.
+--
+-- Every rank computes the same split from what the world's directory says of
+-- each member (its advertised kernel and PID namespace: rpchost.net.hosts), so
+-- nothing is exchanged to agree on it, and the sub-groups' ids follow from the
+-- group's. Each sub-group checks its own calls against its members' (a rank
+-- that made another call fails naming it) and takes its own sequence numbers.
+local hosts = require "rpchost.net.hosts"
+local core = require "rpchost.core"
+
+local M = {}
+
+-- what ran host by host in this process (what specs look at)
+M.used = {all_reduce = 0, broadcast = 0, barrier = 0}
+
+-- Hosts of a group of n members from their memory keys (keys[i + 1]: group
+-- rank i's, nil when unknown): an array of hosts in order of their first
+-- member, each an array of group ranks in group order, and host_of[i + 1] =
+-- index of i's host; nil when a key is unknown.
+function M.partition(keys, n)
+  local by_key, list, host_of = {}, {}, {}
+  for i = 1, n do
+    local k = keys[i]
+    if k == nil then return nil end
+    local h = by_key[k]
+    if not h then
+      list[#list + 1] = {}
+      h = #list
+      by_key[k] = h
+    end
+    local members = list[h]
+    members[#members + 1] = i - 1
+    host_of[i] = h
+  end
+  return list, host_of
+end
+
+-- (a member's memory key, "boot pidns", from its directory record; nil when
+-- unknown: a dynamic member, or one whose /proc hid its namespaces)
+local function key_of(g, i)
+  local r = g:global(i)
+  local s = r == g.agent.rank and hosts.advertised() or (g.agent.peers[r] or {}).host
+  local p = hosts.parse(s)
+  if not p or p.boot == "?" or p.pid == "?" then return nil end
+  return p.boot .. " " .. p.pid
+end
+
+-- Whether a split pays: more than one host, and some host with several members.
+local function worth_it(list)
+  if #list < 2 then return false end
+  for _, members in ipairs(list) do
+    if #members > 1 then return true end
+  end
+  return false
+end
+
+-- The split of group g, made on first use and kept on it: {here = this
+-- host's group, leaders = the leaders' group (on leaders only), leader =
+-- whether this rank is one, host_of = host index by group rank + 1, hosts =
+-- the partition}; false for a group on one host, one rank per host, or with a
+-- member whose host is unknown. new_group is rpchost.dist.collectives'.
+function M.of(g, new_group)
+  local h = g.hier
+  if h ~= nil then return h end
+  h = false
+  if g.size > 2 then
+    local keys = {}
+    for i = 0, g.size - 1 do keys[i + 1] = key_of(g, i) end
+    local list, host_of = M.partition(keys, g.size)
+    if list and worth_it(list) then
+      local mine = host_of[g.rank + 1]
+      local here = list[mine]
+      local function globals(members)
+        local out = {}
+        for k, i in ipairs(members) do out[k] = g:global(i) end
+        return out
+      end
+      local function index_in(members, i)
+        for k, x in ipairs(members) do if x == i then return k - 1 end end
+      end
+      h = {hosts = list, host_of = host_of, leader = here[1] == g.rank,
+           here = new_group(g.agent, g.id .. "h" .. mine, globals(here), index_in(here, g.rank), g.timeout)}
+      if h.leader then
+        local leaders = {}
+        for k, members in ipairs(list) do leaders[k] = members[1] end
+        h.leaders = new_group(g.agent, g.id .. "L", globals(leaders), mine - 1, g.timeout)
+      end
+    end
+  end
+  g.hier = h
+  return h
+end
+
+-- all_reduce of the whole group on t (a flat contiguous view): this host's,
+-- the leaders', then the leader's result to this host (the same bits on every
+-- rank). AVG sums and divides once, by the group's size.
+function M.all_reduce(t, g, h, redop)
+  local op = redop == "AVG" and "SUM" or redop
+  h.here:all_reduce(t, op)
+  if h.leader then h.leaders:all_reduce(t, op) end
+  h.here:broadcast(t, 0)
+  if redop == "AVG" then core.t_binary(3, t, g.size, t) end
+  M.used.all_reduce = M.used.all_reduce + 1
+end
+
+-- broadcast(t, root) of the whole group (root: a group rank): within the
+-- root's host from the root, across the leaders from that host's, then within
+-- every other host from its leader.
+function M.broadcast(g, h, t, root)
+  local from = h.host_of[root + 1]
+  local mine = h.host_of[g.rank + 1]
+  if mine == from then
+    local members = h.hosts[from]
+    for k, i in ipairs(members) do
+      if i == root then h.here:broadcast(t, k - 1) break end
+    end
+  end
+  if h.leader then h.leaders:broadcast(t, from - 1) end
+  if mine ~= from then h.here:broadcast(t, 0) end
+  M.used.broadcast = M.used.broadcast + 1
+end
+
+-- barrier of the whole group: every rank of this host is here, every host's
+-- leader has heard from every other, and this host's ranks learn it.
+function M.barrier(h)
+  h.here:barrier()
+  if h.leader then h.leaders:barrier() end
+  h.here:barrier()
+  M.used.barrier = M.used.barrier + 1
+end
+
+return M
