@@ -10,12 +10,11 @@
 -- broadcast or barrier runs within each host, then across the leaders, then
 -- within each host again, as NCCL's and Horovod's hierarchical collectives do.
 --
--- Every rank computes the same split from what the world's directory says of
--- each member (its advertised kernel and PID namespace: rpchost.net.hosts), so
--- nothing is exchanged to agree on it, and the sub-groups' ids follow from the
--- group's. Each sub-group checks its own calls against its members' (a rank
+-- Every rank computes the same split from the world's directory, which says
+-- the host of each rank (ranks of one kernel and PID namespace, as each
+-- advertised them: rpchost.wire.directory, rpchost.net.hosts), so nothing is
+-- exchanged to agree on it, and the sub-groups' ids follow from the group's. Each sub-group checks its own calls against its members' (a rank
 -- that made another call fails naming it) and takes its own sequence numbers.
-local hosts = require "rpchost.net.hosts"
 local core = require "rpchost.core"
 
 local M = {}
@@ -23,7 +22,7 @@ local M = {}
 -- what ran host by host in this process (what specs look at)
 M.used = {all_reduce = 0, broadcast = 0, barrier = 0}
 
--- Hosts of a group of n members from their memory keys (keys[i + 1]: group
+-- Hosts of a group of n members from their hosts' keys (keys[i + 1]: group
 -- rank i's, nil when unknown): an array of hosts in order of their first
 -- member, each an array of group ranks in group order, and host_of[i + 1] =
 -- index of i's host; nil when a key is unknown.
@@ -45,14 +44,11 @@ function M.partition(keys, n)
   return list, host_of
 end
 
--- (a member's memory key, "boot pidns", from its directory record; nil when
--- unknown: a dynamic member, or one whose /proc hid its namespaces)
-local function key_of(g, i)
-  local r = g:global(i)
-  local s = r == g.agent.rank and hosts.advertised() or (g.agent.peers[r] or {}).host
-  local p = hosts.parse(s)
-  if not p or p.boot == "?" or p.pid == "?" then return nil end
-  return p.boot .. " " .. p.pid
+-- (the index of a member's host in the world's directory, where every rank
+-- reads the same: nil when unknown, a dynamic member for one)
+local function host_of_member(g, i)
+  local d = g.agent.dir
+  return d and d:host_index(g:global(i))
 end
 
 -- Whether a split pays: more than one host, and some host with several members.
@@ -73,9 +69,11 @@ function M.of(g, new_group)
   local h = g.hier
   if h ~= nil then return h end
   h = false
-  if g.size > 2 then
+  -- (a world on one host, the usual one, looks no further)
+  local d = g.agent.dir
+  if g.size > 2 and d and (d.nhosts or 0) > 1 then
     local keys = {}
-    for i = 0, g.size - 1 do keys[i + 1] = key_of(g, i) end
+    for i = 0, g.size - 1 do keys[i + 1] = host_of_member(g, i) end
     local list, host_of = M.partition(keys, g.size)
     if list and worth_it(list) then
       local mine = host_of[g.rank + 1]

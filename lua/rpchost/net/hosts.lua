@@ -131,6 +131,15 @@ function M.memory_key()
   return i.boot .. " " .. i.pid
 end
 
+-- The memory key of a rank that advertised the identity `s` (nil when it
+-- could not read its kernel or PID namespace): ranks with one key can share
+-- memory (cross-memory attach, the collective arena), as far as the kernel lets them.
+function M.memory_key_of(s)
+  local i = M.parse(s)
+  if not i or i.boot == "?" or i.pid == "?" then return nil end
+  return i.boot .. " " .. i.pid
+end
+
 -- liveness ------------------------------------------------------------------------------
 -- RPCHOST_HEARTBEAT: seconds after which a peer whose host acknowledges
 -- nothing is unreachable (0: never: the kernel's hours). Checked here, where

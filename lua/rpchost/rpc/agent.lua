@@ -34,6 +34,7 @@ local mailbox = require "rpchost.net.mailbox"
 local caller = require "rpchost.rpc.caller"
 local callee = require "rpchost.rpc.callee"
 local directory = require "rpchost.wire.directory"
+local hosts = require "rpchost.net.hosts"
 
 local M = {}
 local Agent = {}
@@ -139,8 +140,9 @@ function Agent:add_peer(w)
 end
 
 -- The directory of a world from every rank's record (rpchost.wire.directory's build:
--- made once, by the rank that completes the rendezvous).
-M.directory = directory.build
+-- made once, by the rank that completes the rendezvous), with each rank's host
+-- (its kernel and PID namespace) for the collectives that run host by host.
+function M.directory(recs, check) return directory.build(recs, check, hosts.memory_key_of) end
 
 -- Takes the world's static ranks from a directory (M.directory's string):
 -- their peer tables are made on first lookup, from their records decoded then.
@@ -259,7 +261,7 @@ function Agent:paths(to)
   local ip, port = conn:peer()
   -- (a dual-stack listener sees an IPv4 peer as ::ffff:a.b.c.d)
   ip = ip and (ip:match("^::ffff:(%d+%.%d+%.%d+%.%d+)$") or ip)
-  return {transport = local_ and "unix" or "tcp", address = local_ and p.unix or require("rpchost.net.hosts").join(
+  return {transport = local_ and "unix" or "tcp", address = local_ and p.unix or hosts.join(
             ip or p.ip, port or p.port),
           ring = conn:has_ring(), segments = st.shm == true,
           memory = p.reads_peer and (p.writes_peer and "read+write" or "read") or nil}

@@ -28,9 +28,13 @@ end
 
 -- The directory of a world from every rank's record (codec-encoded, rank r's at
 -- r + 1): a string, or nil and what is wrong; check(record), when given, says
--- what is wrong with one record (a version mismatch, say).
-function M.build(recs, check)
+-- what is wrong with one record (a version mismatch, say); host_key(host), when
+-- given, the key of the host a record's advertised host stands for (nil when
+-- it cannot tell): ranks with one key share a host (Dir:host_index), so every
+-- rank reads the world's hosts without decoding every record.
+function M.build(recs, check, host_key)
   local names, recs_out, offsets, at = {}, {}, {be32(0)}, 0
+  local host_ids, by_key, nhosts = {}, {}, 0
   for i, raw in ipairs(recs) do
     local ok, w = pcall(codec.decode, raw)
     local bad = ("the store holds a malformed record for rank %d"):format(i - 1)
@@ -50,9 +54,17 @@ function M.build(recs, check)
     recs_out[i] = rec
     at = at + #rec
     offsets[i + 1] = be32(at)
+    local k = host_key and w.host and host_key(w.host)
+    local id = 0 -- (unknown)
+    if k then
+      id = by_key[k]
+      if not id then nhosts = nhosts + 1; id = nhosts; by_key[k] = id end
+    end
+    host_ids[i] = string.char(math.floor(id / 256) % 256, id % 256)
   end
   return codec.raw_encode("directory", {n = #recs, offsets = table.concat(offsets),
-    records = table.concat(recs_out), names = codec.raw_encode("names", names)})
+    records = table.concat(recs_out), names = codec.raw_encode("names", names),
+    hosts = host_key and table.concat(host_ids) or nil, nhosts = host_key and nhosts or nil})
 end
 
 local function malformed(what)
@@ -82,7 +94,25 @@ function M.open(raw, world_size)
     if at <= prev then malformed(("rank %d's record is empty or out of order"):format(i - 1)) end
     prev = at
   end
-  return setmetatable({n = d.n, offsets = d.offsets, records = d.records, names_raw = d.names}, Dir)
+  -- (the hosts, where the builder said them: two bytes per rank)
+  local hosts = d.hosts
+  if hosts ~= nil and (type(hosts) ~= "string" or #hosts ~= 2 * d.n or type(d.nhosts) ~= "number") then
+    malformed("its hosts do not match its ranks")
+  end
+  return setmetatable({n = d.n, offsets = d.offsets, records = d.records, names_raw = d.names,
+                       hosts = hosts, nhosts = hosts and d.nhosts or nil}, Dir)
+end
+
+-- The index (1, 2, ...) of rank r's host among the world's hosts, in order of
+-- their first rank; nil when unknown (the builder was given no host_key, or it
+-- could not tell for that rank) or for a rank out of range. Dir.nhosts: how
+-- many hosts the known ranks are on.
+function Dir:host_index(r)
+  local h = self.hosts
+  if not h or type(r) ~= "number" or r < 0 or r >= self.n then return nil end
+  local a, b = h:byte(2 * r + 1, 2 * r + 2)
+  local id = a * 256 + b
+  return id > 0 and id or nil
 end
 
 local function record(r, ok, name, ip, port, unix, incarnation, host, ...)
