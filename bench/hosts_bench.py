@@ -199,6 +199,59 @@ def measure(hosts, side, exe, layout, cfg, port):
     return out
 
 
+# What TCP itself carries over one shaped link: a plain socket from h1 to h2,
+# 64 MiB, timed by the receiver from its first byte to the sender's close. The
+# ring's share of the line rate can reach at most this share (a 1500-byte MTU
+# leaves 1448 bytes of payload in each frame the shaper counts).
+SINK = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+c, _ = s.accept()
+n, t0 = 0, None
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    if t0 is None:
+        t0 = time.perf_counter()
+    n += len(b)
+print("RESULT tcp_bytes %d" % n)
+print("RESULT tcp_s %.6f" % (time.perf_counter() - t0))
+"""
+SOURCE = r"""
+import socket, sys, time
+for _ in range(200):
+    try:
+        c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+        break
+    except OSError:
+        time.sleep(0.05)
+buf = b"x" * (1 << 20)
+for _ in range(64):
+    c.sendall(buf)
+c.close()
+"""
+
+
+def tcp_goodput(hosts, port):
+    """Bits per second a plain TCP stream carries from h1 to h2 (None if it could not run)."""
+    py = "/usr/bin/python3"
+    sink = hosts.start(2, [py, "-c", SINK, str(port)], {})
+    src = hosts.start(1, [py, "-c", SOURCE, v4(2), str(port)], {})
+    try:
+        src.communicate(timeout=RUN_TIMEOUT)
+        out, _ = sink.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        sink.kill()
+        src.kill()
+        return None
+    r = rpc_bench.parse_results(out)
+    return r["tcp_bytes"] * 8 / r["tcp_s"] if r.get("tcp_s") else None
+
+
 def rate_bits(rate):
     units = {"k": 1e3, "m": 1e6, "g": 1e9}
     s = rate.lower().rstrip("bit").rstrip("b")
@@ -240,8 +293,11 @@ def main(argv):
         sys.exit(2)
     results = {}
     port = 29600
+    goodput = []
     try:
         for _ in range(rounds):
+            port += 1
+            goodput.append(tcp_goodput(hosts, port))
             for layout in LAYOUTS:
                 for side in sides:
                     port += 3
@@ -278,6 +334,18 @@ def main(argv):
             print(f"| {layout} | {side} | {fmt(med(layout, side, 'lat_us'))} | "
                   f"{fmt(med(layout, side, 'calls_per_s'), '{:.0f}')} | {fmt(med(layout, side, 'ar4k_us'))} | "
                   f"{fmt(ms, '{:.2f}')} | {line} |")
+    gp = [g for g in goodput if g]
+    if gp:
+        tcp = statistics.median(gp)
+        n = len(LAYOUTS["cross"][1])
+        need = 2 * (n - 1) / n * 16 * 2 ** 20 * 8
+        print(f"\nTCP itself between two hosts: {tcp / 1e6:.0f} Mbit/s of payload, {100 * tcp / bits:.1f}% of the "
+              f"line rate (one 64 MiB stream; the most the ring can reach). The 16 MiB all_reduce across hosts "
+              f"in % of that:")
+        for side in sides:
+            ms = med("cross", side, "ar16m_ms")
+            if ms:
+                print(f"  {side}: {100 * need / (ms / 1e3) / tcp:.1f}%")
     if "rpchost" in sides:
         print("\nrpchost, same-host pair in a network world over the loopback world (1.00 = as fast):")
         for k, name in (("lat_us", "rpc_sync p50"), ("calls_per_s", "rpc_async calls/s"), ("ar4k_us", "all_reduce 4 KiB"),
