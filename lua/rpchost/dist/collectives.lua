@@ -387,37 +387,50 @@ end
 -- into chunk me - k - 1, the chunk step k + 1 sends; its last step leaves
 -- chunk me + 1 whole here, the one all-gather step 0 sends; all-gather step k
 -- receives chunk me - k, the one step k + 1 sends.
+-- Between ranks of one host (the directory says so alike on both) a chunk goes
+-- whole: memory moves it faster than a segment's message costs.
 M.RING_SEGMENT = 512 * 1024
 local function ring(g, c, flat, redop)
   local n, me = g.size, g.rank
   local nxt, prv = (me + 1) % n, (me - 1) % n
   local es = core.dtype_size(core.t_dtype(flat))
-  local per = math.max(1, math.floor(M.RING_SEGMENT / es))
-  local function segs(t) return math.max(1, math.ceil(core.t_numel(t) / per)) end
-  local function seg(t, j)
-    local from = (j - 1) * per
-    return core.t_narrow(t, 0, from, math.min(per, core.t_numel(t) - from))
+  local d = g.agent.dir
+  -- elements per segment between group ranks a and b
+  local function per(a, b)
+    local ha, hb = d and d:host_index(g:global(a)), d and d:host_index(g:global(b))
+    if ha and ha == hb then return math.huge end
+    return math.max(1, math.floor(M.RING_SEGMENT / es))
   end
-  -- (a segment's key: the phase and step, then its number)
+  local out_per, in_per = per(me, nxt), per(prv, me)
+  local function segs(t, p) return math.max(1, math.ceil(core.t_numel(t) / p)) end
+  local function seg(t, p, j)
+    if p == math.huge then return t end
+    local from = (j - 1) * p
+    return core.t_narrow(t, 0, from, math.min(p, core.t_numel(t) - from))
+  end
+  -- (a segment's key: the phase and step, then its number; both ends of a link
+  -- cut its chunks alike: per() of the same pair)
   local function pass_on(step, t, j)
-    if step then g:send(c, nxt, step .. ":" .. j, snapshot(seg(t, j))) end
+    if step then g:send(c, nxt, step .. ":" .. j, snapshot(seg(t, out_per, j))) end
   end
   local first = chunk(flat, n, me)
-  for j = 1, segs(first) do pass_on("rs0", first, j) end
-  for k = 0, n - 2 do
-    local into = chunk(flat, n, (me - k - 1) % n)
-    local after = k < n - 2 and "rs" .. (k + 1) or "ag0"
-    for j = 1, segs(into) do
-      combine_recv(g, c, prv, "rs" .. k .. ":" .. j, seg(into, j), redop)
-      pass_on(after, into, j)
-    end
-  end
-  for k = 0, n - 2 do
-    local into = chunk(flat, n, (me - k) % n)
-    local after = k < n - 2 and "ag" .. (k + 1) or nil
-    for j = 1, segs(into) do
-      copy_recv(g, c, prv, "ag" .. k .. ":" .. j, seg(into, j))
-      pass_on(after, into, j)
+  for j = 1, segs(first, out_per) do pass_on("rs0", first, j) end
+  for phase = 1, 2 do
+    for k = 0, n - 2 do
+      local into = chunk(flat, n, phase == 1 and (me - k - 1) % n or (me - k) % n)
+      local step = (phase == 1 and "rs" or "ag") .. k
+      local after = k < n - 2 and (phase == 1 and "rs" or "ag") .. (k + 1) or (phase == 1 and "ag0" or nil)
+      for j = 1, segs(into, in_per) do
+        local part = seg(into, in_per, j)
+        if phase == 1 then combine_recv(g, c, prv, step .. ":" .. j, part, redop)
+        else copy_recv(g, c, prv, step .. ":" .. j, part) end
+        -- (cut the same way for the next rank: each segment goes on as it comes)
+        if after and out_per == in_per then pass_on(after, into, j) end
+      end
+      -- (cut otherwise: the chunk goes on once it is all here)
+      if after and out_per ~= in_per then
+        for j = 1, segs(into, out_per) do pass_on(after, into, j) end
+      end
     end
   end
 end
