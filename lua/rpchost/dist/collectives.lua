@@ -649,11 +649,14 @@ function Group:all_reduce(t, redop)
   -- small, and every rank on this host: through the group's shared arena
   -- (where recursive doubling would run: RPCHOST_RING_BYTES, _DIRECT_BYTES
   -- and _TREE_RANKS still choose the other algorithms)
+  -- a group across hosts: host by host, at every size (a large one crosses
+  -- the network once per host, not once per rank)
+  local h = self:hosts()
+  if h then return in_place(t, hierarchy.all_reduce, self, h, redop) end
   local bytes = core.t_nbytes(t)
-  if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS then
-    local h = self:hosts()
-    if h then return in_place(t, hierarchy.all_reduce, self, h, redop) end
-    if arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then return end
+  if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS
+     and arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then
+    return
   end
   in_place(t, all_reduce_flat, self, c, redop)
 end
@@ -663,11 +666,12 @@ function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, nil, root)
   local n = self.size
   if n == 1 then return end
+  local h = self:hosts()
+  if h then return hierarchy.broadcast(self, h, t, root) end
   local bytes = core.t_nbytes(t)
-  if bytes <= arena.SLOT and bytes < M.DIRECT_BYTES then
-    local h = self:hosts()
-    if h then return hierarchy.broadcast(self, h, t, root) end
-    if arena.eligible(self) and arena.run(self, c, arena_broadcast, t, root) then return end
+  if bytes <= arena.SLOT and bytes < M.DIRECT_BYTES and arena.eligible(self)
+     and arena.run(self, c, arena_broadcast, t, root) then
+    return
   end
   if bytes >= M.DIRECT_BYTES then
     -- on one host: every rank reads the root's tensor straight into its own.

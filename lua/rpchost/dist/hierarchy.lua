@@ -1,14 +1,17 @@
--- rpchost.dist.hierarchy: small collectives of a group that spans hosts, host by host.
+-- rpchost.dist.hierarchy: collectives of a group that spans hosts, host by host.
 --
--- The collective arena (rpchost.net.arena) serves only ranks that can map one
--- memory file: one kernel and one PID namespace. A group with several ranks on
--- each of several hosts (the usual layout: N ranks per node) would otherwise
--- run every small collective as messages between every rank, most of them
--- between ranks of one host. Here such a group splits into one group per host
--- (its members there, in group order: their arena) and one group of leaders
--- (each host's first member: messages between hosts), and a small all_reduce,
+-- The same-host paths (the collective arena, cross-memory reads) serve only
+-- ranks of one kernel and PID namespace. A group with several ranks on each
+-- of several hosts (the usual layout: N ranks per node) would otherwise run
+-- every collective as messages between every rank: a small one as messages
+-- between ranks of one host too, a large one's ring crossing the network once
+-- per rank. Here such a group splits into one group per host (its members
+-- there, in group order: their arena and memory) and one group of leaders
+-- (each host's first member: messages between hosts), and an all_reduce,
 -- broadcast or barrier runs within each host, then across the leaders, then
--- within each host again, as NCCL's and Horovod's hierarchical collectives do.
+-- within each host again, as NCCL's and Horovod's hierarchical collectives do
+-- (16 MiB over two ranks on each of two 1 Gbit hosts: 212 ms as one ring,
+-- gloo's way, 152 ms host by host).
 --
 -- Every rank computes the same split from the world's directory, which says
 -- the host of each rank (ranks of one kernel and PID namespace, as each
