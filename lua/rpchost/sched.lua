@@ -138,16 +138,19 @@ end
 -- copy: a table made by a constructor with variable fields grew and rehashed
 -- key by key, a dozen times per spawn, a fifth of a served request's
 -- instructions); its function and arguments wait in one array of their own,
--- sized once, until it starts. (name and on_error are false when not given.)
+-- sized once, until it starts, their count first. (name and on_error are
+-- false when not given.) Six fields leave two of the table's first eight for
+-- what the task sets itself: a request handler's context and gradient mode
+-- (DistributedOptimizer's step) fit without a rehash to sixteen.
 local STARTING = setmetatable({}, {__tostring = function() return "rpchost.starting" end})
 function M.spawn(fn, opts, ...)
   local co = pool[npool]
   if co then pool[npool] = nil; npool = npool - 1
   else co = raw_create(task_main) end
-  local t = setmetatable({name = false, on_error = false, done = false, co = false, args = false, nargs = 0,
-                          entry = false}, Task)
+  local t = setmetatable({name = false, on_error = false, done = false, co = false, args = false, entry = false},
+                         Task)
   if opts then t.name, t.on_error = opts.name or false, opts.on_error or false end
-  t.co, t.args, t.nargs = co, {fn, ...}, select("#", ...) + 1
+  t.co, t.args = co, {select("#", ...) + 1, fn, ...}
   local parent = current
   if parent then
     for i = 1, #inherited do
@@ -412,7 +415,7 @@ local function drain()
       if args == STARTING then
         args = t.args
         t.args = false -- (the task must not keep its arguments alive)
-        ok, err = raw_resume(t.co, t, unpack(args, 1, t.nargs))
+        ok, err = raw_resume(t.co, t, unpack(args, 2, args[1] + 1))
       elseif args then ok, err = raw_resume(t.co, unpack(args, 1, args.n))
       else ok, err = raw_resume(t.co) end
       current = nil

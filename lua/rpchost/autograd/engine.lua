@@ -382,6 +382,20 @@ local function disown(owned, fresh, spent, ns, gk)
   return ns
 end
 
+-- A pass's methods, what only an owner that sees the pass uses (distributed
+-- autograd): defined once, not as closures made for every pass. The pass's
+-- table holds its own fields only (sink, retain, deps, kick and its closures
+-- accepts, defer, deliver), so that one an owner marks (dist, parent) stays
+-- within the table's first 8; err, callbacks only when there are some.
+local Pass = {}
+Pass.__index = Pass
+local NONE = {} -- (no callbacks queued; read-only)
+function Pass.reaches(pass, node) return pass.deps[node] ~= nil end
+function Pass.abort(pass, err)
+  if pass.err == nil then pass.err = err end
+  pass.kick()
+end
+
 -- One backward pass. roots[i] starts with grads[i]; late[j] (optional) are
 -- tensors whose gradients arrive while the pass runs, through pass.deliver(j,
 -- g) from another task (distributed autograd's sends, as PyTorch's engine
@@ -389,14 +403,15 @@ end
 -- for them as for any other consumer, so it runs once with every gradient
 -- summed. Each late entry is delivered exactly once, g nil where no gradient
 -- will come (the pass's owner sees to it): the pass ends when every one has
--- been and nothing is left to run or to wait for. While it waits with nothing
--- to run and no call out, it calls pass.on_idle() when set (distributed
--- autograd asks there about gradients that may never come). A node with
--- `always` set runs even when no gradient reached it (apply(node, nil): a
--- recv node tells its sender that none will come). on_pass(pass), when given,
--- sees the pass before it starts; pass.reaches(node) says whether the pass
--- reaches node, pass.abort(err) ends it with err from another task.
-function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
+-- been and nothing is left to run or to wait for. A node with `always` set
+-- runs even when no gradient reached it (apply(node, nil): a recv node tells
+-- its sender that none will come). hooks, when given (its owner's, made
+-- once), with arg: hooks.on_pass(pass, arg) sees the pass before it starts,
+-- hooks.on_idle(pass, arg) is called while it waits with nothing to run and
+-- no call out (distributed autograd asks there about gradients that may never
+-- come); pass:reaches(node) says whether the pass reaches node,
+-- pass:abort(err) ends it with err from another task.
+function M._run_pass(roots, grads, retain_graph, sink, late, hooks, arg)
   sink = sink or default_sink
   late = late or {}
   -- an entry (a root or a late tensor) reaches its node, or its leaf
@@ -456,15 +471,18 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
   local inbox, waiting = {}, {}
   local nwaiting = #late
   for j = 1, nwaiting do waiting[j] = true end
-  local pass = {callbacks = {}, sink = sink, retain = retain_graph ~= nil and retain_graph ~= false, running = true}
+  local pass = setmetatable({sink = sink, retain = retain_graph ~= nil and retain_graph ~= false, deps = deps,
+                             accepts = false, defer = false, deliver = false, kick = false}, Pass)
+  local running = true
   -- (from another task) whether late gradient j can still join this pass
-  function pass.accepts(j) return pass.running and waiting[j] == true end
+  function pass.accepts(j) return running and waiting[j] == true end
   -- Calls the pass started and did not wait for (pass.defer): distributed
   -- autograd's recv nodes send their gradient back and go on, as PyTorch's
   -- RecvRpcBackward does, so the workers a pass reaches run their parts at the
   -- same time (a pipeline's micro-batches overlap backwards as forwards). The
-  -- pass ends when every one has returned; the first that fails fails it.
-  local npending, deferred_err, sleeping, poked = 0, nil, false, false
+  -- pass ends when every one has returned; the first that fails fails it
+  -- (pass.err, which pass:abort sets too).
+  local npending, sleeping, poked = 0, false, false
   local me = current()
   local function kick()
     poked = true
@@ -473,9 +491,10 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
       sched.wake(me)
     end
   end
+  pass.kick = kick
   local function settled(f)
     npending = npending - 1
-    if f.state == "error" and deferred_err == nil then deferred_err = f.err end
+    if f.state == "error" and pass.err == nil then pass.err = f.err end
     kick()
   end
   function pass.defer(fut)
@@ -492,14 +511,8 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
     kick()
     return true
   end
-  if on_pass then -- (what only an owner that sees the pass uses: distributed autograd)
-    function pass.reaches(node) return deps[node] ~= nil end
-    function pass.abort(err)
-      if deferred_err == nil then deferred_err = err end
-      kick()
-    end
-    on_pass(pass)
-  end
+  local on_idle = hooks and hooks.on_idle
+  if hooks and hooks.on_pass then hooks.on_pass(pass, arg) end
   task.ag_pass, task.grad_enabled = pass, false
   local pending, owned, leaf_pieces, ready = {}, {}, {}, {}
   local spent = {} -- (see disown: one list for the pass, emptied after each node)
@@ -536,7 +549,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
     end
     for i = 1, nroots do arrive(entry_edge[i], entry_nr[i], grads[i]) end
     while true do
-      if deferred_err ~= nil then error(deferred_err, 0) end
+      if pass.err ~= nil then error(pass.err, 0) end
       if #inbox > 0 then
         local box = inbox
         inbox = {}
@@ -549,7 +562,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
         if npending == 0 and nwaiting == 0 then break end
         -- nothing to run until a call returns or a late gradient comes
         poked = false
-        if npending == 0 and pass.on_idle then pass.on_idle() end
+        if npending == 0 and on_idle then on_idle(pass, arg) end
         if not poked and #inbox == 0 then
           if not me then error("a backward pass with late gradients must run in a task", 0) end
           sleeping = true
@@ -606,7 +619,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
       ::continue::
     end
   end)
-  pass.running = false
+  running = false
   sleeping = false
   -- Nothing the pass kept may outlive it. LuaJIT compiles a trace through
   -- arrive() specialised to that closure and holds it as a constant until the
@@ -621,7 +634,7 @@ function M._run_pass(roots, grads, retain_graph, sink, late, on_pass)
   -- callbacks queued during this pass run once it is over (even when it failed,
   -- so communication started by hooks is never left half done)
   task.ag_pass = outer_pass
-  for _, cb in ipairs(pass.callbacks) do
+  for _, cb in ipairs(pass.callbacks or NONE) do
     local cok, cerr = pcall(cb)
     if ok and not cok then ok, err = false, cerr end
   end
@@ -637,12 +650,12 @@ function M.backward(root, grad, retain_graph, sink)
 end
 
 -- The same from several roots at once (each node runs once, with the sum of
--- what every root sends it); grads[i] nil: 1 for a scalar root. late, on_pass:
--- see M._run_pass.
-function M._backward_many(roots, grads, retain_graph, sink, late, on_pass)
+-- what every root sends it); grads[i] nil: 1 for a scalar root. late, hooks,
+-- arg: see M._run_pass.
+function M._backward_many(roots, grads, retain_graph, sink, late, hooks, arg)
   local gs = {}
   for i, r in ipairs(roots) do gs[i] = seed_grad(r, grads and grads[i]) end
-  M._run_pass(roots, gs, retain_graph, sink, late, on_pass)
+  M._run_pass(roots, gs, retain_graph, sink, late, hooks, arg)
 end
 
 -- Whether the running task's current backward pass keeps the graph (nil
@@ -673,7 +686,10 @@ end
 function M.queue_callback(fn)
   local p = slot().ag_pass
   while p and p.parent do p = p.parent end
-  if p then p.callbacks[#p.callbacks + 1] = fn end
+  if not p then return end
+  local callbacks = p.callbacks
+  if not callbacks then callbacks = {}; p.callbacks = callbacks end
+  callbacks[#callbacks + 1] = fn
 end
 
 -- A backward pass run from inside a node's backward (PyTorch's reentrant
@@ -681,12 +697,13 @@ end
 -- sink(t, g, owned) (default: where the running pass sends them); hooks that
 -- ask where gradients go (M._current_sink) see the running pass's sink, and
 -- what they queue (M.queue_callback) runs when the running pass ends.
+local REENTRANT = {on_pass = function(p, outer)
+  p.parent, p.sink = outer, outer and outer.sink or default_sink
+end}
 function M._reentrant_backward(roots, grads, sink)
   local outer = slot().ag_pass
   local outer_sink = outer and outer.sink or default_sink
-  M._backward_many(roots, grads, nil, sink or outer_sink, nil, function(p)
-    p.parent, p.sink = outer, outer_sink
-  end)
+  M._backward_many(roots, grads, nil, sink or outer_sink, nil, REENTRANT, outer)
 end
 
 -- The sink the running task's current backward pass delivers leaf gradients

@@ -88,12 +88,14 @@ M.MAX_ARGS = MAX_ARGS
 -- The keys of args that are not list positions (nor its count n), as text
 -- ('x', 'timeout'), a few at most; and its largest position.
 local function non_list_keys(args)
-  -- A plain list (the usual args) has no key after its length: one next(), no
-  -- loop. (LuaJIT 2.1.0-beta3 compiles the pairs() loop below wrongly once it
-  -- is hot: on a fresh list of six it met keys of other tables, a message body
+  -- A plain list (the usual args) has no key after its length, and one made
+  -- by table.pack (an RRef proxy's call) only n: a next() or two, no loop.
+  -- (LuaJIT 2.1.0-beta3 compiles the pairs() loop below wrongly once it is
+  -- hot: on a fresh list of six it met keys of other tables, a message body
   -- and a time, under a stream of distributed backward messages.)
   local len = #args
-  if next(args, len > 0 and len or nil) == nil then return nil, len end
+  local after = next(args, len > 0 and len or nil)
+  if after == nil or (after == "n" and next(args, "n") == nil) then return nil, len end
   local bad, top = nil, 0
   for k in pairs(args) do
     if type(k) == "number" and k >= 1 and k == math.floor(k) then
@@ -183,8 +185,9 @@ local function reply(self, to, id, flags, body, segs)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
   local p = st and st.rank and self.peers[st.rank]
-  local main = p and p.state == "ready" and p.conn
-  if main and main ~= to and main:is_open() then
+  local main = p and p.conn
+  -- (usually the request's own: nothing to choose)
+  if main and main ~= to and p.state == "ready" and main:is_open() then
     local ms = self.conns[main]
     if ms and (ms.dialled or (st.dialled and ms.ready and ms.inc ~= nil and ms.inc == st.inc)) then to = main end
   end
@@ -322,25 +325,27 @@ local function reply_when_done(self, to, id, fut, rmap, ctx)
 end
 
 -- handlers ---------------------------------------------------------------------------
--- The calls running in handler tasks, by call id: the task (false once its
--- caller cancelled it), and the rank it came from (a cancel names both). Made
--- on an agent's first request.
-local function running_calls(self)
+-- The calls running in handler tasks, by the rank they came from and call id
+-- (a cancel names both; ids are each caller's own): the task, false once its
+-- caller cancelled it. One entry per call, in a table per caller made at its
+-- first request (as self.queued keeps the queued ones). A call from a
+-- connection with no rank cannot be cancelled: it has none.
+local function calls_from(self, src)
+  if src == nil then return nil end
   local calls = self.calls_running
-  if not calls then
-    calls = {}
-    self.calls_running, self.calls_from = calls, {}
-  end
-  return calls
+  if not calls then calls = {}; self.calls_running = calls end
+  local byid = calls[src]
+  if not byid then byid = {}; calls[src] = byid end
+  return byid
 end
 
 -- A handler's function returned (ok, results... or false, error). Returns true
 -- when its caller cancelled it meanwhile: then nobody waits for a reply.
-local function ran(self, to, id, fn, rmap, rctx, task, ok, ...)
-  if task then
-    local calls = self.calls_running
-    local t = calls[id]
-    calls[id], self.calls_from[id] = nil, nil
+-- (byid: where the call was entered, calls_from's; nil when it was not)
+local function ran(self, to, id, fn, rmap, rctx, byid, ok, ...)
+  if byid then
+    local t = byid[id]
+    byid[id] = nil
     if t == false then return true end
   end
   if ok and async_functions[fn] then reply_when_done(self, to, id, (...), rmap, rctx)
@@ -376,11 +381,9 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
     send_results(self, to, id, rmap, rctx, false, ("the called value is a %s, not a function"):format(type(fn)))
   else
     -- (a caller that stops waiting may cancel it while it runs: cancel_request)
-    if task then
-      running_calls(self)[id] = task
-      self.calls_from[id] = rank_of(self, to)
-    end
-    cancelled = ran(self, to, id, fn, rmap, rctx, task, xpcall(fn, sched.traceback, unpack(args, 1, n)))
+    local byid = task and calls_from(self, rank_of(self, to))
+    if byid then byid[id] = task end
+    cancelled = ran(self, to, id, fn, rmap, rctx, byid, xpcall(fn, sched.traceback, unpack(args, 1, n)))
   end
   if t0 then
     local from = self.peers[rank_of(self, to) or -1]
@@ -426,6 +429,7 @@ end
 -- The next job that should still run, or nil; dead ones met on the way go.
 local function next_job(self)
   local q = self.backlog
+  if q.head > q.tail then return nil end -- (no clock read when none waits)
   local now = sched.now()
   while q.head <= q.tail do
     local job = q[q.head]
@@ -459,9 +463,10 @@ function M.cancel_request(self, src, id, running)
     return
   end
   local calls = running and self.calls_running
-  local task = calls and calls[id]
-  if not task or self.calls_from[id] ~= src then return end -- done, or never here
-  calls[id] = false
+  local byid = calls and calls[src]
+  local task = byid and byid[id]
+  if not task then return end -- done, or never here
+  byid[id] = false
   self.stats.requests_cancelled = (self.stats.requests_cancelled or 0) + 1
   sched.interrupt(task, errors.new("remote", CANCELLED, {worker = self.name, rank = self.rank}))
 end

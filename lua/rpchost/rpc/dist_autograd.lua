@@ -112,6 +112,9 @@ local SNAPSHOT_MAX = 64
 -- worker a release reaches learns about the contexts made here.
 local function snapshot(rank)
   local n = rank * ID_SPAN + counter
+  -- (usually none is: a worker that opens one context at a time releases it
+  -- before it snapshots, and a release should not cost a list each time)
+  if nown == 0 then return n, EMPTY end
   local alive = {}
   for id in pairs(own) do alive[#alive + 1] = id end
   if #alive > SNAPSHOT_MAX then
@@ -122,32 +125,43 @@ local function snapshot(rank)
   return n, alive
 end
 
--- A release of `id` arrived with the creator's snapshot (n, alive), or with
--- none (n nil: released by a worker that did not make it).
+local function listed(list, x)
+  for i = 1, #list do if list[i] == x then return true end end
+  return false
+end
+
+-- rec moves on to the creator's newer snapshot (n, alive): in place, as a
+-- worker that a creator's contexts reach learns one with every release
+local function advance(rec, n, alive)
+  rec.n = n
+  local set = rec.alive
+  for x in next, set do set[x] = nil end
+  for i = 1, #alive do set[alive[i]] = true end
+  local extra = rec.extra
+  if extra then
+    for x in next, extra do
+      if x <= n then extra[x] = nil end
+    end
+    if next(extra) == nil then rec.extra = nil end
+  end
+end
+
+-- A release of `id` arrived with the creator's snapshot (n, alive; alive nil
+-- when none is), or with none (n nil: released by a worker that did not make
+-- it).
 local function learn(creator, id, n, alive)
   local rec = known[creator]
-  if n ~= nil and (rec == nil or n > rec.n) then
-    local set = {}
-    for i = 1, #alive do set[alive[i]] = true end
-    local extra = nil
-    if rec and rec.extra then
-      for x in pairs(rec.extra) do
-        if x > n then extra = extra or {}; extra[x] = true end
-      end
-    end
-    rec = {n = n, alive = set, extra = extra}
-    known[creator] = rec
-  elseif n ~= nil and n == rec.n then
-    -- (the same point of the creator's count: an id alive in only one is over)
-    local set = {}
-    for i = 1, #alive do
-      if rec.alive[alive[i]] then set[alive[i]] = true end
-    end
-    rec.alive = set
-  end
-  if rec == nil then
+  if rec == nil then -- (no snapshot yet: none of creator's ids is covered)
     rec = {n = creator * ID_SPAN, alive = {}, extra = nil}
     known[creator] = rec
+  end
+  if n ~= nil and n > rec.n then
+    advance(rec, n, alive or EMPTY)
+  elseif n ~= nil and n == rec.n then
+    -- (the same point of the creator's count: an id alive in only one is over)
+    for x in next, rec.alive do
+      if not listed(alive or EMPTY, x) then rec.alive[x] = nil end
+    end
   end
   if id > rec.n then
     rec.extra = rec.extra or {}
@@ -176,9 +190,21 @@ local function released_message(id)
 end
 
 -- contexts ---------------------------------------------------------------------------
+-- A context here: id, its sends (sends[j] the tensor, send_to[j] the worker it
+-- went to; nsend of them), its recv nodes (nrecv), its leaf gradients
+-- (grads; exposed: those get_gradients handed out), the workers it went to or
+-- came from (peers), its backward rounds, graph_freed after a backward that
+-- did not retain it. It is its own sink (Sink, below).
+--
+-- sends, send_to, recvs, rounds and exposed are made when first used: a
+-- worker's part of a context usually only sends or only receives, and gets
+-- no exposed gradients, so a context stays within the 8 fields its first
+-- table holds (made all at once, with a sink of their own, a context was
+-- 1 kB: a third of what a distributed step allocated in dist_autograd).
+local Sink = {}
+
 local function new_context(id)
-  local c = {id = id, sends = {}, send_to = {}, nsend = 0, recvs = {}, nrecv = 0, grads = {},
-             exposed = setmetatable({}, WEAK_KEYS), peers = {}, rounds = {}}
+  local c = setmetatable({id = id, nsend = 0, nrecv = 0, grads = {}, peers = {}}, Sink)
   contexts[id] = c
   ncontexts = ncontexts + 1
   return c
@@ -244,10 +270,13 @@ local function release(id, from, n, alive)
   local c = contexts[id]
   if not c then return false end
   contexts[id], ncontexts = nil, ncontexts - 1
-  abort_rounds(c, "autograd context " .. tostring(id) .. " was released during its backward")
+  abort_rounds(c, "autograd context %s was released during its backward")
+  -- (none alive, the usual snapshot, travels as no list: no table to encode
+  -- and decode with every release)
+  if alive and #alive == 0 then alive = nil end
   for rank in pairs(c.peers) do
     if a and a.state == "running" and rank ~= a.rank and rank ~= from then
-      local ok, f = pcall(a.call, a, rank, M._release, {id, a.rank, n, alive or EMPTY}, nil, 0)
+      local ok, f = pcall(a.call, a, rank, M._release, {id, a.rank, n, alive}, nil, 0)
       if ok then f:add_done_callback(NOOP) end
     end
   end
@@ -262,7 +291,7 @@ agentmod.on_member_left(function(rank)
   for id, c in pairs(contexts) do
     if floor(id / ID_SPAN) == rank then
       contexts[id], ncontexts = nil, ncontexts - 1
-      abort_rounds(c, "the worker that made autograd context " .. tostring(id) .. " left")
+      abort_rounds(c, "the worker that made autograd context %s left")
     end
   end
 end)
@@ -424,6 +453,7 @@ local function autograd_send(wctx, t)
   if not autograd.requires(t) then return nil end
   local c = get(wctx.ag, true)
   local j = c.nsend + 1
+  if j == 1 then c.sends, c.send_to = {}, {} end
   c.nsend = j
   c.sends[j] = t
   local dest = wctx.dest
@@ -441,7 +471,7 @@ local send_grad
 local function recv_apply(node, g)
   local pass = autograd._current_pass()
   local st = pass and pass.dist
-  if st == nil then
+  if not st then
     if g == nil then return end
     error(("a tensor that arrived in distributed autograd context %s was reached by a local backward: " ..
       "run dist_autograd.backward(%s, {loss}) for it"):format(tostring(node.ctx_id), tostring(node.ctx_id)), 0)
@@ -463,10 +493,14 @@ local function autograd_recv(wctx, id, send, t)
   local src = wctx.src
   local c = get(id, true)
   c.peers[src] = true
-  local node = setmetatable({name = "recv", label = "RecvRpcBackward", edges = EMPTY, n = 0, always = true,
-                             apply = recv_apply, ctx_id = id, src = src, send = send}, autograd.Node)
-  c.nrecv = c.nrecv + 1
-  c.recvs[c.nrecv] = node
+  -- (no edges: the graph goes on at the sender; 7 fields and the engine's
+  -- `freed` fit the table's first hash size)
+  local node = setmetatable({name = "recv", label = "RecvRpcBackward", always = true, apply = recv_apply,
+                             ctx_id = id, src = src, send = send}, autograd.Node)
+  local k = c.nrecv + 1
+  if k == 1 then c.recvs = {} end
+  c.nrecv = k
+  c.recvs[k] = node
   autograd.set_state(t, {requires_grad = true, grad_fn = node})
   return t
 end
@@ -474,11 +508,12 @@ tensor_wire.set_hooks{autograd_send = autograd_send, autograd_recv = autograd_re
 caller.set_hooks{autograd_attach = autograd_attach}
 callee.set_hooks{autograd_enter = autograd_enter}
 
--- One sink per context: a callable object that carries the table it fills, so
--- that a hook running in a pass can find it (M._sink_grads: DistributedDataParallel
--- averages the context's gradients). Not a weak-keyed side table from sink to
--- table: LuaJIT has no ephemerons, and the sink refers to its context, so such an
--- entry would keep every context's graph alive forever.
+-- One sink per context: the context itself, callable (Sink is its
+-- metatable), which carries the table it fills, so that a hook running in a
+-- pass can find it (M._sink_grads: DistributedDataParallel averages the
+-- context's gradients). Not a weak-keyed side table from sink to table: LuaJIT
+-- has no ephemerons, and the sink is its context, so such an entry would keep
+-- every context's graph alive forever.
 --
 -- owned: g is the engine's own tensor (nothing else refers to it), kept as it is
 -- instead of cloned. A gradient the context holds already takes g in place (as
@@ -488,17 +523,13 @@ callee.set_hooks{autograd_enter = autograd_enter}
 -- get_gradients has handed out is never written: the next sum is a new tensor,
 -- so a table the user kept does not change under them.
 local add_grad = autograd._add_grad
-local Sink = {}
-Sink.__index = Sink
-function Sink.__call(sink, t, g, owned)
-  local grads = sink.grads
+function Sink.__call(c, t, g, owned)
+  local grads, exposed = c.grads, c.exposed
   local prev = grads[t]
-  grads[t] = add_grad(prev, g, owned, prev ~= nil and not sink.exposed[prev])
+  grads[t] = add_grad(prev, g, owned, prev ~= nil and not (exposed and exposed[prev]))
 end
-local function sink_into(c)
-  if not c.sink then c.sink = setmetatable({grads = c.grads, exposed = c.exposed}, Sink) end
-  return c.sink
-end
+-- (the context itself: Sink is its metatable)
+local function sink_into(c) return c end
 
 -- The sink that delivers leaf gradients into context id's table here: a
 -- backward pass run outside the context's rounds (nn.Pipe's per-micro-batch
@@ -511,20 +542,28 @@ function M._sink_grads(sink)
 end
 
 -- rounds ---------------------------------------------------------------------------------
--- A worker's part of a round: st = {c, round, retain, pass (the engine's, once
--- it began), early (gradients that came before it began), queried (workers
--- asked _which), fut (its end, for the message that started it)}; c.rounds
--- keeps it while it runs, FINISHED after.
+-- A worker's part of a round: st = {c, round, retain, nsend (the context's
+-- sends when its pass began), pass (the engine's, once it began), early
+-- (gradients that came before it began), queried (workers asked _which), fut
+-- (its end, for the message that started it)}, false until there is one (all
+-- fields in its first table: no rehash as they come); c.rounds keeps it while
+-- it runs, FINISHED after.
 
 -- gradient g (nil: none) for this worker's send `send` joins st's pass
 local function deliver(st, send, g)
-  local t = st.c.sends[send]
+  local sends = st.c.sends
+  local t = sends and sends[send]
   -- the gradient of a tensor lives on that tensor's device
   if t and g ~= nil and core.t_is_tensor(g) and core.t_device(g) ~= core.t_device(t) then
     g = core.t_to_device(g, core.t_device(t))
   end
-  if st.pass then st.pass.deliver(send, g)
-  else st.early[#st.early + 1] = {send, g} end
+  if st.pass then
+    st.pass.deliver(send, g)
+  else
+    local early = st.early
+    if not early then early = {}; st.early = early end
+    early[#early + 1] = {send, g}
+  end
 end
 
 -- the gradient (nil: none) for send `send` of worker src, from st's pass
@@ -545,7 +584,7 @@ local function answered(f, w)
   local held, first = f.values[1], f.values[2]
   local has = {}
   for _, s in ipairs(held or EMPTY) do has[s] = true end
-  local send_to = st.c.send_to
+  local send_to = st.c.send_to or EMPTY
   for j = 1, st.nsend do
     if send_to[j] == to and not has[j] and pass.accepts(j) then pass.deliver(j, nil) end
   end
@@ -561,13 +600,15 @@ local function ask_missing(st)
   local c, pass = st.c, st.pass
   local a = agentmod.current()
   if not a then return end
+  local queried = st.queried
+  if not queried then queried = {}; st.queried = queried end
   for j = 1, st.nsend do
     if pass.accepts(j) then
       local to = c.send_to[j]
       if to == nil then
         pass.deliver(j, nil) -- (a send that went nowhere)
-      elseif not st.queried[to] then
-        st.queried[to] = true
+      elseif not queried[to] then
+        queried[to] = true
         if to == a.rank then
           local has = {}
           for i = 1, c.nrecv do
@@ -587,20 +628,21 @@ local function ask_missing(st)
   end
 end
 
--- the pass of st begins: what came early joins it, and the senders of the recv
--- nodes it does not reach hear that no gradient comes in this round
-local function begin_pass(st, pass)
+-- the pass of st begins: what came early joins it, and the senders of the
+-- recv nodes it does not reach hear that no gradient comes in this round
+local function begin_pass(pass, st)
   local c = st.c
   st.pass = pass
   pass.dist = st
-  pass.on_idle = st.on_idle
-  if st.aborted then pass.abort(errors.new("remote", st.aborted)) end
+  if st.aborted then pass:abort(errors.new("remote", st.aborted)) end
   local early = st.early
-  st.early = nil
-  for i = 1, #early do pass.deliver(early[i][1], early[i][2]) end
+  if early then
+    st.early = false
+    for i = 1, #early do pass.deliver(early[i][1], early[i][2]) end
+  end
   for i = 1, c.nrecv do
     local r = c.recvs[i]
-    if not pass.reaches(r) then send_grad(st, r.src, r.send, nil) end
+    if not pass:reaches(r) then send_grad(st, r.src, r.send, nil) end
   end
 end
 
@@ -616,11 +658,16 @@ local function abort_peers(st, message)
   end
 end
 
+-- (the engine's hooks for a round's pass, st their argument: one table for
+-- every pass, no closures per round)
+local ROUND_HOOKS = {on_pass = begin_pass, on_idle = function(_, st) return ask_missing(st) end}
+
 local function new_round(c, round, retain)
-  local st = {c = c, round = round, retain = retain and true or false, early = {}, queried = {}, nsend = 0}
-  st.on_pass = function(pass) begin_pass(st, pass) end
-  st.on_idle = function() ask_missing(st) end
-  c.rounds[round] = st
+  local st = {c = c, round = round, retain = retain and true or false, nsend = 0, pass = false, early = false,
+              queried = false, fut = false}
+  local rounds = c.rounds
+  if not rounds then rounds = {}; c.rounds = rounds end
+  rounds[round] = st
   return st
 end
 
@@ -634,12 +681,13 @@ local function run_round(st, roots)
   st.nsend = c.nsend
   running_passes = running_passes + 1
   local ok, err
-  if roots then ok, err = pcall(autograd._backward_many, roots, nil, st.retain, sink_into(c), c.sends, st.on_pass)
-  else ok, err = pcall(autograd._run_pass, EMPTY, EMPTY, st.retain, sink_into(c), c.sends, st.on_pass) end
+  local sends = c.sends or EMPTY
+  if roots then ok, err = pcall(autograd._backward_many, roots, nil, st.retain, sink_into(c), sends, ROUND_HOOKS, st)
+  else ok, err = pcall(autograd._run_pass, EMPTY, EMPTY, st.retain, sink_into(c), sends, ROUND_HOOKS, st) end
   running_passes = running_passes - 1
   task.ag_ctx = outer
   if c.rounds[st.round] == st then c.rounds[st.round] = FINISHED end
-  st.pass, st.queried, st.on_pass, st.on_idle = nil, nil, nil, nil
+  st.pass, st.queried = false, false
   if not ok then
     abort_peers(st, tostring(type(err) == "table" and err.message or err))
     error(err, 0)
@@ -657,7 +705,7 @@ end
 -- waits on other workers' parts, which may wait on this worker again, so it
 -- holds no handler slot, num_worker_threads, while it waits).
 local function take_part(c, round, retain)
-  local st = c.rounds[round]
+  local st = c.rounds and c.rounds[round]
   if st then return st, false end
   st = new_round(c, round, retain)
   st.fut = Future.new("distributed backward")
@@ -665,20 +713,26 @@ local function take_part(c, round, retain)
   return st, true
 end
 
--- stops c's rounds running here (the context is released)
-function abort_rounds(c, message)
-  for round, st in pairs(c.rounds) do
+-- stops c's rounds running here (the context is released); why: the message,
+-- %s standing for the context's id (made only when a round is running: a
+-- release usually finds none)
+function abort_rounds(c, why)
+  local rounds = c.rounds
+  if not rounds then return end
+  local message = nil
+  for round, st in pairs(rounds) do
     if st ~= FINISHED then
-      if st.pass then st.pass.abort(errors.new("config", message)) else st.aborted = message end
+      message = message or why:format(tostring(c.id))
+      if st.pass then st.pass:abort(errors.new("config", message)) else st.aborted = message end
     end
-    c.rounds[round] = nil
+    rounds[round] = nil
   end
 end
 
 function M._bwd(id, round, from, retain, send, g)
   local c = contexts[id]
   if not c then error(not_found(id), 0) end
-  if c.sends[send] == nil then
+  if (c.sends or EMPTY)[send] == nil then
     error(("unknown send %s in autograd context %s (from worker %s)"):format(tostring(send), tostring(id),
       tostring(from)), 0)
   end
@@ -702,19 +756,21 @@ end
 
 function M._await(id, round)
   local c = contexts[id]
-  local st = c and c.rounds[round]
-  if st == nil or st == FINISHED then return DONE end
+  local st = c and c.rounds and c.rounds[round]
+  if not st or st == FINISHED then return DONE end
   return st.fut or DONE
 end
 
 function M._abort(id, round, from, message)
   local c = contexts[id]
   if not c then return true end
-  local st = c.rounds[round]
+  local rounds = c.rounds
+  if not rounds then rounds = {}; c.rounds = rounds end
+  local st = rounds[round]
   message = tostring(message)
-  if st == nil then c.rounds[round] = FINISHED
+  if st == nil then rounds[round] = FINISHED
   elseif st ~= FINISHED then
-    if st.pass then st.pass.abort(errors.new("remote", message)) else st.aborted = message end
+    if st.pass then st.pass:abort(errors.new("remote", message)) else st.aborted = message end
   end
   return true
 end
@@ -783,7 +839,9 @@ end
 function M.get_gradients(id)
   local c = need(id, 2)
   local out = {}
-  for t, g in pairs(c.grads) do out[t] = g; c.exposed[g] = true end
+  local exposed = c.exposed
+  if not exposed then exposed = setmetatable({}, WEAK_KEYS); c.exposed = exposed end
+  for t, g in pairs(c.grads) do out[t] = g; exposed[g] = true end
   return out
 end
 
