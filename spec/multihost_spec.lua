@@ -456,6 +456,31 @@ describe("multi-host worlds (simulated hosts: network, PID, mount and UTS namesp
     end)
   end)
 
+  it("ends a host-by-host collective that another rank does not make when the group's timeout runs " ..
+     "out, as docs/dist.md says", function()
+    with_hosts(2, {}, function(w)
+      local path = S.write(S.prelude .. [[
+        local tensor = require "tensor"
+        local sched = require "rpchost.sched"
+        dist.init_process_group{backend = "gloo", timeout = 3}
+        local t0 = sched.now()
+        local ok, e
+        if rank == 3 then
+          ok, e = pcall(dist.all_gather, {tensor.zeros(4), tensor.zeros(4), tensor.zeros(4), tensor.zeros(4)},
+            tensor.ones(4))
+        else
+          ok, e = pcall(dist.all_reduce, tensor.ones(4))
+        end
+        local dt = sched.now() - t0
+        check("the mismatch ends in the group's timeout, naming a rank", not ok and dt < 20 and
+          (e.kind == "timeout" or e.kind == "protocol" or e.kind == "unreachable") and tostring(e):find("rank", 1, true),
+          ("%.1f s: %s"):format(dt, tostring(e)))
+      ]])
+      local r = results(by_hand(w, {1, 1, 2, 2}, path, {MASTER_PORT = 29531, RPCHOST_TOKEN = "t"}), 60)
+      S.assert_checks(r, {on = {0, 1, 2, 3}, script = r[0].script})
+    end)
+  end)
+
   it("refuses closures in a world that is neither loopback-only nor authenticated, saying a token " ..
      "would allow them", function()
     with_hosts(2, {}, function(w)
