@@ -502,8 +502,17 @@ local function run_until(t)
     -- the rest of a loop turn waits, at most a ring burst: host/net/conn.h)
     local alive = true
     if not (spinning and rhead > rtail and core.ring_turn() == 1) then
-      local block = rhead > rtail and not spinning
-      if block and hn > 0 and nweak == hn then
+      -- (decided in one test or two for the usual turns, which block or
+      -- poll once: this runs several times per RPC round trip)
+      if rhead <= rtail or spinning then
+        in_loop = true
+        alive = core.run("nowait")
+        in_loop = false
+      elseif hn == 0 or nweak ~= hn then
+        in_loop = true
+        alive = core.run("once")
+        in_loop = false
+      else
         -- (only weak deadlines are armed: is anything else alive that could
         -- complete a wait? Asked with the timer stopped, in a turn that
         -- does not block; if so, this turn blocks as usual)
@@ -512,12 +521,11 @@ local function run_until(t)
         alive = core.run("nowait")
         in_loop = false
         rearm()
-        block = alive and rhead > rtail
-      end
-      if block or alive then
-        in_loop = true
-        alive = core.run(block and "once" or "nowait")
-        in_loop = false
+        if alive then
+          in_loop = true
+          alive = core.run(rhead > rtail and "once" or "nowait")
+          in_loop = false
+        end
       end
     end
     -- (a polling turn that found nothing gives the core away: the rank this one

@@ -115,6 +115,10 @@ end
 -- there may not be more than MAX_ARGS. When they can, the count is the second
 -- result. (The caller checks with the same rule before it sends.)
 local function arg_count_problem(args)
+  -- (a plain list, the usual args, is decided here: nothing follows its
+  -- length, and no n to check; every call's request checks this on both ends)
+  local len = #args
+  if len <= MAX_ARGS and next(args, len > 0 and len or nil) == nil then return nil, len end
   local bad, top = non_list_keys(args)
   if bad then
     return ("args is the list of arguments ({a, b}), but it has the key%s %s: keyword arguments go in kwargs, " ..
@@ -330,12 +334,15 @@ end
 -- caller cancelled it. One entry per call, in a table per caller made at its
 -- first request (as self.queued keeps the queued ones). A call from a
 -- connection with no rank cannot be cancelled: it has none.
+local function new_calls(self)
+  local calls = {}
+  self.calls_running = calls
+  return calls
+end
 local function calls_from(self, src)
-  if src == nil then return nil end
-  local calls = self.calls_running
-  if not calls then calls = {}; self.calls_running = calls end
-  local byid = calls[src]
-  if not byid then byid = {}; calls[src] = byid end
+  -- (two tests per call once this caller has its table: it runs per request)
+  local byid = (self.calls_running or new_calls(self))[src]
+  if byid == nil and src ~= nil then byid = {}; self.calls_running[src] = byid end
   return byid
 end
 
