@@ -260,8 +260,10 @@ local LEAVES = D.prelude .. [==[
 local rpc = require "rpc"
 local core = require "rpchost.core"
 local rank = tonumber(os.getenv "RANK")
-rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
+-- (defined before init_rpc: rank 0's call may reach rank 1 as soon as rank 1
+-- joins, before the rest of its script has run)
 function nap(s) rpc.sleep(s) return true end
+rpc.init_rpc("w" .. rank, {rank = rank, world_size = 2})
 local how = arg[1]
 if rank == 1 then
   if how == "ended" then return end

@@ -46,6 +46,20 @@ describe("a blocking call where nothing can wait #unit", function()
   end)
 end)
 
+describe("rpc.debug_info's num_timers #unit", function()
+  it("counts the deadlines work waits for, not a wait's progress note that outlives it", function()
+    local sched = require "rpchost.sched"
+    local base = sched.timer_count(true)
+    local weak = sched.after_weak(60, function() end)
+    local strong = sched.after(60, function() end)
+    assert.are.equal(base + 1, sched.timer_count(true))
+    assert.are.equal(sched.timer_count(true) + 1, sched.timer_count())
+    sched.cancel(strong)
+    sched.cancel(weak)
+    assert.are.equal(base, sched.timer_count(true))
+  end)
+end)
+
 describe("waiting for a Future #world", function()
   it("in a world: a program's Future waits at most rpc_timeout without a timeout, none with 0, and says what for",
     function()

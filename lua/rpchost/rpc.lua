@@ -397,7 +397,7 @@ function rpc.debug_info()
     num_known_peers = count(a.peers), num_lost_peers = count(a.lost), num_peer_stats = require("rpchost.trace").peer_count(),
     world_size = a.world_size, num_connections = count(a.conns), num_mailboxes = count(a.mail),
     num_mail = a.mail_count or 0,
-    num_timers = sched.timer_count(),
+    num_timers = sched.timer_count(true),
   }
   for k, v in pairs(dist_autograd._debug_counts()) do info["dist_autograd_" .. k] = v end
   local st = require("rpchost.store").debug_counts()

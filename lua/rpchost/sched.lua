@@ -308,8 +308,10 @@ local function wake_task(t) M.wake(t) end
 local function wake_timed_out(t) M.wake(t, SUSPEND) end
 
 -- Waits `s` seconds (the task yields; the loop keeps running).
--- how many deadlines are armed now (rpc.debug_info)
-function M.timer_count() return hn end
+-- how many deadlines are armed now (rpc.debug_info); strong: only those work
+-- waits for, not the weak ones (a wait's progress note, which stays armed for
+-- up to RPCHOST_PROGRESS_INTERVAL after the last wait ended)
+function M.timer_count(strong) return strong and hn - nweak or hn end
 
 function M.sleep(s)
   local e = M.after(s or 0, wake_task, current)
