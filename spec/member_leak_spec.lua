@@ -64,7 +64,7 @@ describe("departed dynamic members #world", function()
       check("flat per visitor", per < 200, per)
       local kept = {}
       for _, k in ipairs({"num_known_peers", "num_lost_peers", "num_peer_stats", "num_mailboxes", "num_rref_creators",
-                          "num_connections", "num_pending_requests"}) do
+                          "num_connections", "num_pending_requests", "num_calling_peers"}) do
         if (d1[k] or 0) > (d0[k] or 0) then kept[#kept + 1] = ("%s %s -> %s"):format(k, tostring(d0[k]), tostring(d1[k])) end
       end
       check("no record per visitor", #kept == 0, table.concat(kept, ", "))

@@ -394,6 +394,7 @@ function rpc.debug_info()
     num_pending_deletes = r.pending_deletes, num_tombstones = r.tombstones, num_rref_creators = r.creators,
     num_confirm_waiters = r.confirm_waiters,
     num_pending_requests = count(a.pending), num_queued_requests = a.nqueued or 0,
+    num_calling_peers = count(a.calls_running or {}),
     num_known_peers = count(a.peers), num_lost_peers = count(a.lost), num_peer_stats = require("rpchost.trace").peer_count(),
     world_size = a.world_size, num_connections = count(a.conns), num_mailboxes = count(a.mail),
     num_mail = a.mail_count or 0,

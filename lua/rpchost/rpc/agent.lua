@@ -357,9 +357,10 @@ Agent.take_mail = mailbox.take_mail
 -- (rpchost.rpc.rref's records of the ids it made, say): fn(rank, name).
 local member_left_hooks = {}
 function M.on_member_left(fn) member_left_hooks[#member_left_hooks + 1] = fn end
-local function member_left(_, rank, name)
+local function member_left(a, rank, name)
   local trace = require "rpchost.trace"
   trace.forget_peer(name)
+  callee.forget_caller(a, rank)
   for _, fn in ipairs(member_left_hooks) do fn(rank, name) end
 end
 

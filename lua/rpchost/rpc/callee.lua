@@ -346,6 +346,13 @@ local function calls_from(self, src)
   return byid
 end
 
+-- A member that left for good: its table of running calls goes (calls it left
+-- running still end; their entries go with the table).
+function M.forget_caller(self, rank)
+  local calls = self.calls_running
+  if calls then calls[rank] = nil end
+end
+
 -- A handler's function returned (ok, results... or false, error). Returns true
 -- when its caller cancelled it meanwhile: then nobody waits for a reply.
 -- (byid: where the call was entered, calls_from's; nil when it was not)
