@@ -393,6 +393,43 @@ describe("collectives #world", function()
     assert_clean(r, 8)
   end)
 
+  it("tell a mismatch, not a peer's exit, to a rank that hears the exit before the word", function()
+    -- Rank 1 alone finds the mismatch (rank 0's all_reduce message reaches its
+    -- broadcast) and tells ranks 0 and 2. It has no connection to rank 2, whose
+    -- loop is blocked meanwhile, so its word to rank 2 waits on a handshake,
+    -- and it dies before that (SIGKILL). Rank 0 hears the word, stops and
+    -- exits; rank 2 wakes to rank 0's connection closed while waiting on rank
+    -- 0. Rank 0 passes the word on before it leaves, on the connection it then
+    -- closes: rank 2 reads the reason first, not a lost rank. (The clean-clone
+    -- suite once saw 'pg1 (rank 1) is unreachable' instead of a mismatch, from
+    -- this race under load.) Started by hand: a launcher stops the world when
+    -- rank 1 dies.
+    local out = S.by_hand(3, [[
+      local sched, core, tensor = require "rpchost.sched", require "rpchost.core", require "tensor"
+      dist.init_process_group{backend = "gloo", timeout = 20}
+      -- (connects ranks 0-1 and 0-2 only: three ranks' recursive doubling)
+      dist.all_reduce(tensor.ones(5))
+      local ok, e
+      if rank == 2 then
+        -- (its message to rank 0 goes first; then its loop stops for 3 s)
+        sched.spawn(function() sched.sleep(0.5); core.sleep_ms(3000) end)
+        ok, e = pcall(dist.all_reduce, tensor.ones(5))
+      elseif rank == 0 then
+        ok, e = pcall(dist.all_reduce, tensor.ones(5))
+      else
+        sched.sleep(1)
+        ok, e = pcall(dist.broadcast, tensor.ones(5), 0)
+        os.execute("kill -9 " .. core.getpid())
+      end
+      check("mismatch named", not ok and e.kind == "protocol" and
+        tostring(e.message):find("collective mismatch", 1, true) and
+        tostring(e.message):find("broadcast(float32, 5 elements, root 0)", 1, true), e)
+      dist.destroy_process_group()
+    ]], {RPCHOST_SHM_COLL = "0"}, 40)
+    for _, rk in ipairs({0, 2}) do assert.are.equal(0, out[rk].status, out[rk].out .. out[rk].err) end
+    S.assert_checks(out, {on = {0, 2}})
+  end)
+
   it("name a mismatch of an earlier async collective while a later one waits too", function()
     -- rank 0 has two all_reduce Works waiting on rank 1; rank 1's first call is a
     -- broadcast: the first Work must see the mismatch at once, not at its timeout

@@ -206,10 +206,11 @@ function Group:send(c, i, step, t)
 end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
+-- (With the members' list: each passes the word on once, see mailbox.pass_abort_on.)
 function Group:abort(err)
   local a = self.agent
   for _, r in ipairs(self.ranks) do
-    if r ~= a.rank then pcall(a.post, a, r, "!abort", err) end
+    if r ~= a.rank then pcall(a.post, a, r, "!abort", err, self.ranks) end
   end
   a:abort_receivers(err)
   -- the word must get out before this rank moves on (and perhaps exits): wait,

@@ -147,7 +147,9 @@ function C:message_decoded(src, body, ok, key, ...)
   end
   if key == "!abort" then
     -- a peer found the group out of step: every wait of ours fails with its reason
+    local first = not self.aborted
     C.abort_receivers(self, r[3])
+    if first then C.pass_abort_on(self, src, r[3], r[4]) end
     return
   end
   local n = r.n
@@ -201,6 +203,23 @@ function C:fail_receivers(rank, err)
 end
 
 -- Wakes every receiver with err (a collective that must stop everywhere).
+-- The word of an abort heard from src goes on to the group's other members
+-- (ranks: the list the aborting rank sent), once. This rank may stop and exit
+-- at once, and a member that hears its connection close before the word from
+-- the rank that found the fault (another connection, no order between them)
+-- would report a lost rank instead of the fault; sent here, the word goes out
+-- ahead of this connection's close, on the same stream.
+function C:pass_abort_on(src, err, ranks)
+  if type(ranks) ~= "table" then return end
+  local seen = {}
+  for _, m in ipairs(ranks) do
+    if type(m) == "number" and m ~= src and m ~= self.rank and self.peers[m] and not seen[m] then
+      seen[m] = true
+      pcall(C.post, self, m, "!abort", err, ranks)
+    end
+  end
+end
+
 function C:abort_receivers(err)
   self.aborted = err
   for rank, ws in pairs(self.mail_waiters) do
