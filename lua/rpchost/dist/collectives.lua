@@ -411,8 +411,17 @@ local function ring(g, c, flat, redop)
   end
   -- (a segment's key: the phase and step, then its number; both ends of a link
   -- cut its chunks alike: per() of the same pair)
+  -- What a connection holds of a segment it has not written yet is read when
+  -- written. A reduce-scatter segment goes as it is: the only later write to
+  -- those bytes here is all-gather's receive of their final value, which the
+  -- next rank cannot have helped make before it read this segment. An
+  -- all-gather segment goes as a copy: nothing that arrives here says the next
+  -- rank has read it, and the caller may change the tensor once this returns.
   local function pass_on(step, t, j)
-    if step then g:send(c, nxt, step .. ":" .. j, snapshot(seg(t, out_per, j))) end
+    if not step then return end
+    local s = seg(t, out_per, j)
+    if step:byte(1) == 114 then g:send(c, nxt, step .. ":" .. j, s) -- ("rs")
+    else g:send_copy(c, nxt, step .. ":" .. j, s) end
   end
   local first = chunk(flat, n, me)
   for j = 1, segs(first, out_per) do pass_on("rs0", first, j) end
