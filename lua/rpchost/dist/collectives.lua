@@ -313,6 +313,23 @@ local function copy_recv(g, c, i, step, t)
   spent(x)
 end
 
+-- the same where the piece arrives flat and t has a shape
+local function copy_recv_as(g, c, i, step, t)
+  local x = g:recv(c, i, step)
+  core.t_copy_(t, core.t_view(x, core.t_size(t), true))
+  spent(x)
+end
+
+-- One copy of t to every other rank of the group, at step; it goes once every
+-- connection took it.
+local function send_to_others(g, c, step, t)
+  local copy, taken = core.t_clone(t), true
+  for i = 0, g.size - 1 do
+    if i ~= g.rank then taken = g:send(c, i, step, copy) and taken end
+  end
+  if taken then spent(copy) end
+end
+
 -- all_reduce ----------------------------------------------------------------------------------
 local function recursive_doubling(g, c, flat, redop)
   local n, me = g.size, g.rank
@@ -710,16 +727,18 @@ function Group:broadcast(t, root)
   end
   local v = (self.rank - root) % n
   local data = v == 0 and snapshot(t) or nil
+  local taken = true -- (by every connection it went to: then it goes now)
   local mask = 1
   while mask < n do
     if v < mask then
-      if v + mask < n then self:send(c, (v + mask + root) % n, "t", data) end
+      if v + mask < n then taken = self:send(c, (v + mask + root) % n, "t", data) and taken end
     elseif v < 2 * mask then
       data = self:recv(c, (v - mask + root) % n, "t")
       core.t_copy_(t, core.t_view(data, core.t_size(t), true))
     end
     mask = mask * 2
   end
+  if data and taken then spent(data) end
 end
 
 function Group:reduce(t, root, redop)
@@ -734,14 +753,17 @@ function Group:reduce(t, root, redop)
   while mask < n do
     if v % (2 * mask) == 0 then
       if v + mask < n then
-        combine(acc, core.t_view(self:recv(c, (v + mask + root) % n, "r"), core.t_size(t), true), redop)
+        local x = self:recv(c, (v + mask + root) % n, "r")
+        combine(acc, core.t_view(x, core.t_size(t), true), redop)
+        spent(x)
       end
     else
-      self:send(c, (v - mask + root) % n, "r", snapshot(acc))
+      self:send_copy(c, (v - mask + root) % n, "r", acc)
       break
     end
     mask = mask * 2
   end
+  if acc ~= t then spent(acc) end
   if v == 0 and redop == "AVG" then core.t_binary(3, t, n, t) end
 end
 
@@ -756,26 +778,23 @@ end
 function Group:all_gather(list, t)
   check_list(list, self.size, "all_gather")
   local c = self:begin("all_gather", t)
-  local snap = snapshot(t)
-  for i = 0, self.size - 1 do
-    if i ~= self.rank then self:send(c, i, "g", snap) end
-  end
+  send_to_others(self, c, "g", t)
   core.t_copy_(list[self.rank + 1], t)
   for i = 0, self.size - 1 do
-    if i ~= self.rank then core.t_copy_(list[i + 1], core.t_view(self:recv(c, i, "g"), core.t_size(t), true)) end
+    if i ~= self.rank then copy_recv_as(self, c, i, "g", list[i + 1]) end
   end
 end
 
 function Group:gather(t, list, root)
   local c = self:begin("gather", t, nil, root)
   if self.rank ~= root then
-    self:send(c, root, "g", snapshot(t))
+    self:send_copy(c, root, "g", t)
     return
   end
   check_list(list, self.size, "gather")
   core.t_copy_(list[root + 1], t)
   for i = 0, self.size - 1 do
-    if i ~= root then core.t_copy_(list[i + 1], core.t_view(self:recv(c, i, "g"), core.t_size(t), true)) end
+    if i ~= root then copy_recv_as(self, c, i, "g", list[i + 1]) end
   end
 end
 
@@ -784,11 +803,11 @@ function Group:scatter(t, list, root)
   if self.rank == root then
     check_list(list, self.size, "scatter")
     for i = 0, self.size - 1 do
-      if i ~= root then self:send(c, i, "s", snapshot(list[i + 1])) end
+      if i ~= root then self:send_copy(c, i, "s", list[i + 1]) end
     end
     core.t_copy_(t, list[root + 1])
   else
-    core.t_copy_(t, core.t_view(self:recv(c, root, "s"), core.t_size(t), true))
+    copy_recv_as(self, c, root, "s", t)
   end
 end
 
@@ -797,16 +816,19 @@ function Group:reduce_scatter(t, list, redop)
   check_list(list, self.size, "reduce_scatter")
   local c = self:begin("reduce_scatter", t, redop)
   for i = 0, self.size - 1 do
-    if i ~= self.rank then self:send(c, i, "p", snapshot(list[i + 1])) end
+    if i ~= self.rank then self:send_copy(c, i, "p", list[i + 1]) end
   end
   -- combine the pieces in rank order, so every rank follows one rule
   local acc
   for i = 0, self.size - 1 do
-    local piece = i == self.rank and list[i + 1] or core.t_view(self:recv(c, i, "p"), core.t_size(t), true)
+    local x = i ~= self.rank and self:recv(c, i, "p") or nil
+    local piece = x and core.t_view(x, core.t_size(t), true) or list[i + 1]
     if not acc then acc = core.t_clone(piece) else combine(acc, piece, redop) end
+    if x then spent(x) end
   end
   if redop == "AVG" then core.t_binary(3, acc, self.size, acc) end
   core.t_copy_(t, acc)
+  spent(acc)
 end
 
 -- A dissemination barrier: in round k each rank tells rank me + 2^k and hears
@@ -922,10 +944,7 @@ local function gather_into_flat(out, g, c, t)
       return
     end
   end
-  local snap = snapshot(src)
-  for i = 0, n - 1 do
-    if i ~= me then g:send(c, i, "g", snap) end
-  end
+  send_to_others(g, c, "g", src)
   core.t_copy_(piece(me), src)
   for i = 0, n - 1 do
     if i ~= me then copy_recv(g, c, i, "g", piece(i)) end
@@ -973,7 +992,7 @@ local function scatter_reduce_flat(out, g, c, t, redop)
     end
   end
   for i = 0, n - 1 do
-    if i ~= me then g:send(c, i, "p", snapshot(core.t_narrow(src, 0, i * k, k))) end
+    if i ~= me then g:send_copy(c, i, "p", core.t_narrow(src, 0, i * k, k)) end
   end
   for i = 0, n - 1 do
     if i == me then add(i, mine)
@@ -1038,7 +1057,7 @@ local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
     return
   end
   for i = 0, n - 1 do
-    if i ~= me and in_counts[i + 1] > 0 then g:send(c, i, "x", snapshot(seg(src, in_off, in_counts, i))) end
+    if i ~= me and in_counts[i + 1] > 0 then g:send_copy(c, i, "x", seg(src, in_off, in_counts, i)) end
   end
   for i = 0, n - 1 do
     if i ~= me and out_counts[i + 1] > 0 then copy_recv(g, c, i, "x", seg(out, out_off, out_counts, i)) end
@@ -1060,7 +1079,7 @@ function Group:all_to_all(outs, ins)
   local n, me = self.size, self.rank
   local c = self:begin("all_to_all", ins[me + 1], nil, nil, -1)
   for i = 0, n - 1 do
-    if i ~= me then self:send(c, i, "a", snapshot(ins[i + 1])) end
+    if i ~= me then self:send_copy(c, i, "a", ins[i + 1]) end
   end
   core.t_copy_(outs[me + 1], ins[me + 1])
   for i = 0, n - 1 do
@@ -1127,8 +1146,9 @@ end
 function Group:send_to(t, dst, tag)
   local key = dst .. ":" .. (tag or 0)
   self.p2p_out[key] = (self.p2p_out[key] or 0) + 1
-  self.agent:post(self:global(dst), ("p2p%s:%s:%d"):format(self.id, tag or 0, self.p2p_out[key]),
-    {op = "send", dtype = core.t_dtype(t), numel = core.t_numel(t)}, snapshot(t))
+  local copy = snapshot(t)
+  if self.agent:post(self:global(dst), ("p2p%s:%s:%d"):format(self.id, tag or 0, self.p2p_out[key]),
+    {op = "send", dtype = core.t_dtype(t), numel = core.t_numel(t)}, copy) then spent(copy) end
 end
 
 local function p2p_key(g, tag, n) return ("p2p%s:%s:%d"):format(g.id, tag or 0, n) end
