@@ -84,7 +84,6 @@ local running_passes = 0
 
 local WEAK_KEYS = {__mode = "k"}
 local EMPTY = {}
-local NOOP = function() end
 -- a round that ended on this worker (its pass finished, or it was aborted)
 local FINISHED = setmetatable({}, {__tostring = function() return "finished round" end})
 -- the answer to a round's message that waits for nothing
@@ -276,8 +275,9 @@ local function release(id, from, n, alive)
   if alive and #alive == 0 then alive = nil end
   for rank in pairs(c.peers) do
     if a and a.state == "running" and rank ~= a.rank and rank ~= from then
-      local ok, f = pcall(a.call, a, rank, M._release, {id, a.rank, n, alive}, nil, 0)
-      if ok then f:add_done_callback(NOOP) end
+      -- (its answer is waited for by nothing: no callback, which would be a
+      -- task per release when it came)
+      pcall(a.call, a, rank, M._release, {id, a.rank, n, alive}, nil, 0)
     end
   end
   return true
@@ -652,8 +652,7 @@ local function abort_peers(st, message)
   if not (a and a.state == "running") then return end
   for rank in pairs(st.c.peers) do
     if rank ~= a.rank then
-      local ok, f = pcall(a.call, a, rank, M._abort, {st.c.id, st.round, a.rank, message}, nil, 0)
-      if ok then f:add_done_callback(NOOP) end
+      pcall(a.call, a, rank, M._abort, {st.c.id, st.round, a.rank, message}, nil, 0)
     end
   end
 end
