@@ -70,8 +70,11 @@ describe("rpchost.dist.hierarchy #unit", function()
     assert.are.same({1, 2, 1, 2, 3}, s.host_of)
     assert.is_true(s.leader)
     assert.are.equal(2, #made)
-    assert.are.same({id = "7h1", ranks = {0, 2}, rank = 0, timeout = 5, agent = g.agent}, s.here)
-    assert.are.same({id = "7L", ranks = {0, 1, 4}, rank = 0, timeout = 5, agent = g.agent}, s.leaders)
+    -- (their waits look at the whole group's call, and their failures stop all of it)
+    local also = {split_of = g, abort_to = g.ranks, look_split = hierarchy.look}
+    local function with(t) for k, v in pairs(also) do t[k] = v end return t end
+    assert.are.same(with{id = "7h1", ranks = {0, 2}, rank = 0, timeout = 5, agent = g.agent}, s.here)
+    assert.are.same(with{id = "7L", ranks = {0, 1, 4}, rank = 0, timeout = 5, agent = g.agent}, s.leaders)
     -- made once, kept on the group
     assert.are.equal(s, hierarchy.of(g, new_group))
     assert.are.equal(2, #made)

@@ -173,12 +173,18 @@ function Group:check_leftovers()
   local prefix = self:prefix()
   for _, r in ipairs(self.ranks) do
     local k, v = a:take_mail(r, prefix, ended, self)
-    if k then
-      -- (mismatch stops the group and raises: one leftover says it all)
+    while k do
       local seq = key_seq(k)
       local rs = self.recent_seq
-      local m = rs and rs[seq % 16] == seq and self.recent_meta[seq % 16] or {op = "a collective", numel = 0}
-      return self:mismatch(m, r, type(v) == "table" and v[1] or nil, seq)
+      local m = rs and rs[seq % 16] == seq and self.recent_meta[seq % 16] or nil
+      -- (a rank that waited long in a call it ran host by host said so: fine
+      -- where this rank ran the same call so; too old to tell: dropped)
+      local theirs = type(v) == "table" and v[1] or nil
+      if not hierarchy.is_announcement(k) or (m and not hierarchy.ran_split(self, seq, theirs)) then
+        -- (mismatch stops the group and raises: one leftover says it all)
+        return self:mismatch(m or {op = "a collective", numel = 0}, r, theirs, seq)
+      end
+      k, v = a:take_mail(r, prefix, ended, self)
     end
   end
 end
@@ -206,11 +212,14 @@ function Group:send(c, i, step, t)
 end
 
 -- Tells every member to stop waiting for this group's messages, then raises err.
--- (With the members' list: each passes the word on once, see mailbox.pass_abort_on.)
+-- (With the members' list: each passes the word on once, see mailbox.pass_abort_on.
+-- A group that runs part of a larger one's call, host by host, tells the larger
+-- one's members: abort_to.)
 function Group:abort(err)
   local a = self.agent
-  for _, r in ipairs(self.ranks) do
-    if r ~= a.rank then pcall(a.post, a, r, "!abort", err, self.ranks) end
+  local to = self.abort_to or self.ranks
+  for _, r in ipairs(to) do
+    if r ~= a.rank then pcall(a.post, a, r, "!abort", err, to) end
   end
   a:abort_receivers(err)
   -- the word must get out before this rank moves on (and perhaps exits): wait,
@@ -219,7 +228,7 @@ function Group:abort(err)
   local deadline = sched.now() + 1
   while sched.now() < deadline do
     local pending = false
-    for _, r in ipairs(self.ranks) do
+    for _, r in ipairs(to) do
       local p = a.peers[r]
       if r ~= a.rank and p and (#p.queue > 0 or p.state == "connecting") then pending = true end
     end
@@ -237,11 +246,19 @@ local function same_call(sig, c) return sig == c.sig end
 -- as the same-host arena reads it from a step; late: the number of a collective
 -- that already returned here (its result on this rank is wrong)
 function Group:mismatch_with(m, src, theirs, late)
-  self:abort(errors.new("protocol", ("collective mismatch%s: rank %d called %s but rank %d called %s " ..
+  self:abort(self:mismatch_error(m, src, theirs, late))
+end
+
+-- (the same where src's call is the signature its message carried)
+function Group:signed_mismatch_error(m, src, sig) return self:mismatch_error(m, src, parse_signature(sig)) end
+
+-- (the error mismatch_with stops the group with)
+function Group:mismatch_error(m, src, theirs, late)
+  return errors.new("protocol", ("collective mismatch%s: rank %d called %s but rank %d called %s " ..
     "(every rank of a group must make the same collective calls, with the same sizes, dtypes and " ..
     "roots, in the same order)%s"):format(late and (" in collective #" .. late) or "", self.agent.rank,
     describe(m), src, theirs and describe(theirs) or "something else",
-    late and "; that collective has already returned here, and its result is wrong" or ""), {rank = src}))
+    late and "; that collective has already returned here, and its result is wrong" or ""), {rank = src})
 end
 
 -- the same with src's call as the signature its message carried (meta)
@@ -258,8 +275,12 @@ end
 function Group:recv_value(c, i, step)
   local src = self:global(i)
   c.from = src
-  local ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout,
-    c.what, c.key, other_message, c)
+  local ok, meta, t
+  if self.split_of then ok, meta, t = hierarchy.receive(self, c, src, step, other_message)
+  else
+    ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout, c.what, c.key,
+      other_message, c)
+  end
   if not ok then
     -- a lost or silent peer, or a mismatch: stop the whole group with the reason
     if errors.is(meta) and not self.agent.aborted then self:abort(meta) end
@@ -679,7 +700,7 @@ function Group:all_reduce(t, redop)
   -- a group across hosts: host by host, at every size (a large one crosses
   -- the network once per host, not once per rank)
   local h = self:hosts()
-  if h then return in_place(t, hierarchy.all_reduce, self, h, redop) end
+  if h then return hierarchy.run(self, c, in_place, t, hierarchy.all_reduce, self, h, redop) end
   local bytes = core.t_nbytes(t)
   if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS
      and arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then
@@ -694,7 +715,7 @@ function Group:broadcast(t, root)
   local n = self.size
   if n == 1 then return end
   local h = self:hosts()
-  if h then return hierarchy.broadcast(self, h, t, root) end
+  if h then return hierarchy.run(self, c, hierarchy.broadcast, self, h, t, root) end
   local bytes = core.t_nbytes(t)
   if bytes <= arena.SLOT and bytes < M.DIRECT_BYTES and arena.eligible(self)
      and arena.run(self, c, arena_broadcast, t, root) then
@@ -839,7 +860,7 @@ function Group:barrier()
   local c = self:begin("barrier")
   local n, me = self.size, self.rank
   local h = self:hosts()
-  if h then return hierarchy.barrier(h) end
+  if h then return hierarchy.run(self, c, hierarchy.barrier, h) end
   if arena.eligible(self) and arena.run(self, c, arena.barrier) then return end
   local d = 1
   while d < n do

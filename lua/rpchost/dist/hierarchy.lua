@@ -16,14 +16,29 @@
 -- Every rank computes the same split from the world's directory, which says
 -- the host of each rank (ranks of one kernel and PID namespace, as each
 -- advertised them: rpchost.wire.directory, rpchost.net.hosts), so nothing is
--- exchanged to agree on it, and the sub-groups' ids follow from the group's. Each sub-group checks its own calls against its members' (a rank
--- that made another call fails naming it) and takes its own sequence numbers.
+-- exchanged to agree on it, and the sub-groups' ids follow from the group's.
+-- Each sub-group checks its own calls against its members' (a rank that made
+-- another call fails naming it) and takes its own sequence numbers.
+--
+-- A rank that makes another collective of the whole group meanwhile (an
+-- all_gather where the others all_reduce) sends messages under the group's
+-- own keys, which no wait of a sub-group looks at; and it may wait, without
+-- sending, for ranks that are busy host by host. So a rank that has waited
+-- LOOK seconds in a call it runs host by host looks, every LOOK seconds, for
+-- the group's messages of that call in its mailbox (their sender made another
+-- call), and once tells every member that it runs the call host by host (an
+-- announcement under the call's key: a member that made another call there
+-- sees it in its wait, or at its next collective, as any message of the call
+-- whose signature differs). Either names the mismatch to the whole group. A
+-- call that finishes within LOOK costs nothing of this.
 local core = require "rpchost.core"
+local sched = require "rpchost.sched"
+local errors = require "rpchost.errors"
 
 local M = {}
 
 -- what ran host by host in this process (what specs look at)
-M.used = {all_reduce = 0, broadcast = 0, barrier = 0}
+M.used = {all_reduce = 0, broadcast = 0, barrier = 0, announced = 0}
 
 -- Hosts of a group of n members from their hosts' keys (keys[i + 1]: group
 -- rank i's, nil when unknown): an array of hosts in order of their first
@@ -96,10 +111,99 @@ function M.of(g, new_group)
         for k, members in ipairs(list) do leaders[k] = members[1] end
         h.leaders = new_group(g.agent, g.id .. "L", globals(leaders), mine - 1, g.timeout)
       end
+      -- (their waits look at g's call; their failures stop all of g)
+      for _, sub in ipairs{h.here, h.leaders or false} do
+        if sub then sub.split_of, sub.abort_to, sub.look_split = g, g.ranks, M.look end
+      end
     end
   end
   g.hier = h
   return h
+end
+
+-- fn(...) runs group g's call c host by host: c is the call its sub-groups'
+-- waits look at, and what g remembers of its last calls says it ran so.
+function M.run(g, c, fn, ...)
+  g.split_call = c
+  local ss, sg = g.split_seq, g.split_sig
+  if not ss then ss, sg = {}, {}; g.split_seq, g.split_sig = ss, sg end
+  ss[c.seq % 16], sg[c.seq % 16] = c.seq, c.sig
+  return fn(...)
+end
+
+-- how long a wait in a call run host by host goes before it looks (see above)
+M.LOOK = 0.5
+local SPLIT = "split" -- (the step an announcement is posted under)
+
+function M.is_announcement(key) return key:sub(-#SPLIT - 1) == ":" .. SPLIT end
+
+-- Whether g ran its call seq host by host, as the call signed sig (an
+-- announcement's) was.
+function M.ran_split(g, seq, sig)
+  local ss = g.split_seq
+  return ss ~= nil and ss[seq % 16] == seq and g.split_sig[seq % 16] == sig
+end
+
+-- From a wait of sub-group sub: nil, or the mismatch error when a member of
+-- the whole group is making another call (see above). The first call arms
+-- the look; later ones look at most every LOOK seconds.
+function M.look(sub)
+  local g = sub.split_of
+  local c = g and g.split_call
+  if not c then return nil end
+  local now = sched.now()
+  local at = c.look_at
+  if not at or now < at then
+    if not at then c.look_at = now + M.LOOK end
+    return nil
+  end
+  c.look_at = now + M.LOOK
+  local a, prefix = g.agent, c.key
+  local announcement = prefix .. SPLIT
+  for _, r in ipairs(g.ranks) do
+    if r ~= a.rank then
+      -- (a rank makes one call under this key: one message shows which)
+      local k, v = a:find_mail(r, prefix)
+      local theirs = type(v) == "table" and v[1] or nil
+      if k and (k ~= announcement or theirs ~= c.sig) then
+        return g:signed_mismatch_error(c.meta, r, theirs)
+      end
+    end
+  end
+  if not c.announced then
+    c.announced = true
+    M.used.announced = M.used.announced + 1
+    for _, r in ipairs(g.ranks) do
+      if r ~= a.rank then pcall(a.post, a, r, announcement, c.sig) end
+    end
+    core.flush()
+  end
+  return nil
+end
+
+-- Sub-group sub's receive of step `step` of its call c from global rank src
+-- (pcall's results, as Group:recv_value takes them): in slices of LOOK
+-- seconds, looking between them, up to the group's timeout.
+function M.receive(sub, c, src, step, on_other)
+  local a = sub.agent
+  local limit = sub.timeout and sub.timeout > 0 and sub.timeout or nil
+  local deadline = limit and sched.now() + limit
+  while true do
+    local left = deadline and deadline - sched.now()
+    local slice = math.max(math.min(left or M.LOOK, M.LOOK), 0.001)
+    local ends = sched.now() + slice
+    local ok, meta, t = pcall(a.receive, a, src, c.key .. step, slice, c.what, c.key, on_other, c)
+    -- (only this slice's own deadline goes on: an abort, a loss, a mismatch end it)
+    if ok or meta == a.aborted or not (errors.is(meta) and meta.kind == "timeout" and sched.now() >= ends) then
+      return ok, meta, t
+    end
+    if left and left <= M.LOOK then
+      return false, errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(limit,
+        c.what, src), {rank = src})
+    end
+    local err = M.look(sub)
+    if err then return false, err end
+  end
 end
 
 -- all_reduce of the whole group on t (a flat contiguous view): this host's,

@@ -267,6 +267,16 @@ function C:take_other_mail(rank, key, prefix)
   end
 end
 
+-- The first message in rank's mailbox whose key starts with prefix (its key and
+-- values, left there), or nil.
+function C:find_mail(rank, prefix)
+  local box = self.mail[rank]
+  if not box then return nil end
+  for k, v in pairs(box) do
+    if type(k) == "string" and has_prefix(k, prefix) then return k, v end
+  end
+end
+
 -- Takes out of rank's mailbox the first message whose key starts with prefix
 -- and that pick(key, ctx) accepts, and returns its key and values, or nil: how
 -- a group finds a message of a collective that already ended here.

@@ -350,6 +350,7 @@ Agent.wait_mail = mailbox.wait_mail
 Agent.unwait_mail = mailbox.unwait_mail
 Agent.take_other_mail = mailbox.take_other_mail
 Agent.take_mail = mailbox.take_mail
+Agent.find_mail = mailbox.find_mail
 
 -- What the connections and the mailbox call outside themselves, given to every
 -- agent at its construction (a.cb): each part's CALLBACKS names what it needs.
