@@ -71,7 +71,7 @@ describe("rpchost.dist.hierarchy #unit", function()
     assert.is_true(s.leader)
     assert.are.equal(2, #made)
     -- (their waits look at the whole group's call, and their failures stop all of it)
-    local also = {split_of = g, abort_to = g.ranks, look_split = hierarchy.look}
+    local also = {split_of = g, abort_to = g.ranks, look_split = hierarchy.look_split}
     local function with(t) for k, v in pairs(also) do t[k] = v end return t end
     assert.are.same(with{id = "7h1", ranks = {0, 2}, rank = 0, timeout = 5, agent = g.agent}, s.here)
     assert.are.same(with{id = "7L", ranks = {0, 1, 4}, rank = 0, timeout = 5, agent = g.agent}, s.leaders)

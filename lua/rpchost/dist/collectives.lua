@@ -276,7 +276,11 @@ function Group:recv_value(c, i, step)
   local src = self:global(i)
   c.from = src
   local ok, meta, t
-  if self.split_of then ok, meta, t = hierarchy.receive(self, c, src, step, other_message)
+  -- (a group split host by host, or one of its parts: waits that look at what
+  -- the other members do, see rpchost.dist.hierarchy)
+  local h = self.hier
+  if h == nil then h = self:hosts() end
+  if h or self.split_of then ok, meta, t = hierarchy.receive(self, c, src, step, other_message)
   else
     ok, meta, t = pcall(self.agent.receive, self.agent, src, c.key .. step, self.timeout, c.what, c.key,
       other_message, c)

@@ -26,11 +26,12 @@
 -- sending, for ranks that are busy host by host. So a rank that has waited
 -- LOOK seconds in a call it runs host by host looks, every LOOK seconds, for
 -- the group's messages of that call in its mailbox (their sender made another
--- call), and once tells every member that it runs the call host by host (an
--- announcement under the call's key: a member that made another call there
--- sees it in its wait, or at its next collective, as any message of the call
--- whose signature differs). Either names the mismatch to the whole group. A
--- call that finishes within LOOK costs nothing of this.
+-- call), and once tells the rank it waits for, and the members it has a
+-- connection to, that it runs the call host by host (an announcement under
+-- the call's key: a member that made another call finds it in its own wait,
+-- which in a split group looks every LOOK seconds too, or at its next
+-- collective). Either names the mismatch to the whole group. A call that
+-- finishes within LOOK costs nothing of this.
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
 local errors = require "rpchost.errors"
@@ -113,7 +114,7 @@ function M.of(g, new_group)
       end
       -- (their waits look at g's call; their failures stop all of g)
       for _, sub in ipairs{h.here, h.leaders or false} do
-        if sub then sub.split_of, sub.abort_to, sub.look_split = g, g.ranks, M.look end
+        if sub then sub.split_of, sub.abort_to, sub.look_split = g, g.ranks, M.look_split end
       end
     end
   end
@@ -121,19 +122,25 @@ function M.of(g, new_group)
   return h
 end
 
+-- how long a wait in a call run host by host goes before it looks (see above)
+M.LOOK = 0.5
+local SPLIT = "split" -- (the step an announcement is posted under)
+
 -- fn(...) runs group g's call c host by host: c is the call its sub-groups'
--- waits look at, and what g remembers of its last calls says it ran so.
+-- waits look at, and what g remembers of its last calls says it ran so. The
+-- announcements of members that ran it so too go with it (one that comes
+-- later goes at g's next collective).
 function M.run(g, c, fn, ...)
   g.split_call = c
   local ss, sg = g.split_seq, g.split_sig
   if not ss then ss, sg = {}, {}; g.split_seq, g.split_sig = ss, sg end
   ss[c.seq % 16], sg[c.seq % 16] = c.seq, c.sig
-  return fn(...)
+  fn(...)
+  if c.look_at then
+    local a, key = g.agent, c.key .. SPLIT
+    for _, r in ipairs(g.ranks) do a:take_mail(r, key, M.is_announcement) end
+  end
 end
-
--- how long a wait in a call run host by host goes before it looks (see above)
-M.LOOK = 0.5
-local SPLIT = "split" -- (the step an announcement is posted under)
 
 function M.is_announcement(key) return key:sub(-#SPLIT - 1) == ":" .. SPLIT end
 
@@ -144,20 +151,26 @@ function M.ran_split(g, seq, sig)
   return ss ~= nil and ss[seq % 16] == seq and g.split_sig[seq % 16] == sig
 end
 
--- From a wait of sub-group sub: nil, or the mismatch error when a member of
--- the whole group is making another call (see above). The first call arms
--- the look; later ones look at most every LOOK seconds.
-function M.look(sub)
-  local g = sub.split_of
-  local c = g and g.split_call
-  if not c then return nil end
+-- Whether call c's wait should look now: the first time arms it, then at
+-- most every LOOK seconds.
+local function due(c)
   local now = sched.now()
   local at = c.look_at
-  if not at or now < at then
-    if not at then c.look_at = now + M.LOOK end
-    return nil
-  end
-  c.look_at = now + M.LOOK
+  if at and now >= at then c.look_at = now + M.LOOK; return true end
+  if not at then c.look_at = now + M.LOOK end
+  return false
+end
+
+-- From a wait of sub-group sub for global rank waited (nil: none in
+-- particular): nil, or the mismatch error when a member of the whole group
+-- makes another call (see above). The announcement goes where a connection
+-- is up (a close there could overtake no word) and to the rank waited for, not
+-- to every member: a slow call of a big world would otherwise cost every pair
+-- a message, and a connection.
+function M.look_split(sub, waited)
+  local g = sub.split_of
+  local c = g and g.split_call
+  if not (c and due(c)) then return nil end
   local a, prefix = g.agent, c.key
   local announcement = prefix .. SPLIT
   for _, r in ipairs(g.ranks) do
@@ -174,20 +187,43 @@ function M.look(sub)
     c.announced = true
     M.used.announced = M.used.announced + 1
     for _, r in ipairs(g.ranks) do
-      if r ~= a.rank then pcall(a.post, a, r, announcement, c.sig) end
+      local p = a.peers[r]
+      if r ~= a.rank and (r == waited or (p and p.state == "ready" and not a.lost[r])) then
+        pcall(a.post, a, r, announcement, c.sig)
+      end
     end
     core.flush()
   end
   return nil
 end
 
--- Sub-group sub's receive of step `step` of its call c from global rank src
--- (pcall's results, as Group:recv_value takes them): in slices of LOOK
--- seconds, looking between them, up to the group's timeout.
-function M.receive(sub, c, src, step, on_other)
-  local a = sub.agent
-  local limit = sub.timeout and sub.timeout > 0 and sub.timeout or nil
-  local deadline = limit and sched.now() + limit
+-- From a wait of split group g's own call c (one it does not run host by
+-- host): nil, or the mismatch error when a member announced that it runs
+-- this call host by host.
+local function look_whole(g, c)
+  if not due(c) then return nil end
+  local a, announcement = g.agent, c.key .. SPLIT
+  for _, r in ipairs(g.ranks) do
+    if r ~= a.rank then
+      local k, v = a:find_mail(r, announcement)
+      if k then return g:signed_mismatch_error(c.meta, r, type(v) == "table" and v[1] or nil) end
+    end
+  end
+  return nil
+end
+
+-- The receive of step `step` of call c from global rank src, for a group split
+-- host by host or one of its sub-groups (pcall's results, as
+-- Group:recv_value takes them): in slices of LOOK seconds, looking between
+-- them, up to the group's timeout; a sender that stays silent for a
+-- heartbeat is dialled (a loss fails the wait), as receive does.
+function M.receive(g, c, src, step, on_other)
+  local a = g.agent
+  local limit = g.timeout and g.timeout > 0 and g.timeout or nil
+  local start = sched.now()
+  local deadline = limit and start + limit
+  local hb = a.heartbeat and a.heartbeat > 0 and a.heartbeat or nil
+  local next_gone = hb and start + hb
   while true do
     local left = deadline and deadline - sched.now()
     local slice = math.max(math.min(left or M.LOOK, M.LOOK), 0.001)
@@ -201,7 +237,12 @@ function M.receive(sub, c, src, step, on_other)
       return false, errors.new("timeout", ("timed out after %g s waiting for %s from rank %d"):format(limit,
         c.what, src), {rank = src})
     end
-    local err = M.look(sub)
+    if next_gone and sched.now() >= next_gone then
+      next_gone = sched.now() + hb
+      a:gone(src)
+    end
+    local err
+    if g.split_of then err = M.look_split(g, src) else err = look_whole(g, c) end
     if err then return false, err end
   end
 end

@@ -218,17 +218,17 @@ local function wait(g, c, ar, e, first)
       end
     end
     if a.aborted then ar:awake(); error(a.aborted, 0) end
-    -- (a group that runs part of a larger one's call: is a member of that one
-    -- making another call? see rpchost.dist.hierarchy)
-    local look = g.look_split
-    if look then
-      local err = look(g)
-      if err then ar:awake(); fail(g, err) end
-    end
     -- (a rank not at this step that is gone: one that finished it may have left)
     first = r
     local missing = g:global(first - 1)
     if a.lost[missing] then ar:awake(); fail(g, a.lost[missing]) end
+    -- (a group that runs part of a larger one's call: is a member of that one
+    -- making another call? see rpchost.dist.hierarchy)
+    local look = g.look_split
+    if look then
+      local err = look(g, missing)
+      if err then ar:awake(); fail(g, err) end
+    end
     -- (with no connection to it, dial once: its loss is then noticed)
     a:gone(missing)
     local left = deadline and deadline - sched.now()

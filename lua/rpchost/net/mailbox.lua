@@ -204,16 +204,19 @@ end
 
 -- Wakes every receiver with err (a collective that must stop everywhere).
 -- The word of an abort heard from src goes on to the group's other members
--- (ranks: the list the aborting rank sent), once. This rank may stop and exit
--- at once, and a member that hears its connection close before the word from
--- the rank that found the fault (another connection, no order between them)
--- would report a lost rank instead of the fault; sent here, the word goes out
--- ahead of this connection's close, on the same stream.
+-- (ranks: the list the aborting rank sent), once, over the connections that
+-- are up. This rank may stop and exit at once, and a member that hears such a
+-- connection close before the word from the rank that found the fault
+-- (another connection, no order between them) would report a lost rank
+-- instead of the fault; sent here, the word goes out ahead of the close, on
+-- the same stream. (No dial: a member with no connection here sees no close
+-- of ours, and a big world's abort must not cost a connection per pair.)
 function C:pass_abort_on(src, err, ranks)
   if type(ranks) ~= "table" then return end
   local seen = {}
   for _, m in ipairs(ranks) do
-    if type(m) == "number" and m ~= src and m ~= self.rank and self.peers[m] and not seen[m] then
+    local p = type(m) == "number" and self.peers[m]
+    if p and m ~= src and m ~= self.rank and not seen[m] and p.state == "ready" and not self.lost[m] then
       seen[m] = true
       pcall(C.post, self, m, "!abort", err, ranks)
     end
