@@ -113,8 +113,8 @@ function M.of(g, new_group)
         h.leaders = new_group(g.agent, g.id .. "L", globals(leaders), mine - 1, g.timeout)
       end
       -- (their waits look at g's call; their failures stop all of g)
-      for _, sub in ipairs{h.here, h.leaders or false} do
-        if sub then sub.split_of, sub.abort_to, sub.look_split = g, g.ranks, M.look_split end
+      for _, sub in pairs{h.here, h.leaders} do
+        sub.split_of, sub.abort_to, sub.look_split = g, g.ranks, M.look_split
       end
     end
   end
@@ -125,6 +125,7 @@ end
 -- how long a wait in a call run host by host goes before it looks (see above)
 M.LOOK = 0.5
 local SPLIT = "split" -- (the step an announcement is posted under)
+local SPLIT_END = ":" .. SPLIT -- (how an announcement's key ends)
 
 -- fn(...) runs group g's call c host by host: c is the call its sub-groups'
 -- waits look at, and what g remembers of its last calls says it ran so. The
@@ -142,7 +143,7 @@ function M.run(g, c, fn, ...)
   end
 end
 
-function M.is_announcement(key) return key:sub(-#SPLIT - 1) == ":" .. SPLIT end
+function M.is_announcement(key) return key:sub(-#SPLIT_END) == SPLIT_END end
 
 -- Whether g ran its call seq host by host, as the call signed sig (an
 -- announcement's) was.
