@@ -46,6 +46,12 @@ M.task_ctx = task_ctx
 local async_functions = setmetatable({}, {__mode = "k"})
 function M.mark_async(f) async_functions[f] = true end
 function M.is_async(f) return async_functions[f] == true end
+-- What a function of rpchost's own marked async may return first instead of
+-- a Future when its values are there at once: they follow it, and the reply
+-- takes them as they are (an RRef proxy's method call answered a Future and a
+-- table of values per call for the collector).
+M.NOW = setmetatable({}, {__tostring = function() return "rpchost.callee.NOW" end})
+local NOW = M.NOW
 -- (a closure sent by value keeps its mark)
 codec.set_hooks{is_async = M.is_async, mark_async = M.mark_async}
 -- A Future arriving elsewhere would never complete there: refuse to send one.
@@ -362,8 +368,12 @@ local function ran(self, to, id, fn, rmap, rctx, byid, ok, ...)
     byid[id] = nil
     if t == false then return true end
   end
-  if ok and async_functions[fn] then reply_when_done(self, to, id, (...), rmap, rctx)
-  else send_results(self, to, id, rmap, rctx, ok, ...) end
+  if ok and async_functions[fn] then
+    if (...) == NOW then send_results(self, to, id, rmap, rctx, true, select(2, ...))
+    else reply_when_done(self, to, id, (...), rmap, rctx) end
+  else
+    send_results(self, to, id, rmap, rctx, ok, ...)
+  end
   return false
 end
 
