@@ -53,6 +53,7 @@ describe("RRef #world", function()
       function Box:get(x) return self.v + x end
       function Box:pair(x) return x, self.v end
       function heap(what) return collectgarbage(what) end
+      function echo(x) return x end
       rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
         local r = rpc.remote("worker1", Box.new, {10})
@@ -65,6 +66,8 @@ describe("RRef #world", function()
         check("async values", r:rpc_async():pair(4):wait() == 4 and r:remote():get(2):to_here() == 12)
         local mine = rpc.RRef(Box.new(1))
         check("an owned RRef's proxy", mine:rpc_sync():get(1) == 2 and select(2, mine:rpc_sync():pair(0)) == 1)
+        -- (an RRef back at its owner is the owner's one handle, as PyTorch's one OwnerRRef)
+        check("back at its owner, the same handle", rawequal(rpc.rpc_sync("worker1", echo, {mine}), mine))
         for i = 1, 500 do r:rpc_sync():get(i) end
         local N = 2000
         collectgarbage(); collectgarbage("stop")

@@ -566,8 +566,16 @@ local function reduce(l, reduction, what)
 end
 F._reduce = reduce
 
+-- (compared size by size: a loss runs every step, and two Size strings per call
+-- were garbage for the collector)
 local function same_shape(a, b, what)
-  if tostring(a:size()) ~= tostring(b:size()) then
+  local n = a:dim()
+  local same = n == b:dim()
+  for i = 1, n do
+    if not same then break end
+    same = a:size(i) == b:size(i)
+  end
+  if not same then
     error(("%s: target size %s must be the same as input size %s"):format(what, shape_str(b), shape_str(a)), 3)
   end
 end

@@ -86,12 +86,21 @@ local function sentinel(fn)
 end
 
 -- handles ---------------------------------------------------------------------------
+-- An owner's handle of each value it owns, while anything here holds it: an
+-- RRef that comes back to its owner (DistributedOptimizer's every step, a
+-- fork returned) is that handle again, as PyTorch's owner finds its one
+-- OwnerRRef, not a new table with a finalizer of its own per arrival.
+local owner_handles = setmetatable({}, {__mode = "v"})
+
 local function owner_handle(id)
+  local kept = owner_handles[id]
+  if kept then return kept end
   local e = owners[id]
   e.local_refs = e.local_refs + 1
   local r = setmetatable({id = id, owner_rank = agent.rank, owned = true, confirmed = true}, RRef)
   -- __gc may run anywhere (even inside the scheduler): it only records the release
   r.sentinel = sentinel(function() pending_deletes[#pending_deletes + 1] = {false, id} end)
+  owner_handles[id] = r
   return r
 end
 
@@ -479,6 +488,7 @@ function M.attach(a)
   owners, tombstones, pending_deletes, live_forks = {}, {}, {}, {}
   created_max, awaiting, early = {}, {}, {}
   handles = setmetatable({}, {__mode = "v"})
+  owner_handles = setmetatable({}, {__mode = "v"})
   confirm_waiters = {}
 end
 
