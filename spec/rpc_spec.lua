@@ -95,10 +95,22 @@ describe("rpc #world", function()
         check("callback", seen == 7)
         local futs = {}
         for i = 1, 20 do futs[i] = rpc.rpc_async("worker1", slow, {i, 0.01}) end
+        -- (wait_all notes each result inside its completion: no task per future)
+        local spawn, started = sched.spawn, 0
+        sched.spawn = function(fn, opts, ...)
+          if type(opts) == "table" and opts.name == "future callback" then started = started + 1 end
+          return spawn(fn, opts, ...)
+        end
         local all = rpc.wait_all(futs)
+        sched.spawn = spawn
         local sum = 0
         for _, v in ipairs(all) do sum = sum + v end
         check("wait_all", #all == 20 and sum == 210)
+        check("wait_all starts no task per future", started == 0, started)
+        local bad = {rpc.rpc_async("worker1", slow, {1, 0.05}), rpc.rpc_async("worker1", error, {"boom"})}
+        local okb, eb = pcall(rpc.wait_all, bad)
+        check("wait_all raises a failed future's error", not okb and tostring(eb.message or eb):find("boom") ~= nil,
+          tostring(eb))
         local h = rpc.rpc_async("worker1", slow, {1, 2})
         local okw, ew = pcall(h.wait, h, 0.1)
         check("wait timeout", not okw and ew.kind == "timeout")

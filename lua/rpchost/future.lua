@@ -327,39 +327,51 @@ local function result_of(f)
   return pack(unpack(v, 1, v.n))
 end
 
+-- (wait_all's record of one future: the waiting call's state w and its index;
+-- run inside the completion, it only notes the result and may wake the task:
+-- a callback task per future was a coroutine started for each)
+local function wait_all_settled(g, e)
+  local w = e.w
+  if g.state == "error" then w.failed = w.failed or g.err else w.out[e.i] = result_of(g) end
+  w.left = w.left - 1
+  if w.sleeping and (w.failed or w.left == 0) then w.sleeping = false; sched.wake(w.t) end
+end
+
+local WAIT_ALL_TEXT = {}
+
 function Future.wait_all(futs)
   if type(futs) ~= "table" then
     error(errors.new("config", ("wait_all: expected a list of Futures, got %s"):format(type(futs))), 2)
   end
   local n = #futs
-  local out, left, failed = {}, n, nil
   for i = 1, n do
     if not Future.is(futs[i]) then
       error(errors.new("config", ("wait_all: futs[%d] is a %s, not a Future"):format(i, type(futs[i]))), 2)
     end
   end
-  local t, sleeping = sched.current(), false
+  local w = {out = {}, left = n, failed = nil, t = sched.current(), sleeping = false}
   for i = 1, n do
     local f = futs[i]
     if f.state == "pending" then
-      f:add_done_callback(function(g)
-        if g.state == "error" then failed = failed or g.err else out[i] = result_of(g) end
-        left = left - 1
-        if sleeping and (failed or left == 0) then sleeping = false; sched.wake(t) end
-      end)
+      f:_on_settle(wait_all_settled, {w = w, i = i})
     else
-      if f.state == "error" then failed = failed or f.err else out[i] = result_of(f) end
-      left = left - 1
+      if f.state == "error" then w.failed = w.failed or f.err else w.out[i] = result_of(f) end
+      w.left = w.left - 1
     end
   end
-  if not failed and left > 0 then
-    if not sched.can_wait() then error(sched.cannot_wait("wait_all of " .. n .. " futures"), 2) end
-    sleeping = true
-    sched.suspend("wait_all of " .. n .. " futures")
-    sleeping = false
+  if not w.failed and w.left > 0 then
+    local text = WAIT_ALL_TEXT[n]
+    if not text then
+      text = "wait_all of " .. n .. " futures"
+      if n <= 64 then WAIT_ALL_TEXT[n] = text end
+    end
+    if not sched.can_wait() then error(sched.cannot_wait(text), 2) end
+    w.sleeping = true
+    sched.suspend(text)
+    w.sleeping = false
   end
-  if failed then error(failed, 0) end
-  return out
+  if w.failed then error(w.failed, 0) end
+  return w.out
 end
 
 -- A Future completed when all of futs are (values: the list of futures).
