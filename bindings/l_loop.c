@@ -25,6 +25,15 @@ static int l_ring_turn(lua_State *L) {
   return 1;
 }
 
+/* set_spin_window(seconds): how long the rings are polled after their last
+ * traffic (host/net/conn_ring.c), as the scheduler's window changes
+ * (rpchost.spin_window learns it from the answers) */
+static int l_set_spin_window(lua_State *L) {
+  double s = luaL_checknumber(L, 1);
+  rh_ctx()->net.ring_spin_ns = s > 0 ? (uint64_t)(s * 1e9) : 0;
+  return 0;
+}
+
 /* yield_cpu(): gives the core to another runnable process (sched_yield): a
  * rank that polls with nothing to do steps aside for the rank it waits for,
  * which may share its core (when it may: rh_net_polite) */
@@ -215,6 +224,7 @@ int rh_open_loop(lua_State *L) {
                                  {"sleep_ms", l_sleep_ms},
                                  {"yield_cpu", l_yield_cpu},
                                  {"ring_turn", l_ring_turn},
+                                 {"set_spin_window", l_set_spin_window},
                                  {"exepath", l_exepath},
                                  {"getpid", l_getpid},
                                  {"hostname", l_hostname},

@@ -212,6 +212,49 @@ describe("rpc #world", function()
     end
   end)
 
+  it("polls after a call for as long as recent answers took, from RPCHOST_SPIN_US up to 4x it", function()
+    -- (the window's rule, rpchost.spin_window: the 90th percentile of the last
+    -- waits with a quarter more, between the base and 4x it; the base when the
+    -- answers take longer than 4x)
+    local sw = require "rpchost.spin_window"
+    local function fed(base, waits)
+      local w = sw.new(base)
+      for _ = 1, 4 do for _, dt in ipairs(waits) do w:sample(dt) end end
+      return w.window
+    end
+    local us = 1e-6
+    local function all(dt) local t = {} for i = 1, 8 do t[i] = dt end return t end
+    assert.are.equal(60 * us, sw.new(60 * us).window)
+    assert.is_true(math.abs(fed(60 * us, all(100 * us)) - 125 * us) < 1e-9)
+    assert.are.equal(60 * us, fed(60 * us, {10 * us, 20 * us, 30 * us, 40 * us, 10 * us, 20 * us, 30 * us, 40 * us}))
+    assert.are.equal(240 * us, fed(60 * us, all(200 * us)))
+    assert.are.equal(60 * us, fed(60 * us, all(1e-3)))
+    assert.are.equal(0, fed(0, all(100 * us))) -- (RPCHOST_SPIN_US=0: never)
+    -- one slow answer in sixteen does not stop the polling for the others
+    local mixed = {}
+    for i = 1, 32 do mixed[i] = (i % 16 == 0) and 5e-3 or 100 * us end
+    assert.is_true(fed(60 * us, mixed) > 100 * us)
+    -- (in a world: a callee that computes 300 us per call teaches its caller to
+    -- poll longer than the base of 200 us; one that sleeps 20 ms does not)
+    local r = world(2, [[
+      local sched = require "rpchost.sched"
+      function busy() local t = sched.now() while sched.now() - t < 300e-6 do end return true end
+      function sleepy() sched.sleep(0.02) return true end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        check("the base window first", math.abs(sched.spin_window() - 200e-6) < 1e-9, sched.spin_window())
+        for _ = 1, 200 do rpc.rpc_sync("worker1", busy) end
+        local learnt = sched.spin_window()
+        check("learnt a longer window", learnt > 300e-6 and learnt <= 800e-6, learnt)
+        for _ = 1, 40 do rpc.rpc_sync("worker1", sleepy) end
+        check("back to the base for slow answers", math.abs(sched.spin_window() - 200e-6) < 1e-9, sched.spin_window())
+      end
+      rpc.shutdown()
+    ]], {env = {RPCHOST_SPIN_US = "200"}})
+    assert.are.equal(0, r.status, r.err)
+    S.assert_checks(r)
+  end)
+
   it("writes a burst of rpc_async from one loop turn together, the first at once", function()
     local r = world(2, [[
       local core = require "rpchost.core"

@@ -438,13 +438,22 @@ end
 -- Adaptive spinning: right after a request or reply goes out, the answer (or the
 -- next request) usually comes back within tens of microseconds. Sleeping in
 -- epoll_wait and being woken costs more than that on many machines, so for a
--- short, bounded window the loop polls without blocking. RPCHOST_SPIN_US=0 turns
--- it off. Outside that window the loop blocks; an idle rank uses no CPU.
-local spin_window = (tonumber(os.getenv("RPCHOST_SPIN_US")) or 60) / 1e6
+-- short, bounded window the loop polls without blocking: RPCHOST_SPIN_US at
+-- first, then as long as recent answers took (rpchost.spin_window: up to 4x
+-- that). RPCHOST_SPIN_US=0 turns it off. Outside that window the loop blocks;
+-- an idle rank uses no CPU.
+local spin = require("rpchost.spin_window").new((tonumber(os.getenv("RPCHOST_SPIN_US")) or 60) / 1e6)
 local spin_until = 0
+-- when the last request or reply went out (0: its answer was measured)
+local sent_at = 0
 function M.expect_soon()
-  if spin_window > 0 then spin_until = now() + spin_window end
+  if spin.base > 0 then
+    sent_at = now()
+    spin_until = sent_at + spin.window
+  end
 end
+-- the window the loop polls for now, in seconds (specs read it)
+function M.spin_window() return spin.window end
 
 -- Counts loop turns: what was queued in one turn is written out together before
 -- the next (see Agent:call).
@@ -495,7 +504,8 @@ local function run_until(t)
     for i = 1, #turn_hooks do turn_hooks[i]() end
     drain()
     if t.done then break end
-    local spinning = rhead > rtail and spin_until > 0 and now() < spin_until
+    local waiting = rhead > rtail
+    local spinning = waiting and spin_until > 0 and now() < spin_until
     -- (no deadline left: the timer armed for a cancelled one goes, or it would
     -- keep an otherwise finished loop alive)
     if hn == 0 and armed_at then core.timer_stop(); armed_at = nil end
@@ -529,6 +539,14 @@ local function run_until(t)
           in_loop = false
         end
       end
+    end
+    -- (how long the answer to what went out took: the window learns from it,
+    -- and the rings' own polling follows it, host/net/conn_ring.c)
+    if sent_at > 0 and waiting and rhead <= rtail then
+      local was = spin.window
+      spin:sample(now() - sent_at)
+      sent_at = 0
+      if spin.window ~= was then core.set_spin_window(spin.window) end
     end
     -- (a polling turn that found nothing gives the core away: the rank this one
     -- waits for may share it, and a busy poll would hold it for a whole slice)
