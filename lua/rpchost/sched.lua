@@ -443,6 +443,8 @@ end
 -- that). RPCHOST_SPIN_US=0 turns it off. Outside that window the loop blocks;
 -- an idle rank uses no CPU.
 local spin = require("rpchost.spin_window").new((tonumber(os.getenv("RPCHOST_SPIN_US")) or 60) / 1e6)
+-- (a binary older than this library has no such call: its rings keep their window)
+local set_ring_window = core.set_spin_window or function() end
 local spin_until = 0
 -- when the last request or reply went out (0: its answer was measured)
 local sent_at = 0
@@ -546,7 +548,7 @@ local function run_until(t)
       local was = spin.window
       spin:sample(now() - sent_at)
       sent_at = 0
-      if spin.window ~= was then core.set_spin_window(spin.window) end
+      if spin.window ~= was then set_ring_window(spin.window) end
     end
     -- (a polling turn that found nothing gives the core away: the rank this one
     -- waits for may share it, and a busy poll would hold it for a whole slice)
