@@ -54,6 +54,9 @@ describe("RRef #world", function()
       function Box:pair(x) return x, self.v end
       function heap(what) return collectgarbage(what) end
       function echo(x) return x end
+      function keep(r) held = r return true end
+      function give_back() return held end
+      function drop() held = nil collectgarbage() collectgarbage() return true end
       rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
       if rank == 0 then
         local r = rpc.remote("worker1", Box.new, {10})
@@ -68,6 +71,23 @@ describe("RRef #world", function()
         check("an owned RRef's proxy", mine:rpc_sync():get(1) == 2 and select(2, mine:rpc_sync():pair(0)) == 1)
         -- (an RRef back at its owner is the owner's one handle, as PyTorch's one OwnerRRef)
         check("back at its owner, the same handle", rawequal(rpc.rpc_sync("worker1", echo, {mine}), mine))
+        -- (a handle a finalizer revives is released all the same: what arrives
+        -- later is a handle of its own, and keeps the value)
+        local kept = rpc.RRef(Box.new(7))
+        rpc.rpc_sync("worker1", keep, {kept})
+        do
+          local holder = {kept}
+          local guard = newproxy(true)
+          getmetatable(guard).__gc = function() revived = holder[1] end
+        end
+        kept = nil
+        collectgarbage(); collectgarbage(); sched.sleep(0.05)
+        local arrived = rpc.rpc_sync("worker1", give_back)
+        rpc.rpc_sync("worker1", drop)
+        for _ = 1, 3 do collectgarbage(); rpc.rpc_sync("worker1", heap, {"collect"}); sched.sleep(0.05) end
+        local okv, v = pcall(function() return arrived:local_value() end)
+        check("a revived handle does not stand for a later arrival", okv and v.v == 7, tostring(v))
+        check("the revived one was the first", revived ~= nil and not rawequal(revived, arrived))
         for i = 1, 500 do r:rpc_sync():get(i) end
         local N = 2000
         collectgarbage(); collectgarbage("stop")

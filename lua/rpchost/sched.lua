@@ -507,6 +507,9 @@ local function run_until(t)
     drain()
     if t.done then break end
     local waiting = rhead > rtail
+    -- (the send this turn's wait is for: a reply that this turn's I/O itself
+    -- sends, an inline handler's, starts the next wait and is not this one)
+    local sent = waiting and sent_at or 0
     local spinning = waiting and spin_until > 0 and now() < spin_until
     -- (no deadline left: the timer armed for a cancelled one goes, or it would
     -- keep an otherwise finished loop alive)
@@ -544,10 +547,10 @@ local function run_until(t)
     end
     -- (how long the answer to what went out took: the window learns from it,
     -- and the rings' own polling follows it, host/net/conn_ring.c)
-    if sent_at > 0 and waiting and rhead <= rtail then
+    if sent > 0 and rhead <= rtail then
       local was = spin.window
-      spin:sample(now() - sent_at)
-      sent_at = 0
+      spin:sample(now() - sent)
+      if sent_at == sent then sent_at = 0 end
       if spin.window ~= was then set_ring_window(spin.window) end
     end
     -- (a polling turn that found nothing gives the core away: the rank this one

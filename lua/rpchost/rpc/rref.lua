@@ -98,8 +98,14 @@ local function owner_handle(id)
   local e = owners[id]
   e.local_refs = e.local_refs + 1
   local r = setmetatable({id = id, owner_rank = agent.rank, owned = true, confirmed = true}, RRef)
-  -- __gc may run anywhere (even inside the scheduler): it only records the release
-  r.sentinel = sentinel(function() pending_deletes[#pending_deletes + 1] = {false, id} end)
+  -- __gc may run anywhere (even inside the scheduler): it only records the
+  -- release, and drops the handle from the cache where the collector left it
+  -- (a handle reachable from another finalized object is kept, yet released)
+  r.sentinel = sentinel(function(u)
+    local kept = owner_handles[id]
+    if kept and kept.sentinel == u then owner_handles[id] = nil end
+    pending_deletes[#pending_deletes + 1] = {false, id}
+  end)
   owner_handles[id] = r
   return r
 end
