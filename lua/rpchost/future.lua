@@ -352,12 +352,8 @@ function Future.wait_all(futs)
   local w = {out = {}, left = n, failed = nil, t = sched.current(), sleeping = false}
   for i = 1, n do
     local f = futs[i]
-    if f.state == "pending" then
-      f:_on_settle(wait_all_settled, {w = w, i = i})
-    else
-      if f.state == "error" then w.failed = w.failed or f.err else w.out[i] = result_of(f) end
-      w.left = w.left - 1
-    end
+    -- (one already done is noted at once: _on_settle runs the hook then)
+    f:_on_settle(wait_all_settled, {w = w, i = i})
   end
   if not w.failed and w.left > 0 then
     local text = WAIT_ALL_TEXT[n]

@@ -192,12 +192,17 @@ local function creation_failed(id, err)
   return re
 end
 
+-- call_method's answer as a Future: NOW and its values become a done one
+local function as_future(first, ...)
+  if first == NOW then return done_future(pack(...)) end
+  return first
+end
+
 -- Sets the entry's value from fn's results (a Future's, for an async_execution fn).
 local function settle_value(e, id, fn, r)
   if not r[1] then return e.value:_set_error(creation_failed(id, r[2])) end
   if not callee.is_async(fn) then return e.value:_set_packed(pack(unpack(r, 2, r.n))) end
-  local fut = r[2]
-  if fut == NOW then return e.value:_set_packed(pack(unpack(r, 3, r.n))) end
+  local fut = as_future(unpack(r, 2, r.n))
   if not Future.is(fut) then
     return e.value:_set_error(creation_failed(id, ("an async_execution function must return a Future, got %s"):format(
       type(fut))))
@@ -264,11 +269,6 @@ local function run_method(v, method, ...)
     return fut
   end
   return NOW, f(v, ...)
-end
-
-local function as_future(first, ...)
-  if first == NOW then return done_future(pack(...)) end
-  return first
 end
 
 -- The method's values (NOW first) when the RRef's value is there and the
@@ -650,8 +650,7 @@ local function owned_call(args, what)
   sched.spawn(function()
     local r = pack(pcall(M.call_method, unpack(args, 1, args.n)))
     if not r[1] then return settled(r[2]) end
-    if r[2] == NOW then return settled(nil, pack(unpack(r, 3, r.n))) end
-    r[2]:add_done_callback(function(g)
+    as_future(unpack(r, 2, r.n)):add_done_callback(function(g)
       if g.state == "error" then settled(g.err) else settled(nil, g.values) end
     end)
   end, {name = "rref method"})
