@@ -392,57 +392,40 @@ static int l_encode(lua_State *L) {
 
 /* ---- decoding ----
  *
- * Straight from the bytes to Lua values, in one pass: rh_mp_check has walked
- * them first (every count fits the bytes left, nesting bounded), and each read
- * here is bounds-checked again all the same. (msgpack-c's unpacker built a tree
- * of objects in a zone first, and the zone was a pooled userdata: together
- * three quarters of a small request's decoding.) */
+ * Straight from the bytes to Lua values, in one pass: rh_mp_measure has walked
+ * them first (every count fits the bytes left, nesting bounded, the cost within
+ * the allowance below), and each read here is bounds-checked again all the
+ * same. (msgpack-c's unpacker built a tree of objects in a zone first, and the
+ * zone was a pooled userdata: together three quarters of a small request's
+ * decoding.) */
 
 /* What a message may cost to decode. Every value takes at least one byte of
  * it (rh_mp_check refuses a count the bytes cannot back, and the tables are
  * never made larger than the bytes left could fill), but one byte can still
  * become far more in Lua: an empty table is 1 byte on the wire and 72 in Lua, a
  * map of 2^25 repeated keys pre-sizes 768 MiB for one key, a 64 MiB array of
- * 2^26 small integers 512 MiB and seconds of the loop. So each message may
- * decode to DEC_RATIO bytes of Lua values per byte of it, plus DEC_FLOOR_MIB; what
- * the decoder is about to make is charged before it is made (a huge count is
- * refused at once, before any allocation), and a message past its allowance
- * fails, naming the value that took it there. The charges follow LuaJIT's
- * object sizes (GC64): a table 64 bytes, an array slot 8, a hash node 24, an
- * object a hook makes as a table; a string its bytes (keys repeat, and Lua
- * keeps one copy of each). */
+ * 2^26 small integers 512 MiB and seconds of the loop, 4 MiB of empty arrays
+ * 288 MiB. So each message may decode to DEC_RATIO bytes of Lua values per byte
+ * of it, plus DEC_FLOOR_MIB. rh_mp_measure sums what its values would cost in the
+ * walk that checks its counts, before any is made, and a message past its
+ * allowance is refused then, naming the value that took it there: a sender
+ * cannot make this rank build 80 MiB of tables, and stall its loop doing so, for
+ * a message that then fails. The costs follow LuaJIT's object sizes (GC64): a
+ * table 64 bytes, an array slot 8, a hash node 24, an extension value three slots
+ * (the object a hook makes of it) besides its bytes; a string its bytes (keys
+ * repeat, and Lua keeps one copy of each). A tagged value is costed as the array
+ * it travels in and its tag as an extension value: more than the decoder makes. */
 #define DEC_RATIO 4
 #define DEC_FLOOR_MIB 64
-#define DEC_TABLE 64
-#define DEC_SLOT 8
-#define DEC_NODE 24
+static const rh_mp_costs_t dec_costs = {.table = 64, .slot = 8, .node = 24, .ext = 3 * 8};
 
 typedef struct {
   lua_State *L;
   const uint8_t *p, *end;
   int depth;
-  size_t len;   /* the message's bytes */
-  size_t limit; /* what its values may cost (see DEC_RATIO) */
-  size_t left;  /* what is left of limit */
 } dec_t;
 
 static int dec_fail(dec_t *d, const char *why) { return luaL_error(d->L, "malformed message: %s", why); }
-
-/* Charges `bytes` (about to be allocated for a value described by what and
- * count: "an array of", n, "elements") against the message's allowance. */
-static void dec_charge(dec_t *d, size_t bytes, const char *what, uint64_t count, const char *unit) {
-  if (bytes <= d->left) {
-    d->left -= bytes;
-    return;
-  }
-  char msg[400];
-  snprintf(msg, sizeof msg,
-           "cannot decode a message of %zu bytes: %s %llu %s would take its values past %zu MiB (a message "
-           "decodes to at most %d times its size plus %d MiB of Lua values); send bulk data as a tensor, or in "
-           "several messages",
-           d->len, what, (unsigned long long)count, unit, (d->limit + (1u << 19)) >> 20, DEC_RATIO, DEC_FLOOR_MIB);
-  luaL_error(d->L, "%s", msg);
-}
 
 static const uint8_t *dec_take(dec_t *d, size_t n) {
   if ((size_t)(d->end - d->p) < n) dec_fail(d, "truncated");
@@ -532,7 +515,6 @@ static void dec_array(dec_t *d, uint32_t n) {
         dec_global_function(d, type);
         return;
       }
-      dec_charge(d, DEC_TABLE, "a tagged value of", n - 1, "parts");
       for (uint32_t i = 1; i < n; i++) dec_value(d);
       dec_call_hook(d, type, (int)n - 1);
       return;
@@ -541,7 +523,6 @@ static void dec_array(dec_t *d, uint32_t n) {
   }
   /* (never pre-sized past the elements the bytes left could hold, one byte each) */
   size_t left = (size_t)(d->end - d->p);
-  dec_charge(d, DEC_TABLE + (n ? (size_t)DEC_SLOT * ((size_t)n + 1) : 0), "an array of", n, "elements");
   lua_createtable(L, (int)(n <= left ? n : left), 0);
   for (uint32_t i = 0; i < n; i++) {
     dec_value(d);
@@ -551,10 +532,6 @@ static void dec_array(dec_t *d, uint32_t n) {
 
 static void dec_map(dec_t *d, uint32_t n) {
   lua_State *L = d->L;
-  /* a hash part is a power of two of nodes, at least 2 (LuaJIT's lj_tab_new) */
-  size_t nodes = 2;
-  while (nodes < n) nodes <<= 1;
-  dec_charge(d, DEC_TABLE + (n ? DEC_NODE * nodes : 0), "a map of", n, "entries");
   /* (never pre-sized past the entries the bytes left could hold, two bytes each) */
   size_t left = (size_t)(d->end - d->p) / 2;
   lua_createtable(L, 0, (int)(n <= left ? n : left));
@@ -569,7 +546,6 @@ static void dec_map(dec_t *d, uint32_t n) {
 
 static void dec_string(dec_t *d, size_t n) {
   const uint8_t *q = dec_take(d, n);
-  dec_charge(d, n, "a string of", n, "bytes");
   lua_pushlstring(d->L, (const char *)q, n);
 }
 
@@ -588,7 +564,6 @@ static void dec_value(dec_t *d) {
   else if (dec_ext_head(d, b, &type, &len)) {
     /* a leaf: the hook makes the value of its bytes */
     if (ref_dec_hook == LUA_NOREF) dec_fail(d, "extension value without a codec hook");
-    dec_charge(d, DEC_SLOT * 3, "an extension value of", len, "bytes");
     dec_string(d, len);
     dec_call_hook(d, type, 1);
   } else {
@@ -640,8 +615,11 @@ static int l_decode(lua_State *L) {
   const char *s = luaL_checklstring(L, 1, &len);
   int base = lua_gettop(L);
   /* the counts come from the network: check them against the bytes first */
+  /* ... and what their values would cost in Lua against the message's allowance */
+  rh_mp_costs_t costs = dec_costs;
+  costs.limit = ((size_t)DEC_FLOOR_MIB << 20) + (len < SIZE_MAX / (2 * DEC_RATIO) ? DEC_RATIO * len : SIZE_MAX / 2);
   rh_mp_where_t where = {0};
-  int chk = rh_mp_check_where((const uint8_t *)s, len, MAX_DEPTH + 2, NULL, &where);
+  int chk = rh_mp_measure((const uint8_t *)s, len, MAX_DEPTH + 2, &costs, NULL, &where);
   if (chk == RH_MP_TOOMANY) {
     char msg[200];
     snprintf(msg, sizeof msg,
@@ -650,9 +628,18 @@ static int l_decode(lua_State *L) {
              where.is_map ? "entries" : "elements", where.left, where.is_map ? "two" : "one");
     return luaL_error(L, "%s", msg);
   }
+  if (chk == RH_MP_TOOCOSTLY) {
+    char msg[400];
+    snprintf(msg, sizeof msg,
+             "cannot decode a message of %zu bytes: %s %llu %s would take its values past %zu MiB (a message "
+             "decodes to at most %d times its size plus %d MiB of Lua values); send bulk data as a tensor, or in "
+             "several messages",
+             len, where.what, (unsigned long long)where.count, where.unit, (costs.limit + (1u << 19)) >> 20, DEC_RATIO,
+             DEC_FLOOR_MIB);
+    return luaL_error(L, "%s", msg);
+  }
   if (chk != RH_MP_OK) return luaL_error(L, "malformed message: %s", rh_mp_strerror(chk));
-  size_t limit = ((size_t)DEC_FLOOR_MIB << 20) + (len < SIZE_MAX / (2 * DEC_RATIO) ? DEC_RATIO * len : SIZE_MAX / 2);
-  dec_t d = {L, (const uint8_t *)s, (const uint8_t *)s + len, 0, len, limit, limit};
+  dec_t d = {L, (const uint8_t *)s, (const uint8_t *)s + len, 0};
   while (d.p < d.end) {
     luaL_checkstack(L, 4, "codec: too many values");
     d.depth = 0;

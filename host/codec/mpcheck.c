@@ -16,6 +16,7 @@ const char *rh_mp_strerror(int code) {
     case RH_MP_BADTYPE: return "not MessagePack (reserved type byte)";
     case RH_MP_TOODEEP: return "nested too deeply";
     case RH_MP_TOOMANY: return "a container claims more elements than the message has bytes";
+    case RH_MP_TOOCOSTLY: return "its values would cost more than the decoder allows";
     default: return "malformed";
   }
 }
@@ -25,10 +26,42 @@ int rh_mp_check(const uint8_t *p, size_t len, int max_depth, size_t *nvalues) {
 }
 
 int rh_mp_check_where(const uint8_t *p, size_t len, int max_depth, size_t *nvalues, rh_mp_where_t *where) {
+  return rh_mp_measure(p, len, max_depth, NULL, nvalues, where);
+}
+
+/* the cost of a value with this header (see rh_mp_costs_t), and what it is */
+static uint64_t value_cost(const rh_mp_costs_t *c, uint8_t b, uint64_t skip, uint64_t children, const char **what,
+                           const char **unit, uint64_t *count) {
+  int is_map = (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf;
+  int is_array = (b >= 0x90 && b <= 0x9f) || b == 0xdc || b == 0xdd;
+  if (is_map) {
+    uint64_t n = children / 2, nodes = 2;
+    while (nodes < n) nodes <<= 1;
+    *what = "a map of", *unit = "entries", *count = n;
+    return c->table + (n ? c->node * nodes : 0);
+  }
+  if (is_array) {
+    *what = "an array of", *unit = "elements", *count = children;
+    return c->table + (children ? c->slot * (children + 1) : 0);
+  }
+  if ((b >= 0xa0 && b <= 0xbf) || (b >= 0xc4 && b <= 0xc6) || (b >= 0xd9 && b <= 0xdb)) {
+    *what = "a string of", *unit = "bytes", *count = skip;
+    return skip;
+  }
+  if ((b >= 0xc7 && b <= 0xc9) || (b >= 0xd4 && b <= 0xd8)) {
+    *what = "an extension value of", *unit = "bytes", *count = skip - 1; /* (less its type byte) */
+    return c->ext + skip - 1;
+  }
+  return 0; /* numbers, nil, booleans live in their slot */
+}
+
+int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs_t *costs, size_t *nvalues,
+                  rh_mp_where_t *where) {
   /* stack[d] = values still expected in the container open at depth d */
   uint64_t stack[MAX_STACK];
   int depth = 0;
   size_t off = 0, top = 0;
+  uint64_t cost = 0;
   if (max_depth > MAX_STACK - 1) max_depth = MAX_STACK - 1;
   while (off < len || depth > 0) {
     if (off >= len) return RH_MP_TRUNCATED;
@@ -90,6 +123,17 @@ int rh_mp_check_where(const uint8_t *p, size_t len, int max_depth, size_t *nvalu
     }
     if (skip > left) return RH_MP_TRUNCATED;
     off += (size_t)skip;
+    if (costs) {
+      const char *what = NULL, *unit = NULL;
+      uint64_t count = 0;
+      /* (children and skip are bounded by len here, so the sum cannot wrap) */
+      uint64_t c = children > len - off ? 0 : value_cost(costs, b, skip, children, &what, &unit, &count);
+      if (c > costs->limit - cost) { /* (cost never passes the limit) */
+        if (where) where->what = what, where->unit = unit, where->count = count, where->cost = cost;
+        return RH_MP_TOOCOSTLY;
+      }
+      cost += c;
+    }
     /* this value fills one slot of the enclosing container */
     if (depth > 0) stack[depth - 1]--;
     else top++;
@@ -109,5 +153,6 @@ int rh_mp_check_where(const uint8_t *p, size_t len, int max_depth, size_t *nvalu
     while (depth > 0 && stack[depth - 1] == 0) depth--;
   }
   if (nvalues) *nvalues = top;
+  if (where) where->cost = cost;
   return RH_MP_OK;
 }

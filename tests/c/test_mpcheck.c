@@ -46,5 +46,33 @@ int main(void) {
   CHECK(check(deep + 10, 31, &n) == RH_MP_OK); /* 30 levels are fine */
   /* fixext and floats */
   CHECK(check("\xd4\x01\x02\xcb\x00\x00\x00\x00\x00\x00\xf0\x3f", 12, &n) == RH_MP_OK && n == 2);
+  /* costs: [1, "ab", {nil: true}] is an array of 3 (table + 4 slots), a string of 2,
+   * a map of 1 (table + 2 nodes); 7 costs nothing */
+  rh_mp_costs_t c = {.table = 64, .slot = 8, .node = 24, .ext = 24, .limit = 1000};
+  CHECK(rh_mp_measure((const uint8_t *)ok, sizeof ok - 1, 32, &c, &n, &w) == RH_MP_OK && n == 2);
+  CHECK(w.cost == 64 + 4 * 8 + 2 + 64 + 2 * 24);
+  /* fixext1 and ext8 of 3 bytes: 24 besides each payload */
+  CHECK(rh_mp_measure((const uint8_t *)"\xd4\x01\x02\xc7\x03\x05xyz", 9, 32, &c, &n, &w) == RH_MP_OK);
+  CHECK(w.cost == 24 + 1 + 24 + 3);
+  /* 100 empty arrays in one: refused at the third (64 + 101 * 8 = 872, then 64 each),
+   * before anything was made of them, naming the value */
+  char empties[106];
+  memcpy(empties, "\xdc\x00\x64", 3);
+  memset(empties + 3, 0x90, 100);
+  CHECK(rh_mp_measure((const uint8_t *)empties, 103, 32, &c, &n, &w) == RH_MP_TOOCOSTLY);
+  CHECK(strcmp(w.what, "an array of") == 0 && strcmp(w.unit, "elements") == 0 && w.count == 0);
+  CHECK(w.cost == 872 + 2 * 64);
+  /* a map of 5 entries: 8 nodes */
+  CHECK(rh_mp_measure((const uint8_t *)"\x85\x01\xc0\x02\xc0\x03\xc0\x04\xc0\x05\xc0", 11, 32, &c, &n, &w) ==
+        RH_MP_OK);
+  CHECK(w.cost == 64 + 8 * 24);
+  c.limit = 64 + 8 * 24 - 1;
+  CHECK(rh_mp_measure((const uint8_t *)"\x85\x01\xc0\x02\xc0\x03\xc0\x04\xc0\x05\xc0", 11, 32, &c, &n, &w) ==
+        RH_MP_TOOCOSTLY);
+  CHECK(strcmp(w.what, "a map of") == 0 && w.count == 5 && w.cost == 0);
+  /* a count the bytes cannot back stays RH_MP_TOOMANY (that message names it) */
+  CHECK(rh_mp_measure((const uint8_t *)"\xdd\xff\xff\xff\xff", 5, 32, &c, &n, &w) == RH_MP_TOOMANY);
+  /* no costs: the plain check */
+  CHECK(rh_mp_measure((const uint8_t *)empties, 103, 32, NULL, &n, &w) == RH_MP_OK);
   return TEST_RESULT();
 }
