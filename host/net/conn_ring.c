@@ -71,6 +71,7 @@
  * rings are 2 MiB.) */
 #define RING_CAP (1u << 20)
 #define RING_FRAME_MAX (RING_CAP / 4)
+#define RING_REWIND_FRAME (16u << 10) /* frames up to this rewind an empty ring */
 static uint64_t ring_stream_max(void) {
   static uint64_t v = 0;
   if (!v) {
@@ -321,6 +322,13 @@ int rh__ring_send(rh_conn_t *c, const uint8_t *hdr, const void *body, uint32_t b
                   uint32_t nseg, const rh_frame_hdr_t *h, int by_socket) {
   rh_conn_ring_t *r = c->ring;
   activity(c->net);
+  /* a small frame into an empty ring starts over at its first pages (ring.h,
+   * "Rewinding"): a connection that carries small frames keeps a few of its
+   * pages resident and in the cache, not all of them */
+  if (r->boff == r->blen && rh_frame_total(h) <= RING_REWIND_FRAME) {
+    int rc = rh_ring_rewind(&r->tx);
+    if (rc) return rc;
+  }
   uint64_t prefix = RH_FRAME_HDR + (uint64_t)h->body_len + 8ull * h->nseg;
   if (by_socket || prefix > RING_FRAME_MAX || rh_frame_total(h) > ring_stream_max()) {
     /* the frame takes the socket; its place in the stream is kept here */

@@ -29,11 +29,13 @@ static void view(uint8_t *m, int k, uint64_t cap, rh_ring_t *r) {
   uint8_t *base = m + 64 + RING_STRIDE * k;
   r->tail = (uint64_t *)base;
   r->want_space = (uint32_t *)(base + 8);
+  r->jump_from = (uint64_t *)(base + 16);
+  r->jump_to = (uint64_t *)(base + 24);
   r->head = (uint64_t *)(base + HALF);
   r->sleeping = (uint32_t *)(base + HALF + 8);
   r->data = m + RH_RING_DATA_OFF + (size_t)cap * k;
   r->cap = cap;
-  r->pos = r->seen = 0;
+  r->pos = r->seen = r->jfrom = r->jto = 0;
 }
 
 int rh_ring_open(void *map, size_t size, int creator, rh_ring_t *tx, rh_ring_t *rx) {
@@ -68,13 +70,30 @@ static void copy_out(rh_ring_t *r, uint8_t *dst, size_t len) {
 }
 
 /* Free bytes, from a fresh read of the consumer's head; RH_ERING if impossible
- * (ahead of what we wrote, or behind by more than the ring holds). */
+ * (ahead of what we wrote, or behind by more than the ring holds). Until the
+ * consumer has skipped our last rewind (its head still at jump_from), the bytes
+ * jumped over are not held: the whole buffer behind the jump is free. */
 static int64_t space(rh_ring_t *r) {
   uint64_t head = __atomic_load_n(r->head, __ATOMIC_ACQUIRE);
   uint64_t used = r->pos - head;
+  if (head == r->jfrom && r->jto > r->jfrom) used -= r->jto - r->jfrom;
   if (used > r->cap || head < r->seen) return RH_ERING;
   r->seen = head;
   return (int64_t)(r->cap - used);
+}
+
+int rh_ring_rewind(rh_ring_t *r) {
+  int64_t free_ = space(r);
+  if (free_ < 0) return (int)free_;
+  uint64_t off = r->pos & (r->cap - 1);
+  if ((uint64_t)free_ != r->cap || off < (r->cap / 4 < 16384 ? r->cap / 4 : 16384)) return 0;
+  /* empty: skip the rest of the buffer (the consumer skips it too) */
+  r->jfrom = r->pos;
+  r->jto = r->pos + (r->cap - off);
+  __atomic_store_n(r->jump_from, r->jfrom, __ATOMIC_RELAXED);
+  __atomic_store_n(r->jump_to, r->jto, __ATOMIC_RELAXED);
+  r->pos = r->jto;
+  return 0;
 }
 
 int rh_ring_write(rh_ring_t *r, const void *src, size_t len, size_t *put) {
@@ -85,7 +104,7 @@ int rh_ring_write(rh_ring_t *r, const void *src, size_t len, size_t *put) {
   if (n == 0) return 0;
   copy_in(r, src, n);
   r->pos += n;
-  /* the bytes before the counter that says they are there */
+  /* the bytes (and a jump record) before the counter that says they are there */
   __atomic_store_n(r->tail, r->pos, __ATOMIC_RELEASE);
   *put = n;
   return 0;
@@ -113,6 +132,17 @@ int rh_ring_wait_space(rh_ring_t *r) {
 
 int64_t rh_ring_avail(rh_ring_t *r) {
   uint64_t tail = __atomic_load_n(r->tail, __ATOMIC_ACQUIRE);
+  if (tail != r->pos && __atomic_load_n(r->jump_from, __ATOMIC_RELAXED) == r->pos) {
+    /* the producer rewound from here: skip to its jump_to, when that is the
+     * next offset 0 at most one buffer on and no further than what it has
+     * published (a record being written for a tail we have not seen yet waits
+     * for our next look) */
+    uint64_t to = __atomic_load_n(r->jump_to, __ATOMIC_RELAXED);
+    if (to > r->pos && to - r->pos <= r->cap && (to & (r->cap - 1)) == 0 && to <= tail) {
+      r->pos = to;
+      __atomic_store_n(r->head, r->pos, __ATOMIC_RELEASE);
+    }
+  }
   uint64_t held = tail - r->pos;
   if (held > r->cap || tail < r->seen) return RH_ERING;
   r->seen = tail;

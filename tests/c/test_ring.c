@@ -4,7 +4,9 @@
  * what fits; the sleeping and want-space flags follow their handshake; and every
  * impossible value a peer can write (a tail past the data, a head ahead of the
  * tail, a counter that goes back, a header of another size) is RH_ERING, never
- * an access outside the mapping.
+ * an access outside the mapping. An empty ring's writes start over at offset 0
+ * (rewinding), the consumer skips what was jumped over, and a peer's jump record
+ * that is not such a skip is ignored.
  *
  * Under a connection (conn_ring.c) over a Unix-domain socket in one process: a
  * burst of small frames (many more than the ring holds: the backlog) interleaved
@@ -89,6 +91,78 @@ static void ring_alone(void) {
   rh_ring_format(m, CAP);
   m[0] ^= 1;
   CHECK(rh_ring_open(m, size, 0, &btx, &brx) == RH_ERING);
+  free(m);
+}
+
+/* Rewinding (ring.h): an empty ring past CAP / 4 rewound, the next write starts
+ * over at 0, the consumer skips the rest, and until it has, the bytes jumped over
+ * are not held; a ring that holds bytes, or is near its start, is not rewound;
+ * a stream of small writes read as they come stays in the buffer's first part;
+ * a jump record that is not a skip from where the consumer stands to an offset 0
+ * within the tail is ignored. */
+static void ring_rewind(void) {
+  size_t size = rh_ring_file_size(CAP);
+  uint8_t *m = calloc(1, size + 64);
+  rh_ring_format(m, CAP);
+  rh_ring_t tx, rx, unused_rx, unused_tx; /* the creator writes ring 0, its peer reads it */
+  CHECK(rh_ring_open(m, size, 1, &tx, &unused_rx) == 0);
+  CHECK(rh_ring_open(m, size, 0, &unused_tx, &rx) == 0);
+  uint8_t src[CAP], dst[CAP];
+  for (int i = 0; i < CAP; i++) src[i] = (uint8_t)(i * 13 + 5);
+  size_t put;
+  /* 1500 bytes, read: the ring is empty at offset 1500 (past CAP / 4) */
+  CHECK(rh_ring_write(&tx, src, 1500, &put) == 0 && put == 1500);
+  CHECK(rh_ring_avail(&rx) == 1500);
+  rh_ring_read(&rx, dst, 1500);
+  /* rewound, 100 bytes land at offset 0, the producer's position is past the jump */
+  CHECK(rh_ring_rewind(&tx) == 0);
+  CHECK(rh_ring_write(&tx, src + 7, 100, &put) == 0 && put == 100);
+  CHECK(tx.pos == CAP + 100 && *tx.jump_from == 1500 && *tx.jump_to == CAP);
+  CHECK(memcmp(tx.data, src + 7, 100) == 0);
+  /* the bytes jumped over are never held: before the consumer has skipped, the
+   * whole buffer but those 100 bytes is free */
+  CHECK(rh_ring_write(&tx, src, CAP, &put) == 0 && put == CAP - 100);
+  CHECK(rh_ring_avail(&rx) == CAP && rx.pos == CAP && *rx.head == CAP);
+  rh_ring_read(&rx, dst, CAP);
+  CHECK(memcmp(dst, src + 7, 100) == 0 && memcmp(dst + 100, src, CAP - 100) == 0);
+  /* empty at offset 0: no rewind; then 3000 bytes, read; the next 2000 rewind
+   * (the consumer skips, then reads them at 0); a ring that holds bytes does not */
+  CHECK(rh_ring_rewind(&tx) == 0);
+  CHECK(rh_ring_write(&tx, src, 3000, &put) == 0 && put == 3000 && *tx.jump_from == 1500);
+  CHECK(rh_ring_rewind(&tx) == 0 && tx.pos == 2 * CAP + 3000);
+  CHECK(rh_ring_avail(&rx) == 3000);
+  rh_ring_read(&rx, dst, 3000);
+  CHECK(rh_ring_rewind(&tx) == 0);
+  CHECK(rh_ring_write(&tx, src + 1, 2000, &put) == 0 && put == 2000);
+  CHECK(*tx.jump_from == 2 * CAP + 3000 && tx.pos == 3 * CAP + 2000);
+  CHECK(rh_ring_avail(&rx) == 2000);
+  rh_ring_read(&rx, dst, 2000);
+  CHECK(memcmp(dst, src + 1, 2000) == 0);
+  /* a stream of small writes, each read as it comes: never past offset 1024 + 300 */
+  uint64_t far = 0;
+  for (int i = 0; i < 5000; i++) {
+    size_t n = 1 + (size_t)(i * 37) % 300;
+    CHECK(rh_ring_rewind(&tx) == 0);
+    CHECK(rh_ring_write(&tx, src + i % 500, n, &put) == 0 && put == n);
+    if (i > 10 && (tx.pos & (CAP - 1)) > far) far = tx.pos & (CAP - 1);
+    CHECK(rh_ring_avail(&rx) == (int64_t)n);
+    rh_ring_read(&rx, dst, n);
+    CHECK(memcmp(dst, src + i % 500, n) == 0);
+  }
+  CHECK(far <= 1024 + 300);
+  /* a peer's jump records that are not a skip to offset 0 within the tail are
+   * ignored: the bytes are read as they are */
+  for (int k = 0; k < 4; k++) {
+    uint64_t at = rx.pos, end = at + CAP - (at & (CAP - 1)), jf = *tx.jump_from;
+    size_t n = 200;
+    uint64_t bogus[][2] = {{at, at + 100}, {at, at - 1}, {at, end + CAP}, {at + 1, end}};
+    CHECK(rh_ring_write(&tx, src, n, &put) == 0 && put == n && *tx.jump_from == jf);
+    *rx.jump_from = bogus[k][0];
+    *rx.jump_to = bogus[k][1];
+    CHECK(rh_ring_avail(&rx) == (int64_t)n && rx.pos == at);
+    rh_ring_read(&rx, dst, n);
+    CHECK(memcmp(dst, src, n) == 0);
+  }
   free(m);
 }
 
@@ -223,6 +297,7 @@ static void ring_under_conn(void) {
 int main(void) {
   signal(SIGPIPE, SIG_IGN); /* (as rpchost does: a closed peer is an error code) */
   ring_alone();
+  ring_rewind();
   ring_under_conn();
   return TEST_RESULT();
 }
