@@ -13,7 +13,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { RH_MP_OK = 0, RH_MP_TRUNCATED = -1, RH_MP_BADTYPE = -2, RH_MP_TOODEEP = -3, RH_MP_TOOMANY = -4, RH_MP_TOOCOSTLY = -5 };
+enum {
+  RH_MP_OK = 0,
+  RH_MP_TRUNCATED = -1,
+  RH_MP_BADTYPE = -2,
+  RH_MP_TOODEEP = -3,
+  RH_MP_TOOMANY = -4,
+  RH_MP_TOOCOSTLY = -5
+};
 
 /* Checks that p[0..len) is a sequence of well-formed MessagePack values.
  * Returns RH_MP_OK or a negative RH_MP_* code; *nvalues gets the top-level count. */

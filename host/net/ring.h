@@ -68,9 +68,9 @@ typedef struct {
   uint64_t *jump_from, *jump_to;   /* the producer's last rewind (shared) */
   uint32_t *want_space, *sleeping; /* shared flags */
   uint8_t *data;
-  uint64_t cap;  /* a power of two, ours (checked against the file once) */
-  uint64_t pos;  /* producer: our tail; consumer: our head */
-  uint64_t seen; /* producer: the last head read; consumer: the last tail read */
+  uint64_t cap;        /* a power of two, ours (checked against the file once) */
+  uint64_t pos;        /* producer: our tail; consumer: our head */
+  uint64_t seen;       /* producer: the last head read; consumer: the last tail read */
   uint64_t jfrom, jto; /* producer: our last rewind (what we wrote to jump_from/to) */
 } rh_ring_t;
 

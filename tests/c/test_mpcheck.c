@@ -63,8 +63,7 @@ int main(void) {
   CHECK(strcmp(w.what, "an array of") == 0 && strcmp(w.unit, "elements") == 0 && w.count == 0);
   CHECK(w.cost == 872 + 2 * 64);
   /* a map of 5 entries: 8 nodes */
-  CHECK(rh_mp_measure((const uint8_t *)"\x85\x01\xc0\x02\xc0\x03\xc0\x04\xc0\x05\xc0", 11, 32, &c, &n, &w) ==
-        RH_MP_OK);
+  CHECK(rh_mp_measure((const uint8_t *)"\x85\x01\xc0\x02\xc0\x03\xc0\x04\xc0\x05\xc0", 11, 32, &c, &n, &w) == RH_MP_OK);
   CHECK(w.cost == 64 + 8 * 24);
   c.limit = 64 + 8 * 24 - 1;
   CHECK(rh_mp_measure((const uint8_t *)"\x85\x01\xc0\x02\xc0\x03\xc0\x04\xc0\x05\xc0", 11, 32, &c, &n, &w) ==
