@@ -14,7 +14,9 @@
 -- twice (its RRefs' releases go out, the owners' come back: w0 repeats it until
 -- every rank's rpc.debug_info() stands still), flushes LuaJIT's compiled traces
 -- (GC objects that come and go, bounded by LuaJIT), and reports its Lua heap,
--- RSS, open descriptors (/proc/self/fd), tensor bytes and rpc.debug_info(); w1
+-- RSS once malloc has given back the pages it kept free (malloc_trim; RSS before
+-- that is printed beside it), open descriptors (/proc/self/fd), tensor bytes and
+-- rpc.debug_info(); w1
 -- and w2 report through an RPC w0 makes (soak_measure), or, in the workloads
 -- where every rank runs the same steps (collectives, DDP), in the reply to the
 -- call that ran them. Growth per operation is (B - A) over the operations between
@@ -147,6 +149,7 @@ DIR *opendir(const char *name);
 struct soak_dirent *readdir(DIR *d);
 int closedir(DIR *d);
 long readlink(const char *path, char *buf, size_t size);
+int malloc_trim(size_t pad);
 ]]
 local function fds()
   local n, kinds, list = 0, {}, {}
@@ -184,15 +187,24 @@ function soak_gc()
   return debug_info()
 end
 
+-- RSS is read twice: as it stands (kept: malloc keeps the pages it freed, up to
+-- 512 MiB, for reuse, RPCHOST_MALLOC_TUNE), and once malloc_trim has given the
+-- free ones back (what the targets use): a collection frees the garbage of
+-- thousands of small tensors at once, and where those pages sat, below a live
+-- block or above, decides whether a checkpoint sees them, so B could be above A
+-- by the peak garbage of a cycle that came after A, with nothing more live.
+-- What stays live is counted either way.
 function soak_measure()
   jit.flush()
   collectgarbage()
   collectgarbage()
   local heap = collectgarbage("count") * 1024
+  local kept = rss()
+  ffi.C.malloc_trim(0)
   local resident, parts = rss()
   local n, kinds, list = fds()
-  return {heap = heap, rss = resident, rss_parts = parts, fds = n, fd_kinds = kinds, fd_list = list,
-          tensor = tensor.live_bytes(), debug = debug_info()}
+  return {heap = heap, rss = resident, rss_kept = kept, rss_parts = parts, fds = n, fd_kinds = kinds,
+          fd_list = list, tensor = tensor.live_bytes(), debug = debug_info()}
 end
 
 -- A's heap once its records are kept (they are in the heap at B): the rank
@@ -855,12 +867,13 @@ local function report(name, res, seconds)
   -- where resident memory grew
   for r = 0, 2 do
     local x = res.ranks[r]
-    if x.B.rss - x.A.rss >= 256 * 1024 then
+    local kept = x.B.rss_kept - x.A.rss_kept
+    if x.B.rss - x.A.rss >= 256 * 1024 or kept >= 256 * 1024 then
       local d = {}
       for _, k in ipairs({"Anon", "File", "Shmem"}) do
         d[#d + 1] = k:lower() .. " " .. kb(x.B.rss_parts[k] - x.A.rss_parts[k])
       end
-      print(("  w%d's RSS: %s"):format(r, table.concat(d, ", ")))
+      print(("  w%d's RSS: %s; with the pages malloc kept free, %s"):format(r, table.concat(d, ", "), kb(kept)))
     end
   end
   -- which descriptors came or went
