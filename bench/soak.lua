@@ -9,22 +9,21 @@
 -- workload on its own, so that growth is pinned on the workload that makes it.
 --
 -- Each workload runs SECONDS: a warm-up (the first tenth, or warm=F of the run:
--- JIT, pools and tables reach their working size), checkpoint A, the rest, the
--- last tenth, checkpoint B. At a checkpoint every rank collects garbage in full
--- twice (its RRefs' releases go out, the owners' come back: w0 repeats it until
--- every rank's rpc.debug_info() stands still), flushes LuaJIT's compiled traces
--- (GC objects that come and go, bounded by LuaJIT), and reports its Lua heap,
--- RSS once malloc has given back the pages it kept free (malloc_trim; RSS before
--- that is printed beside it), open descriptors (/proc/self/fd), tensor bytes and
--- rpc.debug_info(); w1
--- and w2 report through an RPC w0 makes (soak_measure), or, in the workloads
--- where every rank runs the same steps (collectives, DDP), in the reply to the
--- call that ran them. Growth per operation is (B - A) over the operations between
--- A and B; speed is the operations per second of the last tenth against the
--- first tenth's. Every reply's value is checked: a call that fails when it should
--- not is "lost", a wrong value "wrong". Where a rank's heap grew, a census of its
--- Lua heap (objects by the path they are reached by) after B and again after one
--- more tenth of the workload names what grew.
+-- JIT, pools and tables reach their working size), checkpoint A, the rest, the last
+-- tenth, checkpoint B. At a checkpoint every rank collects garbage in full twice
+-- (its RRefs' releases go out, the owners' come back: w0 repeats it until every
+-- rank's rpc.debug_info() stands still), flushes LuaJIT's compiled traces (GC
+-- objects that come and go, bounded by LuaJIT), and reports its Lua heap, RSS once
+-- malloc has given back the pages it kept free (malloc_trim; RSS before that is
+-- printed beside it), open descriptors (/proc/self/fd), tensor bytes and
+-- rpc.debug_info(); w1 and w2 report through an RPC w0 makes (soak_measure), or, in
+-- the workloads where every rank runs the same steps (collectives, DDP), in the
+-- reply to the call that ran them. Growth per operation is (B - A) over the
+-- operations between A and B; speed is the operations per second of the last tenth
+-- against the first tenth's. Every reply's value is checked: a call that fails when
+-- it should not is "lost", a wrong value "wrong". Where a rank's heap grew, a
+-- census of its Lua heap (objects by the path they are reached by) after B and
+-- again after one more tenth of the workload names what grew.
 --
 -- The workloads (one operation of each):
 --   tensor_calls    rpc_sync to w1 / w2 with a 256-float tensor, the reply checked

@@ -26,10 +26,10 @@
  *
  * Rewinding: a producer that finds the ring empty (the consumer has read all it
  * wrote) past 16 KiB (a quarter of a smaller ring) may start its next write at
- * offset 0 instead (rh_ring_rewind): it
- * records the jump (jump_from = its position, jump_to = the next multiple of
- * cap) before publishing the tail, and the consumer, finding itself at
- * jump_from with jump_to within what it may read, skips to jump_to. A stream of
+ * offset 0 instead (rh_ring_rewind): it records the jump (jump_from = its
+ * position, jump_to = the next multiple of cap) before publishing the tail, and
+ * the consumer, finding itself at jump_from with jump_to within what it may
+ * read, skips to jump_to. A stream of
  * small frames then stays in the first pages of the buffer, warm in the cache,
  * instead of walking through all of it and making every page of the memory file
  * resident in both processes (2 MiB a connection). The jumped-over bytes count
