@@ -30,6 +30,7 @@
 
 #include "codec/mpcheck.h"
 #include "rh_lua.h"
+#include "tensor/tensor.h"
 
 #define MAX_DEPTH_LIMIT 30 /* the nesting a message may have (rh_mp_check refuses deeper on arrival) */
 /* RPCHOST_MAX_DEPTH lowers the nesting accepted (and sent), never above the limit */
@@ -63,6 +64,10 @@ typedef struct {
   int value_i, nvalues;
   path_elem_t path[MAX_DEPTH_LIMIT + 2];
   int depth;
+  /* encode_in: the stack slot of the message's encode context, 0 for a bare
+   * encode; plain tensors take the codec's own path only where it is not 0 and
+   * the context carries no autograd context (see enc_plain_tensor) */
+  int ctx, plain_tensors;
 } enc_t;
 
 static int is_ident(const char *s) {
@@ -129,6 +134,8 @@ static void push_path(enc_t *e) {
 static int ref_enc_pool = LUA_NOREF;
 /* the fast path for functions known by a global name (see the top) */
 static int ref_fn_names = LUA_NOREF, ref_globals = LUA_NOREF, tag_func_name = -1;
+/* the tensors' tag, once rpchost.tensor.wire installed their codec (set_codec_tensor) */
+static int tag_tensor = -1;
 
 /* Pushes a userdata from the pool, or a new zeroed one of `size` bytes with
  * metatable mt when the pool is empty. */
@@ -341,6 +348,66 @@ static void enc_table(enc_t *e, int idx) {
   }
 }
 
+/* ---- plain tensors, without the hooks ----
+ *
+ * A CPU tensor that is contiguous and has no autograd state, in a message with
+ * no distributed autograd context, is nothing but its dtype, sizes and bytes:
+ * rpchost.tensor.wire's hook would return (TENSOR, dtype, sizes, its segment
+ * number, nil, nil, nil, nil). Such a tensor is written here with those same
+ * bytes, and its segment registered in the context's own list (ctx.segments,
+ * ctx.index: the list the hook fills, so a message may mix both paths); the
+ * decoder below makes one back the same way. Everything else (CUDA, strided,
+ * requires_grad, autograd contexts, bare encodes) goes through the hooks. (Each
+ * hook was a call from C into Lua that called back into C five times: a table of
+ * 8 tensors of 512 bytes took 3.2x the round trip of one 4 KiB tensor.) */
+
+/* ctx[key] at the top of the stack, made a table there first if it is not one
+ * (the Lua half's contexts hold false until a message needs them), sized for a
+ * few entries of the array or hash part */
+static void ctx_table(lua_State *L, int ctx, const char *key, int narr, int nrec) {
+  lua_getfield(L, ctx, key);
+  if (lua_type(L, -1) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_createtable(L, narr, nrec);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, ctx, key);
+}
+
+/* Writes the value at idx when it is a plain tensor this path may take: 1, else 0. */
+static int enc_plain_tensor(enc_t *e, int idx) {
+  lua_State *L = e->L;
+  /* (at the depth limit the hook's path raises the limit's error, as for functions) */
+  if (!e->plain_tensors || e->depth + 1 >= MAX_DEPTH) return 0;
+  rh_tensor_t *t = rh_lua_plaintensor(L, idx);
+  if (!t) return 0;
+  if (!lua_checkstack(L, 8)) enc_fail(e, "has too many values for the Lua stack");
+  /* its segment: the one it has in this message already (sent once, arrives as one), else a new one */
+  ctx_table(L, e->ctx, "index", 0, 4);
+  lua_pushvalue(L, idx);
+  lua_rawget(L, -2);
+  double seg = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : 0;
+  lua_pop(L, 1);
+  if (seg == 0) {
+    ctx_table(L, e->ctx, "segments", 4, 0);
+    seg = (double)lua_objlen(L, -1) + 1;
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, -2, (int)seg);
+    lua_pop(L, 1);
+    lua_pushvalue(L, idx);
+    lua_pushnumber(L, seg);
+    lua_rawset(L, -3);
+  }
+  lua_pop(L, 1);
+  msgpack_pack_array(&e->pk, 8);
+  msgpack_pack_ext(&e->pk, 0, (int8_t)tag_tensor);
+  enc_number(e, (double)t->dtype);
+  msgpack_pack_array(&e->pk, (size_t)t->ndim);
+  for (int k = 0; k < t->ndim; k++) enc_number(e, (double)t->size[k]);
+  enc_number(e, seg);
+  for (int k = 0; k < 4; k++) msgpack_pack_nil(&e->pk);
+  return 1;
+}
+
 static void enc_value(enc_t *e, int idx) {
   lua_State *L = e->L;
   /* (through enc_fail, which frees the static encoder, as every error an
@@ -365,16 +432,25 @@ static void enc_value(enc_t *e, int idx) {
     case LUA_TFUNCTION:
       if (!enc_global_function(e, idx)) enc_hook(e, idx);
       break;
+    case LUA_TUSERDATA:
+      if (!enc_plain_tensor(e, idx)) enc_hook(e, idx);
+      break;
     default: enc_hook(e, idx); break;
   }
 }
 
-/* encode(names, v1, v2, ...) -> bytes. names: a root name for all values (string)
- * or a table of one name per value; used only in error messages. */
-static int l_encode(lua_State *L) {
-  int n = lua_gettop(L) - 1;
+/* Encodes the n values at 2..n+1 (1: their names) into the string it pushes;
+ * ctx: the stack slot of their message's encode context, or 0. */
+static int encode_values(lua_State *L, int n, int ctx) {
   enc_t *e = enc_take(L);
   e->nvalues = n;
+  e->ctx = ctx;
+  e->plain_tensors = 0;
+  if (ctx && tag_tensor >= 0) {
+    lua_getfield(L, ctx, "ag");
+    e->plain_tensors = !lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
   for (int i = 0; i < n; i++) {
     /* (the name is looked up only if an error needs it: push_path; a formatted
      * name per value was a tenth of a collective step's instructions, a name
@@ -388,6 +464,20 @@ static int l_encode(lua_State *L) {
   if (e == &enc_hot) enc_hot_busy = 0;
   else pool_give(L, ref_enc_pool, -2);
   return 1;
+}
+
+/* encode(names, v1, v2, ...) -> bytes. names: a root name for all values (string)
+ * or a table of one name per value; used only in error messages. */
+static int l_encode(lua_State *L) { return encode_values(L, lua_gettop(L) - 1, 0); }
+
+/* encode_in(ctx, names, v1, v2, ...) -> bytes: encode, for the message whose
+ * encode context is ctx (rpchost.wire.codec's encode_message) */
+static int l_encode_in(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_pushvalue(L, 1);
+  lua_remove(L, 1);
+  int ctx = lua_gettop(L);
+  return encode_values(L, ctx - 2, ctx);
 }
 
 /* ---- decoding ----
@@ -423,6 +513,9 @@ typedef struct {
   lua_State *L;
   const uint8_t *p, *end;
   int depth;
+  /* decode_in: the stack slots of the message's segments and of its cache
+   * (segment number -> the value made of it), 0 when there are none */
+  int segs, cache;
 } dec_t;
 
 static int dec_fail(dec_t *d, const char *why) { return luaL_error(d->L, "malformed message: %s", why); }
@@ -496,6 +589,54 @@ static void dec_global_function(dec_t *d, int tag) {
   dec_call_hook(d, tag, 2);
 }
 
+/* A whole number at *p below 2^62, as msgpack-c writes one (fixint, uint 8-64),
+ * into *v: the bytes it took, 0 for anything else. */
+static size_t peek_count(const uint8_t *p, const uint8_t *end, int64_t *v) {
+  if (p >= end) return 0;
+  int w = *p <= 0x7f ? 0 : *p == 0xcc ? 1 : *p == 0xcd ? 2 : *p == 0xce ? 4 : *p == 0xcf ? 8 : -1;
+  if (w < 0 || end - p < 1 + w) return 0;
+  uint64_t u = w ? 0 : *p;
+  for (int i = 1; i <= w; i++) u = u << 8 | p[i];
+  if (u > ((uint64_t)1 << 62)) return 0;
+  *v = (int64_t)u;
+  return (size_t)(1 + w);
+}
+
+/* A tensor's children at d->p (dtype, sizes, segment number, then four nils),
+ * read straight into the tensor its segment carries when that is all they say
+ * (see enc_plain_tensor): 1, with the tensor pushed. 0, with nothing read, for
+ * anything else: the hook makes that (and names what is wrong). */
+static int dec_plain_tensor(dec_t *d) {
+  lua_State *L = d->L;
+  const uint8_t *p = d->p, *end = d->end;
+  int64_t dt, size[RH_MAXDIM], seg;
+  size_t k = peek_count(p, end, &dt);
+  if (!k || dt >= RH_NDTYPES || (p += k) >= end || (*p & 0xf0) != 0x90) return 0;
+  int n = *p++ & 0x0f;
+  for (int i = 0; i < n; i++) {
+    if (!(k = peek_count(p, end, &size[i]))) return 0;
+    p += k;
+  }
+  if (!(k = peek_count(p, end, &seg)) || seg < 1 || seg > INT32_MAX || end - (p += k) < 4) return 0;
+  for (int i = 0; i < 4; i++)
+    if (p[i] != 0xc0) return 0;
+  lua_rawgeti(L, d->cache, (int)seg);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_rawgeti(L, d->segs, (int)seg);
+    if (!rh_lua_totensor(L, -1)) {
+      lua_pop(L, 1);
+      return 0;
+    }
+    rh_lua_pushsegmenttensor(L, lua_gettop(L), (int)dt, n, size, 1);
+    lua_replace(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, d->cache, (int)seg);
+  }
+  d->p = p + 4;
+  return 1;
+}
+
 static void dec_array(dec_t *d, uint32_t n) {
   lua_State *L = d->L;
   if (n > 0) {
@@ -515,6 +656,7 @@ static void dec_array(dec_t *d, uint32_t n) {
         dec_global_function(d, type);
         return;
       }
+      if (type == tag_tensor && n == 8 && d->segs && dec_plain_tensor(d)) return;
       for (uint32_t i = 1; i < n; i++) dec_value(d);
       dec_call_hook(d, type, (int)n - 1);
       return;
@@ -609,10 +751,8 @@ static void dec_value(dec_t *d) {
   d->depth--;
 }
 
-/* decode(bytes) -> v1, v2, ... (all values in the string) */
-static int l_decode(lua_State *L) {
-  size_t len;
-  const char *s = luaL_checklstring(L, 1, &len);
+/* Pushes the values in the string s; segs and cache: decode_in's slots, or 0. */
+static int decode_values(lua_State *L, const char *s, size_t len, int segs, int cache) {
   int base = lua_gettop(L);
   /* the counts come from the network: check them against the bytes first */
   /* ... and what their values would cost in Lua against the message's allowance */
@@ -639,13 +779,34 @@ static int l_decode(lua_State *L) {
     return luaL_error(L, "%s", msg);
   }
   if (chk != RH_MP_OK) return luaL_error(L, "malformed message: %s", rh_mp_strerror(chk));
-  dec_t d = {L, (const uint8_t *)s, (const uint8_t *)s + len, 0};
+  dec_t d = {L, (const uint8_t *)s, (const uint8_t *)s + len, 0, segs, cache};
   while (d.p < d.end) {
     luaL_checkstack(L, 4, "codec: too many values");
     d.depth = 0;
     dec_value(&d);
   }
   return lua_gettop(L) - base;
+}
+
+/* decode(bytes) -> v1, v2, ... (all values in the string) */
+static int l_decode(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  lua_settop(L, 1);
+  return decode_values(L, s, len, 0, 0);
+}
+
+/* decode_in(ctx, bytes) -> v1, v2, ...: decode, for the message whose decode
+ * context is ctx (rpchost.wire.codec's decode_message: its segments and cache) */
+static int l_decode_in(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  size_t len;
+  const char *s = luaL_checklstring(L, 2, &len);
+  lua_settop(L, 2);
+  lua_getfield(L, 1, "segments");
+  lua_getfield(L, 1, "cache");
+  int plain = tag_tensor >= 0 && lua_type(L, 3) == LUA_TTABLE && lua_type(L, 4) == LUA_TTABLE;
+  return decode_values(L, s, len, plain ? 3 : 0, plain ? 4 : 0);
 }
 
 /* *ref now holds the value at idx (any it held before let go). */
@@ -677,12 +838,24 @@ static int l_set_names(lua_State *L) {
   return 0;
 }
 
+/* set_codec_tensor(tag): tensors' codec is installed (rpchost.tensor.wire),
+ * with that tag: plain tensors may now take the codec's own path */
+static int l_set_tensor(lua_State *L) {
+  int tag = (int)luaL_checkinteger(L, 1);
+  luaL_argcheck(L, tag >= TAG_LEAF_MAX && tag <= 127, 1, "not a tagged value's tag");
+  tag_tensor = tag;
+  return 0;
+}
+
 int rh_open_codec(lua_State *L) {
   rh_lua_class(L, ENC_MT, NULL, enc_gc, NULL);
   lua_newtable(L);
   ref_enc_pool = luaL_ref(L, LUA_REGISTRYINDEX);
   static const luaL_Reg fns[] = {{"encode", l_encode},
                                  {"decode", l_decode},
+                                 {"encode_in", l_encode_in},
+                                 {"decode_in", l_decode_in},
+                                 {"set_codec_tensor", l_set_tensor},
                                  {"set_codec_hooks", l_set_hooks},
                                  {"set_codec_names", l_set_names},
                                  {NULL, NULL}};

@@ -613,11 +613,10 @@ static int l_matmul(lua_State *L) {
  * cover exactly all the bytes. A message to this worker itself carries the
  * sender's tensors as its segments, and a contiguous view (a row block of a
  * batch) starts inside its storage: the view keeps that start. */
-static int l_reinterpret(lua_State *L) {
-  rh_tensor_t *t = rh_lua_checktensor(L, 1);
-  rh_dtype_t dt = rh_lua_checkdtype(L, 2);
-  int64_t size[RH_MAXDIM], stride[RH_MAXDIM];
-  int n = rh_lua_checksizes(L, 3, size);
+int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt_id, int n, const int64_t *size, int become) {
+  rh_tensor_t *t = rh_lua_checktensor(L, seg);
+  rh_dtype_t dt = (rh_dtype_t)dt_id;
+  int64_t stride[RH_MAXDIM];
   /* the sizes come from the network: their product is checked before any stride
    * is computed from it */
   int64_t numel = 0;
@@ -635,8 +634,18 @@ static int l_reinterpret(lua_State *L) {
              rh_dtype_name(dt), (long long)have);
     return luaL_error(L, "malformed message: %s", why);
   }
+  ltensor_t *b = to_box(L, seg);
+  if (become && b->frame && t->refcount == 1) {
+    /* the segment's own box and tensor, retyped: nothing else holds them */
+    t->dtype = dt;
+    t->ndim = n;
+    t->offset = (int64_t)(start / rh_dtype_size(dt));
+    for (int i = 0; i < n; i++) t->size[i] = size[i], t->stride[i] = stride[i];
+    b->frame = 0;
+    lua_pushvalue(L, seg);
+    return 1;
+  }
   rh_tensor_t *r = rh_tensor_on_storage(t->storage, dt, (int64_t)(start / rh_dtype_size(dt)), n, size, stride);
-  ltensor_t *b = to_box(L, 1);
   if (r && b->frame) {
     /* a received segment becomes the value it carries: its bytes belong to that
      * tensor alone from now on, so a collective that is done with a piece frees
@@ -645,6 +654,23 @@ static int l_reinterpret(lua_State *L) {
     b->t = NULL;
   }
   return rh_lua_pushtensor(L, r);
+}
+static int l_reinterpret(lua_State *L) {
+  rh_lua_checktensor(L, 1);
+  rh_dtype_t dt = rh_lua_checkdtype(L, 2);
+  int64_t size[RH_MAXDIM];
+  int n = rh_lua_checksizes(L, 3, size);
+  return rh_lua_pushsegmenttensor(L, 1, dt, n, size, 0);
+}
+
+rh_tensor_t *rh_lua_plaintensor(lua_State *L, int i) {
+  ltensor_t *b = to_box(L, i);
+  if (!b || !b->t || rh_tensor_device(b->t) >= 0 || !rh_tensor_is_contiguous(b->t)) return NULL;
+  lua_getfenv(L, i);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
+  int plain = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return plain ? b->t : NULL;
 }
 
 /* ---- devices */

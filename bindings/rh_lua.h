@@ -88,6 +88,18 @@ int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t); /* takes the referen
  * tensor on to the result and leaves it freed (no other value shares those bytes). */
 int rh_lua_pushframetensor(lua_State *L, struct rh_tensor_s *t);
 
+/* For the codec's own path for tensors (l_codec.c), which skips its Lua hook:
+ * plaintensor is the tensor at i when it travels as nothing but its dtype, sizes
+ * and bytes (live, in host memory, contiguous, with no autograd state: no
+ * requires_grad, no history), else NULL and the hook decides; pushsegmenttensor
+ * pushes the tensor the received segment at `seg` carries as dtype dt and n
+ * sizes (t_reinterpret: its checks, its errors; dt a valid id, the sizes below
+ * 2^62); become: a frame's segment that nothing else holds is retyped in place
+ * and pushed itself, rather than viewed by a new tensor (the codec's decoder,
+ * which holds the only reference). */
+struct rh_tensor_s *rh_lua_plaintensor(lua_State *L, int i);
+int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt, int n, const int64_t *size, int become);
+
 /* random generators (l_generator.c): the one at index i, NULL for nil or none
  * (the default generator) */
 struct rh_rng_s;

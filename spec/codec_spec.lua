@@ -160,3 +160,85 @@ describe("codec #unit", function()
     end
   end)
 end)
+
+-- Plain tensors (CPU, contiguous, no autograd state, no distributed autograd
+-- context) are written and read by the C codec itself rather than through
+-- rpchost.tensor.wire's hooks (issue 38: 8 tensors cost 3.2x one of their
+-- bytes). These check that its path and the hooks' agree on every count.
+describe("codec: plain tensors in messages #unit", function()
+  local tensor = require "tensor"
+
+  -- encode_message with the plain path (ag false) and through the hooks (an
+  -- autograd context: a tensor that needs no gradient still takes the hook)
+  local function both(...)
+    local fast, fsegs = codec.encode_message(codec.encode_context{}, "args", ...)
+    local hook, hsegs = codec.encode_message(codec.encode_context{ag = {id = 1}}, "args", ...)
+    return fast, fsegs, hook, hsegs
+  end
+
+  it("writes the bytes and segments the hook writes", function()
+    local big = tensor.zeros(3, 200, 70000) -- sizes past one byte, two bytes
+    local cases = {
+      {tensor.ones(5)}, {tensor.tensor(3.5)}, {tensor.zeros(0, 4)}, {tensor.arange(12):reshape(3, 4)},
+      {tensor.ones(2, 2, {dtype = tensor.int64}):narrow(1, 2, 1)}, {big:narrow(1, 2, 1)},
+      {{a = tensor.ones(2), b = {tensor.ones(3, {dtype = tensor.uint8})}}},
+    }
+    for _, c in ipairs(cases) do
+      local fast, fsegs, hook, hsegs = both(unpack(c))
+      assert.are.equal(hook, fast)
+      assert.are.equal(#hsegs, #fsegs)
+      for i = 1, #fsegs do assert.are.equal(hsegs[i], fsegs[i]) end
+    end
+  end)
+
+  it("keeps sharing, and mixes with tensors the hooks carry, in one message", function()
+    local a, b = tensor.arange(6, {dtype = tensor.float32}), tensor.ones(2, 3)
+    local g = tensor.ones(4):requires_grad_()
+    local strided = tensor.arange(10):reshape(2, 5):t()
+    local body, segs = codec.encode_message(codec.encode_context{}, "args", {a, b, a, g, strided, a})
+    assert.are.equal(4, #segs) -- a (once), b, g, and strided's contiguous copy
+    local r = codec.decode_message(codec.decode_context{}, body, segs)
+    assert.are.equal(r[1], r[3])
+    assert.are.equal(r[1], r[6])
+    assert.is_true(r[1]:equal(a))
+    assert.is_true(r[2]:equal(b))
+    assert.is_true(r[4]:equal(g))
+    assert.is_true(r[4].requires_grad)
+    assert.is_false(r[1].requires_grad)
+    assert.is_true(r[5]:equal(strided))
+    assert.are.equal(5, r[5]:size(1))
+    assert.are.equal(2, r[5]:size(2))
+  end)
+
+  it("refuses a tensor its segment cannot hold, naming both, as the hook does", function()
+    local body = codec.encode_message(codec.encode_context{}, "args", tensor.ones(10))
+    for _, seg in ipairs{tensor.zeros(16, {dtype = tensor.uint8}), tensor.zeros(41, {dtype = tensor.uint8})} do
+      local ok, e = pcall(codec.decode_message, codec.decode_context{}, body, {seg})
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find(("malformed message: a tensor of 10 float32 elements does not match its %d " ..
+        "payload bytes"):format(seg:numel()), 1, true), tostring(e))
+    end
+    -- a segment number with no segment, and a dtype id that names none: the hook's words
+    local ok, e = pcall(codec.decode_message, codec.decode_context{}, body, {})
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("refers to a missing payload segment", 1, true), tostring(e))
+    -- (the tensor's tagged array, then its dtype id: a fixint)
+    local head = "\x98\xc7\x00\x17"
+    assert.are.equal(head, body:sub(1, 4))
+    local bad = head .. "\x7f" .. body:sub(6)
+    ok, e = pcall(codec.decode_message, codec.decode_context{}, bad, {tensor.zeros(40, {dtype = tensor.uint8})})
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("unknown dtype id 127", 1, true), tostring(e))
+  end)
+
+  it("leaves a segment that is the sender's own tensor (a message to itself) whole", function()
+    local a = tensor.arange(8, {dtype = tensor.float32})
+    local body, segs = codec.encode_message(codec.encode_context{}, "args", a)
+    local r = codec.decode_message(codec.decode_context{}, body, segs)
+    assert.is_true(r:equal(a))
+    assert.are.equal(1, a:dim()) -- the sender's tensor is unchanged
+    assert.are.equal(8, a:numel())
+    r[1] = 42                                 -- and the view shares its memory
+    assert.are.equal(42, a[1]:item())
+  end)
+end)

@@ -8,7 +8,11 @@
 -- tensor is sent as host bytes with the device it lands on (device_maps). A
 -- tensor of no elements (a zero-size dimension anywhere) is an empty segment.
 -- Everything about the message (its segments, devices, autograd context, where
--- it came from) is in the codec's context, which the codec passes in.
+-- it came from) is in the codec's context, which the codec passes in. A plain
+-- tensor (CPU, contiguous, no autograd state, in a message outside any
+-- distributed autograd context) never reaches the functions below: the C codec
+-- writes and reads it itself, as exactly what they would make of it
+-- (bindings/l_codec.c, enc_plain_tensor), once install has told it the tag.
 local core = require "rpchost.core"
 local codec = require "rpchost.wire.codec"
 
@@ -77,6 +81,7 @@ function M.install(tensor)
     elseif rg == true and not tensor._requires_grad(t) then tensor._set_requires_grad(t, true) end
     return t
   end}
+  core.set_codec_tensor(codec.TAG.TENSOR)
 end
 
 -- The device a tensor arrives on: only what the API accepts (tensor._device_index),

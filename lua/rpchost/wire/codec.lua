@@ -573,7 +573,7 @@ end
 function M.encode_message(ctx, root, ...)
   local prev = out_ctx
   out_ctx = ctx
-  local ok, body = pcall(core.encode, root, ...)
+  local ok, body = pcall(core.encode_in, ctx, root, ...)
   out_ctx = prev
   local segs = ctx.segments or EMPTY
   -- (what this message filled goes with it: an action may itself encode a
@@ -598,7 +598,7 @@ function M.decode_message(ctx, body, segs)
   else ctx.segments, ctx.cache = EMPTY, EMPTY end
   local prev = in_ctx
   in_ctx = ctx
-  return decoded_message(ctx, prev, pcall(core.decode, body))
+  return decoded_message(ctx, prev, pcall(core.decode_in, ctx, body))
 end
 
 -- encode(names, ...) -> bytes; raises a "serialize" error object naming the path.
