@@ -68,6 +68,7 @@ typedef struct {
    * encode; plain tensors take the codec's own path only where it is not 0 and
    * the context carries no autograd context (see enc_plain_tensor) */
   int ctx, plain_tensors;
+  int indexed; /* the context's index holds every segment (index_segments) */
 } enc_t;
 
 static int is_ident(const char *s) {
@@ -373,6 +374,32 @@ static void ctx_table(lua_State *L, int ctx, const char *key, int narr, int nrec
   lua_setfield(L, ctx, key);
 }
 
+/* A plain tensor is its own payload: in a short segment list it is found by
+ * looking (no table per message for the usual few tensors); from SCAN_SEGS on,
+ * in the context's index (payload -> number, no quadratic search for a model's
+ * hundreds), which this fills once per encode with every segment it lacks (the
+ * hook's path indexes what it adds by the value it was given). Leaves the index
+ * at the top of the stack. */
+#define SCAN_SEGS 16
+static void index_segments(enc_t *e, int segs, int n) {
+  lua_State *L = e->L;
+  ctx_table(L, e->ctx, "index", 0, n + 1);
+  if (e->indexed) return;
+  for (int k = 1; k <= n; k++) {
+    lua_rawgeti(L, segs, k);
+    lua_pushvalue(L, -1);
+    lua_rawget(L, -3);
+    if (lua_isnil(L, -1)) {
+      lua_pop(L, 1);
+      lua_pushinteger(L, k);
+      lua_rawset(L, -3);
+    } else {
+      lua_pop(L, 2);
+    }
+  }
+  e->indexed = 1;
+}
+
 /* Writes the value at idx when it is a plain tensor this path may take: 1, else 0. */
 static int enc_plain_tensor(enc_t *e, int idx) {
   lua_State *L = e->L;
@@ -381,23 +408,34 @@ static int enc_plain_tensor(enc_t *e, int idx) {
   rh_tensor_t *t = rh_lua_plaintensor(L, idx);
   if (!t) return 0;
   if (!lua_checkstack(L, 8)) enc_fail(e, "has too many values for the Lua stack");
-  /* its segment: the one it has in this message already (sent once, arrives as one), else a new one */
-  ctx_table(L, e->ctx, "index", 0, 4);
-  lua_pushvalue(L, idx);
-  lua_rawget(L, -2);
-  double seg = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : 0;
-  lua_pop(L, 1);
-  if (seg == 0) {
-    ctx_table(L, e->ctx, "segments", 4, 0);
-    seg = (double)lua_objlen(L, -1) + 1;
+  /* its segment: the one it has in this message already (sent once, arrives
+   * as one), else a new one */
+  ctx_table(L, e->ctx, "segments", 4, 0);
+  int segs = lua_gettop(L), n = (int)lua_objlen(L, segs), seg = 0;
+  if (n < SCAN_SEGS) {
+    for (int k = 1; k <= n && !seg; k++) {
+      lua_rawgeti(L, segs, k);
+      if (lua_rawequal(L, -1, idx)) seg = k;
+      lua_pop(L, 1);
+    }
+  } else {
+    index_segments(e, segs, n);
     lua_pushvalue(L, idx);
-    lua_rawseti(L, -2, (int)seg);
+    lua_rawget(L, -2);
+    seg = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
-    lua_pushvalue(L, idx);
-    lua_pushnumber(L, seg);
-    lua_rawset(L, -3);
   }
-  lua_pop(L, 1);
+  if (!seg) {
+    seg = n + 1;
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, segs, seg);
+    if (n >= SCAN_SEGS) {
+      lua_pushvalue(L, idx);
+      lua_pushinteger(L, seg);
+      lua_rawset(L, -3);
+    }
+  }
+  lua_settop(L, segs - 1);
   msgpack_pack_array(&e->pk, 8);
   msgpack_pack_ext(&e->pk, 0, (int8_t)tag_tensor);
   enc_number(e, (double)t->dtype);
@@ -446,6 +484,7 @@ static int encode_values(lua_State *L, int n, int ctx) {
   e->nvalues = n;
   e->ctx = ctx;
   e->plain_tensors = 0;
+  e->indexed = 0;
   if (ctx && tag_tensor >= 0) {
     lua_getfield(L, ctx, "ag");
     e->plain_tensors = !lua_toboolean(L, -1);

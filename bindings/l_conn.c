@@ -322,6 +322,36 @@ static int send_frame(lua_State *L, int fd) {
 
 static int l_send(lua_State *L) { return send_frame(L, -1); }
 
+/* payload_bytes(segments [, align]) -> the bytes of a frame's payload list (its
+ * strings and contiguous tensors), each rounded up to a multiple of align when
+ * given: what the frame limit, shared memory's threshold and the byte counters
+ * ask of every frame, in one call rather than one per segment */
+static int l_payload_bytes(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  double align = luaL_optnumber(L, 2, 1);
+  luaL_argcheck(L, align >= 1 && align <= 4096, 2, "alignment out of range");
+  size_t a = (size_t)align;
+  int n = (int)lua_objlen(L, 1);
+  double total = 0;
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    size_t len;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      len = lua_objlen(L, -1);
+    } else {
+      rh_tensor_t *t = rh_lua_totensor(L, -1);
+      if (!t)
+        return luaL_error(L, "payload_bytes: segment %d is a %s, not a string or a live tensor", i,
+                          luaL_typename(L, -1));
+      len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+    }
+    total += (double)((len + a - 1) / a * a);
+    lua_pop(L, 1);
+  }
+  lua_pushnumber(L, total);
+  return 1;
+}
+
 /* conn:send_raw(bytes) -> true | nil, message: bytes outside any frame (for
  * specs that play a peer which does not follow the protocol) */
 static int raw_bytes(lua_State *L, int (*put)(rh_conn_t *, const void *, size_t)) {
@@ -769,6 +799,7 @@ int rh_open_conn(lua_State *L) {
 
   static const luaL_Reg fns[] = {{"connect", l_connect},
                                  {"listen", l_listen},
+                                 {"payload_bytes", l_payload_bytes},
                                  {"resolve", l_resolve},
                                  {"socket_dir", l_socket_dir},
                                  {"getuid", l_getuid},

@@ -210,6 +210,28 @@ describe("codec: plain tensors in messages #unit", function()
     assert.are.equal(2, r[5]:size(2))
   end)
 
+  it("keeps sharing past the short list it searches (a model's many tensors)", function()
+    local ts, list = {}, {}
+    for i = 1, 40 do ts[i] = tensor.full({2}, i) end
+    local g = tensor.ones(3):requires_grad_()
+    for i = 1, 20 do list[#list + 1] = ts[i] end
+    for _, i in ipairs{1, 5, 20, 16, 17} do list[#list + 1] = ts[i] end
+    list[#list + 1] = g
+    for i = 21, 40 do list[#list + 1] = ts[i] end
+    for _, i in ipairs{1, 16, 17, 30, 40} do list[#list + 1] = ts[i] end
+    list[#list + 1] = g
+    local body, segs = codec.encode_message(codec.encode_context{}, "args", list)
+    assert.are.equal(41, #segs)
+    local r = codec.decode_message(codec.decode_context{}, body, segs)
+    assert.are.equal(#list, #r)
+    local seen = {}
+    for k, v in ipairs(list) do
+      if seen[v] then assert.are.equal(seen[v], r[k]) else seen[v] = r[k] end
+      assert.is_true(r[k]:equal(v))
+    end
+    assert.is_true(r[26].requires_grad)
+  end)
+
   it("refuses a tensor its segment cannot hold, naming both, as the hook does", function()
     local body = codec.encode_message(codec.encode_context{}, "args", tensor.ones(10))
     for _, seg in ipairs{tensor.zeros(16, {dtype = tensor.uint8}), tensor.zeros(41, {dtype = tensor.uint8})} do

@@ -153,11 +153,7 @@ function M.call_in(name) local p = peers[name] or peer(name) p.calls_in = p.call
 -- bytes of frames (body and payload) sent to / received from a peer
 function M.frame_bytes(name, out, body, segs)
   local n = #body
-  for i = 1, #segs do
-    local sg = segs[i]
-    if type(sg) == "string" then n = n + #sg
-    else n = n + core.t_nbytes(sg) end
-  end
+  if segs[1] ~= nil then n = n + core.payload_bytes(segs) end
   local p = peers[name] or peer(name) -- (a known peer: no call)
   if out then p.bytes_out = p.bytes_out + n else p.bytes_in = p.bytes_in + n end
 end

@@ -53,10 +53,7 @@ function C.too_big(what, body, segs)
     frame_limit, frame_header = st.max_frame, st.frame_header
   end
   local n = frame_header + #body + 8 * #segs
-  for i = 1, #segs do
-    local s = segs[i]
-    n = n + (type(s) == "string" and #s or core.t_nbytes(s))
-  end
+  if segs[1] ~= nil then n = n + core.payload_bytes(segs) end
   if n <= frame_limit then return nil end
   return ("%s is %.0f bytes, more than the largest message a worker sends or accepts (%.0f bytes); " ..
     "send it in parts, or raise RPCHOST_MAX_FRAME on every worker"):format(what, n, frame_limit)

@@ -24,7 +24,7 @@ local core = require "rpchost.core"
 local bit = require "bit"
 
 local M = {}
-local nbytes = core.t_nbytes
+local nbytes, payload_bytes = core.t_nbytes, core.payload_bytes
 M.last_id = 0
 
 M.FLAG = 4     -- frame flag: the segments are one shared-memory descriptor
@@ -122,13 +122,12 @@ end
 function M.send(p, conn, ftype, flags, id, body, segs, drop)
   local n = #segs
   if n == 0 then return false end
-  local total = 0
-  for i = 1, n do
-    local t = segs[i]
-    if type(t) == "string" then return false end
-    total = total + align(nbytes(t))
-  end
+  -- (one call for the common case, a payload too small for a segment)
+  local total = payload_bytes(segs, ALIGN)
   if total < M.MIN_BYTES then return false end
+  for i = 1, n do
+    if type(segs[i]) == "string" then return false end
+  end
   local pool = pool_of(p)
   local seg = take(pool, total, drop)
   if not seg then return false end
