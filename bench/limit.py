@@ -14,6 +14,7 @@ and issue 38's target:
   idle rank's CPU              (a world waiting, from /proc)          < 0.5% of a core
   tensor echo, every size      vs empty call + 2 copies (floor)      <= 1.5x, monotone
   8 tensors of 512 B           vs one of 4 KiB                       <= 1.2x
+  parameter-server tutorial    vs the same training in one process   <= 1.25x  (bench/ps_step.lua)
   world of 1,024 ranks         per-rank cost vs a world of 64        <= 1.15x, whole run <= 25 s
 
 and, for reference, the floors themselves: the kernel's wake-up round trip (two processes
@@ -22,7 +23,7 @@ bench/wake_floor.c, and memcpy at each size (bench/tensor_curve.lua). Numbers fr
 shared 2-core VM are noisy: compare ratios from one run.
 
 usage: /usr/bin/python3 bench/limit.py [--quick] [--rpchost PATH] [--strict] [--skip big_world,...]
-  parts: mpi, curve, big_world, floors (--skip leaves those out)
+  parts: mpi, curve, ps, big_world, floors (--skip leaves those out)
 Exit status: 1 if a benchmark failed to run; with --strict, 2 if a target is missed.
 """
 import argparse
@@ -96,7 +97,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="short loops, a world of 256 for 1,024 (about 2 minutes)")
     ap.add_argument("--rpchost", default=os.environ.get("RPCHOST", os.path.join(ROOT, "build", "rpchost")))
     ap.add_argument("--strict", action="store_true")
-    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: mpi, curve, big_world, floors")
+    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: mpi, curve, ps, big_world, floors")
     o = ap.parse_args()
     skip = set(x for x in o.skip.split(",") if x)
     rep = Report()
@@ -141,6 +142,12 @@ def main():
                     0 if c.get("monotone") == 1 else 1, 0)
             e8, e1 = c.get("eight512_p50_us"), c.get("one4096_p50_us")
             rep.row("8 tensors of 512 B, p50", "one tensor of 4 KiB", us(e1), us(e8), e8 / e1 if e1 and e8 else None, 1.2)
+        if "ps" not in skip:
+            steps = ["100", "20"] if o.quick else ["300", "50"]
+            c, _, _ = rpc_bench.rpchost_world(o.rpchost, 2, "ps_step.lua", steps, timeout=600)
+            ps, loc = c.get("ps_step_med_us"), c.get("local_step_med_us")
+            rep.row("parameter-server tutorial step", "the same training in one process", us(loc), us(ps),
+                    ps / loc if ps and loc else None, 1.25)
         if "big_world" not in skip:
             big = 256 if o.quick else 1024
             t64 = big_world(o.rpchost, 64)

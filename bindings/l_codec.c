@@ -65,8 +65,8 @@ typedef struct {
   path_elem_t path[MAX_DEPTH_LIMIT + 2];
   int depth;
   /* encode_in: the stack slot of the message's encode context, 0 for a bare
-   * encode; plain tensors take the codec's own path only where it is not 0 and
-   * the context carries no autograd context (see enc_plain_tensor) */
+   * encode; plain tensors take the codec's own path only where it is not 0
+   * (see enc_plain_tensor) */
   int ctx, plain_tensors;
   int indexed; /* the context's index holds every segment (index_segments) */
 } enc_t;
@@ -351,14 +351,15 @@ static void enc_table(enc_t *e, int idx) {
 
 /* ---- plain tensors, without the hooks ----
  *
- * A CPU tensor that is contiguous and has no autograd state, in a message with
- * no distributed autograd context, is nothing but its dtype, sizes and bytes:
- * rpchost.tensor.wire's hook would return (TENSOR, dtype, sizes, its segment
- * number, nil, nil, nil, nil). Such a tensor is written here with those same
- * bytes, and its segment registered in the context's own list (ctx.segments,
- * ctx.index: the list the hook fills, so a message may mix both paths); the
- * decoder below makes one back the same way. Everything else (CUDA, strided,
- * requires_grad, autograd contexts, bare encodes) goes through the hooks. (Each
+ * A CPU tensor that is contiguous and has no autograd state is nothing but its
+ * dtype, sizes and bytes: rpchost.tensor.wire's hook would return (TENSOR,
+ * dtype, sizes, its segment number, nil, nil, nil, nil), in a distributed
+ * autograd context too (a tensor that needs no gradient gets no send there).
+ * Such a tensor is written here with those same bytes, and its segment
+ * registered in the context's own list (ctx.segments, ctx.index: the list the
+ * hook fills, so a message may mix both paths); the decoder below makes one
+ * back the same way. Everything else (CUDA, strided, autograd state, bare
+ * encodes) goes through the hooks. (Each
  * hook was a call from C into Lua that called back into C five times: a table of
  * 8 tensors of 512 bytes took 3.2x the round trip of one 4 KiB tensor.) */
 
@@ -483,13 +484,8 @@ static int encode_values(lua_State *L, int n, int ctx) {
   enc_t *e = enc_take(L);
   e->nvalues = n;
   e->ctx = ctx;
-  e->plain_tensors = 0;
+  e->plain_tensors = ctx && tag_tensor >= 0;
   e->indexed = 0;
-  if (ctx && tag_tensor >= 0) {
-    lua_getfield(L, ctx, "ag");
-    e->plain_tensors = !lua_toboolean(L, -1);
-    lua_pop(L, 1);
-  }
   for (int i = 0; i < n; i++) {
     /* (the name is looked up only if an error needs it: push_path; a formatted
      * name per value was a tenth of a collective step's instructions, a name
@@ -878,8 +874,14 @@ static int l_set_names(lua_State *L) {
 }
 
 /* set_codec_tensor(tag): tensors' codec is installed (rpchost.tensor.wire),
- * with that tag: plain tensors may now take the codec's own path */
+ * with that tag: plain tensors may now take the codec's own path.
+ * set_codec_tensor(false): every tensor takes the hooks again (a spec compares
+ * the two paths' bytes). */
 static int l_set_tensor(lua_State *L) {
+  if (lua_type(L, 1) == LUA_TBOOLEAN && !lua_toboolean(L, 1)) {
+    tag_tensor = -1;
+    return 0;
+  }
   int tag = (int)luaL_checkinteger(L, 1);
   luaL_argcheck(L, tag >= TAG_LEAF_MAX && tag <= 127, 1, "not a tagged value's tag");
   tag_tensor = tag;

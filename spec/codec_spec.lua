@@ -168,11 +168,15 @@ end)
 describe("codec: plain tensors in messages #unit", function()
   local tensor = require "tensor"
 
-  -- encode_message with the plain path (ag false) and through the hooks (an
-  -- autograd context: a tensor that needs no gradient still takes the hook)
-  local function both(...)
-    local fast, fsegs = codec.encode_message(codec.encode_context{}, "args", ...)
-    local hook, hsegs = codec.encode_message(codec.encode_context{ag = {id = 1}}, "args", ...)
+  -- encode_message with the plain path and through the hooks alone (the C path
+  -- switched off meanwhile), outside and inside an autograd context
+  local core = require "rpchost.core"
+  local function both(ag, ...)
+    local fast, fsegs = codec.encode_message(codec.encode_context{ag = ag}, "args", ...)
+    core.set_codec_tensor(false)
+    local ok, hook, hsegs = pcall(codec.encode_message, codec.encode_context{ag = ag}, "args", ...)
+    core.set_codec_tensor(codec.TAG.TENSOR)
+    assert(ok, hook)
     return fast, fsegs, hook, hsegs
   end
 
@@ -183,11 +187,13 @@ describe("codec: plain tensors in messages #unit", function()
       {tensor.ones(2, 2, {dtype = tensor.int64}):narrow(1, 2, 1)}, {big:narrow(1, 2, 1)},
       {{a = tensor.ones(2), b = {tensor.ones(3, {dtype = tensor.uint8})}}},
     }
-    for _, c in ipairs(cases) do
-      local fast, fsegs, hook, hsegs = both(unpack(c))
-      assert.are.equal(hook, fast)
-      assert.are.equal(#hsegs, #fsegs)
-      for i = 1, #fsegs do assert.are.equal(hsegs[i], fsegs[i]) end
+    for _, ag in ipairs{false, 7} do
+      for _, c in ipairs(cases) do
+        local fast, fsegs, hook, hsegs = both(ag, unpack(c))
+        assert.are.equal(hook, fast)
+        assert.are.equal(#hsegs, #fsegs)
+        for i = 1, #fsegs do assert.are.equal(hsegs[i], fsegs[i]) end
+      end
     end
   end)
 
