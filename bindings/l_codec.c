@@ -789,8 +789,8 @@ static void dec_value(dec_t *d) {
 /* Pushes the values in the string s; segs and cache: decode_in's slots, or 0. */
 static int decode_values(lua_State *L, const char *s, size_t len, int segs, int cache) {
   int base = lua_gettop(L);
-  /* the counts come from the network: check them against the bytes first */
-  /* ... and what their values would cost in Lua against the message's allowance */
+  /* the counts come from the network: check them against the bytes first, and
+   * what their values would cost in Lua against the message's allowance */
   rh_mp_costs_t costs = dec_costs;
   costs.limit = ((size_t)DEC_FLOOR_MIB << 20) + (len < SIZE_MAX / (2 * DEC_RATIO) ? DEC_RATIO * len : SIZE_MAX / 2);
   rh_mp_where_t where = {0};

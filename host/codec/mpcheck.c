@@ -30,29 +30,28 @@ int rh_mp_check_where(const uint8_t *p, size_t len, int max_depth, size_t *nvalu
 }
 
 /* the cost of a value with this header (see rh_mp_costs_t), and what it is */
-static uint64_t value_cost(const rh_mp_costs_t *c, uint8_t b, uint64_t skip, uint64_t children, const char **what,
+/* what a value is, as far as its cost in Lua goes (the walk classifies each
+ * header byte once) */
+enum { K_SCALAR, K_MAP, K_ARRAY, K_STRING, K_EXT };
+
+static uint64_t value_cost(const rh_mp_costs_t *c, int kind, uint64_t skip, uint64_t children, const char **what,
                            const char **unit, uint64_t *count) {
-  int is_map = (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf;
-  int is_array = (b >= 0x90 && b <= 0x9f) || b == 0xdc || b == 0xdd;
-  if (is_map) {
-    uint64_t n = children / 2, nodes = 2;
-    while (nodes < n) nodes <<= 1;
-    *what = "a map of", *unit = "entries", *count = n;
-    return c->table + (n ? c->node * nodes : 0);
+  switch (kind) {
+    case K_MAP: {
+      uint64_t n = children / 2, nodes = 2;
+      while (nodes < n) nodes <<= 1;
+      *what = "a map of", *unit = "entries", *count = n;
+      return c->table + (n ? c->node * nodes : 0);
+    }
+    case K_ARRAY:
+      *what = "an array of", *unit = "elements", *count = children;
+      return c->table + (children ? c->slot * (children + 1) : 0);
+    case K_STRING: *what = "a string of", *unit = "bytes", *count = skip; return skip;
+    case K_EXT:
+      *what = "an extension value of", *unit = "bytes", *count = skip - 1; /* (less its type byte) */
+      return c->ext + skip - 1;
+    default: return 0; /* numbers, nil, booleans live in their slot */
   }
-  if (is_array) {
-    *what = "an array of", *unit = "elements", *count = children;
-    return c->table + (children ? c->slot * (children + 1) : 0);
-  }
-  if ((b >= 0xa0 && b <= 0xbf) || (b >= 0xc4 && b <= 0xc6) || (b >= 0xd9 && b <= 0xdb)) {
-    *what = "a string of", *unit = "bytes", *count = skip;
-    return skip;
-  }
-  if ((b >= 0xc7 && b <= 0xc9) || (b >= 0xd4 && b <= 0xd8)) {
-    *what = "an extension value of", *unit = "bytes", *count = skip - 1; /* (less its type byte) */
-    return c->ext + skip - 1;
-  }
-  return 0; /* numbers, nil, booleans live in their slot */
 }
 
 int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs_t *costs, size_t *nvalues,
@@ -70,27 +69,28 @@ int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs
     uint64_t skip = 0;     /* payload bytes after the header */
     uint64_t children = 0; /* values inside, for containers */
     int hdr = 0;           /* length-field bytes following the type byte */
+    int kind = K_SCALAR;
     if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
       /* fixint, nil, bool */
     } else if (b >= 0x80 && b <= 0x8f) {
-      children = 2ull * (b & 0x0f);
+      children = 2ull * (b & 0x0f), kind = K_MAP;
     } else if (b >= 0x90 && b <= 0x9f) {
-      children = b & 0x0f;
+      children = b & 0x0f, kind = K_ARRAY;
     } else if (b >= 0xa0 && b <= 0xbf) {
-      skip = b & 0x1f;
+      skip = b & 0x1f, kind = K_STRING;
     } else {
       switch (b) {
         case 0xc4:
-        case 0xd9: hdr = 1; break; /* bin8, str8 */
+        case 0xd9: hdr = 1, kind = K_STRING; break; /* bin8, str8 */
         case 0xc5:
-        case 0xda: hdr = 2; break; /* bin16, str16 */
+        case 0xda: hdr = 2, kind = K_STRING; break; /* bin16, str16 */
         case 0xc6:
-        case 0xdb: hdr = 4; break;  /* bin32, str32 */
-        case 0xc7: hdr = 1; break;  /* ext8 (+type) */
-        case 0xc8: hdr = 2; break;  /* ext16 */
-        case 0xc9: hdr = 4; break;  /* ext32 */
-        case 0xca: skip = 4; break; /* float32 */
-        case 0xcb: skip = 8; break; /* float64 */
+        case 0xdb: hdr = 4, kind = K_STRING; break; /* bin32, str32 */
+        case 0xc7: hdr = 1, kind = K_EXT; break;    /* ext8 (+type) */
+        case 0xc8: hdr = 2, kind = K_EXT; break;    /* ext16 */
+        case 0xc9: hdr = 4, kind = K_EXT; break;    /* ext32 */
+        case 0xca: skip = 4; break;                 /* float32 */
+        case 0xcb: skip = 8; break;                 /* float64 */
         case 0xcc:
         case 0xd0: skip = 1; break;
         case 0xcd:
@@ -99,25 +99,25 @@ int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs
         case 0xd2: skip = 4; break;
         case 0xcf:
         case 0xd3: skip = 8; break;
-        case 0xd4: skip = 2; break; /* fixext1: type + 1 */
-        case 0xd5: skip = 3; break;
-        case 0xd6: skip = 5; break;
-        case 0xd7: skip = 9; break;
-        case 0xd8: skip = 17; break;
-        case 0xdc: hdr = 2; break;     /* array16 */
-        case 0xdd: hdr = 4; break;     /* array32 */
-        case 0xde: hdr = 2; break;     /* map16 */
-        case 0xdf: hdr = 4; break;     /* map32 */
-        default: return RH_MP_BADTYPE; /* 0xc1 */
+        case 0xd4: skip = 2, kind = K_EXT; break; /* fixext1: type + 1 */
+        case 0xd5: skip = 3, kind = K_EXT; break;
+        case 0xd6: skip = 5, kind = K_EXT; break;
+        case 0xd7: skip = 9, kind = K_EXT; break;
+        case 0xd8: skip = 17, kind = K_EXT; break;
+        case 0xdc: hdr = 2, kind = K_ARRAY; break; /* array16 */
+        case 0xdd: hdr = 4, kind = K_ARRAY; break; /* array32 */
+        case 0xde: hdr = 2, kind = K_MAP; break;   /* map16 */
+        case 0xdf: hdr = 4, kind = K_MAP; break;   /* map32 */
+        default: return RH_MP_BADTYPE;             /* 0xc1 */
       }
       if (hdr) {
         if (left < (size_t)hdr) return RH_MP_TRUNCATED;
         uint64_t n = be(p + off, hdr);
         off += (size_t)hdr;
         left -= (size_t)hdr;
-        if (b == 0xdc || b == 0xdd) children = n;
-        else if (b == 0xde || b == 0xdf) children = 2 * n;
-        else if (b >= 0xc7 && b <= 0xc9) skip = n + 1; /* ext: type byte + data */
+        if (kind == K_ARRAY) children = n;
+        else if (kind == K_MAP) children = 2 * n;
+        else if (kind == K_EXT) skip = n + 1; /* ext: type byte + data */
         else skip = n;
       }
     }
@@ -127,7 +127,7 @@ int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs
       const char *what = NULL, *unit = NULL;
       uint64_t count = 0;
       /* (children and skip are bounded by len here, so the sum cannot wrap) */
-      uint64_t c = children > len - off ? 0 : value_cost(costs, b, skip, children, &what, &unit, &count);
+      uint64_t c = children > len - off ? 0 : value_cost(costs, kind, skip, children, &what, &unit, &count);
       if (c > costs->limit - cost) { /* (cost never passes the limit) */
         if (where) where->what = what, where->unit = unit, where->count = count, where->cost = cost;
         return RH_MP_TOOCOSTLY;
@@ -141,7 +141,7 @@ int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs
       /* every element takes at least one byte */
       if (children > len - off) {
         if (where) {
-          where->is_map = (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf;
+          where->is_map = kind == K_MAP;
           where->count = where->is_map ? children / 2 : children;
           where->left = len - off;
         }

@@ -325,12 +325,13 @@ int rh__ring_send(rh_conn_t *c, const uint8_t *hdr, const void *body, uint32_t b
   /* a small frame into an empty ring starts over at its first pages (ring.h,
    * "Rewinding"): a connection that carries small frames keeps a few of its
    * pages resident and in the cache, not all of them */
-  if (r->boff == r->blen && rh_frame_total(h) <= RING_REWIND_FRAME) {
+  uint64_t total = rh_frame_total(h);
+  if (r->boff == r->blen && total <= RING_REWIND_FRAME) {
     int rc = rh_ring_rewind(&r->tx);
     if (rc) return rc;
   }
   uint64_t prefix = RH_FRAME_HDR + (uint64_t)h->body_len + 8ull * h->nseg;
-  if (by_socket || prefix > RING_FRAME_MAX || rh_frame_total(h) > ring_stream_max()) {
+  if (by_socket || prefix > RING_FRAME_MAX || total > ring_stream_max()) {
     /* the frame takes the socket; its place in the stream is kept here */
     c->by_socket++;
     rh_frame_hdr_t m = {.version = c->net->version, .type = RH_FRAME_RING_MARK};
