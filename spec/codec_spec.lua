@@ -197,6 +197,32 @@ describe("codec: plain tensors in messages #unit", function()
     end
   end)
 
+  it("calls no Lua per plain tensor, writing or reading (docs/architecture.md)", function()
+    local list = {}
+    for i = 1, 100 do list[i] = tensor.full({3}, i) end
+    local function lua_calls(fn)
+      local n = 0
+      debug.sethook(function() n = n + 1 end, "c")
+      local ok, a, b = pcall(fn)
+      debug.sethook()
+      assert(ok, a)
+      return n, a, b
+    end
+    local n_enc, body, segs = lua_calls(function()
+      return codec.encode_message(codec.encode_context{}, "args", list)
+    end)
+    local n_dec, r = lua_calls(function() return codec.decode_message(codec.decode_context{}, body, segs) end)
+    assert.is_true(n_enc < 20, ("%d calls encoding 100 tensors"):format(n_enc))
+    assert.is_true(n_dec < 20, ("%d calls decoding 100 tensors"):format(n_dec))
+    for i = 1, 100 do assert.are.equal(i, r[i][1]:item()) end
+    -- (the hooks' path, for contrast: a call per tensor at least)
+    local core = require "rpchost.core"
+    core.set_codec_tensor(false)
+    local n_hook = lua_calls(function() return codec.encode_message(codec.encode_context{}, "args", list) end)
+    core.set_codec_tensor(codec.TAG.TENSOR)
+    assert.is_true(n_hook >= 100, ("%d calls through the hooks"):format(n_hook))
+  end)
+
   it("keeps sharing, and mixes with tensors the hooks carry, in one message", function()
     local a, b = tensor.arange(6, {dtype = tensor.float32}), tensor.ones(2, 3)
     local g = tensor.ones(4):requires_grad_()
