@@ -404,10 +404,14 @@ static void index_segments(enc_t *e, int segs, int n) {
 /* Writes the value at idx when it is a plain tensor this path may take: 1, else 0. */
 static int enc_plain_tensor(enc_t *e, int idx) {
   lua_State *L = e->L;
-  /* (at the depth limit the hook's path raises the limit's error, as for functions) */
-  if (!e->plain_tensors || e->depth + 1 >= MAX_DEPTH) return 0;
+  if (!e->plain_tensors) return 0;
   rh_tensor_t *t = rh_lua_plaintensor(L, idx);
   if (!t) return 0;
+  /* where the hook's path would pass the depth limit (its children one level
+   * down, the sizes' elements two), it raises the limit's error, as for
+   * functions: exactly there, so that every tensor it writes is one this path
+   * would not (a 0-dim tensor's empty sizes go no deeper) */
+  if (e->depth >= MAX_DEPTH || (t->ndim > 0 && e->depth + 1 >= MAX_DEPTH)) return 0;
   if (!lua_checkstack(L, 8)) enc_fail(e, "has too many values for the Lua stack");
   /* its segment: the one it has in this message already (sent once, arrives
    * as one), else a new one */
@@ -648,6 +652,8 @@ static int dec_plain_tensor(dec_t *d) {
   size_t k = peek_count(p, end, &dt);
   if (!k || dt >= RH_NDTYPES || (p += k) >= end || (*p & 0xf0) != 0x90) return 0;
   int n = *p++ & 0x0f;
+  /* (as deep as dec_value would let the children and the sizes' elements go) */
+  if (d->depth + (n > 0 ? 2 : 1) > MAX_DEPTH + 2) return 0;
   for (int i = 0; i < n; i++) {
     if (!(k = peek_count(p, end, &size[i]))) return 0;
     p += k;

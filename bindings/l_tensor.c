@@ -613,6 +613,13 @@ static int l_matmul(lua_State *L) {
  * cover exactly all the bytes. A message to this worker itself carries the
  * sender's tensors as its segments, and a contiguous view (a row block of a
  * batch) starts inside its storage: the view keeps that start. */
+/* Raises "malformed message: <why>" with no position: the words are the same
+ * whether the codec's C path or its Lua hook (t_reinterpret) met the bytes. */
+static int malformed(lua_State *L, const char *why) {
+  lua_pushfstring(L, "malformed message: %s", why);
+  return lua_error(L);
+}
+
 int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt_id, int n, const int64_t *size, int become) {
   rh_tensor_t *t = rh_lua_checktensor(L, seg);
   rh_dtype_t dt = (rh_dtype_t)dt_id;
@@ -620,7 +627,7 @@ int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt_id, int n, const int6
   /* the sizes come from the network: their product is checked before any stride
    * is computed from it */
   int64_t numel = 0;
-  if (rh_shape_numel(n, size, &numel)) return luaL_error(L, "malformed message: %s", rh_tensor_errmsg());
+  if (rh_shape_numel(n, size, &numel)) return malformed(L, rh_tensor_errmsg());
   int64_t st = 1;
   for (int i = n - 1; i >= 0; i--) {
     stride[i] = st;
@@ -632,7 +639,7 @@ int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt_id, int n, const int6
     char why[160]; /* (lua_pushfstring has no 64-bit formats) */
     snprintf(why, sizeof why, "a tensor of %lld %s elements does not match its %lld payload bytes", (long long)numel,
              rh_dtype_name(dt), (long long)have);
-    return luaL_error(L, "malformed message: %s", why);
+    return malformed(L, why);
   }
   ltensor_t *b = to_box(L, seg);
   if (become && b->frame && t->refcount == 1) {

@@ -285,6 +285,60 @@ describe("codec: plain tensors in messages #unit", function()
     assert.truthy(tostring(e):find("unknown dtype id 127", 1, true), tostring(e))
   end)
 
+  -- (found by an attack on the C path: a 0-dim tensor at the deepest level the
+  -- encoder allows took the hook, which did not find its segment; a tensor one
+  -- level past the decoder's limit was read; the words of a refusal differed)
+  it("agrees with the hooks at the depth limit and on what a refusal says", function()
+    local core = require "rpchost.core"
+    local function hooks_only(fn)
+      core.set_codec_tensor(false)
+      local r = {pcall(fn)}
+      core.set_codec_tensor(codec.TAG.TENSOR)
+      return unpack(r)
+    end
+    for _, t in ipairs{tensor.tensor(3.5), tensor.ones(2)} do
+      for depth = 26, 30 do
+        local deep = t
+        for _ = 1, depth do deep = {deep} end
+        local function send()
+          local body, segs = codec.encode_message(codec.encode_context{}, "args", {t, deep})
+          local r = codec.decode_message(codec.decode_context{}, body, segs)
+          local d = r[2]
+          for _ = 1, depth do d = d[1] end
+          return #segs, rawequal(r[1], d), body
+        end
+        local ok, nsegs, shared, body = pcall(send)
+        local hok, hsegs, hshared, hbody = hooks_only(send)
+        assert.are.equal(hok, ok, ("depth %d: C path %s, hooks %s"):format(depth, tostring(nsegs), tostring(hsegs)))
+        if ok then
+          assert.are.equal(1, nsegs)
+          assert.is_true(shared)
+          assert.are.equal(hbody, body)
+        else
+          assert.are.equal(tostring(hsegs), tostring(nsegs))
+        end
+      end
+    end
+    -- a tensor 30 arrays deep: its sizes' elements lie past what a message may nest
+    local seg = tensor.arange(6, {dtype = tensor.float32})
+    local nested = string.rep("\x91", 30) .. "\x98\xc7\x00\x17\x00\x91\x06\x01\xc0\xc0\xc0\xc0"
+    local ok, e = pcall(codec.decode_message, codec.decode_context{}, nested, {seg})
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("nested too deeply", 1, true), tostring(e))
+    local hok, he = hooks_only(function() return codec.decode_message(codec.decode_context{}, nested, {seg}) end)
+    assert.is_false(hok)
+    assert.are.equal(tostring(he), tostring(e))
+    -- 10 float32 elements over a 16-byte segment: the same words either way
+    local body = codec.encode_message(codec.encode_context{}, "args", tensor.ones(10))
+    local bad = tensor.zeros(16, {dtype = tensor.uint8})
+    ok, e = pcall(codec.decode_message, codec.decode_context{}, body, {bad})
+    hok, he = hooks_only(function() return codec.decode_message(codec.decode_context{}, body, {bad}) end)
+    assert.is_false(ok)
+    assert.is_false(hok)
+    assert.are.equal("malformed message: a tensor of 10 float32 elements does not match its 16 payload bytes", tostring(e))
+    assert.are.equal(tostring(e), tostring(he))
+  end)
+
   it("leaves a segment that is the sender's own tensor (a message to itself) whole", function()
     local a = tensor.arange(8, {dtype = tensor.float32})
     local body, segs = codec.encode_message(codec.encode_context{}, "args", a)
