@@ -38,22 +38,7 @@ local STEPS, WARMUP = tonumber(arg[1]) or 300, tonumber(arg[2]) or 50
 local LR = 0.03
 
 -- the example's network (the tutorial's MNIST CNN sized for 8x8 digits)
-PsNet = nn.Module:extend("PsNet")
-function PsNet:init()
-  self.conv1 = nn.Conv2d(1, 32, 3, 1)
-  self.conv2 = nn.Conv2d(32, 64, 3, 1)
-  self.dropout1 = nn.Dropout2d(0.25)
-  self.dropout2 = nn.Dropout2d(0.5)
-  self.fc1 = nn.Linear(256, 128)
-  self.fc2 = nn.Linear(128, 10)
-end
-function PsNet:forward(x)
-  x = F.relu(self.conv1(x))
-  x = F.max_pool2d(self.conv2(x), 2)
-  x = self.dropout1(x):flatten(2)
-  x = self.dropout2(F.relu(self.fc1(x)))
-  return F.log_softmax(self.fc2(x), 2)
-end
+local PsNet = require "digits_cnn"
 
 -- the forward on clones of the weights, as the example's server does (see there)
 local function forward_on_clones(model, inp)

@@ -21,29 +21,8 @@ local digits = require "digits"
 local args = require("args").parse("parameter_server", {epochs = 20, batch_size = 32, lr = 0.03, seed = 1})
 local quiet = os.getenv("QUIET") ~= nil
 
--- the tutorial's MNIST network, sized for 8x8 inputs
-Net = nn.Module:extend("Net")
-function Net:init()
-  self.conv1 = nn.Conv2d(1, 32, 3, 1)
-  self.conv2 = nn.Conv2d(32, 64, 3, 1)
-  self.dropout1 = nn.Dropout2d(0.25)
-  self.dropout2 = nn.Dropout2d(0.5)
-  self.fc1 = nn.Linear(256, 128)
-  self.fc2 = nn.Linear(128, 10)
-end
-function Net:forward(x)
-  x = self.conv1(x)
-  x = F.relu(x)
-  x = self.conv2(x)
-  x = F.max_pool2d(x, 2)
-  x = self.dropout1(x)
-  x = x:flatten(2)
-  x = self.fc1(x)
-  x = F.relu(x)
-  x = self.dropout2(x)
-  x = self.fc2(x)
-  return F.log_softmax(x, 2)
-end
+-- the tutorial's MNIST network, sized for 8x8 inputs (../common/digits_cnn.lua)
+Net = require "digits_cnn"
 
 -- call_method / remote_method: a method of the object an RRef holds, run on its owner
 function call_method(method, rref, ...) return method(rref:local_value(), ...) end
