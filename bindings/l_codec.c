@@ -359,9 +359,9 @@ static void enc_table(enc_t *e, int idx) {
  * registered in the context's own list (ctx.segments, ctx.index: the list the
  * hook fills, so a message may mix both paths); the decoder below makes one
  * back the same way. Everything else (CUDA, strided, autograd state, bare
- * encodes) goes through the hooks. (Each
- * hook was a call from C into Lua that called back into C five times: a table of
- * 8 tensors of 512 bytes took 3.2x the round trip of one 4 KiB tensor.) */
+ * encodes) goes through the hooks. (Each hook was a call from C into Lua that
+ * called back into C five times: a table of 8 tensors of 512 bytes took 3.2x
+ * the round trip of one 4 KiB tensor.) */
 
 /* ctx[key] at the top of the stack, made a table there first if it is not one
  * (the Lua half's contexts hold false until a message needs them), sized for a

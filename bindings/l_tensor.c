@@ -608,11 +608,6 @@ static int l_matmul(lua_State *L) {
   return rh_lua_pushtensor(L, rh_tensor_matmul(rh_lua_checktensor(L, 1), rh_lua_checktensor(L, 2)));
 }
 
-/* reinterpret(bytes_tensor, dtype, sizes): the bytes of a contiguous tensor (a
- * received segment) viewed as dtype/sizes, sharing its storage; the sizes must
- * cover exactly all the bytes. A message to this worker itself carries the
- * sender's tensors as its segments, and a contiguous view (a row block of a
- * batch) starts inside its storage: the view keeps that start. */
 /* Raises "malformed message: <why>" with no position: the words are the same
  * whether the codec's C path or its Lua hook (t_reinterpret) met the bytes. */
 static int malformed(lua_State *L, const char *why) {
@@ -620,6 +615,11 @@ static int malformed(lua_State *L, const char *why) {
   return lua_error(L);
 }
 
+/* reinterpret(bytes_tensor, dtype, sizes): the bytes of a contiguous tensor (a
+ * received segment) viewed as dtype/sizes, sharing its storage; the sizes must
+ * cover exactly all the bytes. A message to this worker itself carries the
+ * sender's tensors as its segments, and a contiguous view (a row block of a
+ * batch) starts inside its storage: the view keeps that start. */
 int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt_id, int n, const int64_t *size, int become) {
   rh_tensor_t *t = rh_lua_checktensor(L, seg);
   rh_dtype_t dt = (rh_dtype_t)dt_id;

@@ -9,8 +9,8 @@
 -- tensor of no elements (a zero-size dimension anywhere) is an empty segment.
 -- Everything about the message (its segments, devices, autograd context, where
 -- it came from) is in the codec's context, which the codec passes in. A plain
--- tensor (CPU, contiguous, no autograd state, in a message outside any
--- distributed autograd context) never reaches the functions below: the C codec
+-- tensor (CPU, contiguous, no autograd state; in a distributed autograd context
+-- too, where it gets no send) never reaches the functions below: the C codec
 -- writes and reads it itself, as exactly what they would make of it
 -- (bindings/l_codec.c, enc_plain_tensor), once install has told it the tag.
 local core = require "rpchost.core"
