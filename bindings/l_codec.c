@@ -68,7 +68,8 @@ typedef struct {
    * encode; plain tensors take the codec's own path only where it is not 0
    * (see enc_plain_tensor) */
   int ctx, plain_tensors;
-  int indexed; /* the context's index holds every segment (index_segments) */
+  int in_autograd; /* the context carries a distributed autograd context */
+  int indexed;     /* the context's index holds every segment (index_segments) */
 } enc_t;
 
 static int is_ident(const char *s) {
@@ -351,14 +352,17 @@ static void enc_table(enc_t *e, int idx) {
 
 /* ---- plain tensors, without the hooks ----
  *
- * A CPU tensor that is contiguous and has no autograd state is nothing but its
- * dtype, sizes and bytes: rpchost.tensor.wire's hook would return (TENSOR,
- * dtype, sizes, its segment number, nil, nil, nil, nil), in a distributed
- * autograd context too (a tensor that needs no gradient gets no send there).
- * Such a tensor is written here with those same bytes, and its segment
- * registered in the context's own list (ctx.segments, ctx.index: the list the
- * hook fills, so a message may mix both paths); the decoder below makes one
- * back the same way. Everything else (CUDA, strided, autograd state, bare
+ * A CPU tensor that is contiguous is nothing but its dtype, sizes and bytes,
+ * and whether it requires gradients: rpchost.tensor.wire's hook would return
+ * (TENSOR, dtype, sizes, its segment number, nil, nil, nil, rg), rg true for a
+ * tensor that requires gradients, else nil. That holds in a distributed
+ * autograd context too for a tensor that needs no gradient (it gets no send
+ * there); one that does gets a send id there, from the hook. Such a tensor is
+ * written here with those same bytes, and its segment registered in the
+ * context's own list (ctx.segments, ctx.index: the list the hook fills, so a
+ * message may mix both paths); the decoder below makes one back the same way
+ * (a leaf that requires gradients where rg is true). Everything else (CUDA,
+ * strided, a tensor that requires gradients inside an autograd context, bare
  * encodes) goes through the hooks. (Each hook was a call from C into Lua that
  * called back into C five times: a table of 8 tensors of 512 bytes took 3.2x
  * the round trip of one 4 KiB tensor.) */
@@ -405,8 +409,9 @@ static void index_segments(enc_t *e, int segs, int n) {
 static int enc_plain_tensor(enc_t *e, int idx) {
   lua_State *L = e->L;
   if (!e->plain_tensors) return 0;
-  rh_tensor_t *t = rh_lua_plaintensor(L, idx);
-  if (!t) return 0;
+  int rg;
+  rh_tensor_t *t = rh_lua_plaintensor(L, idx, &rg);
+  if (!t || (rg && e->in_autograd)) return 0;
   /* where the hook's path would pass the depth limit (its children one level
    * down, the sizes' elements two), it raises the limit's error, as for
    * functions: exactly there, so that every tensor it writes is one this path
@@ -447,7 +452,9 @@ static int enc_plain_tensor(enc_t *e, int idx) {
   msgpack_pack_array(&e->pk, (size_t)t->ndim);
   for (int k = 0; k < t->ndim; k++) enc_number(e, (double)t->size[k]);
   enc_number(e, seg);
-  for (int k = 0; k < 4; k++) msgpack_pack_nil(&e->pk);
+  for (int k = 0; k < 3; k++) msgpack_pack_nil(&e->pk);
+  if (rg) msgpack_pack_true(&e->pk);
+  else msgpack_pack_nil(&e->pk);
   return 1;
 }
 
@@ -489,6 +496,12 @@ static int encode_values(lua_State *L, int n, int ctx) {
   e->nvalues = n;
   e->ctx = ctx;
   e->plain_tensors = ctx && tag_tensor >= 0;
+  e->in_autograd = 0;
+  if (e->plain_tensors) {
+    lua_getfield(L, ctx, "ag");
+    e->in_autograd = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
   e->indexed = 0;
   for (int i = 0; i < n; i++) {
     /* (the name is looked up only if an error needs it: push_path; a formatted
@@ -641,10 +654,11 @@ static size_t peek_count(const uint8_t *p, const uint8_t *end, int64_t *v) {
   return (size_t)(1 + w);
 }
 
-/* A tensor's children at d->p (dtype, sizes, segment number, then four nils),
- * read straight into the tensor its segment carries when that is all they say
- * (see enc_plain_tensor): 1, with the tensor pushed. 0, with nothing read, for
- * anything else: the hook makes that (and names what is wrong). */
+/* A tensor's children at d->p (dtype, sizes, segment number, three nils, then
+ * nil or true: requires gradients), read straight into the tensor its segment
+ * carries when that is all they say (see enc_plain_tensor): 1, with the tensor
+ * pushed. 0, with nothing read, for anything else: the hook makes that (and
+ * names what is wrong). */
 static int dec_plain_tensor(dec_t *d) {
   lua_State *L = d->L;
   const uint8_t *p = d->p, *end = d->end;
@@ -659,8 +673,8 @@ static int dec_plain_tensor(dec_t *d) {
     p += k;
   }
   if (!(k = peek_count(p, end, &seg)) || seg < 1 || seg > INT32_MAX || end - (p += k) < 4) return 0;
-  for (int i = 0; i < 4; i++)
-    if (p[i] != 0xc0) return 0;
+  if (p[0] != 0xc0 || p[1] != 0xc0 || p[2] != 0xc0 || (p[3] != 0xc0 && p[3] != 0xc3)) return 0;
+  int rg = p[3] == 0xc3;
   lua_rawgeti(L, d->cache, (int)seg);
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
@@ -669,10 +683,19 @@ static int dec_plain_tensor(dec_t *d) {
       lua_pop(L, 1);
       return 0;
     }
+    /* (a tensor that requires gradients is a float one: anything else is the
+     * hook's to refuse, before this path changes a segment) */
+    if (rg && dt != RH_F32 && dt != RH_F64) {
+      lua_pop(L, 1);
+      return 0;
+    }
     rh_lua_pushsegmenttensor(L, lua_gettop(L), (int)dt, n, size, 1);
     lua_replace(L, -2);
+    if (rg) rh_lua_setrequiresgrad(L, -1);
     lua_pushvalue(L, -1);
     lua_rawseti(L, d->cache, (int)seg);
+  } else if (rg) {
+    rh_lua_setrequiresgrad(L, -1);
   }
   d->p = p + 4;
   return 1;

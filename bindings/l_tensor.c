@@ -670,14 +670,36 @@ static int l_reinterpret(lua_State *L) {
   return rh_lua_pushsegmenttensor(L, 1, dt, n, size, 0);
 }
 
-rh_tensor_t *rh_lua_plaintensor(lua_State *L, int i) {
+rh_tensor_t *rh_lua_plaintensor(lua_State *L, int i, int *requires_grad) {
   ltensor_t *b = to_box(L, i);
   if (!b || !b->t || rh_tensor_device(b->t) >= 0 || !rh_tensor_is_contiguous(b->t)) return NULL;
   lua_getfenv(L, i);
   lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
-  int plain = lua_rawequal(L, -1, -2);
+  *requires_grad = 0;
+  if (!lua_rawequal(L, -1, -2) && lua_istable(L, -2)) {
+    /* autograd state (rpchost.autograd.engine's table): what travels of it is
+     * whether the tensor requires gradients, exactly true */
+    lua_getfield(L, -2, "requires_grad");
+    *requires_grad = lua_type(L, -1) == LUA_TBOOLEAN && lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
   lua_pop(L, 2);
-  return plain ? b->t : NULL;
+  return b->t;
+}
+
+int rh_lua_setrequiresgrad(lua_State *L, int i) {
+  rh_tensor_t *t = rh_lua_checktensor(L, i);
+  if (t->dtype != RH_F32 && t->dtype != RH_F64) return 0;
+  lua_getfenv(L, i);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, no_state_ref);
+  int stateless = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  if (!stateless) return 0;
+  lua_createtable(L, 0, 1);
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, "requires_grad");
+  lua_setfenv(L, i < 0 ? i - 1 : i);
+  return 1;
 }
 
 /* ---- devices */

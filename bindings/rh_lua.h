@@ -89,15 +89,19 @@ int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t); /* takes the referen
 int rh_lua_pushframetensor(lua_State *L, struct rh_tensor_s *t);
 
 /* For the codec's own path for tensors (l_codec.c), which skips its Lua hook:
- * plaintensor is the tensor at i when it travels as nothing but its dtype, sizes
- * and bytes (live, in host memory, contiguous, with no autograd state: no
- * requires_grad, no history), else NULL and the hook decides; pushsegmenttensor
+ * plaintensor is the tensor at i when it travels as its dtype, sizes and bytes
+ * (live, in host memory, contiguous), with *requires_grad whether its autograd
+ * state says it requires gradients (1 only for exactly true; the rest of the
+ * state never travels), else NULL and the hook decides; setrequiresgrad makes
+ * the stateless float tensor at i a leaf that requires gradients (0, untouched,
+ * for any other: the hook's path then says what is wrong); pushsegmenttensor
  * pushes the tensor the received segment at `seg` carries as dtype dt and n
  * sizes (t_reinterpret: its checks, its errors; dt a valid id, the sizes below
  * 2^62); become: a frame's segment that nothing else holds is retyped in place
  * and pushed itself, rather than viewed by a new tensor (the codec's decoder,
  * which holds the only reference). */
-struct rh_tensor_s *rh_lua_plaintensor(lua_State *L, int i);
+struct rh_tensor_s *rh_lua_plaintensor(lua_State *L, int i, int *requires_grad);
+int rh_lua_setrequiresgrad(lua_State *L, int i);
 int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt, int n, const int64_t *size, int become);
 
 /* random generators (l_generator.c): the one at index i, NULL for nil or none

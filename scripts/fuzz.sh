@@ -19,8 +19,9 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){return 0;}' 
 fi
 "$CC" $flags tests/fuzz/fuzz_frame.c host/net/frame.c host/errors.c $(pkg-config --cflags --libs libuv) -o "$out/fuzz_frame"
 "$CC" $flags tests/fuzz/fuzz_msgpack.c host/codec/mpcheck.c $(pkg-config --cflags --libs msgpack) -o "$out/fuzz_msgpack"
-"$CC" $flags -Ibindings tests/fuzz/fuzz_codec.c bindings/l_codec.c bindings/rh_lua.c host/codec/mpcheck.c host/errors.c \
-  $(pkg-config --cflags --libs luajit msgpack libuv) -lm -o "$out/fuzz_codec"
+"$CC" $flags -Ibindings tests/fuzz/fuzz_codec.c bindings/l_codec.c bindings/rh_lua.c bindings/l_tensor.c \
+  bindings/l_generator.c host/codec/mpcheck.c host/errors.c host/tensor/*.c \
+  $(pkg-config --cflags --libs luajit msgpack libuv openblas) -lm -ldl -lpthread -o "$out/fuzz_codec"
 "$CC" $flags tests/fuzz/fuzz_shape.c host/tensor/*.c \
   $(pkg-config --cflags --libs openblas libuv) -lm -ldl -lpthread -o "$out/fuzz_shape"
 for t in frame msgpack codec shape; do
@@ -30,7 +31,10 @@ for t in frame msgpack codec shape; do
   echo "fuzz: $t for ${secs}s"
   "$out/fuzz_$t" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=1024 -print_final_stats=1 \
     "$out/corpus_$t" "$seeds" 2>&1 | grep -E "Done|stat::number_of_executed_units|ERROR|SUMMARY" || true
-  # a crash leaves a crash-* file and a non-zero status above; check explicitly
-  if ls crash-* leak-* oom-* timeout-* >/dev/null 2>&1; then echo "fuzz: $t found a failure"; exit 1; fi
+  # a crash, leak, OOM or timeout leaves its input in a file named so (the status
+  # is lost in the pipe above); any one of them is a failure
+  for f in crash-* leak-* oom-* timeout-*; do
+    if [ -e "$f" ]; then echo "fuzz: $t found a failure ($f)"; exit 1; fi
+  done
 done
 echo "fuzz: no crash"

@@ -187,6 +187,12 @@ describe("codec: plain tensors in messages #unit", function()
       {tensor.ones(2, 2, {dtype = tensor.int64}):narrow(1, 2, 1)}, {big:narrow(1, 2, 1)},
       {{a = tensor.ones(2), b = {tensor.ones(3, {dtype = tensor.uint8})}}},
     }
+    -- tensors with autograd state: a leaf that requires gradients, a result that
+    -- does (it arrives as a leaf), one whose state says it does not
+    local leaf = tensor.ones(4):requires_grad_()
+    local off = tensor.ones(2):requires_grad_()
+    off:requires_grad_(false)
+    cases[#cases + 1] = {leaf, leaf * 2, off, {w = leaf, plain = tensor.ones(1)}}
     for _, ag in ipairs{false, 7} do
       for _, c in ipairs(cases) do
         local fast, fsegs, hook, hsegs = both(ag, unpack(c))
@@ -240,6 +246,49 @@ describe("codec: plain tensors in messages #unit", function()
     assert.is_true(r[5]:equal(strided))
     assert.are.equal(5, r[5]:size(1))
     assert.are.equal(2, r[5]:size(2))
+  end)
+
+  it("sends whether a tensor requires gradients, and makes it a leaf that does on arrival", function()
+    local core = require "rpchost.core"
+    local w = tensor.ones(3):requires_grad_()
+    local y = w * 2
+    local body, segs = codec.encode_message(codec.encode_context{}, "args", {w, y, w, tensor.zeros(2)})
+    local r = codec.decode_message(codec.decode_context{}, body, segs)
+    assert.are.equal(r[1], r[3])
+    assert.is_true(r[1].requires_grad)
+    assert.is_nil(r[1].grad_fn)
+    assert.is_true(r[2].requires_grad)
+    assert.is_nil(r[2].grad_fn)
+    assert.is_true(r[2]:equal(y:detach()))
+    assert.is_false(r[4].requires_grad)
+    -- a model's parameters: no Lua call per tensor either
+    local params = {}
+    for i = 1, 50 do params[i] = tensor.full({2}, i):requires_grad_() end
+    local n = 0
+    debug.sethook(function() n = n + 1 end, "c")
+    local ok, b2, s2 = pcall(codec.encode_message, codec.encode_context{}, "args", params)
+    local ok2, r2 = pcall(codec.decode_message, codec.decode_context{}, b2, s2)
+    debug.sethook()
+    assert(ok and ok2, tostring(b2) .. tostring(r2))
+    assert.is_true(n < 40, ("%d Lua calls for 50 parameters"):format(n))
+    for i = 1, 50 do assert.is_true(r2[i].requires_grad and r2[i][1]:item() == i) end
+    -- a forged flag on an integer tensor: the hook's refusal, either path
+    local ib, isegs = codec.encode_message(codec.encode_context{}, "args", tensor.ones(2, {dtype = tensor.int64}))
+    assert.are.equal("\xc0", ib:sub(-1))
+    local forged = ib:sub(1, -2) .. "\xc3"
+    local function refuse()
+      local seg = tensor.zeros(16, {dtype = tensor.uint8})
+      local okf, e = pcall(codec.decode_message, codec.decode_context{}, forged, {seg})
+      assert.is_false(okf)
+      return tostring(e)
+    end
+    local e1 = refuse()
+    core.set_codec_tensor(false)
+    local okh, e2 = pcall(refuse)
+    core.set_codec_tensor(codec.TAG.TENSOR)
+    assert(okh, e2)
+    assert.truthy(e1:find("only tensors of floating point dtype can require gradients", 1, true), e1)
+    assert.are.equal(e2, e1)
   end)
 
   it("keeps sharing past the short list it searches (a model's many tensors)", function()

@@ -8,10 +8,10 @@
 -- tensor is sent as host bytes with the device it lands on (device_maps). A
 -- tensor of no elements (a zero-size dimension anywhere) is an empty segment.
 -- Everything about the message (its segments, devices, autograd context, where
--- it came from) is in the codec's context, which the codec passes in. A plain
--- tensor (CPU, contiguous, no autograd state; in a distributed autograd context
--- too, where it gets no send) never reaches the functions below: the C codec
--- writes and reads it itself, as exactly what they would make of it
+-- it came from) is in the codec's context, which the codec passes in. A CPU
+-- tensor that is contiguous never reaches the functions below unless it requires
+-- gradients inside a distributed autograd context (its send id is theirs): the
+-- C codec writes and reads it itself, as exactly what they would make of it
 -- (bindings/l_codec.c, enc_plain_tensor), once install has told it the tag.
 local core = require "rpchost.core"
 local codec = require "rpchost.wire.codec"
