@@ -695,7 +695,10 @@ static int dec_plain_tensor(dec_t *d) {
     lua_pushvalue(L, -1);
     lua_rawseti(L, d->cache, (int)seg);
   } else if (rg) {
-    rh_lua_setrequiresgrad(L, -1);
+    /* (a segment met again with the flag: the hook's, which knows what the
+     * value made of it the first time may and may not become) */
+    lua_pop(L, 1);
+    return 0;
   }
   d->p = p + 4;
   return 1;

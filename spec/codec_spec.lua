@@ -289,6 +289,22 @@ describe("codec: plain tensors in messages #unit", function()
     assert(okh, e2)
     assert.truthy(e1:find("only tensors of floating point dtype can require gradients", 1, true), e1)
     assert.are.equal(e2, e1)
+    -- one segment met twice, the second time with the flag: as the hooks decide
+    local two = codec.encode_message(codec.encode_context{}, "args", {tensor.ones(2, {dtype = tensor.int64}), 0})
+    local at = two:find("\xc0\xc0\xc0\xc0", 1, true)
+    local twice = two:sub(1, 1) .. two:sub(2, at + 3) .. two:sub(2, at + 2) .. "\xc3"
+    local function decode_twice()
+      local okt, e = pcall(codec.decode_message, codec.decode_context{}, twice, {tensor.zeros(16, {dtype = tensor.uint8})})
+      return okt, tostring(e)
+    end
+    local ok_c, e_c = decode_twice()
+    core.set_codec_tensor(false)
+    local okh2, ok_h, e_h = pcall(decode_twice)
+    core.set_codec_tensor(codec.TAG.TENSOR)
+    assert(okh2, ok_h)
+    assert.is_false(ok_c)
+    assert.are.equal(ok_h, ok_c)
+    assert.are.equal(e_h, e_c)
   end)
 
   it("keeps sharing past the short list it searches (a model's many tensors)", function()
