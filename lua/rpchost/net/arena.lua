@@ -221,7 +221,7 @@ local function wait(g, c, ar, e, first)
     -- (a rank not at this step that is gone: one that finished it may have left)
     first = r
     local missing = g:global(first - 1)
-    if a.lost[missing] then ar:awake(); fail(g, a.lost[missing]) end
+    if a.lost[missing] then ar:awake(); fail(g, a:loss(missing)) end
     -- (a group that runs part of a larger one's call: is a member of that one
     -- making another call? see rpchost.dist.hierarchy)
     local look = g.look_split

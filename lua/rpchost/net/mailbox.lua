@@ -223,6 +223,24 @@ function C:pass_abort_on(src, err, ranks)
   end
 end
 
+-- How long (s) a wait that finds a member lost listens first for the word of
+-- an abort (see loss).
+C.ABORT_GRACE = 0.25
+
+-- The error a wait on `rank` ends with now that rank is lost (fail_receivers
+-- recorded it). A member that heard the group stop may leave at once, and the
+-- close of its connection can come in here before the word from the rank that
+-- stopped the group: another connection, and no order between connections (the
+-- leaver passes the word on only over connections that are up). Unless the
+-- group has stopped already, listen a moment for that word, so that every rank
+-- names the fault and not a loss that follows from it. (A failure path only:
+-- a rank killed is named ABORT_GRACE later.)
+function C:loss(rank)
+  local until_ = sched.now() + C.ABORT_GRACE
+  while not self.aborted and sched.now() < until_ do sched.sleep(0.005) end
+  return self.aborted or self.lost[rank]
+end
+
 function C:abort_receivers(err)
   self.aborted = err
   for rank, ws in pairs(self.mail_waiters) do
@@ -316,7 +334,7 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
       return unpack(v, 1, v.n)
     end
     if self.aborted and not past_abort then error(self.aborted, 0) end
-    if self.lost[rank] then error(self.lost[rank], 0) end
+    if self.lost[rank] then error(past_abort and self.lost[rank] or C.loss(self, rank), 0) end
     if prefix and not watch then watch = {prefix = prefix, key = key} end -- (once, and only to wait)
     C.wait_mail(self, rank, key, me, watch)
     local left = deadline and deadline - sched.now() or nil
@@ -332,7 +350,9 @@ function C:receive(rank, key, timeout, what, prefix, on_other, ctx, past_abort)
         what or "a message", rank), {rank = rank}), 0)
     end
     if woke and not (past_abort and got ~= nil and got == self.aborted) then -- (else: the group stopped, wait on)
-      if errors.is(got) then error(got, 0) end
+      if errors.is(got) then
+        error((not past_abort and got ~= self.aborted and got == self.lost[rank]) and C.loss(self, rank) or got, 0)
+      end
       if type(got) == "table" and got.other then
         on_other(got.values, ctx)
       else
@@ -361,7 +381,7 @@ function C:receive_any(ranks, keys, timeout, what)
     end
     if self.aborted then error(self.aborted, 0) end
     for _, rank in ipairs(ranks) do
-      if self.lost[rank] then error(self.lost[rank], 0) end
+      if self.lost[rank] then error(C.loss(self, rank), 0) end
     end
     for i, rank in ipairs(ranks) do
       local ws = self.mail_waiters[rank]

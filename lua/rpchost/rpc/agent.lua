@@ -346,6 +346,7 @@ Agent.post = mailbox.post
 Agent.receive = mailbox.receive
 Agent.receive_any = mailbox.receive_any
 Agent.abort_receivers = mailbox.abort_receivers
+Agent.loss = mailbox.loss
 Agent.wait_mail = mailbox.wait_mail
 Agent.unwait_mail = mailbox.unwait_mail
 Agent.take_other_mail = mailbox.take_other_mail
