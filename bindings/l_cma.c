@@ -2,6 +2,7 @@
  * between ranks on one host read and write tensor bytes straight in a peer's
  * memory, one copy instead of a pass through sockets. rpchost.net.cma proves per
  * connection that it works; rpchost.dist.collectives uses it. */
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,15 +16,8 @@ static int l_address(lua_State *L) {
   return 1;
 }
 
-/* (pid, addr, tensor) -> true | nil, message: the contiguous tensor's bytes
- * copied from (write = 0) or into (write = 1) pid's memory at addr */
-static int cma_copy(lua_State *L, int write, const char *what) {
-  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
-  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
-  size_t len;
-  rh_tensor_t *t = rh_lua_checkhostspan(L, 3, what, &len);
-  int rc = write ? rh_cma_write(pid, addr, rh_tensor_data(t), len) : rh_cma_read(pid, rh_tensor_data(t), addr, len);
-  if (!write) rh_tensor_bump_version(t);
+/* a copy's outcome for Lua: true, or nil and what the kernel said */
+static int push_outcome(lua_State *L, int rc) {
   if (rc) {
     lua_pushnil(L);
     lua_pushstring(L, strerror(-rc));
@@ -33,9 +27,41 @@ static int cma_copy(lua_State *L, int write, const char *what) {
   return 1;
 }
 
+/* (pid, addr, tensor) -> true | nil, message: the contiguous tensor's bytes
+ * copied from (write = 0) or into (write = 1) pid's memory at addr */
+static int cma_copy(lua_State *L, int write, const char *what) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  size_t len;
+  rh_tensor_t *t = rh_lua_checkhostspan(L, 3, what, &len);
+  int rc = write ? rh_cma_write(pid, addr, rh_tensor_data(t), len) : rh_cma_read(pid, rh_tensor_data(t), addr, len);
+  if (!write) rh_tensor_bump_version(t);
+  return push_outcome(L, rc);
+}
+
 /* cma_read_into(pid, addr, dst): fills the contiguous tensor dst with its byte
  * size read from pid's memory at addr */
 static int l_cma_read_into(lua_State *L) { return cma_copy(L, 0, "cma_read_into"); }
+
+/* cma_read_span(pid, addr, dst, offset, nbytes) -> true | nil, message: nbytes
+ * read from pid's memory at addr into the contiguous tensor dst, `offset` bytes
+ * into it (an all_to_all's pieces land in one output without a view each) */
+static int l_cma_read_span(lua_State *L) {
+  pid_t pid = (pid_t)luaL_checkinteger(L, 1);
+  uintptr_t addr = (uintptr_t)luaL_checknumber(L, 2);
+  size_t len;
+  rh_tensor_t *t = rh_lua_checkhostspan(L, 3, "cma_read_span", &len);
+  double off = luaL_checknumber(L, 4), n = luaL_checknumber(L, 5);
+  if (off < 0 || n < 0 || off + n > (double)len || off != (double)(size_t)off || n != (double)(size_t)n) {
+    char why[160];
+    snprintf(why, sizeof why, "cma_read_span: %.0f bytes at offset %.0f do not fit in a tensor of %zu bytes", n, off,
+             len);
+    return luaL_error(L, "%s", why);
+  }
+  int rc = n > 0 ? rh_cma_read(pid, (char *)rh_tensor_data(t) + (size_t)off, addr, (size_t)n) : 0;
+  rh_tensor_bump_version(t);
+  return push_outcome(L, rc);
+}
 
 /* cma_write_from(pid, addr, src): writes the contiguous tensor src's bytes into
  * pid's memory at addr */
@@ -116,6 +142,7 @@ static int l_cma_all_reduce(lua_State *L) {
 int rh_open_cma(lua_State *L) {
   static const luaL_Reg fns[] = {{"t_address", l_address},
                                  {"cma_read_into", l_cma_read_into},
+                                 {"cma_read_span", l_cma_read_span},
                                  {"cma_write_from", l_cma_write_from},
                                  {"cma_probe", l_cma_probe},
                                  {"cma_token", l_cma_token},

@@ -366,6 +366,57 @@ describe("c10d #world", function()
     assert_clean(r)
   end)
 
+  -- (the arena's exchange reuses one tensor of numbers per group: each call's
+  -- must be its own, whatever the calls before it said)
+  for _, direct in ipairs({false, true}) do
+    it(("gives all_to_all_single's pieces call after call, splits changing, zeros and dtypes too%s"):format(
+        direct and ", read straight from the peers" or ", as messages"), function()
+      local r = run_world(3, [[
+        local used = require("rpchost.dist.collectives").used
+        -- (connections between every pair first: what each can do with the
+        -- others' memory is known once they exist)
+        dist.all_gather_into_tensor(tensor.zeros(3), tensor.zeros(1))
+        local before = used.direct
+        -- rank r sends (r + j + k) % 3 rows of 5 to rank j in call k: some pieces empty
+        local function rows(from, to, k) return (from + to + k) % 3 end
+        local calls = 0
+        for k = 0, 5 do
+          for _, dt in ipairs({"float32", "int64", "float64"}) do
+            local in_splits, out_splits, rin, rout = {}, {}, 0, 0
+            for j = 0, n - 1 do
+              in_splits[j + 1], out_splits[j + 1] = rows(rank, j, k), rows(j, rank, k)
+              rin, rout = rin + in_splits[j + 1], rout + out_splits[j + 1]
+            end
+            -- element e of the piece for j: rank * 1e6 + j * 1e4 + k * 100 + e
+            local inp = tensor.zeros(rin, 5, {dtype = tensor[dt]})
+            local at = 0
+            for j = 0, n - 1 do
+              for e = 0, in_splits[j + 1] * 5 - 1 do
+                inp:view(-1)[at + e + 1] = rank * 1e6 + j * 1e4 + k * 100 + e
+              end
+              at = at + in_splits[j + 1] * 5
+            end
+            local out = tensor.full({rout, 5}, -1, {dtype = tensor[dt]})
+            dist.all_to_all_single(out, inp, out_splits, in_splits)
+            calls = calls + 1
+            local good, o = true, 0
+            for j = 0, n - 1 do
+              for e = 0, out_splits[j + 1] * 5 - 1 do
+                good = good and out:view(-1)[o + e + 1]:item() == j * 1e6 + rank * 1e4 + k * 100 + e
+              end
+              o = o + out_splits[j + 1] * 5
+            end
+            check("pieces right in call " .. k .. " " .. dt, good, tostring(out))
+          end
+        end
+        check("direct " .. tostring(used.direct - before), true)
+      ]], {timeout = 90, env = {RPCHOST_DIRECT_BYTES = direct and 1 or nil}})
+      assert_clean(r)
+      -- (every call read straight from the peers, or none did)
+      assert.truthy(r.out:find(direct and "ok direct 18" or "ok direct 0", 1, true), r.out)
+    end)
+  end
+
   it("names the splits that disagree before any data moves", function()
     local r = run_world(2, [[
       local out_splits = rank == 0 and {1, 3} or {1, 1}

@@ -150,6 +150,23 @@ describe("collectives #world", function()
     assert.is_true(refused)
   end)
 
+  it("read a span of a peer's memory into a part of a tensor, and refuse one past its end", function()
+    -- (all_to_all_single's pieces land in its output this way; this process
+    -- reads itself, which the kernel allows as it allows a peer)
+    local core, tensor = require("rpchost.core"), require("tensor")
+    local src = tensor.arange(10):float()
+    local dst = tensor.zeros(10)
+    local pid = core.getpid()
+    assert.is_true(core.cma_read_span(pid, core.t_address(src) + 4 * 2, dst, 4 * 3, 4 * 4))
+    assert.are.same({0, 0, 0, 2, 3, 4, 5, 0, 0, 0}, dst:totable())
+    assert.is_true(core.cma_read_span(pid, core.t_address(src), dst, 40, 0))
+    local ok, e = pcall(core.cma_read_span, pid, core.t_address(src), dst, 4 * 8, 4 * 3)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("do not fit in a tensor of 40 bytes", 1, true), e)
+    ok, e = pcall(core.cma_read_span, pid, core.t_address(src), dst, -4, 4)
+    assert.is_false(ok)
+  end)
+
   it("fail with unreachable, naming the rank, when a rank dies inside a one-pass all_reduce", function()
     -- rank 1 has sent its tensor's address, then exits instead of reducing: the
     -- others' reads and writes of its memory fail, and nobody waits for it

@@ -439,8 +439,18 @@ dist._active = active
 -- PyTorch's gloo does. nccl groups take the tensors as they are.
 local function on_device(v) return core.t_is_tensor(v) and core.t_device(v) >= 0 end
 
--- Whether an argument is a device tensor or a list (that may hold one).
-local function needs_staging(v) return type(v) == "table" and getmetatable(v) == nil or on_device(v) end
+-- Whether an argument is a device tensor or a list that holds one (a list of
+-- host tensors, or of numbers - all_to_all_single's counts - stays as it is,
+-- with nothing made to look at it).
+local function needs_staging(v)
+  if type(v) == "table" and getmetatable(v) == nil then
+    for _, x in ipairs(v) do
+      if on_device(x) then return true end
+    end
+    return false
+  end
+  return on_device(v)
+end
 
 -- the group's method each call runs (its own name where not listed); a
 -- function runs as fn(g, a, b, c)

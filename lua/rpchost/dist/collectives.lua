@@ -13,6 +13,7 @@
 local core = require "rpchost.core"
 local errors = require "rpchost.errors"
 local bit = require "bit"
+local ffi = require "ffi"
 local arena = require "rpchost.net.arena"
 local hierarchy = require "rpchost.dist.hierarchy"
 require "rpchost.tensor" -- tensors must be able to travel (their codec lives there)
@@ -136,14 +137,19 @@ function Group:begin(op, t, redop, root, numel)
   self.seq = self.seq + 1
   local dtype = t and core.t_dtype(t) or -1
   numel = numel or t and core.t_numel(t) or 0
-  -- (a loop repeats one call: its description and signature are made once; no
-  -- one changes a call's meta, so calls alike share it)
-  local m, sig = self.last_meta, self.last_sig
-  if not (m and m.op == op and m.dtype == dtype and m.numel == numel and m.root == root and m.redop == redop) then
+  -- (a loop repeats its calls: each op's last description and signature are
+  -- kept, made again only when the call differs - a loop of all_to_all and the
+  -- barrier inside it alternates two; no one changes a call's meta, so calls
+  -- alike share it)
+  local metas = self.metas
+  if not metas then metas = {}; self.metas = metas end
+  local m = metas[op]
+  if not (m and m.dtype == dtype and m.numel == numel and m.root == root and m.redop == redop) then
     m = {op = op, dtype = dtype, numel = numel, root = root, redop = redop}
-    sig = signature(m)
-    self.last_meta, self.last_sig = m, sig
+    m.sig = signature(m)
+    metas[op] = m
   end
+  local sig = m.sig
   -- (the last few calls, to name one that a late message shows did not match)
   -- (two arrays: no table per call)
   local rs, rm = self.recent_seq, self.recent_meta
@@ -1054,10 +1060,115 @@ local function offsets(counts)
   return off
 end
 
+-- The direct all_to_all's numbers through the group's arena, with nothing
+-- made per call (a table per number and a userdata per piece were most of a
+-- 1 MiB call's own time): one cached int64 tensor of cells, written and read
+-- through a pointer. Row r, column j (A2A_WIDTH cells from (r * n + j) *
+-- A2A_WIDTH) is what group rank r tells rank j: the level r can reach the
+-- peers' memory at (see direct_level), the address of the piece r sends j, its
+-- element count, and the bytes of r's whole input (every rank takes the same
+-- path: the largest input chooses it).
+local A2A_WIDTH = 4
+local I64_PTR = ffi.typeof("int64_t *")
+
+-- The group's cells and a pointer to the first, zeroed; nil while another
+-- call of the group has them (an async call that waits for the arena's turn).
+local function a2a_cells(g, count)
+  if g.a2a_busy then return nil end
+  local x = g.a2a_cells
+  if not x or core.t_numel(x) ~= count then
+    x = core.t_full(I64, {count}, 0)
+    g.a2a_cells, g.a2a_ptr = x, ffi.cast(I64_PTR, core.t_address(x))
+  else
+    ffi.fill(g.a2a_ptr, count * 8)
+  end
+  return x, g.a2a_ptr
+end
+
+-- the start, in elements, of piece i of counts (the pieces lie in rank order)
+local function start_of(counts, i)
+  local at = 0
+  for k = 1, i do at = at + counts[k] end
+  return at
+end
+
+-- The piece of group rank i: read out of its input (its address in the cells)
+-- into out's elements from `at` on.
+local function read_piece(g, ptr, i, out, at, count, es)
+  if count == 0 then return end
+  local p = g.agent.peers[g:global(i)]
+  local ok, err = core.cma_read_span(p.cma_pid, tonumber(ptr[(i * g.size + g.rank) * A2A_WIDTH + 1]), out, at * es,
+    count * es)
+  if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
+end
+
+-- all_to_all through the arena's exchange: true when it ran; false when the
+-- group turned out to have no arena (its set-up said no), before anything moved
+local function a2a_arena(out, g, c, src, es, out_counts, in_counts, cells, ptr)
+  local n, me = g.size, g.rank
+  local can, nbytes = g:direct_level(), core.t_nbytes(src)
+  local addr = nbytes > 0 and core.t_address(src) or 0
+  local at = 0
+  for j = 0, n - 1 do
+    if j ~= me then
+      local k = (me * n + j) * A2A_WIDTH
+      ptr[k], ptr[k + 1], ptr[k + 2], ptr[k + 3] = can, addr + at * es, in_counts[j + 1], nbytes
+    end
+    at = at + in_counts[j + 1]
+  end
+  g.a2a_busy = true
+  local ok, ran = pcall(arena.run, g, c, arena_all_reduce, cells, "SUM")
+  g.a2a_busy = nil
+  if not ok then error(ran, 0) end
+  if not ran then return false end
+  -- the sizes are checked before any byte moves
+  local level, most = can, nbytes
+  for i = 0, n - 1 do
+    if i ~= me then
+      local k = (i * n + me) * A2A_WIDTH
+      level = math.min(level, tonumber(ptr[k]))
+      local sent = tonumber(ptr[k + 2])
+      if sent ~= out_counts[i + 1] then mismatch_counts(g, c, i, sent, out_counts[i + 1], c.meta.op) end
+      most = math.max(most, tonumber(ptr[k + 3]))
+    end
+  end
+  local mine = in_counts[me + 1]
+  if out_counts[me + 1] ~= mine then mismatch_counts(g, c, me, mine, out_counts[me + 1], c.meta.op) end
+  local out_at = start_of(out_counts, me)
+  core.t_copy_(core.t_narrow(out, 0, out_at, mine), core.t_narrow(src, 0, start_of(in_counts, me), mine))
+  if level >= 1 and most >= M.DIRECT_BYTES then
+    -- what this rank queued leaves first: the peers may wait on it
+    core.flush()
+    local o = 0
+    for i = 0, n - 1 do
+      if i ~= me then read_piece(g, ptr, i, out, o, out_counts[i + 1], es) end
+      o = o + out_counts[i + 1]
+    end
+    M.used.direct = M.used.direct + 1
+    g:barrier() -- every input stays as it is until everyone has read it
+    return true
+  end
+  at = 0
+  for i = 0, n - 1 do
+    if i ~= me and in_counts[i + 1] > 0 then g:send_copy(c, i, "x", core.t_narrow(src, 0, at, in_counts[i + 1])) end
+    at = at + in_counts[i + 1]
+  end
+  local o = 0
+  for i = 0, n - 1 do
+    if i ~= me and out_counts[i + 1] > 0 then copy_recv(g, c, i, "x", core.t_narrow(out, 0, o, out_counts[i + 1])) end
+    o = o + out_counts[i + 1]
+  end
+  return true
+end
+
 local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
   local n, me = g.size, g.rank
   local src = flat_of(t)
   local es = core.dtype_size(core.t_dtype(src))
+  if n * n * A2A_WIDTH * 8 <= arena.SLOT and arena.eligible(g) then
+    local cells, ptr = a2a_cells(g, n * n * A2A_WIDTH)
+    if cells and a2a_arena(out, g, c, src, es, out_counts, in_counts, cells, ptr) then return end
+  end
   local in_off, out_off = offsets(in_counts), offsets(out_counts)
   local function seg(flat, off, counts, i) return core.t_narrow(flat, 0, off[i + 1], counts[i + 1]) end
   -- each rank tells each peer where its piece lies and how long it is: the
