@@ -368,9 +368,12 @@ describe("c10d #world", function()
 
   -- (the arena's exchange reuses one tensor of numbers per group: each call's
   -- must be its own, whatever the calls before it said)
-  for _, direct in ipairs({false, true}) do
-    it(("gives all_to_all_single's pieces call after call, splits changing, zeros and dtypes too%s"):format(
-        direct and ", read straight from the peers" or ", as messages"), function()
+  -- (the numbers through the arena, or by messages where it is off)
+  for _, case in ipairs({{false, true}, {true, true}, {true, false}}) do
+    local direct, arena = case[1], case[2]
+    it(("gives all_to_all_single's pieces call after call, splits changing, zeros and dtypes too%s%s"):format(
+        direct and ", read straight from the peers" or ", as messages",
+        arena and "" or ", their addresses told by messages"), function()
       local r = run_world(3, [[
         local used = require("rpchost.dist.collectives").used
         -- (connections between every pair first: what each can do with the
@@ -410,7 +413,7 @@ describe("c10d #world", function()
           end
         end
         check("direct " .. tostring(used.direct - before), true)
-      ]], {timeout = 90, env = {RPCHOST_DIRECT_BYTES = direct and 1 or nil}})
+      ]], {timeout = 90, env = {RPCHOST_DIRECT_BYTES = direct and 1 or nil, RPCHOST_SHM_COLL = not arena and "0" or nil}})
       assert_clean(r)
       -- (every call read straight from the peers, or none did)
       assert.truthy(r.out:find(direct and "ok direct 18" or "ok direct 0", 1, true), r.out)

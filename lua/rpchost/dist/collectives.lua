@@ -1054,35 +1054,33 @@ local function mismatch_counts(g, c, i, sent, want, what)
     g:global(i), sent, sent == 1 and "" or "s", g.agent.rank, g.agent.rank, want), {rank = g:global(i)}))
 end
 
-local function offsets(counts)
-  local off, at = {}, 0
-  for i = 1, #counts do off[i] = at; at = at + counts[i] end
-  return off
-end
-
--- The direct all_to_all's numbers through the group's arena, with nothing
--- made per call (a table per number and a userdata per piece were most of a
--- 1 MiB call's own time): one cached int64 tensor of cells, written and read
--- through a pointer. Row r, column j (A2A_WIDTH cells from (r * n + j) *
--- A2A_WIDTH) is what group rank r tells rank j: the level r can reach the
--- peers' memory at (see direct_level), the address of the piece r sends j, its
--- element count, and the bytes of r's whole input (every rank takes the same
--- path: the largest input chooses it).
+-- all_to_all's numbers, with nothing made per call on the usual path (a table
+-- per number and a userdata per piece were most of a 1 MiB call's own time):
+-- int64 cells, written and read through a pointer. Row r, column j (A2A_WIDTH
+-- cells from (r * n + j) * A2A_WIDTH) is what group rank r tells rank j: the
+-- level r can reach the peers' memory at (see direct_level), the address of
+-- the piece r sends j, its element count, and the bytes of r's whole input
+-- (every rank takes the same path: the largest input chooses it).
 local A2A_WIDTH = 4
 local I64_PTR = ffi.typeof("int64_t *")
 
--- The group's cells and a pointer to the first, zeroed; nil while another
--- call of the group has them (an async call that waits for the arena's turn).
+-- Fresh cells for count numbers, zeroed, and a pointer to the first.
+local function new_cells(count)
+  local x = core.t_full(I64, {count}, 0)
+  return x, ffi.cast(I64_PTR, core.t_address(x))
+end
+
+-- The group's own cells, zeroed; nil while another call of the group has them
+-- (an async call that waits for the arena's turn).
 local function a2a_cells(g, count)
   if g.a2a_busy then return nil end
   local x = g.a2a_cells
   if not x or core.t_numel(x) ~= count then
-    x = core.t_full(I64, {count}, 0)
-    g.a2a_cells, g.a2a_ptr = x, ffi.cast(I64_PTR, core.t_address(x))
+    g.a2a_cells, g.a2a_ptr = new_cells(count)
   else
     ffi.fill(g.a2a_ptr, count * 8)
   end
-  return x, g.a2a_ptr
+  return g.a2a_cells, g.a2a_ptr
 end
 
 -- the start, in elements, of piece i of counts (the pieces lie in rank order)
@@ -1092,22 +1090,14 @@ local function start_of(counts, i)
   return at
 end
 
--- The piece of group rank i: read out of its input (its address in the cells)
--- into out's elements from `at` on.
-local function read_piece(g, ptr, i, out, at, count, es)
-  if count == 0 then return end
-  local p = g.agent.peers[g:global(i)]
-  local ok, err = core.cma_read_span(p.cma_pid, tonumber(ptr[(i * g.size + g.rank) * A2A_WIDTH + 1]), out, at * es,
-    count * es)
-  if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
-end
-
--- all_to_all through the arena's exchange: true when it ran; false when the
--- group turned out to have no arena (its set-up said no), before anything moved
-local function a2a_arena(out, g, c, src, es, out_counts, in_counts, cells, ptr)
+-- Every rank's numbers into cells through the group's arena (one all_reduce of
+-- them all): the cells and their pointer, or nil when the group has no arena
+-- for this call (then the caller asks by messages).
+local function a2a_arena_exchange(g, c, can, addr, nbytes, es, in_counts)
   local n, me = g.size, g.rank
-  local can, nbytes = g:direct_level(), core.t_nbytes(src)
-  local addr = nbytes > 0 and core.t_address(src) or 0
+  if not (n * n * A2A_WIDTH * 8 <= arena.SLOT and arena.eligible(g)) then return nil end
+  local cells, ptr = a2a_cells(g, n * n * A2A_WIDTH)
+  if not cells then return nil end
   local at = 0
   for j = 0, n - 1 do
     if j ~= me then
@@ -1120,8 +1110,35 @@ local function a2a_arena(out, g, c, src, es, out_counts, in_counts, cells, ptr)
   local ok, ran = pcall(arena.run, g, c, arena_all_reduce, cells, "SUM")
   g.a2a_busy = nil
   if not ok then error(ran, 0) end
-  if not ran then return false end
-  -- the sizes are checked before any byte moves
+  if not ran then return nil end
+  return cells, ptr
+end
+
+-- The same by messages (Group:exchange), the answers put in cells of this call
+-- (what this rank tells the others is not needed again).
+local function a2a_message_exchange(g, c, can, addr, nbytes, es, in_counts)
+  local n, me = g.size, g.rank
+  local peers, level = g:exchange(c, "addr", function(i)
+    return {addr + start_of(in_counts, i) * es, in_counts[i + 1], nbytes}
+  end, A2A_WIDTH)
+  local cells, ptr = new_cells(n * n * A2A_WIDTH)
+  for i, p in pairs(peers) do
+    local k = (i * n + me) * A2A_WIDTH
+    ptr[k], ptr[k + 1], ptr[k + 2], ptr[k + 3] = level, p.v[1] or 0, p.v[2] or -1, p.v[3] or 0
+  end
+  return cells, ptr
+end
+
+local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
+  local n, me = g.size, g.rank
+  local src = flat_of(t)
+  local es = core.dtype_size(core.t_dtype(src))
+  local can, nbytes = g:direct_level(), core.t_nbytes(src)
+  local addr = nbytes > 0 and core.t_address(src) or 0
+  -- each rank tells each peer where its piece lies and how long it is
+  local cells, ptr = a2a_arena_exchange(g, c, can, addr, nbytes, es, in_counts)
+  if not cells then cells, ptr = a2a_message_exchange(g, c, can, addr, nbytes, es, in_counts) end
+  -- the sizes are checked before any byte moves, and the bytes decide the path
   local level, most = can, nbytes
   for i = 0, n - 1 do
     if i ~= me then
@@ -1134,70 +1151,37 @@ local function a2a_arena(out, g, c, src, es, out_counts, in_counts, cells, ptr)
   end
   local mine = in_counts[me + 1]
   if out_counts[me + 1] ~= mine then mismatch_counts(g, c, me, mine, out_counts[me + 1], c.meta.op) end
-  local out_at = start_of(out_counts, me)
-  core.t_copy_(core.t_narrow(out, 0, out_at, mine), core.t_narrow(src, 0, start_of(in_counts, me), mine))
+  core.t_copy_(core.t_narrow(out, 0, start_of(out_counts, me), mine), core.t_narrow(src, 0, start_of(in_counts, me),
+    mine))
   if level >= 1 and most >= M.DIRECT_BYTES then
     -- what this rank queued leaves first: the peers may wait on it
     core.flush()
     local o = 0
     for i = 0, n - 1 do
-      if i ~= me then read_piece(g, ptr, i, out, o, out_counts[i + 1], es) end
-      o = o + out_counts[i + 1]
+      local count = out_counts[i + 1]
+      if i ~= me and count > 0 then
+        local pid = g.agent.peers[g:global(i)].cma_pid
+        local ok, err = core.cma_read_span(pid, tonumber(ptr[(i * n + me) * A2A_WIDTH + 1]), out, o * es, count * es)
+        if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
+      end
+      o = o + count
     end
     M.used.direct = M.used.direct + 1
     g:barrier() -- every input stays as it is until everyone has read it
-    return true
+    return cells
   end
-  at = 0
+  local at = 0
   for i = 0, n - 1 do
     if i ~= me and in_counts[i + 1] > 0 then g:send_copy(c, i, "x", core.t_narrow(src, 0, at, in_counts[i + 1])) end
     at = at + in_counts[i + 1]
   end
-  local o = 0
+  at = 0
   for i = 0, n - 1 do
-    if i ~= me and out_counts[i + 1] > 0 then copy_recv(g, c, i, "x", core.t_narrow(out, 0, o, out_counts[i + 1])) end
-    o = o + out_counts[i + 1]
+    if i ~= me and out_counts[i + 1] > 0 then copy_recv(g, c, i, "x", core.t_narrow(out, 0, at, out_counts[i + 1])) end
+    at = at + out_counts[i + 1]
   end
-  return true
-end
-
-local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
-  local n, me = g.size, g.rank
-  local src = flat_of(t)
-  local es = core.dtype_size(core.t_dtype(src))
-  if n * n * A2A_WIDTH * 8 <= arena.SLOT and arena.eligible(g) then
-    local cells, ptr = a2a_cells(g, n * n * A2A_WIDTH)
-    if cells and a2a_arena(out, g, c, src, es, out_counts, in_counts, cells, ptr) then return end
-  end
-  local in_off, out_off = offsets(in_counts), offsets(out_counts)
-  local function seg(flat, off, counts, i) return core.t_narrow(flat, 0, off[i + 1], counts[i + 1]) end
-  -- each rank tells each peer where its piece lies and how long it is: the
-  -- sizes are checked before any byte moves, and the bytes decide the path
-  local addr = core.t_numel(src) > 0 and core.t_address(src) or 0
-  local peers, level = g:exchange(c, "addr", function(i)
-    return {addr + in_off[i + 1] * es, in_counts[i + 1], core.t_nbytes(src)}
-  end, 4)
-  local most = core.t_nbytes(src)
-  for i, p in pairs(peers) do
-    if p.v[2] ~= out_counts[i + 1] then mismatch_counts(g, c, i, p.v[2] or -1, out_counts[i + 1], c.meta.op) end
-    most = math.max(most, p.v[3] or 0)
-  end
-  if out_counts[me + 1] ~= in_counts[me + 1] then mismatch_counts(g, c, me, in_counts[me + 1], out_counts[me + 1], c.meta.op) end
-  core.t_copy_(seg(out, out_off, out_counts, me), seg(src, in_off, in_counts, me))
-  if level >= 1 and most >= M.DIRECT_BYTES then
-    for i = 0, n - 1 do
-      if i ~= me then read_at(peers[i].pid, peers[i].v[1], seg(out, out_off, out_counts, i)) end
-    end
-    M.used.direct = M.used.direct + 1
-    g:barrier() -- every input stays as it is until everyone has read it
-    return
-  end
-  for i = 0, n - 1 do
-    if i ~= me and in_counts[i + 1] > 0 then g:send_copy(c, i, "x", seg(src, in_off, in_counts, i)) end
-  end
-  for i = 0, n - 1 do
-    if i ~= me and out_counts[i + 1] > 0 then copy_recv(g, c, i, "x", seg(out, out_off, out_counts, i)) end
-  end
+  -- (returned, on both paths: cells must outlive the reads through ptr)
+  return cells
 end
 
 -- all_to_all_single: in_counts[i + 1] elements of t (consecutive, in rank
