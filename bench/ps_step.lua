@@ -24,7 +24,8 @@
 -- output (rank 1): "RESULT ps_step_med_us <v>", "RESULT local_step_med_us <v>",
 -- "RESULT ps_over_local <ratio>" (bench/limit.py reads them).
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
-package.path = here .. "/../scripts/examples/common/?.lua;" .. package.path
+package.path = here .. "/../scripts/examples/parameter_server/?.lua;" .. here .. "/../scripts/examples/common/?.lua;" ..
+  package.path
 local rpc = require "rpc"
 local tensor = require "tensor"
 local nn = require "nn"
@@ -37,33 +38,10 @@ local digits = require "digits"
 local STEPS, WARMUP = tonumber(arg[1]) or 300, tonumber(arg[2]) or 50
 local LR = 0.03
 
--- the example's network (the tutorial's MNIST CNN sized for 8x8 digits)
-local PsNet = require "digits_cnn"
-
--- the forward on clones of the weights, as the example's server does (see there)
-local function forward_on_clones(model, inp)
-  local now = {}
-  for _, np in ipairs(model:named_parameters()) do now[np[1]] = np[2]:clone() end
-  return nn.utils.stateless.functional_call(model, now, inp)
-end
-
-PsServer = {}
-PsServer.__index = PsServer
-function PsServer.new()
-  tensor.manual_seed(1)
-  return setmetatable({model = PsNet()}, PsServer)
-end
-function PsServer:forward(inp) return forward_on_clones(self.model, inp) end
-function PsServer:get_dist_gradients(cid) return dist_autograd.get_gradients(cid) end
-function PsServer:get_param_rrefs()
-  local out = {}
-  for i, p in ipairs(self.model:parameters()) do out[i] = rpc.RRef(p) end
-  return out
-end
-function ps_call(method, rref, ...) return method(rref:local_value(), ...) end
-local function remote_method(method, rref, ...)
-  return rpc.rpc_sync(rref:owner(), ps_call, table.pack(method, rref, ...))
-end
+-- the example's own server: Net (the tutorial's MNIST CNN sized for 8x8
+-- digits), ParameterServer, forward_on_clones, get_parameter_server,
+-- remote_method
+require "ps_server"
 
 local function median(ts)
   table.sort(ts)
@@ -91,7 +69,7 @@ rpc.init_rpc("trainer_1", {rank = 1, world_size = 2})
 
 -- the same training in this process alone
 tensor.manual_seed(1)
-local model = PsNet()
+local model = Net()
 local sgd = optim.SGD(model:parameters(), {lr = LR})
 local function local_step(i)
   local x, y = batch(i)
@@ -104,15 +82,15 @@ local function local_step(i)
 end
 
 -- through the parameter server, as the example trains
-local server = rpc.remote("parameter_server", PsServer.new)
-local opt = rpc.DistributedOptimizer(optim.SGD, remote_method(PsServer.get_param_rrefs, server), {lr = LR})
+local server = rpc.remote("parameter_server", get_parameter_server)
+local opt = rpc.DistributedOptimizer(optim.SGD, remote_method(ParameterServer.get_param_rrefs, server), {lr = LR})
 local function ps_step(i)
   local x, y = batch(i)
   local l
   dist_autograd.context(function(cid)
-    local loss = F.nll_loss(remote_method(PsServer.forward, server, x), y)
+    local loss = F.nll_loss(remote_method(ParameterServer.forward, server, x), y)
     dist_autograd.backward(cid, {loss})
-    assert(next(remote_method(PsServer.get_dist_gradients, server, cid)) ~= nil, "the server got no gradients")
+    assert(next(remote_method(ParameterServer.get_dist_gradients, server, cid)) ~= nil, "the server got no gradients")
     opt:step(cid)
     l = loss:item()
   end)

@@ -9,7 +9,7 @@
 -- python3-sklearn (../common/digits.lua), so the CNN's first Linear takes the
 -- 64 x 2 x 2 features of an 8x8 image instead of MNIST's 9216.
 local here = arg[0]:match("^(.*)/[^/]*$") or "."
-package.path = here .. "/../common/?.lua;" .. package.path
+package.path = here .. "/?.lua;" .. here .. "/../common/?.lua;" .. package.path
 local rpc = require "rpc"
 local tensor = require "tensor"
 local nn = require "nn"
@@ -21,46 +21,10 @@ local digits = require "digits"
 local args = require("args").parse("parameter_server", {epochs = 20, batch_size = 32, lr = 0.03, seed = 1})
 local quiet = os.getenv("QUIET") ~= nil
 
--- the tutorial's MNIST network, sized for 8x8 inputs (../common/digits_cnn.lua)
-Net = require "digits_cnn"
-
--- call_method / remote_method: a method of the object an RRef holds, run on its owner
-function call_method(method, rref, ...) return method(rref:local_value(), ...) end
-function remote_method(method, rref, ...)
-  return rpc.rpc_sync(rref:owner(), call_method, table.pack(method, rref, ...))
-end
-
-ParameterServer = nn.Module:extend("ParameterServer")
-function ParameterServer:init()
-  tensor.manual_seed(args.seed)
-  self.model = Net()
-end
--- With several trainers, one trainer's optimizer step changes the weights in
--- place while another trainer's backward still needs the values its forward used:
--- the tutorial as written then fails with "modified by an inplace operation", in
--- PyTorch as here (pytorch/tutorials#2095). So each forward runs on clones of the
--- weights taken as it starts: the gradients still reach the weights (a clone is
--- differentiable), and each backward sees its own forward's values, which is the
--- asynchronous SGD a parameter server means. The twin does the same.
-function ParameterServer:forward(inp)
-  local now = {}
-  for _, np in ipairs(self.model:named_parameters()) do now[np[1]] = np[2]:clone() end
-  return nn.utils.stateless.functional_call(self.model, now, inp)
-end
-function ParameterServer:get_dist_gradients(cid) return dist_autograd.get_gradients(cid) end
-function ParameterServer:get_param_rrefs()
-  local out = {}
-  for i, p in ipairs(self.model:parameters()) do out[i] = rpc.RRef(p) end
-  return out
-end
-function ParameterServer:train_mode(mode) self.model:train(mode) return true end
-
--- one server per process, however many trainers ask for it
-param_server = nil
-function get_parameter_server()
-  if not param_server then param_server = ParameterServer() end
-  return param_server
-end
+-- the server: Net, ParameterServer (forwards on clones of its weights),
+-- get_parameter_server, remote_method (./ps_server.lua)
+require "ps_server"
+ParameterServer.seed = args.seed
 
 TrainerNet = nn.Module:extend("TrainerNet")
 function TrainerNet:init()
