@@ -43,7 +43,7 @@
 --   ddp             a DistributedDataParallel step on every rank (forward,
 --                   backward with its bucketed all_reduce, optimizer step), the
 --                   averaged gradients checked
---   collectives     all_reduce, broadcast, all_gather_into_tensor and barrier on
+--   collectives     all_reduce, broadcast, all_gather_into_tensor, all_to_all_single and barrier on
 --                   the world, then on the subgroup {w0, w1} (w2 is outside it)
 --   remote_errors   a call that raises on w1 / w2; the error checked
 --   timeouts        a call with a 10 ms timeout to a function that takes 30 ms
@@ -529,6 +529,18 @@ workload("collectives", {kind = "spmd",
         good = good and part:min():item() == r * 10 + k and part:max():item() == r * 10 + k
       end
       expect(st, good, "all_gather_into_tensor")
+      -- block j of this rank's input (8 floats) goes to member j: rank * 100 + j + k
+      local me = 0
+      for j, r in ipairs(members) do if r == rank then me = j - 1 end end
+      local a2a_in, a2a_out = tensor.zeros(size * 8), tensor.zeros(size * 8)
+      for j = 0, size - 1 do a2a_in:narrow(1, j * 8 + 1, 8):fill_(rank * 100 + j + k) end
+      dist.all_to_all_single(a2a_out, a2a_in, opts)
+      good = true
+      for j, r in ipairs(members) do
+        local part = a2a_out:narrow(1, (j - 1) * 8 + 1, 8)
+        good = good and part:min():item() == r * 100 + me + k and part:max():item() == r * 100 + me + k
+      end
+      expect(st, good, "all_to_all_single")
       dist.barrier(opts)
     end
     local world = {}

@@ -210,6 +210,31 @@ describe("the same-host collective arena #world", function()
     S.assert_checks(out, {on = {0, 1}})
   end)
 
+  -- (rank 0 hosts the store and, its script over, lingers for the store's other
+  -- clients: its group's connections stayed open, and the others waited in
+  -- their barrier for the group's whole timeout)
+  for _, how in ipairs({"returns", "calls os.exit"}) do
+    it(("names rank 0 at once when its script %s while the others wait in a barrier"):format(how), function()
+      local out = S.by_hand(3, [[
+        local sched = require "rpchost.sched"
+        dist.init_process_group{backend = "gloo", timeout = 20}
+        dist.barrier()
+        if rank == 0 then
+          sched.sleep(0.5) -- (the others are asleep in the next barrier)
+          if os.getenv("HOW") == "calls os.exit" then os.exit(0) end
+          return
+        end
+        local t0 = sched.now()
+        local ok, e = pcall(dist.barrier)
+        check("unreachable", not ok and e.kind == "unreachable" and e.rank == 0, e)
+        check("quickly", sched.now() - t0 < 5, sched.now() - t0)
+        os.exit(0)
+      ]], {HOW = how}, 40)
+      for rk = 0, 2 do assert.are.equal(0, out[rk].status, out[rk].out .. out[rk].err) end
+      S.assert_checks(out, {on = {1, 2}})
+    end)
+  end
+
   it("serves RPCs while a rank waits in a barrier, sleeping without burning its core", function()
     local r = world(2, [[
       function answer(x) return x * 2 end

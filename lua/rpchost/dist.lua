@@ -11,6 +11,7 @@ local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local env = require "rpchost.env"
 local store = require "rpchost.store"
+local compat = require "rpchost.compat"
 local log = require "rpchost.log"
 local agentmod = require "rpchost.rpc.agent"
 local collectives = require "rpchost.dist.collectives"
@@ -173,8 +174,18 @@ function dist.init_process_group(o, ...)
     error(err, 0)
   end
   log.debug("process group ready: rank %d of %d (%s)", rank, world_size, backend)
-  -- a script may end right after a send: what waits for a handshake still leaves
-  sched.at_exit(function() if state and state.agent == a then a:drain_queues(5) end end)
+  -- A rank whose script ends (or that calls os.exit) leaves the group then,
+  -- not when its process ends: a rank 0 that hosts the store lingers after
+  -- its script for the store's other clients (up to RPCHOST_STORE_LINGER, 30
+  -- s), and the group's connections, still open meanwhile, told the others
+  -- nothing: they waited in their collective for the group's whole timeout
+  -- where any other rank's exit is named at once. Closing first writes out
+  -- what is queued (a script may end right after a send).
+  local function leave()
+    if state and state.agent == a then a:close("this rank's script ended") end
+  end
+  sched.at_exit(leave)
+  compat.before_exit(leave)
 end
 
 function dist.destroy_process_group(group)
