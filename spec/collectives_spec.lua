@@ -187,6 +187,35 @@ describe("collectives #world", function()
     S.assert_checks(r, {times = 2}) -- (ranks 0 and 2)
   end)
 
+  it("name, on every rank, the rank whose all_to_all piece one could not read", function()
+    -- rank 0's read of rank 2's piece fails (as when rank 2 dies meanwhile):
+    -- rank 0 names rank 2 and tells the others, who would otherwise name
+    -- whoever leaves next
+    local r = run_world(3, [[
+      dist.init_process_group{backend = "gloo", timeout = 30}
+      local out, t = tensor.zeros(3 * 300000), tensor.ones(3 * 300000)
+      dist.all_to_all_single(out, t)
+      local core = require "rpchost.core"
+      if rank == 0 then
+        -- (its reads go in rank order: rank 1's piece, then rank 2's)
+        local read, n = core.cma_read_span, 0
+        core.cma_read_span = function(...)
+          n = n + 1
+          if n == 2 then return nil, "No such process" end
+          return read(...)
+        end
+      end
+      local t0 = sched.now()
+      local ok, e = pcall(dist.all_to_all_single, out, t)
+      check("unreachable", not ok and e.kind == "unreachable" and e.rank == 2 and
+        tostring(e.message):find("cannot read the piece of rank 2", 1, true), e)
+      check("quickly", sched.now() - t0 < 5, sched.now() - t0)
+      os.exit(0)
+    ]], {timeout = 40})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    S.assert_checks(r, {times = 3})
+  end)
+
   it("name the rank another could not reach, also on ranks whose own copies all succeeded", function()
     -- rank 0's copies fail on rank 1 (as when rank 1 exits while rank 0 copies);
     -- ranks 1 and 2 finish theirs: all three must name rank 1, not rank 0

@@ -1162,7 +1162,12 @@ local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
       if i ~= me and count > 0 then
         local pid = g.agent.peers[g:global(i)].cma_pid
         local ok, err = core.cma_read_span(pid, tonumber(ptr[(i * n + me) * A2A_WIDTH + 1]), out, o * es, count * es)
-        if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
+        -- (named, and told to the group: the others would otherwise name
+        -- whoever leaves next, this rank, not the one that is gone)
+        if not ok then
+          g:abort(errors.new("unreachable", ("%s: cannot read the piece of rank %d: %s"):format(c.what, g:global(i),
+            tostring(err)), {rank = g:global(i)}))
+        end
       end
       o = o + count
     end
