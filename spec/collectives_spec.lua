@@ -187,34 +187,51 @@ describe("collectives #world", function()
     S.assert_checks(r, {times = 2}) -- (ranks 0 and 2)
   end)
 
-  it("name, on every rank, the rank whose all_to_all piece one could not read", function()
-    -- rank 0's read of rank 2's piece fails (as when rank 2 dies meanwhile):
-    -- rank 0 names rank 2 and tells the others, who would otherwise name
-    -- whoever leaves next
-    local r = run_world(3, [[
-      dist.init_process_group{backend = "gloo", timeout = 30}
-      local out, t = tensor.zeros(3 * 300000), tensor.ones(3 * 300000)
-      dist.all_to_all_single(out, t)
-      local core = require "rpchost.core"
-      if rank == 0 then
-        -- (its reads go in rank order: rank 1's piece, then rank 2's)
-        local read, n = core.cma_read_span, 0
-        core.cma_read_span = function(...)
-          n = n + 1
-          if n == 2 then return nil, "No such process" end
-          return read(...)
+  -- Rank 0's second cross-memory copy fails, as when that peer dies meanwhile:
+  -- rank 0 names the peer (rank 2) and tells the others, who would otherwise
+  -- name whoever leaves next. Each path that copies straight between ranks:
+  -- {name, the core function it copies with, the call, the message's words,
+  -- env}. Rank 0 copies in rank order, so its second copy is with rank 2.
+  local copies = {
+    {"all_to_all_single", "cma_read_span", "dist.all_to_all_single(out, t)", "read the piece of"},
+    {"two-pass all_reduce", "cma_read_into", "dist.all_reduce(t)", "read the tensor of", {RPCHOST_CMA_WRITE = "0"}},
+    {"all_gather_into_tensor", "cma_read_into", "dist.all_gather_into_tensor(out, small)", "read the tensor of"},
+    {"reduce_scatter_tensor", "cma_read_into", "dist.reduce_scatter_tensor(small, t)", "read the tensor of"},
+    -- (the root's first copy is already with rank 2: fail that one)
+    {"broadcast read from the root", "cma_read_into", "dist.broadcast(t, 2)", "read the tensor of",
+      {RPCHOST_CMA_WRITE = "0"}, 1},
+    {"broadcast written by the root", "cma_write_from", "dist.broadcast(t, 0)", "write into the tensor of"},
+  }
+  for _, case in ipairs(copies) do
+    local name, fn, call, verb, env, nth = case[1], case[2], case[3], case[4], case[5], case[6] or 2
+    local said = ("%s #%%d+: cannot %s rank 2: No such process"):format(call:match("dist%.([%w_]+)"), verb)
+    it("name, on every rank, the rank one could not copy from or to: " .. name, function()
+      local r = run_world(3, ([[
+        dist.init_process_group{backend = "gloo", timeout = 30}
+        local out, t, small = tensor.zeros(3 * 300000), tensor.ones(3 * 300000), tensor.ones(300000)
+        local function call() %s end
+        call()
+        local core = require "rpchost.core"
+        local used, n = core.%s, 0
+        if rank == 0 then
+          core.%s = function(...)
+            n = n + 1
+            if n == %d then return nil, "No such process" end
+            return used(...)
+          end
         end
-      end
-      local t0 = sched.now()
-      local ok, e = pcall(dist.all_to_all_single, out, t)
-      check("unreachable", not ok and e.kind == "unreachable" and e.rank == 2 and
-        tostring(e.message):find("cannot read the piece of rank 2", 1, true), e)
-      check("quickly", sched.now() - t0 < 5, sched.now() - t0)
-      os.exit(0)
-    ]], {timeout = 40})
-    assert.are.equal(0, r.status, r.out .. r.err)
-    S.assert_checks(r, {times = 3})
-  end)
+        local t0 = sched.now()
+        local ok, e = pcall(call)
+        check("copied", rank ~= 0 or n >= %d, n)
+        check("unreachable", not ok and e.kind == "unreachable" and e.rank == 2 and
+          tostring(e.message):find(%q), e)
+        check("quickly", sched.now() - t0 < 5, sched.now() - t0)
+        os.exit(0)
+      ]]):format(call, fn, fn, nth, nth, said), {timeout = 40, env = env})
+      assert.are.equal(0, r.status, r.out .. r.err)
+      S.assert_checks(r, {times = 3})
+    end)
+  end
 
   it("name the rank another could not reach, also on ranks whose own copies all succeeded", function()
     -- rank 0's copies fail on rank 1 (as when rank 1 exits while rank 0 copies);

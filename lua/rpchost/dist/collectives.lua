@@ -569,13 +569,24 @@ local function chunk_span(total, n, i)
   return i * base + math.min(i, rem), base + (i < rem and 1 or 0)
 end
 
-local function read_into(p, flat, start, dst)
+-- A copy to or from the memory of group rank i failed (it died, most often):
+-- the group stops, naming rank i, so that every rank names it; the others would
+-- otherwise see this rank, which leaves next, go, and name it instead.
+local function copy_failed(g, c, i, verb, err)
+  local who = g:global(i)
+  g:abort(errors.new("unreachable", ("%s: cannot %s rank %d: %s"):format(c.what, verb, who, tostring(err)),
+    {rank = who}))
+end
+
+-- reads dst's bytes from group rank i's tensor (p: its pid and address), from
+-- element start on
+local function read_into(g, c, i, p, flat, start, dst)
   -- what this rank has queued leaves first: the peers wait on it, and this copy
   -- does not pass through the loop (which would flush it only afterwards)
   core.flush()
   local es = core.dtype_size(core.t_dtype(flat))
   local ok, err = core.cma_read_into(p.pid, p.addr + start * es, dst)
-  if not ok then error(errors.new("unreachable", "cannot read a peer's tensor: " .. tostring(err)), 0) end
+  if not ok then copy_failed(g, c, i, "read the tensor of", err) end
 end
 
 -- Every rank can also write every other's memory: one pass (host/net/cma.c).
@@ -589,10 +600,10 @@ end
 -- whether it divided by the group's size (AVG) already.
 -- src (this rank's contiguous tensor, or a part of it from its start) into the
 -- peer's tensor from its first element
-local function write_from(p, src)
+local function write_from(g, c, i, p, src)
   core.flush() -- (as read_into: what the peers wait on leaves before the copy)
   local ok, err = core.cma_write_from(p.pid, p.addr, src)
-  if not ok then error(errors.new("unreachable", "cannot write into a peer's tensor: " .. tostring(err)), 0) end
+  if not ok then copy_failed(g, c, i, "write into the tensor of", err) end
 end
 
 local function one_pass_allreduce(g, c, flat, redop, peers)
@@ -650,7 +661,7 @@ local function one_pass_allreduce(g, c, flat, redop, peers)
   return true
 end
 
-local function direct_allreduce(g, flat, redop, peers)
+local function direct_allreduce(g, c, flat, redop, peers)
   local n, me = g.size, g.rank
   local total = core.t_numel(flat)
   -- 1. my chunk: read it from each peer and reduce into mine, operands in rank
@@ -667,7 +678,7 @@ local function direct_allreduce(g, flat, redop, peers)
   end
   for i = 0, n - 1 do
     if i ~= me then
-      read_into(peers[i], flat, start, tmp)
+      read_into(g, c, i, peers[i], flat, start, tmp)
       if i < me then core.t_binary(BIN[redop], tmp, mine, mine) else combine(mine, tmp, redop) end
     end
   end
@@ -676,7 +687,7 @@ local function direct_allreduce(g, flat, redop, peers)
   for i = 0, n - 1 do
     if i ~= me then
       local s2, l2 = chunk_span(total, n, i)
-      read_into(peers[i], flat, s2, core.t_narrow(flat, 0, s2, l2))
+      read_into(g, c, i, peers[i], flat, s2, core.t_narrow(flat, 0, s2, l2))
     end
   end
   g:barrier() -- nobody changes its tensor while others may still read it
@@ -688,7 +699,7 @@ local function all_reduce_flat(flat, g, c, redop)
   if bytes >= M.DIRECT_BYTES and numel >= g.size then peers, level = g:direct_peers(c, flat) end
   local divided, how = false, nil
   if level == 2 and M.ONE_PASS then divided, how = one_pass_allreduce(g, c, flat, redop, peers), "one_pass"
-  elseif peers then direct_allreduce(g, flat, redop, peers); how = "direct"
+  elseif peers then direct_allreduce(g, c, flat, redop, peers); how = "direct"
   elseif bytes >= M.RING_BYTES and numel >= g.size then ring(g, c, flat, redop); how = "ring"
   elseif g.size >= M.TREE_RANKS then tree(g, c, flat, redop); how = "tree"
   else recursive_doubling(g, c, flat, redop); how = "doubling" end
@@ -745,11 +756,11 @@ function Group:broadcast(t, root)
       if self.rank == root then
         local part = share > 0 and core.t_narrow(flat, 0, 0, share)
         for i = 0, n - 1 do
-          if part and i ~= root then write_from(peers[i], part) end
+          if part and i ~= root then write_from(self, c, i, peers[i], part) end
         end
         if part then M.used.broadcast_written = M.used.broadcast_written + 1 end
       elseif share < numel then
-        read_into(peers[root], flat, share, core.t_narrow(flat, 0, share, numel - share))
+        read_into(self, c, root, peers[root], flat, share, core.t_narrow(flat, 0, share, numel - share))
       end
       self:barrier() -- the root keeps its tensor as it is until everyone has read it
       direct = true
@@ -952,10 +963,10 @@ local function flat_of(t)
   return core.t_view(core.t_contiguous(t), FLAT, false)
 end
 
--- reads count elements at the peer's address addr into dst (a flat view)
-local function read_at(pid, addr, dst)
+-- fills dst (a flat view) from group rank i's memory at addr (pid: its process)
+local function read_at(g, c, i, pid, addr, dst)
   if core.t_numel(dst) == 0 then return end
-  read_into({pid = pid, addr = addr}, dst, 0, dst)
+  read_into(g, c, i, {pid = pid, addr = addr}, dst, 0, dst)
 end
 
 local function gather_into_flat(out, g, c, t)
@@ -968,7 +979,7 @@ local function gather_into_flat(out, g, c, t)
     if level >= 1 then
       core.t_copy_(piece(me), src)
       for i = 0, n - 1 do
-        if i ~= me then read_at(peers[i].pid, peers[i].v[1], piece(i)) end
+        if i ~= me then read_at(g, c, i, peers[i].pid, peers[i].v[1], piece(i)) end
       end
       M.used.direct = M.used.direct + 1
       g:barrier() -- every input stays as it is until everyone has read it
@@ -1013,7 +1024,7 @@ local function scatter_reduce_flat(out, g, c, t, redop)
       for i = 0, n - 1 do
         if i == me then add(i, mine)
         else
-          read_at(peers[i].pid, peers[i].v[1] + me * k * es, tmp)
+          read_at(g, c, i, peers[i].pid, peers[i].v[1] + me * k * es, tmp)
           add(i, tmp)
         end
       end
@@ -1162,12 +1173,7 @@ local function all_to_all_flat(out, g, c, t, out_counts, in_counts)
       if i ~= me and count > 0 then
         local pid = g.agent.peers[g:global(i)].cma_pid
         local ok, err = core.cma_read_span(pid, tonumber(ptr[(i * n + me) * A2A_WIDTH + 1]), out, o * es, count * es)
-        -- (named, and told to the group: the others would otherwise name
-        -- whoever leaves next, this rank, not the one that is gone)
-        if not ok then
-          g:abort(errors.new("unreachable", ("%s: cannot read the piece of rank %d: %s"):format(c.what, g:global(i),
-            tostring(err)), {rank = g:global(i)}))
-        end
+        if not ok then copy_failed(g, c, i, "read the piece of", err) end
       end
       o = o + count
     end
