@@ -1,6 +1,7 @@
 /* l_loop.c: the event loop as the Lua scheduler sees it: run one turn, read the
  * clock, and one timer armed for the earliest deadline (the scheduler in
  * lua/rpchost/sched.lua keeps the deadline heap; C keeps only this one timer). */
+#include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -32,6 +33,38 @@ static int l_set_spin_window(lua_State *L) {
   double s = luaL_checknumber(L, 1);
   rh_ctx()->net.ring_spin_ns = s > 0 ? (uint64_t)(s * 1e9) : 0;
   return 0;
+}
+
+/* wake_ahead(at, spin) -> "timer" | "polling" | nil, why: the loop polls the
+ * rings for spin seconds from the instant at (seconds on now()'s clock), a
+ * timer waking it then ("timer"), or, where at has come, from now on
+ * ("polling"). wake_ahead() ->
+ * whether the timer was still armed, disarming it (host/net/wake_ahead.c).
+ * ahead_late() -> how late, in seconds, the last firing woke the loop. */
+static int l_wake_ahead(lua_State *L) {
+  rh_net_t *net = &rh_ctx()->net;
+  int rc;
+  if (lua_isnoneornil(L, 1)) {
+    int armed = net->ahead_at != 0;
+    rh_net_wake_ahead(net, 0, 0);
+    lua_pushboolean(L, armed);
+    return 1;
+  } else {
+    double at = luaL_checknumber(L, 1), spin = luaL_checknumber(L, 2);
+    rc = at > 0 && spin >= 0 ? rh_net_wake_ahead(net, (uint64_t)(at * 1e9), (uint64_t)(spin * 1e9)) : -EINVAL;
+  }
+  if (rc < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, rh_strerror(rc));
+    return 2;
+  }
+  lua_pushstring(L, rc ? "polling" : "timer");
+  return 1;
+}
+
+static int l_ahead_late(lua_State *L) {
+  lua_pushnumber(L, (double)rh_ctx()->net.ahead_late / 1e9);
+  return 1;
 }
 
 /* yield_cpu(): gives the core to another runnable process (sched_yield): a
@@ -225,6 +258,8 @@ int rh_open_loop(lua_State *L) {
                                  {"yield_cpu", l_yield_cpu},
                                  {"ring_turn", l_ring_turn},
                                  {"set_spin_window", l_set_spin_window},
+                                 {"wake_ahead", l_wake_ahead},
+                                 {"ahead_late", l_ahead_late},
                                  {"exepath", l_exepath},
                                  {"getpid", l_getpid},
                                  {"hostname", l_hostname},

@@ -319,6 +319,7 @@ local EFFECTS = {
   RPCHOST_MAX_DEPTH = {"spec/environment_spec.lua", "the nesting limit"},
   RPCHOST_SPIN_YIELD = {"spec/shm_ring_spec.lua", "giving the core away while polling"},
   RPCHOST_SPIN_US = {"spec/rpc_spec.lua", "the polling window"},
+  RPCHOST_WAKE_AHEAD = {"spec/rpc_spec.lua", "waking ahead of regular answers"},
   RPCHOST_NUM_THREADS = {"spec/launcher_spec.lua", "the tensor thread pool's size"},
   RPCHOST_LUA_DIR = {"spec/bytecode_spec.lua", "another Lua library"},
   RPCHOST_BYTECODE = {"spec/bytecode_spec.lua", "parsing the library's source"},

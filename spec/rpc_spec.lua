@@ -255,6 +255,96 @@ describe("rpc #world", function()
     S.assert_checks(r)
   end)
 
+  it("wakes ahead of answers that come regularly after the polling window, and only of those", function()
+    -- (the plan's rule, rpchost.wake_ahead: from 8 answers of a kind, wake at
+    -- the second shortest less the lead, poll to the second longest and more)
+    local wa = require "rpchost.wake_ahead"
+    local us = 1e-6
+    local function taught(waits)
+      local w = wa.new()
+      for _, dt in ipairs(waits) do w:sample("k", dt) end
+      return w
+    end
+    local function all(dt) local t = {} for i = 1, 8 do t[i] = dt end return t end
+    local w = taught(all(800 * us))
+    local at, poll = w:plan("k", 10, 60 * us)
+    local lead = 50 * us + wa.MARGIN -- (no firing measured yet)
+    assert.is_true(math.abs(at - (10 + 800 * us - lead)) < 1e-9, at)
+    assert.is_true(math.abs(poll - (lead + 2 * wa.MARGIN)) < 1e-9, poll)
+    assert.is_nil(taught({800 * us, 800 * us, 800 * us}):plan("k", 10, 60 * us)) -- (too few known)
+    assert.is_nil(w:plan("other", 10, 60 * us))
+    -- answers that come soon after the window: the poll starts before the
+    -- window ends, so it just goes on; none where the window outlasts it
+    local at3, poll3 = taught(all(100 * us)):plan("k", 10, 60 * us)
+    assert.is_true(math.abs(at3 - (10 + 100 * us - lead)) < 1e-9 and at3 < 10 + 60 * us, at3)
+    assert.is_true(at3 + poll3 > 10 + 100 * us, poll3)
+    assert.is_nil(taught(all(100 * us)):plan("k", 10, 200 * us))
+    assert.is_nil(taught(all(800 * us)):plan("k", 10, 1e-3))
+    -- one odd answer moves neither end; answers that spread wider than the
+    -- longest poll are not waited for
+    local odd = all(800 * us)
+    odd[3], odd[6] = 5e-3, 100 * us
+    local at2, poll2 = taught(odd):plan("k", 10, 60 * us)
+    assert.are.equal(at, at2)
+    assert.are.equal(poll, poll2)
+    local wide = all(800 * us)
+    wide[1], wide[2], wide[7], wide[8] = 300 * us, 300 * us, 2e-3, 2e-3
+    assert.is_nil(taught(wide):plan("k", 10, 60 * us))
+    -- the lead follows how late the timer woke the loop: the second latest of
+    -- the last firings, a firing that found the loop busy counting as MAX_LEAD
+    w:fired(30 * us)
+    w:fired(40 * us)
+    w:fired(1)
+    assert.is_true(math.abs(w.lead - 40 * us) < 1e-12, w.lead)
+    w:fired(1)
+    assert.is_true(math.abs(w.lead - wa.MAX_LEAD) < 1e-12, w.lead)
+    -- (the timer polls rings: where there are none, as in this process, it is
+    -- not armed, and there is nothing to disarm)
+    local core, sched = require "rpchost.core", require "rpchost.sched"
+    local armed, why = core.wake_ahead(sched.now() + 1, 1e-4)
+    assert.is_nil(armed)
+    assert.is_string(why)
+    assert.is_false(core.wake_ahead())
+    -- (in a world: a callee that computes 2 ms per call is woken ahead of, its
+    -- answers then seen while polling; one whose answers vary from 1 to 30 ms
+    -- is not; a callee whose caller computes 2 ms between calls wakes ahead of
+    -- the next request; RPCHOST_WAKE_AHEAD=0 turns it off)
+    for _, off in ipairs {false, true} do
+      local r = world(2, [[
+        local sched = require "rpchost.sched"
+        function busy() local t = sched.now() while sched.now() - t < 2e-3 do end return true end
+        local n = 0
+        function uneven() n = n + 1 sched.sleep(n % 2 == 0 and 0.03 or 0.001) return true end
+        function quick() return true end
+        rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+        local used = sched.wake_ahead_used()
+        local on = os.getenv("RPCHOST_WAKE_AHEAD") ~= "0"
+        if rank == 0 then
+          for _ = 1, 30 do rpc.rpc_sync("worker1", uneven) end
+          check("not for uneven answers", used.armed == 0, used.armed)
+          for _ = 1, 60 do rpc.rpc_sync("worker1", busy) end
+          check("woken ahead unless turned off", on and used.armed >= 10 and used.fired >= 10 or
+            not on and used.armed == 0, used.armed, used.fired)
+          local armed = used.armed
+          for _ = 1, 60 do
+            rpc.rpc_sync("worker1", quick)
+            busy()
+          end
+          check("not for answers that come at once", used.armed == armed, used.armed, armed)
+        end
+        rpc.shutdown()
+        check("each timer fired or was disarmed", used.fired + used.early == used.armed, used.armed, used.fired,
+          used.early)
+        if rank == 1 then
+          check("the callee woke ahead of requests unless turned off", on and used.armed >= 10 or
+            not on and used.armed == 0, used.armed)
+        end
+      ]], {env = {RPCHOST_WAKE_AHEAD = off and "0" or nil}})
+      assert.are.equal(0, r.status, r.err)
+      S.assert_checks(r, {script = r.script})
+    end
+  end)
+
   it("writes a burst of rpc_async from one loop turn together, the first at once", function()
     local r = world(2, [[
       local core = require "rpchost.core"

@@ -117,6 +117,7 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
   net->sweep.data = net;
   rc = uv_timer_start(&net->sweep, sweep_cb, 1000, 1000);
   rh__rings_init(net);
+  rh__ahead_init(net);
   /* Neither handle alone keeps the loop alive. */
   uv_unref((uv_handle_t *)&net->flush);
   uv_unref((uv_handle_t *)&net->sweep);
@@ -127,6 +128,7 @@ void rh_net_close(rh_net_t *net) {
   if (!uv_is_closing((uv_handle_t *)&net->flush)) uv_close((uv_handle_t *)&net->flush, NULL);
   if (!uv_is_closing((uv_handle_t *)&net->sweep)) uv_close((uv_handle_t *)&net->sweep, NULL);
   rh__rings_close(net);
+  rh__ahead_close(net);
   if (net->spare_fd >= 0) close(net->spare_fd);
   net->spare_fd = -1;
 }

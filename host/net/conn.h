@@ -87,6 +87,16 @@ struct rh_net_s {
   int loadavg_fd;            /* /proc/loadavg, kept open (-2: not opened yet, -1: unreadable) */
   uint64_t loop_turn_at;     /* uv_hrtime when the loop last began a turn (rh_net_ring_turn) */
   uint64_t csw_at, csw_last; /* when the switches were last counted, and how many */
+  /* Waking ahead (wake_ahead.c): a rank whose answers come regularly later
+   * than its polling window sleeps until just before the next is due, then
+   * polls the rings for ahead_spin_ns (ahead_until), so that the answer is
+   * seen as it lands instead of a kernel wake-up after it. */
+  int ahead_fd;           /* a timerfd (-1: none, waking ahead is off) */
+  uv_poll_t ahead;        /* its readiness, in the loop */
+  uint64_t ahead_at;      /* uv_hrtime it is armed for (0: not armed) */
+  uint64_t ahead_spin_ns; /* how long to poll once it fires */
+  uint64_t ahead_until;   /* polling lasts until then (0: not waking ahead) */
+  uint64_t ahead_late;    /* how late the last firing woke the loop, ns */
 };
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);
@@ -100,6 +110,12 @@ int rh_net_ring_turn(rh_net_t *net);
 /* Whether a rank that polls with nothing to do should give its core away now
  * (see ring_yield above); `now` is uv_hrtime(). */
 int rh_net_polite(rh_net_t *net, uint64_t now);
+/* Arms the wake-ahead timer for uv_hrtime `at` (ns) to poll the rings for
+ * spin_ns from then: 0; where `at` has come already, the rings are polled
+ * until at + spin_ns, with no timer: 1. at = 0 disarms the timer (0). A
+ * negative errno where it fails (-EINVAL: this net has no timer, or no rings
+ * to poll). */
+int rh_net_wake_ahead(rh_net_t *net, uint64_t at, uint64_t spin_ns);
 void rh_net_close(rh_net_t *net);
 /* Writes all queued output now (also done automatically before each poll). */
 void rh_net_flush(rh_net_t *net);

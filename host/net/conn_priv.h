@@ -115,5 +115,10 @@ void rh__rings_init(rh_net_t *net);
 void rh__rings_close(rh_net_t *net);
 /* every ring of the net, before each poll */
 void rh__rings_poll(rh_net_t *net);
+/* the loop polls the rings from now on, until the window (ring_last +
+ * ring_spin_ns, or ahead_until) ends; the peers write without a doorbell */
+void rh__rings_start_polling(rh_net_t *net);
+void rh__ahead_init(rh_net_t *net);
+void rh__ahead_close(rh_net_t *net);
 
 #endif

@@ -147,9 +147,21 @@ int rh_net_polite(rh_net_t *net, uint64_t now) {
 
 /* The end of a burst begun at `from`: SPIN_BURST_NS on, but never past the
  * polling window that the last ring traffic opened. */
+static uint64_t window_end(const rh_net_t *net) {
+  uint64_t end = net->ring_last + net->ring_spin_ns;
+  return net->ahead_until > end ? net->ahead_until : end;
+}
 static uint64_t burst_end(const rh_net_t *net, uint64_t from) {
-  uint64_t until = from + SPIN_BURST_NS, end = net->ring_last + net->ring_spin_ns;
+  uint64_t until = from + SPIN_BURST_NS, end = window_end(net);
   return end < until ? end : until;
+}
+
+/* A frame came through a ring: the polling window runs on from now, and a
+ * wake-ahead's own window has done its job. */
+static void traffic(rh_net_t *net, uint64_t now) {
+  net->ring_found = 0;
+  net->ring_last = now;
+  net->ahead_until = 0;
 }
 
 /* Polls the rings alone until one has a frame or uv_hrtime() reaches until
@@ -158,8 +170,7 @@ static int ring_burst(rh_net_t *net, uint64_t until, int once) {
   for (;;) {
     rh__rings_poll(net);
     if (net->ring_found) {
-      net->ring_found = 0;
-      net->ring_last = uv_hrtime();
+      traffic(net, uv_hrtime());
       return 1;
     }
     if (once || uv_hrtime() >= until) return 0;
@@ -175,11 +186,10 @@ static void spin_cb(uv_idle_t *h) {
   rh__rings_poll(net);
   uint64_t now = uv_hrtime();
   if (net->ring_found) {
-    net->ring_found = 0;
-    net->ring_last = now;
+    traffic(net, now);
     return;
   }
-  if (now - net->ring_last < net->ring_spin_ns) {
+  if (now < window_end(net)) {
     if (rh_net_polite(net, now)) {
       sched_yield(); /* nothing this turn: another rank on this core may have work */
       net->ring_yielded = 1;
@@ -213,6 +223,7 @@ static void spin_cb(uv_idle_t *h) {
   }
   uv_idle_stop(h);
   net->spinning = 0;
+  net->ahead_until = 0;
 }
 
 /* The rings alone, from the scheduler between the loop's turns: a reply that
@@ -224,20 +235,25 @@ static void spin_cb(uv_idle_t *h) {
 int rh_net_ring_turn(rh_net_t *net) {
   if (!net->spinning || !net->rings) return -1;
   uint64_t now = uv_hrtime();
-  if (now - net->loop_turn_at >= SPIN_BURST_NS || now - net->ring_last >= net->ring_spin_ns) return -1;
+  if (now - net->loop_turn_at >= SPIN_BURST_NS || now >= window_end(net)) return -1;
   rh_net_flush_now(net); /* (what the tasks queued, doorbells included: the prepare hook's job) */
   /* (a polite rank looks once: its core may be another's) */
   return ring_burst(net, burst_end(net, net->loop_turn_at), rh_net_polite(net, now)) ? 1 : -1;
 }
 
+void rh__rings_start_polling(rh_net_t *net) {
+  if (net->spinning || !net->rings || uv_is_closing((uv_handle_t *)&net->spin)) return;
+  net->spinning = 1;
+  for (rh_conn_ring_t *r = net->rings; r; r = r->next) rh_ring_awake(&r->rx);
+  uv_idle_start(&net->spin, spin_cb);
+}
+
 /* Ring traffic: keep the loop polling for a while. */
 static void activity(rh_net_t *net) {
   net->ring_found = 1;
-  if (net->spinning || !net->rings || uv_is_closing((uv_handle_t *)&net->spin)) return;
-  net->spinning = 1;
+  if (net->spinning) return;
   net->ring_last = uv_hrtime();
-  for (rh_conn_ring_t *r = net->rings; r; r = r->next) rh_ring_awake(&r->rx);
-  uv_idle_start(&net->spin, spin_cb);
+  rh__rings_start_polling(net);
 }
 
 void rh__rings_init(rh_net_t *net) {

@@ -446,12 +446,57 @@ local spin = require("rpchost.spin_window").new((tonumber(os.getenv("RPCHOST_SPI
 -- (a binary older than this library has no such call: its rings keep their window)
 local set_ring_window = core.set_spin_window or function() end
 local spin_until = 0
--- when the last request or reply went out (0: its answer was measured)
-local sent_at = 0
-function M.expect_soon()
+-- when the last request or reply went out (0: its answer was measured), and
+-- what kind of call it was (nil: none that wakes ahead)
+local sent_at, sent_key = 0, nil
+-- key: the kind of call whose answer (or, after a reply, whose next request)
+-- is awaited, for rpchost.wake_ahead (rpchost.wake_ahead.call_key); nil for a
+-- message
+function M.expect_soon(key)
   if spin.base > 0 then
-    sent_at = now()
+    sent_at, sent_key = now(), key
     spin_until = sent_at + spin.window
+  end
+end
+
+-- Waking ahead of answers that come regularly after the window
+-- (rpchost.wake_ahead): armed once per request, when its loop first sleeps
+-- (a binary older than this library has no timer: nothing is armed;
+-- RPCHOST_WAKE_AHEAD=0 turns it off).
+local ahead = require("rpchost.wake_ahead").new()
+local wake_ahead, ahead_late = core.wake_ahead, core.ahead_late
+if os.getenv("RPCHOST_WAKE_AHEAD") == "0" then wake_ahead = nil end
+local ahead_for, ahead_armed = 0, false
+-- what waking ahead did in this process (specs and benches read it): timers
+-- armed, fired before their answer came, and disarmed by an answer that came
+-- first; waits polled on past the window instead (no time to sleep)
+local ahead_used = {armed = 0, fired = 0, early = 0, polled = 0}
+function M.wake_ahead_used() return ahead_used end
+local function arm_ahead()
+  if ahead_for == sent_at then return end
+  ahead_for = sent_at
+  local at, poll = ahead:plan(sent_key, sent_at, spin.window)
+  if not at then return end
+  local how = wake_ahead(at, poll)
+  if how == "timer" then
+    ahead_armed = true
+    ahead_used.armed = ahead_used.armed + 1
+  elseif how == "polling" then
+    ahead_used.polled = ahead_used.polled + 1
+  end
+end
+-- (the answer came: a timer that fired says how late it woke, one that did
+-- not is disarmed)
+local function answered(key, dt)
+  ahead:sample(key, dt)
+  if ahead_armed then
+    ahead_armed = false
+    if wake_ahead() then
+      ahead_used.early = ahead_used.early + 1
+    else
+      ahead:fired(ahead_late())
+      ahead_used.fired = ahead_used.fired + 1
+    end
   end
 end
 -- the window the loop polls for now, in seconds (specs read it)
@@ -509,8 +554,9 @@ local function run_until(t)
     local waiting = rhead > rtail
     -- (the send this turn's wait is for: a reply that this turn's I/O itself
     -- sends, an inline handler's, starts the next wait and is not this one)
-    local sent = waiting and sent_at or 0
+    local sent, key = waiting and sent_at or 0, sent_key
     local spinning = waiting and spin_until > 0 and now() < spin_until
+    if sent > 0 and key ~= nil and not spinning and wake_ahead then arm_ahead() end
     -- (no deadline left: the timer armed for a cancelled one goes, or it would
     -- keep an otherwise finished loop alive)
     if hn == 0 and armed_at then core.timer_stop(); armed_at = nil end
@@ -549,7 +595,9 @@ local function run_until(t)
     -- and the rings' own polling follows it, host/net/conn_ring.c)
     if sent > 0 and rhead <= rtail then
       local was = spin.window
-      spin:sample(now() - sent)
+      local dt = now() - sent
+      spin:sample(dt)
+      if key ~= nil and wake_ahead then answered(key, dt) end
       if sent_at == sent then sent_at = 0 end
       if spin.window ~= was then set_ring_window(spin.window) end
     end

@@ -13,6 +13,7 @@
 -- the loop (mark_inline), and how a request's RRefs are confirmed before it
 -- runs (set_hooks{await_confirmed = ...}, from rpchost.rpc.rref).
 local sched = require "rpchost.sched"
+local call_key = require("rpchost.wake_ahead").call_key
 local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local proto = require "rpchost.wire.proto"
@@ -190,7 +191,13 @@ end
 -- it dialled, the peer's (of the same incarnation: the same process). A second
 -- connection the peer itself opened (it reconnected, or restarted) gets its
 -- replies on itself.
+-- (the kind of call a reply answers, set just before it is made: what this
+-- rank learns to expect next after it, rpchost.wake_ahead; taken by the reply)
+local answering = nil
+
 local function reply(self, to, id, flags, body, segs)
+  local key = answering
+  answering = nil
   segs = segs or codec.EMPTY -- (shared, read-only)
   if type(to) == "function" then return to(flags, body, segs) end
   local st = self.conns[to]
@@ -204,11 +211,11 @@ local function reply(self, to, id, flags, body, segs)
   -- (counted once it left: the caller is waiting for it)
   if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
     trace.frame_bytes(p.name, true, body, segs)
-    return sched.expect_soon()
+    return sched.expect_soon(key)
   end
   to:send(proto.RESPONSE, flags, id, body, unpack(segs))
   if p then trace.frame_bytes(p.name, true, body, segs) end
-  sched.expect_soon()
+  sched.expect_soon(key)
 end
 
 -- The rank a reply goes to (a connection's peer, or this rank for self calls).
@@ -362,7 +369,7 @@ end
 -- A handler's function returned (ok, results... or false, error). Returns true
 -- when its caller cancelled it meanwhile: then nobody waits for a reply.
 -- (byid: where the call was entered, calls_from's; nil when it was not)
-local function ran(self, to, id, fn, rmap, rctx, byid, ok, ...)
+local function ran(self, to, id, fn, key, rmap, rctx, byid, ok, ...)
   if byid then
     local t = byid[id]
     byid[id] = nil
@@ -372,6 +379,7 @@ local function ran(self, to, id, fn, rmap, rctx, byid, ok, ...)
     if (...) == NOW then send_results(self, to, id, rmap, rctx, true, select(2, ...))
     else reply_when_done(self, to, id, (...), rmap, rctx) end
   else
+    answering = key
     send_results(self, to, id, rmap, rctx, ok, ...)
   end
   return false
@@ -407,7 +415,8 @@ local function handler(self, to, id, fn, args, kwargs, ctx, queued_at, rmap)
     -- (a caller that stops waiting may cancel it while it runs: cancel_request)
     local byid = task and calls_from(self, rank_of(self, to))
     if byid then byid[id] = task end
-    cancelled = ran(self, to, id, fn, rmap, rctx, byid, xpcall(fn, sched.traceback, unpack(args, 1, n)))
+    local key = call_key(fn, args) -- (before the call: it may change its arguments)
+    cancelled = ran(self, to, id, fn, key, rmap, rctx, byid, xpcall(fn, sched.traceback, unpack(args, 1, n)))
   end
   if t0 then
     local from = self.peers[rank_of(self, to) or -1]

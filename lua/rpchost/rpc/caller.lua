@@ -12,6 +12,7 @@
 -- autograd context carries it, and where it goes (rpchost.rpc.dist_autograd).
 local core = require "rpchost.core"
 local sched = require "rpchost.sched"
+local call_key = require("rpchost.wake_ahead").call_key
 local codec = require "rpchost.wire.codec"
 local errors = require "rpchost.errors"
 local proto = require "rpchost.wire.proto"
@@ -194,7 +195,8 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
     else
       self.batched = self.batched + 1
     end
-    sched.expect_soon()
+    -- (its answer's time is learnt per kind of call: rpchost.wake_ahead)
+    sched.expect_soon(call_key(what or fn, args))
   end
   return fut
 end
