@@ -89,6 +89,9 @@ local function max_over_ranks(xs)
   return r
 end
 
+-- seconds of untimed repetitions before each step's timed ones
+local WARM_S = 0.5
+
 -- warm-up, calibrate, time: returns the per-repetition times (max over ranks)
 local function timed(op, reps)
   local warm = math.max(2, math.min(20, math.floor(reps / 10)))
@@ -96,6 +99,11 @@ local function timed(op, reps)
   local t0 = now()
   for _ = 1, warm do dist.barrier(); op() end
   local per = max_over_ranks({(now() - t0) / warm})[1]
+  -- then WARM_S of untimed repetitions, on every side: a VM's idle cores wake
+  -- slowly until the guest has seen them busy for a while (the first 300
+  -- all_to_all_single calls of 4 ranks on 2 cores took 450-500 us, the next
+  -- 250-300, with the JIT on or off)
+  for _ = 1, math.min(2000, math.floor(WARM_S / math.max(per, 1e-9))) do dist.barrier(); op() end
   local n = math.max(3, math.min(reps, math.floor(max_s / math.max(per, 1e-9))))
   local ts = {}
   for i = 1, n do

@@ -50,13 +50,22 @@ static double pct(double *v, int n, double p) {
   return v[i];
 }
 
+/* seconds of untimed repetitions before a step's timed ones */
+#define WARM_S 0.5
+
 /* times op() up to reps times (bounded by max_s): the median of the per-rep max over ranks */
 typedef void (*op_fn)(void *);
 static double timed(op_fn op, void *ctx, int reps) {
   double *ts = malloc(sizeof(double) * reps);
-  for (int i = 0; i < 3; i++) {
+  /* untimed: 3 repetitions, then on until WARM_S passed on every rank, as
+   * bench/collectives.lua warms up (a VM's idle cores wake slowly at first) */
+  double w0 = MPI_Wtime();
+  for (int i = 0;; i++) {
     MPI_Barrier(MPI_COMM_WORLD);
     op(ctx);
+    int done = i >= 2 && MPI_Wtime() - w0 >= WARM_S, all;
+    MPI_Allreduce(&done, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all) break;
   }
   double start = MPI_Wtime();
   int n = 0;

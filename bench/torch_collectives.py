@@ -33,6 +33,8 @@ sys.dont_write_bytecode = True  # keep bench/ free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_rpc  # noqa: E402  (spawn_script; no torch import)
 
+WARM_S = 0.5  # seconds of untimed repetitions before a step's timed ones (bench/collectives.lua)
+
 
 def spawn_ranks(nproc, argv, stderr=None):
     """Starts nproc copies of this file as ranks (torch_rpc.spawn_script)."""
@@ -77,6 +79,10 @@ def rank_main(max_s, steps):
             dist.barrier()
             op()
         per = max_over_ranks([(now() - t0) / warm])[0]
+        # then WARM_S of untimed repetitions, as bench/collectives.lua does
+        for _ in range(min(2000, int(WARM_S / max(per, 1e-9)))):
+            dist.barrier()
+            op()
         n = max(3, min(reps, int(max_s / max(per, 1e-9))))
         ts = [0.0] * n
         for i in range(n):

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "proc/memcpy_tune.h"
 #include "rh_lua.h"
 #include "tensor/tensor.h"
 
@@ -168,6 +169,8 @@ static void raise_descriptor_limit(void) {
 }
 
 int main(int argc, char **argv) {
+  /* (before anything else: it may start this program again, tuned) */
+  rh_memcpy_tune(argv);
   raise_descriptor_limit(); /* before anything opens a descriptor */
   rh_blas_quiet();
   signal(SIGPIPE, SIG_IGN);

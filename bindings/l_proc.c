@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #endif
 
+#include "proc/memcpy_tune.h"
 #include "rh_lua.h"
 
 #define PROC_MT "rpchost.Process"
@@ -364,15 +365,27 @@ static int l_file_stamp(lua_State *L) {
   return 1;
 }
 
+/* memcpy_tune() -> "tuned" | "not needed" | "off" | "failed": whether this
+ * process runs with glibc's copies tuned for this CPU (host/proc/memcpy_tune.h) */
+static int l_memcpy_tune(lua_State *L) {
+  static const char *const names[] = {"not needed", "tuned", "off", "failed"};
+  lua_pushstring(L, names[rh_memcpy_state()]);
+  return 1;
+}
+
 int rh_open_proc(lua_State *L) {
   static const luaL_Reg proc_methods[] = {{"pid", l_proc_pid}, {NULL, NULL}};
   static const luaL_Reg signal_methods[] = {{"close", l_signal_close}, {NULL, NULL}};
   rh_lua_class(L, PROC_MT, proc_methods, NULL, NULL);
   rh_lua_class(L, SIGNAL_MT, signal_methods, NULL, NULL);
 
-  static const luaL_Reg fns[] = {{"spawn", l_spawn},           {"kill", l_kill},
-                                 {"signal", l_signal},         {"die_with_parent", l_die_with_parent},
-                                 {"file_stamp", l_file_stamp}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"spawn", l_spawn},
+                                 {"kill", l_kill},
+                                 {"signal", l_signal},
+                                 {"die_with_parent", l_die_with_parent},
+                                 {"file_stamp", l_file_stamp},
+                                 {"memcpy_tune", l_memcpy_tune},
+                                 {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, fns);
   static const struct {

@@ -158,6 +158,43 @@ describe("the environment #world", function()
     assert.truthy(told.out:find("JOINED", 1, true), told.out .. told.err)
   end)
 
+  it("RPCHOST_MEMCPY_TUNE: where glibc's rep movsb copies are slow, a process starts again tuned, and so do its ranks",
+    function()
+    -- (host/proc/memcpy_tune.h: AMD CPUs with FSRM, glibc bug 30994; each
+    -- case clears GLIBC_TUNABLES, which this busted process, itself rpchost,
+    -- may carry)
+    local f = assert(io.open("/proc/cpuinfo"))
+    local cpu = f:read("*a")
+    f:close()
+    local flags = cpu:match("\nflags%s*:([^\n]*)") or ""
+    local affected = cpu:find("AuthenticAMD", 1, true) and (" " .. flags .. " "):find(" fsrm ", 1, true)
+    local KEY = "glibc.cpu.x86_rep_movsb_threshold=1099511627776"
+    local code = [[print(require("rpchost.core").memcpy_tune() .. "|" .. tostring(os.getenv("GLIBC_TUNABLES")))]]
+    local function state(env) return (run_with(env, code):gsub("%s+$", "")) end
+    if affected then
+      assert.are.equal("tuned|" .. KEY, state({GLIBC_TUNABLES = ""}))
+      -- (the user's other tunables are kept)
+      assert.are.equal("tuned|glibc.malloc.arena_max=8:" .. KEY, state({GLIBC_TUNABLES = "glibc.malloc.arena_max=8"}))
+    else
+      assert.are.equal("not needed|", state({GLIBC_TUNABLES = ""}))
+    end
+    -- a threshold the user set stands, and 0 turns it off
+    assert.are.equal("tuned|glibc.cpu.x86_rep_movsb_threshold=5000",
+      state({GLIBC_TUNABLES = "glibc.cpu.x86_rep_movsb_threshold=5000"}))
+    assert.are.equal("off|", state({GLIBC_TUNABLES = "", RPCHOST_MEMCPY_TUNE = "0"}))
+    -- ranks started by `rpchost run` begin tuned: the launcher's start passed it on
+    local r = S.world(2, [[print("STATE " .. require("rpchost.core").memcpy_tune() .. "|" ..
+      tostring(os.getenv("GLIBC_TUNABLES")))]], {env = {GLIBC_TUNABLES = ""}, timeout = 60})
+    assert.are.equal(0, r.status, r.out .. r.err)
+    local want = affected and ("tuned|" .. KEY) or "not needed|"
+    local n = 0
+    for got in r.out:gmatch("STATE ([^\n]*)") do
+      assert.are.equal(want, got)
+      n = n + 1
+    end
+    assert.are.equal(2, n, r.out)
+  end)
+
   it("RPCHOST_MALLOC_TUNE=0 keeps glibc's malloc, which maps each megabyte buffer on its own", function()
     local code = [[local tensor = require "tensor"
       local function heap_mib() -- (the size of the brk heap)
