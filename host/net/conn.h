@@ -114,7 +114,7 @@ int rh_net_polite(rh_net_t *net, uint64_t now);
  * spin_ns from then: 0; where `at` has come already, the rings are polled
  * until at + spin_ns, with no timer: 1. at = 0 disarms the timer (0). A
  * negative errno where it fails (-EINVAL: this net has no timer, or no rings
- * to poll). */
+ * to poll; -EAGAIN: others want the cores now, rh_net_polite). */
 int rh_net_wake_ahead(rh_net_t *net, uint64_t at, uint64_t spin_ns);
 void rh_net_close(rh_net_t *net);
 /* Writes all queued output now (also done automatically before each poll). */

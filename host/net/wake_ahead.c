@@ -9,7 +9,9 @@
  * roughly when the next one is due: it arms this timer for a little before,
  * the kernel's wake-up happens while the peer still works, and the loop then
  * polls the rings (conn_ring.c) for a short spin. The answer is seen as it
- * lands, and its writer, finding the reader awake, rings no doorbell.
+ * lands, and its writer, finding the reader awake, rings no doorbell. Only
+ * where the rank has a core to itself (rh_net_polite): where ranks outnumber
+ * the cores, one that polls takes a core from the rank it waits for.
  *
  * One timerfd per net, on CLOCK_MONOTONIC (uv_hrtime's clock), with
  * nanoseconds where the loop's own timers have milliseconds; its poll handle
@@ -68,6 +70,9 @@ int rh_net_wake_ahead(rh_net_t *net, uint64_t at, uint64_t spin_ns) {
   }
   if (!net->rings) return -EINVAL;
   uint64_t now = uv_hrtime();
+  /* (where others want the cores, a rank that polls takes a core from the one
+   * it waits for: it sleeps as before) */
+  if (rh_net_polite(net, now)) return -EAGAIN;
   if (at <= now) {
     /* (due already: the polling that is under way goes on until then, with no timer) */
     if (at + spin_ns > net->ahead_until) net->ahead_until = at + spin_ns;

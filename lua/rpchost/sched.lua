@@ -469,8 +469,9 @@ if os.getenv("RPCHOST_WAKE_AHEAD") == "0" then wake_ahead = nil end
 local ahead_for, ahead_armed = 0, false
 -- what waking ahead did in this process (specs and benches read it): timers
 -- armed, fired before their answer came, and disarmed by an answer that came
--- first; waits polled on past the window instead (no time to sleep)
-local ahead_used = {armed = 0, fired = 0, early = 0, polled = 0}
+-- first; waits polled on past the window instead (no time to sleep); plans
+-- the loop refused (others wanted the cores, or no rings)
+local ahead_used = {armed = 0, fired = 0, early = 0, polled = 0, refused = 0}
 function M.wake_ahead_used() return ahead_used end
 local function arm_ahead()
   if ahead_for == sent_at then return end
@@ -483,6 +484,8 @@ local function arm_ahead()
     ahead_used.armed = ahead_used.armed + 1
   elseif how == "polling" then
     ahead_used.polled = ahead_used.polled + 1
+  else
+    ahead_used.refused = ahead_used.refused + 1
   end
 end
 -- (the answer came: a timer that fired says how late it woke, one that did
