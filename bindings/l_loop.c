@@ -35,10 +35,11 @@ static int l_set_spin_window(lua_State *L) {
   return 0;
 }
 
-/* wake_ahead(at, spin) -> "timer" | "polling" | nil, why: the loop polls the
- * rings for spin seconds from the instant at (seconds on now()'s clock), a
- * timer waking it then ("timer"), or, where at has come, from now on
- * ("polling"). wake_ahead() ->
+/* wake_ahead(at, spin) -> "timer" | "polling" | "past" | nil, why: the loop
+ * polls the rings for spin seconds from the instant at (seconds on now()'s
+ * clock), a timer waking it then ("timer"), or, where at has come, from now on
+ * ("polling"; "past" where at + spin has come too); why is "busy" where others
+ * want the cores. wake_ahead() ->
  * whether the timer was still armed, disarming it (host/net/wake_ahead.c).
  * ahead_late() -> how late, in seconds, the last firing woke the loop. */
 static int l_wake_ahead(lua_State *L) {
@@ -55,10 +56,11 @@ static int l_wake_ahead(lua_State *L) {
   }
   if (rc < 0) {
     lua_pushnil(L);
-    lua_pushstring(L, rh_strerror(rc));
+    /* ("busy": others want the cores, as rh_net_polite counts it) */
+    lua_pushstring(L, rc == -EAGAIN ? "busy" : rh_strerror(rc));
     return 2;
   }
-  lua_pushstring(L, rc ? "polling" : "timer");
+  lua_pushstring(L, rc == 0 ? "timer" : rc == 1 ? "polling" : "past");
   return 1;
 }
 

@@ -298,6 +298,14 @@ describe("rpc #world", function()
     assert.is_true(math.abs(w.lead - 40 * us) < 1e-12, w.lead)
     w:fired(1)
     assert.is_true(math.abs(w.lead - wa.MAX_LEAD) < 1e-12, w.lead)
+    -- the kinds remembered are bounded (a name, unlike a function, is never
+    -- collected)
+    local many = wa.new()
+    for i = 1, wa.MAX_KEYS * 3 do many:sample("f" .. i, 1e-3) end
+    assert.is_true(many.nkeys <= wa.MAX_KEYS, many.nkeys)
+    local n = 0
+    for _ in pairs(many.keys) do n = n + 1 end
+    assert.are.equal(many.nkeys, n)
     -- (the timer polls rings: where there are none, as in this process, it is
     -- not armed, and there is nothing to disarm)
     local core, sched = require "rpchost.core", require "rpchost.sched"
@@ -316,6 +324,7 @@ describe("rpc #world", function()
         local n = 0
         function uneven() n = n + 1 sched.sleep(n % 2 == 0 and 0.03 or 0.001) return true end
         function quick() return true end
+        local core = require "rpchost.core"
         rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
         local used = sched.wake_ahead_used()
         local on = os.getenv("RPCHOST_WAKE_AHEAD") ~= "0"
@@ -335,6 +344,10 @@ describe("rpc #world", function()
         rpc.shutdown()
         check("each timer fired or was disarmed", used.fired + used.early == used.armed, used.armed, used.fired,
           used.early)
+        -- (the rings were there to poll; a timer that fired woke the loop, which
+        -- measured how late)
+        check("every plan could be followed", used.unable == 0, used.unable)
+        check("a firing measured", used.fired == 0 or core.ahead_late() > 0, used.fired, core.ahead_late())
         if rank == 1 then
           check("the callee woke ahead of requests unless turned off", on and used.armed + used.refused >= 10 or
             not on and used.armed + used.refused == 0, used.armed, used.refused)

@@ -100,6 +100,7 @@ static int default_max_unproven(void) {
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version) {
   memset(net, 0, sizeof *net);
+  net->ahead_fd = -1; /* (until rh__ahead_init: rh_net_close may come first) */
   net->loop = loop;
   net->max_frame = max_frame;
   net->version = version;

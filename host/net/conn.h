@@ -112,7 +112,8 @@ int rh_net_ring_turn(rh_net_t *net);
 int rh_net_polite(rh_net_t *net, uint64_t now);
 /* Arms the wake-ahead timer for uv_hrtime `at` (ns) to poll the rings for
  * spin_ns from then: 0; where `at` has come already, the rings are polled
- * until at + spin_ns, with no timer: 1. at = 0 disarms the timer (0). A
+ * until at + spin_ns, with no timer: 1 (2 where that has passed too: nothing
+ * to do). at = 0 disarms the timer and ends such polling (0). A
  * negative errno where it fails (-EINVAL: this net has no timer, or no rings
  * to poll; -EAGAIN: others want the cores now, rh_net_polite). */
 int rh_net_wake_ahead(rh_net_t *net, uint64_t at, uint64_t spin_ns);

@@ -28,8 +28,11 @@ static void fired(uv_poll_t *h, int status, int events) {
   (void)status, (void)events;
   rh_net_t *net = h->data;
   uint64_t n;
-  while (read(net->ahead_fd, &n, sizeof n) < 0 && errno == EINTR) {}
-  if (!net->ahead_at) return; /* (disarmed after it fired, before this turn) */
+  ssize_t got;
+  while ((got = read(net->ahead_fd, &n, sizeof n)) < 0 && errno == EINTR) {}
+  /* (no expiry to read: a readiness that was not one; disarmed after it
+   * fired, before this turn: nothing to do) */
+  if (got != (ssize_t)sizeof n || !net->ahead_at) return;
   uint64_t now = uv_hrtime();
   net->ahead_late = now > net->ahead_at ? now - net->ahead_at : 0;
   net->ahead_at = 0;
@@ -40,13 +43,14 @@ static void fired(uv_poll_t *h, int status, int events) {
 void rh__ahead_init(rh_net_t *net) {
   net->ahead_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (net->ahead_fd < 0) return;
-  if (uv_poll_init(net->loop, &net->ahead, net->ahead_fd) || uv_poll_start(&net->ahead, UV_READABLE, fired)) {
+  if (uv_poll_init(net->loop, &net->ahead, net->ahead_fd)) {
     close(net->ahead_fd);
     net->ahead_fd = -1;
     return;
   }
   net->ahead.data = net;
   uv_unref((uv_handle_t *)&net->ahead);
+  if (uv_poll_start(&net->ahead, UV_READABLE, fired)) rh__ahead_close(net);
 }
 
 static void closed(uv_handle_t *h) {
@@ -63,6 +67,8 @@ void rh__ahead_close(rh_net_t *net) {
 int rh_net_wake_ahead(rh_net_t *net, uint64_t at, uint64_t spin_ns) {
   if (net->ahead_fd < 0 || uv_is_closing((uv_handle_t *)&net->ahead)) return -EINVAL;
   if (!at) {
+    /* (the answer came: polling for it ends too) */
+    net->ahead_until = 0;
     if (!net->ahead_at) return 0;
     net->ahead_at = 0;
     struct itimerspec off = {{0, 0}, {0, 0}};
@@ -74,9 +80,11 @@ int rh_net_wake_ahead(rh_net_t *net, uint64_t at, uint64_t spin_ns) {
    * it waits for: it sleeps as before) */
   if (rh_net_polite(net, now)) return -EAGAIN;
   if (at <= now) {
-    /* (due already: the polling that is under way goes on until then, with no timer) */
+    /* (due already: the polling that is under way goes on until then, with no
+     * timer; 2 where that end has passed too, and nothing polls) */
+    if (at + spin_ns <= now) return 2;
     if (at + spin_ns > net->ahead_until) net->ahead_until = at + spin_ns;
-    if (net->ahead_until > now) rh__rings_start_polling(net);
+    rh__rings_start_polling(net);
     return 1;
   }
   struct itimerspec when = {{0, 0}, {(time_t)(at / 1000000000u), (long)(at % 1000000000u)}};

@@ -18,12 +18,15 @@ typedef enum {
   RH_MEMCPY_FAILED,     /* the process could not start itself again with the tunable */
 } rh_memcpy_state_t;
 
-/* Called first thing in main, with main's argv: on an affected CPU, unless
- * RPCHOST_MEMCPY_TUNE=0 or GLIBC_TUNABLES already sets the threshold, adds
- * glibc.cpu.x86_rep_movsb_threshold to GLIBC_TUNABLES and executes this same
- * program again with the same arguments (so it returns only where nothing is
- * to be done, or where that failed). The variable stays in the environment, so
- * the processes this one starts (a launcher's ranks) begin tuned. */
+/* Called first thing in main, with main's argv: on an affected CPU with a
+ * glibc before 2.39, unless RPCHOST_MEMCPY_TUNE=0 or GLIBC_TUNABLES already sets
+ * the threshold, adds glibc.cpu.x86_rep_movsb_threshold to GLIBC_TUNABLES, sets
+ * RPCHOST_MEMCPY_TUNE=started, and executes this same program again with the
+ * same arguments (so it returns only where nothing is to be done, or where that
+ * failed); a start that finds "started" but no tunable never starts again.
+ * Never in secure mode (setuid, capabilities), nor without a loader, nor under
+ * valgrind. The variables stay in the environment, so the processes this one
+ * starts (a launcher's ranks) begin tuned. */
 void rh_memcpy_tune(char **argv);
 rh_memcpy_state_t rh_memcpy_state(void);
 

@@ -470,22 +470,25 @@ local ahead_for, ahead_armed = 0, false
 -- what waking ahead did in this process (specs and benches read it): timers
 -- armed, fired before their answer came, and disarmed by an answer that came
 -- first; waits polled on past the window instead (no time to sleep); plans
--- the loop refused (others wanted the cores, or no rings)
-local ahead_used = {armed = 0, fired = 0, early = 0, polled = 0, refused = 0}
+-- the loop refused (others wanted the cores); plans it could not follow (no
+-- rings to poll, or no timer)
+local ahead_used = {armed = 0, fired = 0, early = 0, polled = 0, refused = 0, unable = 0}
 function M.wake_ahead_used() return ahead_used end
 local function arm_ahead()
   if ahead_for == sent_at then return end
   ahead_for = sent_at
   local at, poll = ahead:plan(sent_key, sent_at, spin.window)
   if not at then return end
-  local how = wake_ahead(at, poll)
+  local how, why = wake_ahead(at, poll)
   if how == "timer" then
     ahead_armed = true
     ahead_used.armed = ahead_used.armed + 1
   elseif how == "polling" then
     ahead_used.polled = ahead_used.polled + 1
-  else
+  elseif why == "busy" then
     ahead_used.refused = ahead_used.refused + 1
+  elseif not how then
+    ahead_used.unable = ahead_used.unable + 1
   end
 end
 -- (the answer came: a timer that fired says how late it woke, one that did

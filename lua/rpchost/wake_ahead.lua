@@ -42,14 +42,25 @@ local LATES = 8            -- firings whose lateness is remembered
 -- would bring it down again
 M.MAX_LEAD = 150e-6
 
+-- kinds of call remembered at once: past it the memory starts afresh (a key is
+-- a function or a function's name, a few per program; a bound on them all the
+-- same, since a name, unlike a function, is never collected)
+M.MAX_KEYS = 256
+
 function M.new()
-  return setmetatable({keys = setmetatable({}, {__mode = "k"}), late = {}, nlate = 0, lead = LATE_FIRST}, M)
+  return setmetatable({keys = setmetatable({}, {__mode = "k"}), nkeys = 0, late = {}, nlate = 0, lead = LATE_FIRST},
+    M)
 end
 
 -- An answer to a call of kind key took dt seconds.
 function M:sample(key, dt)
   local k = self.keys[key]
-  if not k then k = {n = 0}; self.keys[key] = k end
+  if not k then
+    if self.nkeys >= M.MAX_KEYS then self.keys, self.nkeys = setmetatable({}, {__mode = "k"}), 0 end
+    k = {n = 0}
+    self.keys[key] = k
+    self.nkeys = self.nkeys + 1
+  end
   local n = k.n % SAMPLES + 1
   k.n = k.n + 1
   k[n] = dt

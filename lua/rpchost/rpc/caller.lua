@@ -195,8 +195,9 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
     else
       self.batched = self.batched + 1
     end
-    -- (its answer's time is learnt per kind of call: rpchost.wake_ahead)
-    sched.expect_soon(call_key(what or fn, args))
+    -- (its answer's time is learnt per kind of call, rpchost.wake_ahead: by
+    -- the function, never by `what`, which names each RRef apart)
+    sched.expect_soon(call_key(fn, args))
   end
   return fut
 end
