@@ -172,20 +172,24 @@ static int l_adopt(lua_State *L) {
   return nspan;
 }
 
-/* shm_released() -> {rank, sid, rank, sid, ...} of the loans that ended, or nil */
+/* shm_released() -> {rank, sid, rank, sid, ...} of the loans that ended, or nil.
+ * The queue is taken whole under the lock and the table made after: making it
+ * may run the collector, whose finalisers end more loans (loan_storage_freed
+ * takes the lock: made under it, a rank deadlocked on itself, found by kill -9
+ * of a peer in the middle of an all_gather loop). */
 static int l_released(lua_State *L) {
   pthread_mutex_lock(&ended_mu);
-  if (nended == 0) {
-    pthread_mutex_unlock(&ended_mu);
-    return 0;
-  }
-  lua_createtable(L, (int)nended, 0);
-  for (size_t i = 0; i < nended; i++) {
-    lua_pushnumber(L, ended[i]);
+  double *q = ended;
+  size_t n = nended;
+  if (n) ended = NULL, nended = cended = 0;
+  pthread_mutex_unlock(&ended_mu);
+  if (n == 0) return 0;
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushnumber(L, q[i]);
     lua_rawseti(L, -2, (int)i + 1);
   }
-  nended = 0;
-  pthread_mutex_unlock(&ended_mu);
+  free(q);
   return 1;
 }
 

@@ -236,8 +236,15 @@ C.ABORT_GRACE = 0.25
 -- names the fault and not a loss that follows from it. (A failure path only:
 -- a rank killed is named ABORT_GRACE later.)
 function C:loss(rank)
-  local until_ = sched.now() + C.ABORT_GRACE
-  while not self.aborted and sched.now() < until_ do sched.sleep(0.005) end
+  if not self.aborted then
+    -- (asleep until the abort wakes it, abort_receivers, or the grace ends)
+    local me = sched.current()
+    local ws = self.loss_waiters
+    if not ws then ws = {}; self.loss_waiters = ws end
+    ws[me] = true
+    sched.suspend_until("word of an abort after the loss of rank " .. tostring(rank), C.ABORT_GRACE)
+    ws[me] = nil
+  end
   return self.aborted or self.lost[rank]
 end
 
@@ -246,6 +253,11 @@ function C:abort_receivers(err)
   for rank, ws in pairs(self.mail_waiters) do
     self.mail_waiters[rank] = {}
     for _, t in pairs(ws) do sched.wake(t.any_task or t, err) end
+  end
+  local lw = self.loss_waiters
+  if lw then
+    self.loss_waiters = {}
+    for t in pairs(lw) do sched.wake(t) end
   end
 end
 
