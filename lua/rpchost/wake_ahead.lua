@@ -47,6 +47,19 @@ M.MAX_LEAD = 150e-6
 -- same, since a name, unlike a function, is never collected)
 M.MAX_KEYS = 256
 
+-- The second smallest and second largest of t[1..n] (with n = 1, that one),
+-- without a sort: one odd value moves neither.
+local function second_ends(t, n)
+  if n == 1 then return t[1], t[1] end
+  local a, b, y, z = math.huge, math.huge, -math.huge, -math.huge
+  for i = 1, n do
+    local v = t[i]
+    if v < a then a, b = v, a elseif v < b then b = v end
+    if v > z then y, z = z, v elseif v > y then y = v end
+  end
+  return b, y
+end
+
 function M.new()
   return setmetatable({keys = setmetatable({}, {__mode = "k"}), nkeys = 0, late = {}, nlate = 0, lead = LATE_FIRST},
     M)
@@ -73,12 +86,8 @@ function M:fired(late)
   local n = self.nlate % LATES + 1
   self.nlate = self.nlate + 1
   self.late[n] = math.min(late, M.MAX_LEAD)
-  local y, z = 0, 0
-  for i = 1, math.min(self.nlate, LATES) do
-    local v = self.late[i]
-    if v > z then y, z = z, v elseif v > y then y = v end
-  end
-  self.lead = self.nlate >= 2 and y or z
+  local _, second = second_ends(self.late, math.min(self.nlate, LATES))
+  self.lead = second
 end
 
 -- For a call of kind key sent at `sent`, with a polling window of `window`
@@ -88,14 +97,7 @@ end
 function M:plan(key, sent, window)
   local k = self.keys[key]
   if not k or k.n < SAMPLES then return nil end
-  -- (the second smallest and second largest of SAMPLES numbers, without a sort)
-  local a, b, y, z = math.huge, math.huge, -1, -1
-  for i = 1, SAMPLES do
-    local v = k[i]
-    if v < a then a, b = v, a elseif v < b then b = v end
-    if v > z then y, z = z, v elseif v > y then y = v end
-  end
-  local lo, hi = b, y
+  local lo, hi = second_ends(k, SAMPLES)
   local lead = self.lead + M.MARGIN
   local poll = hi - lo + lead + 2 * M.MARGIN
   if poll > M.MAX_POLL or lo - lead + poll <= window then return nil end

@@ -578,14 +578,14 @@ local function copy_failed(g, c, i, verb, err)
     {rank = who}))
 end
 
--- reads dst's bytes from group rank i's tensor (p: its pid and address), from
--- element start on
-local function read_into(g, c, i, p, flat, start, dst)
+-- reads dst's bytes from group rank i's memory (process pid) at addr, and on
+-- from element start of a tensor like flat
+local function read_into(g, c, i, pid, addr, flat, start, dst)
   -- what this rank has queued leaves first: the peers wait on it, and this copy
   -- does not pass through the loop (which would flush it only afterwards)
   core.flush()
   local es = core.dtype_size(core.t_dtype(flat))
-  local ok, err = core.cma_read_into(p.pid, p.addr + start * es, dst)
+  local ok, err = core.cma_read_into(pid, addr + start * es, dst)
   if not ok then copy_failed(g, c, i, "read the tensor of", err) end
 end
 
@@ -678,7 +678,7 @@ local function direct_allreduce(g, c, flat, redop, peers)
   end
   for i = 0, n - 1 do
     if i ~= me then
-      read_into(g, c, i, peers[i], flat, start, tmp)
+      read_into(g, c, i, peers[i].pid, peers[i].addr, flat, start, tmp)
       if i < me then core.t_binary(BIN[redop], tmp, mine, mine) else combine(mine, tmp, redop) end
     end
   end
@@ -687,7 +687,7 @@ local function direct_allreduce(g, c, flat, redop, peers)
   for i = 0, n - 1 do
     if i ~= me then
       local s2, l2 = chunk_span(total, n, i)
-      read_into(g, c, i, peers[i], flat, s2, core.t_narrow(flat, 0, s2, l2))
+      read_into(g, c, i, peers[i].pid, peers[i].addr, flat, s2, core.t_narrow(flat, 0, s2, l2))
     end
   end
   g:barrier() -- nobody changes its tensor while others may still read it
@@ -760,7 +760,8 @@ function Group:broadcast(t, root)
         end
         if part then M.used.broadcast_written = M.used.broadcast_written + 1 end
       elseif share < numel then
-        read_into(self, c, root, peers[root], flat, share, core.t_narrow(flat, 0, share, numel - share))
+        local p = peers[root]
+        read_into(self, c, root, p.pid, p.addr, flat, share, core.t_narrow(flat, 0, share, numel - share))
       end
       self:barrier() -- the root keeps its tensor as it is until everyone has read it
       direct = true
@@ -966,7 +967,7 @@ end
 -- fills dst (a flat view) from group rank i's memory at addr (pid: its process)
 local function read_at(g, c, i, pid, addr, dst)
   if core.t_numel(dst) == 0 then return end
-  read_into(g, c, i, {pid = pid, addr = addr}, dst, 0, dst)
+  read_into(g, c, i, pid, addr, dst, 0, dst)
 end
 
 local function gather_into_flat(out, g, c, t)
