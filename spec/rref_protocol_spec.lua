@@ -14,7 +14,11 @@ local PRELUDE = [[
     rpc.init_rpc("w" .. rank, {rank = rank, world_size = n,
       rpc_backend_options = rpc.TensorPipeRpcBackendOptions{num_worker_threads = 512}})
   end
+  -- (without LuaJIT's compiled traces: they count in the Lua heap and grow
+  -- as the compiler finds more side exits, up to its maxtrace, whatever the
+  -- RRefs do)
   function heap()
+    jit.flush()
     collectgarbage(); collectgarbage()
     return collectgarbage("count") * 1024
   end
