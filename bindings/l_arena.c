@@ -14,6 +14,7 @@
  * remains is a sleep in the loop, rung by the rank that completes the step. */
 #include <errno.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -34,6 +35,11 @@
 typedef struct {
   rh_arena_t a;
   rh_shm_t *seg; /* NULL once closed */
+  /* the fast path's (rh_arena_ffi_step) ranks to ring, and its last check
+   * when that was not a wait: what ar:wakes() and ar:last() give Lua */
+  uint8_t *wake;
+  int rc, bad;
+  rh_arena_sig_t other;
 } larena_t;
 
 static larena_t *check_arena(lua_State *L, int i) {
@@ -44,7 +50,7 @@ static larena_t *check_arena(lua_State *L, int i) {
 
 static int push_new(lua_State *L, rh_shm_t *seg, uint32_t n, uint32_t me, uint32_t slot, const uint8_t *token) {
   larena_t *b = lua_newuserdata(L, sizeof *b);
-  b->seg = NULL;
+  memset(b, 0, sizeof *b);
   luaL_getmetatable(L, ARENA_MT);
   lua_setmetatable(L, -2);
   if (rh_arena_open(&b->a, seg->map, seg->size, n, me, slot, token) != 0) {
@@ -52,6 +58,11 @@ static int push_new(lua_State *L, rh_shm_t *seg, uint32_t n, uint32_t me, uint32
     lua_pushnil(L);
     lua_pushliteral(L, "the memory file is not this group's arena (wrong header, size or token)");
     return 2;
+  }
+  b->wake = calloc(n, 1);
+  if (!b->wake) {
+    rh_shm_release(seg);
+    return luaL_error(L, "arena: out of memory");
   }
   b->seg = seg;
   return 1;
@@ -191,17 +202,12 @@ static int push_check(lua_State *L, int rc, const rh_arena_sig_t *o, int bad) {
 /* arena:spin(epoch, ns) -> as push_check: polls for up to ns nanoseconds,
  * giving the core away between looks where the rings would (rh_net_polite:
  * the host's runnable tasks outnumber its cores, or others contend for ours) */
-static int l_spin(lua_State *L) {
-  larena_t *b = check_arena(L, 1);
-  uint64_t e = (uint64_t)luaL_checknumber(L, 2);
-  uint64_t ns = (uint64_t)luaL_checknumber(L, 3);
-  rh_arena_sig_t o;
-  int bad = -1;
+static int spin(larena_t *b, uint64_t e, uint64_t ns, rh_arena_sig_t *o, int *bad) {
   uint64_t now = uv_hrtime(), until = now + ns;
   int yield = rh_net_polite(&rh_ctx()->net, now);
   int rc;
   for (;;) {
-    rc = rh_arena_check(&b->a, e, &o, &bad);
+    rc = rh_arena_check(&b->a, e, o, bad);
     if (rc <= 0 || uv_hrtime() >= until) break;
     if (yield) sched_yield();
     else {
@@ -210,7 +216,85 @@ static int l_spin(lua_State *L) {
 #endif
     }
   }
+  return rc;
+}
+
+static int l_spin(lua_State *L) {
+  larena_t *b = check_arena(L, 1);
+  uint64_t e = (uint64_t)luaL_checknumber(L, 2);
+  uint64_t ns = (uint64_t)luaL_checknumber(L, 3);
+  rh_arena_sig_t o;
+  int bad = -1;
+  int rc = spin(b, e, ns, &o, &bad);
   return push_check(L, rc, &o, bad);
+}
+
+/* For the FFI functions: the tensor in a tensor userdata's block (see
+ * rh_lua_boxed_tensor) when it is one span of host memory that fits a slot,
+ * else NULL (Lua then takes the lua_CFunction, which says what is wrong). */
+static rh_tensor_t *ffi_span(larena_t *b, void *box, size_t *len) {
+  rh_tensor_t *t = rh_lua_boxed_tensor(box);
+  if (!t || rh_tensor_device(t) >= 0 || !rh_tensor_is_contiguous(t)) return NULL;
+  *len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+  return *len <= b->a.slot ? t : NULL;
+}
+
+/* The fast path of a step, for LuaJIT's FFI (lua/rpchost/net/arena.lua): a
+ * call through the Lua C API ends the compiler's trace, and what follows it in
+ * a nested function then runs interpreted (the JIT cannot return to a lower
+ * frame from the trace it starts after the call), which cost a small
+ * collective more than its shared-memory work. What rpchost queued leaves
+ * first (a peer may need it to reach this step), the tensor's bytes (when
+ * tensor is not NULL) go into this rank's slot, the step is published, and then, unless a
+ * peer sleeps and must be rung first, every rank is polled for up to spin_ns.
+ * arena: the arena userdata (its block, as the FFI passes a userdata to a
+ * void *), only ever this file's; *epoch: the step's number. Returns what
+ * arena:spin would (0 done; index + 1 of a rank not there), or
+ * RH_ARENA_FFI_WAKE (ar:wakes() lists the ranks to ring; nothing polled),
+ * RH_ARENA_FFI_OTHER (ar:last() says what the check found),
+ * RH_ARENA_FFI_CLOSED, RH_ARENA_FFI_TENSOR (not a span of host memory that
+ * fits a slot: nothing done). */
+#define RH_ARENA_FFI_WAKE (-1)
+#define RH_ARENA_FFI_OTHER (-2)
+#define RH_ARENA_FFI_CLOSED (-3)
+#define RH_ARENA_FFI_TENSOR (-4)
+int rh_arena_ffi_step(void *arena, uint32_t kind, uint32_t dtype, uint32_t redop, uint32_t root, double numel,
+                      void *tensor, uint64_t spin_ns, double *epoch);
+int rh_arena_ffi_step(void *arena, uint32_t kind, uint32_t dtype, uint32_t redop, uint32_t root, double numel,
+                      void *tensor, uint64_t spin_ns, double *epoch) {
+  larena_t *b = arena;
+  if (!b->seg) return RH_ARENA_FFI_CLOSED;
+  size_t len = 0;
+  const rh_tensor_t *t = tensor ? ffi_span(b, tensor, &len) : NULL;
+  if (tensor && !t) return RH_ARENA_FFI_TENSOR;
+  rh_net_flush_now(&rh_ctx()->net);
+  if (t) memcpy(rh_arena_my_data(&b->a, b->a.epoch + 1), rh_tensor_data(t), len);
+  rh_arena_sig_t s = {kind, dtype, redop, root, (uint64_t)numel};
+  uint64_t e = rh_arena_publish(&b->a, &s, b->wake);
+  *epoch = (double)e;
+  for (uint32_t i = 0; i < b->a.n; i++)
+    if (b->wake[i]) return RH_ARENA_FFI_WAKE;
+  b->bad = -1;
+  int rc = spin(b, e, spin_ns, &b->other, &b->bad);
+  if (rc < 0) {
+    b->rc = rc;
+    return RH_ARENA_FFI_OTHER;
+  }
+  return rc;
+}
+
+/* arena:wakes() -> the ranks the fast path's step left to ring, or nil */
+static int l_wakes(lua_State *L) {
+  larena_t *b = check_arena(L, 1);
+  push_wakes(L, b, b->wake);
+  memset(b->wake, 0, b->a.n);
+  return 1;
+}
+
+/* arena:last() -> as push_check, what the fast path's last check found */
+static int l_last(lua_State *L) {
+  larena_t *b = check_arena(L, 1);
+  return push_check(L, b->rc, &b->other, b->bad);
 }
 
 /* arena:sleep(epoch) -> as push_check, after setting our flag (a result other
@@ -231,6 +315,23 @@ static int l_awake(lua_State *L) {
 /* arena:reduce(epoch, tensor, binop [, divisor]): the tensor becomes every
  * rank's data of the step combined in rank order (so the same bits on every
  * rank), divided by divisor when given (AVG) */
+/* t (len bytes, a slot's span) becomes every rank's data of step e combined
+ * in rank order, then divided by divisor when not 0; op and dtype checked */
+static void reduce(larena_t *b, uint64_t e, rh_tensor_t *t, size_t len, int op, double divisor) {
+  int64_t numel = rh_tensor_numel(t);
+  uint8_t *out = rh_tensor_data(t);
+  memcpy(out, rh_arena_data(&b->a, 0, e), len);
+  /* (the kernels were checked by the caller: these calls cannot fail) */
+  for (uint32_t i = 1; i < b->a.n; i++)
+    rh_binary_flat((rh_binop_t)op, t->dtype, numel, out, out, rh_arena_data(&b->a, i, e), 0);
+  if (divisor != 0) {
+    char d[8];
+    rh_dtype_store(t->dtype, d, divisor);
+    rh_binary_flat(RH_OP_DIV, t->dtype, numel, out, out, d, 1);
+  }
+  rh_tensor_bump_version(t);
+}
+
 static int l_reduce(lua_State *L) {
   larena_t *b = check_arena(L, 1);
   uint64_t e = (uint64_t)luaL_checknumber(L, 2);
@@ -241,18 +342,20 @@ static int l_reduce(lua_State *L) {
   if (op < 0 || op >= RH_NBINOPS) return luaL_error(L, "arena:reduce: unknown op %d", op);
   if (rh_reduce_flat_check((rh_binop_t)op, t->dtype, divisor != 0))
     return luaL_error(L, "arena:reduce: %s", rh_tensor_errmsg());
-  int64_t numel = rh_tensor_numel(t);
-  uint8_t *out = rh_tensor_data(t);
-  memcpy(out, rh_arena_data(&b->a, 0, e), len);
-  /* (the kernels were checked above: these calls cannot fail) */
-  for (uint32_t i = 1; i < b->a.n; i++)
-    rh_binary_flat((rh_binop_t)op, t->dtype, numel, out, out, rh_arena_data(&b->a, i, e), 0);
-  if (divisor != 0) {
-    char d[8];
-    rh_dtype_store(t->dtype, d, divisor);
-    rh_binary_flat(RH_OP_DIV, t->dtype, numel, out, out, d, 1);
-  }
-  rh_tensor_bump_version(t);
+  reduce(b, e, t, len, op, divisor);
+  return 0;
+}
+
+/* arena:reduce for the FFI (see rh_arena_ffi_step): 0, or -1 when the tensor
+ * or op is not one it takes (nothing done: Lua takes arena:reduce, which says
+ * what is wrong) */
+int rh_arena_ffi_reduce(void *arena, double epoch, void *tensor, int op, double divisor);
+int rh_arena_ffi_reduce(void *arena, double epoch, void *tensor, int op, double divisor) {
+  larena_t *b = arena;
+  size_t len;
+  rh_tensor_t *t = b->seg ? ffi_span(b, tensor, &len) : NULL;
+  if (!t || op < 0 || op >= RH_NBINOPS || rh_reduce_flat_check((rh_binop_t)op, t->dtype, divisor != 0)) return -1;
+  reduce(b, (uint64_t)epoch, t, len, op, divisor);
   return 0;
 }
 
@@ -265,6 +368,18 @@ static int l_take(lua_State *L) {
   rh_tensor_t *t = slot_tensor(L, b, 4, &len);
   if (root < 0 || (uint32_t)root >= b->a.n) return luaL_error(L, "arena:take: no rank %d", root);
   memcpy(rh_tensor_data(t), rh_arena_data(&b->a, (uint32_t)root, e), len);
+  rh_tensor_bump_version(t);
+  return 0;
+}
+
+/* arena:take for the FFI (see rh_arena_ffi_reduce): 0, or -1 (nothing done) */
+int rh_arena_ffi_take(void *arena, double epoch, int root, void *tensor);
+int rh_arena_ffi_take(void *arena, double epoch, int root, void *tensor) {
+  larena_t *b = arena;
+  size_t len;
+  rh_tensor_t *t = b->seg ? ffi_span(b, tensor, &len) : NULL;
+  if (!t || root < 0 || (uint32_t)root >= b->a.n) return -1;
+  memcpy(rh_tensor_data(t), rh_arena_data(&b->a, (uint32_t)root, (uint64_t)epoch), len);
   rh_tensor_bump_version(t);
   return 0;
 }
@@ -283,6 +398,8 @@ static int l_close(lua_State *L) {
   larena_t *b = luaL_checkudata(L, 1, ARENA_MT);
   if (b->seg) rh_shm_release(b->seg);
   b->seg = NULL;
+  free(b->wake);
+  b->wake = NULL;
   return 0;
 }
 
@@ -292,9 +409,10 @@ static int l_slot(lua_State *L) {
 }
 
 int rh_open_arena(lua_State *L) {
-  static const luaL_Reg methods[] = {
-      {"start", l_start}, {"spin", l_spin},         {"sleep", l_sleep}, {"awake", l_awake}, {"reduce", l_reduce},
-      {"take", l_take},   {"close_fd", l_close_fd}, {"close", l_close}, {"slot", l_slot},   {NULL, NULL}};
+  static const luaL_Reg methods[] = {{"start", l_start},       {"spin", l_spin},     {"sleep", l_sleep},
+                                     {"awake", l_awake},       {"reduce", l_reduce}, {"take", l_take},
+                                     {"close_fd", l_close_fd}, {"close", l_close},   {"slot", l_slot},
+                                     {"wakes", l_wakes},       {"last", l_last},     {NULL, NULL}};
   rh_lua_class(L, ARENA_MT, methods, l_close, NULL);
   static const luaL_Reg fns[] = {{"arena_create", l_create}, {"arena_attach", l_attach}, {NULL, NULL}};
   lua_newtable(L);

@@ -96,6 +96,21 @@ rh_tensor_t *rh_lua_checkhostspan(lua_State *L, int i, const char *what, size_t 
   return t;
 }
 
+rh_tensor_t *rh_lua_boxed_tensor(void *box) { return ((ltensor_t *)box)->t; }
+
+int rh_tensor_ffi_facts(void *box, rh_tensor_facts_t *out) {
+  const rh_tensor_t *t = ((ltensor_t *)box)->t;
+  if (!t) return -1;
+  int64_t n = rh_tensor_numel(t);
+  *out = (rh_tensor_facts_t){.dtype = (int32_t)t->dtype,
+                             .device = (int32_t)rh_tensor_device(t),
+                             .contiguous = rh_tensor_is_contiguous(t),
+                             .ndim = t->ndim,
+                             .numel = (double)n,
+                             .nbytes = (double)n * (double)rh_dtype_size(t->dtype)};
+  return 0;
+}
+
 /* t itself (retained) on the host, else a host copy of it */
 static rh_tensor_t *on_host(lua_State *L, rh_tensor_t *t) {
   rh_tensor_t *h = rh_tensor_to_device(t, -1);

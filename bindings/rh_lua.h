@@ -84,6 +84,18 @@ struct rh_tensor_s *rh_lua_checkhosttensor(lua_State *L, int i, const char *what
  * *nbytes (may be NULL); on a device or strided it is an error naming `what` */
 struct rh_tensor_s *rh_lua_checkhostspan(lua_State *L, int i, const char *what, size_t *nbytes);
 int rh_lua_pushtensor(lua_State *L, struct rh_tensor_s *t); /* takes the reference */
+/* For LuaJIT's FFI (hot paths where a lua_CFunction would end the compiled
+ * trace): the tensor a tensor userdata's block holds (the FFI passes a
+ * userdata to a void * as its block), NULL once freed. The caller has checked
+ * that the userdata is a tensor (its metatable is core.t_metatable()). */
+struct rh_tensor_s *rh_lua_boxed_tensor(void *box);
+/* What lua/rpchost/tensor/facts.lua reads of a tensor, through the FFI. */
+typedef struct {
+  int32_t dtype, device, contiguous, ndim;
+  double numel, nbytes;
+} rh_tensor_facts_t;
+/* 0, or -1 for a freed tensor (box as for rh_lua_boxed_tensor) */
+int rh_tensor_ffi_facts(void *box, rh_tensor_facts_t *out);
 /* The same for a segment of a received frame: t_reinterpret of it hands its
  * tensor on to the result and leaves it freed (no other value shares those bytes). */
 int rh_lua_pushframetensor(lua_State *L, struct rh_tensor_s *t);

@@ -60,8 +60,15 @@ local cases = [[
   local col = m:t()
   dist.all_reduce(col)
   print("case strided " .. hash(m:contiguous()))
+  -- a contiguous tensor of any shape goes as it is
+  local m2 = tensor.arange(12, {dtype = tensor.float64}):reshape({3, 4}) * (me + 1)
+  dist.all_reduce(m2)
+  print("case matrix " .. hash(m2))
+  local b2 = me == 0 and tensor.arange(6):reshape({2, 3}) or tensor.zeros({2, 3}, {dtype = tensor.int64})
+  dist.broadcast(b2, 0)
+  print("case matrix_broadcast " .. hash(b2))
   dist.barrier()
-  print(("used %d %d %d"):format(arena.used.barrier, arena.used.all_reduce, arena.used.broadcast))
+  print(("used %d %d %d %d"):format(arena.used.barrier, arena.used.all_reduce, arena.used.broadcast, arena.used.ffi))
   dist.destroy_process_group()
 ]]
 
@@ -82,6 +89,8 @@ local function used(r)
   local b, a, c = r.out:match("used (%d+) (%d+) (%d+)")
   return tonumber(b), tonumber(a), tonumber(c)
 end
+-- steps that took the compiled path (rh_arena_ffi_step)
+local function used_ffi(r) return tonumber(r.out:match("used %d+ %d+ %d+ (%d+)")) end
 
 describe("the same-host collective arena #world", function()
   for n = 2, 4 do
@@ -108,8 +117,10 @@ describe("the same-host collective arena #world", function()
         -- the arena took them (every barrier, all_reduce and broadcast), the
         -- messages with RPCHOST_SHM_COLL=0
         local bar, ar, bc = used(on)
-        assert.are.same({2, 84, 19}, {bar, ar, bc})
+        assert.are.same({2, 85, 20}, {bar, ar, bc})
         assert.are.same({0, 0, 0}, {used(off)})
+        -- every one of them published through the FFI, strided views too
+        assert.are.equal(bar + ar + bc, used_ffi(on))
       end
     end)
   end

@@ -18,6 +18,7 @@ local collectives = require "rpchost.dist.collectives"
 local nccl_group = require "rpchost.dist.nccl_group"
 local mpi_group = require "rpchost.dist.mpi_group"
 local Future = require "rpchost.future"
+local tensor_facts = require "rpchost.tensor_facts"
 
 local dist = {}
 
@@ -448,7 +449,11 @@ dist._active = active
 -- g:method(...) for a gloo group given CUDA tensors: they go through host copies
 -- (rpchost's transport carries host memory), copied back after the call, as
 -- PyTorch's gloo does. nccl groups take the tensors as they are.
-local function on_device(v) return core.t_is_tensor(v) and core.t_device(v) >= 0 end
+-- (through the FFI, rpchost.tensor_facts: a C call would end the compiled trace)
+local function on_device(v)
+  local f = tensor_facts.of(v)
+  return f ~= nil and f.device >= 0
+end
 
 -- Whether an argument is a device tensor or a list that holds one (a list of
 -- host tensors, or of numbers - all_to_all_single's counts - stays as it is,
@@ -578,7 +583,7 @@ local spare_entry
 local function run_now(g, what, async, ticket, a, b, c)
   local e = spare_entry or {}
   spare_entry = nil
-  e.what, e.since, e.async = what, core.now(), async
+  e.what, e.since, e.async = what, sched.coarse_now(), async
   active[e] = true
   local t0 = trace.enabled() and trace.now_us()
   local ok, err = pcall(call, g, METHOD[what] or what, a, b, c)

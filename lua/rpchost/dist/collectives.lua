@@ -15,6 +15,7 @@ local errors = require "rpchost.errors"
 local bit = require "bit"
 local ffi = require "ffi"
 local arena = require "rpchost.net.arena"
+local tensor_facts = require "rpchost.tensor_facts"
 local hierarchy = require "rpchost.dist.hierarchy"
 require "rpchost.tensor" -- tensors must be able to travel (their codec lives there)
 
@@ -135,8 +136,10 @@ function Group:begin(op, t, redop, root, numel)
   end
   if self.agent.mail_count > 0 then self:check_leftovers() end
   self.seq = self.seq + 1
-  local dtype = t and core.t_dtype(t) or -1
-  numel = numel or t and core.t_numel(t) or 0
+  -- (through the FFI: see rpchost.tensor_facts; a freed tensor raises in the core)
+  local f = t and tensor_facts.of(t)
+  local dtype = f and f.dtype or t and core.t_dtype(t) or -1
+  numel = numel or f and f.numel or t and core.t_numel(t) or 0
   -- (a loop repeats its calls: each op's last description and signature are
   -- kept, made again only when the call differs - a loop of all_to_all and the
   -- barrier inside it alternates two; no one changes a call's meta, so calls
@@ -708,8 +711,24 @@ local function all_reduce_flat(flat, g, c, redop)
 end
 
 -- (through the same-host arena: rpchost.arena.run's fn)
-local function arena_all_reduce(ar, g, c, t, redop) in_place(t, arena.all_reduce, g, c, ar, redop, BIN[redop]) end
-local function arena_broadcast(ar, g, c, t, root) in_place(t, arena.broadcast, g, c, ar, root) end
+-- (a contiguous tensor as it is: no view to make)
+local function contiguous(t)
+  local f = tensor_facts.of(t)
+  return f ~= nil and f.contiguous == 1
+end
+local function arena_all_reduce(ar, g, c, t, redop)
+  if contiguous(t) then return arena.all_reduce(t, g, c, ar, redop, BIN[redop]) end
+  in_place(t, arena.all_reduce, g, c, ar, redop, BIN[redop])
+end
+local function arena_broadcast(ar, g, c, t, root)
+  if contiguous(t) then return arena.broadcast(t, g, c, ar, root) end
+  in_place(t, arena.broadcast, g, c, ar, root)
+end
+-- (the byte count a small collective chooses its algorithm by)
+local function nbytes(t)
+  local f = tensor_facts.of(t)
+  return f and f.nbytes or core.t_nbytes(t)
+end
 
 function Group:all_reduce(t, redop)
   check_redop(redop, t)
@@ -722,7 +741,7 @@ function Group:all_reduce(t, redop)
   -- the network once per host, not once per rank)
   local h = self:hosts()
   if h then return hierarchy.run(self, c, in_place, t, hierarchy.all_reduce, self, h, redop) end
-  local bytes = core.t_nbytes(t)
+  local bytes = nbytes(t)
   if bytes <= arena.SLOT and bytes < M.RING_BYTES and bytes < M.DIRECT_BYTES and self.size < M.TREE_RANKS
      and arena.eligible(self) and arena.run(self, c, arena_all_reduce, t, redop) then
     return
@@ -737,7 +756,7 @@ function Group:broadcast(t, root)
   if n == 1 then return end
   local h = self:hosts()
   if h then return hierarchy.run(self, c, hierarchy.broadcast, self, h, t, root) end
-  local bytes = core.t_nbytes(t)
+  local bytes = nbytes(t)
   if bytes <= arena.SLOT and bytes < M.DIRECT_BYTES and arena.eligible(self)
      and arena.run(self, c, arena_broadcast, t, root) then
     return

@@ -45,7 +45,8 @@ M.SLOT = 64 * 1024
 M.MAX_RANKS = 64
 M.SPIN_NS = (tonumber(os.getenv("RPCHOST_SHM_COLL_SPIN_US")) or 50) * 1000
 -- what went through the arena in this process (what specs look at)
-M.used = {barrier = 0, all_reduce = 0, broadcast = 0, groups = 0}
+-- (ffi: steps published through rh_arena_ffi_step, the compiled path)
+M.used = {barrier = 0, all_reduce = 0, broadcast = 0, groups = 0, ffi = 0}
 
 local KIND = {barrier = 1, all_reduce = 2, broadcast = 3}
 local KIND_NAME = {"barrier", "all_reduce", "broadcast"}
@@ -254,14 +255,25 @@ local function wait(g, c, ar, e, first)
   end
 end
 
--- One step: publish (with t's bytes when given), then wait for all.
-local function step(g, c, ar, kind, t, redop, root)
-  local m = c.meta
-  -- what this rank queued leaves first: a peer may need it to reach this step
-  core.flush()
-  local e, wake = ar:start(kind, m.dtype + 1, REDOP[redop] or 0, root or 0, m.numel, t)
-  if wake then ring(g, wake) end
-  local r, idx, k, dt, ro, rt, ne = ar:spin(e, M.SPIN_NS)
+-- The fast path of a step, and of what follows it, through the FFI (see
+-- rh_arena_ffi_step in bindings/l_arena.c: a lua_CFunction here would end the
+-- compiled trace, and the rest of the call would run interpreted). Where it
+-- does not apply (an odd tensor, an rpchost without exported symbols), the
+-- methods below do the same and say what is wrong.
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+int rh_arena_ffi_step(void *arena, uint32_t kind, uint32_t dtype, uint32_t redop, uint32_t root,
+                      double numel, void *tensor, uint64_t spin_ns, double *epoch);
+int rh_arena_ffi_reduce(void *arena, double epoch, void *tensor, int op, double divisor);
+int rh_arena_ffi_take(void *arena, double epoch, int root, void *tensor);
+]])
+local has_ffi = pcall(function() return ffi.C.rh_arena_ffi_take end)
+local C = ffi.C
+local FFI_WAKE, FFI_OTHER, FFI_CLOSED, FFI_TENSOR = -1, -2, -3, -4
+local epoch_out = has_ffi and ffi.new("double[1]")
+
+-- The rest of a step that did not end in its first poll: r as arena:spin says.
+local function finish_step(g, c, ar, e, r, idx, k, dt, ro, rt, ne)
   if r ~= 0 then
     if r == nil or r < 0 then bad_step(g, c, r, idx, k, dt, ro, rt, ne) end
     wait(g, c, ar, e, r)
@@ -269,21 +281,50 @@ local function step(g, c, ar, kind, t, redop, root)
   return e
 end
 
+-- One step: publish (with the bytes of t, a contiguous tensor, when given),
+-- then wait for all.
+local function step(g, c, ar, kind, t, redop, root)
+  local m = c.meta
+  if has_ffi then
+    local r = C.rh_arena_ffi_step(ar, kind, m.dtype + 1, REDOP[redop] or 0, root or 0, m.numel, t, M.SPIN_NS,
+      epoch_out)
+    local e = epoch_out[0]
+    if r >= FFI_OTHER then M.used.ffi = M.used.ffi + 1 end
+    if r == 0 then return e end
+    if r > 0 then return finish_step(g, c, ar, e, r) end
+    if r == FFI_WAKE then
+      ring(g, ar:wakes())
+      return finish_step(g, c, ar, e, ar:spin(e, M.SPIN_NS))
+    end
+    if r == FFI_OTHER then return finish_step(g, c, ar, e, ar:last()) end
+    if r == FFI_CLOSED then ar:slot() end -- (raises: the arena is closed)
+    -- (FFI_TENSOR: nothing was done; ar:start says what is wrong with t)
+  end
+  -- what this rank queued leaves first: a peer may need it to reach this step
+  core.flush()
+  local e, wake = ar:start(kind, m.dtype + 1, REDOP[redop] or 0, root or 0, m.numel, t)
+  if wake then ring(g, wake) end
+  return finish_step(g, c, ar, e, ar:spin(e, M.SPIN_NS))
+end
+
 function M.barrier(ar, g, c)
   step(g, c, ar, KIND.barrier)
   M.used.barrier = M.used.barrier + 1
 end
 
--- flat: a contiguous view of the tensor; binop: its reduce op's binary op
-function M.all_reduce(flat, g, c, ar, redop, binop)
-  local e = step(g, c, ar, KIND.all_reduce, flat, redop)
-  ar:reduce(e, flat, binop, redop == "AVG" and g.size or nil)
+-- t: a contiguous tensor (any shape); binop: its reduce op's binary op
+function M.all_reduce(t, g, c, ar, redop, binop)
+  local e = step(g, c, ar, KIND.all_reduce, t, redop)
+  local divisor = redop == "AVG" and g.size or nil
+  if not (has_ffi and C.rh_arena_ffi_reduce(ar, e, t, binop, divisor or 0) == 0) then
+    ar:reduce(e, t, binop, divisor)
+  end
   M.used.all_reduce = M.used.all_reduce + 1
 end
 
-function M.broadcast(flat, g, c, ar, root)
-  local e = step(g, c, ar, KIND.broadcast, g.rank == root and flat or nil, nil, root)
-  if g.rank ~= root then ar:take(e, root, flat) end
+function M.broadcast(t, g, c, ar, root)
+  local e = step(g, c, ar, KIND.broadcast, g.rank == root and t or nil, nil, root)
+  if g.rank ~= root and not (has_ffi and C.rh_arena_ffi_take(ar, e, root, t) == 0) then ar:take(e, root, t) end
   M.used.broadcast = M.used.broadcast + 1
 end
 

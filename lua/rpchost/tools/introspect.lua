@@ -82,7 +82,7 @@ function M.snapshot(opts)
   local dist = package.loaded["rpchost.dist"]
   if dist and dist._active then
     for e in pairs(dist._active) do
-      s.collectives[#s.collectives + 1] = {what = e.what, running = s.time - e.since, async = e.async}
+      s.collectives[#s.collectives + 1] = {what = e.what, running = math.max(0, s.time - e.since), async = e.async}
     end
     table.sort(s.collectives, function(x, y) return x.running > y.running end)
   end
