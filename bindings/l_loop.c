@@ -1,6 +1,7 @@
 /* l_loop.c: the event loop as the Lua scheduler sees it: run one turn, read the
  * clock, and one timer armed for the earliest deadline (the scheduler in
  * lua/rpchost/sched.lua keeps the deadline heap; C keeps only this one timer). */
+#include <time.h>
 #include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -91,6 +92,18 @@ static int l_stop(lua_State *L) {
   (void)L;
   uv_stop(rh_ctx()->loop);
   return 0;
+}
+
+double rh_clock_coarse(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0) return (double)uv_hrtime() / 1e9;
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double rh_clock_wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int l_now(lua_State *L) {

@@ -62,6 +62,13 @@ int rh_open_arena(lua_State *L);
 int rh_open_generator(lua_State *L);
 int rh_open_atomic_file(lua_State *L);
 
+/* Clocks for LuaJIT's FFI (lua/rpchost/sched.lua, rpc.lua), in seconds, read
+ * without a lua_CFunction (which would end the compiled trace) and under names
+ * of rpchost's own: declaring libc's clock_gettime with a struct of ours would
+ * fix its type for every script in the process. (l_loop.c) */
+double rh_clock_coarse(void); /* CLOCK_MONOTONIC_COARSE: the kernel's tick, a few ms */
+double rh_clock_wall(void);   /* CLOCK_REALTIME */
+
 /* tensors (l_tensor.c) */
 struct rh_tensor_s;
 struct rh_tensor_s *rh_lua_totensor(lua_State *L, int i); /* NULL if not a tensor */

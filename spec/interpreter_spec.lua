@@ -21,6 +21,23 @@ describe("rpchost as a Lua interpreter #world", function()
     assert.are.equal("function\n", r.out)
   end)
 
+  it("leaves libc's names to the script's own FFI declarations (rpc, dist and tensor loaded)", function()
+    -- (rpchost's modules call their clocks under names of their own: a
+    -- declaration of clock_gettime with an rpchost struct would have fixed its
+    -- type for the script, whose own struct then failed to convert)
+    local r = S.run({"-e", [[
+      local rpc, dist, tensor = require "rpc", require "dist", require "tensor"
+      require "rpchost.sched"
+      local ffi = require "ffi"
+      ffi.cdef "typedef struct { long s; long ns; } my_ts_t; int clock_gettime(int, my_ts_t *);"
+      local ts = ffi.new("my_ts_t")
+      assert(ffi.C.clock_gettime(1, ts) == 0)
+      print(tonumber(ts.s) > 0, math.abs(rpc.time() - os.time()) < 5)
+    ]]})
+    assert.are.equal(0, r.status, r.err)
+    assert.are.equal("true\ttrue\n", r.out)
+  end)
+
   it("runs stdin with -", function()
     local path = S.write("print('from stdin', ...)")
     local r = S.run({"-e", ("os.exit(os.execute('%s - x < %s > %s.out') == 0 and 0 or 3)"):format(

@@ -345,14 +345,11 @@ function rpc.sleep(s)
 end
 
 -- time(): the wall clock, seconds since the epoch (with sub-second digits)
+-- (rh_clock_wall, bindings/l_loop.c: declaring libc's clock_gettime here
+-- would fix its type for every script in the process)
 local ffi = require "ffi"
-pcall(ffi.cdef, "struct rh_wall_timespec { long tv_sec; long tv_nsec; }; " ..
-  "int clock_gettime(int clk, struct rh_wall_timespec *ts);")
-local wall_ts = ffi.new("struct rh_wall_timespec")
-function rpc.time()
-  ffi.C.clock_gettime(0, wall_ts) -- CLOCK_REALTIME
-  return tonumber(wall_ts.tv_sec) + tonumber(wall_ts.tv_nsec) * 1e-9
-end
+pcall(ffi.cdef, "double rh_clock_wall(void);")
+function rpc.time() return ffi.C.rh_clock_wall() end
 
 -- remote(to, func, args, kwargs, timeout): an RRef owned by `to`, at once
 function rpc.remote(...)

@@ -36,19 +36,12 @@ M.now = now
 -- The same clock, read to the kernel's tick (a few ms): what a running
 -- operation's start time needs (rpchost top shows it), at a fraction of the
 -- cost (CLOCK_MONOTONIC_COARSE, no timer read: 90 ns of a 1.3 us collective
--- went to the precise one on a VM).
-pcall(ffi.cdef, "struct rh_wall_timespec { long tv_sec; long tv_nsec; }; " ..
-  "int clock_gettime(int clk, struct rh_wall_timespec *ts);")
-local coarse_ts = ffi.new("struct rh_wall_timespec")
-local coarse = pcall(function() return ffi.C.clock_gettime end) and ffi.C.clock_gettime(6, coarse_ts) == 0
+-- went to the precise one on a VM). (rh_clock_coarse, bindings/l_loop.c: a
+-- name of our own, not libc's clock_gettime, whose declaration would be every
+-- script's.)
+pcall(ffi.cdef, "double rh_clock_coarse(void);")
 M.coarse_now = now
-if coarse then
-  local C, tonumber = ffi.C, tonumber
-  M.coarse_now = function()
-    C.clock_gettime(6, coarse_ts) -- CLOCK_MONOTONIC_COARSE
-    return tonumber(coarse_ts.tv_sec) + tonumber(coarse_ts.tv_nsec) * 1e-9
-  end
-end
+if pcall(function() return ffi.C.rh_clock_coarse end) then M.coarse_now = ffi.C.rh_clock_coarse end
 
 -- The traceback a message handler makes: from the frame that raised (the
 -- failing function itself, not its caller: a runtime error has no error()
