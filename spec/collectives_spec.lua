@@ -265,6 +265,50 @@ describe("collectives #world", function()
     assert_clean(r, 6)
   end)
 
+  it("run a loop of small collectives compiled: no trace given up at the loop-unroll limit", function()
+    -- (LuaJIT counts every tail call a trace records against that limit, 15,
+    -- and never lowers the count at a return; with a tail call at each of
+    -- their layers, a loop of two barriers recorded past it, and ran
+    -- interpreted at four times the arena's cost. See invoke in rpchost.dist.)
+    local r = run_world(2, [[
+      dist.init_process_group{backend = "gloo"}
+      local aborts = {}
+      jit.attach(function(what, tr, func, pc, otr, oex)
+        if what == "abort" then
+          local msg = require("jit.vmdef").traceerr[otr] or tostring(otr)
+          local at = require("jit.util").funcinfo(func, pc)
+          msg = msg .. " at " .. tostring(at.source):match("[^/]*$") .. ":" .. tostring(at.currentline)
+          aborts[msg] = (aborts[msg] or 0) + 1
+        end
+      end, "trace")
+      local t = tensor.zeros(1024)
+      local b = tensor.zeros(16)
+      local now = sched.now
+      local ts = {}
+      -- (as bench/collectives.lua times them: a barrier, then the call)
+      for i = 1, 4000 do dist.barrier(); local s = now(); dist.barrier(); ts[i] = now() - s end
+      for i = 1, 4000 do dist.barrier(); local s = now(); dist.all_reduce(t); ts[i] = now() - s end
+      for i = 1, 4000 do dist.barrier(); local s = now(); dist.broadcast(b, 0); ts[i] = now() - s end
+      jit.attach(function() end)
+      local unroll = {}
+      -- (on a collective's own path; the loop's rare branches, a wait that
+      -- sleeps in the scheduler, may record loops of their own)
+      for msg, k in pairs(aborts) do
+        local ours = msg:find(" at dist.lua:", 1, true) or msg:find(" at collectives.lua:", 1, true)
+          or msg:find(" at arena.lua:", 1, true)
+        if ours and msg:find("loop unroll limit", 1, true) then unroll[#unroll + 1] = k .. "x " .. msg end
+      end
+      check("no trace given up at the loop-unroll limit", #unroll == 0, table.concat(unroll, "; "))
+      -- (nor all of them thrown away: the machine code's limit is 16 MB, rpchost.tools.cli)
+      local full = 0
+      for msg, k in pairs(aborts) do if msg:find("mcode memory", 1, true) then full = full + k end end
+      check("compiled code never outgrew its limit", full == 0, ("%d times"):format(full))
+      check("values", t:max():item() == 0 and b:max():item() == 0)
+      dist.destroy_process_group()
+    ]], {timeout = 120})
+    assert_clean(r, 6)
+  end)
+
   it("free the pieces of small all_reduces as they go, not at a collection", function()
     -- (with the collector stopped: every piece sent and received was left to a
     -- full collection, 8 KiB a step; now each is freed once it is used. 3 ranks:

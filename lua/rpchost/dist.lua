@@ -465,7 +465,8 @@ local function needs_staging(v)
     end
     return false
   end
-  return on_device(v)
+  local d = on_device(v)
+  return d
 end
 
 -- the group's method each call runs (its own name where not listed); a
@@ -475,10 +476,17 @@ local METHOD = {all_gather_into_tensor = "all_gather_into", reduce_scatter_tenso
 -- (A collective takes three arguments at most: fixed ones, a, b, c, passed on
 -- from the call to the group, not varargs, which the JIT does not compile
 -- after a C call; a loop of small collectives then runs compiled.)
+-- (And no tail call on a collective's path, `return f(x)`, here, in
+-- rpchost.dist.collectives and rpchost.net.arena: LuaJIT counts every tail
+-- call a trace records against its loop-unroll limit, 15, and never lowers
+-- the count at a return, so a loop of two barriers recorded past it, gave up
+-- its trace and ran interpreted: 0.6 us a barrier where 0.15 is the arena's.
+-- collectives_spec watches for that abort.)
 local call_staged
 local function invoke(g, method, a, b, c)
-  if type(method) == "function" then return method(g, a, b, c) end
-  return g[method](g, a, b, c)
+  local r
+  if type(method) == "function" then r = method(g, a, b, c) else r = g[method](g, a, b, c) end
+  return r
 end
 
 -- (the object collectives' lists hold values, not tensors to stage: their
@@ -486,11 +494,14 @@ end
 local UNSTAGED = {}
 
 local function call(g, method, a, b, c)
+  local r
   if getmetatable(g) == nccl_group.Group or UNSTAGED[method]
      or not (needs_staging(a) or needs_staging(b) or needs_staging(c)) then
-    return invoke(g, method, a, b, c)
+    r = invoke(g, method, a, b, c)
+  else
+    r = call_staged(g, method, a, b, c)
   end
-  return call_staged(g, method, a, b, c)
+  return r
 end
 
 function call_staged(g, method, a, b, c)
@@ -632,7 +643,8 @@ function dist.all_reduce(t, op, opts)
   check_tensor(t, "all_reduce")
   local g = group_of(opts, "all_reduce")
   if not g then return nil end
-  return run(g, opts, "all_reduce", t, op or "SUM")
+  local work = run(g, opts, "all_reduce", t, op or "SUM")
+  return work
 end
 
 -- reduce(t, dst [, op] [, opts])
@@ -643,7 +655,8 @@ function dist.reduce(t, dst, op, opts)
   local g = group_of(opts, "reduce")
   if not g then return nil end
   local root = global_to_group(g, dst, "reduce", "dst")
-  return run(g, opts, "reduce", t, root, op or "SUM")
+  local work = run(g, opts, "reduce", t, root, op or "SUM")
+  return work
 end
 
 function dist.broadcast(t, src, opts)
@@ -652,7 +665,8 @@ function dist.broadcast(t, src, opts)
   local g = group_of(opts, "broadcast")
   if not g then return nil end
   local root = global_to_group(g, src, "broadcast", "src")
-  return run(g, opts, "broadcast", t, root)
+  local work = run(g, opts, "broadcast", t, root)
+  return work
 end
 
 function dist.all_gather(list, t, opts)
@@ -661,7 +675,8 @@ function dist.all_gather(list, t, opts)
   local g = group_of(opts, "all_gather")
   if not g then return nil end
   check_list(list, t, g, "all_gather", "the output list")
-  return run(g, opts, "all_gather", list, t)
+  local work = run(g, opts, "all_gather", list, t)
+  return work
 end
 
 -- (PyTorch's rule: the list only where it is used, and there always; an
@@ -686,7 +701,8 @@ local function rooted_collective(what, field, role, root_name)
     if not g then return nil end
     local root = global_to_group(g, root_rank or 0, what, root_name)
     rooted_list(g, list, root, t, what, field, role)
-    return run(g, opts, what, t, g.rank == root and list or nil, root)
+    local work = run(g, opts, what, t, g.rank == root and list or nil, root)
+    return work
   end
 end
 dist.gather = rooted_collective("gather", "gather_list", "destination", "dst")
@@ -699,7 +715,8 @@ function dist.reduce_scatter(t, list, op, opts)
   local g = group_of(opts, "reduce_scatter")
   if not g then return nil end
   check_list(list, t, g, "reduce_scatter", "the input list")
-  return run(g, opts, "reduce_scatter", t, list, op or "SUM")
+  local work = run(g, opts, "reduce_scatter", t, list, op or "SUM")
+  return work
 end
 
 local function same_dtype(a, b, what, an, bn)
@@ -723,7 +740,8 @@ function dist.all_gather_into_tensor(out, t, opts)
     cfg("all_gather_into_tensor: the output has %d elements; it must have world_size x the input's, %d x %d = %d",
       core.t_numel(out), g.size, core.t_numel(t), g.size * core.t_numel(t))
   end
-  return run(g, opts, "all_gather_into_tensor", out, t)
+  local work = run(g, opts, "all_gather_into_tensor", out, t)
+  return work
 end
 dist._all_gather_base = dist.all_gather_into_tensor
 
@@ -742,7 +760,8 @@ function dist.reduce_scatter_tensor(out, t, op, opts)
       core.t_numel(t), g.size, core.t_numel(out), g.size * core.t_numel(out))
   end
   check_op(op or "SUM", t, "reduce_scatter_tensor")
-  return run(g, opts, "reduce_scatter_tensor", out, t, op or "SUM")
+  local work = run(g, opts, "reduce_scatter_tensor", out, t, op or "SUM")
+  return work
 end
 dist._reduce_scatter_base = dist.reduce_scatter_tensor
 
@@ -793,7 +812,8 @@ function dist.all_to_all_single(out, t, out_splits, in_splits, opts)
   same_dtype(out, t, "all_to_all_single", "the output", "the input")
   local oc = split_counts(out, out_splits, g, "all_to_all_single", "output")
   local ic = split_counts(t, in_splits, g, "all_to_all_single", "input")
-  return run(g, opts, "all_to_all_single", out, t, {oc, ic})
+  local work = run(g, opts, "all_to_all_single", out, t, {oc, ic})
+  return work
 end
 
 -- all_to_all(outs, ins [, opts]): ins[i] goes to group rank i - 1, outs[i] comes from it
@@ -816,14 +836,16 @@ function dist.all_to_all(outs, ins, opts)
     cfg("all_to_all: this rank's own piece has %d elements in input_tensor_list but %d in output_tensor_list",
       core.t_numel(ins[g.rank + 1]), core.t_numel(outs[g.rank + 1]))
   end
-  return run(g, opts, "all_to_all", outs, ins)
+  local work = run(g, opts, "all_to_all", outs, ins)
+  return work
 end
 
 function dist.barrier(opts)
   opts = options(opts)
   local g = group_of(opts, "barrier")
   if not g then return nil end
-  return run(g, opts, "barrier")
+  local work = run(g, opts, "barrier")
+  return work
 end
 
 -- monitored_barrier{timeout =, wait_all_ranks =, group =} (or PyTorch's
@@ -1038,7 +1060,8 @@ function dist.all_gather_object(list, obj, opts)
   if type(list) ~= "table" then cfg("all_gather_object: the output must be a list (a table), got %s", type(list)) end
   local g = group_of(opts, "all_gather_object")
   if not g then return nil end
-  return run(g, opts, "all_gather_object", list, obj)
+  local work = run(g, opts, "all_gather_object", list, obj)
+  return work
 end
 
 local function gather_objects(g, obj, list, root)
@@ -1070,7 +1093,8 @@ function dist.gather_object(obj, list, dst, opts)
   elseif g.rank ~= root and list ~= nil and given then
     fail_group(g, "gather_object: Argument ``object_gather_list`` must NOT be specified on non-destination ranks.")
   end
-  return run(g, opts, "gather_object", obj, g.rank == root and list or nil, root)
+  local work = run(g, opts, "gather_object", obj, g.rank == root and list or nil, root)
+  return work
 end
 
 local function broadcast_objects(g, list, root)
@@ -1102,7 +1126,8 @@ function dist.broadcast_object_list(list, src, opts)
   local g = group_of(opts, "broadcast_object_list")
   if not g then return nil end
   local root = global_to_group(g, src or 0, "broadcast_object_list", "src")
-  return run(g, opts, "broadcast_object_list", list, root)
+  local work = run(g, opts, "broadcast_object_list", list, root)
+  return work
 end
 
 local function scatter_objects(g, out, ins, root)
@@ -1149,7 +1174,8 @@ function dist.scatter_object_list(out, ins, src, opts)
   local g = group_of(opts, "scatter_object_list")
   if not g then return nil end
   local root = global_to_group(g, src or 0, "scatter_object_list", "src")
-  return run(g, opts, "scatter_object_list", out, ins, root)
+  local work = run(g, opts, "scatter_object_list", out, ins, root)
+  return work
 end
 
 -- (the group's method takes the two lists of counts as arguments of their own)

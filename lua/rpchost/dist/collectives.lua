@@ -160,7 +160,8 @@ function Group:begin(op, t, redop, root, numel)
   rs[self.seq % 16], rm[self.seq % 16] = self.seq, m
   -- (what: the call by its own number, as its waits name it; with async Works
   -- the group may have started later ones)
-  return setmetatable({meta = m, sig = sig, seq = self.seq, g = self}, Call)
+  local c = setmetatable({meta = m, sig = sig, seq = self.seq, g = self}, Call)
+  return c -- (not a tail call: see invoke in rpchost.dist)
 end
 
 -- A message of one of this group's collectives that already ended here means
@@ -502,7 +503,10 @@ end
 -- function, cannot compile a vararg, and a small all_reduce ran interpreted.)
 local FLAT = {-1}
 local function in_place(t, fn, a, b, c, d, e)
-  if core.t_is_contiguous(t) then return fn(core.t_view(t, FLAT, false), a, b, c, d, e) end
+  if core.t_is_contiguous(t) then
+    local r = fn(core.t_view(t, FLAT, false), a, b, c, d, e)
+    return r -- (not a tail call: see invoke in rpchost.dist)
+  end
   local work = core.t_clone(t)
   fn(core.t_view(work, FLAT, false), a, b, c, d, e)
   core.t_copy_(t, work)
@@ -716,13 +720,14 @@ local function contiguous(t)
   local f = tensor_facts.of(t)
   return f ~= nil and f.contiguous == 1
 end
+-- (no tail calls: see invoke in rpchost.dist)
 local function arena_all_reduce(ar, g, c, t, redop)
-  if contiguous(t) then return arena.all_reduce(t, g, c, ar, redop, BIN[redop]) end
-  in_place(t, arena.all_reduce, g, c, ar, redop, BIN[redop])
+  if contiguous(t) then arena.all_reduce(t, g, c, ar, redop, BIN[redop])
+  else in_place(t, arena.all_reduce, g, c, ar, redop, BIN[redop]) end
 end
 local function arena_broadcast(ar, g, c, t, root)
-  if contiguous(t) then return arena.broadcast(t, g, c, ar, root) end
-  in_place(t, arena.broadcast, g, c, ar, root)
+  if contiguous(t) then arena.broadcast(t, g, c, ar, root)
+  else in_place(t, arena.broadcast, g, c, ar, root) end
 end
 -- (the byte count a small collective chooses its algorithm by)
 local function nbytes(t)

@@ -17,7 +17,13 @@ end
 -- as fast as before (bench/model_ops.lua's MLP loop within 1%, rpc_sync and
 -- barrier latency unchanged). A script may set its own: jit.opt.start("hotloop=56").
 -- (a LuaJIT built without the JIT has no jit.opt: nothing to set there)
-if jit.opt then pcall(jit.opt.start, "hotloop=1000") end
+-- And up to 16 MB of machine code, not LuaJIT's default 512 KB: a rank of two
+-- that made RPCs and a few thousand small collectives had 200 traces live and
+-- ran out of it, and LuaJIT then throws every trace away and compiles again
+-- from nothing, interpreted meanwhile (the same loop of barriers: 1.07 -> 0.90
+-- us, medians of 6 alternated runs; bench/README.md). The code is mapped in
+-- pieces as it is made, so a program that compiles less pays nothing.
+if jit.opt then pcall(jit.opt.start, "hotloop=1000", "maxmcode=16384") end
 require("rpchost.tools.priority").adopt() -- (a rank of a launcher that raised its own priority)
 require "rpchost.compat"
 local core = require "rpchost.core"
