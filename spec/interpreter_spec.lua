@@ -38,6 +38,33 @@ describe("rpchost as a Lua interpreter #world", function()
     assert.are.equal("true\ttrue\n", r.out)
   end)
 
+  it("keeps up to 16 MB of compiled code, where LuaJIT's default 512 KB throws it all away (docs/cli.md)", function()
+    -- (400 hot loops of 40 statements each: about 1.5 MB of machine code)
+    local path = S.write([[
+      if arg[1] then jit.opt.start(arg[1]) end
+      local full = 0
+      jit.attach(function(what, tr, func, pc, otr)
+        if what == "abort" and (require("jit.vmdef").traceerr[otr] or ""):find("mcode memory", 1, true) then
+          full = full + 1
+        end
+      end, "trace")
+      for k = 1, 400 do
+        local body = {"local t, s = {}, 0 for i = 1, 3000 do"}
+        for j = 1, 40 do body[#body + 1] = ("s = s + (i * %d + %d) %% 7"):format(k + j, j) end
+        body[#body + 1] = "t[i % 8 + 1] = s end return s"
+        assert(load(table.concat(body, "\n")))()
+      end
+      print("full " .. full)
+    ]])
+    local r = S.run({path})
+    assert.are.equal(0, r.status, r.err)
+    assert.are.equal("full 0\n", r.out)
+    -- (the documented way back to LuaJIT's default, and what it does here)
+    r = S.run({path, "maxmcode=512"})
+    assert.are.equal(0, r.status, r.err)
+    assert.is_truthy(tonumber(r.out:match("full (%d+)")) > 0, r.out)
+  end)
+
   it("runs stdin with -", function()
     local path = S.write("print('from stdin', ...)")
     local r = S.run({"-e", ("os.exit(os.execute('%s - x < %s > %s.out') == 0 and 0 or 3)"):format(
