@@ -26,10 +26,10 @@ if prof then
 end
 -- this process's CPU time (all threads), seconds
 local ffi = require "ffi"
--- (the declaration rpc.lua makes, which is loaded by now)
-pcall(ffi.cdef, "struct rh_wall_timespec { long tv_sec; long tv_nsec; }; " ..
-  "int clock_gettime(int clk, struct rh_wall_timespec *ts);")
-local ts = ffi.new("struct rh_wall_timespec")
+-- (a declaration of its own: rpchost's modules leave libc's names alone)
+pcall(ffi.cdef, "struct big_world_timespec { long tv_sec; long tv_nsec; }; " ..
+  "int clock_gettime(int clk, struct big_world_timespec *ts);")
+local ts = ffi.new("struct big_world_timespec")
 local function cpu()
   ffi.C.clock_gettime(2, ts)
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9

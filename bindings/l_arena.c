@@ -7,8 +7,11 @@
  * over their authenticated connections. So a process outside the world, or a
  * rank on another host (whose pid names something else here), gets no arena.
  *
- * A step is three calls from lua/rpchost/net/arena.lua: start (copy in, publish),
- * spin / sleep until every rank is there, finish (reduce or copy out). The
+ * A step is three parts, driven by lua/rpchost/net/arena.lua: start (copy in,
+ * publish), spin / sleep until every rank is there, finish (reduce or copy
+ * out). Its usual course, start and spin then finish, is two calls through the
+ * FFI (rh_arena_ffi_step, rh_arena_ffi_reduce / _take); the methods below do
+ * each part where that course does not apply, and say what is wrong. The
  * spin is bounded (the caller's budget, yielding the core while the host's
  * runnable tasks outnumber its cores: rh_net_polite), so the loop is never held for long: what
  * remains is a sleep in the loop, rung by the rank that completes the step. */

@@ -21,13 +21,14 @@ describe("rpchost as a Lua interpreter #world", function()
     assert.are.equal("function\n", r.out)
   end)
 
-  it("leaves libc's names to the script's own FFI declarations (rpc, dist and tensor loaded)", function()
+  it("leaves libc's names to the script's own FFI declarations (rpc, dist, tensor and summary loaded)", function()
     -- (rpchost's modules call their clocks under names of their own: a
     -- declaration of clock_gettime with an rpchost struct would have fixed its
     -- type for the script, whose own struct then failed to convert)
     local r = S.run({"-e", [[
       local rpc, dist, tensor = require "rpc", require "dist", require "tensor"
       require "rpchost.sched"
+      require "rpchost.summary"
       local ffi = require "ffi"
       ffi.cdef "typedef struct { long s; long ns; } my_ts_t; int clock_gettime(int, my_ts_t *);"
       local ts = ffi.new("my_ts_t")

@@ -18,7 +18,7 @@ local collectives = require "rpchost.dist.collectives"
 local nccl_group = require "rpchost.dist.nccl_group"
 local mpi_group = require "rpchost.dist.mpi_group"
 local Future = require "rpchost.future"
-local tensor_facts = require "rpchost.tensor_facts"
+local tensor_facts = require "rpchost.tensor.facts"
 
 local dist = {}
 
@@ -449,7 +449,7 @@ dist._active = active
 -- g:method(...) for a gloo group given CUDA tensors: they go through host copies
 -- (rpchost's transport carries host memory), copied back after the call, as
 -- PyTorch's gloo does. nccl groups take the tensors as they are.
--- (through the FFI, rpchost.tensor_facts: a C call would end the compiled trace)
+-- (through the FFI, rpchost.tensor.facts: a C call would end the compiled trace)
 local function on_device(v)
   local f = tensor_facts.of(v)
   return f ~= nil and f.device >= 0

@@ -15,7 +15,7 @@ local errors = require "rpchost.errors"
 local bit = require "bit"
 local ffi = require "ffi"
 local arena = require "rpchost.net.arena"
-local tensor_facts = require "rpchost.tensor_facts"
+local tensor_facts = require "rpchost.tensor.facts"
 local hierarchy = require "rpchost.dist.hierarchy"
 require "rpchost.tensor" -- tensors must be able to travel (their codec lives there)
 
@@ -136,7 +136,7 @@ function Group:begin(op, t, redop, root, numel)
   end
   if self.agent.mail_count > 0 then self:check_leftovers() end
   self.seq = self.seq + 1
-  -- (through the FFI: see rpchost.tensor_facts; a freed tensor raises in the core)
+  -- (through the FFI: see rpchost.tensor.facts; a freed tensor raises in the core)
   local f = t and tensor_facts.of(t)
   local dtype = f and f.dtype or t and core.t_dtype(t) or -1
   numel = numel or f and f.numel or t and core.t_numel(t) or 0
@@ -508,8 +508,9 @@ local function in_place(t, fn, a, b, c, d, e)
     return r -- (not a tail call: see invoke in rpchost.dist)
   end
   local work = core.t_clone(t)
-  fn(core.t_view(work, FLAT, false), a, b, c, d, e)
+  local r = fn(core.t_view(work, FLAT, false), a, b, c, d, e)
   core.t_copy_(t, work)
+  return r
 end
 
 local function check_redop(redop, t)
@@ -755,6 +756,35 @@ function Group:all_reduce(t, redop)
 end
 
 -- broadcast / reduce: binomial trees rooted at `root` (a group index) ----------------------
+
+-- A large broadcast on one host (flat: the tensor's contiguous view): every
+-- rank reads the root's tensor straight into its own. The root, which would
+-- only wait, writes the first n-th of it into every rank meanwhile, where the
+-- peers let it write (2 ranks: each copies half; one thread reads a third of
+-- memcpy's bandwidth). True when done, nil when the group cannot go direct.
+-- (A function of its own, not a closure in Group:broadcast: a closure's
+-- upvalues make every return there a UCLO, which LuaJIT does not compile, and
+-- the small broadcast's return through the arena ran interpreted.)
+local function broadcast_direct(flat, g, c, root)
+  local peers, how = g:direct_peers(c, flat)
+  if not peers then return nil end
+  local n = g.size
+  local numel = core.t_numel(flat)
+  local share = how == 2 and M.ONE_PASS and math.floor(numel / n) or 0
+  if g.rank == root then
+    local part = share > 0 and core.t_narrow(flat, 0, 0, share)
+    for i = 0, n - 1 do
+      if part and i ~= root then write_from(g, c, i, peers[i], part) end
+    end
+    if part then M.used.broadcast_written = M.used.broadcast_written + 1 end
+  elseif share < numel then
+    local p = peers[root]
+    read_into(g, c, root, p.pid, p.addr, flat, share, core.t_narrow(flat, 0, share, numel - share))
+  end
+  g:barrier() -- the root keeps its tensor as it is until everyone has read it
+  return true
+end
+
 function Group:broadcast(t, root)
   local c = self:begin("broadcast", t, nil, root)
   local n = self.size
@@ -766,32 +796,8 @@ function Group:broadcast(t, root)
      and arena.run(self, c, arena_broadcast, t, root) then
     return
   end
-  if bytes >= M.DIRECT_BYTES then
-    -- on one host: every rank reads the root's tensor straight into its own.
-    -- The root, which would only wait, writes the first n-th of it into every
-    -- rank meanwhile, where the peers let it write (2 ranks: each copies half;
-    -- one thread reads a third of memcpy's bandwidth)
-    local direct = false
-    in_place(t, function(flat)
-      local peers, how = self:direct_peers(c, flat)
-      if not peers then return end
-      local numel = core.t_numel(flat)
-      local share = how == 2 and M.ONE_PASS and math.floor(numel / n) or 0
-      if self.rank == root then
-        local part = share > 0 and core.t_narrow(flat, 0, 0, share)
-        for i = 0, n - 1 do
-          if part and i ~= root then write_from(self, c, i, peers[i], part) end
-        end
-        if part then M.used.broadcast_written = M.used.broadcast_written + 1 end
-      elseif share < numel then
-        local p = peers[root]
-        read_into(self, c, root, p.pid, p.addr, flat, share, core.t_narrow(flat, 0, share, numel - share))
-      end
-      self:barrier() -- the root keeps its tensor as it is until everyone has read it
-      direct = true
-    end)
-    if direct then return end
-  end
+  -- (on one host, when the ranks may read each other: broadcast_direct)
+  if bytes >= M.DIRECT_BYTES and in_place(t, broadcast_direct, self, c, root) then return end
   local v = (self.rank - root) % n
   local data = v == 0 and snapshot(t) or nil
   local taken = true -- (by every connection it went to: then it goes now)

@@ -271,6 +271,8 @@ local has_ffi = pcall(function() return ffi.C.rh_arena_ffi_take end)
 local C = ffi.C
 local FFI_WAKE, FFI_OTHER, FFI_CLOSED, FFI_TENSOR = -1, -2, -3, -4
 local epoch_out = has_ffi and ffi.new("double[1]")
+-- (the C side reads a tensor userdata's block: only a tensor may go there)
+local is_tensor = core.t_is_tensor
 
 -- The rest of a step that did not end in its first poll: r as arena:spin says.
 local function finish_step(g, c, ar, e, r, idx, k, dt, ro, rt, ne)
@@ -285,7 +287,7 @@ end
 -- then wait for all.
 local function step(g, c, ar, kind, t, redop, root)
   local m = c.meta
-  if has_ffi then
+  if has_ffi and (t == nil or is_tensor(t)) then
     local r = C.rh_arena_ffi_step(ar, kind, m.dtype + 1, REDOP[redop] or 0, root or 0, m.numel, t, M.SPIN_NS,
       epoch_out)
     local e = epoch_out[0]
@@ -316,7 +318,7 @@ end
 function M.all_reduce(t, g, c, ar, redop, binop)
   local e = step(g, c, ar, KIND.all_reduce, t, redop)
   local divisor = redop == "AVG" and g.size or nil
-  if not (has_ffi and C.rh_arena_ffi_reduce(ar, e, t, binop, divisor or 0) == 0) then
+  if not (has_ffi and is_tensor(t) and C.rh_arena_ffi_reduce(ar, e, t, binop, divisor or 0) == 0) then
     ar:reduce(e, t, binop, divisor)
   end
   M.used.all_reduce = M.used.all_reduce + 1
@@ -324,7 +326,9 @@ end
 
 function M.broadcast(t, g, c, ar, root)
   local e = step(g, c, ar, KIND.broadcast, g.rank == root and t or nil, nil, root)
-  if g.rank ~= root and not (has_ffi and C.rh_arena_ffi_take(ar, e, root, t) == 0) then ar:take(e, root, t) end
+  if g.rank ~= root and not (has_ffi and is_tensor(t) and C.rh_arena_ffi_take(ar, e, root, t) == 0) then
+    ar:take(e, root, t)
+  end
   M.used.broadcast = M.used.broadcast + 1
 end
 
