@@ -28,6 +28,36 @@ describe("store #unit", function()
     assert.are.equal(1, client:num_keys())
   end)
 
+  it("keeps a world's directory deflated, and refuses one that is corrupt or inflates past its bound", function()
+    local zlib = require "rpchost.zlib"
+    local function build(recs) return table.concat(recs, "|") end
+    local record = ("127.0.0.1 /tmp/rpchost-0/x.sock host-identity-of-this-machine "):rep(3)
+    -- (ranks 1 and 2 counted in already; rank 0 completes the count and builds)
+    for r = 1, 2 do client:count_in("gd/" .. r, record .. r, "gd/count") end
+    local dir = client:gather("gd/", 3, 0, record .. 0, {timeout = 5, build = build})
+    assert.are.equal(build({record .. 0, record .. 1, record .. 2}), dir)
+    local stored = client:get("gd/all")
+    assert.are.equal("z", stored:sub(1, 1))
+    assert.is_true(#stored < #dir / 3, ("%d bytes stored for a directory of %d"):format(#stored, #dir))
+    assert.are.equal(dir, zlib.inflate(stored:sub(2), "raw"))
+    -- a rank that finds the directory made: reads it
+    client:set("gd2/all", stored)
+    assert.are.equal(dir, client:gather("gd2/", 3, 1, record .. 1, {timeout = 5, build = build}))
+    -- another rpchost's, corrupt, or a bomb: a protocol error naming it, at once
+    local function fails(value, n, want)
+      client:set("gx/all", value)
+      local ok, err = pcall(client.gather, client, "gx/", n, 1, "r", {timeout = 5, build = build})
+      assert.is_false(ok)
+      assert.are.equal("protocol", err.kind, tostring(err))
+      assert.truthy(tostring(err.message):find(want, 1, true), tostring(err.message))
+      client:delete("gx/all")
+      client:delete("gx/count")
+    end
+    fails("plain directory", 2, "not one this rpchost wrote")
+    fails("z\1\2\3garbage", 2, "is corrupt")
+    fails("z" .. zlib.deflate(("x"):rep(4 * 1024 * 1024), "raw"), 2, "inflates past")
+  end)
+
   it("adds atomically and compare_sets like TCPStore", function()
     assert.are.equal(5, client:add("n", 5))
     assert.are.equal(3, client:add("n", -2))

@@ -40,11 +40,13 @@ end
 
 -- inflate(s, mode): mode "raw" (a zip member), "gzip" or "zlib"; several
 -- concatenated gzip members are read as one stream, as gunzip does
-function M.inflate(s, mode)
+-- inflate(s, mode[, max]): mode "raw", "gzip" or zlib's own; with max, more
+-- than max bytes out is an error (data from a peer cannot make it unbounded)
+function M.inflate(s, mode, max)
   local zl = z()
   local bits = mode == "raw" and -15 or (mode == "gzip" and 31 or 15)
   local out = {}
-  local pos = 0
+  local pos, made = 0, 0
   local buf = ffi.new("unsigned char[?]", 65536)
   while pos < #s do
     local st = ffi.new("rh_z_stream")
@@ -61,6 +63,11 @@ function M.inflate(s, mode)
         error("corrupt compressed data: " .. msg, 2)
       end
       out[#out + 1] = ffi.string(buf, 65536 - st.avail_out)
+      made = made + 65536 - st.avail_out
+      if max and made > max then
+        zl.inflateEnd(st)
+        error(("compressed data inflates past %d bytes"):format(max), 2)
+      end
       if rc == 0 and st.avail_in == 0 and st.avail_out ~= 0 then
         zl.inflateEnd(st)
         error("truncated compressed data", 2)
