@@ -258,19 +258,18 @@ end
 -- The fast path of a step, and of what follows it, through the FFI (see
 -- rh_arena_ffi_step in bindings/l_arena.c: a lua_CFunction here would end the
 -- compiled trace, and the rest of the call would run interpreted). Where it
--- does not apply (an odd tensor, an rpchost without exported symbols), the
--- methods below do the same and say what is wrong.
+-- does not apply (an odd tensor), the methods below do the same and say what
+-- is wrong.
 local ffi = require "ffi"
-pcall(ffi.cdef, [[
+ffi.cdef [[
 int rh_arena_ffi_step(void *arena, uint32_t kind, uint32_t dtype, uint32_t redop, uint32_t root,
                       double numel, void *tensor, uint64_t spin_ns, double *epoch);
 int rh_arena_ffi_reduce(void *arena, double epoch, void *tensor, int op, double divisor);
 int rh_arena_ffi_take(void *arena, double epoch, int root, void *tensor);
-]])
-local has_ffi = pcall(function() return ffi.C.rh_arena_ffi_take end)
+]]
 local C = ffi.C
-local FFI_WAKE, FFI_OTHER, FFI_CLOSED, FFI_TENSOR = -1, -2, -3, -4
-local epoch_out = has_ffi and ffi.new("double[1]")
+local FFI_WAKE, FFI_OTHER, FFI_CLOSED = -1, -2, -3 -- (and -4: not a tensor it takes)
+local epoch_out = ffi.new("double[1]")
 -- (the C side reads a tensor userdata's block: only a tensor may go there)
 local is_tensor = core.t_is_tensor
 
@@ -287,7 +286,7 @@ end
 -- then wait for all.
 local function step(g, c, ar, kind, t, redop, root)
   local m = c.meta
-  if has_ffi and (t == nil or is_tensor(t)) then
+  if t == nil or is_tensor(t) then
     local r = C.rh_arena_ffi_step(ar, kind, m.dtype + 1, REDOP[redop] or 0, root or 0, m.numel, t, M.SPIN_NS,
       epoch_out)
     local e = epoch_out[0]
@@ -300,7 +299,7 @@ local function step(g, c, ar, kind, t, redop, root)
     end
     if r == FFI_OTHER then return finish_step(g, c, ar, e, ar:last()) end
     if r == FFI_CLOSED then ar:slot() end -- (raises: the arena is closed)
-    -- (FFI_TENSOR: nothing was done; ar:start says what is wrong with t)
+    -- (-4: not a tensor it takes; nothing was done: ar:start says what is wrong)
   end
   -- what this rank queued leaves first: a peer may need it to reach this step
   core.flush()
@@ -318,7 +317,7 @@ end
 function M.all_reduce(t, g, c, ar, redop, binop)
   local e = step(g, c, ar, KIND.all_reduce, t, redop)
   local divisor = redop == "AVG" and g.size or nil
-  if not (has_ffi and is_tensor(t) and C.rh_arena_ffi_reduce(ar, e, t, binop, divisor or 0) == 0) then
+  if not (is_tensor(t) and C.rh_arena_ffi_reduce(ar, e, t, binop, divisor or 0) == 0) then
     ar:reduce(e, t, binop, divisor)
   end
   M.used.all_reduce = M.used.all_reduce + 1
@@ -326,7 +325,7 @@ end
 
 function M.broadcast(t, g, c, ar, root)
   local e = step(g, c, ar, KIND.broadcast, g.rank == root and t or nil, nil, root)
-  if g.rank ~= root and not (has_ffi and is_tensor(t) and C.rh_arena_ffi_take(ar, e, root, t) == 0) then
+  if g.rank ~= root and not (is_tensor(t) and C.rh_arena_ffi_take(ar, e, root, t) == 0) then
     ar:take(e, root, t)
   end
   M.used.broadcast = M.used.broadcast + 1
