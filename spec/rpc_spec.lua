@@ -234,6 +234,28 @@ describe("rpc #world", function()
     local mixed = {}
     for i = 1, 32 do mixed[i] = (i % 16 == 0) and 5e-3 or 100 * us end
     assert.is_true(fed(60 * us, mixed) > 100 * us)
+    -- the percentile the window is chosen from is the one a full sort gives,
+    -- at every count of waits remembered (the choice keeps the largest few)
+    local function reference(waits, base)
+      local k = math.min(#waits, 32)
+      local last = {}
+      for i = #waits - k + 1, #waits do last[#last + 1] = waits[i] end
+      table.sort(last)
+      local p90 = last[math.max(1, math.ceil(0.9 * k))]
+      if p90 > 4 * base then return base end
+      return math.max(base, math.min(4 * base, p90 * 1.25))
+    end
+    math.randomseed(7)
+    for n = 8, 96, 8 do
+      for _ = 1, 25 do
+        local w, waits = sw.new(60 * us), {}
+        for i = 1, n do
+          waits[i] = math.random() < 0.1 and math.random() * 1e-3 or math.random() * 200 * us
+          w:sample(waits[i])
+        end
+        assert.is_true(math.abs(w.window - reference(waits, 60 * us)) < 1e-12, ("%d waits"):format(n))
+      end
+    end
     -- (in a world: a callee that computes 300 us per call teaches its caller to
     -- poll longer than the base of 200 us; one that sleeps 20 ms does not)
     local r = world(2, [[

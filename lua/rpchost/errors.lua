@@ -65,15 +65,26 @@ end
 
 -- also: {fields = {...}, where = "..."}: the options of another table a key
 -- may have been meant for (named in the message when it is one of them).
+-- (The set of a list's names is made once per list, kept while the list
+-- lives: a collective's options are checked on every call, and a set made per
+-- call was most of a small one's dispatch.)
+local known_sets = setmetatable({}, {__mode = "k"})
+local function known_of(fields)
+  local known = known_sets[fields]
+  if not known then
+    known = {}
+    for _, f in ipairs(fields) do known[f] = true end
+    known_sets[fields] = known
+  end
+  return known
+end
+
 function M.check_options(o, fields, name, also)
   if type(o) ~= "table" then return end
-  local known
+  local known = nil
   for k in pairs(o) do
     if type(k) == "string" then
-      if not known then
-        known = {}
-        for _, f in ipairs(fields) do known[f] = true end
-      end
+      known = known or known_of(fields)
       if not known[k] then
         local best, bd = nil, 3
         for _, f in ipairs(fields) do

@@ -45,12 +45,28 @@ function M:sample(dt)
   end
 end
 
+-- The 90th percentile of the remembered waits is the j-th largest of them (j
+-- = k - ceil(0.9 k) + 1: 4 of 32), found by keeping the j largest in one pass.
+-- (It runs every EVERY answers, on the path from an answer to the task that
+-- waits for it: table.sort, a C function calling back its comparison, cost
+-- more there than the rest of the choice; this loop compiles.)
 function M:choose()
-  local s, k = self.sorted, math.min(self.n, SAMPLES)
-  for i = 1, k do s[i] = self.waits[i] end
-  for i = k + 1, #s do s[i] = nil end
-  table.sort(s)
-  local p90 = s[math.max(1, math.ceil(0.9 * k))]
+  local k = math.min(self.n, SAMPLES)
+  local j = k - math.ceil(0.9 * k) + 1
+  local top, waits = self.sorted, self.waits -- (top[1] >= top[2] >= ... >= top[j])
+  for i = 1, j do top[i] = -1 end
+  for i = 1, k do
+    local w = waits[i]
+    if w > top[j] then
+      local at = j
+      while at > 1 and top[at - 1] < w do
+        top[at] = top[at - 1]
+        at = at - 1
+      end
+      top[at] = w
+    end
+  end
+  local p90 = top[j]
   if p90 > self.max then
     self.window = self.base
   else
