@@ -9,12 +9,24 @@
 
 #include "rh_lua.h"
 
+/* run([mode]) -> whether the loop is alive: one turn ("once", the default,
+ * blocks until something happens; "nowait" does not block; "spin" is
+ * "nowait" for the scheduler while it polls the same-host rings itself,
+ * rh_net_ring_turn, between such turns: the turn leaves the rings to that
+ * poll, where what a frame makes ready may run at once) or "default" */
 static int l_run(lua_State *L) {
   const char *mode = luaL_optstring(L, 1, "once");
   uv_run_mode m = UV_RUN_ONCE;
-  if (mode[0] == 'n') m = UV_RUN_NOWAIT;
+  if (mode[0] == 'n' || mode[0] == 's') m = UV_RUN_NOWAIT;
   else if (mode[0] == 'd') m = UV_RUN_DEFAULT;
+  /* (a task the scheduler started inside its poll of the rings runs within a
+   * frame's callback: a turn of the loop there would read the same rings again
+   * under the frame being handed out, and could free its connection) */
+  if (rh_ctx()->net.in_ring_turn)
+    return luaL_error(L, "the event loop cannot run inside the rings' poll (a task started by a frame's callback, "
+                         "rpchost.sched.frame_done): wait with the scheduler's calls instead");
   rh_ctx()->net.loop_turn_at = uv_hrtime();
+  rh_ctx()->net.sched_polls = mode[0] == 's';
   int alive = uv_run(rh_ctx()->loop, m);
   lua_pushboolean(L, alive);
   return 1;

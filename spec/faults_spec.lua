@@ -59,6 +59,45 @@ describe("faults #world", function()
     S.assert_checks(out, {on = 0})
   end)
 
+  it("a handler started from the rings' poll that calls os.exit exits the process cleanly", function()
+    -- (rpchost.sched.defer_exit: os.exit's last turns of the loop cannot run
+    -- inside the poll; the exit waits for it to return, its before_exit
+    -- hooks run, the caller's call fails as unreachable)
+    local marker = os.tmpname()
+    os.remove(marker)
+    local out = by_hand(2, ([[
+      function in_poll() return sched.ran_in_poll() end
+      function quit()
+        -- (a hook that runs a turn of the loop, as closing a process group does:
+        -- inside the poll that would fail)
+        require("rpchost.compat").before_exit(function()
+          local ok = pcall(core.run, "nowait")
+          local f = io.open(%q, "w") f:write(ok and "ran" or "inside the poll") f:close()
+        end)
+        os.exit(0)
+      end
+      rpc.init_rpc("w" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        for i = 1, 300 do rpc.rpc_sync("w1", echo, {i}) end
+        check("handlers start from the poll", rpc.rpc_sync("w1", in_poll) > 0)
+        local t0 = sched.now()
+        local ok, e = pcall(rpc.rpc_sync, "w1", quit)
+        check("the call fails as unreachable", not ok and e.kind == "unreachable", e)
+        check("within 3 s", sched.now() - t0 < 3, sched.now() - t0)
+        local f = io.open(%q)
+        local said = f and f:read("*a")
+        check("before_exit ran, outside the poll", said == "ran", said)
+        if f then f:close() end
+        os.exit(0)
+      end
+      sched.sleep(30)
+    ]]):format(marker, marker))
+    os.remove(marker)
+    S.assert_checks(out, {on = 0})
+    assert.are.equal(0, out[1].status, out[1].err)
+    assert.is_nil(out[1].err:find("event loop cannot run", 1, true), out[1].err)
+  end)
+
   it("a call whose connection cannot even be dialled fails at once, not at its timeout", function()
     -- the dial fails inside the send (an address that cannot be parsed): the
     -- loss must find the call already pending

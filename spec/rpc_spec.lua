@@ -277,6 +277,39 @@ describe("rpc #world", function()
     S.assert_checks(r)
   end)
 
+  it("runs what a frame made ready from the poll that found it, in the order the frames came", function()
+    -- (rpchost.sched.frame_done: a request's handler starts, and a caller's
+    -- waiting task resumes, inside the scheduler's poll of the rings, each at
+    -- the end of its frame's callback; both ranks of a loop of calls do so)
+    local r = world(2, [[
+      local sched = require "rpchost.sched"
+      function in_poll() return sched.ran_in_poll() end
+      local got = {}
+      function arrive(i) got[#got + 1] = i; return #got end
+      function arrived() return got end
+      rpc.init_rpc("worker" .. rank, {rank = rank, world_size = world_size})
+      if rank == 0 then
+        for i = 1, 300 do rpc.rpc_sync("worker1", arrive, {0}) end
+        local mine, theirs = sched.ran_in_poll(), rpc.rpc_sync("worker1", in_poll)
+        for i = 1, 2000 do check("echo", rpc.rpc_sync("worker1", arrive, {i}) == 300 + i) end
+        local mine2, theirs2 = sched.ran_in_poll(), rpc.rpc_sync("worker1", in_poll)
+        -- (the poll runs while a rank polls: on a busy machine not every time)
+        check("the caller resumed from the poll", mine2 - mine > 200, mine2 - mine)
+        check("the callee started handlers from the poll", theirs2 - theirs > 200, theirs2 - theirs)
+        local futs = {}
+        for i = 1, 60 do futs[i] = rpc.rpc_async("worker1", arrive, {-i}) end
+        rpc.wait_all(futs)
+        local list = rpc.rpc_sync("worker1", arrived)
+        local ordered = true
+        for i = 1, 60 do if list[2300 + i] ~= -i then ordered = false end end
+        check("a burst's handlers started in the order its requests came", ordered)
+      end
+      rpc.shutdown()
+    ]])
+    assert.are.equal(0, r.status, r.err)
+    S.assert_checks(r)
+  end)
+
   it("wakes ahead of answers that come regularly after the polling window, and only of those", function()
     -- (the plan's rule, rpchost.wake_ahead: from 8 answers of a kind, wake at
     -- the second shortest less the lead, poll to the second longest and more)

@@ -68,7 +68,7 @@ static void flush_cb(uv_prepare_t *p) {
     c->resumed = 0;
     if (!c->closing) deliver(c);
   }
-  rh__rings_poll(net);
+  if (!net->sched_polls) rh__rings_poll(net);
   rh_net_flush(net);
 }
 

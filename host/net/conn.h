@@ -86,6 +86,9 @@ struct rh_net_s {
   int ring_yield, ring_auto, ring_crowded, host_cpus, contended;
   int loadavg_fd;            /* /proc/loadavg, kept open (-2: not opened yet, -1: unreadable) */
   uint64_t loop_turn_at;     /* uv_hrtime when the loop last began a turn (rh_net_ring_turn) */
+  int sched_polls;           /* that turn is the scheduler's between its own polls of the rings
+                              * (rh_net_ring_turn): the turn leaves the rings to them */
+  int in_ring_turn;          /* rh_net_ring_turn is handing frames out (the loop must not run then) */
   uint64_t csw_at, csw_last; /* when the switches were last counted, and how many */
   /* Waking ahead (wake_ahead.c): a rank whose answers come regularly later
    * than its polling window sleeps until just before the next is due, then

@@ -182,8 +182,10 @@ static int ring_burst(rh_net_t *net, uint64_t until, int once) {
 
 static void spin_cb(uv_idle_t *h) {
   rh_net_t *net = h->data;
-  /* the rings first: what arrived is handed out before this turn yields */
-  rh__rings_poll(net);
+  /* the rings first: what arrived is handed out before this turn yields
+   * (unless the scheduler polls them itself right after this turn, where what
+   * a frame makes ready may run at once: rpchost.sched.frame_done) */
+  if (!net->sched_polls) rh__rings_poll(net);
   uint64_t now = uv_hrtime();
   if (net->ring_found) {
     traffic(net, now);
@@ -196,7 +198,7 @@ static void spin_cb(uv_idle_t *h) {
       return;
     }
     /* a core of our own: the rings alone for a moment (see the top) */
-    ring_burst(net, burst_end(net, now), 0);
+    if (!net->sched_polls) ring_burst(net, burst_end(net, now), 0);
     return;
   }
   /* every ring must agree to sleep: set the flags, then look once more */
@@ -238,7 +240,10 @@ int rh_net_ring_turn(rh_net_t *net) {
   if (now - net->loop_turn_at >= SPIN_BURST_NS || now >= window_end(net)) return -1;
   rh_net_flush_now(net); /* (what the tasks queued, doorbells included: the prepare hook's job) */
   /* (a polite rank looks once: its core may be another's) */
-  return ring_burst(net, burst_end(net, net->loop_turn_at), rh_net_polite(net, now)) ? 1 : -1;
+  net->in_ring_turn = 1;
+  int found = ring_burst(net, burst_end(net, net->loop_turn_at), rh_net_polite(net, now));
+  net->in_ring_turn = 0;
+  return found ? 1 : -1;
 }
 
 void rh__rings_start_polling(rh_net_t *net) {

@@ -13,7 +13,11 @@ local M = {}
 local before_exit = {}
 function M.before_exit(fn) before_exit[#before_exit + 1] = fn end
 local raw_exit = os.exit
-os.exit = function(code)
+os.exit = function(code, ...)
+  -- (a task that the scheduler started inside its poll of the rings waits
+  -- until the poll returns, and the exit runs then: rpchost.sched.defer_exit)
+  local sched = package.loaded["rpchost.sched"]
+  if sched and sched.defer_exit(code, ...) then return end
   for _, fn in ipairs(before_exit) do
     local ok, err = pcall(fn)
     if not ok then io.stderr:write("rpchost: ", tostring(err), "\n") end

@@ -402,6 +402,28 @@ end
 local SLICE = 0.0005
 local turn_io
 
+-- Resumes ready task t with the values it was queued with (drain's step).
+local function resume_task(t, args)
+  current = t
+  local ok, err
+  if args == STARTING then
+    args = t.args
+    t.args = false -- (the task must not keep its arguments alive)
+    ok, err = raw_resume(t.co, t, unpack(args, 2, args[1] + 1))
+  elseif args then ok, err = raw_resume(t.co, unpack(args, 1, args.n))
+  else ok, err = raw_resume(t.co) end
+  current = nil
+  if not ok then
+    t.done = true
+    io.stderr:write("rpchost: task ", tostring(t.name or "task"), " failed: ", tostring(err), "\n")
+  elseif err ~= SUSPEND and err ~= POOLED and raw_status(t.co) == "suspended" then
+    -- a bare coroutine.yield() at the top of a task: nothing will resume it
+    t.done = true
+    io.stderr:write("rpchost: coroutine.yield() called outside any coroutine in ",
+                    tostring(t.name or "task"), "\n")
+  end
+end
+
 local function drain()
   -- (an empty queue reads no clock, and the first task none before it starts:
   -- run_until drains twice a turn, the second time mostly with nothing queued)
@@ -421,28 +443,54 @@ local function drain()
     local t, args = ready[rhead], ready_args[rhead]
     ready[rhead], ready_args[rhead] = nil, nil
     rhead = rhead + 1
-    if not t.done then
-      current = t
-      local ok, err
-      if args == STARTING then
-        args = t.args
-        t.args = false -- (the task must not keep its arguments alive)
-        ok, err = raw_resume(t.co, t, unpack(args, 2, args[1] + 1))
-      elseif args then ok, err = raw_resume(t.co, unpack(args, 1, args.n))
-      else ok, err = raw_resume(t.co) end
-      current = nil
-      if not ok then
-        t.done = true
-        io.stderr:write("rpchost: task ", tostring(t.name or "task"), " failed: ", tostring(err), "\n")
-      elseif err ~= SUSPEND and err ~= POOLED and raw_status(t.co) == "suspended" then
-        -- a bare coroutine.yield() at the top of a task: nothing will resume it
-        t.done = true
-        io.stderr:write("rpchost: coroutine.yield() called outside any coroutine in ",
-                        tostring(t.name or "task"), "\n")
-      end
-    end
+    if not t.done then resume_task(t, args) end
   end
   rhead, rtail = 1, 0
+end
+
+-- Frames handed out by the scheduler's own poll of the same-host rings
+-- (core.ring_turn in run_until) run what they made ready at once, each at the
+-- end of its callback (frame_done), instead of after the poll returns.
+-- Why: a request that arrives while its callee polls for it, and the reply a
+-- caller polls for, otherwise wait in the ready queue until the poll returns
+-- and the loop comes round to them: on a small call's critical path, both ways.
+-- Nothing is overtaken: the poll starts only with no task ready, and each
+-- frame's callback runs only what it made ready. A task started here runs
+-- outside any turn of the loop (libuv's uv_run) but inside the rings' read:
+-- it must not run the loop itself (os.exit's last turns wait for the poll to
+-- return: defer_exit).
+local ring_dispatch = false -- (in core.ring_turn, called from run_until)
+local dispatch_at = 0       -- when the poll's first frame ran a task (0: none yet)
+local exit_args = nil       -- os.exit's arguments, deferred by a task started here
+local ran_in_poll = 0       -- tasks run so (specs count them)
+
+function M.frame_done()
+  if not ring_dispatch or current ~= nil or rhead > rtail then return end
+  if dispatch_at == 0 then dispatch_at = now() end
+  repeat
+    core.flush()
+    local t, args = ready[rhead], ready_args[rhead]
+    ready[rhead], ready_args[rhead] = nil, nil
+    rhead = rhead + 1
+    if not t.done then
+      ran_in_poll = ran_in_poll + 1
+      resume_task(t, args)
+    end
+  until rhead > rtail
+  rhead, rtail = 1, 0
+end
+
+function M.ran_in_poll() return ran_in_poll end
+
+-- os.exit called by a task that frame_done started: the exit waits until the
+-- poll has returned (rpchost.compat's os.exit runs the loop's last turns, which
+-- must not run inside it); the task waits for it. true when deferred.
+function M.defer_exit(...)
+  if not (ring_dispatch and current and isyieldable()) then return false end
+  exit_args = {n = select("#", ...), ...}
+  current.waiting = "the process's exit"
+  raw_yield(SUSPEND)
+  return true -- (never reached: the process exits first)
 end
 
 -- Adaptive spinning: right after a request or reply goes out, the answer (or the
@@ -580,12 +628,22 @@ local function run_until(t)
     -- (while the rings are busy, a turn of theirs alone when it brings frames:
     -- the rest of a loop turn waits, at most a ring burst: host/net/conn.h)
     local alive = true
-    if not (spinning and rhead > rtail and core.ring_turn() == 1) then
+    local polled, ran = false, false
+    if spinning and rhead > rtail then
+      ring_dispatch, dispatch_at = true, 0
+      polled = core.ring_turn() == 1
+      ring_dispatch = false
+      ran = dispatch_at > 0
+      if exit_args then os.exit(unpack(exit_args, 1, exit_args.n)) end
+    end
+    if not polled then
       -- (decided in one test or two for the usual turns, which block or
       -- poll once: this runs several times per RPC round trip)
       if rhead <= rtail or spinning then
+        -- ("spin": the turn leaves the rings to this loop's own poll, where
+        -- what a frame makes ready runs at once; see frame_done)
         in_loop = true
-        alive = core.run("nowait")
+        alive = core.run(rhead > rtail and "spin" or "nowait")
         in_loop = false
       elseif hn == 0 or nweak ~= hn then
         in_loop = true
@@ -609,9 +667,10 @@ local function run_until(t)
     end
     -- (how long the answer to what went out took: the window learns from it,
     -- and the rings' own polling follows it, host/net/conn_ring.c)
-    if sent > 0 and rhead <= rtail then
+    -- (an answer whose task ran at once, in the poll, was timed when it came)
+    if sent > 0 and (rhead <= rtail or ran) then
       local was = spin.window
-      local dt = now() - sent
+      local dt = (ran and dispatch_at or now()) - sent
       spin:sample(dt)
       if key ~= nil and wake_ahead then answered(key, dt) end
       if sent_at == sent then sent_at = 0 end
@@ -619,7 +678,7 @@ local function run_until(t)
     end
     -- (a polling turn that found nothing gives the core away: the rank this one
     -- waits for may share it, and a busy poll would hold it for a whole slice)
-    if spinning and rhead > rtail then core.yield_cpu() end
+    if spinning and rhead > rtail and not ran then core.yield_cpu() end
     if not alive and rhead > rtail and not t.done and not spinning then
       return false, "deadlock: " .. tostring(t.name or "task") .. " waits for " .. waiting_text(t.waiting) ..
         " but nothing that could complete it is pending (no connection, timer or process)"

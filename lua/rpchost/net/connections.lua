@@ -74,7 +74,10 @@ local function listener_callbacks(self)
       end
       self.conns[conn] = {incoming = true}
     end,
-    frame = function(conn, ftype, flags, id, body, segs) C.on_frame(self, conn, ftype, flags, id, body, segs) end,
+    frame = function(conn, ftype, flags, id, body, segs)
+      C.on_frame(self, conn, ftype, flags, id, body, segs)
+      sched.frame_done()
+    end,
     close = function(conn, ...) C.on_conn_close(self, conn, ...) end,
   }
 end
@@ -191,7 +194,10 @@ function C:dial(p)
         c:send(proto.HELLO, 0, 0, hello_body(self, c, p, unix))
       end
     end,
-    frame = function(c, ftype, flags, id, body, segs) C.on_frame(self, c, ftype, flags, id, body, segs) end,
+    frame = function(c, ftype, flags, id, body, segs)
+      C.on_frame(self, c, ftype, flags, id, body, segs)
+      sched.frame_done() -- (what it made ready runs now, when the scheduler's poll handed it out)
+    end,
     close = function(c, ...) C.on_conn_close(self, c, ...) end,
   })
   if not conn then
