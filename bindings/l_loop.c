@@ -106,6 +106,11 @@ static int l_stop(lua_State *L) {
   return 0;
 }
 
+/* Through the FFI (rpchost.sched.frame_done asks it for every frame the
+ * scheduler's poll hands out): whether more frames came in the same look at
+ * the rings, rh_net_rings_buffered. */
+int rh_rings_buffered(void) { return rh_net_rings_buffered(&rh_ctx()->net); }
+
 double rh_clock_coarse(void) {
   struct timespec ts;
   if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0) return (double)uv_hrtime() / 1e9;

@@ -110,6 +110,9 @@ int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t vers
  * serves sockets and timers, yields, or sleeps). The caller notes each turn of
  * the loop in loop_turn_at. */
 int rh_net_ring_turn(rh_net_t *net);
+/* Whether a ring's reader holds bytes it has not handed out yet (the frames
+ * that came with the one being handed out, read in the same look): 1 or 0. */
+int rh_net_rings_buffered(const rh_net_t *net);
 /* Whether a rank that polls with nothing to do should give its core away now
  * (see ring_yield above); `now` is uv_hrtime(). */
 int rh_net_polite(rh_net_t *net, uint64_t now);

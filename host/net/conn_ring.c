@@ -246,6 +246,12 @@ int rh_net_ring_turn(rh_net_t *net) {
   return found ? 1 : -1;
 }
 
+int rh_net_rings_buffered(const rh_net_t *net) {
+  for (const rh_conn_ring_t *r = net->rings; r; r = r->next)
+    if (!r->c->closing && r->reader.len > r->reader.off) return 1;
+  return 0;
+}
+
 void rh__rings_start_polling(rh_net_t *net) {
   if (net->spinning || !net->rings || uv_is_closing((uv_handle_t *)&net->spin)) return;
   net->spinning = 1;

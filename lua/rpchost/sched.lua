@@ -464,8 +464,18 @@ local dispatch_at = 0       -- when the poll's first frame ran a task (0: none y
 local exit_args = nil       -- os.exit's arguments, deferred by a task started here
 local ran_in_poll = 0       -- tasks run so (specs count them)
 
+-- (through the FFI: asked for every frame the poll hands out)
+pcall(ffi.cdef, "int rh_rings_buffered(void);")
+local rings_buffered = function() return 0 end
+if pcall(function() return ffi.C.rh_rings_buffered end) then rings_buffered = ffi.C.rh_rings_buffered end
+
+-- (Frames that came together, read in the same look at the rings, are all
+-- handed out first: the tasks they made ready then run once, at the last. A
+-- caller keeping many calls in flight, whose replies come in bursts, finds
+-- them all done, instead of being woken for the first alone, waiting for the
+-- next, and so on: once per reply.)
 function M.frame_done()
-  if not ring_dispatch or current ~= nil or rhead > rtail then return end
+  if not ring_dispatch or current ~= nil or rhead > rtail or rings_buffered() ~= 0 then return end
   if dispatch_at == 0 then dispatch_at = now() end
   repeat
     core.flush()
