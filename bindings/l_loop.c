@@ -23,8 +23,9 @@ static int l_run(lua_State *L) {
    * frame's callback: a turn of the loop there would read the same rings again
    * under the frame being handed out, and could free its connection) */
   if (rh_ctx()->net.in_ring_turn)
-    return luaL_error(L, "the event loop cannot run inside the rings' poll (a task started by a frame's callback, "
-                         "rpchost.sched.frame_done): wait with the scheduler's calls instead");
+    return luaL_error(L,
+                      "the event loop cannot run inside the rings' poll (a task started by a frame's callback, "
+                      "rpchost.sched.frame_done): wait with the scheduler's calls instead");
   rh_ctx()->net.loop_turn_at = uv_hrtime();
   rh_ctx()->net.sched_polls = mode[0] == 's';
   int alive = uv_run(rh_ctx()->loop, m);
