@@ -173,10 +173,9 @@ static int ring_burst(rh_net_t *net, uint64_t until, int once) {
       traffic(net, uv_hrtime());
       return 1;
     }
+    /* (no pause between looks, as in the arena's spin, bindings/l_arena.c:
+     * a look at lines in this core's cache costs nothing until they change) */
     if (once || uv_hrtime() >= until) return 0;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
   }
 }
 
