@@ -68,7 +68,9 @@ static void flush_cb(uv_prepare_t *p) {
     c->resumed = 0;
     if (!c->closing) deliver(c);
   }
-  if (!net->sched_polls) rh__rings_poll(net);
+  /* (a turn of the scheduler's between its own polls of the rings leaves them
+   * to those polls while they run: rh_net_ring_turn, rpchost.sched.frame_done) */
+  if (!(net->sched_polls && net->spinning)) rh__rings_poll(net);
   rh_net_flush(net);
 }
 

@@ -104,11 +104,12 @@ struct rh_net_s {
 
 int rh_net_init(rh_net_t *net, uv_loop_t *loop, uint64_t max_frame, uint8_t version);
 /* A turn of the rings alone, between the loop's turns (conn_ring.c): while they
- * are busy and the loop ran within the last SPIN_BURST_NS, write out what is
- * queued and poll the rings (for a burst, where the core is ours); 1 when
- * frames were handed out, else -1: the caller runs a turn of the loop (which
- * serves sockets and timers, yields, or sleeps). The caller notes each turn of
- * the loop in loop_turn_at. */
+ * are busy, write out what is queued and poll the rings (for a burst, where the
+ * core is ours and the loop ran within the last SPIN_BURST_NS; a single look
+ * otherwise); 1 when frames were handed out and the loop's turn is not due,
+ * else -1: the caller runs a turn of the loop (which serves sockets and
+ * timers, yields, or sleeps). The caller notes each turn of the loop in
+ * loop_turn_at. */
 int rh_net_ring_turn(rh_net_t *net);
 /* Whether a ring's reader holds bytes it has not handed out yet (the frames
  * that came with the one being handed out, read in the same look): 1 or 0. */

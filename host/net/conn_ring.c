@@ -236,13 +236,17 @@ static void spin_cb(uv_idle_t *h) {
 int rh_net_ring_turn(rh_net_t *net) {
   if (!net->spinning || !net->rings) return -1;
   uint64_t now = uv_hrtime();
-  if (now - net->loop_turn_at >= SPIN_BURST_NS || now >= window_end(net)) return -1;
+  /* (when the loop's turn is due, the rings still get one look first, and the
+   * turn follows whatever it found: the scheduler's turns leave the rings to
+   * this poll, "spin", so a loop kept busy by sockets and tasks past
+   * SPIN_BURST_NS every time would otherwise never read them) */
+  int due = now - net->loop_turn_at >= SPIN_BURST_NS || now >= window_end(net);
   rh_net_flush_now(net); /* (what the tasks queued, doorbells included: the prepare hook's job) */
   /* (a polite rank looks once: its core may be another's) */
   net->in_ring_turn = 1;
-  int found = ring_burst(net, burst_end(net, net->loop_turn_at), rh_net_polite(net, now));
+  int found = ring_burst(net, burst_end(net, net->loop_turn_at), due || rh_net_polite(net, now));
   net->in_ring_turn = 0;
-  return found ? 1 : -1;
+  return found && !due ? 1 : -1;
 }
 
 int rh_net_rings_buffered(const rh_net_t *net) {

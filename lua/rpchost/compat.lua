@@ -13,11 +13,14 @@ local M = {}
 local before_exit = {}
 function M.before_exit(fn) before_exit[#before_exit + 1] = fn end
 local raw_exit = os.exit
-os.exit = function(code, ...)
+os.exit = function(code)
   -- (a task that the scheduler started inside its poll of the rings waits
-  -- until the poll returns, and the exit runs then: rpchost.sched.defer_exit)
+  -- until the poll returns, and exits then: rpchost.sched.defer_exit; where
+  -- the loop still may not run, in a callback of that poll that cannot wait,
+  -- the exit skips the loop's last turns)
   local sched = package.loaded["rpchost.sched"]
-  if sched and sched.defer_exit(code, ...) then return end
+  if sched then sched.defer_exit() end
+  local loop_may_run = not sched or sched.loop_may_run()
   for _, fn in ipairs(before_exit) do
     local ok, err = pcall(fn)
     if not ok then io.stderr:write("rpchost: ", tostring(err), "\n") end
@@ -25,7 +28,7 @@ os.exit = function(code, ...)
   local ok, core = pcall(require, "rpchost.core")
   local tok, trace = pcall(require, "rpchost.trace")
   if tok then trace.flush() end
-  if ok then
+  if ok and loop_may_run then
     local sok, store = pcall(require, "rpchost.store")
     if sok then
       pcall(store.exit_linger, tonumber(os.getenv("RPCHOST_STORE_LINGER")) or 30, function()
@@ -40,6 +43,8 @@ os.exit = function(code, ...)
       core.run("nowait")
       core.sleep_ms(1)
     end
+  elseif ok then
+    core.flush()
   end
   return raw_exit(code, true)
 end

@@ -457,11 +457,13 @@ end
 -- Nothing is overtaken: the poll starts only with no task ready, and each
 -- frame's callback runs only what it made ready. A task started here runs
 -- outside any turn of the loop (libuv's uv_run) but inside the rings' read:
--- it must not run the loop itself (os.exit's last turns wait for the poll to
--- return: defer_exit).
+-- it must not run the loop itself (an os.exit waits until it runs outside:
+-- defer_exit), and what it makes ready runs here for SLICE at most, as drain
+-- turns the loop after SLICE, the rest then waiting for the drain after the
+-- poll.
 local ring_dispatch = false -- (in core.ring_turn, called from run_until)
 local dispatch_at = 0       -- when the poll's first frame ran a task (0: none yet)
-local exit_args = nil       -- os.exit's arguments, deferred by a task started here
+local exiting = nil         -- a task whose os.exit waits for the poll to return
 local ran_in_poll = 0       -- tasks run so (specs count them)
 
 -- (through the FFI: asked for every frame the poll hands out)
@@ -476,7 +478,10 @@ if pcall(function() return ffi.C.rh_rings_buffered end) then rings_buffered = ff
 -- next, and so on: once per reply.)
 function M.frame_done()
   if not ring_dispatch or current ~= nil or rhead > rtail or rings_buffered() ~= 0 then return end
-  if dispatch_at == 0 then dispatch_at = now() end
+  local t0 = now()
+  if dispatch_at == 0 then dispatch_at = t0
+  elseif t0 >= dispatch_at + SLICE then return end -- (the drain after the poll runs the rest)
+  local slice_end = dispatch_at + SLICE
   repeat
     core.flush()
     local t, args = ready[rhead], ready_args[rhead]
@@ -486,21 +491,25 @@ function M.frame_done()
       ran_in_poll = ran_in_poll + 1
       resume_task(t, args)
     end
-  until rhead > rtail
-  rhead, rtail = 1, 0
+  until rhead > rtail or now() >= slice_end
+  if rhead > rtail then rhead, rtail = 1, 0 end
 end
 
 function M.ran_in_poll() return ran_in_poll end
 
--- os.exit called by a task that frame_done started: the exit waits until the
--- poll has returned (rpchost.compat's os.exit runs the loop's last turns, which
--- must not run inside it); the task waits for it. true when deferred.
-function M.defer_exit(...)
-  if not (ring_dispatch and current and isyieldable()) then return false end
-  exit_args = {n = select("#", ...), ...}
-  current.waiting = "the process's exit"
-  raw_yield(SUSPEND)
-  return true -- (never reached: the process exits first)
+-- Whether the loop may run a turn here (not inside the rings' poll).
+function M.loop_may_run() return not ring_dispatch end
+
+-- os.exit called by a task that frame_done started: the task waits until the
+-- poll has returned and runs again from the ready queue, outside it, where the
+-- exit runs as any task's (its hooks may wait; rpchost.compat's os.exit runs
+-- the loop's last turns). Returns when the exit may run.
+function M.defer_exit()
+  while ring_dispatch and current and isyieldable() do
+    exiting = exiting or current
+    current.waiting = "the rings' poll to return (to exit)"
+    raw_yield(SUSPEND)
+  end
 end
 
 -- Adaptive spinning: right after a request or reply goes out, the answer (or the
@@ -644,7 +653,11 @@ local function run_until(t)
       polled = core.ring_turn() == 1
       ring_dispatch = false
       ran = dispatch_at > 0
-      if exit_args then os.exit(unpack(exit_args, 1, exit_args.n)) end
+      if exiting then
+        local e = exiting
+        exiting = nil
+        M.wake(e)
+      end
     end
     if not polled then
       -- (decided in one test or two for the usual turns, which block or
