@@ -19,7 +19,15 @@ S.root = os.getenv("RPCHOST_SOURCE_DIR") or "."
 local tmp_counter = 0
 local shared = os.getenv("RPCHOST_SPEC_TMPDIR")
 local tmpdir = shared or (os.getenv("TMPDIR") or "/tmp") .. ("/rpchost-spec-%d"):format(core.getpid())
-if not shared then os.execute("mkdir -p " .. tmpdir) end
+if not shared then
+  os.execute("mkdir -p " .. tmpdir)
+  -- (gone with the process that made it, whether busted returns, after a
+  -- run that passed, or exits: a whole run of the suite left ~180 of them in
+  -- /tmp; the worlds it started have ended by then)
+  local function remove() os.execute("rm -rf '" .. tmpdir:gsub("'", "'\\''") .. "'") end
+  sched.at_exit(remove, true)
+  require("rpchost.compat").before_exit(remove)
+end
 S.tmpdir = tmpdir
 local script_name = shared and ("script-" .. core.getpid() .. "-%d.lua") or "script%d.lua"
 
