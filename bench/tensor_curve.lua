@@ -5,18 +5,25 @@
 -- (PyTorch is slower at every size), but the machine itself does: a round trip
 -- cannot cost less than an empty call and one copy of the bytes each way. So
 -- for each size this measures, on rank 0 and in the same run,
---   copy   the best time of one copy of that many bytes (t:copy_ from another
---          tensor, the copy a payload costs on its way: the same code);
---   floor  the empty call's p50 + 2 x copy;
+--   bw     memcpy bandwidth: the best of a few copies of 64 MiB (t:copy_ from
+--          another tensor, the copy a payload costs on its way: the same code),
+--          measured once;
+--   floor  issue 38's floor: the empty call's p50 + 2 x bytes / bw, the empty
+--          calls timed one after each echo (the VM's speed drifts by minutes);
+--   copy   the best time of one copy of that many bytes, source and destination
+--          hot in this core's cache (a stricter bound no echo can reach: the
+--          bytes of an echo cross to the other core and back, so they are never
+--          in the copying core's cache); hot floor = the empty call's p50 + 2 x copy;
 --   echo   rpc_sync(worker1, tensor_echo, {t}) round trip, p50 and p99;
--- and prints each with its ratio to the floor, whether the curve rises with the
--- size (p50 never lower than a smaller size's by more than 5%), and a table of
+-- and prints each with its ratio to both floors, whether the curve rises with
+-- the size (p50 never lower than a smaller size's by more than 5%), and a table of
 -- 8 tensors of 512 bytes against one tensor of their 4 KiB. Targets (issue 38):
 -- every size within 1.5x of the floor, monotone; 8 tensors within 1.2x of one.
 --
 -- usage: rpchost run --nproc-per-node 2 bench/tensor_curve.lua [SECONDS_PER_SIZE] [--quick]
 -- output (rank 0): the table, then "RESULT <key> <value>" lines for scripts
--- (bench/limit.py reads them): echo<size>_p50_us, floor<size>_us, ...
+-- (bench/limit.py reads them): echo<size>_p50_us, floor<size>_us,
+-- hotfloor<size>_us, memcpy_gbps, ...
 local rpc = require "rpc"
 local tensor = require "tensor"
 local sched = require "rpchost.sched"
@@ -74,9 +81,23 @@ if rank == 0 then
   local base = pct(empty, 0.5)
   result("empty_p50_us", base * 1e6)
   out[#out + 1] = ("empty call: p50 %.1f us, p99 %.1f us (%d calls)"):format(base * 1e6, pct(empty, 0.99) * 1e6, #empty)
+  -- memcpy bandwidth: 64 MiB, far past the caches, best of a few
+  local bw
+  do
+    local n = 16 * MiB
+    local a = tensor.arange(n, {dtype = tensor.float32})
+    local b = tensor.empty({n}, {dtype = tensor.float32})
+    b:copy_(a)
+    local best = timed(function() b:copy_(a) end, per_size / 2, 3, quick and 3 or 8)[1]
+    bw = 4 * n / best
+    a, b = nil, nil
+    collectgarbage()
+  end
+  result("memcpy_gbps", bw / 1e9)
+  out[#out + 1] = ("memcpy bandwidth (a 64 MiB copy, best): %.1f GB/s"):format(bw / 1e9)
   out[#out + 1] = ""
-  out[#out + 1] = "| size | echo p50 us | p99 us | copy us | floor us | p50 / floor |"
-  out[#out + 1] = "|---|---|---|---|---|---|"
+  out[#out + 1] = "| size | echo p50 us | p99 us | empty call p50 us | floor us | p50 / floor | hot copy us | hot floor us | p50 / hot floor |"
+  out[#out + 1] = "|---|---|---|---|---|---|---|---|---|"
   local prev, monotone, worst = 0, true, 0
   for _, size in ipairs(SIZES) do
     local n = math.floor(size / 4)
@@ -91,21 +112,36 @@ if rank == 0 then
     -- step frees its activations: the collector does not see a tensor's size)
     local free = big and function() back = nil; collectgarbage() end or nil
     for _ = 1, big and 3 or 50 do echo(); if free then free() end end
-    local ts = timed(echo, per_size, big and 5 or 50, big and 200 or 100000, free)
+    -- (an empty call after each echo, timed apart: the floor's call is measured
+    -- in the same seconds as the echoes it is held against, since this VM's
+    -- speed drifts by up to 2x within minutes)
+    local empties = {}
+    local function between()
+      -- (after a big echo freed, one call untimed first: the wait for the
+      -- callee's own collection is not the call's)
+      if free then free(); rpc.rpc_sync("worker1", tensor_noop, {}) end
+      local t0 = now()
+      rpc.rpc_sync("worker1", tensor_noop, {})
+      empties[#empties + 1] = now() - t0
+    end
+    local ts = timed(echo, per_size, big and 5 or 50, big and 200 or 100000, between)
+    table.sort(empties)
+    local base = pct(empties, 0.5)
     back = rpc.rpc_sync("worker1", tensor_echo, {t})
     assert(tensor.is_tensor(back) and back:numel() == n, "echo: wrong tensor")
     if n > 0 then
       for _, i in ipairs {1, math.floor(n / 2) + 1, n} do assert(back[i]:item() == i - 1, "echo: wrong element " .. i) end
     end
-    local p50, floor = pct(ts, 0.5), base + 2 * copy
+    local p50, floor, hot = pct(ts, 0.5), base + 2 * size / bw, base + 2 * copy
     local ratio = p50 / floor
     if p50 < prev * 0.95 then monotone = false end
     prev = math.max(prev, p50)
     worst = math.max(worst, ratio)
-    out[#out + 1] = ("| %s | %.1f | %.1f | %.1f | %.1f | %.2f |"):format(human(size), p50 * 1e6, pct(ts, 0.99) * 1e6,
-      copy * 1e6, floor * 1e6, ratio)
+    out[#out + 1] = ("| %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |"):format(human(size), p50 * 1e6,
+      pct(ts, 0.99) * 1e6, base * 1e6, floor * 1e6, ratio, copy * 1e6, hot * 1e6, p50 / hot)
     result(("echo%d_p50_us"):format(size), p50 * 1e6)
     result(("floor%d_us"):format(size), floor * 1e6)
+    result(("hotfloor%d_us"):format(size), hot * 1e6)
     t, dst, back = nil, nil, nil
     collectgarbage()
   end

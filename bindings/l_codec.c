@@ -70,6 +70,10 @@ typedef struct {
   int ctx, plain_tensors;
   int in_autograd; /* the context carries a distributed autograd context */
   int indexed;     /* the context's index holds every segment (index_segments) */
+  /* encode_in with plain tensors: a stack slot below everything the encode
+   * pushes, holding the context's segment list once a plain tensor looked it
+   * up (nil before): one lookup of ctx.segments per message, not per tensor */
+  int segs_slot;
 } enc_t;
 
 static int is_ident(const char *s) {
@@ -420,8 +424,12 @@ static int enc_plain_tensor(enc_t *e, int idx) {
   if (!lua_checkstack(L, 8)) enc_fail(e, "has too many values for the Lua stack");
   /* its segment: the one it has in this message already (sent once, arrives
    * as one), else a new one */
-  ctx_table(L, e->ctx, "segments", 4, 0);
-  int segs = lua_gettop(L), n = (int)lua_objlen(L, segs), seg = 0;
+  int top = lua_gettop(L), segs = e->segs_slot;
+  if (lua_type(L, segs) != LUA_TTABLE) {
+    ctx_table(L, e->ctx, "segments", 4, 0);
+    lua_replace(L, segs);
+  }
+  int n = (int)lua_objlen(L, segs), seg = 0;
   if (n < SCAN_SEGS) {
     for (int k = 1; k <= n && !seg; k++) {
       lua_rawgeti(L, segs, k);
@@ -445,7 +453,7 @@ static int enc_plain_tensor(enc_t *e, int idx) {
       lua_rawset(L, -3);
     }
   }
-  lua_settop(L, segs - 1);
+  lua_settop(L, top);
   msgpack_pack_array(&e->pk, 8);
   msgpack_pack_ext(&e->pk, 0, (int8_t)tag_tensor);
   enc_number(e, (double)t->dtype);
@@ -492,10 +500,17 @@ static void enc_value(enc_t *e, int idx) {
 /* Encodes the n values at 2..n+1 (1: their names) into the string it pushes;
  * ctx: the stack slot of their message's encode context, or 0. */
 static int encode_values(lua_State *L, int n, int ctx) {
+  int plain = ctx && tag_tensor >= 0, segs_slot = 0;
+  if (plain) {
+    /* (below the encoder enc_take may push: what the end gives back to the pool) */
+    lua_pushnil(L);
+    segs_slot = lua_gettop(L);
+  }
   enc_t *e = enc_take(L);
   e->nvalues = n;
   e->ctx = ctx;
-  e->plain_tensors = ctx && tag_tensor >= 0;
+  e->plain_tensors = plain;
+  e->segs_slot = segs_slot;
   e->in_autograd = 0;
   if (e->plain_tensors) {
     lua_getfield(L, ctx, "ag");

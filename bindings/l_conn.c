@@ -52,12 +52,14 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   luaL_checkstack(L, 8, "a frame's arguments");
   if (f->hdr.nseg) lua_createtable(L, (int)f->hdr.nseg, 0);
   else lua_pushnil(L);
+  double payload = 0; /* (the segments' bytes, for the byte counters) */
   for (uint32_t i = 0; i < f->hdr.nseg; i++) {
     /* every segment reaches Lua as a 1-D uint8 tensor, never as a string: a
      * tensor's bytes made a Lua string to intern (hashing, and a memcmp against
      * each earlier piece of a collective that looked alike) and were copied once
      * more into the tensor the decoder made of it */
     int64_t n = (int64_t)f->seg_len[i], one = 1;
+    payload += (double)n;
     rh_storage_t *st;
     if (f->seg_owner) {
       st = f->seg_owner[i]; /* read straight into a storage */
@@ -78,9 +80,10 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
     rh_lua_pushframetensor(L, t);
     lua_rawseti(L, -2, (int)i + 1);
   }
+  lua_pushnumber(L, payload);
   /* A frame we failed to handle leaves that conversation in an unknown state:
    * drop the connection, so whoever waits on it fails now instead of hanging. */
-  if (rh_callback(6, 0) != 0 && b->c) rh_conn_close(b->c, 0);
+  if (rh_callback(7, 0) != 0 && b->c) rh_conn_close(b->c, 0);
 }
 
 static void forget(lua_State *L, lconn_t *b) {
@@ -235,7 +238,8 @@ static void release_hold(void *ctx) {
   else free(h);
 }
 
-/* conn:send(type, flags, id, body [, segments...]) -> true | nil, message.
+/* conn:send(type, flags, id, body [, segments...]) -> the segments' bytes (a
+ * number, 0 for none: true to Lua) | nil, message.
  * A segment is a string or a contiguous tensor, written from its own memory.
  * fd >= 0: a descriptor to pass along with the frame. */
 static int send_frame(lua_State *L, int fd) {
@@ -261,6 +265,7 @@ static int send_frame(lua_State *L, int fd) {
   if (nseg > SMALL_SEGS && !(segs = malloc((size_t)nseg * sizeof *segs))) return luaL_error(L, "out of memory");
   rh_release_fn rel = NULL;
   void *relctx = NULL;
+  double payload = 0;
   if (nseg > 0) {
     seg_hold_t *h = new_hold(nseg);
     if (!h) {
@@ -281,6 +286,7 @@ static int send_frame(lua_State *L, int fd) {
           h->tensors[h->ntensors++] = t;
           segs[i] = uv_buf_init(rh_tensor_data(t), (unsigned)0);
           segs[i].len = (size_t)rh_tensor_numel(t) * rh_dtype_size(t->dtype);
+          payload += (double)segs[i].len;
         }
       } else {
         size_t sl;
@@ -290,6 +296,7 @@ static int send_frame(lua_State *L, int fd) {
         } else {
           segs[i] = uv_buf_init((char *)str, 0);
           segs[i].len = sl;
+          payload += (double)sl;
           nstr++;
         }
       }
@@ -317,7 +324,11 @@ static int send_frame(lua_State *L, int fd) {
                    : rh_conn_send(b->c, (uint8_t)type, (uint16_t)flags, (uint64_t)id, body, (uint32_t)blen, segs,
                                   (uint32_t)nseg, rel, relctx);
   if (segs != small_segs) free(segs);
-  return rh_lua_push_rc(L, rc);
+  if (rc) return rh_lua_push_rc(L, rc);
+  /* (the payload's bytes: what the byte counters add, without a pass over the
+   * segments of their own) */
+  lua_pushnumber(L, payload);
+  return 1;
 }
 
 static int l_send(lua_State *L) { return send_frame(L, -1); }

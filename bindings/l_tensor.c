@@ -636,7 +636,9 @@ static int malformed(lua_State *L, const char *why) {
  * sender's tensors as its segments, and a contiguous view (a row block of a
  * batch) starts inside its storage: the view keeps that start. */
 int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt_id, int n, const int64_t *size, int become) {
-  rh_tensor_t *t = rh_lua_checktensor(L, seg);
+  ltensor_t *b = check_box(L, seg); /* (once: a decoded message makes one per tensor) */
+  rh_tensor_t *t = b->t;
+  if (!t) return luaL_error(L, "tensor already freed");
   rh_dtype_t dt = (rh_dtype_t)dt_id;
   int64_t stride[RH_MAXDIM];
   /* the sizes come from the network: their product is checked before any stride
@@ -656,7 +658,6 @@ int rh_lua_pushsegmenttensor(lua_State *L, int seg, int dt_id, int n, const int6
              rh_dtype_name(dt), (long long)have);
     return malformed(L, why);
   }
-  ltensor_t *b = to_box(L, seg);
   if (become && b->frame && t->refcount == 1) {
     /* the segment's own box and tensor, retyped: nothing else holds them */
     t->dtype = dt;

@@ -150,10 +150,10 @@ end
 
 function M.call_in(name) local p = peers[name] or peer(name) p.calls_in = p.calls_in + 1 end
 
--- bytes of frames (body and payload) sent to / received from a peer
-function M.frame_bytes(name, out, body, segs)
-  local n = #body
-  if segs[1] ~= nil then n = n + core.payload_bytes(segs) end
+-- bytes of frames (body, and payload: its segments' bytes, a number) sent to /
+-- received from a peer
+function M.frame_bytes(name, out, body, payload)
+  local n = #body + payload
   local p = peers[name] or peer(name) -- (a known peer: no call)
   if out then p.bytes_out = p.bytes_out + n else p.bytes_in = p.bytes_in + n end
 end

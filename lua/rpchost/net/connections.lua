@@ -74,8 +74,8 @@ local function listener_callbacks(self)
       end
       self.conns[conn] = {incoming = true}
     end,
-    frame = function(conn, ftype, flags, id, body, segs)
-      C.on_frame(self, conn, ftype, flags, id, body, segs)
+    frame = function(conn, ftype, flags, id, body, segs, nbytes)
+      C.on_frame(self, conn, ftype, flags, id, body, segs, nbytes)
       sched.frame_done()
     end,
     close = function(conn, ...) C.on_conn_close(self, conn, ...) end,
@@ -194,8 +194,8 @@ function C:dial(p)
         c:send(proto.HELLO, 0, 0, hello_body(self, c, p, unix))
       end
     end,
-    frame = function(c, ftype, flags, id, body, segs)
-      C.on_frame(self, c, ftype, flags, id, body, segs)
+    frame = function(c, ftype, flags, id, body, segs, nbytes)
+      C.on_frame(self, c, ftype, flags, id, body, segs, nbytes)
       sched.frame_done() -- (what it made ready runs now, when the scheduler's poll handed it out)
     end,
     close = function(c, ...) C.on_conn_close(self, c, ...) end,
@@ -239,14 +239,16 @@ function C:send(p, ftype, flags, id, body, segs)
   local conn = p.state == "ready" and p.conn
   if conn then
     -- (counted once it left: the peer is working on it meanwhile)
-    if self:send_shm(p, conn, ftype, flags, id, body, segs) or conn:send(ftype, flags, id, body, unpack(segs)) then
-      trace.frame_bytes(p.name, true, body, segs)
+    -- (each returns the payload's bytes when it sent the frame)
+    local sent = self:send_shm(p, conn, ftype, flags, id, body, segs) or conn:send(ftype, flags, id, body, unpack(segs))
+    if sent then
+      trace.frame_bytes(p.name, true, body, sent)
       return true
     end
     p.state = "none"
     p.conn = nil
   end
-  trace.frame_bytes(p.name, true, body, segs)
+  trace.frame_bytes(p.name, true, body, segs[1] ~= nil and core.payload_bytes(segs) or 0)
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
   if p.state == "none" then C.connect_soon(self, p) end
 end
@@ -287,7 +289,7 @@ local function shm_drop_of(self, p)
 end
 
 -- Through shared memory, when this connection agreed to it and the payload is
--- big enough; true when sent.
+-- big enough: the payload's bytes when sent (true to Lua), else false.
 function C:send_shm(p, conn, ftype, flags, id, body, segs)
   local st = segs[1] and self.conns[conn]
   if not (st and st.shm) then return false end
@@ -686,8 +688,9 @@ end
 -- handshake frames are answered at once; the rest waits, held, while the
 -- connection is proven but not yet its peer's; whatever does not fit the state
 -- of the connection's handshake closes it.
--- segs: the frame's segments (1-D uint8 tensors) in a list, or nil for none.
-function C:on_frame(conn, ftype, flags, id, body, segs)
+-- segs: the frame's segments (1-D uint8 tensors) in a list, or nil for none;
+-- nbytes: their bytes, where the connection counted them (else nil).
+function C:on_frame(conn, ftype, flags, id, body, segs, nbytes)
   local cst = self.conns[conn]
   if not cst then
     log.warn("closing a connection that sent a frame out of turn (type %d)", ftype)
@@ -718,7 +721,7 @@ function C:on_frame(conn, ftype, flags, id, body, segs)
     end
     return C.on_frame(self, conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
   end
-  trace.frame_bytes(self.peers[cst.rank].name, false, body, segs)
+  trace.frame_bytes(self.peers[cst.rank].name, false, body, nbytes or (segs[1] ~= nil and core.payload_bytes(segs) or 0))
   local cb = self.cb
   if ftype == proto.RESPONSE then return cb.on_response(self, id, flags, body, segs, cst) end
   if ftype == proto.REQUEST then return cb.on_request(self, conn, id, body, segs) end

@@ -116,9 +116,9 @@ local function take(pool, need, drop)
   return {id = M.last_id, obj = obj, size = obj:size()}
 end
 
--- Sends the frame through a segment when it is worth it and one is free; true
--- when sent, false to send it the ordinary way. drop(sid) tells the peer a
--- segment left the pool.
+-- Sends the frame through a segment when it is worth it and one is free: the
+-- payload's bytes when sent (a number, true to Lua), false to send it the
+-- ordinary way. drop(sid) tells the peer a segment left the pool.
 function M.send(p, conn, ftype, flags, id, body, segs, drop)
   local n = #segs
   if n == 0 then return false end
@@ -131,10 +131,11 @@ function M.send(p, conn, ftype, flags, id, body, segs, drop)
   local pool = pool_of(p)
   local seg = take(pool, total, drop)
   if not seg then return false end
-  local lens, off = {}, 0
+  local lens, off, sum = {}, 0, 0
   for i = 1, n do
     local t = segs[i]
     local len = nbytes(t)
+    sum = sum + len
     local ok, err = pcall(seg.obj.put, seg.obj, off, t)
     if not ok then
       pool.free[#pool.free + 1] = seg
@@ -160,7 +161,7 @@ function M.send(p, conn, ftype, flags, id, body, segs, drop)
     return false
   end
   pool.busy[seg.id] = seg
-  return true
+  return sum
 end
 
 -- The peer has copied a payload out of segment sid.

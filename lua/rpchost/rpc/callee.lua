@@ -209,12 +209,13 @@ local function reply(self, to, id, flags, body, segs)
     if ms and (ms.dialled or (st.dialled and ms.ready and ms.inc ~= nil and ms.inc == st.inc)) then to = main end
   end
   -- (counted once it left: the caller is waiting for it)
-  if p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs) then
-    trace.frame_bytes(p.name, true, body, segs)
+  local sent = p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs)
+  if sent then
+    trace.frame_bytes(p.name, true, body, sent)
     return sched.expect_soon(key)
   end
-  to:send(proto.RESPONSE, flags, id, body, unpack(segs))
-  if p then trace.frame_bytes(p.name, true, body, segs) end
+  sent = to:send(proto.RESPONSE, flags, id, body, unpack(segs))
+  if p and sent then trace.frame_bytes(p.name, true, body, sent) end
   sched.expect_soon(key)
 end
 
