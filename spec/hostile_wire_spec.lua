@@ -193,8 +193,8 @@ describe("hostile wire values #world", function()
         a.send_shm = function(self, p, conn, t, flags, id, b, segs)
           if t ~= ftype then return own(self, p, conn, t, flags, id, b, segs) end
           a.send_shm = nil
-          conn:send(t, flags, id, body)
-          return true
+          -- (as send_shm: the payload's bytes when sent)
+          return conn:send(t, flags, id, body)
         end
       end
       -- a reply whose value is BIG[which]

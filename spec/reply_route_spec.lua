@@ -11,7 +11,7 @@ local callee = require "rpchost.rpc.callee"
 local function conn(name)
   local c = {name = name, sent = 0}
   function c:is_open() return true end
-  function c:send() self.sent = self.sent + 1; return true end
+  function c:send() self.sent = self.sent + 1; return 0 end -- (as conn:send: the payload's bytes)
   return c
 end
 

@@ -43,6 +43,9 @@ typedef struct rh_storage_s {
    * views and detach() share storage, so they share it; autograd compares the
    * version a saved tensor had when saved with the one it has at backward */
   uint64_t version;
+  /* data lies in the same block as this struct, right after it (a small
+   * storage of rh_storage_new*: one allocation and one free, not two) */
+  int inline_data;
 } rh_storage_t;
 
 typedef struct rh_tensor_s {

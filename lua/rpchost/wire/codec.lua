@@ -32,6 +32,8 @@ local core = require "rpchost.core"
 local ffi = require "ffi"
 local errors = require "rpchost.errors"
 local sized = require "rpchost.sized"
+-- (LuaJIT's: a table made with room for what it will hold)
+local new_table = require "table.new"
 
 local M = {}
 
@@ -594,7 +596,10 @@ local function decoded_message(ctx, prev, ok, ...)
 end
 function M.decode_message(ctx, body, segs)
   ctx.unconfirmed = false
-  if segs and #segs > 0 then ctx.segments, ctx.cache = segs, {}
+  -- (the cache sized for every segment: filled one by one, an empty table grew
+  -- and rehashed twice for one tensor)
+  local n = segs and #segs or 0
+  if n > 0 then ctx.segments, ctx.cache = segs, new_table(n, 0)
   else ctx.segments, ctx.cache = EMPTY, EMPTY end
   local prev = in_ctx
   in_ctx = ctx
