@@ -45,16 +45,17 @@ C.CALLBACKS = {
 
 -- A message must fit one frame (RPCHOST_MAX_FRAME, the same limit every rank
 -- reads): one that would not is refused before a byte is sent, so it cannot jam
--- its connection, with its size and the limit. nil when it fits.
+-- its connection, with its size and the limit. nil and the payload's bytes
+-- (what C:send may be given, not to count them again) when it fits.
 local frame_limit, frame_header
 function C.too_big(what, body, segs)
   if not frame_limit then
     local st = core.net_stats()
     frame_limit, frame_header = st.max_frame, st.frame_header
   end
-  local n = frame_header + #body + 8 * #segs
-  if segs[1] ~= nil then n = n + core.payload_bytes(segs) end
-  if n <= frame_limit then return nil end
+  local payload = segs[1] ~= nil and core.payload_bytes(segs) or 0
+  local n = frame_header + #body + 8 * #segs + payload
+  if n <= frame_limit then return nil, payload end
   return ("%s is %.0f bytes, more than the largest message a worker sends or accepts (%.0f bytes); " ..
     "send it in parts, or raise RPCHOST_MAX_FRAME on every worker"):format(what, n, frame_limit)
 end
@@ -235,12 +236,14 @@ end
 -- Sends a frame (body and payload segments) to a peer, dialling if needed
 -- (queued until the handshake). true when a connection took it: its segments'
 -- bytes are then copied or held by the connection (the caller may free them).
-function C:send(p, ftype, flags, id, body, segs)
+-- payload: the segments' bytes where the caller counted them (C.too_big), or nil.
+function C:send(p, ftype, flags, id, body, segs, payload)
   local conn = p.state == "ready" and p.conn
   if conn then
     -- (counted once it left: the peer is working on it meanwhile)
     -- (each returns the payload's bytes when it sent the frame)
-    local sent = self:send_shm(p, conn, ftype, flags, id, body, segs) or conn:send(ftype, flags, id, body, unpack(segs))
+    local sent = self:send_shm(p, conn, ftype, flags, id, body, segs, payload) or
+      conn:send(ftype, flags, id, body, unpack(segs))
     if sent then
       trace.frame_bytes(p.name, true, body, sent)
       return true
@@ -290,11 +293,12 @@ end
 
 -- Through shared memory, when this connection agreed to it and the payload is
 -- big enough: the payload's bytes when sent (true to Lua), else false.
-function C:send_shm(p, conn, ftype, flags, id, body, segs)
+-- payload: as C:send's.
+function C:send_shm(p, conn, ftype, flags, id, body, segs, payload)
   local st = segs[1] and self.conns[conn]
   if not (st and st.shm) then return false end
   local drop = p.shm_drop or shm_drop_of(self, p)
-  local ok, sent = pcall(shm.send, p, conn, ftype, flags, id, body, segs, drop)
+  local ok, sent = pcall(shm.send, p, conn, ftype, flags, id, body, segs, drop, payload)
   if ok then return sent end
   -- (the socket still takes it, and if it cannot either, that error is the one to see)
   log.warn("shared memory to %s failed, sending through the socket: %s", p.name, tostring(sent))

@@ -118,10 +118,14 @@ end
 
 -- Sends the frame through a segment when it is worth it and one is free: the
 -- payload's bytes when sent (a number, true to Lua), false to send it the
--- ordinary way. drop(sid) tells the peer a segment left the pool.
-function M.send(p, conn, ftype, flags, id, body, segs, drop)
+-- ordinary way. drop(sid) tells the peer a segment left the pool. payload: the
+-- segments' bytes where the sender counted them already, or nil.
+function M.send(p, conn, ftype, flags, id, body, segs, drop, payload)
   local n = #segs
   if n == 0 then return false end
+  -- (each rounded up to ALIGN below: short of the threshold by more than that,
+  -- no pass over the segments is needed to say no)
+  if payload and payload + n * ALIGN < M.MIN_BYTES then return false end
   -- (one call for the common case, a payload too small for a segment)
   local total = payload_bytes(segs, ALIGN)
   if total < M.MIN_BYTES then return false end

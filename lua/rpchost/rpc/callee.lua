@@ -195,7 +195,8 @@ end
 -- rank learns to expect next after it, rpchost.wake_ahead; taken by the reply)
 local answering = nil
 
-local function reply(self, to, id, flags, body, segs)
+-- (payload: the segments' bytes where counted, or nil; see connections.too_big)
+local function reply(self, to, id, flags, body, segs, payload)
   local key = answering
   answering = nil
   segs = segs or codec.EMPTY -- (shared, read-only)
@@ -209,7 +210,7 @@ local function reply(self, to, id, flags, body, segs)
     if ms and (ms.dialled or (st.dialled and ms.ready and ms.inc ~= nil and ms.inc == st.inc)) then to = main end
   end
   -- (counted once it left: the caller is waiting for it)
-  local sent = p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs)
+  local sent = p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs, payload)
   if sent then
     trace.frame_bytes(p.name, true, body, sent)
     return sched.expect_soon(key)
@@ -308,8 +309,9 @@ function send_results(self, to, id, rmap, ctx, ok, ...)
     reply_devices.map, reply_devices.to = rmap, caller and caller.name or "the caller"
     out.devices = dest == self.rank and device_maps.IDENTITY or reply_devices
     local eok, body, segs = pcall(enc_msg, out, "result", ...)
-    local big = eok and dest ~= self.rank and too_big("the result", body, segs)
-    if eok and not big then return reply(self, to, id, 0, body, segs) end
+    local big, payload
+    if eok and dest ~= self.rank then big, payload = too_big("the result", body, segs) end
+    if eok and not big then return reply(self, to, id, 0, body, segs, payload) end
     err = errors.new("serialize", "cannot send the result back: " .. tostring(big or body))
   end
   if not (errors.is(err) and err.kind == "serialize") then err = M.remote_error(self, err)

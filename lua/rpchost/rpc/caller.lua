@@ -93,8 +93,8 @@ end
 
 -- Sends a request frame; a frame the transport refuses fails this call alone,
 -- at once, with a serialize error.
-local function send_request(self, p, id, body, segs)
-  local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs)
+local function send_request(self, p, id, body, segs, payload)
+  local sent, why = pcall(self.send, self, p, proto.REQUEST, 0, id, body, segs, payload)
   if not sent then
     error(errors.new("serialize", ("cannot send a call to %s: %s"):format(p.name, error_text(why)),
       {worker = p.name, rank = p.rank}), 0)
@@ -140,7 +140,8 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
   end
-  local big = p.rank ~= self.rank and too_big("the call to " .. p.name, body, segs)
+  local big, payload
+  if p.rank ~= self.rank then big, payload = too_big("the call to " .. p.name, body, segs) end
   if big then error(errors.new("serialize", big, {worker = p.name, rank = p.rank}), 0) end
   self.next_id = self.next_id + 1
   local id = self.next_id
@@ -157,7 +158,7 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
     -- a call to oneself: same semantics (arguments are copies), no socket
     sched.spawn(self_call, SELF_CALL, self, id, body, segs)
   elseif ready then
-    send_request(self, p, id, body, segs)
+    send_request(self, p, id, body, segs, payload)
   end
   local fut = Future._described(call_text, what or fn, p.name)
   local free = self.free_calls
@@ -175,7 +176,7 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
     call.timer = sched.after_into(call, timeout, call_timed_out, call)
   end
   if not self_call_now and not ready then
-    local ok2, err = pcall(send_request, self, p, id, body, segs)
+    local ok2, err = pcall(send_request, self, p, id, body, segs, payload)
     if not ok2 then
       -- (refused by the transport: the call was never made)
       self.pending[id], p.pending[id] = nil, nil
