@@ -74,6 +74,11 @@ typedef struct {
    * pushes, holding the context's segment list once a plain tensor looked it
    * up (nil before): one lookup of ctx.segments per message, not per tensor */
   int segs_slot;
+  /* the tensors this path made segments 1..nseen of, while it made them all
+   * (no hook added one between): a tensor met again is found by its address,
+   * not by a compare through the Lua stack per earlier segment */
+  const void *seen[16];
+  int nseen;
 } enc_t;
 
 static int is_ident(const char *s) {
@@ -390,6 +395,7 @@ static void ctx_table(lua_State *L, int ctx, const char *key, int narr, int nrec
  * hook's path indexes what it adds by the value it was given). Leaves the index
  * at the top of the stack. */
 #define SCAN_SEGS 16
+_Static_assert(SCAN_SEGS <= sizeof((enc_t *)0)->seen / sizeof(void *), "enc_t.seen holds a short list");
 static void index_segments(enc_t *e, int segs, int n) {
   lua_State *L = e->L;
   ctx_table(L, e->ctx, "index", 0, n + 1);
@@ -430,7 +436,11 @@ static int enc_plain_tensor(enc_t *e, int idx) {
     lua_replace(L, segs);
   }
   int n = (int)lua_objlen(L, segs), seg = 0;
-  if (n < SCAN_SEGS) {
+  const void *box = lua_touserdata(L, idx);
+  if (n < SCAN_SEGS && e->nseen == n) {
+    for (int k = 0; k < n && !seg; k++)
+      if (e->seen[k] == box) seg = k + 1;
+  } else if (n < SCAN_SEGS) {
     for (int k = 1; k <= n && !seg; k++) {
       lua_rawgeti(L, segs, k);
       if (lua_rawequal(L, -1, idx)) seg = k;
@@ -447,6 +457,7 @@ static int enc_plain_tensor(enc_t *e, int idx) {
     seg = n + 1;
     lua_pushvalue(L, idx);
     lua_rawseti(L, segs, seg);
+    if (e->nseen == n && n < SCAN_SEGS) e->seen[e->nseen++] = box;
     if (n >= SCAN_SEGS) {
       lua_pushvalue(L, idx);
       lua_pushinteger(L, seg);
@@ -511,6 +522,7 @@ static int encode_values(lua_State *L, int n, int ctx) {
   e->ctx = ctx;
   e->plain_tensors = plain;
   e->segs_slot = segs_slot;
+  e->nseen = 0;
   e->in_autograd = 0;
   if (e->plain_tensors) {
     lua_getfield(L, ctx, "ag");
