@@ -5,11 +5,12 @@
 -- (PyTorch is slower at every size), but the machine itself does: a round trip
 -- cannot cost less than an empty call and one copy of the bytes each way. So
 -- for each size this measures, on rank 0 and in the same run,
---   bw     memcpy bandwidth: the best of a few copies of 64 MiB (t:copy_ from
+--   bw     memcpy bandwidth: the best of three copies of 64 MiB (t:copy_ from
 --          another tensor, the copy a payload costs on its way: the same code),
---          measured once;
+--          measured before each size;
 --   floor  issue 38's floor: the empty call's p50 + 2 x bytes / bw, the empty
---          calls timed one after each echo (the VM's speed drifts by minutes);
+--          calls timed between the echoes (the VM's speed drifts by minutes), each
+--          after an untimed one;
 --   copy   the best time of one copy of that many bytes, source and destination
 --          hot in this core's cache (a stricter bound no echo can reach: the
 --          bytes of an echo cross to the other core and back, so they are never
@@ -81,20 +82,18 @@ if rank == 0 then
   local base = pct(empty, 0.5)
   result("empty_p50_us", base * 1e6)
   out[#out + 1] = ("empty call: p50 %.1f us, p99 %.1f us (%d calls)"):format(base * 1e6, pct(empty, 0.99) * 1e6, #empty)
-  -- memcpy bandwidth: 64 MiB, far past the caches, best of a few
-  local bw
-  do
-    local n = 16 * MiB
-    local a = tensor.arange(n, {dtype = tensor.float32})
-    local b = tensor.empty({n}, {dtype = tensor.float32})
-    b:copy_(a)
-    local best = timed(function() b:copy_(a) end, per_size / 2, 3, quick and 3 or 8)[1]
-    bw = 4 * n / best
-    a, b = nil, nil
-    collectgarbage()
+  -- memcpy bandwidth: 64 MiB, far past the caches, best of a few; measured
+  -- again before each size (the VM's drifts reach it too)
+  local bw_src = tensor.arange(16 * MiB, {dtype = tensor.float32})
+  local bw_dst = tensor.empty({16 * MiB}, {dtype = tensor.float32})
+  bw_dst:copy_(bw_src)
+  local function bandwidth()
+    return 64 * MiB / timed(function() bw_dst:copy_(bw_src) end, 0, 3, 3)[1]
   end
-  result("memcpy_gbps", bw / 1e9)
-  out[#out + 1] = ("memcpy bandwidth (a 64 MiB copy, best): %.1f GB/s"):format(bw / 1e9)
+  local bw_first = bandwidth()
+  result("memcpy_gbps", bw_first / 1e9)
+  out[#out + 1] = ("memcpy bandwidth (a 64 MiB copy, best of 3, before the first size): %.1f GB/s"):format(
+    bw_first / 1e9)
   out[#out + 1] = ""
   out[#out + 1] = "| size | echo p50 us | p99 us | empty call p50 us | floor us | p50 / floor | hot copy us | hot floor us | p50 / hot floor |"
   out[#out + 1] = "|---|---|---|---|---|---|---|---|---|"
@@ -104,6 +103,7 @@ if rank == 0 then
     local t = tensor.arange(n, {dtype = tensor.float32})
     local dst = tensor.empty({n}, {dtype = tensor.float32})
     local big = size >= 4 * MiB
+    local bw = bandwidth()
     -- the copy floor: the best of many copies of these bytes
     local copy = timed(function() dst:copy_(t) end, per_size / 4, 5, big and 50 or 20000)[1]
     local back
@@ -114,12 +114,13 @@ if rank == 0 then
     for _ = 1, big and 3 or 50 do echo(); if free then free() end end
     -- (an empty call after each echo, timed apart: the floor's call is measured
     -- in the same seconds as the echoes it is held against, since this VM's
-    -- speed drifts by up to 2x within minutes)
+    -- speed drifts by up to 2x within minutes; one untimed call first, so that
+    -- what the echo left behind - the callee's collection, a shared-memory
+    -- acknowledgement, caches full of its bytes - is not counted in the floor)
     local empties = {}
     local function between()
-      -- (after a big echo freed, one call untimed first: the wait for the
-      -- callee's own collection is not the call's)
-      if free then free(); rpc.rpc_sync("worker1", tensor_noop, {}) end
+      if free then free() end
+      rpc.rpc_sync("worker1", tensor_noop, {})
       local t0 = now()
       rpc.rpc_sync("worker1", tensor_noop, {})
       empties[#empties + 1] = now() - t0
@@ -145,6 +146,8 @@ if rank == 0 then
     t, dst, back = nil, nil, nil
     collectgarbage()
   end
+  bw_src, bw_dst = nil, nil
+  collectgarbage()
   -- 8 tensors of 512 bytes against one tensor of the same 4 KiB
   local eight = {}
   for i = 1, 8 do eight[i] = tensor.arange(128, {dtype = tensor.float32}) + i end

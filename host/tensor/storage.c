@@ -152,7 +152,10 @@ static rh_storage_t *storage_alloc(size_t nbytes, int zero) {
     s->inline_data = 1;
   } else {
     s = malloc(sizeof *s);
-    if (!s) return NULL;
+    if (!s) {
+      rh_tensor_fail("out of memory allocating %zu bytes", nbytes);
+      return NULL;
+    }
     s->data = zero ? calloc(nbytes, 1) : alloc_uninit(nbytes);
     if (!s->data) {
       free(s);

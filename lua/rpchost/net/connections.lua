@@ -251,7 +251,7 @@ function C:send(p, ftype, flags, id, body, segs, payload)
     p.state = "none"
     p.conn = nil
   end
-  trace.frame_bytes(p.name, true, body, segs[1] ~= nil and core.payload_bytes(segs) or 0)
+  trace.frame_bytes(p.name, true, body, payload or (segs[1] ~= nil and core.payload_bytes(segs) or 0))
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
   if p.state == "none" then C.connect_soon(self, p) end
 end
