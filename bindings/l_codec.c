@@ -229,6 +229,16 @@ static int enc_fail(enc_t *e, const char *why) {
 static void enc_value(enc_t *e, int idx);
 
 static void enc_number(enc_t *e, double d) {
+  /* 0..127, the common case (a dtype, a size, a segment number, a count), is
+   * one byte, a positive fixint, as msgpack_pack_int64 writes it: written here
+   * while the buffer has room, not through msgpack-c's write callback */
+  if (d >= 0 && d < 128 && e->buf.size < e->buf.alloc) {
+    int i = (int)d;
+    if ((double)i == d && !(i == 0 && signbit(d))) {
+      e->buf.data[e->buf.size++] = (char)i;
+      return;
+    }
+  }
   if (d == floor(d) && fabs(d) < 9.2e18 && !(d == 0 && signbit(d))) msgpack_pack_int64(&e->pk, (int64_t)d);
   else msgpack_pack_double(&e->pk, d);
 }

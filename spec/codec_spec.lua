@@ -14,6 +14,26 @@ describe("codec #unit", function()
     assert.are.same({1, {2, {3}}, k = {x = true}}, f)
   end)
 
+  -- (0..127 take the encoder's one-byte path: the same bytes msgpack-c wrote)
+  it("writes numbers in MessagePack's smallest form, -0 and fractions as doubles", function()
+    assert.are.equal("\x00", codec.encode("value", 0))
+    assert.are.equal("\x7f", codec.encode("value", 127))
+    assert.are.equal("\x2a", codec.encode("value", 42))
+    assert.are.equal("\xcc\x80", codec.encode("value", 128))
+    assert.are.equal("\xff", codec.encode("value", -1))
+    assert.are.equal("\xcb\x80\0\0\0\0\0\0\0", codec.encode("value", -0.0))
+    assert.are.equal("\xcb\x3f\xe0\0\0\0\0\0\0", codec.encode("value", 0.5))
+    assert.are.equal("\xcb\x40\x5f\xe0\0\0\0\0\0", codec.encode("value", 127.5))
+    assert.are.equal(9, #codec.encode("value", 0 / 0))
+    local back = {codec.decode(codec.encode("value", 0, 1, 127, 128, -0.0, 0.5, 1e300))}
+    assert.are.same({0, 1, 127, 128, 0, 0.5, 1e300}, back)
+    assert.are.equal(-math.huge, 1 / back[5])
+    -- a long run of small numbers past the encoder's first buffer
+    local many = {}
+    for i = 1, 5000 do many[i] = i % 128 end
+    assert.are.same(many, (codec.decode(codec.encode("value", many))))
+  end)
+
   it("keeps 64-bit integers and error objects", function()
     local errors = require "rpchost.errors"
     local i, e = roundtrip(-2LL ^ 62 - 1, errors.new("timeout", "late", {worker = "w"}))
