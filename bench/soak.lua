@@ -1013,6 +1013,11 @@ if rank == 0 then
   local results = {}
   for _, name in ipairs(names) do
     local w = W[name]
+    -- (what the workload before left in flight - its RRefs' releases after its
+    -- teardown, say - drains first: an SPMD workload's A is taken on each rank
+    -- without a quiesce of its own, and a count at A that the earlier workload
+    -- still held read as this one's not coming back at B)
+    quiesce()
     local res = w.kind == "spmd" and run_spmd(name, seconds, warm) or run_calls(w, seconds, warm)
     results[name] = res
     report(name, res, seconds)
