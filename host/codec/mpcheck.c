@@ -29,11 +29,76 @@ int rh_mp_check_where(const uint8_t *p, size_t len, int max_depth, size_t *nvalu
   return rh_mp_measure(p, len, max_depth, NULL, nvalues, where);
 }
 
-/* the cost of a value with this header (see rh_mp_costs_t), and what it is */
-/* what a value is, as far as its cost in Lua goes (the walk classifies each
- * header byte once) */
-enum { K_SCALAR, K_MAP, K_ARRAY, K_STRING, K_EXT };
+/* what a value is, as far as its cost in Lua goes */
+enum { K_SCALAR, K_MAP, K_ARRAY, K_STRING, K_EXT, K_BAD };
 
+/* What each header byte says, read from a table (one load, where a chain of
+ * range tests took a fifth of the walk): its kind; `len`, the bytes of the
+ * length field that follows it (0, 1, 2 or 4); `fix`, the count it carries
+ * itself (b & fix: a fixmap's entries, a fixarray's elements, a fixstr's
+ * bytes); `skip`, the bytes after it that a scalar or a fixext takes (its type
+ * byte included). */
+typedef struct {
+  uint8_t kind, len, fix, skip;
+} head_t;
+
+#define H(k, l, f, s) \
+  { k, l, f, s }
+#define X4(...) __VA_ARGS__, __VA_ARGS__, __VA_ARGS__, __VA_ARGS__
+#define X16(...) X4(__VA_ARGS__), X4(__VA_ARGS__), X4(__VA_ARGS__), X4(__VA_ARGS__)
+#define SCALAR H(K_SCALAR, 0, 0, 0)
+static const head_t HEAD[256] = {
+    /* 0x00-0x7f positive fixint */
+    X16(SCALAR),
+    X16(SCALAR),
+    X16(SCALAR),
+    X16(SCALAR),
+    X16(SCALAR),
+    X16(SCALAR),
+    X16(SCALAR),
+    X16(SCALAR),
+    X16(H(K_MAP, 0, 0x0f, 0)),    /* 0x80-0x8f fixmap */
+    X16(H(K_ARRAY, 0, 0x0f, 0)),  /* 0x90-0x9f fixarray */
+    X16(H(K_STRING, 0, 0x1f, 0)), /* 0xa0-0xbf fixstr */
+    X16(H(K_STRING, 0, 0x1f, 0)),
+    SCALAR,            /* 0xc0 nil */
+    H(K_BAD, 0, 0, 0), /* 0xc1 never used */
+    SCALAR,
+    SCALAR,               /* 0xc2, 0xc3 false, true */
+    H(K_STRING, 1, 0, 0), /* 0xc4 bin8 */
+    H(K_STRING, 2, 0, 0), /* 0xc5 bin16 */
+    H(K_STRING, 4, 0, 0), /* 0xc6 bin32 */
+    H(K_EXT, 1, 0, 1),    /* 0xc7 ext8: length, then type + data */
+    H(K_EXT, 2, 0, 1),    /* 0xc8 ext16 */
+    H(K_EXT, 4, 0, 1),    /* 0xc9 ext32 */
+    H(K_SCALAR, 0, 0, 4), /* 0xca float32 */
+    H(K_SCALAR, 0, 0, 8), /* 0xcb float64 */
+    H(K_SCALAR, 0, 0, 1), /* 0xcc uint8 */
+    H(K_SCALAR, 0, 0, 2), /* 0xcd uint16 */
+    H(K_SCALAR, 0, 0, 4), /* 0xce uint32 */
+    H(K_SCALAR, 0, 0, 8), /* 0xcf uint64 */
+    H(K_SCALAR, 0, 0, 1), /* 0xd0 int8 */
+    H(K_SCALAR, 0, 0, 2), /* 0xd1 int16 */
+    H(K_SCALAR, 0, 0, 4), /* 0xd2 int32 */
+    H(K_SCALAR, 0, 0, 8), /* 0xd3 int64 */
+    H(K_EXT, 0, 0, 2),    /* 0xd4 fixext1: type + 1 */
+    H(K_EXT, 0, 0, 3),    /* 0xd5 fixext2 */
+    H(K_EXT, 0, 0, 5),    /* 0xd6 fixext4 */
+    H(K_EXT, 0, 0, 9),    /* 0xd7 fixext8 */
+    H(K_EXT, 0, 0, 17),   /* 0xd8 fixext16 */
+    H(K_STRING, 1, 0, 0), /* 0xd9 str8 */
+    H(K_STRING, 2, 0, 0), /* 0xda str16 */
+    H(K_STRING, 4, 0, 0), /* 0xdb str32 */
+    H(K_ARRAY, 2, 0, 0),  /* 0xdc array16 */
+    H(K_ARRAY, 4, 0, 0),  /* 0xdd array32 */
+    H(K_MAP, 2, 0, 0),    /* 0xde map16 */
+    H(K_MAP, 4, 0, 0),    /* 0xdf map32 */
+    X16(SCALAR),
+    X16(SCALAR) /* 0xe0-0xff negative fixint */
+};
+_Static_assert(sizeof HEAD / sizeof HEAD[0] == 256, "one entry per header byte");
+
+/* the cost of a value with this header (see rh_mp_costs_t), and what it is */
 static uint64_t value_cost(const rh_mp_costs_t *c, int kind, uint64_t skip, uint64_t children, const char **what,
                            const char **unit, uint64_t *count) {
   switch (kind) {
@@ -54,6 +119,17 @@ static uint64_t value_cost(const rh_mp_costs_t *c, int kind, uint64_t skip, uint
   }
 }
 
+/* An array of k values costs table + slot (k + 1): table + slot to its header
+ * byte, slot to each value's first byte. A map of n entries costs table + node
+ * * nodes, with nodes <= 2n: table to its header, node to each of its 2n
+ * values' first bytes. A string costs a byte per byte; an extension ext to its
+ * header and a byte per byte. A byte is at most a header (table + slot, or
+ * ext), one value of a container (slot or node) and, or else, a payload byte. */
+uint64_t rh_mp_cost_bound(size_t len, const rh_mp_costs_t *c) {
+  uint64_t per_byte = (uint64_t)c->table + c->slot + c->ext + c->slot + c->node + 1;
+  return len > UINT64_MAX / per_byte ? UINT64_MAX : (uint64_t)len * per_byte;
+}
+
 int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs_t *costs, size_t *nvalues,
                   rh_mp_where_t *where) {
   /* stack[d] = values still expected in the container open at depth d */
@@ -65,61 +141,23 @@ int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs
   while (off < len || depth > 0) {
     if (off >= len) return RH_MP_TRUNCATED;
     uint8_t b = p[off++];
+    const head_t h = HEAD[b];
     size_t left = len - off;
-    uint64_t skip = 0;     /* payload bytes after the header */
-    uint64_t children = 0; /* values inside, for containers */
-    int hdr = 0;           /* length-field bytes following the type byte */
-    int kind = K_SCALAR;
-    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
-      /* fixint, nil, bool */
-    } else if (b >= 0x80 && b <= 0x8f) {
-      children = 2ull * (b & 0x0f), kind = K_MAP;
-    } else if (b >= 0x90 && b <= 0x9f) {
-      children = b & 0x0f, kind = K_ARRAY;
-    } else if (b >= 0xa0 && b <= 0xbf) {
-      skip = b & 0x1f, kind = K_STRING;
-    } else {
-      switch (b) {
-        case 0xc4:
-        case 0xd9: hdr = 1, kind = K_STRING; break; /* bin8, str8 */
-        case 0xc5:
-        case 0xda: hdr = 2, kind = K_STRING; break; /* bin16, str16 */
-        case 0xc6:
-        case 0xdb: hdr = 4, kind = K_STRING; break; /* bin32, str32 */
-        case 0xc7: hdr = 1, kind = K_EXT; break;    /* ext8 (+type) */
-        case 0xc8: hdr = 2, kind = K_EXT; break;    /* ext16 */
-        case 0xc9: hdr = 4, kind = K_EXT; break;    /* ext32 */
-        case 0xca: skip = 4; break;                 /* float32 */
-        case 0xcb: skip = 8; break;                 /* float64 */
-        case 0xcc:
-        case 0xd0: skip = 1; break;
-        case 0xcd:
-        case 0xd1: skip = 2; break;
-        case 0xce:
-        case 0xd2: skip = 4; break;
-        case 0xcf:
-        case 0xd3: skip = 8; break;
-        case 0xd4: skip = 2, kind = K_EXT; break; /* fixext1: type + 1 */
-        case 0xd5: skip = 3, kind = K_EXT; break;
-        case 0xd6: skip = 5, kind = K_EXT; break;
-        case 0xd7: skip = 9, kind = K_EXT; break;
-        case 0xd8: skip = 17, kind = K_EXT; break;
-        case 0xdc: hdr = 2, kind = K_ARRAY; break; /* array16 */
-        case 0xdd: hdr = 4, kind = K_ARRAY; break; /* array32 */
-        case 0xde: hdr = 2, kind = K_MAP; break;   /* map16 */
-        case 0xdf: hdr = 4, kind = K_MAP; break;   /* map32 */
-        default: return RH_MP_BADTYPE;             /* 0xc1 */
-      }
-      if (hdr) {
-        if (left < (size_t)hdr) return RH_MP_TRUNCATED;
-        uint64_t n = be(p + off, hdr);
-        off += (size_t)hdr;
-        left -= (size_t)hdr;
-        if (kind == K_ARRAY) children = n;
-        else if (kind == K_MAP) children = 2 * n;
-        else if (kind == K_EXT) skip = n + 1; /* ext: type byte + data */
-        else skip = n;
-      }
+    uint64_t n = b & h.fix; /* the count or length: in the byte, or in the field after it */
+    if (h.len) {
+      if (left < h.len) return RH_MP_TRUNCATED;
+      n = be(p + off, h.len);
+      off += h.len;
+      left -= h.len;
+    }
+    uint64_t skip = h.skip, children = 0; /* payload bytes after the header; values inside */
+    switch (h.kind) {
+      case K_MAP: children = 2 * n; break;
+      case K_ARRAY: children = n; break;
+      case K_STRING: skip = n; break;
+      case K_EXT: skip += n; break; /* (ext 8-32: the length, then a type byte; fixext: n is 0) */
+      case K_BAD: return RH_MP_BADTYPE;
+      default: break;
     }
     if (skip > left) return RH_MP_TRUNCATED;
     off += (size_t)skip;
@@ -127,30 +165,38 @@ int rh_mp_measure(const uint8_t *p, size_t len, int max_depth, const rh_mp_costs
       const char *what = NULL, *unit = NULL;
       uint64_t count = 0;
       /* (children and skip are bounded by len here, so the sum cannot wrap) */
-      uint64_t c = children > len - off ? 0 : value_cost(costs, kind, skip, children, &what, &unit, &count);
+      uint64_t c = children > len - off ? 0 : value_cost(costs, h.kind, skip, children, &what, &unit, &count);
       if (c > costs->limit - cost) { /* (cost never passes the limit) */
         if (where) where->what = what, where->unit = unit, where->count = count, where->cost = cost;
         return RH_MP_TOOCOSTLY;
       }
       cost += c;
     }
-    /* this value fills one slot of the enclosing container */
-    if (depth > 0) stack[depth - 1]--;
-    else top++;
     if (children > 0) {
       /* every element takes at least one byte */
       if (children > len - off) {
         if (where) {
-          where->is_map = kind == K_MAP;
+          where->is_map = h.kind == K_MAP;
           where->count = where->is_map ? children / 2 : children;
           where->left = len - off;
         }
         return RH_MP_TOOMANY;
       }
       if (depth >= max_depth) return RH_MP_TOODEEP;
+      /* this value fills one slot of the enclosing container; its own open now */
+      if (depth > 0) stack[depth - 1]--;
+      else top++;
       stack[depth++] = children;
+      continue; /* (an open container is never complete yet) */
     }
-    while (depth > 0 && stack[depth - 1] == 0) depth--;
+    /* a value with nothing inside: it fills one slot, which may close containers */
+    if (depth == 0) {
+      top++;
+      continue;
+    }
+    if (--stack[depth - 1] > 0) continue;
+    do depth--;
+    while (depth > 0 && stack[depth - 1] == 0);
   }
   if (nvalues) *nvalues = top;
   if (where) where->cost = cost;

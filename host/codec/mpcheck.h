@@ -33,6 +33,11 @@ int rh_mp_check(const uint8_t *p, size_t len, int max_depth, size_t *nvalues);
 typedef struct {
   size_t table, slot, node, ext, limit;
 } rh_mp_costs_t;
+/* At least what any len bytes could cost (each byte charged the most it can
+ * bring: as a container's or extension's header, as one of a container's
+ * values, as a string's or extension's byte): where this is within the limit,
+ * no message of len bytes can pass it, and a check without costs tells as much. */
+uint64_t rh_mp_cost_bound(size_t len, const rh_mp_costs_t *costs);
 /* Where a check failed, for the error message: for RH_MP_TOOMANY the container
  * that claimed too much (a map or an array, its count of entries or elements, the
  * bytes left after its header); for RH_MP_TOOCOSTLY the value that took the cost

@@ -71,6 +71,43 @@ int main(void) {
   CHECK(strcmp(w.what, "a map of") == 0 && w.count == 5 && w.cost == 0);
   /* a count the bytes cannot back stays RH_MP_TOOMANY (that message names it) */
   CHECK(rh_mp_measure((const uint8_t *)"\xdd\xff\xff\xff\xff", 5, 32, &c, &n, &w) == RH_MP_TOOMANY);
+  /* the bound on what any bytes cost holds for the costliest shapes per byte:
+   * empty arrays and maps, maps of one entry, arrays of one element, nested
+   * full fixarrays, one-byte extensions */
+  {
+    rh_mp_costs_t big = c;
+    big.limit = SIZE_MAX;
+    static uint8_t buf[4096];
+    const struct {
+      const char *unit;
+      size_t len;
+    } shapes[] = {{"\x90", 1}, {"\x80", 1}, {"\x81\x90\x90", 3}, {"\x91\x90", 2}, {"\xd4\x01\x02", 3}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+      size_t len = 0;
+      memcpy(buf, "\xdc\x04\x00", 3); /* an array of 1,024 of them */
+      len = 3;
+      for (int i = 0; i < 1024 && len + shapes[k].len <= sizeof buf; i++, len += shapes[k].len)
+        memcpy(buf + len, shapes[k].unit, shapes[k].len);
+      if (len < 3 + 1024 * shapes[k].len) continue;
+      CHECK(rh_mp_measure(buf, len, 32, &big, &n, &w) == RH_MP_OK);
+      CHECK(w.cost <= rh_mp_cost_bound(len, &big));
+    }
+    /* fixarrays of 15 in fixarrays of 15, three deep, around empty arrays */
+    {
+      size_t len = 0;
+      buf[len++] = 0x9f;
+      for (int i = 0; i < 15; i++) {
+        buf[len++] = 0x9f;
+        for (int j = 0; j < 15; j++) {
+          buf[len++] = 0x9f;
+          memset(buf + len, 0x90, 15);
+          len += 15;
+        }
+      }
+      CHECK(rh_mp_measure(buf, len, 32, &big, &n, &w) == RH_MP_OK);
+      CHECK(w.cost <= rh_mp_cost_bound(len, &big));
+    }
+  }
   /* no costs: the plain check */
   CHECK(rh_mp_measure((const uint8_t *)empties, 103, 32, NULL, &n, &w) == RH_MP_OK);
   return TEST_RESULT();

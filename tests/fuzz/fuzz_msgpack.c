@@ -1,7 +1,8 @@
 /* fuzz_msgpack.c: libFuzzer harness for the bounds check of bytes from the
  * network (rh_mp_check), and msgpack-c's decoder on what passes it: whatever
  * the check lets through is well-formed MessagePack that a standard decoder
- * reads within bounds. (The codec's own decoder into Lua values, which runs
+ * reads within bounds, and what it would cost stays within rh_mp_cost_bound.
+ * (The codec's own decoder into Lua values, which runs
  * after the check, has its harness in fuzz_codec.c.) Nothing may
  * crash, leak or allocate without bound. */
 #include <msgpack.h>
@@ -23,6 +24,12 @@ static int depth_walk(const msgpack_object *o, int depth) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t n;
   if (rh_mp_check(data, size, 32, &n) != RH_MP_OK) return 0;
+  /* what any bytes cost stays within the bound that lets the decoder skip the
+   * sum for short messages */
+  rh_mp_costs_t costs = {.table = 64, .slot = 8, .node = 24, .ext = 24, .limit = SIZE_MAX};
+  rh_mp_where_t w = {0};
+  if (rh_mp_measure(data, size, 32, &costs, NULL, &w) != RH_MP_OK || w.cost > rh_mp_cost_bound(size, &costs))
+    __builtin_trap();
   msgpack_unpacked u;
   msgpack_unpacked_init(&u);
   size_t off = 0;
