@@ -228,6 +228,27 @@ static int enc_fail(enc_t *e, const char *why) {
 
 static void enc_value(enc_t *e, int idx);
 
+/* Appends n bytes the encoder formed itself: straight into the buffer while it
+ * has room, not through msgpack-c's write callback (a call per nil, header and
+ * small number: a tenth of a tensor's encoding). The bytes are the ones
+ * msgpack-c's packer writes for the same value (codec_spec pins them). */
+static void put(enc_t *e, const void *p, size_t n) {
+  if (e->buf.alloc - e->buf.size >= n) {
+    memcpy(e->buf.data + e->buf.size, p, n);
+    e->buf.size += n;
+  } else if (msgpack_sbuffer_write(&e->buf, p, n) != 0) {
+    enc_fail(e, "does not fit in memory");
+  }
+}
+
+static void put_byte(enc_t *e, uint8_t b) { put(e, &b, 1); }
+
+/* an array's header: a fixarray up to 15 elements */
+static void enc_array_head(enc_t *e, size_t n) {
+  if (n < 16) put_byte(e, (uint8_t)(0x90 | n));
+  else msgpack_pack_array(&e->pk, n);
+}
+
 static void enc_number(enc_t *e, double d) {
   /* 0..127, the common case (a dtype, a size, a segment number, a count), is
    * one byte, a positive fixint, as msgpack_pack_int64 writes it: written here
@@ -345,7 +366,7 @@ static void enc_table(enc_t *e, int idx) {
     lua_pop(L, 1);
   }
   if (seq && count == n) {
-    msgpack_pack_array(&e->pk, n);
+    enc_array_head(e, n);
     for (size_t i = 1; i <= n; i++) {
       enter(e, 0, NULL, (double)i, p);
       lua_rawgeti(L, idx, (int)i);
@@ -355,7 +376,8 @@ static void enc_table(enc_t *e, int idx) {
     }
     return;
   }
-  msgpack_pack_map(&e->pk, count);
+  if (count < 16) put_byte(e, (uint8_t)(0x80 | count));
+  else msgpack_pack_map(&e->pk, count);
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     int kt = lua_type(L, -2);
@@ -475,15 +497,16 @@ static int enc_plain_tensor(enc_t *e, int idx) {
     }
   }
   lua_settop(L, top);
-  msgpack_pack_array(&e->pk, 8);
-  msgpack_pack_ext(&e->pk, 0, (int8_t)tag_tensor);
+  /* [ext8 of no bytes with the tag, dtype, [sizes...], segment, nil, nil, nil,
+   * true | nil] */
+  const uint8_t head[4] = {0x98, 0xc7, 0x00, (uint8_t)(int8_t)tag_tensor};
+  put(e, head, sizeof head);
   enc_number(e, (double)t->dtype);
-  msgpack_pack_array(&e->pk, (size_t)t->ndim);
+  enc_array_head(e, (size_t)t->ndim);
   for (int k = 0; k < t->ndim; k++) enc_number(e, (double)t->size[k]);
   enc_number(e, seg);
-  for (int k = 0; k < 3; k++) msgpack_pack_nil(&e->pk);
-  if (rg) msgpack_pack_true(&e->pk);
-  else msgpack_pack_nil(&e->pk);
+  const uint8_t tail[4] = {0xc0, 0xc0, 0xc0, rg ? 0xc3 : 0xc0};
+  put(e, tail, sizeof tail);
   return 1;
 }
 
@@ -493,11 +516,8 @@ static void enc_value(enc_t *e, int idx) {
    * encode raises itself does) */
   if (!lua_checkstack(L, 8)) enc_fail(e, "has too many values for the Lua stack");
   switch (lua_type(L, idx)) {
-    case LUA_TNIL: msgpack_pack_nil(&e->pk); break;
-    case LUA_TBOOLEAN:
-      if (lua_toboolean(L, idx)) msgpack_pack_true(&e->pk);
-      else msgpack_pack_false(&e->pk);
-      break;
+    case LUA_TNIL: put_byte(e, 0xc0); break;
+    case LUA_TBOOLEAN: put_byte(e, lua_toboolean(L, idx) ? 0xc3 : 0xc2); break;
     case LUA_TNUMBER: enc_number(e, lua_tonumber(L, idx)); break;
     case LUA_TSTRING: enc_string(e, idx); break;
     case LUA_TTABLE:

@@ -34,6 +34,20 @@ describe("codec #unit", function()
     assert.are.same(many, (codec.decode(codec.encode("value", many))))
   end)
 
+  it("writes nil, booleans and small tables' headers in one byte, larger ones as msgpack-c does", function()
+    assert.are.equal("\xc0\xc3\xc2", codec.encode("value", nil, true, false))
+    assert.are.equal("\x92\x01\x02", codec.encode("value", {1, 2}))
+    assert.are.equal("\x81\xa1a\xc2", codec.encode("value", {a = false}))
+    local fifteen, sixteen, map16 = {}, {}, {}
+    for i = 1, 15 do fifteen[i] = 0 end
+    for i = 1, 16 do sixteen[i] = 0 end
+    for i = 1, 16 do map16["k" .. i] = true end
+    assert.are.equal("\x9f" .. ("\0"):rep(15), codec.encode("value", fifteen))
+    assert.are.equal("\xdc\x00\x10" .. ("\0"):rep(16), codec.encode("value", sixteen))
+    assert.are.equal("\xde\x00\x10", codec.encode("value", map16):sub(1, 3))
+    assert.are.same(map16, (codec.decode(codec.encode("value", map16))))
+  end)
+
   it("keeps 64-bit integers and error objects", function()
     local errors = require "rpchost.errors"
     local i, e = roundtrip(-2LL ^ 62 - 1, errors.new("timeout", "late", {worker = "w"}))
