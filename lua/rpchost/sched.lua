@@ -153,6 +153,15 @@ end
 -- what the task sets itself: a request handler's context and gradient mode
 -- (DistributedOptimizer's step) fit without a rehash to sixteen.
 local STARTING = setmetatable({}, {__tostring = function() return "rpchost.starting" end})
+-- The arrays of tasks that take up to ARGS_MAX arguments are reused: once a
+-- task has started, its array is cleared (it keeps nothing alive) and waits
+-- for the next spawn. (Every request a rank serves is a task: its array was
+-- two of the five objects a served call left for the collector, whose work
+-- lands on the path of later calls.) Made with room for them all, so that
+-- filling one never grows it.
+local ARGS_MAX, FREE_ARGS = 9, 64
+local free_args, nfree_args = {}, 0
+local new_table = require "table.new"
 function M.spawn(fn, opts, ...)
   local co = pool[npool]
   if co then pool[npool] = nil; npool = npool - 1
@@ -160,7 +169,16 @@ function M.spawn(fn, opts, ...)
   local t = setmetatable({name = false, on_error = false, done = false, co = false, args = false, entry = false},
                          Task)
   if opts then t.name, t.on_error = opts.name or false, opts.on_error or false end
-  t.co, t.args = co, {select("#", ...) + 1, fn, ...}
+  local n, a = select("#", ...), nil
+  if n <= ARGS_MAX then
+    a = free_args[nfree_args]
+    if a then free_args[nfree_args] = nil; nfree_args = nfree_args - 1
+    else a = new_table(ARGS_MAX + 2, 0) end
+    a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11] = n + 1, fn, ...
+  else
+    a = {n + 1, fn, ...}
+  end
+  t.co, t.args = co, a
   local parent = current
   if parent then
     for i = 1, #inherited do
@@ -409,7 +427,12 @@ local function resume_task(t, args)
   if args == STARTING then
     args = t.args
     t.args = false -- (the task must not keep its arguments alive)
-    ok, err = raw_resume(t.co, t, unpack(args, 2, args[1] + 1))
+    local n = args[1]
+    ok, err = raw_resume(t.co, t, unpack(args, 2, n + 1))
+    if n <= ARGS_MAX + 1 then -- (an array spawn reuses: cleared, it goes back)
+      for i = 1, n + 1 do args[i] = nil end
+      if nfree_args < FREE_ARGS then nfree_args = nfree_args + 1; free_args[nfree_args] = args end
+    end
   elseif args then ok, err = raw_resume(t.co, unpack(args, 1, args.n))
   else ok, err = raw_resume(t.co) end
   current = nil
