@@ -26,6 +26,7 @@
 typedef struct {
   rh_conn_t *c;
   int ref_self, ref_frame, ref_close, ref_connect;
+  uint32_t views; /* frame types whose bodies are lent as views (lend_bodies), a bit each */
 } lconn_t;
 
 typedef struct {
@@ -44,7 +45,9 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   lua_pushinteger(L, f->hdr.type);
   lua_pushinteger(L, f->hdr.flags);
   lua_pushnumber(L, (double)f->hdr.id);
-  lua_pushlstring(L, (const char *)f->body, f->hdr.body_len);
+  int viewed = 0;
+  if (f->hdr.type < 32 && (b->views >> f->hdr.type & 1)) viewed = rh_lua_pushbody(L, f->body, f->hdr.body_len);
+  else lua_pushlstring(L, (const char *)f->body, f->hdr.body_len);
   const uint8_t *p = f->segs;
   /* the segments in one list (nil when there are none), not one argument each:
    * a Lua handler with fixed parameters is one that LuaJIT's traces can return
@@ -52,7 +55,7 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   luaL_checkstack(L, 8, "a frame's arguments");
   if (f->hdr.nseg) lua_createtable(L, (int)f->hdr.nseg, 0);
   else lua_pushnil(L);
-  double payload = 0; /* (the segments' bytes, for the byte counters) */
+  double payload = (double)f->hdr.body_len; /* (the frame's bytes, for the byte counters) */
   for (uint32_t i = 0; i < f->hdr.nseg; i++) {
     /* every segment reaches Lua as a 1-D uint8 tensor, never as a string: a
      * tensor's bytes made a Lua string to intern (hashing, and a memcmp against
@@ -69,6 +72,7 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
       st = rh_storage_new_uninit((size_t)n);
       if (!st) { /* out of memory: the frame is lost, so is its conversation */
         lua_settop(L, lua_gettop(L) - 7);
+        if (viewed) rh_lua_endbody(L);
         if (b->c) rh_conn_close(b->c, 0);
         return;
       }
@@ -83,7 +87,25 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   lua_pushnumber(L, payload);
   /* A frame we failed to handle leaves that conversation in an unknown state:
    * drop the connection, so whoever waits on it fails now instead of hanging. */
-  if (rh_callback(7, 0) != 0 && b->c) rh_conn_close(b->c, 0);
+  int failed = rh_callback(7, 0) != 0;
+  if (viewed) rh_lua_endbody(L);
+  if (failed && b->c) rh_conn_close(b->c, 0);
+}
+
+/* conn:lend_bodies(type...): frames of these types reach this connection's
+ * frame callback with their bodies as views of their bytes (l_body.c), for
+ * the callback alone: for a callback that decodes them at once and keeps
+ * nothing of them (rpchost.net.connections). None unless set. */
+static int l_lend_bodies(lua_State *L) {
+  lconn_t *b = check_conn(L, 1);
+  uint32_t mask = 0;
+  for (int i = 2; i <= lua_gettop(L); i++) {
+    lua_Integer t = luaL_checkinteger(L, i);
+    luaL_argcheck(L, t >= 0 && t < 32, i, "a frame type below 32");
+    mask |= (uint32_t)1 << t;
+  }
+  b->views = mask;
+  return 0;
 }
 
 static void forget(lua_State *L, lconn_t *b) {
@@ -139,6 +161,7 @@ static lconn_t *new_box(lua_State *L, rh_conn_t *c) {
   lconn_t *b = lua_newuserdata(L, sizeof *b);
   b->c = c;
   b->ref_frame = b->ref_close = b->ref_connect = LUA_NOREF;
+  b->views = 0;
   luaL_getmetatable(L, CONN_MT);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, -1);
@@ -784,6 +807,7 @@ static int l_resolve(lua_State *L) {
 
 int rh_open_conn(lua_State *L) {
   static const luaL_Reg conn_methods[] = {{"send", l_send},
+                                          {"lend_bodies", l_lend_bodies},
                                           {"close", l_close},
                                           {"peer", l_peer},
                                           {"is_open", l_is_open},

@@ -117,10 +117,10 @@ static int l_parallel_threads(lua_State *L) {
 
 static int open_core(lua_State *L) {
   lua_newtable(L);
-  int (*openers[])(lua_State *) = {rh_open_loop,        rh_open_conn, rh_open_proc, rh_open_codec,  rh_open_tensor,
-                                   rh_open_tensor_ops,  rh_open_nn,   rh_open_cuda, rh_open_crypto, rh_open_repl,
-                                   rh_open_shm,         rh_open_cma,  rh_open_mpi,  rh_open_arena,  rh_open_generator,
-                                   rh_open_atomic_file, rh_open_munge};
+  int (*openers[])(lua_State *) = {rh_open_loop,        rh_open_conn,  rh_open_proc, rh_open_codec,  rh_open_tensor,
+                                   rh_open_tensor_ops,  rh_open_nn,    rh_open_cuda, rh_open_crypto, rh_open_repl,
+                                   rh_open_shm,         rh_open_cma,   rh_open_mpi,  rh_open_arena,  rh_open_generator,
+                                   rh_open_atomic_file, rh_open_munge, rh_open_body};
   for (size_t i = 0; i < sizeof openers / sizeof openers[0]; i++) {
     openers[i](L); /* pushes a table of functions */
     lua_pushnil(L);

@@ -61,6 +61,15 @@ int rh_open_munge(lua_State *L);
 int rh_open_arena(lua_State *L);
 int rh_open_generator(lua_State *L);
 int rh_open_atomic_file(lua_State *L);
+int rh_open_body(lua_State *L);
+
+/* A received frame's body lent to Lua during its callback (l_body.c): pushes a
+ * view of p[0..len) (1), or a string of them where views run out (0); a pushed
+ * view is spent by rh_lua_endbody once the callback returns. rh_lua_tobody
+ * reads a string or a live view at i (NULL: neither; a spent view raises). */
+int rh_lua_pushbody(lua_State *L, const uint8_t *p, size_t len);
+void rh_lua_endbody(lua_State *L);
+const char *rh_lua_tobody(lua_State *L, int i, size_t *len);
 
 /* Clocks for LuaJIT's FFI (lua/rpchost/sched.lua, rpc.lua), in seconds, read
  * without a lua_CFunction (which would end the compiled trace) and under names

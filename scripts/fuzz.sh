@@ -19,7 +19,7 @@ if ! echo 'int LLVMFuzzerTestOneInput(const char*d,unsigned long n){return 0;}' 
 fi
 "$CC" $flags tests/fuzz/fuzz_frame.c host/net/frame.c host/errors.c $(pkg-config --cflags --libs libuv) -o "$out/fuzz_frame"
 "$CC" $flags tests/fuzz/fuzz_msgpack.c host/codec/mpcheck.c $(pkg-config --cflags --libs msgpack) -o "$out/fuzz_msgpack"
-"$CC" $flags -Ibindings tests/fuzz/fuzz_codec.c bindings/l_codec.c bindings/rh_lua.c bindings/l_tensor.c \
+"$CC" $flags -Ibindings tests/fuzz/fuzz_codec.c bindings/l_codec.c bindings/l_body.c bindings/rh_lua.c bindings/l_tensor.c \
   bindings/l_generator.c host/codec/mpcheck.c host/errors.c host/tensor/*.c \
   $(pkg-config --cflags --libs luajit msgpack libuv openblas) -lm -ldl -lpthread -o "$out/fuzz_codec"
 "$CC" $flags tests/fuzz/fuzz_shape.c host/tensor/*.c \

@@ -150,6 +150,13 @@ end
 
 function M.call_in(name) local p = peers[name] or peer(name) p.calls_in = p.calls_in + 1 end
 
+-- bytes received from a peer in one frame, body and payload (a number: a
+-- received body may be a view, whose length is the connection's to tell)
+function M.bytes_in(name, n)
+  local p = peers[name] or peer(name)
+  p.bytes_in = p.bytes_in + n
+end
+
 -- bytes of frames (body, and payload: its segments' bytes, a number) sent to /
 -- received from a peer
 function M.frame_bytes(name, out, body, payload)

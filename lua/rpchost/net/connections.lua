@@ -74,6 +74,7 @@ local function listener_callbacks(self)
         return
       end
       self.conns[conn] = {incoming = true}
+      C.lend(conn)
     end,
     frame = function(conn, ftype, flags, id, body, segs, nbytes)
       C.on_frame(self, conn, ftype, flags, id, body, segs, nbytes)
@@ -207,6 +208,7 @@ function C:dial(p)
     return
   end
   self.conns[conn] = {rank = p.rank, dialled = true}
+  C.lend(conn)
   p.dialling = conn
 end
 
@@ -647,9 +649,22 @@ end
 -- connection that has not proved itself gets nothing held and is never paused.
 local EARLY_MAX = tonumber(os.getenv("RPCHOST_EARLY_MAX")) or 64 * 2 ^ 20
 
+-- Requests and replies reach on_frame with their bodies as views of the
+-- frame's bytes (bindings/l_body.c, lent on every connection here: lend),
+-- decoded where they lie instead of first becoming Lua strings; a view lives
+-- for the frame's callback alone, so what keeps a body longer (hold) copies it.
+local body_string = core.body_string
+-- keep_body(body) -> a string of a received body's bytes, for whoever keeps one
+C.keep_body = body_string
+-- (a binary older than this library lends none: its bodies are strings)
+function C.lend(conn)
+  if conn.lend_bodies then conn:lend_bodies(proto.REQUEST, proto.RESPONSE) end
+end
+
 -- Holds a frame of a proven connection that cannot be served yet (this rank's
 -- world is not ready, or the member is being learned).
 function C:hold(conn, ftype, flags, id, body, segs)
+  body = body_string(body)
   self.early[#self.early + 1] = {conn, ftype, flags, id, body, segs}
   local n = #body
   for i = 1, #segs do n = n + (type(segs[i]) == "string" and #segs[i] or segs[i]:numel()) end
@@ -693,7 +708,8 @@ end
 -- connection is proven but not yet its peer's; whatever does not fit the state
 -- of the connection's handshake closes it.
 -- segs: the frame's segments (1-D uint8 tensors) in a list, or nil for none;
--- nbytes: their bytes, where the connection counted them (else nil).
+-- nbytes: the frame's bytes, body and segments, where the connection counted
+-- them (else nil).
 function C:on_frame(conn, ftype, flags, id, body, segs, nbytes)
   local cst = self.conns[conn]
   if not cst then
@@ -725,7 +741,7 @@ function C:on_frame(conn, ftype, flags, id, body, segs, nbytes)
     end
     return C.on_frame(self, conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
   end
-  trace.frame_bytes(self.peers[cst.rank].name, false, body, nbytes or (segs[1] ~= nil and core.payload_bytes(segs) or 0))
+  trace.bytes_in(self.peers[cst.rank].name, nbytes or #body + (segs[1] ~= nil and core.payload_bytes(segs) or 0))
   local cb = self.cb
   if ftype == proto.RESPONSE then return cb.on_response(self, id, flags, body, segs, cst) end
   if ftype == proto.REQUEST then return cb.on_request(self, conn, id, body, segs) end

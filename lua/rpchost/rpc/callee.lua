@@ -24,7 +24,7 @@ local connections = require "rpchost.net.connections"
 local device_maps = require "rpchost.rpc.device_maps"
 
 local enc, enc_msg, dec_msg = codec.raw_encode, codec.encode_message, codec.decode_message
-local too_big = connections.too_big
+local too_big, keep_body = connections.too_big, connections.keep_body
 
 local M = {}
 
@@ -553,7 +553,8 @@ local request_decoded
 -- replies through).
 function M.on_request(self, to, id, body, segs)
   if not self.ready then
-    self.early[#self.early + 1] = {to, 0, 0, id, body, segs}
+    -- (a received body is a view for the frame's callback alone: kept, it is copied)
+    self.early[#self.early + 1] = {to, 0, 0, id, keep_body(body), segs}
     return
   end
   self.stats.calls_in = self.stats.calls_in + 1
