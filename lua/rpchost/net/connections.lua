@@ -48,12 +48,18 @@ C.CALLBACKS = {
 -- its connection, with its size and the limit. nil and the payload's bytes
 -- (what C:send may be given, not to count them again) when it fits.
 local frame_limit, frame_header
+
+-- The bytes of a frame's payload list (its segments), 0 for none.
+local function payload_of(segs)
+  return segs[1] ~= nil and core.payload_bytes(segs) or 0
+end
+
 function C.too_big(what, body, segs)
   if not frame_limit then
     local st = core.net_stats()
     frame_limit, frame_header = st.max_frame, st.frame_header
   end
-  local payload = segs[1] ~= nil and core.payload_bytes(segs) or 0
+  local payload = payload_of(segs)
   local n = frame_header + #body + 8 * #segs + payload
   if n <= frame_limit then return nil, payload end
   return ("%s is %.0f bytes, more than the largest message a worker sends or accepts (%.0f bytes); " ..
@@ -235,6 +241,17 @@ function C:peer_ready(p, conn)
   end
 end
 
+-- Writes a frame on conn, through shared memory where send_shm takes it, and
+-- counts it for peer p (nil: a connection with no rank, not counted) once it
+-- left. Returns the payload's bytes (a number: true) when the connection took
+-- it, else nil. payload: the segments' bytes where counted (C.too_big), or nil.
+function C:send_on(p, conn, ftype, flags, id, body, segs, payload)
+  local sent = p and self:send_shm(p, conn, ftype, flags, id, body, segs, payload) or
+    conn:send(ftype, flags, id, body, unpack(segs))
+  if sent and p then trace.frame_bytes(p.name, true, body, sent) end
+  return sent
+end
+
 -- Sends a frame (body and payload segments) to a peer, dialling if needed
 -- (queued until the handshake). true when a connection took it: its segments'
 -- bytes are then copied or held by the connection (the caller may free them).
@@ -243,17 +260,11 @@ function C:send(p, ftype, flags, id, body, segs, payload)
   local conn = p.state == "ready" and p.conn
   if conn then
     -- (counted once it left: the peer is working on it meanwhile)
-    -- (each returns the payload's bytes when it sent the frame)
-    local sent = self:send_shm(p, conn, ftype, flags, id, body, segs, payload) or
-      conn:send(ftype, flags, id, body, unpack(segs))
-    if sent then
-      trace.frame_bytes(p.name, true, body, sent)
-      return true
-    end
+    if C.send_on(self, p, conn, ftype, flags, id, body, segs, payload) then return true end
     p.state = "none"
     p.conn = nil
   end
-  trace.frame_bytes(p.name, true, body, payload or (segs[1] ~= nil and core.payload_bytes(segs) or 0))
+  trace.frame_bytes(p.name, true, body, payload or payload_of(segs))
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
   if p.state == "none" then C.connect_soon(self, p) end
 end
@@ -741,7 +752,7 @@ function C:on_frame(conn, ftype, flags, id, body, segs, nbytes)
     end
     return C.on_frame(self, conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
   end
-  trace.bytes_in(self.peers[cst.rank].name, nbytes or #body + (segs[1] ~= nil and core.payload_bytes(segs) or 0))
+  trace.bytes_in(self.peers[cst.rank].name, nbytes or #body + payload_of(segs))
   local cb = self.cb
   if ftype == proto.RESPONSE then return cb.on_response(self, id, flags, body, segs, cst) end
   if ftype == proto.REQUEST then return cb.on_request(self, conn, id, body, segs) end

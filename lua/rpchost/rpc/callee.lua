@@ -24,7 +24,7 @@ local connections = require "rpchost.net.connections"
 local device_maps = require "rpchost.rpc.device_maps"
 
 local enc, enc_msg, dec_msg = codec.raw_encode, codec.encode_message, codec.decode_message
-local too_big, keep_body = connections.too_big, connections.keep_body
+local too_big, keep_body, send_on = connections.too_big, connections.keep_body, connections.send_on
 
 local M = {}
 
@@ -210,13 +210,7 @@ local function reply(self, to, id, flags, body, segs, payload)
     if ms and (ms.dialled or (st.dialled and ms.ready and ms.inc ~= nil and ms.inc == st.inc)) then to = main end
   end
   -- (counted once it left: the caller is waiting for it)
-  local sent = p and self:send_shm(p, to, proto.RESPONSE, flags, id, body, segs, payload)
-  if sent then
-    trace.frame_bytes(p.name, true, body, sent)
-    return sched.expect_soon(key)
-  end
-  sent = to:send(proto.RESPONSE, flags, id, body, unpack(segs))
-  if p and sent then trace.frame_bytes(p.name, true, body, sent) end
+  send_on(self, p, to, proto.RESPONSE, flags, id, body, segs, payload)
   sched.expect_soon(key)
 end
 
