@@ -18,7 +18,9 @@ and issue 38's target:
   parameter-server tutorial    vs the same training in one process   <= 1.25x  (bench/ps_step.lua)
   world of 1,024 ranks         per-rank cost vs a world of 64        <= 1.15x, whole run <= 25 s
 
-and, for reference, the floors themselves: the kernel's wake-up round trip (two processes
+and, for reference, the bytes an rpc_sync leaves for Lua's collector on each side
+(exact, where times are noisy: the collector's work makes most of the slow calls),
+and the floors themselves: the kernel's wake-up round trip (two processes
 ping-ponging through eventfds) and a shared cache line's (both polling), from
 bench/wake_floor.c, memcpy's bandwidth (a 64 MiB copy) and, for each size, the floor
 of a copy hot in one core's cache (bench/tensor_curve.lua). Numbers from a
@@ -149,6 +151,10 @@ def main():
                         p50 / pp if pp and p50 else None, 3)
                 rep.row(f"{n} ranks: rpc_sync p99", "rpchost's own p50", us(p50), us(p99),
                         p99 / p50 if p50 and p99 else None, 2)
+                gc_out, gc_in = rpc.get("garbage_bytes_caller"), rpc.get("garbage_bytes_callee")
+                if gc_out is not None and gc_in is not None:
+                    rep.row(f"{n} ranks: garbage per rpc_sync, caller / callee", "-", "-",
+                            f"{gc_out:.0f} B / {gc_in:.0f} B", None, None)
                 for key, label, target in (("ar4096_med_s", "all_reduce 4 KiB", 1.0), ("barrier_med_s", "barrier", 1.5),
                                            (f"ar{16 << 20}_med_s", "all_reduce 16 MiB", 1 / 1.5)):
                     a, b = m.get(key), coll.get(key)
