@@ -79,6 +79,11 @@ typedef struct {
    * not by a compare through the Lua stack per earlier segment */
   const void *seen[16];
   int nseen;
+  /* the segments this path made and their bytes: when they are all of the
+   * message's, encode_in returns the payload's bytes with the body (no walk
+   * over the segments to count them again) */
+  int made;
+  double made_bytes;
 } enc_t;
 
 static int is_ident(const char *s) {
@@ -489,6 +494,8 @@ static int enc_plain_tensor(enc_t *e, int idx) {
     seg = n + 1;
     lua_pushvalue(L, idx);
     lua_rawseti(L, segs, seg);
+    e->made++;
+    e->made_bytes += (double)rh_tensor_numel(t) * (double)rh_dtype_size(t->dtype);
     if (e->nseen == n && n < SCAN_SEGS) e->seen[e->nseen++] = box;
     if (n >= SCAN_SEGS) {
       lua_pushvalue(L, idx);
@@ -560,6 +567,8 @@ static int encode_values(lua_State *L, int n, int ctx) {
     lua_pop(L, 1);
   }
   e->indexed = 0;
+  e->made = 0;
+  e->made_bytes = 0;
   for (int i = 0; i < n; i++) {
     /* (the name is looked up only if an error needs it: push_path; a formatted
      * name per value was a tenth of a collective step's instructions, a name
@@ -568,19 +577,32 @@ static int encode_values(lua_State *L, int n, int ctx) {
     e->depth = 0;
     enc_value(e, i + 2);
   }
+  /* the payload's bytes, where this path made every segment (a hook's segments
+   * it does not know: nil then, and the caller counts them) */
+  int counted = 0;
+  double payload = e->made_bytes;
+  if (ctx) {
+    lua_getfield(L, ctx, "segments");
+    counted = (lua_istable(L, -1) ? (int)lua_objlen(L, -1) : 0) == e->made;
+    lua_pop(L, 1);
+  }
   lua_pushlstring(L, e->buf.data ? e->buf.data : "", e->buf.size);
   if (e->buf.alloc > KEEP_BYTES) enc_gc_buffer(e);
   if (e == &enc_hot) enc_hot_busy = 0;
   else pool_give(L, ref_enc_pool, -2);
-  return 1;
+  if (!ctx) return 1;
+  if (counted) lua_pushnumber(L, payload);
+  else lua_pushnil(L);
+  return 2;
 }
 
 /* encode(names, v1, v2, ...) -> bytes. names: a root name for all values (string)
  * or a table of one name per value; used only in error messages. */
 static int l_encode(lua_State *L) { return encode_values(L, lua_gettop(L) - 1, 0); }
 
-/* encode_in(ctx, names, v1, v2, ...) -> bytes: encode, for the message whose
- * encode context is ctx (rpchost.wire.codec's encode_message) */
+/* encode_in(ctx, names, v1, v2, ...) -> bytes, payload's bytes | nil: encode,
+ * for the message whose encode context is ctx (rpchost.wire.codec's
+ * encode_message); nil where a hook made segments this path did not count */
 static int l_encode_in(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_pushvalue(L, 1);

@@ -46,7 +46,8 @@ C.CALLBACKS = {
 -- A message must fit one frame (RPCHOST_MAX_FRAME, the same limit every rank
 -- reads): one that would not is refused before a byte is sent, so it cannot jam
 -- its connection, with its size and the limit. nil and the payload's bytes
--- (what C:send may be given, not to count them again) when it fits.
+-- (what C:send may be given, not to count them again) when it fits. payload:
+-- the segments' bytes where the encoder counted them (else nil: counted here).
 local frame_limit, frame_header
 
 -- The bytes of a frame's payload list (its segments), 0 for none.
@@ -54,12 +55,12 @@ local function payload_of(segs)
   return segs[1] ~= nil and core.payload_bytes(segs) or 0
 end
 
-function C.too_big(what, body, segs)
+function C.too_big(what, body, segs, payload)
   if not frame_limit then
     local st = core.net_stats()
     frame_limit, frame_header = st.max_frame, st.frame_header
   end
-  local payload = payload_of(segs)
+  payload = payload or payload_of(segs)
   local n = frame_header + #body + 8 * #segs + payload
   if n <= frame_limit then return nil, payload end
   return ("%s is %.0f bytes, more than the largest message a worker sends or accepts (%.0f bytes); " ..

@@ -302,9 +302,9 @@ function send_results(self, to, id, rmap, ctx, ok, ...)
     out.dest, out.ag = dest, ctx or false
     reply_devices.map, reply_devices.to = rmap, caller and caller.name or "the caller"
     out.devices = dest == self.rank and device_maps.IDENTITY or reply_devices
-    local eok, body, segs = pcall(enc_msg, out, "result", ...)
+    local eok, body, segs, counted = pcall(enc_msg, out, "result", ...)
     local big, payload
-    if eok and dest ~= self.rank then big, payload = too_big("the result", body, segs) end
+    if eok and dest ~= self.rank then big, payload = too_big("the result", body, segs, counted) end
     if eok and not big then return reply(self, to, id, 0, body, segs, payload) end
     err = errors.new("serialize", "cannot send the result back: " .. tostring(big or body))
   end

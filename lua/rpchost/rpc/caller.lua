@@ -135,13 +135,13 @@ function M.call(self, to, fn, args, kwargs, timeout, what)
   request_devices.map, request_devices.to = dmap, p.name
   out.devices = p.rank == self.rank and device_maps.IDENTITY or request_devices
   if timeout == nil or timeout < 0 then timeout = self.timeout end
-  local ok, body, segs = pcall(enc_msg, out, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap, timeout)
+  local ok, body, segs, counted = pcall(enc_msg, out, REQ_NAMES, fn, args or {}, kwargs, ctx, dmap, timeout)
   if not ok then
     if errors.is(body) then error(body, 0) end
     error(errors.new("serialize", "cannot send a call to " .. p.name .. ": " .. tostring(body)), 0)
   end
   local big, payload
-  if p.rank ~= self.rank then big, payload = too_big("the call to " .. p.name, body, segs) end
+  if p.rank ~= self.rank then big, payload = too_big("the call to " .. p.name, body, segs, counted) end
   if big then error(errors.new("serialize", big, {worker = p.name, rank = p.rank}), 0) end
   self.next_id = self.next_id + 1
   local id = self.next_id

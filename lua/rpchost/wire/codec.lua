@@ -571,11 +571,12 @@ function M.after_encode(ctx, fn)
 end
 
 -- encode with segments for the message ctx describes: body, {segments} (the
--- list is M.EMPTY, shared and read-only, when there are none)
+-- list is M.EMPTY, shared and read-only, when there are none), and the
+-- segments' bytes where the codec counted them all (else nil)
 function M.encode_message(ctx, root, ...)
   local prev = out_ctx
   out_ctx = ctx
-  local ok, body = pcall(core.encode_in, ctx, root, ...)
+  local ok, body, payload = pcall(core.encode_in, ctx, root, ...)
   out_ctx = prev
   local segs = ctx.segments or EMPTY
   -- (what this message filled goes with it: an action may itself encode a
@@ -584,7 +585,7 @@ function M.encode_message(ctx, root, ...)
   ctx.segments, ctx.index, ctx.actions, ctx.nactions = false, false, false, 0
   if not ok then error(body, 0) end
   for i = 1, n do todo[i]() end
-  return body, segs
+  return body, segs, payload
 end
 
 -- decode with segments (a table of the frame's segments, or nil) in ctx
