@@ -1,24 +1,30 @@
 /* frame.c: frame header coding and the incremental frame reader (see frame.h). */
 #include "frame.h"
 
+#include <endian.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Little-endian fields, each one load or store (and a byte swap on a big-endian
+ * host): a header is read several times per frame (peeked, then read), and
+ * byte-at-a-time loops made each read about 230 instructions. */
 static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+  v = htole32(v);
+  memcpy(p, &v, sizeof v);
 }
 static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+  v = htole64(v);
+  memcpy(p, &v, sizeof v);
 }
 static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
+  uint32_t v;
+  memcpy(&v, p, sizeof v);
+  return le32toh(v);
 }
 static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
+  uint64_t v;
+  memcpy(&v, p, sizeof v);
+  return le64toh(v);
 }
 
 void rh_frame_encode_header(uint8_t out[RH_FRAME_HDR], const rh_frame_hdr_t *h) {
