@@ -950,7 +950,7 @@ static int l_decode(lua_State *L) {
 static int l_decode_in(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   size_t len;
-  /* (a received request's or reply's body is a view of the frame's bytes) */
+  /* (a received request's or reply's body is lent: the frame's own bytes) */
   const char *s = rh_lua_tobody(L, 2, &len);
   if (!s) return luaL_typerror(L, 2, "a message's bytes (a string or a frame's body)");
   lua_settop(L, 2);

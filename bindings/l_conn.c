@@ -26,7 +26,7 @@
 typedef struct {
   rh_conn_t *c;
   int ref_self, ref_frame, ref_close, ref_connect;
-  uint32_t views; /* frame types whose bodies are lent as views (lend_bodies), a bit each */
+  uint32_t lends; /* frame types whose bodies are lent (lend_bodies), a bit each */
 } lconn_t;
 
 typedef struct {
@@ -45,9 +45,15 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
   lua_pushinteger(L, f->hdr.type);
   lua_pushinteger(L, f->hdr.flags);
   lua_pushnumber(L, (double)f->hdr.id);
-  int viewed = 0;
-  if (f->hdr.type < 32 && (b->views >> f->hdr.type & 1)) viewed = rh_lua_pushbody(L, f->body, f->hdr.body_len);
-  else lua_pushlstring(L, (const char *)f->body, f->hdr.body_len);
+  /* a lent body (l_body.c) takes its place once nothing below can raise: a
+   * lend is ended only after the callback */
+  int lend = f->hdr.type < 32 && (b->lends >> f->hdr.type & 1), body_at = 0;
+  if (lend) {
+    lua_pushnil(L);
+    body_at = lua_gettop(L);
+  } else {
+    lua_pushlstring(L, (const char *)f->body, f->hdr.body_len);
+  }
   const uint8_t *p = f->segs;
   /* the segments in one list (nil when there are none), not one argument each:
    * a Lua handler with fixed parameters is one that LuaJIT's traces can return
@@ -72,7 +78,6 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
       st = rh_storage_new_uninit((size_t)n);
       if (!st) { /* out of memory: the frame is lost, so is its conversation */
         lua_settop(L, lua_gettop(L) - 7);
-        if (viewed) rh_lua_endbody(L);
         if (b->c) rh_conn_close(b->c, 0);
         return;
       }
@@ -85,17 +90,22 @@ static void on_frame(rh_conn_t *c, const rh_frame_t *f) {
     lua_rawseti(L, -2, (int)i + 1);
   }
   lua_pushnumber(L, payload);
+  int lent = 0;
+  if (lend) {
+    lent = rh_lua_pushbody(L, f->body, f->hdr.body_len);
+    lua_replace(L, body_at);
+  }
   /* A frame we failed to handle leaves that conversation in an unknown state:
    * drop the connection, so whoever waits on it fails now instead of hanging. */
   int failed = rh_callback(7, 0) != 0;
-  if (viewed) rh_lua_endbody(L);
+  if (lent) rh_lua_endbody(L);
   if (failed && b->c) rh_conn_close(b->c, 0);
 }
 
 /* conn:lend_bodies(type...): frames of these types reach this connection's
- * frame callback with their bodies as views of their bytes (l_body.c), for
- * the callback alone: for a callback that decodes them at once and keeps
- * nothing of them (rpchost.net.connections). None unless set. */
+ * frame callback with their bodies lent (l_body.c), for the callback alone:
+ * for a callback that decodes them at once and keeps nothing of them
+ * (rpchost.net.connections). None unless set. */
 static int l_lend_bodies(lua_State *L) {
   lconn_t *b = check_conn(L, 1);
   uint32_t mask = 0;
@@ -104,7 +114,7 @@ static int l_lend_bodies(lua_State *L) {
     luaL_argcheck(L, t >= 0 && t < 32, i, "a frame type below 32");
     mask |= (uint32_t)1 << t;
   }
-  b->views = mask;
+  b->lends = mask;
   return 0;
 }
 
@@ -161,7 +171,7 @@ static lconn_t *new_box(lua_State *L, rh_conn_t *c) {
   lconn_t *b = lua_newuserdata(L, sizeof *b);
   b->c = c;
   b->ref_frame = b->ref_close = b->ref_connect = LUA_NOREF;
-  b->views = 0;
+  b->lends = 0;
   luaL_getmetatable(L, CONN_MT);
   lua_setmetatable(L, -2);
   lua_pushvalue(L, -1);

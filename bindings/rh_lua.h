@@ -64,9 +64,9 @@ int rh_open_atomic_file(lua_State *L);
 int rh_open_body(lua_State *L);
 
 /* A received frame's body lent to Lua during its callback (l_body.c): pushes a
- * view of p[0..len) (1), or a string of them where views run out (0); a pushed
- * view is spent by rh_lua_endbody once the callback returns. rh_lua_tobody
- * reads a string or a live view at i (NULL: neither; a spent view raises). */
+ * lend of p[0..len) (1), or a string of them where lends run out (0); a pushed
+ * lend is ended by rh_lua_endbody once the callback returns. rh_lua_tobody
+ * reads a string or a live lend at i (NULL: neither; an ended lend raises). */
 int rh_lua_pushbody(lua_State *L, const uint8_t *p, size_t len);
 void rh_lua_endbody(lua_State *L);
 const char *rh_lua_tobody(lua_State *L, int i, size_t *len);

@@ -661,11 +661,11 @@ end
 -- connection that has not proved itself gets nothing held and is never paused.
 local EARLY_MAX = tonumber(os.getenv("RPCHOST_EARLY_MAX")) or 64 * 2 ^ 20
 
--- Requests and replies reach on_frame with their bodies as views of the
--- frame's bytes (bindings/l_body.c, lent on every connection here: lend),
--- decoded where they lie instead of first becoming Lua strings; a view lives
--- for the frame's callback alone, so what keeps a body longer (hold) copies it.
-local body_string = core.body_string
+-- Requests and replies reach on_frame with their bodies lent (bindings/l_body.c,
+-- on every connection here: lend), decoded where the connection holds their
+-- bytes instead of first becoming Lua strings; a lend lives for the frame's
+-- callback alone, so what keeps a body longer (hold) copies it.
+local body_string, body_len = core.body_string, core.body_len
 -- keep_body(body) -> a string of a received body's bytes, for whoever keeps one
 C.keep_body = body_string
 -- (a binary older than this library lends none: its bodies are strings)
@@ -753,7 +753,7 @@ function C:on_frame(conn, ftype, flags, id, body, segs, nbytes)
     end
     return C.on_frame(self, conn, ftype, bit.band(flags, bit.bnot(shm.FLAG + shm.FD_FLAG)), id, body, got)
   end
-  trace.bytes_in(self.peers[cst.rank].name, nbytes or #body + payload_of(segs))
+  trace.bytes_in(self.peers[cst.rank].name, nbytes or body_len(body) + payload_of(segs))
   local cb = self.cb
   if ftype == proto.RESPONSE then return cb.on_response(self, id, flags, body, segs, cst) end
   if ftype == proto.REQUEST then return cb.on_request(self, conn, id, body, segs) end

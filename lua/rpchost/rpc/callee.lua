@@ -547,7 +547,7 @@ local request_decoded
 -- replies through).
 function M.on_request(self, to, id, body, segs)
   if not self.ready then
-    -- (a received body is a view for the frame's callback alone: kept, it is copied)
+    -- (a received body is lent for the frame's callback alone: kept, it is copied)
     self.early[#self.early + 1] = {to, 0, 0, id, keep_body(body), segs}
     return
   end
