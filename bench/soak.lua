@@ -179,8 +179,14 @@ local function debug_info()
 end
 
 -- a full collection, twice: finalizers (an RRef's release) run in the first and
--- what they freed goes in the second; the RRef releases they queue go out now
+-- what they freed goes in the second; the RRef releases they queue go out now.
+-- Compiled traces are flushed first, as soak_measure does: a trace can keep
+-- objects it was compiled against alive (an RRef of the workload before), and
+-- then the first checkpoint's flush frees them and reads their releases in
+-- flight as the next workload's. (Once in CI ddp's A had pipe's owner RRefs,
+-- 4 at A and 0 at B, and 2 more pending requests on w0, after the quiesce.)
 function soak_gc()
+  jit.flush()
   collectgarbage()
   collectgarbage()
   return debug_info()
