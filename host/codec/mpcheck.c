@@ -47,7 +47,7 @@ typedef struct {
 #define X4(...) __VA_ARGS__, __VA_ARGS__, __VA_ARGS__, __VA_ARGS__
 #define X16(...) X4(__VA_ARGS__), X4(__VA_ARGS__), X4(__VA_ARGS__), X4(__VA_ARGS__)
 #define SCALAR H(K_SCALAR, 0, 0, 0)
-static const head_t HEAD[256] = {
+static const head_t HEAD[] = {
     /* 0x00-0x7f positive fixint */
     X16(SCALAR),
     X16(SCALAR),
@@ -96,6 +96,7 @@ static const head_t HEAD[256] = {
     X16(SCALAR),
     X16(SCALAR) /* 0xe0-0xff negative fixint */
 };
+/* (sized by its entries: one missing or extra is a build error, not a zeroed byte) */
 _Static_assert(sizeof HEAD / sizeof HEAD[0] == 256, "one entry per header byte");
 
 /* the cost of a value with this header (see rh_mp_costs_t), and what it is */

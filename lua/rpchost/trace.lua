@@ -150,19 +150,15 @@ end
 
 function M.call_in(name) local p = peers[name] or peer(name) p.calls_in = p.calls_in + 1 end
 
--- bytes received from a peer in one frame, body and payload (a number: a
--- received body may be a view, whose length is the connection's to tell)
+-- bytes of one frame (body and payload) received from / sent to a peer (a
+-- number: a received body is lent, and its length is the connection's to tell)
 function M.bytes_in(name, n)
-  local p = peers[name] or peer(name)
+  local p = peers[name] or peer(name) -- (a known peer: no call)
   p.bytes_in = p.bytes_in + n
 end
-
--- bytes of frames (body, and payload: its segments' bytes, a number) sent to /
--- received from a peer
-function M.frame_bytes(name, out, body, payload)
-  local n = #body + payload
-  local p = peers[name] or peer(name) -- (a known peer: no call)
-  if out then p.bytes_out = p.bytes_out + n else p.bytes_in = p.bytes_in + n end
+function M.bytes_out(name, n)
+  local p = peers[name] or peer(name)
+  p.bytes_out = p.bytes_out + n
 end
 
 -- {peers = {name = {calls_out, calls_in, errors, latency_us = {"<10" = n, ...}}}, bytes_in, bytes_out}

@@ -249,7 +249,7 @@ end
 function C:send_on(p, conn, ftype, flags, id, body, segs, payload)
   local sent = p and self:send_shm(p, conn, ftype, flags, id, body, segs, payload) or
     conn:send(ftype, flags, id, body, unpack(segs))
-  if sent and p then trace.frame_bytes(p.name, true, body, sent) end
+  if sent and p then trace.bytes_out(p.name, #body + sent) end
   return sent
 end
 
@@ -265,7 +265,7 @@ function C:send(p, ftype, flags, id, body, segs, payload)
     p.state = "none"
     p.conn = nil
   end
-  trace.frame_bytes(p.name, true, body, payload or payload_of(segs))
+  trace.bytes_out(p.name, #body + (payload or payload_of(segs)))
   p.queue[#p.queue + 1] = {ftype, flags, id, body, segs}
   if p.state == "none" then C.connect_soon(self, p) end
 end
